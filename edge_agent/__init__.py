@@ -1,0 +1,4 @@
+"""The device side: tokenize, look up frozen embeddings, privatize, post only payloads.
+
+Never imports torch or transformers.
+"""

@@ -1,0 +1,1 @@
+"""torch code: classifiers per payload kind, privacy-adaptive pretraining, fine-tuning, export."""

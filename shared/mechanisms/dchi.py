@@ -1,0 +1,109 @@
+"""dχ-privacy for token embeddings (Qu et al. 2021 §3.2, after Feyisetan et al. 2020).
+
+Noise N = r·u with r ~ Gamma(n, 1/η) (shape n, scale 1/η) and u uniform on the
+unit sphere of R^n (Qu et al. §3.2.3, Eq. 3). Its density is proportional to
+exp(-η ||N||), which is what gives η·d(x, x')-privacy for the Euclidean
+distance d. Per-coordinate noise (Gaussian or Laplace in each coordinate) is a
+different distribution and does not give this guarantee.
+
+Text-to-text privatization (§3.2.4) returns the regular vocabulary token nearest
+to the noisy embedding, which is post-processing and keeps the guarantee.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+import numpy as np
+
+from shared.mechanisms._checks import finite_array, positive, positive_int
+from shared.mechanisms.nearest import ExactNearest
+from shared.rng import resolve_rng
+
+if TYPE_CHECKING:
+    from shared.bundle import EdgeBundle
+
+
+def sample_dchi_noise(
+    count: int, dim: int, eta: float, rng: np.random.Generator | None = None
+) -> np.ndarray:
+    """``count`` noise vectors in R^dim: radius ~ Gamma(dim, 1/eta), direction uniform.
+
+    Returns float64 of shape (count, dim).
+    """
+    count = positive_int("count", count, minimum=0)
+    dim = positive_int("dim", dim)
+    eta = positive("eta", eta)
+    rng = resolve_rng(rng)
+    radius = rng.gamma(shape=dim, scale=1.0 / eta, size=count)
+    direction = rng.standard_normal((count, dim))
+    norms = np.linalg.norm(direction, axis=1)
+    while count and (zero := norms == 0).any():  # probability zero; never silently divide by 0
+        direction[zero] = rng.standard_normal((int(zero.sum()), dim))
+        norms = np.linalg.norm(direction, axis=1)
+    direction /= norms[:, None]
+    return direction * radius[:, None]
+
+
+class DChiEmbedding:
+    """Token representation privatization M_rep(x) = x + N (Qu et al. §3.2.3)."""
+
+    name = "dchi-embedding"
+
+    def __init__(self, eta: float):
+        self.eta = positive("eta", eta)
+
+    @property
+    def params(self) -> dict:
+        return {"eta": self.eta}
+
+    def privatize(self, embeddings: np.ndarray, rng: np.random.Generator | None = None) -> np.ndarray:
+        """Perturb each row of ``embeddings`` (L, n); returns float32 (L, n)."""
+        x = finite_array("embeddings", embeddings, ndim=2)
+        noise = sample_dchi_noise(x.shape[0], x.shape[1], self.eta, rng)
+        return (x.astype(np.float64) + noise).astype(np.float32)
+
+
+class DChiText:
+    """Text-to-text privatization: the exact nearest regular token to x + N (§3.2.4)."""
+
+    name = "dchi-text"
+
+    def __init__(self, bundle: EdgeBundle, eta: float, chunk: int = 256):
+        self.eta = positive("eta", eta)
+        self.bundle = bundle
+        self._embeddings = np.asarray(bundle.embeddings, dtype=np.float32)
+        self._vocab_size = self._embeddings.shape[0]
+        self.index = ExactNearest(
+            self._embeddings[bundle.regular_ids], ids=bundle.regular_ids, chunk=chunk
+        )
+
+    @property
+    def params(self) -> dict:
+        return {"eta": self.eta}
+
+    def check_ids(self, ids) -> np.ndarray:
+        """``ids`` as a 1-D int64 array inside the vocabulary, or ValueError."""
+        a = np.asarray(ids)
+        if a.ndim != 1:
+            raise ValueError(f"ids must be a 1-D array of token ids, got shape {a.shape}")
+        if a.size and a.dtype.kind not in "iu":
+            raise ValueError(f"ids must be integers, got dtype {a.dtype}")
+        a = a.astype(np.int64)
+        if a.size and (a.min() < 0 or a.max() >= self._vocab_size):
+            bad = a[(a < 0) | (a >= self._vocab_size)][0]
+            raise ValueError(f"token id {bad} is outside the vocabulary [0, {self._vocab_size})")
+        return a
+
+    def noisy_embeddings(self, ids, rng: np.random.Generator | None = None) -> np.ndarray:
+        """phi(x) + N in float64 for each id: the input of the nearest-neighbour step."""
+        a = self.check_ids(ids)
+        x = self._embeddings[a].astype(np.float64)
+        return x + sample_dchi_noise(a.size, x.shape[1], self.eta, rng)
+
+    def privatize_ids(self, ids, rng: np.random.Generator | None = None) -> np.ndarray:
+        """Privatized ids (L,), each one of ``bundle.regular_ids``."""
+        y = self.noisy_embeddings(ids, rng)
+        if y.shape[0] == 0:
+            return np.empty(0, dtype=np.int64)
+        return self.index.search(y)

@@ -1,0 +1,90 @@
+"""(m, k)-TextHide (Huang, Song, Chen, Li, Arora 2020, Algorithm 1).
+
+Each representation is mixed with k-1 others of the same batch (random
+permutations π_2..π_k, π_1 = identity) with non-negative weights summing to 1,
+then multiplied entry-wise by a ±1 mask drawn from a secret pool of m masks.
+Labels are mixed with the same weights. There is no differential-privacy
+guarantee; security rests on a conjectured computational hardness.
+
+Weights: ``"abs-normal"`` as published (|N(0, I_k)| normalised to sum to 1),
+``"dirichlet"`` (Dirichlet(α), α = 1 is uniform on the simplex), or
+``"equal"`` (1/k each).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from shared.mechanisms._checks import finite_array, positive, positive_int
+from shared.rng import resolve_rng
+
+WEIGHTINGS = ("abs-normal", "dirichlet", "equal")
+
+
+class TextHide:
+    """Mask pool from ``seed`` (the client's secret key); mixing randomness per call."""
+
+    name = "texthide"
+
+    def __init__(
+        self,
+        m: int,
+        k: int,
+        dim: int,
+        seed: int | None = None,
+        weights: str = "abs-normal",
+        alpha: float = 1.0,
+    ):
+        self.m = positive_int("m", m)
+        self.k = positive_int("k", k)
+        self.dim = positive_int("dim", dim)
+        if weights not in WEIGHTINGS:
+            raise ValueError(f"weights must be one of {WEIGHTINGS}, got {weights!r}")
+        self.weights = weights
+        self.alpha = positive("alpha", alpha)
+        pool_rng = np.random.default_rng(seed)  # seed None: fresh OS entropy
+        self.pool = np.where(pool_rng.random((self.m, self.dim)) < 0.5, -1, 1).astype(np.int8)
+
+    @property
+    def params(self) -> dict:
+        return {"m": self.m, "k": self.k}
+
+    def mixing_weights(self, b: int, rng: np.random.Generator) -> np.ndarray:
+        """(b, k) non-negative weights, each row summing to 1."""
+        if self.weights == "equal":
+            return np.full((b, self.k), 1.0 / self.k)
+        if self.weights == "dirichlet":
+            return rng.dirichlet(np.full(self.k, self.alpha), size=b)
+        w = np.abs(rng.standard_normal((b, self.k)))
+        w = np.where(w.sum(axis=1, keepdims=True) > 0, w, 1.0)
+        return w / w.sum(axis=1, keepdims=True)
+
+    def encrypt(
+        self,
+        reps: np.ndarray,
+        labels: np.ndarray | None = None,
+        rng: np.random.Generator | None = None,
+    ) -> tuple[np.ndarray, np.ndarray | None]:
+        """Hide a batch: reps (b, dim), labels (b, c) one-hot or soft, or None.
+
+        Returns (hidden (b, dim) float32, mixed labels (b, c) float64 or None).
+        """
+        x = finite_array("reps", reps, ndim=2, dim=self.dim).astype(np.float64)
+        b = x.shape[0]
+        if self.k > b:
+            raise ValueError(f"k must be <= the batch size {b} (k mixes k examples), got k={self.k}")
+        rng = resolve_rng(rng)
+        sources = np.empty((b, self.k), dtype=np.int64)
+        sources[:, 0] = np.arange(b)
+        if self.k > 1:
+            sources[:, 1:] = rng.permuted(np.tile(np.arange(b), (self.k - 1, 1)), axis=1).T
+        lam = self.mixing_weights(b, rng)
+        mixed = np.einsum("bk,bkd->bd", lam, x[sources])
+        masks = self.pool[rng.integers(0, self.m, size=b)]
+        hidden = (mixed * masks).astype(np.float32)
+        if labels is None:
+            return hidden, None
+        y = finite_array("labels", labels, ndim=2).astype(np.float64)
+        if y.shape[0] != b:
+            raise ValueError(f"labels must have one row per representation ({b}), got {y.shape}")
+        return hidden, np.einsum("bk,bkc->bc", lam, y[sources])
