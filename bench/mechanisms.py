@@ -67,13 +67,16 @@ def main() -> None:
     rng = np.random.default_rng(0)
     noisy = mech.noisy_embeddings(ids_arr, rng)
 
-    t_ours = best_of(lambda: mech.index.search(noisy))
-    t_ref = best_of(lambda: gemm_nearest(table_reg, noisy))
+    # Interleaved, best of 3 each: a load spike on the machine hits both sides alike.
+    t_ours = t_ref = t_full = float("inf")
+    for _ in range(3):
+        t_ref = min(t_ref, best_of(lambda: gemm_nearest(table_reg, noisy), 1))
+        t_ours = min(t_ours, best_of(lambda: mech.index.search(noisy), 1))
+        t_full = min(t_full, best_of(lambda: mech.privatize_ids(ids_arr, rng), 1))
     ours = mech.index.search(noisy)
     ref = bundle.regular_ids[gemm_nearest(table_reg, noisy)]
     sub = slice(0, 2000)
     exact = bundle.regular_ids[brute_force_nearest(table_reg, noisy[sub])]
-    t_full = best_of(lambda: mech.privatize_ids(ids_arr, rng))
     t_noise = best_of(lambda: sample_dchi_noise(n_tok, bundle.dim, args.eta, rng))
     emb = bundle.embeddings[ids_arr]
     t_emb = best_of(lambda: DChiEmbedding(args.eta).privatize(emb, rng))

@@ -36,10 +36,11 @@ class ExactNearest:
         table = np.asarray(table)
         if table.ndim != 2 or table.shape[0] == 0:
             raise ValueError(f"table must be a non-empty 2-D array, got shape {table.shape}")
-        t32 = np.asarray(table, dtype=np.float32)
-        self._t64 = t32.astype(np.float64)
+        t32 = np.ascontiguousarray(table, dtype=np.float32)
+        self._t32 = t32  # float64 copies are made only for the few re-ranked rows
         self.dim = t32.shape[1]
-        norms64 = np.einsum("ij,ij->i", self._t64, self._t64)
+        t64 = t32.astype(np.float64)
+        norms64 = np.einsum("ij,ij->i", t64, t64)
         self._width = -(-(self.dim + 1) // 16) * 16  # augmented width, padded with zeros
         aug = np.zeros((t32.shape[0], self._width), dtype=np.float32)
         aug[:, : self.dim] = -2.0 * t32  # exact: scaling by a power of two
@@ -104,7 +105,7 @@ class ExactNearest:
         within = scores[ambiguous] <= thr32[ambiguous, None]
         within[np.arange(ambiguous.size), best[ambiguous]] = True
         r, c = np.nonzero(within)
-        diff = y64[ambiguous[r]] - self._t64[c]
+        diff = y64[ambiguous[r]] - self._t32[c].astype(np.float64)
         d = np.einsum("ij,ij->i", diff, diff)
         order = np.lexsort((c, d, r))  # by row, then distance, then index
         first = np.ones(order.size, dtype=bool)

@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from scipy import stats
 
 from shared.mechanisms import DChiEmbedding, DChiText, sample_dchi_noise
@@ -183,3 +185,15 @@ def test_score_bound_covers_the_float32_error():
     f32 = (y_aug @ idx._aug.T).astype(np.float64)
     bound = idx.score_bound(np.linalg.norm(queries, axis=1))
     assert (np.abs(f32 - real) <= bound[:, None]).all()
+
+
+@settings(max_examples=40, deadline=None)
+@given(st.integers(1, 60), st.integers(1, 40), st.integers(0, 2**32 - 1), st.floats(0.01, 100))
+def test_exact_search_property(rows, dim, seed, spread):
+    """For any table and queries (duplicates and lattice points included), equal to brute force."""
+    rng = np.random.default_rng(seed)
+    table = np.round(rng.normal(size=(rows, dim)) * 4) / 4  # lattice: many exact ties
+    table = np.concatenate([table, table[: rows // 3]]).astype(np.float32)
+    queries = np.concatenate([table[:5].astype(np.float64), rng.normal(size=(30, dim)) * spread])
+    np.testing.assert_array_equal(ExactNearest(table, chunk=7).search(queries),
+                                  brute_force_nearest(table, queries))
