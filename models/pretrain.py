@@ -122,14 +122,23 @@ class MaskedLM(nn.Module):
     def forward(self, input_ids, attention_mask, masked_pos, targets, embeds=None, embed_pos=None):
         if embeds is None:
             out = self.bert(input_ids=input_ids, attention_mask=attention_mask)
-        else:  # dchi-embedding: frozen rows for [CLS]/[SEP]/[PAD]/[MASK], perturbed rows elsewhere
-            with torch.no_grad():
-                x = self.bert.embeddings.word_embeddings(input_ids)
-                x.view(-1, x.shape[-1])[embed_pos] = embeds.to(x.dtype)
+        else:
+            x = compose_inputs_embeds(self.bert.embeddings.word_embeddings, input_ids, embeds, embed_pos)
             out = self.bert(inputs_embeds=x, attention_mask=attention_mask)
         hidden = out.last_hidden_state
         picked = hidden.reshape(-1, hidden.shape[-1])[masked_pos]
         return mlm_loss(self.head(picked), targets)
+
+
+@torch.no_grad()
+def compose_inputs_embeds(word_embeddings: nn.Embedding, input_ids: torch.Tensor,
+                          embeds: torch.Tensor, embed_pos: torch.Tensor) -> torch.Tensor:
+    """dchi-embedding input (B, L, n): the frozen rows E[id] for [CLS]/[SEP]/[PAD]/[MASK],
+    the perturbed rows at ``embed_pos`` (flat positions); BERT adds position and segment
+    embeddings and LayerNorm on top (contract §3)."""
+    x = word_embeddings(input_ids)
+    x.view(-1, x.shape[-1])[embed_pos] = embeds.to(x.dtype)
+    return x
 
 
 def build_model(bert) -> MaskedLM:

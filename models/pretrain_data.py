@@ -160,8 +160,10 @@ def build_batch(seqs: list[np.ndarray], privatizer: BatchPrivatizer, objective: 
 
     # 1. privatize every content token, the edge's way
     private = privatizer.privatize_content(content, rng)
-    # 2. BERT masking among content positions
-    masked = choose_masked_positions(is_content, mask_rate, max_predictions, rng)
+    # 2. BERT masking among content positions ([UNK] is privatized like the edge does, but
+    #    never predicted: no special token is a target)
+    masked = choose_masked_positions(is_content & (orig != sp["unk"]), mask_rate,
+                                     max_predictions, rng)
     masked_pos = np.flatnonzero(masked.ravel())
     replacement = choose_replacements(masked_pos.size, rng)
     n_random = int((replacement == REPLACE_RANDOM).sum())
