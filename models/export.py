@@ -1,0 +1,285 @@
+"""Export: the edge bundle with its frozen sentence encoder, and classifiers for ONNX Runtime.
+
+Encoder (contract §2): inputs ``input_ids``, ``attention_mask``, ``token_type_ids`` int64
+[batch, seq]; output ``sentence_embedding`` float32 [batch, r]. Pooling "mean" = mean of
+the last hidden states over the attention mask (MiniLM's sentence-transformers pooling,
+without its final L2 normalisation), or "cls" = the last hidden state of [CLS]. Each
+export is run with onnxruntime and compared with torch on real sentences (max absolute
+difference <= 1e-4), each sentence alone in torch and padded in a batch in ONNX.
+
+Classifier: the ``forward`` of the trained module, inputs named as the keys of
+:func:`models.data.collate`, output ``logits`` [batch, C], written as ``classifier.onnx``
+into the model folder; :class:`OnnxClassifier` serves it on CPU.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import json
+import logging
+import os
+import warnings
+from collections.abc import Sequence
+from pathlib import Path
+
+import numpy as np
+import torch
+from torch import nn
+
+from models.backbone import load_bert, resolve_model_dir
+from models.classifiers import POOLINGS, mean_pool
+from shared.bundle import EdgeBundle, save_atomically
+
+OPSET = 18
+ENCODER_INPUTS = ("input_ids", "attention_mask", "token_type_ids")
+ENCODER_OUTPUT = "sentence_embedding"
+TOLERANCE = 1e-4
+CHECK_SENTENCES = (
+    "the emotions are raw and will strike a nerve",
+    "a gorgeous, witty, seductive movie.",
+    "it's a bad sign when you're rooting for the film to end.",
+    "hide new secretions from the parental units",
+    "unflinchingly bleak and desperate",
+    "the acting, costumes, music, cinematography and sound are all astounding given the "
+    "production's austere locales.",
+    "ok",
+    "Stocks rallied on Wall Street on Friday as oil prices fell and investors bet that the "
+    "central bank would hold interest rates steady through the end of the year.",
+)
+CHECK_PAIR = ("How do I learn Python quickly?", "What is the fastest way to learn Python?")
+
+
+class SentenceEncoder(nn.Module):
+    """The frozen sentence encoder of the edge: BERT plus pooling, in eval mode."""
+
+    def __init__(self, bert, pooling: str = "mean"):
+        super().__init__()
+        if pooling not in POOLINGS:
+            raise ValueError(f"pooling must be one of {POOLINGS}, got {pooling!r}")
+        self.bert, self.pooling = bert, pooling
+
+    def forward(self, input_ids, attention_mask, token_type_ids) -> torch.Tensor:
+        h = self.bert(input_ids=input_ids, attention_mask=attention_mask,
+                      token_type_ids=token_type_ids).last_hidden_state
+        if self.pooling == "mean":
+            return mean_pool(h, attention_mask)
+        return h[:, 0]
+
+
+def encoder_inputs(bundle: EdgeBundle, texts: Sequence[str], pairs: Sequence[str] | None = None,
+                   max_length: int = 128) -> dict[str, np.ndarray]:
+    """Padded int64 encoder inputs ``[CLS] a [SEP] (b [SEP])`` (truncating a, then b)."""
+    sp = bundle.special_ids
+    rows = []
+    for i, text in enumerate(texts):
+        a = bundle.tokenizer.encode(text, add_special_tokens=False).ids
+        b = bundle.tokenizer.encode(pairs[i], add_special_tokens=False).ids if pairs else None
+        if b is None:
+            a = a[: max_length - 2]
+            ids, tt = [sp["cls"], *a, sp["sep"]], [0] * (len(a) + 2)
+        else:
+            from models.data import fit_segments
+
+            la, lb = fit_segments(len(a), len(b), max_length - 3)
+            a, b = a[:la], b[:lb]
+            ids = [sp["cls"], *a, sp["sep"], *b, sp["sep"]]
+            tt = [0] * (la + 2) + [1] * (lb + 1)
+        rows.append((ids, tt))
+    t = max(len(r[0]) for r in rows)
+    out = {k: np.zeros((len(rows), t), dtype=np.int64) for k in ENCODER_INPUTS}
+    out["input_ids"][:] = sp["pad"]
+    for i, (ids, tt) in enumerate(rows):
+        out["input_ids"][i, : len(ids)] = ids
+        out["attention_mask"][i, : len(ids)] = 1
+        out["token_type_ids"][i, : len(ids)] = tt
+    return out
+
+
+def onnx_bytes(module: nn.Module, example: dict[str, torch.Tensor], output: str,
+               dynamic: dict[str, dict[int, str]]) -> bytes:
+    """Export ``module`` with torch.onnx (dynamo exporter, opset 18) to bytes. ``example``
+    lists the inputs in the order of ``module.forward``'s parameters; ``dynamic`` names the
+    dynamic axes of each input."""
+    names = list(example)
+    dims: dict[str, torch.export.Dim] = {}
+    shapes = {n: {ax: dims.setdefault(d, torch.export.Dim(d)) for ax, d in dynamic.get(n, {}
+                                                                                   ).items()}
+              for n in names}
+
+    sink = io.StringIO()
+    log = logging.getLogger("torch.onnx")
+    level = log.level
+    log.setLevel(logging.ERROR)  # "torchvision is not installed" and progress chatter
+    try:
+        with warnings.catch_warnings(), contextlib.redirect_stdout(sink):
+            warnings.simplefilter("ignore")
+            prog = torch.onnx.export(
+                module.eval(), tuple(example[n] for n in names), None, input_names=names,
+                output_names=[output], opset_version=OPSET, dynamo=True, verbose=False,
+                external_data=False, dynamic_shapes=tuple(shapes[n] for n in names))
+    finally:
+        log.setLevel(level)
+    return prog.model_proto.SerializeToString()
+
+
+def _session(data: bytes | str):
+    import onnxruntime as ort
+
+    opts = ort.SessionOptions()
+    opts.log_severity_level = 3
+    return ort.InferenceSession(data, opts, providers=["CPUExecutionProvider"])
+
+
+def check_encoder(onnx_data: bytes, encoder: SentenceEncoder, bundle: EdgeBundle,
+                  texts: Sequence[str] = CHECK_SENTENCES) -> float:
+    """Max |ONNX - torch| over ``texts`` (padded batch in ONNX, one by one in torch) and a
+    sentence pair; ValueError above 1e-4."""
+    sess = _session(onnx_data)
+    batch = encoder_inputs(bundle, texts)
+    got = sess.run([ENCODER_OUTPUT], batch)[0]
+    want = []
+    with torch.no_grad():
+        for t in texts:
+            one = encoder_inputs(bundle, [t])
+            want.append(encoder(**{k: torch.from_numpy(v) for k, v in one.items()}).numpy()[0])
+        pair = encoder_inputs(bundle, [CHECK_PAIR[0]], [CHECK_PAIR[1]])
+        want_pair = encoder(**{k: torch.from_numpy(v) for k, v in pair.items()}).numpy()
+    got_pair = sess.run([ENCODER_OUTPUT], pair)[0]
+    diff = max(float(np.abs(got - np.stack(want)).max()), float(np.abs(got_pair - want_pair
+                                                                         ).max()))
+    if got.dtype != np.float32 or not diff <= TOLERANCE:
+        raise ValueError(f"ONNX encoder differs from torch by {diff:.2e} (> {TOLERANCE:g})")
+    return diff
+
+
+def export_encoder_onnx(model_dir: str | os.PathLike | None = None, pooling: str = "mean",
+                        bundle: EdgeBundle | None = None) -> tuple[bytes, dict]:
+    """ONNX bytes of the frozen sentence encoder of ``model_dir`` (None = MiniLM) and its
+    description for ``bundle.meta["encoder"]`` (checked against torch)."""
+    bert = load_bert(model_dir).eval()
+    encoder = SentenceEncoder(bert, pooling).eval()
+    bundle = bundle or EdgeBundle.from_model(model_dir)
+    example = {k: torch.from_numpy(v) for k, v in
+               encoder_inputs(bundle, CHECK_SENTENCES[:2]).items()}
+    assert int(example["attention_mask"].min()) == 0  # trace with padding: no specialisation
+    dyn = {k: {0: "batch", 1: "seq"} for k in ENCODER_INPUTS}
+    data = onnx_bytes(encoder, example, ENCODER_OUTPUT, dyn)
+    diff = check_encoder(data, encoder, bundle)
+    desc = {"pooling": pooling, "output_dim": int(bert.config.hidden_size),
+            "max_length": int(bert.config.max_position_embeddings),
+            "inputs": list(ENCODER_INPUTS), "output": ENCODER_OUTPUT, "opset": OPSET,
+            "normalized": False, "checked_max_abs_diff": diff,
+            "source": str(resolve_model_dir(model_dir).name)}
+    return data, desc
+
+
+def export_bundle(out_dir: str | os.PathLike, model_dir: str | os.PathLike | None = None,
+                  pooling: str = "mean") -> EdgeBundle:
+    """Write the edge bundle of ``model_dir`` (None = MiniLM) with ``encoder.onnx`` to
+    ``out_dir`` (atomically) and return it."""
+    bundle = EdgeBundle.from_model(model_dir)
+    data, desc = export_encoder_onnx(model_dir, pooling, bundle)
+    full = bundle.with_encoder(data, desc)
+    save_atomically(full, out_dir)
+    return EdgeBundle.load(out_dir, expected_id=full.bundle_id)
+
+
+# -- classifiers -----------------------------------------------------------------------------
+def _example_payload_arrays(cfg: dict, rng: np.random.Generator, n: int = 5):
+    """Random payload-shaped arrays for ``cfg``'s mechanism (lengths 1..12; one pair)."""
+    arch = cfg["architecture"]
+    kind_arrays, segments = [], []
+    lo = max(cfg["special_ids"].values()) + 1
+    for i in range(n):
+        length = int(rng.integers(1, 13))
+        if cfg["mechanism"] in ("dchi-text", "none"):
+            a = rng.integers(lo, arch["bert_config"]["vocab_size"], size=length)
+        elif cfg["mechanism"] == "dchi-embedding":
+            a = rng.normal(0, 1, (length, arch["bert_config"]["hidden_size"])).astype(np.float32)
+        elif cfg["mechanism"] == "ome":
+            a = rng.integers(0, 2, size=arch["in_dim"]).astype(np.float32)
+        else:
+            a = rng.normal(0, 1, size=arch["in_dim"]).astype(np.float32)
+        kind_arrays.append(a)
+        segments.append((length - length // 2, length // 2) if i == 1 and length > 1 else None)
+    return kind_arrays, segments
+
+
+def export_classifier_onnx(model_dir: str | os.PathLike, seed: int = 0) -> Path:
+    """Write ``classifier.onnx`` into a trained model folder; checked against torch on random
+    payload-shaped batches (max |logit difference| <= 1e-4). Returns its path."""
+    from models.data import collate
+    from models.registry import CONFIG_FILE, ONNX_FILE, load_model
+
+    mv = load_model(model_dir)
+    module = mv.module.float().eval()
+    rng = np.random.default_rng(seed)
+    arrays, segs = _example_payload_arrays(mv.config, rng)
+    example = collate(arrays, segs, mv.mechanism, mv.special_ids, mv.max_length)
+    example = {k: example[k] for k in module.input_names}
+    dyn = {k: ({0: "batch", 1: "seq"} if v.ndim >= 2 and k != "features" else {0: "batch"})
+           for k, v in example.items()}
+    data = onnx_bytes(module, example, "logits", dyn)
+    sess = _session(data)
+    worst = 0.0
+    for n in (1, 3, 7):
+        arrays, segs = _example_payload_arrays(mv.config, rng, n)
+        batch = collate(arrays, segs, mv.mechanism, mv.special_ids, mv.max_length)
+        batch = {k: batch[k] for k in module.input_names}
+        got = sess.run(["logits"], {k: v.numpy() for k, v in batch.items()})[0]
+        with torch.no_grad():
+            want = module(**batch).numpy()
+        worst = max(worst, float(np.abs(got - want).max()))
+    if not worst <= TOLERANCE:
+        raise ValueError(f"ONNX classifier differs from torch by {worst:.2e} (> {TOLERANCE:g})")
+    path = Path(model_dir) / ONNX_FILE
+    tmp = path.with_name(f".{ONNX_FILE}.tmp")
+    tmp.write_bytes(data)
+    os.replace(tmp, path)
+    cfg_path = Path(model_dir) / CONFIG_FILE
+    cfg = json.loads(cfg_path.read_text())
+    cfg["onnx"] = {"file": ONNX_FILE, "inputs": list(module.input_names), "output": "logits",
+                   "opset": OPSET, "checked_max_abs_diff": worst}
+    tmp_cfg = cfg_path.with_name(f".{CONFIG_FILE}.tmp")
+    tmp_cfg.write_text(json.dumps(cfg, indent=2, sort_keys=True) + "\n")
+    os.replace(tmp_cfg, cfg_path)
+    return path
+
+
+class OnnxClassifier:
+    """A model version served by onnxruntime on CPU (``classifier.onnx``)."""
+
+    def __init__(self, model_dir: str | os.PathLike):
+        from models.registry import ONNX_FILE, read_config
+
+        self.path = Path(model_dir)
+        self.config = read_config(self.path)
+        if not (self.path / ONNX_FILE).is_file():
+            raise ValueError(f"{self.path}: no {ONNX_FILE} (run cloud-api export-bundle --onnx "
+                             f"--model {self.path})")
+        self.session = _session(str(self.path / ONNX_FILE))
+        self.input_names = [i.name for i in self.session.get_inputs()]
+
+    def logits(self, batch: dict) -> np.ndarray:
+        """Logits (B, C) for a collated batch (torch tensors or numpy arrays)."""
+        feed = {k: (v.numpy() if isinstance(v, torch.Tensor) else np.asarray(v))
+                for k, v in batch.items() if k in self.input_names}
+        return self.session.run(["logits"], feed)[0]
+
+    def predict_proba(self, payloads: Sequence) -> np.ndarray:
+        """Class probabilities (N, C) for payloads (checked like the torch model's)."""
+        from models.data import collate
+        from models.registry import ModelVersion
+
+        shell = ModelVersion(self.path, self.config, {}, nn.Identity())
+        for p in payloads:
+            shell.check_payload(p)
+        batch = collate([p.data_array() for p in payloads],
+                        [tuple(s) if (s := getattr(p, "segments", None)) else None
+                         for p in payloads], self.config["mechanism"],
+                        self.config["special_ids"], int(self.config["max_length"]))
+        z = self.logits(batch)
+        z = z - z.max(axis=1, keepdims=True)
+        e = np.exp(z)
+        return e / e.sum(axis=1, keepdims=True)

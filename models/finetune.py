@@ -1,0 +1,330 @@
+"""Privacy-constrained fine-tuning on privatized records only (Qu et al. 2021 §3.3, §6.1).
+
+AdamW, linear warm-up over the first 10% of the steps then linear decay, batch 32,
+maximum length 128, learning rate by argument (Qu et al.: 2e-5 on SST for BERT;
+the vector MLP defaults to 1e-3). The dev set is evaluated after every epoch and the
+best epoch is kept. CUDA with bf16/fp16 autocast when a GPU is present, the same code
+path on CPU. The word-embedding table never changes (checked after training).
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import time
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+import numpy as np
+import torch
+from torch import nn
+
+from models.backbone import autocast_dtype, check_same_bundle, load_bert, pick_device
+from models.classifiers import build_classifier, classification_loss
+from models.data import PayloadDataset, collate_dataset, length_buckets
+from shared.bundle import EdgeBundle
+
+DEFAULT_LR = {"tokens": 2e-5, "embeddings": 2e-5, "vector": 1e-3}
+
+
+class TrainingCancelled(Exception):
+    """Raised inside :func:`finetune` when ``should_stop()`` returns True."""
+
+
+@dataclass
+class TrainConfig:
+    """Hyperparameters of one fine-tuning run (Qu et al. §6.1 defaults)."""
+
+    epochs: int = 3
+    lr: float | None = None  # None: 2e-5 for BERT, 1e-3 for the vector MLP
+    batch_size: int = 32
+    max_length: int = 128
+    warmup: float = 0.1
+    weight_decay: float = 0.01
+    max_grad_norm: float = 1.0
+    pooling: str = "mean"
+    hidden: tuple[int, ...] = (768, 768, 768)
+    seed: int | None = None  # initialisation and batch order only, never the privatization
+    device: str = "auto"
+    precision: str = "auto"
+    eval_batch_size: int = 128
+    progress: bool = True
+
+    def validate(self) -> None:
+        if self.epochs < 1:
+            raise ValueError(f"epochs must be >= 1, got {self.epochs}")
+        if self.batch_size < 1:
+            raise ValueError(f"batch size must be >= 1, got {self.batch_size}")
+        if not 4 <= self.max_length <= 4096:
+            raise ValueError(f"max length must be in [4, 4096], got {self.max_length}")
+        if self.lr is not None and not (0 < self.lr < 1):
+            raise ValueError(f"learning rate must be in (0, 1), got {self.lr}")
+        if not 0 <= self.warmup < 1:
+            raise ValueError(f"warm-up fraction must be in [0, 1), got {self.warmup}")
+
+
+@dataclass
+class FinetuneResult:
+    module: nn.Module
+    metrics: dict
+    best_epoch: int
+    history: list[dict] = field(default_factory=list)
+
+
+# -- metrics (pure) --------------------------------------------------------------------------
+def classification_report(pred: np.ndarray, gold: np.ndarray, names: list[str]) -> dict:
+    """Accuracy, per-class precision/recall/F1/support, macro F1, confusion matrix."""
+    pred, gold = np.asarray(pred), np.asarray(gold)
+    c = len(names)
+    conf = np.zeros((c, c), dtype=np.int64)
+    np.add.at(conf, (gold, pred), 1)
+    per_class = {}
+    for i, name in enumerate(names):
+        tp = int(conf[i, i])
+        p_den, r_den = int(conf[:, i].sum()), int(conf[i, :].sum())
+        prec = tp / p_den if p_den else 0.0
+        rec = tp / r_den if r_den else 0.0
+        f1 = 2 * prec * rec / (prec + rec) if prec + rec else 0.0
+        per_class[name] = {"precision": prec, "recall": rec, "f1": f1, "support": r_den}
+    n = int(conf.sum())
+    return {"accuracy": float(np.trace(conf) / n) if n else float("nan"), "n": n,
+            "macro_f1": float(np.mean([v["f1"] for v in per_class.values()])),
+            "per_class": per_class, "confusion": conf.tolist(), "labels": list(names)}
+
+
+# -- building the model ----------------------------------------------------------------------
+def load_backbone(base: str | os.PathLike | None):
+    """A BertModel from a BERT folder (None = MiniLM), a pretraining checkpoint folder, or
+    a privbert model version (its BERT)."""
+    from models.registry import is_model_dir, load_model
+
+    if base is not None and is_model_dir(base):
+        mv = load_model(base)
+        bert = getattr(mv.module, "bert", None)
+        if bert is None:
+            raise ValueError(f"{base}: a {mv.mechanism} model has no BERT to start from")
+        return bert
+    if base is not None and not Path(base).is_dir():
+        raise ValueError(f"{base}: no such BERT folder")
+    return load_bert(base)
+
+
+def build_model(train: PayloadDataset, bundle: EdgeBundle, base=None,
+                cfg: TrainConfig | None = None) -> nn.Module:
+    """The classifier for ``train``'s mechanism, its backbone checked against ``bundle``."""
+    cfg = cfg or TrainConfig()
+    n_labels = len(train.label_names)
+    if train.kind == "vector":
+        model = build_classifier(train.mechanism, n_labels, feature_dim=train.feature_dim(),
+                                 hidden=cfg.hidden)
+        x = torch.from_numpy(np.stack([np.asarray(a, np.float32) for a in train.arrays]))
+        model.fit_input_scaling(x)
+        return model
+    bert = load_backbone(base)
+    check_same_bundle(bert, bundle)
+    if train.kind == "embeddings" and train.feature_dim() != bert.config.hidden_size:
+        raise ValueError(f"payload embeddings have dimension {train.feature_dim()}, the "
+                         f"backbone {bert.config.hidden_size}")
+    if cfg.pooling == "cls" and getattr(bert, "pooler", None) is None:
+        raise ValueError("pooling 'cls' needs a BERT with a pooler layer")
+    return build_classifier(train.mechanism, n_labels, bert=bert, pooling=cfg.pooling)
+
+
+def check_compatible(train: PayloadDataset, dev: PayloadDataset | None,
+                     bundle: EdgeBundle) -> None:
+    """ValueError unless train, dev and bundle belong together (before any training)."""
+    if len(train) == 0:
+        raise ValueError("empty training set")
+    if train.bundle_id != bundle.bundle_id:
+        raise ValueError(f"training payloads name bundle {train.bundle_id[:12]}…, the bundle "
+                         f"given is {bundle.bundle_id[:12]}…")
+    if dev is None:
+        return
+    if len(dev) == 0:
+        raise ValueError("empty dev set")
+    if (dev.mechanism, dev.bundle_id) != (train.mechanism, train.bundle_id):
+        raise ValueError("dev records use another mechanism or bundle than the training ones")
+    if dev.label_names != train.label_names:
+        raise ValueError(f"dev labels {dev.label_names} differ from training labels "
+                         f"{train.label_names}")
+
+
+# -- evaluation ------------------------------------------------------------------------------
+@torch.no_grad()
+def predict_dataset(module: nn.Module, ds: PayloadDataset, special_ids: dict[str, int],
+                    max_length: int, device: torch.device | None = None,
+                    amp: torch.dtype | None = None, batch_size: int = 128
+                    ) -> tuple[np.ndarray, float]:
+    """(probabilities (N, C), mean loss) over ``ds`` in its order."""
+    device = device or next(module.parameters()).device
+    was_training = module.training
+    module.eval()
+    probs = np.empty((len(ds), len(ds.label_names)), dtype=np.float32)
+    total = 0.0
+    for idx in length_buckets(ds.lengths(), batch_size, None):
+        batch = {k: v.to(device) for k, v in collate_dataset(ds, idx, special_ids,
+                                                             max_length).items()}
+        with torch.autocast(device.type, dtype=amp, enabled=amp is not None):
+            logits = module(**batch).float()
+        tgt = torch.from_numpy(ds.targets[idx]).to(device)
+        total += float(classification_loss(logits, tgt)) * len(idx)
+        probs[idx] = torch.softmax(logits, dim=-1).cpu().numpy()
+    module.train(was_training)
+    return probs, total / max(1, len(ds))
+
+
+def evaluate_dataset(module: nn.Module, ds: PayloadDataset, special_ids: dict[str, int],
+                     max_length: int, device: torch.device | None = None,
+                     amp: torch.dtype | None = None, batch_size: int = 128) -> dict:
+    """Loss plus :func:`classification_report` (soft targets: their argmax is the gold)."""
+    probs, loss = predict_dataset(module, ds, special_ids, max_length, device, amp, batch_size)
+    gold = ds.targets.argmax(axis=1) if ds.soft else ds.targets
+    report = classification_report(probs.argmax(axis=1), gold, ds.label_names)
+    report["loss"] = loss
+    return report
+
+
+# -- training --------------------------------------------------------------------------------
+def _param_groups(module: nn.Module, weight_decay: float) -> list[dict]:
+    decay, no_decay = [], []
+    for name, p in module.named_parameters():
+        if not p.requires_grad:
+            continue
+        (no_decay if p.ndim < 2 or "LayerNorm" in name or "norm" in name else decay).append(p)
+    return [{"params": decay, "weight_decay": weight_decay},
+            {"params": no_decay, "weight_decay": 0.0}]
+
+
+def linear_warmup_decay(step: int, total: int, warmup_steps: int) -> float:
+    """LR factor: linear 0 -> 1 over ``warmup_steps``, then linear 1 -> 0 at ``total``."""
+    if step < warmup_steps:
+        return (step + 1) / warmup_steps
+    return max(0.0, (total - step) / max(1, total - warmup_steps))
+
+
+def finetune(train: PayloadDataset, dev: PayloadDataset | None, bundle: EdgeBundle,
+             base: str | os.PathLike | None = None, cfg: TrainConfig | None = None,
+             should_stop: Callable[[], bool] | None = None,
+             on_progress: Callable[[float, dict], None] | None = None,
+             model: nn.Module | None = None) -> FinetuneResult:
+    """Fine-tune the classifier of ``train``'s mechanism; keep the best dev epoch.
+
+    ``should_stop`` is polled every step (raise :class:`TrainingCancelled`);
+    ``on_progress(fraction, info)`` is called after every epoch.
+    """
+    cfg = cfg or TrainConfig()
+    cfg.validate()
+    check_compatible(train, dev, bundle)
+    if cfg.seed is not None:
+        torch.manual_seed(cfg.seed)
+    module = model if model is not None else build_model(train, bundle, base, cfg)
+    device = pick_device(cfg.device)
+    amp = autocast_dtype(device, cfg.precision)
+    module.to(device)
+    frozen = _frozen_table(module)
+    lr = cfg.lr if cfg.lr is not None else DEFAULT_LR[train.kind]
+    opt = torch.optim.AdamW(_param_groups(module, cfg.weight_decay), lr=lr)
+    steps_per_epoch = math.ceil(len(train) / cfg.batch_size)
+    total = steps_per_epoch * cfg.epochs
+    warm = max(1, int(round(cfg.warmup * total))) if cfg.warmup > 0 else 0
+    sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: linear_warmup_decay(s, total, warm))
+    scaler = torch.amp.GradScaler(device.type, enabled=amp == torch.float16)
+    rng = np.random.default_rng(cfg.seed)
+    lengths = train.lengths()
+    special = bundle.special_ids
+    history: list[dict] = []
+    best: tuple[float, int, dict] | None = None
+    started = time.perf_counter()
+    from tqdm.auto import tqdm
+
+    bar = tqdm(total=total, disable=not cfg.progress, unit="step", desc="fine-tune",
+               dynamic_ncols=True, mininterval=1.0)
+    try:
+        for epoch in range(1, cfg.epochs + 1):
+            module.train()
+            run_loss, run_n, seen = torch.zeros((), device=device), 0, 0
+            for step, idx in enumerate(length_buckets(lengths, cfg.batch_size, rng)):
+                if should_stop is not None and should_stop():
+                    raise TrainingCancelled("training cancelled")
+                batch = {k: v.to(device, non_blocking=True) for k, v in
+                         collate_dataset(train, idx, special, cfg.max_length).items()}
+                tgt = torch.from_numpy(train.targets[idx]).to(device, non_blocking=True)
+                with torch.autocast(device.type, dtype=amp, enabled=amp is not None):
+                    logits = module(**batch)
+                loss = classification_loss(logits, tgt)
+                opt.zero_grad(set_to_none=True)
+                scaler.scale(loss).backward()
+                if cfg.max_grad_norm:
+                    scaler.unscale_(opt)
+                    nn.utils.clip_grad_norm_(
+                        [p for p in module.parameters() if p.requires_grad], cfg.max_grad_norm)
+                scaler.step(opt)
+                scaler.update()
+                sched.step()
+                run_loss += loss.detach() * len(idx)
+                run_n += len(idx)
+                seen += len(idx)
+                bar.update(1)
+                if step % 20 == 0:
+                    bar.set_postfix(epoch=epoch, loss=f"{float(run_loss) / run_n:.4f}")
+            record = {"epoch": epoch, "train_loss": float(run_loss) / max(1, run_n),
+                      "seconds": round(time.perf_counter() - started, 2)}
+            if dev is not None:
+                rep = evaluate_dataset(module, dev, special, cfg.max_length, device, amp,
+                                       cfg.eval_batch_size)
+                record.update({"dev_accuracy": rep["accuracy"], "dev_loss": rep["loss"],
+                               "dev_macro_f1": rep["macro_f1"]})
+                bar.write(f"epoch {epoch}: train loss {record['train_loss']:.4f}, dev accuracy "
+                          f"{rep['accuracy']:.4f}, dev loss {rep['loss']:.4f}")
+                score = rep["accuracy"]
+            else:
+                score = float(epoch)  # no dev set: keep the last epoch
+            history.append(record)
+            if best is None or score > best[0]:
+                best = (score, epoch, {k: v.detach().to("cpu", copy=True)
+                                       for k, v in module.state_dict().items()})
+            if on_progress is not None:
+                on_progress(epoch / cfg.epochs, dict(record))
+    finally:
+        bar.close()
+    assert best is not None
+    module.load_state_dict(best[2])
+    module.eval()
+    _check_frozen(module, frozen)
+    if train.kind != "vector":
+        check_same_bundle(module.bert, bundle)
+    metrics = {"best_epoch": best[1], "epochs": history, "train_examples": len(train),
+               "dev_examples": len(dev) if dev is not None else 0, "lr": lr,
+               "device": str(device), "precision": str(amp).replace("torch.", "") if amp else
+               "fp32", "train_seconds": round(time.perf_counter() - started, 2)}
+    if dev is not None:
+        metrics["dev"] = evaluate_dataset(module, dev, special, cfg.max_length, device, amp,
+                                          cfg.eval_batch_size)
+    return FinetuneResult(module, metrics, best[1], history)
+
+
+def _frozen_table(module: nn.Module) -> torch.Tensor | None:
+    bert = getattr(module, "bert", None)
+    if bert is None:
+        return None
+    w = bert.embeddings.word_embeddings.weight
+    if w.requires_grad:
+        raise RuntimeError("the word-embedding table must be frozen before training")
+    return w.detach().to("cpu", copy=True)
+
+
+def _check_frozen(module: nn.Module, before: torch.Tensor | None) -> None:
+    if before is None:
+        return
+    after = module.bert.embeddings.word_embeddings.weight.detach().cpu()
+    if not torch.equal(before, after):
+        raise RuntimeError("the frozen word-embedding table changed during training")
+
+
+def config_dict(cfg: TrainConfig) -> dict:
+    """``cfg`` as plain JSON-ready values."""
+    d = asdict(cfg)
+    d["hidden"] = list(cfg.hidden)
+    return d
+

@@ -1,0 +1,224 @@
+"""Model versions on disk: one folder each, written under a temporary name and renamed.
+
+Layout of a version folder::
+
+    config.json        format, kind, mechanism + params, bundle_id, special ids, labels,
+                       max_length, base model, architecture, privacy guarantee
+    model.safetensors  the classifier's weights (frozen word embeddings included)
+    metrics.json       dev metrics per epoch and of the kept (best) epoch
+    data.json          fingerprint of the training (and dev) records, counts, hyperparameters
+    classifier.onnx    optional, written by ``export_classifier_onnx``
+
+Nothing in a version folder holds raw text: payloads are privatized, labels are short
+class names.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import tempfile
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import torch
+from torch import nn
+
+from models.classifiers import architecture, classifier_from_architecture
+from models.data import collate, kind_of
+
+FORMAT = "privbert-model"
+FORMAT_VERSION = 1
+CONFIG_FILE, WEIGHTS_FILE, METRICS_FILE, DATA_FILE = (
+    "config.json", "model.safetensors", "metrics.json", "data.json")
+ONNX_FILE = "classifier.onnx"
+
+
+def _json_bytes(obj) -> bytes:
+    return (json.dumps(obj, indent=2, sort_keys=True, default=_jsonable) + "\n").encode()
+
+
+def _jsonable(x):
+    if isinstance(x, np.generic):
+        return x.item()
+    if isinstance(x, np.ndarray):
+        return x.tolist()
+    if isinstance(x, Path):
+        return str(x)
+    raise TypeError(f"not JSON serialisable: {type(x).__name__}")
+
+
+def check_out_dir(out_dir: str | os.PathLike, overwrite: bool = False) -> Path:
+    """Raise ValueError if ``out_dir`` exists (and ``overwrite`` is off): checked before training."""
+    out = Path(out_dir)
+    if out.exists() and not overwrite and (not out.is_dir() or any(out.iterdir())):
+        raise ValueError(f"{out}: already exists (a model version is never overwritten; "
+                         "choose a new --out)")
+    return out
+
+
+def save_model_version(out_dir: str | os.PathLike, module: nn.Module, config: dict,
+                       metrics: dict, data_info: dict, overwrite: bool = False) -> Path:
+    """Write a complete version folder atomically: a temporary sibling, then one rename."""
+    out = check_out_dir(out_dir, overwrite)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    from safetensors.torch import save_file
+
+    cfg = dict(config)
+    cfg.update({"format": FORMAT, "format_version": FORMAT_VERSION,
+                "architecture": architecture(module)})
+    tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.tmp-", dir=out.parent))
+    try:
+        state = {k: v.detach().to("cpu").contiguous() for k, v in module.state_dict().items()}
+        save_file(state, str(tmp / WEIGHTS_FILE), metadata={"format": FORMAT})
+        (tmp / METRICS_FILE).write_bytes(_json_bytes(metrics))
+        (tmp / DATA_FILE).write_bytes(_json_bytes(data_info))
+        (tmp / CONFIG_FILE).write_bytes(_json_bytes(cfg))  # last: its presence = complete
+        for f in tmp.iterdir():
+            with open(f, "rb") as fh:
+                os.fsync(fh.fileno())
+        if out.exists():
+            shutil.rmtree(out)
+        os.replace(tmp, out)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    return out
+
+
+def is_model_dir(path: str | os.PathLike) -> bool:
+    """True if ``path`` is a privbert model version folder (not a plain BERT folder)."""
+    cfg = Path(path) / CONFIG_FILE
+    if not cfg.is_file():
+        return False
+    try:
+        return json.loads(cfg.read_text()).get("format") == FORMAT
+    except (json.JSONDecodeError, OSError, AttributeError):
+        return False
+
+
+@dataclass
+class ModelVersion:
+    """A loaded model version: its config, metrics and torch module (eval mode)."""
+
+    path: Path
+    config: dict
+    metrics: dict
+    module: nn.Module
+
+    @property
+    def mechanism(self) -> str:
+        return self.config["mechanism"]
+
+    @property
+    def kind(self) -> str:
+        return kind_of(self.mechanism)
+
+    @property
+    def params(self) -> dict:
+        return self.config["params"]
+
+    @property
+    def bundle_id(self) -> str:
+        return self.config["bundle_id"]
+
+    @property
+    def labels(self) -> list[str]:
+        return list(self.config["labels"])
+
+    @property
+    def max_length(self) -> int:
+        return int(self.config["max_length"])
+
+    @property
+    def special_ids(self) -> dict[str, int]:
+        return dict(self.config["special_ids"])
+
+    def check_payload(self, payload) -> None:
+        """ValueError unless ``payload`` was made for this model (mechanism, parameters,
+        bundle, dimension). TextHide payloads may use another k (k=1 for predictions)."""
+        if payload.mechanism != self.mechanism:
+            raise ValueError(f"payload mechanism {payload.mechanism!r} does not match the "
+                             f"model's {self.mechanism!r}")
+        if payload.bundle_id != self.bundle_id:
+            raise ValueError(f"payload bundle {payload.bundle_id[:12]}… is not the model's "
+                             f"{self.bundle_id[:12]}… (fetch the model's bundle)")
+        got, want = payload.params.model_dump(), dict(self.params)
+        if self.mechanism == "texthide":
+            got, want = {"m": got["m"]}, {"m": want["m"]}
+        if got != want:
+            raise ValueError(f"payload parameters {got} do not match the model's {want}")
+        arch = self.config["architecture"]
+        arr = payload.data_array()
+        if self.kind == "vector" and arr.shape[-1] != arch["in_dim"]:
+            raise ValueError(f"payload dimension {arr.shape[-1]} is not the model's "
+                             f"{arch['in_dim']}")
+        if self.kind == "embeddings" and arr.shape[-1] != arch["bert_config"]["hidden_size"]:
+            raise ValueError(f"payload embedding dimension {arr.shape[-1]} is not the model's "
+                             f"{arch['bert_config']['hidden_size']}")
+
+    def collate(self, payloads: Sequence) -> dict[str, torch.Tensor]:
+        """Padded CPU tensors for ``payloads`` (checked with :meth:`check_payload` first)."""
+        return collate([p.data_array() for p in payloads],
+                       [tuple(s) if (s := getattr(p, "segments", None)) else None
+                        for p in payloads], self.mechanism, self.special_ids, self.max_length)
+
+    @torch.no_grad()
+    def predict_proba(self, payloads: Sequence, batch_size: int = 64,
+                      device: torch.device | str | None = None) -> np.ndarray:
+        """Class probabilities (N, C) for validated payloads, in input order."""
+        for p in payloads:
+            self.check_payload(p)
+        dev = torch.device(device) if device is not None else next(self.module.parameters()).device
+        self.module.to(dev).eval()
+        out = np.empty((len(payloads), len(self.labels)), dtype=np.float32)
+        order = np.argsort([getattr(p, "n_tokens", 1) for p in payloads], kind="stable")
+        for s in range(0, len(order), batch_size):
+            idx = order[s: s + batch_size]
+            batch = self.collate([payloads[i] for i in idx])
+            logits = self.module(**{k: v.to(dev) for k, v in batch.items()})
+            out[idx] = torch.softmax(logits.float(), dim=-1).cpu().numpy()
+        return out
+
+
+def read_config(path: str | os.PathLike) -> dict:
+    """config.json of a model version folder; ValueError if it is not one."""
+    p = Path(path)
+    cfg_path = p / CONFIG_FILE
+    if not cfg_path.is_file():
+        raise ValueError(f"{p}: not a model folder (no {CONFIG_FILE})")
+    try:
+        cfg = json.loads(cfg_path.read_text())
+    except json.JSONDecodeError as exc:
+        raise ValueError(f"{cfg_path}: not valid JSON ({exc})") from None
+    if cfg.get("format") != FORMAT:
+        raise ValueError(f"{p}: not a privbert model folder (config format "
+                         f"{cfg.get('format')!r})")
+    if cfg.get("format_version") != FORMAT_VERSION:
+        raise ValueError(f"{p}: model format version {cfg.get('format_version')} is not "
+                         f"{FORMAT_VERSION}")
+    return cfg
+
+
+def load_model(path: str | os.PathLike, device: torch.device | str = "cpu") -> ModelVersion:
+    """Load a model version folder written by :func:`save_model_version`."""
+    from safetensors.torch import load_file
+
+    p = Path(path)
+    cfg = read_config(p)
+    if not (p / WEIGHTS_FILE).is_file():
+        raise ValueError(f"{p}: no {WEIGHTS_FILE}")
+    module = classifier_from_architecture(cfg["architecture"])
+    state = load_file(str(p / WEIGHTS_FILE))
+    missing, unexpected = module.load_state_dict(state, strict=False)
+    missing = [k for k in missing if not k.endswith("position_ids")]
+    if missing or unexpected:
+        raise ValueError(f"{p / WEIGHTS_FILE}: weights do not fit the architecture "
+                         f"(missing {missing[:3]}, unexpected {unexpected[:3]})")
+    module.to(device).eval()
+    metrics_path = p / METRICS_FILE
+    metrics = json.loads(metrics_path.read_text()) if metrics_path.is_file() else {}
+    return ModelVersion(p, cfg, metrics, module)
