@@ -1,4 +1,17 @@
 """The device side: tokenize, look up frozen embeddings, privatize, post only payloads.
 
-Never imports torch or transformers.
+Never imports torch or transformers. ``import edge_agent`` stays cheap: the
+names below load on first use.
 """
+
+from __future__ import annotations
+
+__all__ = ["Privatizer"]
+
+
+def __getattr__(name: str):
+    if name == "Privatizer":
+        from edge_agent.privatizer import Privatizer
+
+        return Privatizer
+    raise AttributeError(f"module 'edge_agent' has no attribute {name!r}")

@@ -1,14 +1,338 @@
-"""`edge-agent` command line (privatize, report, bundle)."""
+"""`edge-agent` command line: privatize, report, bundle fetch|info.
+
+Errors print one line ``edge-agent: error: ...`` on stderr (no traceback) and
+exit 2 for usage (bad flags, invalid parameters) or 1 at run time (bad input
+line, bundle, server). Heavy modules load only when a command needs them.
+"""
 
 from __future__ import annotations
 
+import argparse
+import os
 import sys
 
+PROG = "edge-agent"
+MECHANISMS = ("dchi-text", "dchi-embedding", "laplace", "ome", "texthide", "none")
 
+
+class UsageError(Exception):
+    """Bad flags or parameters: exit code 2."""
+
+
+class CliError(Exception):
+    """A run-time failure with a message that says what to do: exit code 1."""
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str):  # one line, no usage dump
+        print(f"{PROG}: error: {message} (see {self.prog} --help)", file=sys.stderr)
+        sys.exit(2)
+
+
+def _one_line(exc: BaseException) -> str:
+    text = str(exc) or type(exc).__name__
+    lines = [s.strip() for s in text.splitlines() if s.strip()]
+    return "; ".join(lines[:3])
+
+
+def warn(message: str) -> None:
+    print(f"{PROG}: warning: {message}", file=sys.stderr)
+
+
+def info(message: str) -> None:
+    print(f"{PROG}: {message}", file=sys.stderr)
+
+
+# -- bundle from a directory, a server, or the default model --------------------------------
+def add_bundle_args(p: argparse.ArgumentParser) -> None:
+    g = p.add_argument_group("bundle and server")
+    g.add_argument("--bundle", metavar="DIR",
+                     help="edge bundle directory (bundle.json), or a Hugging Face BERT folder; "
+                          "default: the MiniLM-L6-H384 package")
+    g.add_argument("--server", metavar="URL",
+                   help="privbert service: its model's bundle is fetched once, cached and "
+                        "verified (cache: $PRIVBERT_CACHE or ~/.cache/privbert/bundles)")
+    g.add_argument("--model", metavar="ID", help="served model (GET /v1/models) to follow")
+    g.add_argument("--api-key", metavar="KEY",
+                   help="API key (default: $PRIVBERT_API_KEY); sent as Authorization: Bearer")
+    g.add_argument("--timeout", type=float, default=30.0, help="seconds per request (30)")
+    g.add_argument("--retries", type=int, default=5,
+                   help="retries on 429/503/connection errors, exponential backoff (5)")
+
+
+def make_client(args, batch_size: int = 64):
+    from edge_agent.client import PrivbertClient
+
+    if args.timeout <= 0:
+        raise UsageError(f"--timeout must be > 0, got {args.timeout}")
+    if args.retries < 0:
+        raise UsageError(f"--retries must be >= 0, got {args.retries}")
+    try:
+        return PrivbertClient(args.server, args.api_key, timeout=args.timeout,
+                              retries=args.retries, batch_size=batch_size)
+    except ValueError as exc:
+        raise UsageError(str(exc)) from None
+
+
+def resolve_bundle(args, client=None):
+    """(bundle, served model description or None)."""
+    from pathlib import Path
+
+    from shared.bundle import EdgeBundle
+
+    model = None
+    if args.server:
+        from edge_agent.bundle_cache import bundle_for_model
+
+        client = client or make_client(args)
+        if args.bundle:
+            model = client.model(args.model)
+        else:
+            bundle, model, path, fetched = bundle_for_model(client, args.model)
+            info(f"bundle {bundle.bundle_id[:12]}… of model {model.get('id')} "
+                 f"{'fetched and cached in' if fetched else 'from cache'} {path}")
+            return bundle, model
+    elif args.model:
+        raise UsageError("--model needs --server")
+    if args.bundle:
+        path = Path(args.bundle)
+        if not path.exists():
+            raise CliError(f"{path}: no such bundle directory")
+        if not path.is_dir():
+            raise CliError(f"{path}: not a directory (--bundle takes a bundle directory)")
+        if (path / "bundle.json").is_file():
+            bundle = EdgeBundle.load(path)
+        else:
+            bundle = EdgeBundle.from_model(path)
+    else:
+        bundle = EdgeBundle.from_model()
+    if model is not None and model.get("bundle_id") not in (None, bundle.bundle_id):
+        raise CliError(f"--bundle {args.bundle} is {bundle.bundle_id[:12]}…, but model "
+                       f"{model.get('id')} expects bundle {str(model['bundle_id'])[:12]}…; "
+                       "drop --bundle to fetch the right one")
+    return bundle, model
+
+
+# -- parser -----------------------------------------------------------------------------------
+def build_parser() -> argparse.ArgumentParser:
+    parser = _Parser(prog=PROG, description="privbert on the device: privatize text, post only "
+                     "privatized payloads, choose eta with a privacy report")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
+
+    from edge_agent.privatize_cmd import register as register_privatize
+
+    register_privatize(sub)
+
+    p = sub.add_parser("report", help="privacy report for dχ-privacy (Qu et al. §5.3-5.4)",
+                       description="Plausible deniability statistics N_w and S_w, token "
+                       "embedding inversion accuracy, a table eta -> accuracy, and the honest "
+                       "guarantee; with --target-inversion the eta that reaches it.")
+    p.add_argument("--mechanism", choices=("dchi-text", "dchi-embedding"), default="dchi-text")
+    how = p.add_mutually_exclusive_group(required=True)
+    how.add_argument("--eta", type=float, help="privacy parameter eta > 0")
+    how.add_argument("--target-inversion", type=float, metavar="P",
+                     help="find the eta whose inversion accuracy is P (within 0.01), by "
+                          "bisection on a fixed noise draw")
+    p.add_argument("--sample", metavar="FILE",
+                   help="text (one per line; TSV: the first column) for inversion accuracy; "
+                        "default: tokens drawn from the vocabulary")
+    p.add_argument("--tokens", type=int, default=500, metavar="N",
+                   help="regular tokens sampled for N_w and S_w (500)")
+    p.add_argument("--samples", type=int, default=1000, metavar="K",
+                   help="perturbations per token (1000, as in the paper)")
+    p.add_argument("--inversion-tokens", type=int, default=5000, metavar="M",
+                   help="tokens for the inversion accuracy (5000)")
+    p.add_argument("--etas", metavar="E1,E2,...",
+                   help="eta grid of the accuracy table (default: the paper's 50..175 scaled "
+                        "by n/768)")
+    p.add_argument("--plot", metavar="OUT.png", help="figures like Qu et al. Fig. 3-4 "
+                   "(needs matplotlib: pip install privbert[plot])")
+    p.add_argument("--json", action="store_true", help="print the report as JSON")
+    p.add_argument("--seed", type=int, help="seed of the simulation (reproducible report)")
+    add_bundle_args(p)
+    p.set_defaults(func=run_report)
+
+    b = sub.add_parser("bundle", help="fetch or inspect an edge bundle")
+    bsub = b.add_subparsers(dest="bundle_command", metavar="ACTION", parser_class=_Parser)
+    f = bsub.add_parser("fetch", help="fetch a served model's bundle into the cache")
+    f.add_argument("--server", metavar="URL", required=True)
+    f.add_argument("--model", metavar="ID", help="served model (default: the only one)")
+    f.add_argument("--id", metavar="BUNDLE_ID", help="a bundle id instead of a model")
+    f.add_argument("--api-key", metavar="KEY", help="default: $PRIVBERT_API_KEY")
+    f.add_argument("--refresh", action="store_true", help="download again even if cached")
+    f.add_argument("--timeout", type=float, default=30.0)
+    f.add_argument("--retries", type=int, default=5)
+    f.set_defaults(func=run_bundle_fetch)
+    i = bsub.add_parser("info", help="describe a bundle directory (verifies every file)")
+    i.add_argument("dir", metavar="DIR")
+    i.set_defaults(func=run_bundle_info)
+    return parser
+
+
+# -- report and bundle commands --------------------------------------------------------------
+def run_report(args) -> int:
+    import json
+
+    import numpy as np
+
+    from edge_agent.report import build_report, format_report
+
+    if args.eta is not None and not args.eta > 0:
+        raise UsageError(f"--eta must be a finite number > 0, got {args.eta}")
+    if args.target_inversion is not None and not 0 <= args.target_inversion <= 1:
+        raise UsageError(f"--target-inversion must be in [0, 1], got {args.target_inversion}")
+    for name in ("tokens", "samples", "inversion_tokens"):
+        if getattr(args, name) < 1:
+            raise UsageError(f"--{name.replace('_', '-')} must be an integer >= 1, "
+                             f"got {getattr(args, name)}")
+    etas = None
+    if args.etas:
+        try:
+            etas = [float(x) for x in args.etas.split(",") if x.strip()]
+        except ValueError:
+            raise UsageError(f"--etas must be numbers separated by commas, got {args.etas!r}")
+        if not etas or any(not e > 0 for e in etas):
+            raise UsageError(f"--etas must be numbers > 0, got {args.etas!r}")
+    texts = read_sample(args.sample) if args.sample else None
+    if args.plot:
+        try:
+            import matplotlib  # noqa: F401
+        except ImportError:
+            raise CliError("--plot needs matplotlib: pip install 'privbert[plot]'") from None
+    bundle, _ = resolve_bundle(args)
+    rng = np.random.default_rng(args.seed)
+    rep = build_report(bundle, args.mechanism, eta=args.eta, target=args.target_inversion,
+                       texts=texts, tokens=args.tokens, samples=args.samples,
+                       inversion_tokens=args.inversion_tokens, etas=etas, rng=rng,
+                       geometry=bool(args.plot), progress=info)
+    if args.json:
+        print(json.dumps(rep.to_json()))
+    else:
+        print(format_report(rep))
+    if args.target_inversion is not None and abs(rep.inversion_accuracy - rep.target) > 0.01:
+        warn(f"no eta reaches inversion accuracy {rep.target:g} within 0.01 on this sample "
+             f"(closest: {rep.inversion_accuracy:.4f} at eta={rep.eta:.4g})")
+    if args.plot:
+        from edge_agent.report import plot_report
+
+        plot_report(rep, args.plot)
+        info(f"figures written to {args.plot}")
+    return 0
+
+
+def read_sample(path: str) -> list[str]:
+    """Texts of a sample file (first column of a TSV), strict UTF-8, header skipped."""
+    from pathlib import Path
+
+    p = Path(path)
+    if not p.exists():
+        raise CliError(f"{path}: no such file")
+    if p.is_dir():
+        raise CliError(f"{path}: is a directory, not a text file")
+    texts = []
+    with open(p, "rb") as f:
+        for n, raw in enumerate(f, 1):
+            try:
+                line = raw.decode("utf-8").rstrip("\r\n")
+            except UnicodeDecodeError:
+                raise CliError(f"{path}: line {n}: not valid UTF-8") from None
+            first = line.split("\t")[0]
+            if n == 1 and "\t" in line and line.split("\t")[-1].strip().lower() == "label":
+                continue
+            if first.strip():
+                texts.append(first)
+    if not texts:
+        raise CliError(f"{path}: no text in the sample file")
+    return texts
+
+
+def run_bundle_fetch(args) -> int:
+    from edge_agent.bundle_cache import bundle_for_model, fetch_bundle
+
+    with make_client(args) as client:
+        if args.id:
+            if args.model:
+                raise UsageError("give --model or --id, not both")
+            bundle, path, fetched = fetch_bundle(client, args.id, refresh=args.refresh)
+        else:
+            bundle, _, path, fetched = bundle_for_model(client, args.model,
+                                                        refresh=args.refresh)
+    info(f"bundle {bundle.bundle_id} {'fetched and verified' if fetched else 'already cached'}")
+    print(path)
+    return 0
+
+
+def run_bundle_info(args) -> int:
+    import json
+    from pathlib import Path
+
+    from shared.bundle import EdgeBundle
+
+    p = Path(args.dir)
+    if not p.exists():
+        raise CliError(f"{p}: no such directory")
+    if not p.is_dir():
+        raise CliError(f"{p}: not a directory")
+    b = EdgeBundle.load(p)
+    sizes = {f: (p / f).stat().st_size for f in b.meta["files"]}
+    print(json.dumps({
+        "bundle_id": b.bundle_id, "path": str(p.resolve()), "verified": True,
+        "vocab_size": b.vocab_size, "dim": b.dim, "max_length": b.max_length,
+        "regular_tokens": int(b.regular_ids.size), "special_ids": b.special_ids,
+        "encoder": b.meta.get("encoder"), "info": b.meta.get("info"),
+        "files": {f: {"sha256": h, "bytes": sizes[f]} for f, h in b.meta["files"].items()},
+    }, indent=2))
+    return 0
+
+
+# -- entry point ------------------------------------------------------------------------------
 def main(argv: list[str] | None = None) -> int:
-    print("edge-agent: not implemented yet (issue #3: privatize, report, bundle)", file=sys.stderr)
-    return 2
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if not getattr(args, "func", None):
+        parser.print_help(sys.stderr)
+        return 2
+    try:
+        return int(args.func(args) or 0)
+    except UsageError as exc:
+        print(f"{PROG}: error: {_one_line(exc)}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print(f"{PROG}: interrupted", file=sys.stderr)
+        return 130
+    except BrokenPipeError:
+        try:  # the reader went away (e.g. `| head`): stop quietly
+            sys.stdout = open(os.devnull, "w")  # noqa: SIM115
+        except OSError:
+            pass
+        return 1
+    except Exception as exc:  # every other failure: one line, no traceback
+        if os.environ.get("EDGE_AGENT_DEBUG"):
+            raise
+        print(f"{PROG}: error: {describe(exc)}", file=sys.stderr)
+        return 1
 
 
-if __name__ == "__main__":
-    sys.exit(main())
+def describe(exc: Exception) -> str:
+    """One line for a run-time failure."""
+    from shared.bundle import BundleError
+
+    if isinstance(exc, (CliError, BundleError)):
+        return _one_line(exc)
+    if isinstance(exc, FileNotFoundError):
+        return f"{exc.filename}: no such file"
+    if isinstance(exc, IsADirectoryError):
+        return f"{exc.filename}: is a directory"
+    if isinstance(exc, PermissionError):
+        return f"{exc.filename}: permission denied"
+    if isinstance(exc, OSError):
+        return f"{exc.filename or 'I/O'}: {exc.strerror or exc}"
+    if isinstance(exc, ValueError) or type(exc).__name__ == "ApiError":
+        return _one_line(exc)
+    return f"{type(exc).__name__}: {_one_line(exc)} (EDGE_AGENT_DEBUG=1 shows a traceback)"
+
+
+if __name__ == "__main__":  # the same classes as `edge_agent.cli` (imported by subcommands)
+    from edge_agent.cli import main as _main
+
+    sys.exit(_main())

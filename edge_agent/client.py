@@ -1,0 +1,220 @@
+"""HTTP client for the privbert API (DESIGN.md "HTTP API"), with httpx.
+
+Many payloads per request (``batch_size``), retries with exponential backoff on
+429/503 and connection errors (honouring ``Retry-After``), timeouts, the
+``Authorization: Bearer`` header, and problem+json errors (RFC 9457) raised as
+:class:`ApiError` carrying the server's ``type``, ``title`` and ``detail``.
+Only privatized payloads travel: the client takes payload objects, never text.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import re
+import time
+import uuid
+from collections.abc import Callable, Iterable, Iterator
+from typing import Any
+
+import httpx
+
+API_KEY_ENV = "PRIVBERT_API_KEY"
+RETRY_STATUS = (429, 503)
+_BUNDLE_ID = re.compile(r"^[0-9a-f]{64}$")
+
+
+class ApiError(Exception):
+    """An error answer of the server (or no answer): one line that says what to do."""
+
+    def __init__(self, message: str, *, status: int | None = None, type: str | None = None,
+                 title: str | None = None, detail: str | None = None):
+        super().__init__(message)
+        self.status = status
+        self.type = type
+        self.title = title
+        self.detail = detail
+
+
+def _batches(items: list, size: int) -> Iterator[list]:
+    for start in range(0, len(items), size):
+        yield items[start : start + size]
+
+
+def problem_error(resp: httpx.Response) -> ApiError:
+    """An :class:`ApiError` from an error response, problem+json or not."""
+    status = resp.status_code
+    problem: dict[str, Any] = {}
+    try:
+        body = resp.json()
+        if isinstance(body, dict):
+            problem = body
+    except (ValueError, UnicodeDecodeError):
+        pass
+    title = problem.get("title") or resp.reason_phrase or "error"
+    detail = problem.get("detail")
+    if detail is None and not problem and resp.text.strip():
+        detail = resp.text.strip().splitlines()[0][:200]
+    ptype = problem.get("type")
+    msg = f"server answered {status} {title}"
+    if detail:
+        msg += f": {detail}"
+    if ptype and ptype != "about:blank":
+        msg += f" [{ptype}]"
+    if status == 401:
+        msg += f" (check --api-key or ${API_KEY_ENV})"
+    elif status == 403:
+        msg += " (this key may not use that endpoint)"
+    elif status == 413:
+        msg += " (request too large: lower --post-batch)"
+    return ApiError(msg, status=status, type=ptype, title=title,
+                    detail=detail if isinstance(detail, str) else None)
+
+
+class PrivbertClient:
+    """``PrivbertClient(base_url, api_key)``; ``transport`` and ``sleep`` are for tests."""
+
+    def __init__(self, base_url: str, api_key: str | None = None, *, timeout: float = 30.0,
+                 retries: int = 5, backoff: float = 0.5, max_backoff: float = 30.0,
+                 batch_size: int = 64, transport: httpx.BaseTransport | None = None,
+                 sleep: Callable[[float], None] = time.sleep):
+        if not re.match(r"^https?://", base_url or ""):
+            raise ValueError(f"server URL must start with http:// or https://, got {base_url!r}")
+        if batch_size < 1:
+            raise ValueError(f"batch size must be an integer >= 1, got {batch_size!r}")
+        if retries < 0:
+            raise ValueError(f"retries must be >= 0, got {retries!r}")
+        self.base_url = base_url.rstrip("/")
+        api_key = api_key if api_key is not None else os.environ.get(API_KEY_ENV)
+        headers = {"User-Agent": "privbert-edge-agent/0.1"}
+        if api_key:
+            headers["Authorization"] = f"Bearer {api_key}"
+        self.retries = retries
+        self.backoff = backoff
+        self.max_backoff = max_backoff
+        self.batch_size = batch_size
+        self._sleep = sleep
+        self._http = httpx.Client(base_url=self.base_url, headers=headers, transport=transport,
+                                  timeout=httpx.Timeout(timeout))
+
+    def close(self) -> None:
+        self._http.close()
+
+    def __enter__(self) -> PrivbertClient:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    # -- transport with retries ------------------------------------------------------------
+    def _delay(self, attempt: int, resp: httpx.Response | None) -> float:
+        if resp is not None:
+            after = resp.headers.get("Retry-After", "")
+            if after.strip().isdigit():
+                return min(float(after), self.max_backoff)
+        base = min(self.backoff * 2**attempt, self.max_backoff)
+        return base * (0.5 + random.random() / 2)  # jitter: replicas do not retry in step
+
+    def request(self, method: str, path: str, **kwargs) -> httpx.Response:
+        """One call with retries; a non-2xx final answer raises :class:`ApiError`."""
+        url = f"{self.base_url}{path}"
+        for attempt in range(self.retries + 1):
+            resp = None
+            try:
+                resp = self._http.request(method, path, **kwargs)
+            except httpx.TimeoutException as exc:
+                last = f"no answer from {url} in time ({type(exc).__name__})"
+            except httpx.TransportError as exc:
+                last = f"cannot reach {url} ({exc or type(exc).__name__})"
+            else:
+                if resp.status_code not in RETRY_STATUS:
+                    if resp.is_success:
+                        return resp
+                    raise problem_error(resp)
+                last = str(problem_error(resp))
+            if attempt < self.retries:
+                self._sleep(self._delay(attempt, resp))
+        raise ApiError(f"{last}; gave up after {self.retries + 1} attempts (check --server "
+                       "and that the service is running)",
+                       status=None if resp is None else resp.status_code)
+
+    def _json(self, resp: httpx.Response) -> Any:
+        try:
+            return resp.json()
+        except ValueError:
+            raise ApiError(f"{resp.request.url}: answer is not JSON (is --server a privbert "
+                           "service?)", status=resp.status_code) from None
+
+    # -- endpoints -------------------------------------------------------------------------
+    def models(self) -> list[dict]:
+        """``GET /v1/models``: the served models (id, task, labels, mechanism, params, bundle_id)."""
+        body = self._json(self.request("GET", "/v1/models"))
+        models = body.get("models") if isinstance(body, dict) else body
+        if not isinstance(models, list):
+            raise ApiError("GET /v1/models: unexpected answer (no list of models)")
+        return models
+
+    def model(self, model_id: str | None = None) -> dict:
+        """The served model ``model_id``; without an id, the only one served."""
+        models = self.models()
+        ids = [str(m.get("id")) for m in models]
+        if model_id is None:
+            if len(models) == 1:
+                return models[0]
+            raise ApiError(f"the server serves {len(models)} models ({', '.join(ids) or 'none'}): "
+                           "pick one with --model ID")
+        for m in models:
+            if str(m.get("id")) == model_id:
+                return m
+        raise ApiError(f"the server has no model {model_id!r}; it serves: "
+                       f"{', '.join(ids) or 'none'}")
+
+    def bundle_bytes(self, bundle_id: str) -> bytes:
+        """``GET /v1/bundles/{bundle_id}``: the bundle tarball."""
+        if not _BUNDLE_ID.match(bundle_id or ""):
+            raise ApiError(f"not a bundle id (64 hex digits): {bundle_id!r}")
+        return self.request("GET", f"/v1/bundles/{bundle_id}").content
+
+    def predict(self, model_id: str, payloads: Iterable) -> list[dict]:
+        """``POST /v1/models/{id}/predict`` in requests of at most ``batch_size`` payloads."""
+        out: list[dict] = []
+        for batch in _batches(list(payloads), self.batch_size):
+            body = '{"payloads":[' + ",".join(_to_json(p) for p in batch) + "]}"
+            resp = self.request("POST", f"/v1/models/{model_id}/predict", content=body,
+                                headers={"Content-Type": "application/json"})
+            preds = self._json(resp)
+            preds = preds.get("predictions") if isinstance(preds, dict) else None
+            if not isinstance(preds, list) or len(preds) != len(batch):
+                raise ApiError(f"predict: expected {len(batch)} predictions, got "
+                               f"{len(preds) if isinstance(preds, list) else 'none'}")
+            out.extend(preds)
+        return out
+
+    def post_records(self, task: str, records: Iterable,
+                     idempotency_key: str | None = None) -> list:
+        """``POST /v1/records`` in batches; each batch has its own Idempotency-Key, kept
+        across its retries so that a retried upload is stored once. Returns the record ids."""
+        ids: list = []
+        prefix = idempotency_key or uuid.uuid4().hex
+        for n, batch in enumerate(_batches(list(records), self.batch_size)):
+            body = ('{"task":' + json.dumps(task) + ',"records":['
+                    + ",".join(_to_json(r) for r in batch) + "]}")
+            resp = self.request("POST", "/v1/records", content=body,
+                                headers={"Content-Type": "application/json",
+                                         "Idempotency-Key": f"{prefix}-{n}"})
+            got = self._json(resp)
+            if isinstance(got, dict):
+                got = got.get("ids", got.get("record_ids"))
+            if not isinstance(got, list) or len(got) != len(batch):
+                raise ApiError(f"records: expected {len(batch)} record ids, got "
+                               f"{len(got) if isinstance(got, list) else 'none'}")
+            ids.extend(got)
+        return ids
+
+
+def _to_json(obj) -> str:
+    """A payload or record (pydantic model) or a plain dict as JSON text."""
+    if hasattr(obj, "model_dump_json"):
+        return obj.model_dump_json(exclude_none=True)
+    return json.dumps(obj)

@@ -1,0 +1,148 @@
+"""Reading input for ``edge-agent privatize``: one record per line, in growing batches.
+
+Lines are read as bytes and decoded as strict UTF-8 one by one, so a bad line
+is reported with its number and every line before it is still processed.
+With ``tsv``: ``text<TAB>label`` or ``text_a<TAB>text_b<TAB>label`` (no
+quoting, as in GLUE files); the number of columns is fixed by the first line.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from typing import BinaryIO
+
+_INT = re.compile(r"^[+-]?\d+$")
+_LABEL = re.compile(r"^[A-Za-z0-9_.:-]{1,64}$")  # shared.payload's short class name
+
+
+class InputError(ValueError):
+    """A line that cannot be read; the message names the line."""
+
+
+@dataclass(frozen=True)
+class Line:
+    """One input record."""
+
+    number: int  # 1-based line number in the input
+    text: str
+    text_b: str | None = None
+    label: int | str | None = None
+
+
+@dataclass
+class Batch:
+    """Lines read together; ``error`` ends the input after them."""
+
+    lines: list[Line] = field(default_factory=list)
+    empty: list[int] = field(default_factory=list)  # numbers of empty lines (skipped)
+    nbytes: int = 0
+    error: Exception | None = None  # raised after the lines before it are written
+
+
+HEADER = Line(0, "")  # the TSV header line: not a record
+
+
+def parse_label(raw: str, number: int) -> int | str:
+    """An integer label, or a short class name (letters, digits, ``_.:-``)."""
+    raw = raw.strip()
+    if _INT.match(raw):
+        return int(raw)
+    if _LABEL.match(raw):
+        return raw
+    raise InputError(f"line {number}: label {raw[:40]!r} is neither an integer nor a short "
+                     "class name (letters, digits, _.:-, at most 64)")
+
+
+def batch_sizes(largest: int, first: int = 16) -> Iterator[int]:
+    """16, 32, 64 ... up to ``largest``: the first record comes out fast, then big batches."""
+    size = max(1, min(first, largest))
+    while True:
+        yield size
+        size = min(size * 2, largest)
+
+
+class LineReader:
+    """Batches of :class:`Line` from a binary stream."""
+
+    def __init__(self, stream: BinaryIO, tsv: bool = False, header: str = "auto"):
+        self.stream = stream
+        self.tsv = tsv
+        self.header = header
+        self.columns: int | None = None
+        self._number = 0
+
+    def _parse(self, number: int, raw: bytes) -> Line | None:
+        """A Line, None for an empty line, HEADER, or InputError."""
+        raw = raw.rstrip(b"\n").rstrip(b"\r")
+        try:
+            text = raw.decode("utf-8")
+        except UnicodeDecodeError as exc:
+            raise InputError(f"line {number}: not valid UTF-8 (byte 0x{raw[exc.start]:02x} at "
+                             f"byte {exc.start + 1}); convert the input to UTF-8") from None
+        if number == 1:
+            text = text.removeprefix("\ufeff")
+        if not self.tsv:
+            return Line(number, text) if text.strip() else None
+        if not text.strip():
+            return None
+        cols = text.split("\t")
+        if number == 1 and (self.header == "yes" or (
+                self.header == "auto" and cols[-1].strip().lower() == "label")):
+            return HEADER
+        if len(cols) not in (2, 3):
+            raise InputError(f"line {number}: expected text<TAB>label or "
+                             f"text_a<TAB>text_b<TAB>label, found {len(cols)} column(s)")
+        if self.columns is None:
+            self.columns = len(cols)
+        elif len(cols) != self.columns:
+            raise InputError(f"line {number}: {len(cols)} columns where earlier lines have "
+                             f"{self.columns}")
+        label = parse_label(cols[-1], number)
+        if not cols[0].strip() or (len(cols) == 3 and not cols[1].strip()):
+            return None
+        return Line(number, cols[0], cols[1] if len(cols) == 3 else None, label)
+
+    def batches(self, largest: int = 256, minimum: int = 1) -> Iterator[Batch]:
+        """Batches of growing size; a short last batch joins the one before it when
+        it has fewer than ``minimum`` lines (TextHide mixes k lines of a batch)."""
+        sizes = batch_sizes(max(largest, minimum), first=max(16, minimum))
+        pending: Batch | None = None
+        for batch in self._raw_batches(sizes):
+            if pending is not None and len(batch.lines) < minimum:
+                pending.lines += batch.lines
+                pending.empty += batch.empty
+                pending.nbytes += batch.nbytes
+                pending.error = batch.error
+                continue
+            if pending is not None:
+                yield pending
+            pending = batch
+            if minimum <= 1:
+                yield pending
+                pending = None
+        if pending is not None:
+            yield pending
+
+    def _raw_batches(self, sizes: Iterator[int]) -> Iterator[Batch]:
+        size = next(sizes)
+        batch = Batch()
+        for raw in self.stream:
+            self._number += 1
+            batch.nbytes += len(raw)
+            try:
+                line = self._parse(self._number, raw)
+            except InputError as exc:
+                batch.error = exc
+                yield batch
+                return
+            if line is None:
+                batch.empty.append(self._number)
+            elif line is not HEADER:
+                batch.lines.append(line)
+            if len(batch.lines) >= size:
+                yield batch
+                batch, size = Batch(), next(sizes)
+        if batch.lines or batch.empty or batch.nbytes:
+            yield batch

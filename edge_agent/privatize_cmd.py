@@ -1,0 +1,377 @@
+"""`edge-agent privatize FILE`: stream lines -> privatized records (JSONL), or post them.
+
+Streaming: lines are read in batches (16, 32, ... up to --batch-size), each
+batch is privatized in one mechanism call and written (and flushed) as whole
+lines before the next is read. A bad line stops the run with one message
+naming it; every record before it has been written.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import sys
+import time
+from pathlib import Path
+
+from edge_agent.cli import (
+    MECHANISMS,
+    CliError,
+    UsageError,
+    add_bundle_args,
+    info,
+    make_client,
+    resolve_bundle,
+    warn,
+)
+
+TEXTHIDE_SEED_ENV = "PRIVBERT_TEXTHIDE_SEED"
+# flags that configure each mechanism; any other mechanism flag given is a usage error
+_FLAGS = {
+    "dchi-text": {"eta"},
+    "dchi-embedding": {"eta", "float16"},
+    "laplace": {"epsilon", "calibration", "word_dropout"},
+    "ome": {"epsilon", "lam"},
+    "texthide": {"m", "k", "texthide_seed", "num_labels"},
+    "none": {"allow_none"},
+}
+_ALL_FLAGS = set().union(*_FLAGS.values())
+
+EPILOG = """\
+input: one record per line (UTF-8). With --tsv: text<TAB>label or text_a<TAB>text_b<TAB>label
+  (a first line whose last column is "label" is a header and skipped, see --header).
+output: one JSON record per line, {"payload": {...}, "label": ...} (shared.payload.Record);
+  no label field without labels. --format text prints privatized text (dchi-text only).
+policies: empty lines are skipped and counted (--empty error refuses them); a text longer
+  than the model's limit (max_length - 2 word pieces, - 3 for a pair) keeps its first
+  word pieces, a pair trims its longer segment first (--truncate error refuses it).
+  A bad line stops the run with one message naming it; records before it are kept.
+randomness: fresh OS entropy for every batch. --seed makes runs reproducible and the
+  noise predictable: anyone who knows the seed can remove the protection.
+"""
+
+
+def register(sub) -> None:
+    p = sub.add_parser("privatize", help="privatize text, one record per line",
+                       description="Privatize text on this device; only payloads leave it.",
+                       epilog=EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("file", metavar="FILE", help="input file, one record per line; - for stdin")
+    p.add_argument("--tsv", action="store_true",
+                   help="text<TAB>label or text_a<TAB>text_b<TAB>label")
+    p.add_argument("--header", choices=("auto", "yes", "no"), default="auto",
+                   help="TSV header line: auto = skipped when its last column is 'label'")
+    p.add_argument("-o", "--output", metavar="OUT.jsonl", help="output file (default stdout)")
+    p.add_argument("--format", choices=("jsonl", "text"), default="jsonl",
+                   help="jsonl records (default) or, for dchi-text, the privatized text")
+    m = p.add_argument_group("mechanism")
+    m.add_argument("--mechanism", choices=MECHANISMS, default="dchi-text",
+                   help="default dchi-text; none sends plain token ids (needs --allow-none)")
+    m.add_argument("--eta", type=float, help="dχ-privacy eta > 0 (dchi-text, dchi-embedding)")
+    m.add_argument("--epsilon", type=float, help="epsilon > 0 (laplace, ome)")
+    m.add_argument("--calibration", choices=("vector", "coordinate"),
+                   help="laplace noise scale r/eps (vector, default: the whole vector is "
+                        "eps-DP) or 1/eps (coordinate, as published: r*eps for the vector)")
+    m.add_argument("--word-dropout", type=float, metavar="MU",
+                   help="laplace: DPNR word dropout rate in [0, 1) before encoding")
+    m.add_argument("--lam", type=float, help="ome: randomized-response factor lambda > 0")
+    m.add_argument("--m", type=int, help="texthide: size of the secret mask pool")
+    m.add_argument("--k", type=int, help="texthide: inputs mixed per record (default 1; "
+                   "predictions use 1, k > 1 needs --tsv labels)")
+    m.add_argument("--texthide-seed", type=int, metavar="KEY",
+                   help=f"texthide: the client's secret mask-pool key (or ${TEXTHIDE_SEED_ENV})")
+    m.add_argument("--num-labels", type=int, help="texthide k > 1: classes of the soft "
+                   "labels (default 2)")
+    m.add_argument("--float16", action="store_true", help="dchi-embedding: send float16")
+    m.add_argument("--allow-none", action="store_true",
+                   help="allow --mechanism none (plain ids: the server can read the text)")
+    m.add_argument("--seed", type=int, help="seed the noise (reproducible; removes protection)")
+    i = p.add_argument_group("input policies")
+    i.add_argument("--empty", choices=("skip", "error"), default="skip",
+                   help="empty lines: skip and count (default) or stop with an error")
+    i.add_argument("--truncate", choices=("first", "error"), default="first",
+                   help="over-long text: keep the first word pieces (default) or stop")
+    i.add_argument("--max-length", type=int, metavar="N",
+                   help="model length limit incl. [CLS]/[SEP] (default: the bundle's)")
+    i.add_argument("--batch-size", type=int, default=256, help="lines per batch (256)")
+    i.add_argument("--no-progress", action="store_true", help="no progress bar")
+    s = p.add_argument_group("posting")
+    s.add_argument("--post", choices=("predict", "records"),
+                   help="predict: one JSON prediction per line (needs --server, --model); "
+                        "records: upload labelled records (needs --server, --task, --tsv)")
+    s.add_argument("--task", help="task name for --post records")
+    s.add_argument("--post-batch", type=int, default=64, help="payloads per request (64)")
+    add_bundle_args(p)
+    p.set_defaults(func=run)
+
+
+def check_flags(args) -> None:
+    """Usage errors before any work is done."""
+    mech = args.mechanism
+    given = {f for f in _ALL_FLAGS if getattr(args, f) not in (None, False)}
+    stray = sorted(given - _FLAGS[mech])
+    if stray:
+        flags = ", ".join("--" + f.replace("_", "-") for f in stray)
+        raise UsageError(f"{flags} do(es) not apply to --mechanism {mech}")
+    need = {"dchi-text": ["eta"], "dchi-embedding": ["eta"], "laplace": ["epsilon"],
+            "ome": ["epsilon", "lam"], "texthide": ["m"], "none": []}[mech]
+    for f in need:
+        if getattr(args, f) is None:
+            raise UsageError(f"--mechanism {mech} needs --{f.replace('_', '-')}")
+    if mech == "none" and not args.allow_none:
+        raise UsageError("--mechanism none sends plain token ids the server can read; "
+                         "add --allow-none for the Null-privacy baseline")
+    if args.format == "text" and (mech != "dchi-text" or args.post):
+        raise UsageError("--format text is for --mechanism dchi-text without --post")
+    if args.batch_size < 1 or args.post_batch < 1:
+        raise UsageError("--batch-size and --post-batch must be integers >= 1")
+    k = args.k or 1
+    if mech == "texthide" and k > 1 and (not args.tsv or args.post == "predict"):
+        raise UsageError("texthide with --k > 1 mixes inputs and labels: only for labelled "
+                         "records (--tsv); predictions use --k 1")
+    if args.post and not args.server:
+        raise UsageError(f"--post {args.post} needs --server URL")
+    if args.post == "records" and (not args.task or not args.tsv):
+        raise UsageError("--post records needs --task T and labelled input (--tsv)")
+    if args.task and args.post != "records":
+        raise UsageError("--task goes with --post records")
+
+
+def build_mechanism(args, bundle):
+    """The shared.mechanisms object for the flags (ValueError names a bad parameter)."""
+    from shared import mechanisms as M
+
+    mech = args.mechanism
+    if mech == "none":
+        return "none"
+    if mech == "dchi-text":
+        return M.DChiText(bundle, args.eta)
+    if mech == "dchi-embedding":
+        return M.DChiEmbedding(args.eta)
+    if mech == "laplace":
+        return M.Laplace(args.epsilon, args.calibration or "vector", args.word_dropout or 0.0)
+    enc = bundle.meta.get("encoder") or {}
+    if bundle.encoder_onnx is None or "output_dim" not in enc:
+        raise UsageError(f"--mechanism {mech} needs a bundle with the frozen sentence encoder "
+                         "(encoder.onnx); this one has none: use --server or a bundle made "
+                         "by `cloud-api export-bundle`")
+    dim = int(enc["output_dim"])
+    if mech == "ome":
+        return M.OME(args.epsilon, args.lam, dim)
+    seed = args.texthide_seed
+    if seed is None and os.environ.get(TEXTHIDE_SEED_ENV):
+        try:
+            seed = int(os.environ[TEXTHIDE_SEED_ENV])
+        except ValueError:
+            raise UsageError(f"${TEXTHIDE_SEED_ENV} must be an integer") from None
+    if seed is None:
+        warn("texthide without --texthide-seed: a new secret mask pool for this run only")
+    return M.TextHide(args.m, args.k if args.k is not None else 1, dim, seed=seed)
+
+
+def open_input(path: str):
+    """(binary stream, size in bytes or None)."""
+    if path == "-":
+        return sys.stdin.buffer, None
+    p = Path(path)
+    if not p.exists():
+        raise CliError(f"{path}: no such file")
+    if p.is_dir():
+        raise CliError(f"{path}: is a directory, not a text file")
+    f = open(p, "rb")  # noqa: SIM115 (closed by run)
+    return f, (p.stat().st_size if p.is_file() else None)
+
+
+class Output:
+    """Whole lines, flushed per batch; a file is created at its first line (or at the end)."""
+
+    def __init__(self, path: str | None):
+        self.path = None if path in (None, "-") else Path(path)
+        if self.path is not None:
+            if self.path.is_dir():
+                raise CliError(f"{path}: is a directory (-o takes a file)")
+            if not self.path.parent.is_dir():
+                raise CliError(f"{self.path.parent}: no such directory for -o")
+        self._f = None if self.path is not None else sys.stdout
+
+    def write(self, lines: list[str]) -> None:
+        if not lines:
+            return
+        if self._f is None:
+            self._f = open(self.path, "w", encoding="utf-8", newline="\n")  # noqa: SIM115
+        self._f.write("".join(lines))
+        self._f.flush()
+
+    def close(self, ok: bool) -> None:
+        if self._f is None and ok and self.path is not None:
+            self.path.write_text("")
+        if self._f is not None and self._f is not sys.stdout:
+            self._f.close()
+
+
+def check_model(model: dict, priv) -> None:
+    """Refuse, before sending, a mechanism or parameters the served model does not read."""
+    want, params = model.get("mechanism"), model.get("params")
+    mismatch = want is not None and want != priv.name
+    if not mismatch and isinstance(params, dict):
+        for key in params.keys() & priv.params.keys():
+            a, b = params[key], priv.params[key]
+            if isinstance(a, (int, float)) and isinstance(b, (int, float)):
+                mismatch |= not math.isclose(a, b, rel_tol=1e-9)
+            else:
+                mismatch |= a != b
+    if mismatch:
+        raise CliError(f"model {model.get('id')} reads {want} {json.dumps(params)}; this run "
+                       f"would send {priv.name} {json.dumps(priv.params)}: set the same "
+                       "mechanism and parameters")
+
+
+def run(args) -> int:
+    t0 = time.perf_counter()
+    check_flags(args)
+    if args.seed is not None:
+        warn("--seed makes the noise predictable: anyone who knows the seed can remove the "
+             "protection; use it for experiments only")
+    stream, size = open_input(args.file)
+    try:
+        out = Output(args.output)
+        return _run(args, stream, size, out, t0)
+    finally:
+        if stream is not sys.stdin.buffer:
+            stream.close()
+
+
+def _run(args, stream, size, out: Output, t0: float) -> int:
+    import numpy as np
+
+    from edge_agent.lines import InputError, LineReader
+    from edge_agent.privatizer import Privatizer, TextError
+    from shared.accounting import guarantee, summary
+
+    client = make_client(args, args.post_batch) if args.server else None
+    bundle, model = resolve_bundle(args, client)
+    try:
+        mech = build_mechanism(args, bundle)
+        priv = Privatizer(bundle, mech, max_length=args.max_length, truncate=args.truncate,
+                          float_dtype="float16" if args.float16 else "float32")
+    except ValueError as exc:
+        raise UsageError(str(exc)) from None
+    if args.post == "predict":
+        if not args.model and model is not None:
+            args.model = str(model.get("id"))
+        check_model(model or {}, priv)
+    rng = np.random.default_rng(args.seed) if args.seed is not None else None
+    k = args.k or 1
+    texthide_mix = args.mechanism == "texthide" and k > 1
+    num_labels = args.num_labels or 2
+    if texthide_mix and num_labels < 2:
+        raise UsageError(f"--num-labels must be an integer >= 2, got {num_labels}")
+    bar = None
+    if sys.stderr.isatty() and not args.no_progress:
+        from tqdm import tqdm
+
+        bar = tqdm(total=size, unit="B", unit_scale=True, file=sys.stderr, desc="privatize")
+    reader = LineReader(stream, tsv=args.tsv, header=args.header)
+    n_records = n_tokens = n_trunc = n_skipped = 0
+    t_first = None
+    ok = False
+    try:
+        for batch in reader.batches(args.batch_size, minimum=k if texthide_mix else 1):
+            lines, error = batch.lines, batch.error
+            if batch.empty and args.empty == "error":
+                first = batch.empty[0]
+                lines = [ln for ln in lines if ln.number < first]
+                error = InputError(f"line {first}: empty line (--empty skip skips them)")
+            else:
+                n_skipped += len(batch.empty)
+            if texthide_mix:
+                for j, ln in enumerate(lines):
+                    if isinstance(ln.label, str) or not 0 <= ln.label < num_labels:
+                        error = InputError(f"line {ln.number}: texthide mixes labels: need an "
+                                           f"integer label in [0, {num_labels}) (--num-labels)")
+                        lines = lines[:j]
+                        break
+            texts = [ln.text for ln in lines]
+            pairs = [ln.text_b for ln in lines] if reader.columns == 3 else None
+            try:
+                items = priv.tokenize(texts, pairs, allow_empty=True)
+            except TextError as exc:
+                bad = lines[exc.index]
+                error = InputError(f"line {bad.number} {exc.detail.split(' (')[0]} "
+                                   "(--truncate first keeps the first ones)")
+                lines = lines[: exc.index]
+                items = priv.tokenize(texts[: exc.index],
+                                      None if pairs is None else pairs[: exc.index],
+                                      allow_empty=True)
+            keep = []
+            for ln, it in zip(lines, items, strict=True):
+                if it is not None:
+                    keep.append((ln, it))
+                elif args.empty == "error":
+                    error = InputError(f"line {ln.number}: no tokens in the text "
+                                       "(--empty skip skips it)")
+                    break
+                else:
+                    n_skipped += 1
+            out.write(_outputs(args, priv, client, keep, texthide_mix, num_labels, rng))
+            if keep and t_first is None:
+                t_first = time.perf_counter() - t0
+            n_records += len(keep)
+            n_tokens += sum(it.n_tokens for _, it in keep)
+            n_trunc += sum(it.truncated for _, it in keep)
+            if bar is not None:
+                bar.update(batch.nbytes)
+            if error is not None:
+                raise CliError(f"{error}; {n_records} record(s) before it were written")
+        ok = True
+    finally:
+        if bar is not None:
+            bar.close()
+        out.close(ok)
+    elapsed = time.perf_counter() - t0
+    g = guarantee(mech, bundle) if mech != "none" else guarantee("none")
+    info(f"{n_records} records, {n_tokens} tokens in {elapsed:.2f} s "
+         f"({n_tokens / max(elapsed, 1e-9):,.0f} tokens/s"
+         + (f", first record after {t_first:.2f} s" if t_first is not None else "")
+         + f"); {n_skipped} empty line(s) skipped; {n_trunc} truncated; {summary(g)}")
+    return 0
+
+
+def _outputs(args, priv, client, keep, texthide_mix, num_labels, rng) -> list[str]:
+    """The output lines of one batch (privatizes, and posts with --post)."""
+    from shared.payload import Record
+
+    if not keep:
+        return []
+    lines = [ln for ln, _ in keep]
+    items = [it for _, it in keep]
+    labelled = args.tsv
+    if args.post == "predict":
+        preds = client.predict(args.model, priv.privatize_tokenized(items, rng))
+        return [json.dumps({"line": ln.number, **p}) + "\n"
+                for ln, p in zip(lines, preds, strict=True)]
+    if labelled:
+        records = priv.records_tokenized(items, [ln.label for ln in lines],
+                                         num_labels if texthide_mix else None, rng)
+    else:
+        records = [Record(payload=p) for p in priv.privatize_tokenized(items, rng)]
+    if args.post == "records":
+        ids = client.post_records(args.task, records)
+        return [json.dumps({"line": ln.number, "id": i}) + "\n"
+                for ln, i in zip(lines, ids, strict=True)]
+    if args.format == "text":
+        return [_as_text(priv, r.payload, ln) for r, ln in zip(records, lines, strict=True)]
+    return [r.model_dump_json(exclude_none=True) + "\n" for r in records]
+
+
+def _as_text(priv, payload, line) -> str:
+    ids = payload.data_array().tolist()
+    segs = payload.segments or [len(ids)]
+    parts, start = [], 0
+    for n in segs:
+        parts.append(priv.tokenizer.decode(ids[start : start + n]))
+        start += n
+    if line.label is not None:
+        parts.append(str(line.label))
+    return "\t".join(parts) + "\n"

@@ -1,0 +1,279 @@
+"""Texts -> privatized payloads, on the device (notes/contract.md §1).
+
+Token kinds (``dchi-text``, ``dchi-embedding``, ``none``): word pieces of the
+bundle's tokenizer without [CLS]/[SEP] (the server adds them), then the dχ
+mechanism of Qu et al. 2021 §3.2 on all tokens of a batch at once.
+Vector kinds (``laplace``, ``ome``, ``texthide``): the bundle's frozen ONNX
+encoder on ``[CLS] a [SEP] (b [SEP])``, after DPNR word dropout (Lyu et al.
+2020, §3.3) on the word pieces, then the mechanism on the (b, r) vectors.
+
+Truncation policy at the model's length limit: at most ``max_length - 2`` word
+pieces for a single text, ``max_length - 3`` for a pair; "first" keeps the
+first ones (a pair trims its longer segment first, the second on a tie),
+"error" refuses the text.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from shared.payload import Record, make_payload
+from shared.rng import resolve_rng
+
+if TYPE_CHECKING:
+    from shared.bundle import EdgeBundle
+
+TOKEN_KINDS = ("dchi-text", "dchi-embedding", "none")
+VECTOR_KINDS = ("laplace", "ome", "texthide")
+TRUNCATE_POLICIES = ("first", "error")
+
+
+class TextError(ValueError):
+    """A text that cannot be privatized; ``index`` is its position in the batch."""
+
+    def __init__(self, index: int, reason: str, detail: str):
+        super().__init__(f"text {index + 1} {detail}")
+        self.index = index
+        self.reason = reason  # "empty" or "too_long"
+        self.detail = detail
+
+
+@dataclass(frozen=True)
+class TokenizedText:
+    """Word-piece ids of one text (or pair) after truncation."""
+
+    ids_a: np.ndarray
+    ids_b: np.ndarray | None
+    n_before: int  # word pieces before truncation
+
+    @property
+    def n_tokens(self) -> int:
+        return len(self.ids_a) + (0 if self.ids_b is None else len(self.ids_b))
+
+    @property
+    def truncated(self) -> bool:
+        return self.n_tokens < self.n_before
+
+    @property
+    def segments(self) -> list[int] | None:
+        return None if self.ids_b is None else [len(self.ids_a), len(self.ids_b)]
+
+
+def trim_pair(len_a: int, len_b: int, budget: int) -> tuple[int, int]:
+    """Lengths after removing tokens from the longer segment first (the second on a tie)."""
+    excess = len_a + len_b - budget
+    if excess <= 0:
+        return len_a, len_b
+    gap = abs(len_a - len_b)
+    if excess <= gap:
+        return (len_a - excess, len_b) if len_a > len_b else (len_a, len_b - excess)
+    rest = excess - gap
+    even = min(len_a, len_b)
+    return even - rest // 2, even - (rest + 1) // 2
+
+
+def mechanism_name(mechanism: Any) -> str:
+    """The payload mechanism string of a shared.mechanisms object or "none"."""
+    return "none" if isinstance(mechanism, str) and mechanism == "none" else mechanism.name
+
+
+class Privatizer:
+    """``Privatizer(bundle, mechanism)``: texts -> payloads of that mechanism and bundle."""
+
+    def __init__(self, bundle: EdgeBundle, mechanism: Any, *, max_length: int | None = None,
+                 truncate: str = "first", float_dtype: str = "float32", encoder=None):
+        if isinstance(mechanism, str) and mechanism != "none":
+            raise ValueError(f"mechanism must be a shared.mechanisms object or 'none', "
+                             f"got {mechanism!r}")
+        name = mechanism_name(mechanism)
+        if name not in TOKEN_KINDS + VECTOR_KINDS:
+            raise ValueError(f"no payload format for mechanism {name!r}; one of "
+                             f"{TOKEN_KINDS + VECTOR_KINDS}")
+        if truncate not in TRUNCATE_POLICIES:
+            raise ValueError(f"truncate must be one of {TRUNCATE_POLICIES}, got {truncate!r}")
+        if float_dtype not in ("float16", "float32"):
+            raise ValueError(f"float_dtype must be float16 or float32, got {float_dtype!r}")
+        if name == "dchi-text" and mechanism.bundle.bundle_id != bundle.bundle_id:
+            raise ValueError("the DChiText mechanism was built for another bundle")
+        self.bundle = bundle
+        self.mechanism = mechanism
+        self.name = name
+        self.params = {} if name == "none" else dict(mechanism.params)
+        self.truncate = truncate
+        self.float_dtype = float_dtype
+        self.encoder = None
+        limit = bundle.max_length
+        if name in VECTOR_KINDS:
+            if encoder is None:
+                from edge_agent.encoder import SentenceEncoder
+
+                encoder = SentenceEncoder.from_bundle(bundle)
+            self.encoder = encoder
+            limit = min(limit, getattr(encoder, "max_length", None) or limit)
+            dim = getattr(mechanism, "dim", None)
+            out_dim = getattr(encoder, "output_dim", None)
+            if dim is not None and out_dim is not None and dim != out_dim:
+                raise ValueError(f"{name} was built for dim={dim} but the encoder returns "
+                                 f"{out_dim} values")
+        if max_length is None:
+            max_length = limit
+        if not isinstance(max_length, int) or not 4 <= max_length <= limit:
+            raise ValueError(f"max_length must be an integer in [4, {limit}], got {max_length!r}")
+        self.max_length = max_length
+        self.special = bundle.special_ids
+        # A copy of the tokenizer that reads "[CLS]", "[SEP]" ... in user text as plain text.
+        from tokenizers import Tokenizer
+
+        self.tokenizer = Tokenizer.from_str(bundle.tokenizer.to_str())
+        self.tokenizer.no_padding()
+        self.tokenizer.no_truncation()
+        self.tokenizer.encode_special_tokens = True
+
+    # -- tokenization ----------------------------------------------------------------------
+    def budget(self, pair: bool) -> int:
+        """Word pieces allowed: max_length - 2 (single) or - 3 (pair)."""
+        return self.max_length - (3 if pair else 2)
+
+    def tokenize(self, texts: list[str], pairs: list[str] | None = None,
+                 allow_empty: bool = False) -> list[TokenizedText | None]:
+        """Word pieces of each text (pair), truncated by the policy.
+
+        A text without word pieces is None with ``allow_empty``, else a TextError.
+        """
+        if pairs is not None and len(pairs) != len(texts):
+            raise ValueError(f"pairs must have one entry per text ({len(texts)}), got {len(pairs)}")
+        enc_a = self.tokenizer.encode_batch(list(texts), add_special_tokens=False)
+        enc_b = (self.tokenizer.encode_batch(list(pairs), add_special_tokens=False)
+                 if pairs is not None else [None] * len(texts))
+        budget = self.budget(pairs is not None)
+        out: list[TokenizedText | None] = []
+        for i, (ea, eb) in enumerate(zip(enc_a, enc_b, strict=True)):
+            a = ea.ids
+            b = None if eb is None else eb.ids
+            if not a or (b is not None and not b):
+                if allow_empty:
+                    out.append(None)
+                    continue
+                raise TextError(i, "empty", "has no tokens"
+                                + (" in one of its two segments" if b is not None else ""))
+            n = len(a) + (0 if b is None else len(b))
+            if n > budget:
+                if self.truncate == "error":
+                    raise TextError(i, "too_long", f"has {n} tokens; the model takes at most "
+                                    f"{budget} (truncation 'first' keeps the first {budget})")
+                if b is None:
+                    a = a[:budget]
+                else:
+                    la, lb = trim_pair(len(a), len(b), budget)
+                    a, b = a[:la], b[:lb]
+            out.append(TokenizedText(np.asarray(a, dtype=np.int64),
+                                     None if b is None else np.asarray(b, dtype=np.int64), n))
+        return out
+
+    # -- privatization ---------------------------------------------------------------------
+    def privatize(self, texts: list[str], pairs: list[str] | None = None, rng=None) -> list:
+        """One payload per text (``pairs[i]`` is the second sentence of pair i)."""
+        return self.privatize_tokenized(self.tokenize(texts, pairs), rng)
+
+    def privatize_records(self, texts: list[str], labels: list, pairs: list[str] | None = None,
+                          num_labels: int | None = None, rng=None) -> list[Record]:
+        """Labelled records; TextHide with k > 1 mixes labels into soft vectors."""
+        return self.records_tokenized(self.tokenize(texts, pairs), labels, num_labels, rng)
+
+    def privatize_tokenized(self, items: list[TokenizedText], rng=None) -> list:
+        """Payloads for already tokenized texts (no None entries)."""
+        if not items:
+            return []
+        rng = resolve_rng(rng)
+        if self.name in TOKEN_KINDS:
+            return self._token_payloads(items, rng)
+        if self.name == "texthide" and self.mechanism.k > 1:
+            raise ValueError("TextHide with k > 1 mixes the inputs and their labels: use "
+                             "privatize_records(...) for training records; predictions use k=1")
+        return self._vector_payloads(items, self._mechanism_on_vectors(items, None, rng)[0])
+
+    def records_tokenized(self, items: list[TokenizedText], labels: list,
+                          num_labels: int | None = None, rng=None) -> list[Record]:
+        """Records for already tokenized texts with their labels."""
+        if len(labels) != len(items):
+            raise ValueError(f"labels must have one entry per text ({len(items)}), "
+                             f"got {len(labels)}")
+        if not items:
+            return []
+        rng = resolve_rng(rng)
+        if self.name == "texthide" and self.mechanism.k > 1:
+            onehot = one_hot(labels, num_labels)
+            vecs, mixed = self._mechanism_on_vectors(items, onehot, rng)
+            payloads = self._vector_payloads(items, vecs)
+            return [Record(payload=p, label=[float(x) for x in row])
+                    for p, row in zip(payloads, mixed, strict=True)]
+        payloads = self.privatize_tokenized(items, rng)
+        return [Record(payload=p, label=lab) for p, lab in zip(payloads, labels, strict=True)]
+
+    def _token_payloads(self, items: list[TokenizedText], rng) -> list:
+        parts = [p for it in items for p in ((it.ids_a,) if it.ids_b is None
+                                               else (it.ids_a, it.ids_b))]
+        ids = np.concatenate(parts)
+        if self.name == "dchi-text":
+            data = self.mechanism.privatize_ids(ids, rng)  # one exact search for the batch
+        elif self.name == "dchi-embedding":
+            data = self.mechanism.privatize(self.bundle.embeddings[ids], rng)
+        else:
+            data = ids
+        bounds = np.cumsum([it.n_tokens for it in items])[:-1]
+        return [make_payload(self.name, self.params, self.bundle.bundle_id, chunk,
+                             segments=it.segments, float_dtype=self.float_dtype)
+                for it, chunk in zip(items, np.split(data, bounds), strict=True)]
+
+    def _vector_payloads(self, items: list[TokenizedText], vecs: np.ndarray) -> list:
+        return [make_payload(self.name, self.params, self.bundle.bundle_id, v)
+                for v in vecs]
+
+    def sequences(self, items: list[TokenizedText], rng
+                  ) -> tuple[list[np.ndarray], list[np.ndarray]]:
+        """Encoder inputs ``[CLS] a [SEP] (b [SEP])`` and token types, after word dropout.
+
+        DPNR word dropout (Lyu et al. 2020 §3.3): each word piece is removed
+        independently with probability μ; [CLS]/[SEP] never are.
+        """
+        mu = float(getattr(self.mechanism, "word_dropout", 0.0) or 0.0)
+        cls, sep = self.special["cls"], self.special["sep"]
+        seqs, types = [], []
+        for it in items:
+            a, b = it.ids_a, it.ids_b
+            if mu > 0:
+                a = a[rng.random(a.size) >= mu]
+                b = None if b is None else b[rng.random(b.size) >= mu]
+            first = np.concatenate([[cls], a, [sep]]).astype(np.int64)
+            if b is None:
+                seqs.append(first)
+                types.append(np.zeros(first.size, dtype=np.int64))
+            else:
+                second = np.concatenate([b, [sep]]).astype(np.int64)
+                seqs.append(np.concatenate([first, second]))
+                types.append(np.concatenate([np.zeros(first.size, dtype=np.int64),
+                                             np.ones(second.size, dtype=np.int64)]))
+        return seqs, types
+
+    def _mechanism_on_vectors(self, items: list[TokenizedText], onehot: np.ndarray | None,
+                              rng) -> tuple[np.ndarray, np.ndarray | None]:
+        seqs, types = self.sequences(items, rng)
+        vecs = self.encoder.encode(seqs, types)
+        if self.name == "texthide":
+            return self.mechanism.encrypt(vecs, onehot, rng)
+        return self.mechanism.privatize(vecs, rng), None
+
+
+def one_hot(labels: list, num_labels: int | None) -> np.ndarray:
+    """(b, c) one-hot rows of integer labels in [0, c); c defaults to max(2, max + 1)."""
+    if any(isinstance(x, bool) or not isinstance(x, (int, np.integer)) for x in labels):
+        raise ValueError("TextHide with k > 1 mixes labels: labels must be integers")
+    lab = np.asarray(labels, dtype=np.int64)
+    c = int(num_labels) if num_labels is not None else max(2, int(lab.max()) + 1)
+    if lab.min() < 0 or lab.max() >= c:
+        raise ValueError(f"labels must be in [0, {c}) (num_labels={c}), got "
+                         f"{int(lab.min())}..{int(lab.max())}")
+    return np.eye(c)[lab]
