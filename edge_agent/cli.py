@@ -190,7 +190,8 @@ def run_report(args) -> int:
         try:
             etas = [float(x) for x in args.etas.split(",") if x.strip()]
         except ValueError:
-            raise UsageError(f"--etas must be numbers separated by commas, got {args.etas!r}")
+            raise UsageError(f"--etas must be numbers separated by commas, got {args.etas!r}"
+                             ) from None
         if not etas or any(not e > 0 for e in etas):
             raise UsageError(f"--etas must be numbers > 0, got {args.etas!r}")
     texts = read_sample(args.sample) if args.sample else None

@@ -314,6 +314,10 @@ def _run(args, stream, size, out: Output, t0: float) -> int:
                     break
                 else:
                     n_skipped += 1
+            if texthide_mix and error is not None and 0 < len(keep) < k:
+                error = InputError(f"{error}; texthide mixes {k} lines: the {len(keep)} "
+                                   "line(s) just before it were not privatized")
+                keep = []
             out.write(_outputs(args, priv, client, keep, texthide_mix, num_labels, rng))
             if keep and t_first is None:
                 t_first = time.perf_counter() - t0

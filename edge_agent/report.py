@@ -147,11 +147,12 @@ def target_eta(draw: FixedDraw, target: float, tol: float = 0.005, start: float 
 
 
 def histogram(values: np.ndarray, k: int, bins: int = 10) -> list[tuple[int, int, int]]:
-    """(low, high, count) over [0, k] in ``bins`` equal buckets (high inclusive in the last)."""
+    """(lowest, highest integer, count) of ``bins`` equal buckets over [0, k]."""
     edges = np.linspace(0, k, bins + 1)
-    counts, _ = np.histogram(values, bins=edges)
-    return [(int(math.ceil(edges[i])), int(math.floor(edges[i + 1])), int(c))
-            for i, c in enumerate(counts)]
+    counts, _ = np.histogram(values, bins=edges)  # [a, b) buckets, the last one [a, b]
+    return [(int(math.ceil(edges[i])),
+             int(math.floor(edges[i + 1])) if i == bins - 1 else int(math.ceil(edges[i + 1])) - 1,
+             int(c)) for i, c in enumerate(counts)]
 
 
 @dataclass
