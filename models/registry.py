@@ -78,8 +78,10 @@ def save_model_version(out_dir: str | os.PathLike, module: nn.Module, config: di
         (tmp / DATA_FILE).write_bytes(_json_bytes(data_info))
         (tmp / CONFIG_FILE).write_bytes(_json_bytes(cfg))  # last: its presence = complete
         for f in tmp.iterdir():
+            os.chmod(f, 0o644)
             with open(f, "rb") as fh:
                 os.fsync(fh.fileno())
+        os.chmod(tmp, 0o755)  # mkdtemp makes it private
         if out.exists():
             shutil.rmtree(out)
         os.replace(tmp, out)

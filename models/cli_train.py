@@ -1,0 +1,334 @@
+"""`cloud-api train | evaluate | export-bundle`: offline experiments and exports.
+
+    cloud-api train --data train.tsv --dev dev.tsv --mechanism dchi-text --eta 65 --out var/m1
+    cloud-api train --records edge.jsonl --out var/m2
+    cloud-api evaluate --model var/m1 --data dev.tsv
+    cloud-api evaluate --attack --mechanism dchi-text --eta 65 --data dev.tsv
+    cloud-api export-bundle --out var/bundle [--model-dir BERT] [--pooling mean]
+    cloud-api export-bundle --onnx --model var/m1
+
+Bad input prints one line ``cloud-api: error: ...`` and exits 2 before any training.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+
+PROG = "cloud-api"
+
+
+def _error(message: str) -> None:
+    print(f"{PROG}: error: {message}", file=sys.stderr)
+    sys.exit(2)
+
+
+def _one_line(exc: BaseException) -> str:
+    text = str(exc) or type(exc).__name__
+    if isinstance(exc, KeyError):
+        text = f"missing key {text}"
+    lines = [s.strip() for s in text.splitlines() if s.strip()]
+    return "; ".join(lines[:3])
+
+
+def _guarded(fn):
+    """Run ``fn(args)``; expected failures become one line and exit code 2."""
+
+    def run(args) -> int:
+        from shared.bundle import BundleError
+
+        try:
+            return fn(args)
+        except (ValueError, FileNotFoundError, NotADirectoryError, PermissionError,
+                BundleError, KeyError) as exc:
+            print(f"{PROG}: error: {_one_line(exc)}", file=sys.stderr)
+            return 2
+
+    return run
+
+
+def _info(message: str) -> None:
+    print(f"{PROG}: {message}", file=sys.stderr)
+
+
+def _positive_int(s: str) -> int:
+    try:
+        v = int(s)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected an integer, got {s!r}") from None
+    if v < 1:
+        raise argparse.ArgumentTypeError(f"expected an integer >= 1, got {v}")
+    return v
+
+
+def _mechanism_args(p: argparse.ArgumentParser) -> None:
+    from models.privatize import MECHANISM_CHOICES
+
+    g = p.add_argument_group("privatization (as on the edge)")
+    g.add_argument("--mechanism", choices=MECHANISM_CHOICES,
+                   help="payload mechanism (none = Null-privacy baseline)")
+    g.add_argument("--eta", type=float, help="dchi-text / dchi-embedding: eta > 0")
+    g.add_argument("--epsilon", type=float, help="laplace / ome: epsilon > 0")
+    g.add_argument("--calibration", choices=("vector", "coordinate"), default="vector",
+                   help="laplace: noise scale r/eps (vector, honest) or 1/eps (coordinate, "
+                        "as published)")
+    g.add_argument("--word-dropout", type=float, default=0.0, metavar="MU",
+                   help="laplace: DPNR word dropout rate in [0, 1)")
+    g.add_argument("--lam", type=float, help="ome: randomized-response factor lambda")
+    g.add_argument("--m", type=int, help="texthide: size of the mask pool")
+    g.add_argument("--k", type=int, help="texthide: examples mixed per record")
+    g.add_argument("--texthide-key", type=int, metavar="SEED",
+                   help="texthide: the client's secret mask-pool seed (needed again to "
+                        "evaluate; never stored with the model)")
+    g.add_argument("--bundle", metavar="DIR",
+                   help="edge bundle (needed for laplace/ome/texthide: cloud-api export-bundle)")
+    g.add_argument("--seed", type=int,
+                   help="reproducible privatization and training (prints a warning)")
+
+
+def _mechanism_params(args) -> dict:
+    return {"eta": args.eta, "epsilon": args.epsilon, "calibration": args.calibration,
+            "word_dropout": args.word_dropout, "lam": args.lam, "m": args.m, "k": args.k,
+            "texthide_key": args.texthide_key}
+
+
+def _rng(args):
+    import numpy as np
+
+    if args.seed is None:
+        return None
+    from models.privatize import SEED_WARNING
+
+    print(f"{PROG}: {SEED_WARNING}", file=sys.stderr)
+    return np.random.default_rng(args.seed)
+
+
+def register(subparsers) -> None:
+    t = subparsers.add_parser("train", help="privatize a labelled TSV (or read edge records) "
+                              "and fine-tune a classifier",
+                              description="Privacy-constrained fine-tuning (Qu et al. §3.3).")
+    t.error = _error
+    src = t.add_mutually_exclusive_group(required=True)
+    src.add_argument("--data", metavar="TRAIN.tsv",
+                     help="header sentence<TAB>label or sentence_a<TAB>sentence_b<TAB>label")
+    src.add_argument("--records", metavar="FILE.jsonl", help="the edge agent's JSONL records")
+    dev = t.add_mutually_exclusive_group()
+    dev.add_argument("--dev", metavar="DEV.tsv", help="dev set, privatized the same way")
+    dev.add_argument("--dev-records", metavar="FILE.jsonl", help="dev records (JSONL)")
+    _mechanism_args(t)
+    t.add_argument("--base", metavar="DIR", help="BERT folder or pretraining checkpoint "
+                   "(default: the packaged MiniLM-L6-H384)")
+    t.add_argument("--out", required=True, metavar="DIR", help="new model version folder")
+    t.add_argument("--epochs", type=_positive_int, default=3)
+    t.add_argument("--lr", type=float, help="learning rate (default 2e-5 BERT, 1e-3 MLP)")
+    t.add_argument("--batch-size", type=_positive_int, default=32)
+    t.add_argument("--max-length", type=_positive_int, default=128)
+    t.add_argument("--pooling", choices=("mean", "cls"), default="mean",
+                   help="sentence pooling of the BERT classifiers")
+    t.add_argument("--limit", type=_positive_int, help="first N training rows only")
+    t.add_argument("--dev-limit", type=_positive_int, help="first N dev rows only")
+    _device_args(t)
+    t.set_defaults(func=_guarded(run_train))
+
+    e = subparsers.add_parser("evaluate", help="accuracy of a model on a privatized test set, "
+                              "or (--attack) the privacy evaluation of a mechanism")
+    e.error = _error
+    e.add_argument("--model", metavar="DIR", help="model version folder")
+    esrc = e.add_mutually_exclusive_group(required=True)
+    esrc.add_argument("--data", metavar="TEST.tsv", help="labelled TSV (attack: its sentences)")
+    esrc.add_argument("--records", metavar="FILE.jsonl", help="privatized labelled records")
+    e.add_argument("--limit", type=_positive_int, help="first N rows only")
+    e.add_argument("--json", action="store_true", help="print the full report as JSON")
+    _mechanism_args(e)
+    a = e.add_argument_group("privacy evaluation (--attack)")
+    a.add_argument("--attack", action="store_true",
+                   help="dchi: token inversion and N_w/S_w; laplace/ome/texthide: attacker MLP")
+    a.add_argument("--target-inversion", type=float, metavar="P",
+                   help="dchi: find the eta whose inversion accuracy is P instead of --eta")
+    a.add_argument("--tokens", default=None, metavar="N|all",
+                   help="dchi: vocabulary tokens for N_w/S_w (default all on GPU, 500 on CPU)")
+    a.add_argument("--samples", type=_positive_int, default=1000, metavar="K",
+                   help="dchi: perturbations per token for N_w/S_w (1000, Qu et al. §5.3)")
+    a.add_argument("--inversion-tokens", type=_positive_int, default=20000, metavar="M",
+                   help="dchi: token occurrences of the data for the inversion attack")
+    a.add_argument("--words", type=_positive_int, default=30, metavar="W",
+                   help="vector kinds: most frequent content words to recover (30)")
+    a.add_argument("--max-length", type=_positive_int, default=128)
+    _device_args(e)
+    e.set_defaults(func=_guarded(run_evaluate))
+
+    x = subparsers.add_parser("export-bundle", help="write the edge bundle with encoder.onnx, "
+                              "or (--onnx) classifier.onnx into a model folder")
+    x.error = _error
+    x.add_argument("--out", metavar="DIR", help="bundle folder to write")
+    x.add_argument("--model-dir", metavar="BERT", help="BERT folder (default: MiniLM-L6-H384)")
+    x.add_argument("--pooling", choices=("mean", "cls"), default="mean",
+                   help="sentence pooling of the encoder (mean: MiniLM's own, unnormalised)")
+    x.add_argument("--onnx", action="store_true", help="export a trained model's classifier")
+    x.add_argument("--model", metavar="DIR", help="model version folder (with --onnx)")
+    x.set_defaults(func=_guarded(run_export))
+
+
+def _device_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--device", default="auto", help="auto | cpu | cuda | cuda:N")
+    p.add_argument("--precision", default="auto", choices=("auto", "fp32", "bf16", "fp16"),
+                   help="autocast on CUDA (auto: bf16 where supported, else fp16; CPU: fp32)")
+    p.add_argument("--no-progress", action="store_true", help="no progress bars")
+
+
+def _check_device(args) -> None:
+    from models.backbone import autocast_dtype, pick_device
+
+    autocast_dtype(pick_device(args.device), args.precision)
+
+
+# -- train -----------------------------------------------------------------------------------
+def run_train(args) -> int:
+    from models.experiment import train_from_records, train_from_tsv
+    from models.finetune import TrainConfig
+
+    _check_device(args)
+    rng = _rng(args)
+    cfg = TrainConfig(epochs=args.epochs, lr=args.lr, batch_size=args.batch_size,
+                      max_length=args.max_length, pooling=args.pooling, seed=args.seed,
+                      device=args.device, precision=args.precision,
+                      progress=not args.no_progress)
+    cfg.validate()
+    if args.data is not None:
+        if args.mechanism is None:
+            raise ValueError("--mechanism is required with --data")
+        if args.dev_records is not None:
+            raise ValueError("--data takes --dev TSV (privatized the same way), not "
+                             "--dev-records")
+        res = train_from_tsv(args.data, args.out, args.mechanism, _mechanism_params(args),
+                             dev_tsv=args.dev, bundle=args.bundle, base=args.base, cfg=cfg,
+                             limit=args.limit, dev_limit=args.dev_limit, rng=rng)
+    else:
+        from models.data import read_records_jsonl
+
+        if args.dev is not None:
+            raise ValueError("--records takes --dev-records (JSONL), not --dev")
+        if args.mechanism is not None:
+            _info("note: --records carry their mechanism; the mechanism flags are ignored")
+        records = read_records_jsonl(args.records, limit=args.limit)
+        dev = (read_records_jsonl(args.dev_records, limit=args.dev_limit)
+               if args.dev_records else None)
+        res = train_from_records(records, args.out, bundle=args.bundle, dev_records=dev,
+                                 base=args.base, cfg=cfg)
+    _print_trained(res)
+    return 0
+
+
+def _print_trained(res) -> None:
+    from models.registry import read_config
+    from shared.accounting import summary
+
+    cfg = read_config(res.model_dir)
+    print(f"model={res.model_dir}")
+    print(f"mechanism={cfg['mechanism']} params={json.dumps(cfg['params'], sort_keys=True)}")
+    print(f"guarantee: {summary(cfg['guarantee'])}")
+    print(f"train_examples={res.n_train} dev_examples={res.n_dev} "
+          f"fingerprint={res.fingerprint[:16]}")
+    dev = res.metrics.get("dev")
+    if dev:
+        print(f"dev_accuracy={dev['accuracy']:.4f} best_epoch={res.metrics['best_epoch']}")
+
+
+# -- evaluate --------------------------------------------------------------------------------
+def run_evaluate(args) -> int:
+    if args.attack:
+        return run_attack(args)
+    from models.experiment import evaluate_records, evaluate_tsv
+
+    if args.model is None:
+        raise ValueError("evaluate needs --model DIR (or --attack)")
+    _check_device(args)
+    if args.data is not None:
+        rng = _rng(args)
+        rep = evaluate_tsv(args.model, args.data, bundle=args.bundle, rng=rng, limit=args.limit,
+                           texthide_key=args.texthide_key, device=args.device,
+                           precision="fp32" if args.precision == "auto" else args.precision,
+                           progress=not args.no_progress)
+    else:
+        from models.data import read_records_jsonl
+
+        rep = evaluate_records(args.model, read_records_jsonl(args.records, limit=args.limit),
+                               device=args.device)
+    if args.json:
+        print(json.dumps(rep, indent=2, sort_keys=True))
+        return 0
+    print(f"accuracy={rep['accuracy']:.4f}")
+    print(f"n={rep['n']} macro_f1={rep['macro_f1']:.4f}")
+    for name, v in rep["per_class"].items():
+        print(f"class={name} precision={v['precision']:.4f} recall={v['recall']:.4f} "
+              f"f1={v['f1']:.4f} support={v['support']}")
+    return 0
+
+
+def run_attack(args) -> int:
+    from models import attack
+    from models.privatize import load_bundle, mechanism_from_params
+    from models.registry import read_config
+
+    if args.data is None:
+        raise ValueError("--attack needs --data (a TSV or text file of sentences)")
+    rng = _rng(args)
+    if args.model is not None:
+        cfg = read_config(args.model)
+        name, params = cfg["mechanism"], dict(cfg["params"])
+        bundle = load_bundle(bundle_dir=args.bundle, expected_id=cfg["bundle_id"]) \
+            if args.bundle else load_bundle(expected_id=cfg["bundle_id"])
+    else:
+        if args.mechanism is None:
+            raise ValueError("--attack needs --mechanism (and its parameters) or --model")
+        name, params = args.mechanism, None
+        bundle = load_bundle(bundle_dir=args.bundle)
+    texts = attack.read_sentences(args.data, args.limit)
+    if name in ("dchi-text", "dchi-embedding"):
+        eta = params["eta"] if params else args.eta
+        if (eta is None) == (args.target_inversion is None):
+            raise ValueError("give either --eta or --target-inversion")
+        tokens = None if args.tokens is None else (
+            "all" if args.tokens == "all" else _positive_int(args.tokens))
+        rep = attack.token_privacy(bundle, name, eta=eta, target=args.target_inversion,
+                                   texts=texts, tokens=tokens, samples=args.samples,
+                                   inversion_tokens=args.inversion_tokens, rng=rng,
+                                   device=args.device)
+        print(json.dumps(attack.token_report_json(rep), indent=2) if args.json
+              else attack.format_token_report(rep))
+        return 0
+    if name == "none":
+        raise ValueError("mechanism none sends the text's ids: there is nothing to attack")
+    if params is not None:
+        mech = mechanism_from_params(name, params, bundle, args.texthide_key)
+    else:
+        from models.privatize import build_mechanism
+
+        mech = build_mechanism(name, bundle, **_mechanism_params(args))
+    rep = attack.vector_attack(bundle, mech, texts, n_words=args.words, rng=rng,
+                               device=args.device, max_length=args.max_length,
+                               progress=not args.no_progress)
+    print(json.dumps(rep, indent=2) if args.json else attack.format_vector_attack(rep))
+    return 0
+
+
+# -- export ----------------------------------------------------------------------------------
+def run_export(args) -> int:
+    from models.export import export_bundle, export_classifier_onnx
+
+    if args.onnx:
+        if args.model is None:
+            raise ValueError("--onnx needs --model DIR (a trained model version)")
+        path = export_classifier_onnx(args.model)
+        print(f"classifier={path}")
+        return 0
+    if args.out is None:
+        raise ValueError("export-bundle needs --out DIR (or --onnx --model DIR)")
+    bundle = export_bundle(args.out, args.model_dir, args.pooling)
+    enc = bundle.meta["encoder"]
+    print(f"bundle={args.out}")
+    print(f"bundle_id={bundle.bundle_id}")
+    print(f"encoder pooling={enc['pooling']} output_dim={enc['output_dim']} "
+          f"max_abs_diff_vs_torch={enc['checked_max_abs_diff']:.2e}")
+    return 0

@@ -1,0 +1,272 @@
+"""Library entry points: train a model version from records or a labelled TSV, evaluate it.
+
+These are what ``cloud-api train`` / ``evaluate``, the retraining worker and the
+benchmarks call::
+
+    from models.experiment import train_from_tsv, evaluate_tsv
+    res = train_from_tsv("train.tsv", "var/m1", "dchi-text", params={"eta": 65},
+                         dev_tsv="dev.tsv", limit=20000)
+    print(evaluate_tsv(res.model_dir, "dev.tsv")["accuracy"])
+
+Every check of the inputs (files, columns, labels, bundle, base checkpoint, output
+folder) runs before any training starts.
+"""
+
+from __future__ import annotations
+
+import datetime as _dt
+import os
+import platform
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from models.data import (
+    PayloadDataset,
+    dataset_from_records,
+    label_names_from,
+    read_labelled_tsv,
+)
+from models.finetune import (
+    TrainConfig,
+    build_model,
+    check_compatible,
+    config_dict,
+    evaluate_dataset,
+    finetune,
+)
+from models.privatize import (
+    build_mechanism,
+    load_bundle,
+    make_privatizer,
+    mechanism_from_params,
+    privatize_labelled,
+)
+from models.registry import check_out_dir, load_model, save_model_version
+from shared.bundle import EdgeBundle
+from shared.payload import Record
+
+
+@dataclass
+class TrainResult:
+    model_dir: Path
+    metrics: dict
+    n_train: int
+    n_dev: int
+    fingerprint: str
+
+
+def _as_bundle(bundle: EdgeBundle | str | os.PathLike | None, base=None) -> EdgeBundle:
+    if isinstance(bundle, EdgeBundle):
+        return bundle
+    if bundle is not None:
+        return load_bundle(bundle_dir=bundle)
+    from models.registry import is_model_dir
+
+    if base is not None and is_model_dir(base):
+        raise ValueError(f"{base} is a trained model: pass the bundle it was trained with "
+                         "(--bundle)")
+    if base is not None and not (Path(base) / "vocab.txt").is_file() and not (
+            Path(base) / "tokenizer.json").is_file():
+        raise ValueError(f"{base}: has no tokenizer to build the bundle from; pass --bundle")
+    return load_bundle(model_dir=base)
+
+
+def _guarantee(name: str, params: dict, bundle: EdgeBundle) -> dict:
+    from shared.accounting import guarantee
+
+    if name == "texthide":  # accounting reads (m, k) only; the secret pool is not needed
+        from shared.mechanisms import TextHide
+
+        dim = int((bundle.meta.get("encoder") or {}).get("output_dim") or bundle.dim)
+        mech = TextHide(params["m"], params["k"], dim, seed=0)
+    else:
+        mech = mechanism_from_params(name, params, bundle)
+    return guarantee(mech, bundle)
+
+
+def train_from_records(records: Sequence[Record | tuple], out_dir: str | os.PathLike, *,
+                       bundle: EdgeBundle | str | os.PathLike | None = None,
+                       dev_records: Sequence[Record | tuple] | None = None,
+                       base: str | os.PathLike | None = None, cfg: TrainConfig | None = None,
+                       label_names: Sequence[str] | None = None, extra_config: dict | None = None,
+                       should_stop: Callable[[], bool] | None = None,
+                       on_progress: Callable[[float, dict], None] | None = None,
+                       overwrite: bool = False) -> TrainResult:
+    """Fine-tune on privatized records (edge JSONL or the record store) and write a model
+    version folder ``out_dir``."""
+    cfg = cfg or TrainConfig()
+    cfg.validate()
+    check_out_dir(out_dir, overwrite)
+    bundle = _as_bundle(bundle, base)
+    train = dataset_from_records(records, label_names, where="training records")
+    dev = (dataset_from_records(dev_records, train.label_names, where="dev records")
+           if dev_records else None)
+    return _train(train, dev, out_dir, bundle, base, cfg, extra_config, should_stop,
+                  on_progress, overwrite)
+
+
+def _train(train: PayloadDataset, dev: PayloadDataset | None, out_dir, bundle: EdgeBundle,
+           base, cfg: TrainConfig, extra_config: dict | None, should_stop, on_progress,
+           overwrite: bool) -> TrainResult:
+    check_compatible(train, dev, bundle)
+    model = build_model(train, bundle, base, cfg)  # checks the base against the bundle
+    result = finetune(train, dev, bundle, base, cfg, should_stop, on_progress, model=model)
+    import torch
+    import transformers
+
+    config = {
+        "kind": train.kind, "mechanism": train.mechanism, "params": train.params,
+        "bundle_id": bundle.bundle_id, "special_ids": bundle.special_ids,
+        "labels": train.label_names, "max_length": cfg.max_length,
+        "base_model": None if train.kind == "vector" else str(base or "default MiniLM-L6-H384"),
+        "pooling": cfg.pooling if train.kind != "vector" else None,
+        "guarantee": _guarantee(train.mechanism, train.params, bundle),
+        "created": _dt.datetime.now(_dt.UTC).isoformat(timespec="seconds"),
+        "versions": {"torch": torch.__version__, "transformers": transformers.__version__,
+                     "python": platform.python_version()},
+        **(extra_config or {}),
+    }
+    data_info = {"train_fingerprint": train.fingerprint, "train_examples": len(train),
+                 "train_soft_labels": train.n_soft,
+                 "train_label_counts": _label_counts(train),
+                 "dev_fingerprint": dev.fingerprint if dev is not None else None,
+                 "dev_examples": len(dev) if dev is not None else 0,
+                 "train_config": config_dict(cfg)}
+    path = save_model_version(out_dir, result.module, config, result.metrics, data_info,
+                              overwrite)
+    return TrainResult(path, result.metrics, len(train), len(dev) if dev else 0,
+                       train.fingerprint)
+
+
+def _label_counts(ds: PayloadDataset) -> dict[str, float]:
+    if ds.soft:
+        sums = ds.targets.sum(axis=0)
+        return {n: float(v) for n, v in zip(ds.label_names, sums, strict=True)}
+    counts = np.bincount(ds.targets, minlength=len(ds.label_names))
+    return {n: int(c) for n, c in zip(ds.label_names, counts, strict=True)}
+
+
+def train_from_tsv(train_tsv: str | os.PathLike, out_dir: str | os.PathLike,
+                   mechanism: str, params: dict | None = None, *,
+                   dev_tsv: str | os.PathLike | None = None,
+                   bundle: EdgeBundle | str | os.PathLike | None = None,
+                   base: str | os.PathLike | None = None, cfg: TrainConfig | None = None,
+                   limit: int | None = None, dev_limit: int | None = None,
+                   rng: np.random.Generator | None = None, overwrite: bool = False,
+                   progress: bool | None = None) -> TrainResult:
+    """Privatize a labelled TSV with the edge's Privatizer and fine-tune on it.
+
+    ``params``: the mechanism's arguments as for :func:`models.privatize.build_mechanism`
+    (``eta``; ``epsilon``, ``calibration``, ``word_dropout``; ``lam``; ``m``, ``k``,
+    ``texthide_key``). ``rng`` None = fresh OS entropy for the privatization.
+    """
+    cfg = cfg or TrainConfig()
+    cfg.validate()
+    progress = cfg.progress if progress is None else progress
+    check_out_dir(out_dir, overwrite)
+    data = read_labelled_tsv(train_tsv, limit)
+    if not len(data):
+        raise ValueError(f"{train_tsv}: empty data set (no labelled rows)")
+    dev_data = read_labelled_tsv(dev_tsv, dev_limit) if dev_tsv is not None else None
+    if dev_data is not None and not len(dev_data):
+        raise ValueError(f"{dev_tsv}: empty data set (no labelled rows)")
+    names = label_names_from(data.labels)
+    if len(names) < 2:
+        raise ValueError(f"{train_tsv}: a classifier needs at least 2 labels, found {names}")
+    if dev_data is not None:
+        from models.data import label_indices
+
+        label_indices(dev_data.labels, names)  # unknown dev labels: error now
+        if (dev_data.pairs is None) != (data.pairs is None):
+            raise ValueError(f"{dev_tsv}: sentence pairs in one file, single sentences in "
+                             "the other")
+    bundle = _as_bundle(bundle, base)
+    p = dict(params or {})
+    mech = build_mechanism(mechanism, bundle, **p)
+    privatizer = make_privatizer(bundle, mech, cfg.max_length)
+    # the backbone is checked against the bundle before the (slow) privatization
+    _check_base(mechanism, bundle, base)
+    records = privatize_labelled(data, names, privatizer, rng, progress=progress,
+                                 desc="privatize train")
+    dev_records = None
+    if dev_data is not None:
+        dev_priv = privatizer
+        if mechanism == "texthide" and getattr(mech, "k", 1) > 1:  # predictions use k = 1
+            dev_priv = make_privatizer(bundle, build_mechanism(
+                mechanism, bundle, **{**p, "k": 1}), cfg.max_length)
+        dev_records = privatize_labelled(dev_data, names, dev_priv, rng, progress=progress,
+                                         desc="privatize dev")
+    train = dataset_from_records(records, names, where=str(train_tsv))
+    dev = dataset_from_records(dev_records, names, where=str(dev_tsv)) if dev_records else None
+    extra = {"source": {"train_rows": len(data), "skipped_empty": data.skipped_empty,
+                        "pairs": data.pairs is not None}}
+    return _train(train, dev, out_dir, bundle, base, cfg, extra, None, None, overwrite)
+
+
+def _check_base(mechanism: str, bundle: EdgeBundle, base) -> None:
+    from models.data import kind_of
+
+    if kind_of(mechanism) == "vector":
+        return
+    from models.backbone import check_same_bundle
+    from models.finetune import load_backbone
+
+    check_same_bundle(load_backbone(base), bundle)
+
+
+# -- evaluation ------------------------------------------------------------------------------
+def evaluate_records(model_dir: str | os.PathLike, records: Sequence[Record | tuple], *,
+                     device: str = "auto", precision: str = "fp32",
+                     batch_size: int = 128) -> dict:
+    """Accuracy and per-class figures of a model version on privatized labelled records."""
+    from models.backbone import autocast_dtype, pick_device
+
+    mv = load_model(model_dir)
+    ds = dataset_from_records(records, mv.labels, where="evaluation records")
+    if ds.bundle_id != mv.bundle_id or ds.mechanism != mv.mechanism:
+        raise ValueError(f"records are {ds.mechanism}/{ds.bundle_id[:12]}…, the model "
+                         f"{mv.mechanism}/{mv.bundle_id[:12]}…")
+    for r in records[:1]:
+        mv.check_payload(r.payload if isinstance(r, Record) else r[0])
+    dev = pick_device(device)
+    mv.module.to(dev)
+    return evaluate_dataset(mv.module, ds, mv.special_ids, mv.max_length, dev,
+                            autocast_dtype(dev, precision), batch_size)
+
+
+def evaluate_tsv(model_dir: str | os.PathLike, tsv: str | os.PathLike, *,
+                 bundle: EdgeBundle | str | os.PathLike | None = None,
+                 rng: np.random.Generator | None = None, limit: int | None = None,
+                 texthide_key: int | None = None, device: str = "auto",
+                 precision: str = "fp32", progress: bool = True) -> dict:
+    """Privatize a labelled TSV as the model's mechanism does (TextHide: k = 1, with the
+    client's ``texthide_key``) and evaluate; labels unknown to the model are an error."""
+    from models.data import label_indices
+    from models.registry import read_config
+
+    cfg = read_config(model_dir)
+    data = read_labelled_tsv(tsv, limit)
+    if not len(data):
+        raise ValueError(f"{tsv}: empty data set (no labelled rows)")
+    label_indices(data.labels, cfg["labels"])
+    if isinstance(bundle, EdgeBundle):
+        if bundle.bundle_id != cfg["bundle_id"]:
+            raise ValueError(f"the bundle {bundle.bundle_id[:12]}… is not the model's "
+                             f"{cfg['bundle_id'][:12]}…")
+    elif bundle is not None:
+        bundle = load_bundle(bundle_dir=bundle, expected_id=cfg["bundle_id"])
+    else:
+        base = cfg.get("base_model")
+        base = None if base in (None, "default MiniLM-L6-H384") else base
+        bundle = load_bundle(model_dir=base, expected_id=cfg["bundle_id"])
+    mech = mechanism_from_params(cfg["mechanism"], cfg["params"], bundle, texthide_key,
+                                 texthide_k=1)
+    privatizer = make_privatizer(bundle, mech, int(cfg["max_length"]))
+    records = privatize_labelled(data, cfg["labels"], privatizer, rng, progress=progress,
+                                 desc="privatize test")
+    report = evaluate_records(model_dir, records, device=device, precision=precision)
+    report["skipped_empty"] = data.skipped_empty
+    return report

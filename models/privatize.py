@@ -1,0 +1,173 @@
+"""Offline experiments: privatize labelled text exactly as the edge does, then train on it.
+
+The mechanisms are those of ``shared.mechanisms`` and the privatization is the edge's
+own ``edge_agent.Privatizer``: the server-side code never sees the text it trains on
+except here, where an operator simulates users on a public data set.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from models.data import LabelledText, label_indices
+from shared.bundle import EdgeBundle
+from shared.payload import Record
+
+MECHANISM_CHOICES = ("none", "dchi-text", "dchi-embedding", "laplace", "ome", "texthide")
+SEED_WARNING = ("warning: --seed makes the privatization noise predictable; anyone who knows "
+                "the seed can remove the protection (use only for reproducible experiments)")
+
+
+@dataclass
+class MechanismSpec:
+    """A mechanism by name and parameters (what a model's config.json stores)."""
+
+    name: str
+    params: dict
+    texthide_key: int | None = None  # the client's secret mask-pool seed (never stored)
+
+
+def encoder_dim(bundle: EdgeBundle) -> int:
+    """r, the sentence-vector dimension of the bundle's encoder; ValueError if it has none."""
+    desc = bundle.meta.get("encoder")
+    if bundle.encoder_onnx is None or not desc:
+        raise ValueError(f"bundle {bundle.bundle_id[:12]}… has no encoder.onnx: laplace, ome "
+                         "and texthide need one (cloud-api export-bundle --out DIR, then "
+                         "--bundle DIR)")
+    return int(desc["output_dim"])
+
+
+def build_mechanism(name: str, bundle: EdgeBundle, *, eta: float | None = None,
+                    epsilon: float | None = None, calibration: str = "vector",
+                    word_dropout: float = 0.0, lam: float | None = None, m: int | None = None,
+                    k: int | None = None, texthide_key: int | None = None,
+                    int_bits: int = 4, frac_bits: int = 5):
+    """The ``shared.mechanisms`` object for ``name`` (or "none"); ValueError names a missing
+    or invalid parameter."""
+    from shared.mechanisms import OME, DChiEmbedding, DChiText, Laplace, TextHide
+
+    def need(value, flag: str):
+        if value is None:
+            raise ValueError(f"{name} needs {flag}")
+        return value
+
+    if name == "none":
+        return "none"
+    if name == "dchi-text":
+        return DChiText(bundle, need(eta, "--eta"))
+    if name == "dchi-embedding":
+        return DChiEmbedding(need(eta, "--eta"))
+    if name == "laplace":
+        encoder_dim(bundle)
+        return Laplace(need(epsilon, "--epsilon"), calibration, word_dropout)
+    if name == "ome":
+        return OME(need(epsilon, "--epsilon"), need(lam, "--lam"), encoder_dim(bundle),
+                   int_bits, frac_bits)
+    if name == "texthide":
+        return TextHide(need(m, "--m"), need(k, "--k"), encoder_dim(bundle),
+                        seed=need(texthide_key, "--texthide-key (the client's secret mask "
+                                  "pool seed; the same key is needed to evaluate)"))
+    raise ValueError(f"unknown mechanism {name!r}; one of {', '.join(MECHANISM_CHOICES)}")
+
+
+def mechanism_from_params(name: str, params: dict, bundle: EdgeBundle,
+                          texthide_key: int | None = None, texthide_k: int | None = None):
+    """Rebuild the mechanism a model was trained with (from its config.json)."""
+    p = dict(params)
+    if name == "texthide":
+        return build_mechanism(name, bundle, m=p["m"], k=texthide_k or p["k"],
+                               texthide_key=texthide_key)
+    return build_mechanism(name, bundle, eta=p.get("eta"), epsilon=p.get("epsilon"),
+                           calibration=p.get("calibration", "vector"),
+                           word_dropout=p.get("word_dropout", 0.0), lam=p.get("lam"),
+                           int_bits=p.get("int_bits", 4), frac_bits=p.get("frac_bits", 5))
+
+
+def mechanism_params(mechanism) -> dict:
+    return {} if isinstance(mechanism, str) else dict(mechanism.params)
+
+
+def load_bundle(bundle_dir: str | os.PathLike | None = None,
+                model_dir: str | os.PathLike | None = None,
+                expected_id: str | None = None) -> EdgeBundle:
+    """A saved bundle (``bundle_dir``), else the bundle of a BERT folder (None = MiniLM).
+
+    ``model_dir`` may also be a privbert model version or a pretraining checkpoint: the
+    bundle is read from the BERT folder named by ``base_model`` in its config when it has
+    no word embeddings of its own. ValueError if the id is not ``expected_id``.
+    """
+    if bundle_dir is not None:
+        bundle = EdgeBundle.load(bundle_dir)
+    else:
+        bundle = EdgeBundle.from_model(_bert_dir_for_bundle(model_dir))
+    if expected_id is not None and bundle.bundle_id != expected_id:
+        raise ValueError(f"the bundle {bundle.bundle_id[:12]}… is not the model's "
+                         f"{expected_id[:12]}… (pass the bundle it was trained with: --bundle)")
+    return bundle
+
+
+def _bert_dir_for_bundle(model_dir) -> Path | None:
+    if model_dir is None:
+        return None
+    p = Path(model_dir)
+    if not p.is_dir():
+        raise ValueError(f"{p}: no such model folder")
+    from models.registry import is_model_dir
+
+    if is_model_dir(p):
+        raise ValueError(f"{p} is a trained model, not a BERT folder: pass --bundle")
+    return p
+
+
+def make_privatizer(bundle: EdgeBundle, mechanism, max_length: int | None = None):
+    """The edge's Privatizer, with ``max_length`` capped by the bundle/encoder limit."""
+    from edge_agent import Privatizer
+
+    if max_length is not None:
+        limit = bundle.max_length
+        enc = bundle.meta.get("encoder") or {}
+        if enc.get("max_length"):
+            limit = min(limit, int(enc["max_length"]))
+        max_length = min(max_length, limit)
+    return Privatizer(bundle, mechanism, max_length=max_length, truncate="first")
+
+
+def privatize_labelled(data: LabelledText, label_names: list[str], privatizer,
+                       rng: np.random.Generator | None = None, chunk: int = 256,
+                       progress: bool = True, desc: str = "privatize") -> list[Record]:
+    """Records for every text of ``data`` (labels as class indices of ``label_names``).
+
+    Texts without any word piece are skipped (counted in ``data.skipped_empty``). TextHide
+    with k > 1 mixes within each chunk of ``chunk`` examples; the labels become soft.
+    """
+    from tqdm.auto import tqdm
+
+    y = label_indices(data.labels, label_names)
+    items = privatizer.tokenize(data.texts, data.pairs, allow_empty=True)
+    keep = [i for i, it in enumerate(items) if it is not None]
+    data.skipped_empty += len(items) - len(keep)
+    if not keep:
+        raise ValueError("empty data set: no text has any token")
+    records: list[Record] = []
+    with tqdm(total=len(keep), disable=not progress, unit="text", desc=desc,
+              mininterval=1.0, file=sys.stderr) as bar:
+        for idx in chunk_indices(keep, chunk, getattr(privatizer.mechanism, "k", 1)):
+            records += privatizer.records_tokenized([items[i] for i in idx],
+                                                    [y[i] for i in idx],
+                                                    num_labels=len(label_names), rng=rng)
+            bar.update(len(idx))
+    return records
+
+
+def chunk_indices(items: list[int], size: int, at_least: int) -> list[list[int]]:
+    """Consecutive chunks of ``size``; a last chunk smaller than ``at_least`` (TextHide's k)
+    joins the one before it."""
+    out = [items[s: s + size] for s in range(0, len(items), size)]
+    if len(out) > 1 and len(out[-1]) < at_least:
+        out[-2] += out.pop()
+    return out
