@@ -54,9 +54,11 @@ def fetch_bundle(client, bundle_id: str, root: Path | None = None, refresh: bool
 
 
 def bundle_for_model(client, model_id: str | None = None, root: Path | None = None,
-                     refresh: bool = False) -> tuple[EdgeBundle, dict, Path, bool]:
-    """The served model's description and its bundle (fetched once, then cached)."""
-    model = client.model(model_id)
+                     refresh: bool = False, model: dict | None = None
+                     ) -> tuple[EdgeBundle, dict, Path, bool]:
+    """The served model's description (``GET /v1/models``, unless given) and its bundle
+    (fetched once, then cached)."""
+    model = model if model is not None else client.model(model_id)
     bundle_id = model.get("bundle_id")
     if not isinstance(bundle_id, str):
         raise BundleError(f"model {model.get('id')!r} names no bundle_id")

@@ -74,8 +74,9 @@ def make_client(args, batch_size: int = 64):
         raise UsageError(str(exc)) from None
 
 
-def resolve_bundle(args, client=None):
-    """(bundle, served model description or None)."""
+def resolve_bundle(args, client=None, check_model=None):
+    """(bundle, served model description or None); ``check_model(model)`` runs before any
+    bundle is fetched."""
     from pathlib import Path
 
     from shared.bundle import EdgeBundle
@@ -85,10 +86,11 @@ def resolve_bundle(args, client=None):
         from edge_agent.bundle_cache import bundle_for_model
 
         client = client or make_client(args)
-        if args.bundle:
-            model = client.model(args.model)
-        else:
-            bundle, model, path, fetched = bundle_for_model(client, args.model)
+        model = client.model(args.model)
+        if check_model is not None:
+            check_model(model)
+        if not args.bundle:
+            bundle, model, path, fetched = bundle_for_model(client, model=model)
             info(f"bundle {bundle.bundle_id[:12]}… of model {model.get('id')} "
                  f"{'fetched and cached in' if fetched else 'from cache'} {path}")
             return bundle, model

@@ -210,21 +210,31 @@ class Output:
             self._f.close()
 
 
-def check_model(model: dict, priv) -> None:
+def flag_params(args) -> dict:
+    """The payload parameters the flags name (before the mechanism is built)."""
+    names = {"dchi-text": ["eta"], "dchi-embedding": ["eta"],
+             "laplace": ["epsilon", "calibration", "word_dropout"], "ome": ["epsilon", "lam"],
+             "texthide": ["m", "k"], "none": []}[args.mechanism]
+    defaults = {"calibration": "vector", "word_dropout": 0.0, "k": 1}
+    return {n: getattr(args, n) if getattr(args, n) is not None else defaults.get(n)
+            for n in names}
+
+
+def check_model(model: dict, name: str, mine: dict) -> None:
     """Refuse, before sending, a mechanism or parameters the served model does not read."""
     want, params = model.get("mechanism"), model.get("params")
-    mismatch = want is not None and want != priv.name
+    mismatch = want is not None and want != name
     if not mismatch and isinstance(params, dict):
-        for key in params.keys() & priv.params.keys():
-            a, b = params[key], priv.params[key]
+        for key in params.keys() & mine.keys():
+            a, b = params[key], mine[key]
             if isinstance(a, (int, float)) and isinstance(b, (int, float)):
                 mismatch |= not math.isclose(a, b, rel_tol=1e-9)
             else:
                 mismatch |= a != b
     if mismatch:
         raise CliError(f"model {model.get('id')} reads {want} {json.dumps(params)}; this run "
-                       f"would send {priv.name} {json.dumps(priv.params)}: set the same "
-                       "mechanism and parameters")
+                       f"would send {name} {json.dumps(mine)}: set the same mechanism and "
+                       "parameters")
 
 
 def run(args) -> int:
@@ -250,7 +260,9 @@ def _run(args, stream, size, out: Output, t0: float) -> int:
     from shared.accounting import guarantee, summary
 
     client = make_client(args, args.post_batch) if args.server else None
-    bundle, model = resolve_bundle(args, client)
+    early = (lambda m: check_model(m, args.mechanism, flag_params(args))) \
+        if args.post == "predict" else None
+    bundle, model = resolve_bundle(args, client, early)
     try:
         mech = build_mechanism(args, bundle)
         priv = Privatizer(bundle, mech, max_length=args.max_length, truncate=args.truncate,
@@ -260,7 +272,7 @@ def _run(args, stream, size, out: Output, t0: float) -> int:
     if args.post == "predict":
         if not args.model and model is not None:
             args.model = str(model.get("id"))
-        check_model(model or {}, priv)
+        check_model(model or {}, priv.name, priv.params)
     rng = np.random.default_rng(args.seed) if args.seed is not None else None
     k = args.k or 1
     texthide_mix = args.mechanism == "texthide" and k > 1
