@@ -46,6 +46,8 @@ def register(subparsers) -> None:
     p.add_argument("--prob-k", type=int, default=10, help="privatizations per masked position (Prob MLM)")
     p.add_argument("--mask-rate", type=float, default=0.15)
     p.add_argument("--max-predictions", type=int, default=20)
+    p.add_argument("--head-warmup-steps", type=int, default=0,
+                   help="train only the new MLM head for the first N steps (encoder frozen)")
     p.add_argument("--save-every", type=int, default=0, help="checkpoint every N steps (and at the end)")
     p.add_argument("--keep-checkpoints", type=int, default=2)
     p.add_argument("--resume", action="store_true", help="continue from the latest checkpoint in --out")
@@ -80,6 +82,7 @@ def run(args: argparse.Namespace) -> int:
                        warmup_ratio=args.warmup_ratio, prob_k=args.prob_k,
                        mask_rate=args.mask_rate, max_predictions=args.max_predictions,
                        save_every=args.save_every, keep_checkpoints=args.keep_checkpoints,
+                       head_warmup_steps=args.head_warmup_steps,
                        seed=args.seed)
     except (ValueError, BundleError, OSError) as exc:
         _error(str(exc))

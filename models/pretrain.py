@@ -26,7 +26,7 @@ import shutil
 import sys
 import time
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import numpy as np
@@ -75,13 +75,13 @@ class PretrainConfig:
     warmup_ratio: float = 0.01      # §6.1: 10,000 warm-up steps of 1,000,000
     weight_decay: float = 0.01
     max_grad_norm: float = 1.0
+    head_warmup_steps: int = 0      # first steps train only the new MLM head (encoder frozen)
     prob_k: int = 10
     mask_rate: float = 0.15
     max_predictions: int = 20
     save_every: int = 0             # 0: only at the end
     keep_checkpoints: int = 2
     seed: int | None = None
-    extra: dict = field(default_factory=dict)
 
     def validate(self) -> None:
         """ValueError with one clear sentence for anything that cannot run."""
@@ -102,14 +102,16 @@ class PretrainConfig:
                   ("lr", self.lr > 0), ("prob-k", self.prob_k >= 1),
                   ("mask-rate", 0 < self.mask_rate <= 1), ("max-predictions", self.max_predictions >= 1),
                   ("save-every", self.save_every >= 0), ("warmup-ratio", 0 <= self.warmup_ratio < 1),
-                  ("keep-checkpoints", self.keep_checkpoints >= 1)]
+                  ("keep-checkpoints", self.keep_checkpoints >= 1),
+                  ("head-warmup-steps", self.head_warmup_steps >= 0)]
         for name, ok in checks:
             if not ok:
                 raise ValueError(f"--{name} is out of range: {getattr(self, name.replace('-', '_'))}")
 
 
 RESUME_KEYS = ("objective", "mechanism", "eta", "batch_size", "max_length", "lr", "warmup_ratio",
-               "weight_decay", "max_grad_norm", "prob_k", "mask_rate", "max_predictions")
+               "weight_decay", "max_grad_norm", "prob_k", "mask_rate", "max_predictions",
+               "head_warmup_steps")
 
 
 class MaskedLM(nn.Module):
@@ -119,12 +121,15 @@ class MaskedLM(nn.Module):
         super().__init__()
         self.bert, self.head = bert, head
 
-    def forward(self, input_ids, attention_mask, masked_pos, targets, embeds=None, embed_pos=None):
-        if embeds is None:
-            out = self.bert(input_ids=input_ids, attention_mask=attention_mask)
-        else:
-            x = compose_inputs_embeds(self.bert.embeddings.word_embeddings, input_ids, embeds, embed_pos)
-            out = self.bert(inputs_embeds=x, attention_mask=attention_mask)
+    def forward(self, input_ids, attention_mask, masked_pos, targets, embeds=None, embed_pos=None,
+                train_encoder: bool = True):
+        with torch.set_grad_enabled(train_encoder and torch.is_grad_enabled()):
+            if embeds is None:
+                out = self.bert(input_ids=input_ids, attention_mask=attention_mask)
+            else:
+                x = compose_inputs_embeds(self.bert.embeddings.word_embeddings, input_ids, embeds,
+                                          embed_pos)
+                out = self.bert(inputs_embeds=x, attention_mask=attention_mask)
         hidden = out.last_hidden_state
         picked = hidden.reshape(-1, hidden.shape[-1])[masked_pos]
         return mlm_loss(self.head(picked), targets)
@@ -183,6 +188,7 @@ class Trainer:
 
         self.model, self.device, self.amp = model.to(device), device, amp
         self.max_grad_norm = cfg.max_grad_norm
+        self.head_warmup_steps = cfg.head_warmup_steps
         self.optimizer = make_optimizer(model, cfg.lr, cfg.weight_decay)
         warmup = int(round(cfg.warmup_ratio * total_steps))
         self.scheduler = get_linear_schedule_with_warmup(self.optimizer, warmup, total_steps)
@@ -197,8 +203,11 @@ class Trainer:
     def step(self, tensors: dict[str, torch.Tensor]) -> torch.Tensor:
         """One step; returns the loss (a detached tensor, no device sync)."""
         self.model.train()
+        # MiniLM ships no MLM head: optionally fit the new head alone first, so its random
+        # start does not send large gradients into the pretrained encoder.
+        train_encoder = self.scheduler.last_epoch >= self.head_warmup_steps
         with self.autocast():
-            loss = self.model(**tensors)
+            loss = self.model(**tensors, train_encoder=train_encoder)
         if self.scaler is not None:
             self.scaler.scale(loss).backward()
             self.scaler.unscale_(self.optimizer)
@@ -305,7 +314,7 @@ def pretrain(base_dir: str | os.PathLike | None, out_dir: str | os.PathLike, obj
         raise ValueError(f"{out} already holds a pretraining run: pass --resume or another --out")
     if bundle is None:
         bundle = EdgeBundle.from_model(base)
-    dev, amp = pick_device(device), None
+    dev = pick_device(device)
     amp = autocast_dtype(dev, precision)
     if corpus_texts is None:
         corpus_texts = read_corpus(corpus_paths or default_corpus_paths())
@@ -321,7 +330,7 @@ def pretrain(base_dir: str | os.PathLike | None, out_dir: str | os.PathLike, obj
         raise ValueError(f"--max-length {cfg.max_length} exceeds the model's "
                          f"{bert.config.max_position_embeddings} positions")
     privatizer = BatchPrivatizer(bundle, cfg.mechanism, cfg.eta)
-    run = {"config": {k: v for k, v in asdict(cfg).items() if k != "extra"},
+    run = {"config": asdict(cfg),
            "total_steps": total, "bundle_id": bundle.bundle_id, "corpus": corpus_fingerprint(seqs),
            "entropy": str(cfg.seed if cfg.seed is not None else secrets.randbits(128)),
            "tokens_seen": 0, "predictions_seen": 0, "loss_curve": [], "train_seconds": 0.0}

@@ -306,6 +306,27 @@ def test_each_objective_lowers_its_loss_on_a_fixed_batch(base, bundle, seqs, obj
     assert torch.equal(model.bert.embeddings.word_embeddings.weight, before)
 
 
+def test_head_warmup_trains_only_the_head_first(base, bundle, seqs):
+    from models.backbone import load_bert
+
+    model = build_model(load_bert(base))
+    encoder0 = {k: v.clone() for k, v in model.bert.state_dict().items()}
+    bias0 = model.head.bias.detach().clone()
+    batch = batch_to_device(build_batch(seqs, BatchPrivatizer(bundle, "dchi-text", 20.0),
+                                        "denoising", np.random.default_rng(0)), torch.device("cpu"))
+    cfg = PretrainConfig("denoising", "dchi-text", 20.0, steps=5, lr=1e-3, warmup_ratio=0.0,
+                         head_warmup_steps=3)
+    trainer = Trainer(model, cfg, 5, torch.device("cpu"), None)
+    for _ in range(3):
+        trainer.step(batch)
+    assert all(torch.equal(v, encoder0[k]) for k, v in model.bert.state_dict().items())
+    assert not torch.equal(model.head.bias, bias0)
+    trainer.step(batch)
+    changed = [k for k, v in model.bert.state_dict().items() if not torch.equal(v, encoder0[k])]
+    assert any("encoder.layer" in k for k in changed)
+    assert "embeddings.word_embeddings.weight" not in changed
+
+
 # -- the whole run: frozen table, output folder, resume -------------------------------------
 def run_pretrain(base, out, steps=6, **kw):
     opts = {"objective": "denoising", "mechanism": "dchi-text", "eta": 20.0, "batch_size": 4,
