@@ -237,7 +237,7 @@ should shouldn't so some such than that that's the their theirs them themselves 
 there's these they they'd they'll they're they've this those through to too under until up
 very was wasn't we we'd we'll we're we've were weren't what what's when when's where where's
 which while who who's whom why why's with won't would wouldn't you you'd you'll you're you've
-your yours yourself yourselves also just one even much would could may might us n't 's lrb rrb
+your yours yourself yourselves also just one even much would could may might us will n't 's lrb rrb
 """.split())
 _WORD = re.compile(r"[a-z][a-z'-]*[a-z]|[a-z]")
 

@@ -308,13 +308,11 @@ def read_records_jsonl(path: str | os.PathLike, limits: Limits | None = None,
 
 # -- collation -------------------------------------------------------------------------------
 def fit_segments(len_a: int, len_b: int, budget: int) -> tuple[int, int]:
-    """Trim a pair to ``budget`` tokens, the longer segment first (contract §1 "first")."""
-    while len_a + len_b > budget:
-        if len_a >= len_b:
-            len_a -= 1
-        else:
-            len_b -= 1
-    return len_a, len_b
+    """Trim a pair to ``budget`` tokens: the edge's policy "first" (contract §1; the longer
+    segment first, the second on a tie), so server and edge truncate alike."""
+    from edge_agent.privatizer import trim_pair
+
+    return trim_pair(len_a, len_b, budget)
 
 
 def _layout(n: int, seg: tuple[int, ...] | None, max_length: int) -> tuple[list[int], int, int]:

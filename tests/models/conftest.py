@@ -38,6 +38,17 @@ def make_full_tiny_bert(path: Path, dim: int = 16, seed: int = 0, layers: int = 
     return path
 
 
+@pytest.fixture(autouse=True)
+def one_torch_thread():
+    """Tiny models run fastest on one thread (and do not fight other processes for cores)."""
+    import torch
+
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
 @pytest.fixture(scope="session")
 def tiny_bert_dir(tmp_path_factory) -> Path:
     return make_full_tiny_bert(tmp_path_factory.mktemp("tiny-full-bert"))

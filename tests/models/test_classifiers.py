@@ -1,0 +1,118 @@
+"""Classifiers per payload kind: each learns a fixed batch, predicts, and leaves the frozen
+word-embedding table bit-identical."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from models.backbone import check_same_bundle, load_bert
+from models.classifiers import (
+    EmbeddingClassifier,
+    TokenClassifier,
+    VectorMLP,
+    build_classifier,
+    classification_loss,
+)
+from models.data import collate_dataset, dataset_from_records
+from models.finetune import TrainConfig, build_model, finetune
+from tests.models.conftest import sentiment_texts, token_records, vector_records
+
+KINDS = ["none", "dchi-text", "dchi-embedding", "laplace", "ome", "texthide"]
+
+
+def _dataset(kind, bundle, n=32, pairs=False, seed=0):
+    texts, second, labels = sentiment_texts(n, seed=seed, pairs=pairs)
+    if kind in ("none", "dchi-text", "dchi-embedding"):
+        recs = token_records(bundle, kind, texts, labels, pairs=second, eta=50.0, seed=seed)
+    else:
+        recs = vector_records(bundle.bundle_id, kind, n, seed=seed)
+    return dataset_from_records(recs, None)
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_classifier_learns_a_fixed_batch_and_predicts(kind, tiny_bert_dir, tiny_bert_bundle):
+    torch.manual_seed(0)
+    ds = _dataset(kind, tiny_bert_bundle)
+    model = build_model(ds, tiny_bert_bundle, tiny_bert_dir, TrainConfig(hidden=(64, 64)))
+    expected = {"none": TokenClassifier, "dchi-text": TokenClassifier,
+                "dchi-embedding": EmbeddingClassifier}.get(kind, VectorMLP)
+    assert isinstance(model, expected)
+    idx = np.arange(len(ds))
+    batch = collate_dataset(ds, idx, tiny_bert_bundle.special_ids, 32)
+    target = torch.from_numpy(ds.targets[idx])
+    opt = torch.optim.Adam([p for p in model.parameters() if p.requires_grad], lr=3e-3)
+    model.train()
+    losses = []
+    for _ in range(40):
+        loss = classification_loss(model(**batch), target)
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+        losses.append(float(loss.detach()))
+    # the loss on the batch must fall clearly (soft TextHide targets have an entropy floor)
+    assert losses[-1] < 0.6 * losses[0], losses[::10]
+    model.eval()
+    with torch.no_grad():
+        probs = torch.softmax(model(**batch), dim=-1)
+    assert probs.shape == (len(ds), 2)
+    assert torch.allclose(probs.sum(dim=1), torch.ones(len(ds)))
+
+
+def test_soft_cross_entropy_equals_hard_for_one_hot():
+    logits = torch.randn(5, 3)
+    y = torch.tensor([0, 2, 1, 1, 0])
+    hard = classification_loss(logits, y)
+    soft = classification_loss(logits, torch.nn.functional.one_hot(y, 3).float())
+    assert torch.allclose(hard, soft)
+
+
+@pytest.mark.parametrize("kind", ["dchi-text", "dchi-embedding"])
+def test_frozen_embeddings_bit_identical_after_finetune(kind, tiny_bert_dir, tiny_bert_bundle):
+    ds = _dataset(kind, tiny_bert_bundle, n=24)
+    before = {k: v.clone() for k, v in load_bert(tiny_bert_dir).state_dict().items()}
+    res = finetune(ds, ds, tiny_bert_bundle, tiny_bert_dir,
+                   TrainConfig(epochs=2, lr=1e-3, batch_size=8, progress=False, seed=0))
+    w = res.module.bert.embeddings.word_embeddings.weight
+    assert not w.requires_grad
+    assert np.array_equal(w.detach().numpy(), tiny_bert_bundle.embeddings)
+    check_same_bundle(res.module.bert, tiny_bert_bundle)
+    # the rest of BERT did train
+    after = res.module.bert.state_dict()
+    changed = [k for k in before if k in after and not torch.equal(before[k], after[k])]
+    assert any("encoder.layer" in k for k in changed)
+    assert "embeddings.word_embeddings.weight" not in changed
+    assert res.metrics["dev"]["n"] == len(ds) and len(res.history) == 2
+
+
+def test_sentence_pairs_train_and_predict(tiny_bert_dir, tiny_bert_bundle):
+    ds = _dataset("dchi-text", tiny_bert_bundle, n=24, pairs=True)
+    assert all(s is not None and len(s) == 2 for s in ds.segments)
+    batch = collate_dataset(ds, range(4), tiny_bert_bundle.special_ids, 32)
+    assert batch["token_type_ids"].sum() > 0
+    res = finetune(ds, ds, tiny_bert_bundle, tiny_bert_dir,
+                   TrainConfig(epochs=1, lr=1e-3, batch_size=8, progress=False, seed=0))
+    assert 0.0 <= res.metrics["dev"]["accuracy"] <= 1.0
+
+
+def test_any_number_of_labels(tiny_bert_dir, tiny_bert_bundle):
+    recs = vector_records(tiny_bert_bundle.bundle_id, "laplace", 60, n_labels=3)
+    ds = dataset_from_records(recs, None)
+    assert ds.label_names == ["0", "1", "2"]
+    res = finetune(ds, ds, tiny_bert_bundle, cfg=TrainConfig(epochs=8, batch_size=16,
+                                                            progress=False, seed=0,
+                                                            hidden=(64,)))
+    assert res.module.num_labels == 3
+    assert res.metrics["dev"]["accuracy"] > 0.8  # separable classes, eps = 1e3: near-clean
+
+
+def test_build_classifier_refuses_bad_input(tiny_bert_dir):
+    with pytest.raises(ValueError, match="dimension"):
+        build_classifier("laplace", 2)
+    with pytest.raises(ValueError, match="BERT"):
+        build_classifier("dchi-text", 2)
+    with pytest.raises(ValueError, match="at least 2"):
+        build_classifier("dchi-text", 1, bert=load_bert(tiny_bert_dir))
+    with pytest.raises(ValueError, match="unknown mechanism"):
+        build_classifier("rot13", 2)
