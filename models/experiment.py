@@ -74,17 +74,23 @@ def _as_bundle(bundle: EdgeBundle | str | os.PathLike | None, base=None) -> Edge
     return load_bundle(model_dir=base)
 
 
-def _guarantee(name: str, params: dict, bundle: EdgeBundle) -> dict:
+def _guarantee(name: str, params: dict, bundle: EdgeBundle, feature_dim: int) -> dict:
+    """The published and worst-case guarantee of the training payloads (shared.accounting).
+    Vector kinds take their dimension from the payloads (no encoder or secret needed)."""
     from shared.accounting import guarantee
+    from shared.mechanisms import OME, Laplace, TextHide
 
+    p = dict(params)
+    if name == "laplace":
+        mech = Laplace(p["epsilon"], p.get("calibration", "vector"), p.get("word_dropout", 0.0))
+        return guarantee(mech, dim=feature_dim)
+    if name == "ome":
+        per = 1 + p.get("int_bits", 4) + p.get("frac_bits", 5)
+        return guarantee(OME(p["epsilon"], p["lam"], feature_dim // per, p.get("int_bits", 4),
+                             p.get("frac_bits", 5)))
     if name == "texthide":  # accounting reads (m, k) only; the secret pool is not needed
-        from shared.mechanisms import TextHide
-
-        dim = int((bundle.meta.get("encoder") or {}).get("output_dim") or bundle.dim)
-        mech = TextHide(params["m"], params["k"], dim, seed=0)
-    else:
-        mech = mechanism_from_params(name, params, bundle)
-    return guarantee(mech, bundle)
+        return guarantee(TextHide(p["m"], p["k"], feature_dim, seed=0))
+    return guarantee(mechanism_from_params(name, params, bundle), bundle)
 
 
 def train_from_records(records: Sequence[Record | tuple], out_dir: str | os.PathLike, *,
@@ -123,7 +129,7 @@ def _train(train: PayloadDataset, dev: PayloadDataset | None, out_dir, bundle: E
         "labels": train.label_names, "max_length": cfg.max_length,
         "base_model": None if train.kind == "vector" else str(base or "default MiniLM-L6-H384"),
         "pooling": cfg.pooling if train.kind != "vector" else None,
-        "guarantee": _guarantee(train.mechanism, train.params, bundle),
+        "guarantee": _guarantee(train.mechanism, train.params, bundle, train.feature_dim()),
         "created": _dt.datetime.now(_dt.UTC).isoformat(timespec="seconds"),
         "versions": {"torch": torch.__version__, "transformers": transformers.__version__,
                      "python": platform.python_version()},

@@ -128,3 +128,22 @@ def vector_records(bundle_id: str, mechanism: str, n: int, dim: int = 24, seed: 
         labels = [list(map(float, s)) for s in soft]
     return [Record(payload=make_payload(mechanism, mech.params, bundle_id, d), label=lab)
             for d, lab in zip(data, labels, strict=True)]
+
+
+@pytest.fixture(scope="session")
+def tiny_encoder_bundle(tiny_bert_dir, tmp_path_factory):
+    """The tiny BERT's bundle with encoder.onnx (export_bundle), for laplace/ome/texthide."""
+    from models.export import export_bundle
+
+    return export_bundle(tmp_path_factory.mktemp("tiny-bundle") / "bundle", tiny_bert_dir)
+
+
+def write_tsv(path: Path, texts, labels, pairs=None) -> Path:
+    """A labelled TSV in the format of ``cloud-api train --data``."""
+    if pairs is None:
+        rows = ["sentence\tlabel"] + [f"{t}\t{y}" for t, y in zip(texts, labels, strict=True)]
+    else:
+        rows = ["sentence_a\tsentence_b\tlabel"] + [
+            f"{a}\t{b}\t{y}" for a, b, y in zip(texts, pairs, labels, strict=True)]
+    path.write_text("\n".join(rows) + "\n")
+    return path
