@@ -65,6 +65,8 @@ def _as_bundle(bundle: EdgeBundle | str | os.PathLike | None, base=None) -> Edge
         return load_bundle(bundle_dir=bundle)
     from models.registry import is_model_dir
 
+    if base is not None and not Path(base).is_dir():
+        raise ValueError(f"{base}: no such BERT folder")
     if base is not None and is_model_dir(base):
         raise ValueError(f"{base} is a trained model: pass the bundle it was trained with "
                          "(--bundle)")
