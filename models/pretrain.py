@@ -291,13 +291,17 @@ def pretrain(base_dir: str | os.PathLike | None, out_dir: str | os.PathLike, obj
              steps: int | None = None, batch_size: int = 32, *, epochs: int | None = None,
              corpus_paths: list[str | os.PathLike] | None = None, bundle: EdgeBundle | None = None,
              device: str = "auto", precision: str = "auto", resume: bool = False,
-             progress: bool = True, prefetch: bool | None = None, **options) -> Path:
+             progress: bool = True, prefetch: bool | None = None, search: str | None = None,
+             **options) -> Path:
     """Privacy-adaptive pretraining; returns ``out_dir`` (a BERT folder usable as a base).
 
     ``corpus_texts`` (a list of public texts) or ``corpus_paths`` (files; default: AG News
     and the SST-2 training sentences). ``bundle`` defaults to the edge bundle of
     ``base_dir`` (None = the default MiniLM). ``options``: any other ``PretrainConfig``
     field (lr, max_length, prob_k, mask_rate, max_predictions, save_every, seed, ...).
+    ``search``: the exact nearest-token search, "numpy" (``shared``, the default on CPU) or
+    "torch" (same noise, same answer, GEMM on the training device; the default on CUDA).
+    ``prefetch``: build the next batch in a thread while the device trains (default on CUDA).
     Raises ValueError (one sentence) before any training on bad input.
     """
     if steps is None and epochs is None:
@@ -329,7 +333,8 @@ def pretrain(base_dir: str | os.PathLike | None, out_dir: str | os.PathLike, obj
     if cfg.max_length > bert.config.max_position_embeddings:
         raise ValueError(f"--max-length {cfg.max_length} exceeds the model's "
                          f"{bert.config.max_position_embeddings} positions")
-    privatizer = BatchPrivatizer(bundle, cfg.mechanism, cfg.eta)
+    search = search or ("torch" if dev.type == "cuda" else "numpy")
+    privatizer = BatchPrivatizer(bundle, cfg.mechanism, cfg.eta, search=search, device=dev)
     run = {"config": asdict(cfg),
            "total_steps": total, "bundle_id": bundle.bundle_id, "corpus": corpus_fingerprint(seqs),
            "entropy": str(cfg.seed if cfg.seed is not None else secrets.randbits(128)),

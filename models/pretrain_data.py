@@ -98,17 +98,30 @@ class MLMBatch:
 
 
 class BatchPrivatizer:
-    """The task's mechanism over whole batches: the exact ``shared`` code, batched."""
+    """The task's mechanism over whole batches: the exact ``shared`` code, batched.
 
-    def __init__(self, bundle: EdgeBundle, mechanism: str, eta: float):
+    ``search="numpy"`` is ``DChiText.privatize_ids`` itself; ``search="torch"`` draws the
+    same noise with the same ``shared`` code and finds the same exact nearest token with
+    the candidate GEMM in torch (``models.torch_nearest``; on ``device``).
+    """
+
+    def __init__(self, bundle: EdgeBundle, mechanism: str, eta: float, search: str = "numpy",
+                 device=None):
         if mechanism not in MECHANISMS:
             raise ValueError(f"unknown mechanism {mechanism!r} for pretraining "
                              f"(choose {' or '.join(MECHANISMS)})")
+        if search not in ("numpy", "torch"):
+            raise ValueError(f"search must be numpy or torch, got {search!r}")
         self.bundle = bundle
         self.mechanism = mechanism
         self.text = DChiText(bundle, eta)  # also the exact nearest-regular-token index
         self.embedding = DChiEmbedding(eta)
         self.eta = self.text.eta
+        self._search = self.text.index.search
+        if search == "torch":
+            from models.torch_nearest import TorchExactNearest
+
+            self._search = TorchExactNearest(self.text.index, device or "cpu").search
 
     @property
     def mechanism_object(self) -> DChiText | DChiEmbedding:
@@ -116,7 +129,10 @@ class BatchPrivatizer:
 
     def privatize_ids(self, ids: np.ndarray, rng: np.random.Generator) -> np.ndarray:
         """DChiText.privatize_ids: nearest regular token to phi(x) + N (§3.2.4)."""
-        return self.text.privatize_ids(ids, rng)
+        noisy = self.text.noisy_embeddings(ids, rng)
+        if noisy.shape[0] == 0:
+            return np.empty(0, dtype=np.int64)
+        return self._search(noisy)
 
     def perturb(self, ids: np.ndarray, rng: np.random.Generator) -> np.ndarray:
         """DChiEmbedding.privatize of the frozen rows: phi(x) + N, float32 (§3.2.3)."""
@@ -125,7 +141,7 @@ class BatchPrivatizer:
 
     def nearest(self, rows: np.ndarray) -> np.ndarray:
         """Exact nearest regular token of each perturbed row."""
-        return self.text.index.search(rows)
+        return self._search(rows)
 
     def privatize_content(self, ids: np.ndarray, rng: np.random.Generator) -> np.ndarray:
         """What the edge sends for these content ids: ids (dchi-text) or rows (dchi-embedding)."""

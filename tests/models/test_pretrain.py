@@ -198,6 +198,37 @@ def test_on_the_fly_dchi_text_equals_shared_privatize_ids(bundle, seqs):
     np.testing.assert_array_equal(batch.targets, expected[masked_slot])
 
 
+@pytest.mark.parametrize("eta", [3.0, 15.0, 60.0])
+def test_torch_search_privatizes_exactly_like_shared(bundle, seqs, eta):
+    content = np.concatenate(seqs).astype(np.int64)
+    ids = np.tile(content, 20)
+    expected = DChiText(bundle, eta).privatize_ids(ids, np.random.default_rng(9))
+    got = BatchPrivatizer(bundle, "dchi-text", eta, search="torch").privatize_ids(
+        ids, np.random.default_rng(9))
+    np.testing.assert_array_equal(got, expected)
+    batch_np = build_batch(seqs, BatchPrivatizer(bundle, "dchi-embedding", eta), "vanilla",
+                           np.random.default_rng(2))
+    batch_t = build_batch(seqs, BatchPrivatizer(bundle, "dchi-embedding", eta, search="torch"),
+                          "vanilla", np.random.default_rng(2))
+    np.testing.assert_array_equal(batch_t.targets, batch_np.targets)
+
+
+def test_torch_search_hands_ties_to_the_shared_index():
+    from models.torch_nearest import TorchExactNearest
+    from shared.mechanisms.nearest import ExactNearest, brute_force_nearest
+
+    rng = np.random.default_rng(0)
+    table = rng.normal(size=(50, 8)).astype(np.float32)
+    table[7] = table[3]  # exact duplicate: a tie broken towards the lower row, in float64
+    queries = np.concatenate([table[[3, 7, 3]] + 1e-9, rng.normal(size=(200, 8))])
+    index = ExactNearest(table)
+    fast = TorchExactNearest(index, "cpu", chunk=64)
+    got = fast.search(queries)
+    assert fast.last_delegated >= 3
+    np.testing.assert_array_equal(got, index.search(queries))
+    np.testing.assert_array_equal(got, brute_force_nearest(table, queries))
+
+
 def test_on_the_fly_dchi_embedding_equals_shared_privatize(bundle, seqs):
     priv = BatchPrivatizer(bundle, "dchi-embedding", 15.0)
     batch = build_batch(seqs, priv, "vanilla", np.random.default_rng(3))
