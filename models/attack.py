@@ -86,7 +86,7 @@ class TorchNearest:
         self.t64 = t64.to(self.device)
         self.n64 = (t64 * t64).sum(dim=1).to(self.device)
         self.n32 = self.n64.float()
-        self.ids = torch.from_numpy(self.reference.ids).to(self.device)
+        self.ids = torch.from_numpy(np.array(self.reference.ids)).to(self.device)
         self.dim = t32.shape[1]
         self.chunk = int(chunk)
         self.last_rerank_count = 0
