@@ -138,7 +138,8 @@ def check_compatible(train: PayloadDataset, dev: PayloadDataset | None,
         raise ValueError("empty training set")
     if train.bundle_id != bundle.bundle_id:
         raise ValueError(f"training payloads name bundle {train.bundle_id[:12]}…, the bundle "
-                         f"given is {bundle.bundle_id[:12]}…")
+                         f"given is {bundle.bundle_id[:12]}… (pass the bundle the payloads "
+                         "were made with: --bundle DIR)")
     if dev is None:
         return
     if len(dev) == 0:
