@@ -248,13 +248,13 @@ def run_evaluate(args) -> int:
         rng = _rng(args)
         rep = evaluate_tsv(args.model, args.data, bundle=args.bundle, rng=rng, limit=args.limit,
                            texthide_key=args.texthide_key, device=args.device,
-                           precision="fp32" if args.precision == "auto" else args.precision,
+                           precision=args.precision,
                            progress=not args.no_progress)
     else:
         from models.data import read_records_jsonl
 
         rep = evaluate_records(args.model, read_records_jsonl(args.records, limit=args.limit),
-                               device=args.device)
+                               device=args.device, precision=args.precision)
     if args.json:
         print(json.dumps(rep, indent=2, sort_keys=True))
         return 0

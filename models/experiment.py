@@ -227,7 +227,7 @@ def _check_base(mechanism: str, bundle: EdgeBundle, base) -> None:
 
 # -- evaluation ------------------------------------------------------------------------------
 def evaluate_records(model_dir: str | os.PathLike, records: Sequence[Record | tuple], *,
-                     device: str = "auto", precision: str = "fp32",
+                     device: str = "auto", precision: str = "auto",
                      batch_size: int = 128) -> dict:
     """Accuracy and per-class figures of a model version on privatized labelled records."""
     from models.backbone import autocast_dtype, pick_device
@@ -249,7 +249,7 @@ def evaluate_tsv(model_dir: str | os.PathLike, tsv: str | os.PathLike, *,
                  bundle: EdgeBundle | str | os.PathLike | None = None,
                  rng: np.random.Generator | None = None, limit: int | None = None,
                  texthide_key: int | None = None, device: str = "auto",
-                 precision: str = "fp32", progress: bool = True) -> dict:
+                 precision: str = "auto", progress: bool = True) -> dict:
     """Privatize a labelled TSV as the model's mechanism does (TextHide: k = 1, with the
     client's ``texthide_key``) and evaluate; labels unknown to the model are an error."""
     from models.data import label_indices

@@ -71,6 +71,23 @@ def test_train_then_evaluate_tsv(capsys, data, tiny_bert_dir, tmp_path):
     assert "class=neg precision=" in stdout and "class=pos precision=" in stdout
 
 
+def test_sentence_pairs_tsv(capsys, tiny_bert_dir, tmp_path):
+    texts, pairs, labels = sentiment_texts(16, pairs=True)
+    tsv = write_tsv(tmp_path / "pairs.tsv", texts, labels, pairs=pairs)
+    out = tmp_path / "m"
+    rc, stdout, err = run(capsys, "train", "--data", str(tsv), "--dev", str(tsv), "--mechanism",
+                          "dchi-embedding", "--eta", "50", "--base", str(tiny_bert_dir), "--out",
+                          str(out), *FAST)
+    assert rc == 0, err
+    rc, stdout, err = run(capsys, "evaluate", "--model", str(out), "--data", str(tsv),
+                          "--no-progress")
+    assert rc == 0 and stdout.startswith("accuracy="), err
+    single = write_tsv(tmp_path / "single.tsv", texts, labels)
+    rc, _, err = run(capsys, "train", "--data", str(single), "--dev", str(tsv), "--mechanism",
+                     "none", "--base", str(tiny_bert_dir), "--out", str(tmp_path / "x"), *FAST)
+    assert rc == 2 and "pairs" in one_error_line(err)
+
+
 def test_train_on_edge_records_and_export_onnx(capsys, tiny_bert_dir, tiny_bert_bundle, tmp_path):
     texts, _, labels = sentiment_texts(16)
     recs = token_records(tiny_bert_bundle, "none", texts, labels)

@@ -156,3 +156,14 @@ def test_length_buckets_cover_every_index_once():
     sorted_pass = list(length_buckets(lengths, 8, None))
     flat = lengths[np.concatenate(sorted_pass)]
     assert (np.diff(flat) >= 0).all()
+
+
+def test_dataset_from_store_pairs(tiny_bert_bundle):
+    """The record store of the service hands (payload, label) pairs."""
+    recs = token_records(tiny_bert_bundle, "none", ["good film", "bad plot"], ["pos", "neg"])
+    pairs = [(r.payload, r.label) for r in recs]
+    ds = dataset_from_records(pairs, ["neg", "pos"])
+    assert ds.targets.tolist() == [1, 0]
+    assert ds.fingerprint == dataset_from_records(recs, ["neg", "pos"]).fingerprint
+    by_index = dataset_from_records([(r.payload, i) for i, r in enumerate(recs)], None)
+    assert by_index.label_names == ["0", "1"] and by_index.targets.tolist() == [0, 1]
