@@ -3,9 +3,10 @@
 * dχ mechanisms (Qu et al. 2021 §5.3–5.4): token embedding inversion accuracy on the
   tokens of a data set and the plausible-deniability statistics N_w / S_w, computed by
   the edge's report code (``edge_agent.report``) with the mechanism of
-  ``shared.mechanisms.DChiText``. On a GPU only the exact nearest-token search moves to
-  torch (:class:`TorchNearest`), so the whole vocabulary × 1,000 perturbations is
-  practical; the noise is still ``shared.mechanisms.sample_dchi_noise``.
+  ``shared.mechanisms.DChiText``. On a GPU only the candidate pass of the exact
+  nearest-token search moves to torch (``models.torch_nearest.TorchExactNearest``), so
+  the whole vocabulary × 1,000 perturbations is practical; the noise is still
+  ``shared.mechanisms.sample_dchi_noise``.
 * Sentence-vector mechanisms (``laplace``, ``ome``, ``texthide``): an attacker MLP trained
   on payloads to tell which of the W most frequent content words a sentence contains
   (Lyu et al. 2020 DPNR §4.5: one binary task per private attribute, a 2-layer MLP of 512
@@ -15,7 +16,6 @@
 
 from __future__ import annotations
 
-import contextlib
 import csv
 import math
 import os
@@ -30,9 +30,9 @@ import torch
 from torch import nn
 
 from models.backbone import pick_device
+from models.torch_nearest import TorchExactNearest
 from shared.bundle import EdgeBundle
 from shared.mechanisms import DChiText
-from shared.mechanisms.nearest import ExactNearest
 
 
 # -- input -----------------------------------------------------------------------------------
@@ -68,77 +68,13 @@ def read_sentences(path: str | os.PathLike, limit: int | None = None) -> list[st
 
 
 # -- exact nearest token on torch ------------------------------------------------------------
-class TorchNearest:
-    """Exact Euclidean nearest row, the search of :class:`ExactNearest` on a torch device.
-
-    Candidates from a float32 GEMM (TF32 off), ||t||² - 2 y·t; every query whose runner-up
-    is within twice ExactNearest's rounding bound of the best is decided again in float64
-    over the whole table (ties to the lowest row, as ExactNearest).
-    """
-
-    def __init__(self, table: np.ndarray, ids: np.ndarray, device: torch.device | str,
-                 chunk: int = 4096):
-        self.reference = ExactNearest(table, ids=ids)  # its bound and ids
-        self.device = torch.device(device)
-        t32 = torch.from_numpy(np.ascontiguousarray(table, dtype=np.float32))
-        self.t32 = t32.to(self.device)
-        t64 = t32.double()
-        self.t64 = t64.to(self.device)
-        self.n64 = (t64 * t64).sum(dim=1).to(self.device)
-        self.n32 = self.n64.float()
-        self.ids = torch.from_numpy(np.array(self.reference.ids)).to(self.device)
-        self.dim = t32.shape[1]
-        self.chunk = int(chunk)
-        self.last_rerank_count = 0
-
-    @contextlib.contextmanager
-    def _exact_fp32(self):
-        old = torch.backends.cuda.matmul.allow_tf32
-        torch.backends.cuda.matmul.allow_tf32 = False
-        try:
-            yield
-        finally:
-            torch.backends.cuda.matmul.allow_tf32 = old
-
-    @torch.no_grad()
-    def search(self, queries: np.ndarray) -> np.ndarray:
-        """Ids of the exact nearest rows (numpy in, numpy out)."""
-        y64 = np.asarray(queries, dtype=np.float64)
-        if y64.ndim != 2 or y64.shape[1] != self.dim:
-            raise ValueError(f"queries must have shape (m, {self.dim}), got {y64.shape}")
-        if not np.isfinite(y64).all():
-            raise ValueError("queries contain NaN or Inf")
-        out = np.empty(y64.shape[0], dtype=np.int64)
-        reranked = 0
-        with self._exact_fp32():
-            for s in range(0, y64.shape[0], self.chunk):
-                yc = torch.from_numpy(y64[s: s + self.chunk]).to(self.device)
-                scores = self.n32[None, :] - 2.0 * (yc.float() @ self.t32.T)
-                top = scores.topk(2 if scores.shape[1] > 1 else 1, dim=1, largest=False)
-                best = top.indices[:, 0]
-                if scores.shape[1] > 1:
-                    bound = torch.from_numpy(self.reference.score_bound(
-                        np.linalg.norm(y64[s: s + self.chunk], axis=1))).to(self.device)
-                    gap = top.values[:, 1].double() - top.values[:, 0].double()
-                    amb = torch.nonzero(gap <= 2.0 * bound + 1e-30).flatten()
-                    if amb.numel():
-                        ya = yc[amb]
-                        d = self.n64[None, :] - 2.0 * (ya @ self.t64.T)
-                        best[amb] = d.argmin(dim=1)  # first minimum: lowest row on ties
-                        reranked += int(amb.numel())
-                out[s: s + len(yc)] = self.ids[best].cpu().numpy()
-        self.last_rerank_count = reranked
-        return out
-
-
 class TorchDChiText(DChiText):
     """``shared.mechanisms.DChiText`` with its nearest-token search on a torch device;
     the noise (``sample_dchi_noise``) and everything else are the shared code."""
 
     def __init__(self, bundle: EdgeBundle, eta: float, device: torch.device | str):
-        super().__init__(bundle, eta)
-        self.index = TorchNearest(self._embeddings[bundle.regular_ids], bundle.regular_ids,
-                                  device)
+        super().__init__(bundle, eta, chunk=1024)
+        self.index = TorchExactNearest(self.index, device)
 
 
 def dchi_text_on(bundle: EdgeBundle, eta: float, device: torch.device) -> DChiText:

@@ -9,7 +9,6 @@ import torch
 
 from models.attack import (
     TorchDChiText,
-    TorchNearest,
     content_words,
     roc_auc,
     token_privacy,
@@ -18,30 +17,11 @@ from models.attack import (
     word_presence,
 )
 from shared.mechanisms import DChiText, Laplace
-from shared.mechanisms.nearest import ExactNearest
 from tests.models.conftest import sentiment_texts
 
 
-def test_torch_nearest_equals_exact_nearest_including_near_ties():
-    rng = np.random.default_rng(0)
-    table = rng.normal(0, 1, (400, 24)).astype(np.float32)
-    ids = np.arange(1000, 1400)
-    queries = [rng.normal(0, 1, (300, 24)) * 3,               # noisy queries far from rows
-               table[:50].astype(np.float64),                  # the rows themselves
-               (table[:60] + table[60:120]) / 2.0,             # midpoints: near-ties
-               table[:40] + rng.normal(0, 1e-7, (40, 24))]     # almost exact hits
-    q = np.concatenate(queries)
-    want = ExactNearest(table, ids=ids).search(q)
-    tn = TorchNearest(table, ids, "cpu", chunk=128)
-    got = tn.search(q)
-    assert np.array_equal(got, want)
-    assert tn.last_rerank_count >= 1  # the midpoints go through the float64 step
-    with pytest.raises(ValueError, match="shape"):
-        tn.search(np.zeros((2, 5)))
-
-
 def test_torch_dchi_text_is_the_shared_mechanism(tiny_bert_bundle):
-    ids = np.tile(tiny_bert_bundle.regular_ids, 20)
+    ids = np.tile(tiny_bert_bundle.regular_ids, 20)  # the search of the torch candidate pass
     a = DChiText(tiny_bert_bundle, 30.0).privatize_ids(ids, np.random.default_rng(5))
     b = TorchDChiText(tiny_bert_bundle, 30.0, "cpu").privatize_ids(ids,
                                                                     np.random.default_rng(5))
