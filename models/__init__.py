@@ -1,1 +1,12 @@
-"""torch code: classifiers per payload kind, privacy-adaptive pretraining, fine-tuning, export."""
+"""torch code: classifiers per payload kind, privacy-adaptive pretraining, fine-tuning, export.
+
+Entry points (plain functions; the ``cloud-api`` subcommands are thin layers over them):
+
+* ``models.experiment``: ``train_from_tsv``, ``train_from_records``, ``evaluate_tsv``,
+  ``evaluate_records``
+* ``models.registry``: ``load_model`` -> ``ModelVersion`` (``check_payload``,
+  ``predict_proba``), ``save_model_version``
+* ``models.export``: ``export_bundle``, ``export_classifier_onnx``, ``OnnxClassifier``
+* ``models.attack``: ``token_privacy``, ``vector_attack``
+* ``models.finetune``: ``finetune``, ``TrainConfig``; ``models.data``: readers and collation
+"""
