@@ -23,6 +23,7 @@ over batches of its best round (the machine may be shared); process CPU time lik
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 import time
 from pathlib import Path
@@ -158,6 +159,7 @@ def main() -> None:
     }
     if args.hf:
         variants["transformers BertForMaskedLM (all positions x vocabulary)"] = hf_loop(base, batches)
+    load0 = os.getloadavg()[0]
     for step in variants.values():
         step(0)
     # Interleaved step by step (A1 B1 C1 A2 B2 C2 ...), so that every variant meets the same
@@ -181,6 +183,8 @@ def main() -> None:
              f"{best_cpu[name]:.2f} s", f"{plain_cpu / best_cpu[name]:.3f}"]
             for name, t in best.items()]
     print(f"machine: {machine()}, torch {torch.__version__} ({torch.get_num_threads()} threads), CPU, fp32")
+    print(f"load average (1 min) at start {load0:.2f}, at end {os.getloadavg()[0]:.2f} "
+          "(other processes share the cores: compare variants, not runs)")
     print(f"MiniLM-L6-H384, batch {args.batch_size}, max length {args.max_length}, "
           f"{args.objective} MLM, {args.mechanism} eta={args.eta:g}; {args.steps} timed steps "
           f"({tokens} non-pad tokens, {sum(b.masked_pos.size for b in batches[1:])} predictions), "
