@@ -61,14 +61,27 @@ def plain_loop(base, batches):
     params = [p for p in [*bert.parameters(), *head.parameters()] if p.requires_grad]
     opt = torch.optim.AdamW(params, lr=5e-5, eps=1e-6, weight_decay=0.01)
     bert.train()
-    data = [(torch.from_numpy(b.input_ids), torch.from_numpy(b.attention_mask),
-             torch.from_numpy(b.masked_pos), torch.from_numpy(b.targets)) for b in batches]
+    data = []
+    for b in batches:
+        ids = torch.from_numpy(b.input_ids)
+        if b.embeds is None:
+            inputs = {"input_ids": ids}
+        else:  # dchi-embedding: the perturbed rows, prepared before the loop
+            with torch.no_grad():
+                x = bert.embeddings.word_embeddings(ids)
+                x.view(-1, x.shape[-1])[torch.from_numpy(b.embed_pos)] = torch.from_numpy(b.embeds)
+            inputs = {"inputs_embeds": x}
+        data.append((inputs, torch.from_numpy(b.attention_mask), torch.from_numpy(b.masked_pos),
+                     torch.from_numpy(b.targets)))
 
     def step(i):
-        ids, att, pos, tgt = data[i]
-        h = bert(input_ids=ids, attention_mask=att).last_hidden_state
+        inputs, att, pos, tgt = data[i]
+        h = bert(**inputs, attention_mask=att).last_hidden_state
         logits = head(h.reshape(-1, h.shape[-1])[pos])
-        loss = torch.nn.functional.cross_entropy(logits, tgt)
+        if tgt.ndim == 1:
+            loss = torch.nn.functional.cross_entropy(logits, tgt)
+        else:  # Prob MLM: mean over the K privatizations of -log p
+            loss = -torch.log_softmax(logits, -1).gather(1, tgt).mean()
         loss.backward()
         opt.step()
         opt.zero_grad(set_to_none=True)
@@ -88,6 +101,8 @@ def hf_loop(base, batches):
     model.train()
     data = []
     for b in batches:
+        if b.targets.ndim != 1 or b.embeds is not None:
+            raise SystemExit("--hf: only for id inputs with one target (dchi-text, not prob)")
         labels = np.full(b.input_ids.size, -100, dtype=np.int64)
         labels[b.masked_pos] = b.targets
         data.append((torch.from_numpy(b.input_ids), torch.from_numpy(b.attention_mask),
