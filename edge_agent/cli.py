@@ -155,6 +155,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(func=run_report)
 
     b = sub.add_parser("bundle", help="fetch or inspect an edge bundle")
+    b.set_defaults(func=lambda _args: b.print_help(sys.stderr) or 2)
     bsub = b.add_subparsers(dest="bundle_command", metavar="ACTION", parser_class=_Parser)
     f = bsub.add_parser("fetch", help="fetch a served model's bundle into the cache")
     f.add_argument("--server", metavar="URL", required=True)
