@@ -16,7 +16,7 @@ Variants, each over the SAME batches (the first ``--steps`` batches that
 - with ``--hf``: ``transformers.BertForMaskedLM`` (logits over the whole vocabulary at every
   position), for reference.
 
-Variants run interleaved step by step, ``--rounds`` times; a variant's time is the sum
+Variants run interleaved step by step in rotating order, ``--rounds`` times; a variant's time is the sum
 over batches of its best round (the machine may be shared); process CPU time likewise. Throughput = non-padding tokens the model reads per second.
 """
 
@@ -177,13 +177,18 @@ def main() -> None:
     load0 = os.getloadavg()[0]
     for step in variants.values():
         step(0)
-    # Interleaved step by step (A1 B1 C1 A2 B2 C2 ...), so that every variant meets the same
-    # load from other processes; a variant's time = sum over batches of its best round.
+    # Interleaved step by step (A1 B1 C1 B2 C2 A2 ...), so that every variant meets the same
+    # load from other processes and follows each other variant equally often (numpy's BLAS
+    # threads keep spinning for a moment after a search); a variant's time = sum over
+    # batches of its best round.
     wall = {name: np.full((args.rounds, n - 1), np.inf) for name in variants}
     cpu_t = {name: np.full((args.rounds, n - 1), np.inf) for name in variants}
+    names = list(variants)
     for r in range(args.rounds):
         for i in range(1, n):
-            for name, step in variants.items():
+            first = (i + r) % len(names)  # rotate the order: no variant always follows another
+            for name in names[first:] + names[:first]:
+                step = variants[name]
                 t, c = time.perf_counter(), time.process_time()
                 step(i)
                 wall[name][r, i - 1] = time.perf_counter() - t
