@@ -128,7 +128,11 @@ def main() -> None:
     ap.add_argument("--eta", type=float, default=65.0)
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--hf", action="store_true", help="also time transformers.BertForMaskedLM")
+    ap.add_argument("--threads", type=int, default=None,
+                    help="torch intra-op threads (1 makes the timing robust on a shared machine)")
     args = ap.parse_args()
+    if args.threads:
+        torch.set_num_threads(args.threads)
 
     from models.backbone import load_bert, resolve_model_dir
     from models.pretrain import PretrainConfig, Trainer, batch_to_device, build_model
