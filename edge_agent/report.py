@@ -206,8 +206,13 @@ def build_report(bundle: EdgeBundle, mechanism: str, *, eta: float | None = None
                  target: float | None = None, texts: list[str] | None = None,
                  tokens: int = 500, samples: int = 1000, inversion_tokens: int = 5000,
                  etas: list[float] | None = None, rng: np.random.Generator | None = None,
-                 geometry: bool = False, tol: float = 0.005, progress=None) -> PrivacyReport:
-    """The full report at ``eta``, or at the η whose inversion accuracy is ``target``."""
+                 geometry: bool = False, tol: float = 0.005, progress=None,
+                 mech: DChiText | None = None, max_queries: int = 20_000) -> PrivacyReport:
+    """The full report at ``eta``, or at the η whose inversion accuracy is ``target``.
+
+    ``mech`` lets a caller pass a ``DChiText`` whose search runs elsewhere (the server's
+    torch index on a GPU); its η is set here. ``max_queries`` bounds one search call.
+    """
     from shared.accounting import guarantee
     from shared.mechanisms import DChiEmbedding
 
@@ -224,7 +229,10 @@ def build_report(bundle: EdgeBundle, mechanism: str, *, eta: float | None = None
     note = progress or (lambda _msg: None)
     t0 = time.perf_counter()
     # the index does not depend on η; chunks of 1,024 queries keep the GEMM efficient
-    mech = DChiText(bundle, eta if eta is not None else 1.0, chunk=1024)
+    if mech is None:
+        mech = DChiText(bundle, eta if eta is not None else 1.0, chunk=1024)
+    elif eta is not None:
+        mech.eta = float(eta)
     if texts is not None:
         inv_ids = text_token_sample(bundle, texts, inversion_tokens, rng)
         source = "sample text"
@@ -245,7 +253,7 @@ def build_report(bundle: EdgeBundle, mechanism: str, *, eta: float | None = None
     note(f"plausible deniability: {tokens} tokens x {samples} perturbations at eta={eta:g}")
     t2 = time.perf_counter()
     ids = sample_regular_tokens(bundle, tokens, rng)
-    n_w, s_w = plausible_deniability(mech, ids, samples, rng)
+    n_w, s_w = plausible_deniability(mech, ids, samples, rng, max_queries=max_queries)
     timings["plausible_deniability"] = time.perf_counter() - t2
     geo = None
     if geometry:

@@ -93,59 +93,20 @@ def token_privacy(bundle: EdgeBundle, mechanism: str, *, eta: float | None = Non
     """Inversion accuracy on the tokens of ``texts`` and N_w/S_w over ``tokens`` regular
     tokens ("all" = the whole vocabulary; default all on a GPU, 500 on CPU), each perturbed
     ``samples`` times. Returns ``edge_agent.report.PrivacyReport``."""
-    from edge_agent.report import (
-        FixedDraw,
-        PrivacyReport,
-        default_etas,
-        plausible_deniability,
-        sample_regular_tokens,
-        target_eta,
-        text_token_sample,
-    )
-    from shared.accounting import guarantee
-    from shared.mechanisms import DChiEmbedding
+    from edge_agent.report import build_report
 
-    if mechanism not in ("dchi-text", "dchi-embedding"):
-        raise ValueError(f"token privacy covers dchi-text and dchi-embedding, got {mechanism!r}")
-    if (eta is None) == (target is None):
-        raise ValueError("give either eta or a target inversion accuracy")
     if eta is not None and not (eta > 0 and math.isfinite(eta)):
         raise ValueError(f"eta must be a finite number > 0, got {eta!r}")
     dev = pick_device(device)
     if tokens is None:
         tokens = "all" if dev.type == "cuda" else 500
     n_tokens = int(bundle.regular_ids.size) if tokens == "all" else int(tokens)
-    rng = rng if rng is not None else np.random.default_rng()
-    timings: dict[str, float] = {}
-    t0 = time.perf_counter()
-    mech = dchi_text_on(bundle, eta if eta is not None else 1.0, dev)
-    if texts:
-        inv_ids = text_token_sample(bundle, texts, inversion_tokens, rng)
-        source = "data"
-    else:
-        inv_ids = rng.choice(bundle.regular_ids, size=inversion_tokens, replace=True)
-        source = "vocabulary (uniform)"
-    draw = FixedDraw(mech, inv_ids, rng)
-    if target is not None:
-        eta, _ = target_eta(draw, target, tol=tol)
-        mech.eta = float(eta)
-    grid = sorted({float(e) for e in default_etas(bundle.dim)} | {float(eta)})
-    table = [(e, draw.accuracy(e)) for e in grid]
-    acc = dict(table)[float(eta)]
-    timings["inversion"] = time.perf_counter() - t0
-    t1 = time.perf_counter()
-    ids = sample_regular_tokens(bundle, n_tokens, rng)
-    n_w, s_w = plausible_deniability(mech, ids, samples, rng,
-                                     max_queries=200_000 if dev.type == "cuda" else 20_000)
-    timings["plausible_deniability"] = time.perf_counter() - t1
-    g = guarantee(DChiText(bundle, eta) if mechanism == "dchi-text" else DChiEmbedding(eta),
-                  bundle)
-    timings["total"] = time.perf_counter() - t0
-    timings["device"] = str(dev)
-    return PrivacyReport(mechanism, float(eta), bundle.bundle_id, bundle.dim,
-                         int(bundle.regular_ids.size), int(ids.size), samples, n_w, s_w, source,
-                         int(inv_ids.size), acc, draw.standard_error(acc), table, target, g,
-                         timings)
+    rep = build_report(bundle, mechanism, eta=eta, target=target, texts=texts or None,
+                       tokens=n_tokens, samples=samples, inversion_tokens=inversion_tokens,
+                       rng=rng, tol=tol, mech=dchi_text_on(bundle, eta or 1.0, dev),
+                       max_queries=200_000 if dev.type == "cuda" else 20_000)
+    rep.timings["device"] = str(dev)
+    return rep
 
 
 def token_report_json(rep) -> dict:
