@@ -66,16 +66,6 @@ def make_bert(path: Path, dim: int = 16, dropout: float = 0.1, seed: int = 0) ->
     return path
 
 
-@pytest.fixture(autouse=True, scope="module")
-def one_thread():
-    """A 16-wide BERT gains nothing from intra-op threads, and on a busy 2-core machine
-    two spinning threads make these tests 10x slower."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
-
-
 @pytest.fixture(scope="module")
 def base(tmp_path_factory) -> Path:
     return make_bert(tmp_path_factory.mktemp("pt-bert"))
