@@ -100,6 +100,7 @@ class VectorMLP(nn.Module):
     """MLP over a payload vector, inputs standardised by statistics of the training payloads."""
 
     input_names = ("features",)
+    MIN_STD = 1e-3  # below this a training coordinate counts as constant (scale 1)
 
     def __init__(self, in_dim: int, num_labels: int, hidden: Sequence[int] = (768, 768, 768),
                  dropout: float = 0.1):
@@ -119,11 +120,19 @@ class VectorMLP(nn.Module):
 
     @torch.no_grad()
     def fit_input_scaling(self, features: torch.Tensor) -> None:
-        """Set the per-coordinate mean and standard deviation from training payloads."""
+        """Set the per-coordinate mean and standard deviation from training payloads.
+
+        A coordinate (nearly) constant in training keeps scale 1, as scikit-learn's
+        StandardScaler does: dividing by a tiny deviation would multiply a value first
+        seen at inference (an OME bit never set in training) by up to 1e6.
+        """
         x = features.float()
         self.shift.copy_(x.mean(dim=0))
-        self.scale.copy_(x.std(dim=0).clamp(min=1e-6) if x.shape[0] > 1 else torch.ones_like(
-            self.scale))
+        if x.shape[0] < 2:
+            self.scale.fill_(1.0)
+            return
+        std = x.std(dim=0)
+        self.scale.copy_(torch.where(std < self.MIN_STD, torch.ones_like(std), std))
 
     def forward(self, features: torch.Tensor) -> torch.Tensor:
         return self.net((features.to(self.shift.dtype) - self.shift) / self.scale)

@@ -116,3 +116,23 @@ def test_build_classifier_refuses_bad_input(tiny_bert_dir):
         build_classifier("dchi-text", 1, bert=load_bert(tiny_bert_dir))
     with pytest.raises(ValueError, match="unknown mechanism"):
         build_classifier("rot13", 2)
+
+
+def test_input_scaling_leaves_a_constant_training_coordinate_unscaled():
+    """An OME bit never set in training must not be multiplied by 1/std ~ 1e6 when it is set at
+    inference (the dev loss of a small OME run reached 47,000 before this floor)."""
+    torch.manual_seed(0)
+    x = torch.rand(200, 8)
+    x[:, 0] = 0.0  # constant in training
+    x[:, 1] = 0.5 + 1e-5 * torch.randn(200)  # nearly constant
+    mlp = VectorMLP(8, 2, hidden=(16,))
+    mlp.fit_input_scaling(x)
+    assert mlp.scale[0] == 1.0 and mlp.scale[1] == 1.0
+    assert torch.allclose(mlp.scale[2:], x[:, 2:].std(dim=0))
+    probe = x[:1].clone()
+    probe[0, 0] = 1.0  # first seen at inference
+    standardised = (probe - mlp.shift) / mlp.scale
+    assert standardised.abs().max() < 10.0
+    one = VectorMLP(8, 2, hidden=(16,))
+    one.fit_input_scaling(x[:1])
+    assert torch.equal(one.scale, torch.ones(8))
