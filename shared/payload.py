@@ -13,7 +13,6 @@ Size limits come from a :class:`Limits` in pydantic's validation context::
 
 from __future__ import annotations
 
-import base64
 import binascii
 import math
 from dataclasses import dataclass
@@ -29,6 +28,11 @@ from pydantic import (
     ValidationInfo,
     model_validator,
 )
+
+try:  # SIMD base64 (10x the standard library's speed); same bytes, same errors
+    from pybase64 import b64decode, b64encode
+except ImportError:  # pragma: no cover - the edge and cloud extras install it
+    from base64 import b64decode, b64encode
 
 MAX_JSON_BYTES = 8 * 1024 * 1024
 DTYPES = {"float16": "<f2", "float32": "<f4", "int32": "<i4", "bits": "u1"}
@@ -50,12 +54,15 @@ class Limits:
     max_json_bytes: int = MAX_JSON_BYTES
 
 
+_DEFAULT_LIMITS = Limits()
+
+
 def _limits(info: ValidationInfo) -> Limits:
     ctx = info.context if isinstance(info.context, dict) else {}
     lim = ctx.get("limits")
     if lim is not None and not isinstance(lim, Limits):
         raise TypeError(f"context['limits'] must be a Limits, got {type(lim).__name__}")
-    return lim or Limits()
+    return lim or _DEFAULT_LIMITS
 
 
 PosFloat = Annotated[float, Field(strict=True, gt=0, allow_inf_nan=False)]
@@ -101,10 +108,10 @@ class Array(BaseModel):
             raise ValueError(f"data must be base64 of {n} bytes for dtype "
                              f"{self.dtype} and shape {self.shape}")
         try:
-            raw = base64.b64decode(self.data, validate=True)
+            raw = b64decode(self.data, validate=True)
         except binascii.Error as exc:
             raise ValueError(f"data is not valid base64: {exc}") from None
-        if len(raw) != n or base64.b64encode(raw).decode("ascii") != self.data:
+        if len(raw) != n or b64encode(raw).decode("ascii") != self.data:
             raise ValueError(f"data must be canonical base64 of {n} bytes")
         buf = np.frombuffer(raw, dtype=DTYPES[self.dtype])
         if self.dtype == "bits":
@@ -154,12 +161,16 @@ def encode_array(arr: np.ndarray, dtype: str, limits: Limits | None = None) -> A
             raise ValueError("values out of int32 range")
         raw = a.astype("<i4").tobytes()
     else:
-        with np.errstate(over="ignore", invalid="ignore"):
-            cast = a.astype(DTYPES[dtype])
+        target = np.dtype(DTYPES[dtype])
+        if a.dtype == target:
+            cast = a
+        else:
+            with np.errstate(over="ignore", invalid="ignore"):
+                cast = a.astype(target)
         if not np.isfinite(cast).all():
             raise ValueError(f"arr contains NaN or Inf (after the cast to {dtype})")
         raw = cast.tobytes()
-    lim = limits or Limits()
+    lim = limits or _DEFAULT_LIMITS
     if len(raw) > lim.max_array_bytes:
         raise ValueError(f"array of {len(raw)} bytes exceeds max_array_bytes={lim.max_array_bytes}")
     if a.ndim > 8:
@@ -167,7 +178,7 @@ def encode_array(arr: np.ndarray, dtype: str, limits: Limits | None = None) -> A
     # Built from checked numpy values: the base64 is canonical by construction, so the
     # decoded view is the array itself (no decode round trip on the device's hot path).
     out = Array.model_construct(dtype=dtype, shape=tuple(int(x) for x in a.shape),
-                                data=base64.b64encode(raw).decode("ascii"))
+                                data=b64encode(raw).decode("ascii"))
     values = np.frombuffer(raw, dtype=DTYPES[dtype])
     if dtype == "bits":
         values = np.unpackbits(values, count=a.size)
@@ -392,11 +403,11 @@ def make_payload(mechanism: str, params: dict, bundle_id: str, data: np.ndarray,
                            field: encode_array(data, dtype or float_dtype, limits)}
     if segments is not None:
         obj["segments"] = [int(s) if isinstance(s, np.integer) else s for s in segments]
-    return PAYLOAD_ADAPTER.validate_python(obj, context={"limits": limits or Limits()})
+    return PAYLOAD_ADAPTER.validate_python(obj, context={"limits": limits or _DEFAULT_LIMITS})
 
 
 def _parse(validator, obj: dict | str | bytes, limits: Limits | None):
-    lim = limits or Limits()
+    lim = limits or _DEFAULT_LIMITS
     ctx = {"limits": lim}
     if isinstance(obj, str | bytes | bytearray):
         n = len(obj) if not isinstance(obj, str) else len(obj.encode("utf-8", "surrogatepass"))
