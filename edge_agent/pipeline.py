@@ -24,12 +24,16 @@ U = TypeVar("U")
 _DONE = object()
 
 
-def ahead(source: Iterable[T], stage: Callable[[T], U], depth: int = 1) -> Iterator[U]:
+def ahead(source: Iterable[T], stage: Callable[[T], U], depth: int = 1,
+          join_timeout: float = 0.5) -> Iterator[U]:
     """``stage(x)`` for each ``x`` of ``source``, computed in one worker thread at most
     ``depth`` results ahead of the consumer.
 
     Closing the returned generator early (``break``, an exception in the consumer)
     stops the worker after the item it is working on; nothing further is computed.
+    The close does not wait more than ``join_timeout`` seconds for that: a worker
+    blocked reading a live pipe (stdin that stays open) is left behind as a daemon
+    thread, which ends with the process, rather than hanging the caller.
     """
     if depth < 1:
         raise ValueError(f"depth must be >= 1, got {depth}")
@@ -67,4 +71,4 @@ def ahead(source: Iterable[T], stage: Callable[[T], U], depth: int = 1) -> Itera
             yield value
     finally:
         stop.set()
-        worker.join()
+        worker.join(join_timeout)

@@ -114,6 +114,8 @@ def build_model(train: PayloadDataset, bundle: EdgeBundle, base=None,
                 cfg: TrainConfig | None = None) -> nn.Module:
     """The classifier for ``train``'s mechanism, its backbone checked against ``bundle``."""
     cfg = cfg or TrainConfig()
+    if cfg.seed is not None:  # the new head's (or MLP's) initial weights
+        torch.manual_seed(cfg.seed)
     n_labels = len(train.label_names)
     if train.kind == "vector":
         model = build_classifier(train.mechanism, n_labels, feature_dim=train.feature_dim(),
@@ -131,6 +133,22 @@ def build_model(train: PayloadDataset, bundle: EdgeBundle, base=None,
     return build_classifier(train.mechanism, n_labels, bert=bert, pooling=cfg.pooling)
 
 
+def check_token_ids(ds: PayloadDataset, bundle: EdgeBundle, where: str) -> None:
+    """ValueError unless every token id of a token-kind dataset is in the vocabulary
+    (``dchi-text``: a regular token, the only ids the mechanism can output)."""
+    if ds.kind != "tokens" or not len(ds):
+        return
+    ids = np.concatenate([np.asarray(a).ravel() for a in ds.arrays])
+    if ids.size and (ids.min() < 0 or ids.max() >= bundle.vocab_size):
+        raise ValueError(f"{where} payloads hold token id {int(ids.max())} outside the "
+                         f"vocabulary of the bundle [0, {bundle.vocab_size})")
+    if ds.mechanism == "dchi-text" and ids.size:
+        bad = ~np.isin(ids, bundle.regular_ids)
+        if bad.any():
+            raise ValueError(f"{where} payloads hold token id {int(ids[bad][0])}, not a regular "
+                             "token of the bundle: dchi-text outputs only regular tokens")
+
+
 def check_compatible(train: PayloadDataset, dev: PayloadDataset | None,
                      bundle: EdgeBundle) -> None:
     """ValueError unless train, dev and bundle belong together (before any training)."""
@@ -140,10 +158,12 @@ def check_compatible(train: PayloadDataset, dev: PayloadDataset | None,
         raise ValueError(f"training payloads name bundle {train.bundle_id[:12]}…, the bundle "
                          f"given is {bundle.bundle_id[:12]}… (pass the bundle the payloads "
                          "were made with: --bundle DIR)")
+    check_token_ids(train, bundle, "training")
     if dev is None:
         return
     if len(dev) == 0:
         raise ValueError("empty dev set")
+    check_token_ids(dev, bundle, "dev")
     if (dev.mechanism, dev.bundle_id) != (train.mechanism, train.bundle_id):
         raise ValueError("dev records use another mechanism or bundle than the training ones")
     if dev.label_names != train.label_names:

@@ -158,6 +158,11 @@ class ModelVersion:
         if self.kind == "vector" and arr.shape[-1] != arch["in_dim"]:
             raise ValueError(f"payload dimension {arr.shape[-1]} is not the model's "
                              f"{arch['in_dim']}")
+        if self.kind == "tokens" and arr.size:
+            vocab = int(arch["bert_config"]["vocab_size"])
+            if arr.min() < 0 or arr.max() >= vocab:
+                raise ValueError(f"payload token id {int(arr.max())} is outside the model's "
+                                 f"vocabulary [0, {vocab})")
         if self.kind == "embeddings" and arr.shape[-1] != arch["bert_config"]["hidden_size"]:
             raise ValueError(f"payload embedding dimension {arr.shape[-1]} is not the model's "
                              f"{arch['bert_config']['hidden_size']}")

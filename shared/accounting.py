@@ -105,16 +105,22 @@ def _dchi(mech, bundle: EdgeBundle | None, sample: int) -> dict:
 
 
 def _laplace(mech: Laplace, dim: int | None) -> dict:
+    """DPNR (Lyu et al. 2020): ε' of Theorem 2 is what is published with word dropout.
+
+    Dropout amplifies only for inputs that differ in one dropped unit (the edge drops
+    word pieces independently); two arbitrary sentences get the whole-vector figure.
+    """
     eps, mu = mech.epsilon, mech.word_dropout
     nominal = dropout_epsilon(eps, mu) if mu else eps
     g = {"nominal": {"epsilon": nominal,
                      "statement": f"epsilon = {eps:g} per sentence vector (Lyu et al. 2020, "
                                   "DPNR Theorem 1)"
-                                  + (f", word dropout mu={mu:g} gives ln((1-mu)e^eps+mu)"
-                                     if mu else "")},
+                                  + (f", word dropout mu={mu:g} gives ln((1-mu)e^eps+mu) "
+                                     "(Theorem 2)" if mu else "")},
          "worst_case": {"epsilon": None}, "notes": []}
+    whole = None
     if mech.calibration == "vector":
-        g["worst_case"]["epsilon"] = nominal
+        whole = eps
         g["notes"].append("Noise scale r/epsilon covers the L1 sensitivity r of a vector in "
                           "[0,1]^r: the whole vector is epsilon-DP.")
     elif dim is None:
@@ -122,14 +128,21 @@ def _laplace(mech: Laplace, dim: int | None) -> dict:
                           "bundle (or dim) to get the number.")
     else:
         whole = laplace_vector_epsilon(eps, "coordinate", dim)
-        g["worst_case"]["epsilon"] = dropout_epsilon(whole, mu) if mu else whole
         g["worst_case"]["dim"] = dim
         g["notes"].append(f"Coordinate calibration (scale 1/epsilon, as published) protects one "
                           f"coordinate; a vector of r={dim} values in [0,1] has L1 sensitivity "
                           f"r, so the whole vector is only {whole:g}-DP.")
+    g["worst_case"]["epsilon"] = whole
+    g["worst_case"]["epsilon_scope"] = "any two sentences"
     if mu:
-        g["notes"].append("Word dropout amplifies the guarantee for word-level neighbours "
-                          "(sentences differing in one word) only.")
+        if whole is not None:
+            g["worst_case"]["token_level_epsilon"] = dropout_epsilon(whole, mu)
+        g["notes"].append(
+            f"Word dropout (mu={mu:g}) lowers the figure to ln((1-mu)e^eps+mu)"
+            + (f" = {dropout_epsilon(whole, mu):.4g}" if whole is not None else "")
+            + " only between sentences that differ in one word piece (each piece is dropped "
+            "on its own, so a word of j pieces vanishes with probability mu^j); any two "
+            "sentences get the figure above.")
     return g
 
 

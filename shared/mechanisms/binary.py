@@ -27,6 +27,14 @@ from shared.mechanisms._checks import finite_array, positive, positive_int
 from shared.rng import resolve_rng
 
 
+def sigmoid(x: float) -> float:
+    """1/(1 + e^-x) without overflow for any finite x."""
+    if x >= 0:
+        return 1.0 / (1.0 + math.exp(-x))
+    e = math.exp(x)
+    return e / (1.0 + e)
+
+
 def z_score(vec: np.ndarray) -> np.ndarray:
     """(v - mean)/std per row; a constant row becomes zeros."""
     v = np.asarray(vec, dtype=np.float64)
@@ -117,10 +125,12 @@ class OME(_FixedPointBits):
 
     def flip_probabilities(self) -> tuple[float, float, float]:
         """(p_even, p_odd, q) of Eq. 2-3."""
-        lam = self.lam
-        p_even = lam / (1.0 + lam)
-        p_odd = 1.0 / (1.0 + lam**3)
-        q = 1.0 / (1.0 + lam * math.exp(self.epsilon / self.n_bits))
+        # λ/(1+λ), 1/(1+λ^3), 1/(1+λe^(ε/rl)) written as logistic functions of ln λ:
+        # the same numbers, and no overflow for a huge λ or ε
+        log_lam = math.log(self.lam)
+        p_even = sigmoid(log_lam)
+        p_odd = sigmoid(-3.0 * log_lam)
+        q = sigmoid(-(log_lam + self.epsilon / self.n_bits))
         return p_even, p_odd, q
 
     def bit_probabilities(self) -> tuple[np.ndarray, float]:
@@ -144,8 +154,7 @@ class SUE(_FixedPointBits):
 
     def bit_probabilities(self) -> tuple[np.ndarray, float]:
         a = self.epsilon / self.n_bits
-        p = 1.0 / (1.0 + math.exp(-a))
-        return np.full(self.n_bits, p), 1.0 / (1.0 + math.exp(a))
+        return np.full(self.n_bits, sigmoid(a)), sigmoid(-a)
 
 
 class OUE(SUE):
@@ -154,5 +163,4 @@ class OUE(SUE):
     name = "oue"
 
     def bit_probabilities(self) -> tuple[np.ndarray, float]:
-        a = self.epsilon / self.n_bits
-        return np.full(self.n_bits, 0.5), 1.0 / (1.0 + math.exp(a))
+        return np.full(self.n_bits, 0.5), sigmoid(-self.epsilon / self.n_bits)

@@ -71,6 +71,9 @@ class Laplace:
         if v.ndim not in (1, 2):
             raise ValueError(f"vec must have shape (r,) or (b, r), got {v.shape}")
         v = finite_array("vec", v, ndim=v.ndim)
+        if v.shape[-1] == 0:
+            raise ValueError(f"vec must have at least 1 value (dimension r >= 1), got shape "
+                             f"{v.shape}")
         rng = resolve_rng(rng)
         scaled = min_max_scale(v)
         return scaled + rng.laplace(0.0, self.scale(v.shape[-1]), size=scaled.shape)

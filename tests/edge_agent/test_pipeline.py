@@ -70,6 +70,23 @@ def test_closing_early_stops_the_worker():
     assert not any(t.name == "privbert-ahead" for t in threading.enumerate())
 
 
+def test_close_does_not_wait_for_a_blocked_source():
+    """A source blocked on input (an open pipe) must not hang the consumer's exit."""
+    release = threading.Event()
+
+    def source():
+        yield 1
+        release.wait(10)  # a read that does not return
+        yield 2
+
+    gen = ahead(source(), lambda x: x, join_timeout=0.1)
+    assert next(gen) == 1
+    t = time.perf_counter()
+    gen.close()
+    assert time.perf_counter() - t < 2
+    release.set()
+
+
 def test_seeded_rng_consumed_in_order():
     """A stage drawing from one seeded generator gives the serial results."""
     rng_a, rng_b = np.random.default_rng(7), np.random.default_rng(7)

@@ -26,7 +26,7 @@ def test_ome_worst_case_by_hand():
     assert g["nominal"]["epsilon"] == eps
     assert g["worst_case"]["epsilon"] == pytest.approx(expected, rel=1e-12)
     assert g["worst_case"]["epsilon"] > 20_000  # the published ε=1 does not hold
-    assert "26" in " ".join(g["notes"])  # the note states the number
+    assert f"epsilon = {expected:.1f}," in " ".join(g["notes"])  # the note states the number
 
 
 def test_sue_and_oue_hold_their_nominal_epsilon():
@@ -48,10 +48,18 @@ def test_laplace_coordinate_calibration_is_r_times_epsilon():
     assert g["worst_case"]["epsilon"] == pytest.approx(384.0)
     gv = guarantee(Laplace(0.5, "vector"), dim=768)
     assert gv["worst_case"]["epsilon"] == pytest.approx(0.5)
-    # with dropout μ: ε' = ln((1-μ)e^ε + μ) for both figures
+    # with dropout μ: the published figure is ε' = ln((1-μ)e^ε + μ); it holds only between
+    # sentences differing in one word piece, any two sentences keep the whole-vector ε
     gd = guarantee(Laplace(0.5, "coordinate", word_dropout=0.2), dim=4)
     assert gd["nominal"]["epsilon"] == pytest.approx(math.log(0.8 * math.exp(0.5) + 0.2))
-    assert gd["worst_case"]["epsilon"] == pytest.approx(math.log(0.8 * math.exp(2.0) + 0.2))
+    assert gd["worst_case"]["epsilon"] == pytest.approx(2.0)
+    assert gd["worst_case"]["token_level_epsilon"] == pytest.approx(
+        math.log(0.8 * math.exp(2.0) + 0.2))
+    gvd = guarantee(Laplace(1.0, "vector", word_dropout=0.5), dim=4)
+    assert gvd["worst_case"]["epsilon"] == pytest.approx(1.0)
+    assert gvd["worst_case"]["token_level_epsilon"] == pytest.approx(
+        math.log(0.5 * math.e + 0.5))
+    assert "one word piece" in " ".join(gvd["notes"])
     # no dimension known: no number invented
     assert guarantee(Laplace(0.5, "coordinate"))["worst_case"]["epsilon"] is None
 

@@ -82,3 +82,27 @@ def test_perturb_validates_bits_and_reproduces_with_seed():
 def test_ome_parameters_out_of_range(kwargs, name):
     with pytest.raises(ValueError, match=name):
         OME(**kwargs)
+
+
+def test_sue_and_oue_probabilities_by_hand():
+    a = 2.0 / 160  # ε / (r·l), r = 16, l = 10
+    p, q = SUE(2.0, 16).bit_probabilities()
+    assert p == pytest.approx(np.full(160, math.exp(a) / (1 + math.exp(a))))
+    assert q == pytest.approx(1 / (1 + math.exp(a)))
+    p, q = OUE(2.0, 16).bit_probabilities()
+    assert p == pytest.approx(np.full(160, 0.5))
+    assert q == pytest.approx(1 / (1 + math.exp(a)))
+
+
+@pytest.mark.parametrize("mech", [lambda: OME(1.0, 1e200, 4), lambda: OME(1e6, 2.0, 1),
+                                  lambda: SUE(1e5, 1), lambda: OUE(1e5, 1)])
+def test_extreme_parameters_give_probabilities_not_overflow(mech):
+    """Huge but finite λ or ε: probabilities in [0, 1], no OverflowError."""
+    from shared.accounting import guarantee
+
+    m = mech()
+    p, q = m.bit_probabilities()
+    assert ((p >= 0) & (p <= 1)).all() and 0 <= q <= 1
+    assert guarantee(m)["worst_case"]["epsilon"] >= 0  # inf where a bit became deterministic
+    out = m.perturb(np.zeros(m.n_bits, dtype=np.uint8), np.random.default_rng(0))
+    assert set(np.unique(out)) <= {0, 1}

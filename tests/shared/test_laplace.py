@@ -66,3 +66,8 @@ def test_dropout_epsilon_formula():
     assert dropout_epsilon(1.0, 0.5) == pytest.approx(math.log(0.5 * math.e + 0.5))
     assert dropout_epsilon(3.0, 0.1) == pytest.approx(math.log(0.9 * math.exp(3) + 0.1))
     assert dropout_epsilon(500.0, 0.1) == pytest.approx(500 + math.log(0.9))  # no overflow
+
+
+def test_empty_vector_is_refused_with_its_dimension():
+    with pytest.raises(ValueError, match="dimension r >= 1"):
+        Laplace(1.0).privatize(np.array([]))
