@@ -284,15 +284,23 @@ class EdgeBundle:
                 return read(name)
             except (FileNotFoundError, IsADirectoryError):
                 raise BundleError(f"{where}/{name}: missing") from None
+            except OSError as exc:  # permissions, I/O errors
+                raise BundleError(f"{where}/{name}: cannot be read "
+                                  f"({exc.strerror or type(exc).__name__})") from None
 
         try:
             meta = json.loads(get(META_FILE))
-        except json.JSONDecodeError as exc:
+        except (json.JSONDecodeError, UnicodeDecodeError) as exc:
             raise BundleError(f"{where}/{META_FILE}: not valid JSON ({exc})") from None
+        if not isinstance(meta, dict):
+            raise BundleError(f"{where}/{META_FILE}: not a JSON object")
         if meta.get("format") != FORMAT or meta.get("format_version") != FORMAT_VERSION:
             raise BundleError(f"{where}/{META_FILE}: not a {FORMAT} v{FORMAT_VERSION} file")
         blobs = {}
-        for name, digest in sorted(meta.get("files", {}).items()):
+        files, shape = meta.get("files"), (meta.get("vocab_size"), meta.get("dim"))
+        if not isinstance(files, dict) or not all(isinstance(x, int) for x in shape):
+            raise BundleError(f"{where}/{META_FILE}: lacks its files, vocab_size or dim")
+        for name, digest in sorted(files.items()):
             blobs[name] = get(name)
             if _sha256(blobs[name]) != digest:
                 raise BundleError(f"{where}/{name}: content does not match its hash in "
@@ -305,11 +313,16 @@ class EdgeBundle:
         if expected_id is not None and meta["bundle_id"] != expected_id:
             raise BundleError(f"{where}: bundle_id {meta['bundle_id']} is not the expected "
                               f"{expected_id}")
-        emb = np.load(io.BytesIO(blobs[EMBEDDINGS_FILE]), allow_pickle=False)
-        if emb.shape != (meta["vocab_size"], meta["dim"]):
+        try:
+            emb = np.load(io.BytesIO(blobs[EMBEDDINGS_FILE]), allow_pickle=False)
+            tokenizer_json = blobs[TOKENIZER_FILE].decode()
+        except (ValueError, UnicodeDecodeError) as exc:
+            raise BundleError(f"{where}: unreadable {EMBEDDINGS_FILE} or {TOKENIZER_FILE} "
+                              f"({exc})") from None
+        if emb.shape != shape:
             raise BundleError(f"{where}/{EMBEDDINGS_FILE}: shape {emb.shape} does not match "
                               f"vocab_size x dim in {META_FILE}")
-        bundle = cls(blobs[TOKENIZER_FILE].decode(), emb, meta, blobs.get(ENCODER_FILE))
+        bundle = cls(tokenizer_json, emb, meta, blobs.get(ENCODER_FILE))
         if bundle.bundle_id != meta["bundle_id"]:  # re-serialisation must reproduce the id
             raise BundleError(f"{where}: contents do not reproduce bundle_id {meta['bundle_id']}")
         return bundle
@@ -321,14 +334,34 @@ class EdgeBundle:
 
 
 def save_atomically(bundle: EdgeBundle, directory: str | os.PathLike) -> Path:
-    """Save into a temporary sibling directory, then rename it into place."""
+    """Save into a temporary sibling directory, then rename it into place.
+
+    A failure leaves no temporary directory behind. Two processes saving the same
+    bundle at once both succeed: the content is the same, whichever rename lands.
+    """
+    import shutil
+
     target = Path(directory)
     target.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{target.name}.", dir=target.parent))
-    bundle.save(tmp)
-    if target.exists():
-        import shutil
-
-        shutil.rmtree(target)
-    os.replace(tmp, target)
+    try:
+        bundle.save(tmp)
+        if target.exists():
+            old = Path(tempfile.mkdtemp(prefix=f".{target.name}.old.", dir=target.parent))
+            try:
+                os.replace(target, old / "bundle")
+            except FileNotFoundError:  # another process moved it first
+                pass
+            shutil.rmtree(old, ignore_errors=True)
+        try:
+            os.replace(tmp, target)
+        except OSError:
+            # another process put a bundle there between our two renames: keep theirs
+            # if it is this bundle, else report the failure
+            if not (target / META_FILE).is_file() or \
+                    json.loads((target / META_FILE).read_text()).get("bundle_id") != \
+                    bundle.bundle_id:
+                raise
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
     return target

@@ -44,7 +44,14 @@ _LABEL = r"^[A-Za-z0-9_.:-]{1,64}$"
 
 @dataclass(frozen=True)
 class Limits:
-    """Bounds a payload must respect; ``vocab_size`` (if set) bounds token ids."""
+    """Bounds a payload must respect.
+
+    The optional fields pin a payload to one bundle and task: ``vocab_size`` bounds
+    token ids, ``dim`` is the embedding width n, ``vector_dim`` the sentence-vector
+    width r (laplace, texthide; OME carries r·l bits), and ``labels`` the class names a
+    record's label may take (integer labels index it, soft labels have its length).
+    A server validates with :meth:`for_bundle`; the defaults only bound sizes.
+    """
 
     max_tokens: int = 512
     max_dim: int = 4096
@@ -52,6 +59,20 @@ class Limits:
     max_bits: int = 4096 * 32
     vocab_size: int | None = None
     max_json_bytes: int = MAX_JSON_BYTES
+    dim: int | None = None
+    vector_dim: int | None = None
+    labels: tuple[str, ...] | None = None
+
+    @classmethod
+    def for_bundle(cls, bundle, labels=None, **sizes) -> Limits:
+        """Limits of payloads made with ``bundle`` (an EdgeBundle), optionally for a task
+        whose class names are ``labels``."""
+        enc = bundle.meta.get("encoder") or {}
+        out_dim = enc.get("output_dim")
+        return cls(vocab_size=bundle.vocab_size, dim=bundle.dim,
+                   vector_dim=int(out_dim) if out_dim is not None else None,
+                   labels=tuple(str(x) for x in labels) if labels is not None else None,
+                   **sizes)
 
 
 _DEFAULT_LIMITS = Limits()
@@ -193,6 +214,11 @@ def _in_range(name: str, value: int, hi: int) -> None:
         raise ValueError(f"{name} must be in [1, {hi}], got {value}")
 
 
+def _expect(name: str, value: int, want: int | None) -> None:
+    if want is not None and value != want:
+        raise ValueError(f"{name} must be {want} for this bundle, got {value}")
+
+
 class DChiParams(BaseModel):
     """dχ-privacy: η > 0."""
 
@@ -268,6 +294,7 @@ class _Base(BaseModel):
 
     def _check_shape(self, arr: Array, lim: Limits) -> None:
         _in_range("vector dimension r", arr.shape[0], lim.max_dim)
+        _expect("vector dimension r", arr.shape[0], lim.vector_dim)
 
 
 class _TokenBase(_Base):
@@ -306,6 +333,7 @@ class DChiEmbeddingPayload(_TokenBase):
     def _check_shape(self, arr: Array, lim: Limits) -> None:
         super()._check_shape(arr, lim)
         _in_range("embedding dimension n", arr.shape[1], lim.max_dim)
+        _expect("embedding dimension n", arr.shape[1], lim.dim)
 
 
 class DChiTextPayload(_TokenBase):
@@ -357,6 +385,7 @@ class OMEPayload(_Base):
             raise ValueError(f"number of bits must be a positive multiple of l={per}, got {n}")
         _in_range("number of bits", n, lim.max_bits)
         _in_range("vector dimension r", n // per, lim.max_dim)
+        _expect("vector dimension r", n // per, lim.vector_dim)
 
 
 Payload = Annotated[
@@ -378,6 +407,22 @@ class Record(BaseModel):
     payload: Payload
     label: Annotated[int, Field(strict=True)] | SoftLabel | Annotated[
         str, Field(pattern=_LABEL)] | None = None
+
+    @model_validator(mode="after")
+    def _known_label(self, info: ValidationInfo) -> Record:
+        """With ``Limits.labels``: a class name of the task, an index into it, or a soft
+        label of its length (a free-form string cannot carry text to a server that checks)."""
+        names = _limits(info).labels
+        lab = self.label
+        if names is None or lab is None:
+            return self
+        if isinstance(lab, str) and lab not in names:
+            raise ValueError(f"label is not one of the task's {len(names)} class names")
+        if isinstance(lab, int) and not 0 <= lab < len(names):
+            raise ValueError(f"label index must be in [0, {len(names)}), got {lab}")
+        if isinstance(lab, list) and len(lab) != len(names):
+            raise ValueError(f"soft label must have {len(names)} values, got {len(lab)}")
+        return self
 
 
 _KINDS = {  # mechanism -> (array field, array dtype; None = float_dtype)

@@ -233,3 +233,52 @@ def test_attack_cli_dchi(capsys, data, tiny_bert_bundle, tmp_path):
     rc, _, err = run(capsys, "evaluate", "--attack", "--mechanism", "dchi-text", "--bundle",
                      str(bdir), "--data", str(data["dev"]))
     assert rc == 2 and "--eta" in one_error_line(err)
+
+
+def test_token_ids_outside_the_vocabulary_refused_before_training(
+        capsys, tiny_bert_dir, tiny_bert_bundle, tmp_path, no_training):
+    """A record id past the vocabulary (or a non-regular dchi-text id) is one clear error,
+    not an IndexError in the embedding lookup at the first step."""
+    from shared.payload import Record, make_payload
+
+    b = tiny_bert_bundle
+    bdir = tmp_path / "bundle"
+    b.save(bdir)
+    cases = {
+        "none": ([5, b.vocab_size], "outside the vocabulary"),
+        "dchi-text": ([int(b.regular_ids[0]), b.special_ids["cls"]], "not a regular token"),
+    }
+    for mech, (ids, word) in cases.items():
+        params = {} if mech == "none" else {"eta": 10.0}
+        good = make_payload(mech, params, b.bundle_id, [int(b.regular_ids[0])] * 2)
+        bad = make_payload(mech, params, b.bundle_id, ids)
+        recs = [Record(payload=good, label=0), Record(payload=good, label=1),
+                Record(payload=bad, label=1)]
+        jsonl = tmp_path / f"{mech}.jsonl"
+        jsonl.write_text("".join(r.model_dump_json() + "\n" for r in recs))
+        rc, _, err = run(capsys, "train", "--records", str(jsonl), "--bundle", str(bdir),
+                         "--base", str(tiny_bert_dir), "--out", str(tmp_path / "o"), *FAST)
+        assert rc == 2, err
+        assert word in one_error_line(err)
+        assert not (tmp_path / "o").exists()
+
+
+def test_evaluate_records_with_an_id_outside_the_vocabulary(capsys, tiny_bert_dir,
+                                                            tiny_bert_bundle, tmp_path):
+    from shared.payload import Record, make_payload
+
+    b = tiny_bert_bundle
+    recs = token_records(b, "none", ["good film", "bad film"] * 4, ["pos", "neg"] * 4)
+    jsonl = tmp_path / "r.jsonl"
+    jsonl.write_text("".join(r.model_dump_json() + "\n" for r in recs))
+    out = tmp_path / "m"
+    rc, _, err = run(capsys, "train", "--records", str(jsonl), "--base", str(tiny_bert_dir),
+                     "--out", str(out), *FAST)
+    assert rc == 0, err
+    bad = Record(payload=make_payload("none", {}, b.bundle_id, [5, b.vocab_size + 3]),
+                 label="pos")
+    (tmp_path / "bad.jsonl").write_text(bad.model_dump_json() + "\n")
+    rc, _, err = run(capsys, "evaluate", "--model", str(out), "--records",
+                     str(tmp_path / "bad.jsonl"))
+    assert rc == 2, err
+    assert "outside the model's vocabulary" in one_error_line(err)

@@ -87,6 +87,42 @@ def test_tampered_metadata_and_expected_id(tiny_bundle, tmp_path):
         EdgeBundle.from_tar_bytes(b"garbage")
 
 
+@pytest.mark.parametrize(("content", "needle"), [
+    (b"[1, 2]", "not a JSON object"),
+    (b"\xff\xfe", "not valid JSON"),
+    (None, "lacks its files, vocab_size or dim"),
+])
+def test_malformed_metadata_is_a_bundle_error(tiny_bundle, tmp_path, content, needle):
+    d = tiny_bundle.save(tmp_path / "b")
+    if content is None:
+        meta = json.loads((d / "bundle.json").read_text())
+        del meta["vocab_size"]
+        content = json.dumps(meta).encode()
+    (d / "bundle.json").write_bytes(content)
+    with pytest.raises(BundleError, match=needle) as err:
+        EdgeBundle.load(d)
+    assert "bundle.json" in str(err.value)
+
+
+def test_save_atomically_replaces_and_cleans_up(tiny_bundle, tiny_model_dir, tmp_path,
+                                                monkeypatch):
+    from shared.bundle import save_atomically
+
+    target = tmp_path / "cache" / "b"
+    save_atomically(tiny_bundle, target)
+    save_atomically(tiny_bundle, target)  # over an existing copy
+    assert EdgeBundle.load(target).bundle_id == tiny_bundle.bundle_id
+    assert sorted(p.name for p in target.parent.iterdir()) == ["b"]
+
+    def broken_save(self, directory):
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(EdgeBundle, "save", broken_save)
+    with pytest.raises(OSError, match="No space"):
+        save_atomically(tiny_bundle, tmp_path / "cache" / "other")
+    assert sorted(p.name for p in target.parent.iterdir()) == ["b"]  # no temp dir left
+
+
 def test_model_dir_errors(tmp_path):
     with pytest.raises(BundleError, match="not a directory"):
         EdgeBundle.from_model(tmp_path / "nope")

@@ -413,6 +413,45 @@ def test_record_labels():
         parse_record({"label": 1})
 
 
+def test_task_labels_close_the_free_text_channel():
+    """With the task's class names in Limits, a label cannot carry free text."""
+    p = valid("texthide")
+    lim = Limits(labels=("negative", "positive"))
+    for label in ("positive", 0, 1, [0.3, 0.7], None):
+        assert parse_record({"payload": p, "label": label}, lim).label == label
+    for label in ("patient:john.smith_HIV-positive", 2, -1, [1.0], [0.2, 0.3, 0.5]):
+        parse_record({"payload": p, "label": label})  # a bare Limits accepts the shape...
+        with pytest.raises(ValidationError) as err:  # ...the task's labels do not
+            parse_record({"payload": p, "label": label}, lim)
+        assert "john" not in str(err.value).split("input_value")[0]  # message names no text
+
+
+def test_limits_for_bundle_pins_ids_and_dimensions(tiny_bundle):
+    lim = Limits.for_bundle(tiny_bundle)
+    assert (lim.vocab_size, lim.dim) == (tiny_bundle.vocab_size, tiny_bundle.dim)
+    n, v = tiny_bundle.dim, tiny_bundle.vocab_size
+    ok = make_payload("dchi-embedding", {"eta": 1.0}, BID, np.zeros((2, n)))
+    parse_payload(ok.model_dump(), lim)
+    with pytest.raises(ValidationError, match=f"embedding dimension n must be {n}"):
+        parse_payload(make_payload("dchi-embedding", {"eta": 1.0}, BID,
+                                   np.zeros((2, n + 1))).model_dump(), lim)
+    with pytest.raises(ValidationError, match="vocab_size"):
+        parse_payload(make_payload("dchi-text", {"eta": 1.0}, BID,
+                                   np.array([v])).model_dump(), lim)
+    with pytest.raises(ValidationError, match="vocab_size"):  # 4 bytes of text per "id"
+        parse_payload(make_payload("none", {}, BID, np.array([2**31 - 1])).model_dump(), lim)
+    enc = tiny_bundle.with_encoder(b"onnx", {"pooling": "mean", "output_dim": 8})
+    lim = Limits.for_bundle(enc, labels=["0", "1"])
+    assert lim.vector_dim == 8 and lim.labels == ("0", "1")
+    parse_payload(make_payload("laplace", PARAMS["laplace"], BID, np.zeros(8)).model_dump(), lim)
+    with pytest.raises(ValidationError, match="vector dimension r must be 8"):
+        parse_payload(make_payload("texthide", PARAMS["texthide"], BID,
+                                   np.zeros(9)).model_dump(), lim)
+    with pytest.raises(ValidationError, match="vector dimension r must be 8"):
+        parse_payload(make_payload("ome", PARAMS["ome"], BID,
+                                   np.zeros(9 * 10, dtype=np.uint8)).model_dump(), lim)
+
+
 # ---- the "no field can hold raw text" guard ----------------------------------------------
 
 
