@@ -30,6 +30,7 @@ import torch
 from torch import nn
 
 from models.backbone import pick_device
+from models.classifiers import VectorMLP
 from models.torch_nearest import TorchExactNearest
 from shared.bundle import EdgeBundle
 from shared.mechanisms import DChiText
@@ -195,7 +196,10 @@ def train_attacker(x_train: np.ndarray, y_train: np.ndarray, x_test: np.ndarray,
     gen = torch.Generator().manual_seed(seed if seed is not None else
                                         int(np.random.default_rng().integers(2**31)))
     x_tr = torch.from_numpy(np.asarray(x_train, np.float32))
-    mu, sd = x_tr.mean(0), x_tr.std(0).clamp(min=1e-6)
+    # a coordinate constant in training keeps scale 1 (as VectorMLP): an OME bit never set
+    # in training would otherwise be multiplied by 1e6 at test time
+    mu, sd = x_tr.mean(0), x_tr.std(0)
+    sd = torch.where(sd < VectorMLP.MIN_STD, torch.ones_like(sd), sd)
     x_tr = ((x_tr - mu) / sd).to(dev)
     y_tr = torch.from_numpy(np.asarray(y_train, np.float32)).to(dev)
     x_te = ((torch.from_numpy(np.asarray(x_test, np.float32)) - mu) / sd).to(dev)

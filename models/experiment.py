@@ -116,10 +116,42 @@ def train_from_records(records: Sequence[Record | tuple], out_dir: str | os.Path
                   on_progress, overwrite)
 
 
+def base_pretraining(base, mechanism: str, params: dict) -> dict | None:
+    """What a privacy-adaptive pretraining checkpoint was trained on (its pretrain.json),
+    with ``matches``: same mechanism and η as the task (Qu et al. §3.4 pretrain with the
+    task's privatization); None for a base that is not such a checkpoint."""
+    import json
+
+    from models.pretrain import INFO_FILE
+
+    if base is None or not (Path(base) / INFO_FILE).is_file():
+        return None
+    try:
+        info = json.loads((Path(base) / INFO_FILE).read_text())
+    except (OSError, json.JSONDecodeError):
+        return None
+    out = {k: info.get(k) for k in ("objective", "mechanism", "eta", "steps")}
+    eta = params.get("eta")
+    out["matches"] = bool(out["mechanism"] == mechanism and eta is not None
+                          and out["eta"] is not None
+                          and abs(float(out["eta"]) - float(eta)) <= 1e-9 * abs(float(eta)))
+    return out
+
+
 def _train(train: PayloadDataset, dev: PayloadDataset | None, out_dir, bundle: EdgeBundle,
            base, cfg: TrainConfig, extra_config: dict | None, should_stop, on_progress,
            overwrite: bool) -> TrainResult:
     check_compatible(train, dev, bundle)
+    if base is not None and train.kind == "vector":
+        raise ValueError(f"--base does not apply to {train.mechanism}: its classifier is an "
+                         "MLP over the sentence vector, not a BERT")
+    pre = base_pretraining(base, train.mechanism, train.params)
+    if pre is not None and not pre["matches"]:
+        import sys
+
+        print(f"warning: {base} was pretrained with {pre['mechanism']} eta={pre['eta']}, the "
+              f"task uses {train.mechanism} {train.params}; Qu et al. §3.4 pretrain with the "
+              "task's own privatization", file=sys.stderr)
     model = build_model(train, bundle, base, cfg)  # checks the base against the bundle
     result = finetune(train, dev, bundle, base, cfg, should_stop, on_progress, model=model)
     import torch
@@ -130,6 +162,7 @@ def _train(train: PayloadDataset, dev: PayloadDataset | None, out_dir, bundle: E
         "bundle_id": bundle.bundle_id, "special_ids": bundle.special_ids,
         "labels": train.label_names, "max_length": cfg.max_length,
         "base_model": None if train.kind == "vector" else str(base or "default MiniLM-L6-H384"),
+        "pretraining": pre,
         "pooling": cfg.pooling if train.kind != "vector" else None,
         "guarantee": _guarantee(train.mechanism, train.params, bundle, train.feature_dim()),
         "created": _dt.datetime.now(_dt.UTC).isoformat(timespec="seconds"),
@@ -218,6 +251,9 @@ def _check_base(mechanism: str, bundle: EdgeBundle, base) -> None:
     from models.data import kind_of
 
     if kind_of(mechanism) == "vector":
+        if base is not None:
+            raise ValueError(f"--base does not apply to {mechanism}: its classifier is an MLP "
+                             "over the sentence vector, not a BERT")
         return
     from models.backbone import check_same_bundle
     from models.finetune import load_backbone
@@ -260,6 +296,11 @@ def evaluate_tsv(model_dir: str | os.PathLike, tsv: str | os.PathLike, *,
     if not len(data):
         raise ValueError(f"{tsv}: empty data set (no labelled rows)")
     label_indices(data.labels, cfg["labels"])
+    pairs = (cfg.get("source") or {}).get("pairs")
+    if pairs is not None and pairs != (data.pairs is not None):
+        raise ValueError(f"{tsv}: {'single sentences' if pairs is False else 'sentence pairs'}"
+                         f", but the model was trained on "
+                         f"{'sentence pairs' if pairs else 'single sentences'}")
     if isinstance(bundle, EdgeBundle):
         if bundle.bundle_id != cfg["bundle_id"]:
             raise ValueError(f"the bundle {bundle.bundle_id[:12]}… is not the model's "

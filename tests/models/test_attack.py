@@ -91,3 +91,17 @@ def test_vector_attack_runs_on_laplace_payloads(tiny_encoder_bundle):
     assert rep["guarantee"]["worst_case"]["epsilon"] == pytest.approx(5.0 * 16)
     with pytest.raises(ValueError, match="laplace, ome and texthide"):
         vector_attack(tiny_encoder_bundle, DChiText(tiny_encoder_bundle, 5.0), texts)
+
+
+def test_attacker_constant_training_coordinate_keeps_scale_one():
+    """A bit never set in training but set at test time must not be blown up by 1/1e-6
+    (which drowned the real signal in the logits before the fix)."""
+    rng = np.random.default_rng(1)
+    n, w, d = 600, 2, 16
+    y = (rng.random((n, w)) < 0.4).astype(np.float32)
+    x = y @ rng.normal(0, 1, (w, d)) + rng.normal(0, 0.3, (n, d))
+    x = np.concatenate([x, np.zeros((n, 8))], axis=1)  # 8 coordinates constant in training
+    tr, te = np.arange(400), np.arange(400, n)
+    x[te, -8:] = 1.0  # ... and set at test time
+    rep = train_attacker(x[tr], y[tr], x[te], y[te], epochs=15, device="cpu", seed=0)
+    assert rep["mean"]["auc"] > 0.9

@@ -86,6 +86,40 @@ def test_sentence_pairs_tsv(capsys, tiny_bert_dir, tmp_path):
     rc, _, err = run(capsys, "train", "--data", str(single), "--dev", str(tsv), "--mechanism",
                      "none", "--base", str(tiny_bert_dir), "--out", str(tmp_path / "x"), *FAST)
     assert rc == 2 and "pairs" in one_error_line(err)
+    # a pairs model evaluated on single sentences: refused, not silently scored
+    rc, _, err = run(capsys, "evaluate", "--model", str(out), "--data", str(single),
+                     "--no-progress")
+    assert rc == 2 and "trained on sentence pairs" in one_error_line(err)
+
+
+def test_base_checkpoint_provenance(capsys, tiny_bert_dir, tiny_encoder_bundle, tmp_path):
+    """A vector mechanism refuses --base; a pretraining checkpoint's mechanism and eta are
+    recorded, with a warning when they are not the task's."""
+    import json
+
+    from models.registry import read_config
+
+    texts, _, labels = sentiment_texts(16)
+    tsv = write_tsv(tmp_path / "t.tsv", texts, labels)
+    tiny_encoder_bundle.save(tmp_path / "bundle")
+    rc, _, err = run(capsys, "train", "--data", str(tsv), "--mechanism", "laplace",
+                     "--epsilon", "1", "--bundle", str(tmp_path / "bundle"), "--base",
+                     str(tiny_bert_dir), "--out", str(tmp_path / "v"), *FAST)
+    assert rc == 2 and "--base does not apply to laplace" in one_error_line(err)
+    pre = tmp_path / "pre"
+    import shutil
+
+    shutil.copytree(tiny_bert_dir, pre)
+    (pre / "pretrain.json").write_text(json.dumps(
+        {"objective": "denoising", "mechanism": "dchi-text", "eta": 60.0, "steps": 3}))
+    for eta, warned in (("60", False), ("61", True)):
+        out = tmp_path / f"m{eta}"
+        rc, _, err = run(capsys, "train", "--data", str(tsv), "--mechanism", "dchi-text",
+                         "--eta", eta, "--base", str(pre), "--out", str(out), *FAST)
+        assert rc == 0, err
+        assert ("was pretrained with dchi-text eta=60.0" in err) is warned
+        cfg = read_config(out)["pretraining"]
+        assert cfg["objective"] == "denoising" and cfg["matches"] is not warned
 
 
 def test_train_on_edge_records_and_export_onnx(capsys, tiny_bert_dir, tiny_bert_bundle, tmp_path):
