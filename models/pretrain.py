@@ -155,6 +155,43 @@ def build_model(bert) -> MaskedLM:
     return MaskedLM(bert, head)
 
 
+# Hugging Face BertForMaskedLM names of the head (older checkpoints: LayerNorm gamma/beta)
+_HF_HEAD = {"dense.weight": ("cls.predictions.transform.dense.weight",),
+            "dense.bias": ("cls.predictions.transform.dense.bias",),
+            "layer_norm.weight": ("cls.predictions.transform.LayerNorm.weight",
+                                  "cls.predictions.transform.LayerNorm.gamma"),
+            "layer_norm.bias": ("cls.predictions.transform.LayerNorm.bias",
+                                "cls.predictions.transform.LayerNorm.beta"),
+            "bias": ("cls.predictions.bias", "cls.predictions.decoder.bias")}
+
+
+def load_base_head(head: MLMHead, base: Path) -> str | None:
+    """Start from the base folder's own MLM head when it has one: a privbert pretraining
+    output (``mlm_head.safetensors``) or a Hugging Face BERT with its pretraining head
+    (``cls.predictions.*`` in ``model.safetensors``, e.g. bert-base-uncased). MiniLM ships
+    none. Returns where the head came from, or None (the fresh head stays)."""
+    from safetensors import safe_open
+
+    want = {k: v.shape for k, v in head.trainable_state_dict().items()}
+    found: dict[str, torch.Tensor] = {}
+    if (base / HEAD_FILE).is_file():
+        with safe_open(str(base / HEAD_FILE), "pt") as f:
+            found = {k: f.get_tensor(k) for k in f.keys() if k in want}
+        source = str(base / HEAD_FILE)
+    elif (base / "model.safetensors").is_file():
+        with safe_open(str(base / "model.safetensors"), "pt") as f:
+            keys = set(f.keys())
+            for ours, names in _HF_HEAD.items():
+                name = next((n for n in names if n in keys), None)
+                if name is not None:
+                    found[ours] = f.get_tensor(name)
+        source = f"{base / 'model.safetensors'} (cls.predictions)"
+    if set(found) != set(want) or any(found[k].shape != want[k] for k in want):
+        return None  # no head, or one of another shape: keep the fresh one
+    head.load_state_dict({k: v.float() for k, v in found.items()}, strict=False)
+    return source
+
+
 def make_optimizer(model: nn.Module, lr: float, weight_decay: float) -> torch.optim.AdamW:
     """AdamW as BERT: no decay on biases and LayerNorm; frozen parameters excluded."""
     decay, no_decay = [], []
@@ -348,6 +385,9 @@ def pretrain(base_dir: str | os.PathLike | None, out_dir: str | os.PathLike, obj
     if state is None:
         torch.manual_seed(int(np.random.SeedSequence(entropy, spawn_key=(2,)).generate_state(1)[0]))
     model = build_model(bert)
+    head_source = None if state is not None else load_base_head(model.head, base)
+    if state is None:
+        run["head"] = head_source or "new (BERT initialisation)"
     if state is not None:
         from safetensors.torch import load_file
 
@@ -378,6 +418,7 @@ def pretrain(base_dir: str | os.PathLike | None, out_dir: str | os.PathLike, obj
     save_model_folder(model, out, base)
     info = {"objective": cfg.objective, "mechanism": cfg.mechanism, "eta": cfg.eta,
             "bundle_id": bundle.bundle_id, "base": str(base), "steps": total,
+            "head": run.get("head"),
             "tokens_seen": run["tokens_seen"], "predictions_seen": run["predictions_seen"],
             "sequences": len(seqs), "loss_curve": run["loss_curve"],
             "train_seconds": round(run["train_seconds"], 1), "device": str(dev),

@@ -502,3 +502,39 @@ def test_read_corpus_takes_the_first_tsv_column(tmp_path):
     txt = tmp_path / "t.txt"
     txt.write_text("one doc\n\nanother doc\n")
     assert read_corpus([tsv, txt]) == ["good film", "bad plot", "one doc", "another doc"]
+
+
+def test_a_base_with_its_own_mlm_head_starts_from_it(base, bundle, tmp_path):
+    """bert-base-uncased style folders carry cls.predictions.*; a privbert pretraining output
+    carries mlm_head.safetensors: continued pretraining starts from that head, not a new one."""
+    from transformers import BertForMaskedLM
+
+    from models.backbone import load_bert
+    from models.pretrain import load_base_head
+
+    hf = BertForMaskedLM.from_pretrained(str(base))  # head missing in `base`: random
+    with torch.no_grad():
+        hf.bert.embeddings.word_embeddings.weight.copy_(load_bert(base).embeddings
+                                                        .word_embeddings.weight)
+        hf.cls.predictions.transform.dense.weight.normal_(0, 1)
+        hf.cls.predictions.bias.uniform_(-1, 1)
+    hf.save_pretrained(str(tmp_path / "hf"))
+    model = build_model(load_bert(tmp_path / "hf"))
+    assert load_base_head(model.head, tmp_path / "hf").endswith("(cls.predictions)")
+    torch.testing.assert_close(model.head.dense.weight, hf.cls.predictions.transform.dense.weight)
+    torch.testing.assert_close(model.head.bias, hf.cls.predictions.bias)
+    assert model.head.decoder.weight is model.bert.embeddings.word_embeddings.weight  # still tied
+    # a plain BertModel folder has no head: the fresh one stays
+    fresh = build_model(load_bert(base))
+    before = {k: v.clone() for k, v in fresh.head.trainable_state_dict().items()}
+    assert load_base_head(fresh.head, base) is None
+    assert all(torch.equal(before[k], v) for k, v in fresh.head.trainable_state_dict().items())
+    # our own output: the next run starts from the head it trained
+    out = run_pretrain(base, tmp_path / "first", objective="denoising")
+    again = build_model(load_bert(out))
+    assert load_base_head(again.head, out) == str(out / "mlm_head.safetensors")
+    from safetensors.torch import load_file
+
+    saved = load_file(str(out / "mlm_head.safetensors"))
+    assert torch.equal(again.head.dense.weight, saved["dense.weight"])
+    assert json.loads((out / INFO_FILE).read_text())["head"] == "new (BERT initialisation)"
