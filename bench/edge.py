@@ -25,6 +25,7 @@ import json
 import math
 import os
 import re
+import secrets
 import statistics
 import subprocess
 import sys
@@ -209,7 +210,7 @@ def main() -> None:
         e2e("ome (eps=1, lambda=2)", ["--mechanism", "ome", "--epsilon", "1", "--lam", "2",
                                       *b])
         e2e("texthide (m=256, k=4)", ["--mechanism", "texthide", "--m", "256", "--k", "4",
-                                      "--texthide-seed", "1", *b])
+                                      "--texthide-key", secrets.token_hex(16), *b])
 
     sample = str(DATA / "sst2" / "dev.tsv")
     rep = run_child(["report", "--eta", str(eta), "--tokens", str(args.report_tokens),

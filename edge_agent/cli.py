@@ -175,12 +175,13 @@ def build_parser() -> argparse.ArgumentParser:
 # -- report and bundle commands --------------------------------------------------------------
 def run_report(args) -> int:
     import json
+    import math
 
     import numpy as np
 
     from edge_agent.report import build_report, format_report
 
-    if args.eta is not None and not args.eta > 0:
+    if args.eta is not None and not (math.isfinite(args.eta) and args.eta > 0):
         raise UsageError(f"--eta must be a finite number > 0, got {args.eta}")
     if args.target_inversion is not None and not 0 <= args.target_inversion <= 1:
         raise UsageError(f"--target-inversion must be in [0, 1], got {args.target_inversion}")
@@ -195,8 +196,8 @@ def run_report(args) -> int:
         except ValueError:
             raise UsageError(f"--etas must be numbers separated by commas, got {args.etas!r}"
                              ) from None
-        if not etas or any(not e > 0 for e in etas):
-            raise UsageError(f"--etas must be numbers > 0, got {args.etas!r}")
+        if not etas or any(not (math.isfinite(e) and e > 0) for e in etas):
+            raise UsageError(f"--etas must be finite numbers > 0, got {args.etas!r}")
     texts = read_sample(args.sample) if args.sample else None
     if args.plot:
         try:
@@ -318,11 +319,20 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def describe(exc: Exception) -> str:
-    """One line for a run-time failure."""
+    """One line for a run-time failure. Never the input's text: decoding errors and
+    validation errors (which carry the offending value) are described, not printed."""
     from shared.bundle import BundleError
 
     if isinstance(exc, (CliError, BundleError)):
         return _one_line(exc)
+    if isinstance(exc, UnicodeError):
+        return f"text is not valid {getattr(exc, 'encoding', None) or 'UTF-8'} " \
+               f"({getattr(exc, 'reason', None) or type(exc).__name__})"
+    errors = getattr(exc, "errors", None)
+    if type(exc).__name__ == "ValidationError" and callable(errors):  # pydantic
+        first = (errors(include_input=False, include_url=False) or [{}])[0]
+        loc = ".".join(str(x) for x in first.get("loc", ()))
+        return f"invalid {exc.title}: {loc or 'value'}: {first.get('msg', 'invalid value')}"
     if isinstance(exc, FileNotFoundError):
         return f"{exc.filename}: no such file"
     if isinstance(exc, IsADirectoryError):

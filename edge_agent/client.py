@@ -5,6 +5,8 @@ Many payloads per request (``batch_size``), retries with exponential backoff on
 ``Authorization: Bearer`` header, and problem+json errors (RFC 9457) raised as
 :class:`ApiError` carrying the server's ``type``, ``title`` and ``detail``.
 Only privatized payloads travel: the client takes payload objects, never text.
+An answer that is not the service's (an HTML page, a 404 for ``/v1/models``) says
+so and asks whether ``--server`` is the URL of a privbert service.
 """
 
 from __future__ import annotations
@@ -23,10 +25,15 @@ import httpx
 API_KEY_ENV = "PRIVBERT_API_KEY"
 RETRY_STATUS = (429, 503)
 _BUNDLE_ID = re.compile(r"^[0-9a-f]{64}$")
+SERVICE_HINT = "(is --server the URL of a privbert service?)"
 
 
 class ApiError(Exception):
-    """An error answer of the server (or no answer): one line that says what to do."""
+    """An error answer of the server (or no answer): one line that says what to do.
+
+    ``partial``: what earlier requests of the same call returned before this one failed
+    (predictions, or the ids of records the server has stored).
+    """
 
     def __init__(self, message: str, *, status: int | None = None, type: str | None = None,
                  title: str | None = None, detail: str | None = None):
@@ -35,6 +42,7 @@ class ApiError(Exception):
         self.type = type
         self.title = title
         self.detail = detail
+        self.partial: list = []
 
 
 def _batches(items: list, size: int) -> Iterator[list]:
@@ -42,8 +50,27 @@ def _batches(items: list, size: int) -> Iterator[list]:
         yield items[start : start + size]
 
 
-def problem_error(resp: httpx.Response) -> ApiError:
-    """An :class:`ApiError` from an error response, problem+json or not."""
+def _short(text: str, limit: int = 120) -> str:
+    """One printable line of at most ``limit`` characters."""
+    line = "".join(c for c in " ".join(text.split()) if c.isprintable())
+    return line if len(line) <= limit else line[: limit - 1] + "…"
+
+
+def body_description(resp: httpx.Response) -> str:
+    """A short plain description of a body that is not JSON (never a page of HTML)."""
+    ctype = resp.headers.get("Content-Type", "").lower()
+    text = resp.text.strip()
+    if "html" in ctype or text[:1] == "<":
+        return "an HTML page, not a privbert answer"
+    return _short(text, 80)
+
+
+def problem_error(resp: httpx.Response, discovery: str | None = None) -> ApiError:
+    """An :class:`ApiError` from an error response, problem+json or not.
+
+    ``discovery``: the path when it is GET /v1/models or /v1/bundles/...; there an answer
+    that is not problem+json, or a 404 for /v1/models, adds :data:`SERVICE_HINT`.
+    """
     status = resp.status_code
     problem: dict[str, Any] = {}
     try:
@@ -52,16 +79,23 @@ def problem_error(resp: httpx.Response) -> ApiError:
             problem = body
     except (ValueError, UnicodeDecodeError):
         pass
-    title = problem.get("title") or resp.reason_phrase or "error"
+    ctype = resp.headers.get("Content-Type", "").split(";")[0].strip().lower()
+    is_problem = bool(problem) and ctype == "application/problem+json"
+    title = _short(str(problem.get("title") or resp.reason_phrase or "error"), 80)
     detail = problem.get("detail")
+    if detail is not None and not isinstance(detail, str):
+        detail = json.dumps(detail)
     if detail is None and not problem and resp.text.strip():
-        detail = resp.text.strip().splitlines()[0][:200]
+        detail = body_description(resp)
+    detail = None if detail is None else _short(detail, 300)
     ptype = problem.get("type")
     msg = f"server answered {status} {title}"
     if detail:
         msg += f": {detail}"
     if ptype and ptype != "about:blank":
-        msg += f" [{ptype}]"
+        msg += f" [{_short(str(ptype), 120)}]"
+    if discovery and (not is_problem or (status == 404 and discovery == "/v1/models")):
+        msg += f" {SERVICE_HINT}"
     if status == 401:
         msg += f" (check --api-key or ${API_KEY_ENV})"
     elif status == 403:
@@ -119,6 +153,8 @@ class PrivbertClient:
     def request(self, method: str, path: str, **kwargs) -> httpx.Response:
         """One call with retries; a non-2xx final answer raises :class:`ApiError`."""
         url = f"{self.base_url}{path}"
+        discovery = path if method == "GET" and (
+            path == "/v1/models" or path.startswith("/v1/bundles/")) else None
         for attempt in range(self.retries + 1):
             resp = None
             try:
@@ -131,8 +167,8 @@ class PrivbertClient:
                 if resp.status_code not in RETRY_STATUS:
                     if resp.is_success:
                         return resp
-                    raise problem_error(resp)
-                last = str(problem_error(resp))
+                    raise problem_error(resp, discovery)
+                last = str(problem_error(resp, discovery))
             if attempt < self.retries:
                 self._sleep(self._delay(attempt, resp))
         raise ApiError(f"{last}; gave up after {self.retries + 1} attempts (check --server "
@@ -143,8 +179,9 @@ class PrivbertClient:
         try:
             return resp.json()
         except ValueError:
-            raise ApiError(f"{resp.request.url}: answer is not JSON (is --server a privbert "
-                           "service?)", status=resp.status_code) from None
+            raise ApiError(f"{resp.request.url}: answer is not JSON but "
+                           f"{body_description(resp)} {SERVICE_HINT}",
+                           status=resp.status_code) from None
 
     # -- endpoints -------------------------------------------------------------------------
     def models(self) -> list[dict]:
@@ -152,7 +189,7 @@ class PrivbertClient:
         body = self._json(self.request("GET", "/v1/models"))
         models = body.get("models") if isinstance(body, dict) else body
         if not isinstance(models, list):
-            raise ApiError("GET /v1/models: unexpected answer (no list of models)")
+            raise ApiError(f"GET /v1/models: unexpected answer (no list of models) {SERVICE_HINT}")
         return models
 
     def model(self, model_id: str | None = None) -> dict:
@@ -179,37 +216,49 @@ class PrivbertClient:
     def predict(self, model_id: str, payloads: Iterable) -> list[dict]:
         """``POST /v1/models/{id}/predict`` in requests of at most ``batch_size`` payloads."""
         out: list[dict] = []
-        for batch in _batches(list(payloads), self.batch_size):
-            body = '{"payloads":[' + ",".join(_to_json(p) for p in batch) + "]}"
-            resp = self.request("POST", f"/v1/models/{model_id}/predict", content=body,
-                                headers={"Content-Type": "application/json"})
-            preds = self._json(resp)
-            preds = preds.get("predictions") if isinstance(preds, dict) else None
-            if not isinstance(preds, list) or len(preds) != len(batch):
-                raise ApiError(f"predict: expected {len(batch)} predictions, got "
-                               f"{len(preds) if isinstance(preds, list) else 'none'}")
-            out.extend(preds)
+        try:
+            for batch in _batches(list(payloads), self.batch_size):
+                body = '{"payloads":[' + ",".join(_to_json(p) for p in batch) + "]}"
+                resp = self.request("POST", f"/v1/models/{model_id}/predict", content=body,
+                                    headers={"Content-Type": "application/json"})
+                preds = self._json(resp)
+                preds = preds.get("predictions") if isinstance(preds, dict) else None
+                if not isinstance(preds, list) or len(preds) != len(batch):
+                    raise ApiError(f"predict: expected {len(batch)} predictions, got "
+                                   f"{len(preds) if isinstance(preds, list) else 'none'}")
+                out.extend(preds)
+        except ApiError as exc:
+            exc.partial = out  # the predictions of the requests before it
+            raise
         return out
 
     def post_records(self, task: str, records: Iterable,
                      idempotency_key: str | None = None) -> list:
         """``POST /v1/records`` in batches; each batch has its own Idempotency-Key, kept
-        across its retries so that a retried upload is stored once. Returns the record ids."""
+        across its retries so that a retried upload is stored once. Returns the record ids.
+
+        A failed request raises :class:`ApiError` whose ``partial`` holds the ids of the
+        records stored by the requests before it (the first ``len(partial)`` records).
+        """
         ids: list = []
         prefix = idempotency_key or uuid.uuid4().hex
-        for n, batch in enumerate(_batches(list(records), self.batch_size)):
-            body = ('{"task":' + json.dumps(task) + ',"records":['
-                    + ",".join(_to_json(r) for r in batch) + "]}")
-            resp = self.request("POST", "/v1/records", content=body,
-                                headers={"Content-Type": "application/json",
-                                         "Idempotency-Key": f"{prefix}-{n}"})
-            got = self._json(resp)
-            if isinstance(got, dict):
-                got = got.get("ids", got.get("record_ids"))
-            if not isinstance(got, list) or len(got) != len(batch):
-                raise ApiError(f"records: expected {len(batch)} record ids, got "
-                               f"{len(got) if isinstance(got, list) else 'none'}")
-            ids.extend(got)
+        try:
+            for n, batch in enumerate(_batches(list(records), self.batch_size)):
+                body = ('{"task":' + json.dumps(task) + ',"records":['
+                        + ",".join(_to_json(r) for r in batch) + "]}")
+                resp = self.request("POST", "/v1/records", content=body,
+                                    headers={"Content-Type": "application/json",
+                                             "Idempotency-Key": f"{prefix}-{n}"})
+                got = self._json(resp)
+                if isinstance(got, dict):
+                    got = got.get("ids", got.get("record_ids"))
+                if not isinstance(got, list) or len(got) != len(batch):
+                    raise ApiError(f"records: expected {len(batch)} record ids, got "
+                                   f"{len(got) if isinstance(got, list) else 'none'}")
+                ids.extend(got)
+        except ApiError as exc:
+            exc.partial = ids  # stored by the server: the caller reports them
+            raise
         return ids
 
 

@@ -4,11 +4,15 @@ Lines are read as bytes and decoded as strict UTF-8 one by one, so a bad line
 is reported with its number and every line before it is still processed.
 With ``tsv``: ``text<TAB>label`` or ``text_a<TAB>text_b<TAB>label`` (no
 quoting, as in GLUE files); the number of columns is fixed by the first line.
+Error messages name the line and describe what is wrong; they never repeat the
+line's text.
 """
 
 from __future__ import annotations
 
+import os
 import re
+import threading
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import BinaryIO
@@ -44,15 +48,30 @@ class Batch:
 HEADER = Line(0, "")  # the TSV header line: not a record
 
 
+LABEL_BOUND = 2**31  # integer labels travel as int32 (DESIGN.md "Payloads")
+
+
 def parse_label(raw: str, number: int) -> int | str:
-    """An integer label, or a short class name (letters, digits, ``_.:-``)."""
+    """An integer label with |label| < 2**31, or a short class name (letters, digits,
+    ``_.:-``, at most 64).
+
+    Errors describe the column, never echo it: a TSV with swapped columns has the
+    user's text where the label should be.
+    """
     raw = raw.strip()
     if _INT.match(raw):
-        return int(raw)
+        digits = raw.lstrip("+-")
+        # compare digit counts first: int() of a huge string is slow (and capped by Python)
+        if len(digits.lstrip("0")) <= 10 and abs(int(raw)) < LABEL_BOUND:
+            return int(raw)
+        raise InputError(f"line {number}: integer label of {len(digits)} digit(s) is out of "
+                         "range (labels are int32: |label| < 2**31)")
     if _LABEL.match(raw):
         return raw
-    raise InputError(f"line {number}: label {raw[:40]!r} is neither an integer nor a short "
-                     "class name (letters, digits, _.:-, at most 64)")
+    what = "is empty" if not raw else f"has {len(raw)} character(s)"
+    raise InputError(f"line {number}: the label column {what}: neither an integer nor a short "
+                     "class name (letters, digits, _.:-, at most 64); is the label the last "
+                     "column?")
 
 
 def batch_sizes(largest: int, first: int = 16) -> Iterator[int]:
@@ -61,6 +80,68 @@ def batch_sizes(largest: int, first: int = 16) -> Iterator[int]:
     while True:
         yield size
         size = min(size * 2, largest)
+
+
+class FdLines:
+    """Lines (bytes, ending in ``\\n`` but perhaps the last) read with ``os.read`` from a
+    file descriptor, for a worker thread that may stay blocked on a live pipe.
+
+    Unlike ``sys.stdin.buffer`` there is no buffered-reader lock for the interpreter to
+    wait on at exit, and :meth:`close` never blocks: while a read is in progress the
+    reading thread releases the descriptor when the read returns.
+    """
+
+    CHUNK = 1 << 18
+
+    def __init__(self, fd: int, owns: bool = True):
+        self._fd = fd
+        self._owns = owns
+        self._lock = threading.Lock()  # held around each read
+        self._closing = False
+        self._released = False
+
+    def fileno(self) -> int:
+        return self._fd
+
+    def __iter__(self) -> Iterator[bytes]:
+        head: list[bytes] = []  # the start of a line that spans reads
+        try:
+            while True:
+                with self._lock:
+                    if self._closing:
+                        return
+                    data = os.read(self._fd, self.CHUNK)
+                if not data:
+                    break
+                lines = data.split(b"\n")
+                if len(lines) == 1:
+                    head.append(data)
+                    continue
+                if head:
+                    lines[0] = b"".join(head) + lines[0]
+                rest = lines.pop()
+                head = [rest] if rest else []
+                for line in lines:
+                    yield line + b"\n"
+            if head:
+                yield b"".join(head)
+        finally:
+            with self._lock:
+                self._release()
+
+    def _release(self) -> None:  # with the lock held
+        if self._owns and not self._released:
+            self._released = True
+            os.close(self._fd)
+
+    def close(self) -> None:
+        """Stop reading and release the descriptor (now, or when a read in progress ends)."""
+        self._closing = True
+        if self._lock.acquire(blocking=False):
+            try:
+                self._release()
+            finally:
+                self._lock.release()
 
 
 class LineReader:

@@ -11,11 +11,9 @@ from __future__ import annotations
 import argparse
 import json
 import math
-import os
 import sys
 import time
 from dataclasses import dataclass, field
-from pathlib import Path
 
 import orjson
 
@@ -29,15 +27,16 @@ from edge_agent.cli import (
     resolve_bundle,
     warn,
 )
+from edge_agent.files import Output, open_input, refuse_output_on_input
+from edge_agent.texthide_key import KEY_ENV, MAKE_ONE, resolve_key
 
-TEXTHIDE_SEED_ENV = "PRIVBERT_TEXTHIDE_SEED"
 # flags that configure each mechanism; any other mechanism flag given is a usage error
 _FLAGS = {
     "dchi-text": {"eta"},
     "dchi-embedding": {"eta", "float16"},
     "laplace": {"epsilon", "calibration", "word_dropout"},
     "ome": {"epsilon", "lam"},
-    "texthide": {"m", "k", "texthide_seed", "num_labels"},
+    "texthide": {"m", "k", "texthide_key", "texthide_seed", "num_labels"},
     "none": {"allow_none"},
 }
 _ALL_FLAGS = set().union(*_FLAGS.values())
@@ -53,7 +52,9 @@ policies: empty lines are skipped and counted (--empty error refuses them); a te
   A bad line stops the run with one message naming it; records before it are kept.
 randomness: fresh OS entropy for every batch. --seed makes runs reproducible and the
   noise predictable: anyone who knows the seed can remove the protection.
-"""
+texthide key: the secret mask pool comes from --texthide-key (or $PRIVBERT_TEXTHIDE_KEY),
+  at least 32 hex digits (128 bits); without one, each run draws a new pool. Make one with:
+    """ + MAKE_ONE + "\n"
 
 
 def register(sub) -> None:
@@ -82,8 +83,11 @@ def register(sub) -> None:
     m.add_argument("--m", type=int, help="texthide: size of the secret mask pool")
     m.add_argument("--k", type=int, help="texthide: inputs mixed per record (default 1; "
                    "predictions use 1, k > 1 needs --tsv labels)")
-    m.add_argument("--texthide-seed", type=int, metavar="KEY",
-                   help=f"texthide: the client's secret mask-pool key (or ${TEXTHIDE_SEED_ENV})")
+    m.add_argument("--texthide-key", metavar="HEX",
+                   help=f"texthide: the client's secret mask-pool key, >= 32 hex digits "
+                        f"(or ${KEY_ENV})")
+    m.add_argument("--texthide-seed", metavar="HEX",
+                   help="deprecated alias of --texthide-key (the same check)")
     m.add_argument("--num-labels", type=int, help="texthide k > 1: classes of the soft "
                    "labels (default 2)")
     m.add_argument("--float16", action="store_true", help="dchi-embedding: send float16")
@@ -112,7 +116,9 @@ def register(sub) -> None:
 def check_flags(args) -> None:
     """Usage errors before any work is done."""
     mech = args.mechanism
-    given = {f for f in _ALL_FLAGS if getattr(args, f) not in (None, False)}
+    # identity, not equality: --eta 0 or --word-dropout 0 is given (0.0 == False)
+    given = {f for f in _ALL_FLAGS
+             if getattr(args, f) is not None and getattr(args, f) is not False}
     stray = sorted(given - _FLAGS[mech])
     if stray:
         flags = ", ".join("--" + f.replace("_", "-") for f in stray)
@@ -139,6 +145,22 @@ def check_flags(args) -> None:
         raise UsageError("--post records needs --task T and labelled input (--tsv)")
     if args.task and args.post != "records":
         raise UsageError("--task goes with --post records")
+    if mech == "texthide":
+        texthide_seed(args, quiet=True)
+
+
+def texthide_seed(args, quiet: bool = False) -> int | None:
+    """The mask-pool seed from --texthide-key (or its aliases); UsageError for a weak key."""
+    try:
+        seed, note = resolve_key(args.texthide_key, args.texthide_seed)
+    except ValueError as exc:
+        raise UsageError(str(exc)) from None
+    if not quiet:
+        if note:
+            warn(note)
+        if seed is None:
+            warn("texthide without --texthide-key: a new secret mask pool for this run only")
+    return seed
 
 
 def build_mechanism(args, bundle):
@@ -162,68 +184,8 @@ def build_mechanism(args, bundle):
     dim = int(enc["output_dim"])
     if mech == "ome":
         return M.OME(args.epsilon, args.lam, dim)
-    seed = args.texthide_seed
-    if seed is None and os.environ.get(TEXTHIDE_SEED_ENV):
-        try:
-            seed = int(os.environ[TEXTHIDE_SEED_ENV])
-        except ValueError:
-            raise UsageError(f"${TEXTHIDE_SEED_ENV} must be an integer") from None
-    if seed is None:
-        warn("texthide without --texthide-seed: a new secret mask pool for this run only")
-    return M.TextHide(args.m, args.k if args.k is not None else 1, dim, seed=seed)
-
-
-def open_input(path: str):
-    """(binary stream, size in bytes or None)."""
-    if path == "-":
-        return sys.stdin.buffer, None
-    p = Path(path)
-    if not p.exists():
-        raise CliError(f"{path}: no such file")
-    if p.is_dir():
-        raise CliError(f"{path}: is a directory, not a text file")
-    f = open(p, "rb")  # noqa: SIM115 (closed by run)
-    return f, (p.stat().st_size if p.is_file() else None)
-
-
-class Output:
-    """Whole lines (UTF-8 bytes), flushed per batch; a file is created at its first line
-    (or at the end)."""
-
-    def __init__(self, path: str | None):
-        self.path = None if path in (None, "-") else Path(path)
-        if self.path is not None:
-            if self.path.is_dir():
-                raise CliError(f"{path}: is a directory (-o takes a file)")
-            if not self.path.parent.is_dir():
-                raise CliError(f"{self.path.parent}: no such directory for -o")
-        self._f = None
-
-    def write(self, lines: list[bytes]) -> None:
-        if not lines:
-            return
-        data = b"".join(lines)
-        if self.path is None:
-            stdout = sys.stdout
-            buffer = getattr(stdout, "buffer", None)
-            if buffer is None:  # a text-only stream (some embeddings and test captures)
-                stdout.write(data.decode("utf-8"))
-            else:
-                stdout.flush()
-                buffer.write(data)
-                buffer.flush()
-            stdout.flush()
-            return
-        if self._f is None:
-            self._f = open(self.path, "wb")  # noqa: SIM115
-        self._f.write(data)
-        self._f.flush()
-
-    def close(self, ok: bool) -> None:
-        if self._f is None and ok and self.path is not None:
-            self.path.write_bytes(b"")
-        if self._f is not None:
-            self._f.close()
+    return M.TextHide(args.m, args.k if args.k is not None else 1, dim,
+                      seed=texthide_seed(args))
 
 
 def flag_params(args) -> dict:
@@ -241,7 +203,10 @@ def check_model(model: dict, name: str, mine: dict) -> None:
     want, params = model.get("mechanism"), model.get("params")
     mismatch = want is not None and want != name
     if not mismatch and isinstance(params, dict):
-        for key in params.keys() & mine.keys():
+        keys = params.keys() & mine.keys()
+        if name == "texthide":  # predictions use k = 1 whatever k the model was trained with
+            keys &= {"m"}
+        for key in keys:
             a, b = params[key], mine[key]
             if isinstance(a, (int, float)) and isinstance(b, (int, float)):
                 mismatch |= not math.isclose(a, b, rel_tol=1e-9)
@@ -261,6 +226,7 @@ def run(args) -> int:
              "protection; use it for experiments only")
     stream, size = open_input(args.file)
     try:
+        refuse_output_on_input(stream, args.file, args.output)
         out = Output(args.output)
         return _run(args, stream, size, out, t0)
     finally:
@@ -314,7 +280,15 @@ def _run(args, stream, size, out: Output, t0: float) -> int:
     prepared = ahead(batches, prepare)
     try:
         for ready in prepared:
-            out.write(_emit(args, priv, client, ready))
+            try:
+                lines = _emit(args, priv, client, ready)
+            except _PostFailed as exc:  # keep what the server answered before the failure
+                out.write(exc.lines)
+                n_records += len(exc.lines)
+                raise CliError(f"{exc}; {n_records} record(s) before it were "
+                               + ("uploaded and written" if args.post == "records"
+                                  else "written")) from None
+            out.write(lines)
             if ready.items and t_first is None:
                 t_first = time.perf_counter() - t0
             n_records += len(ready.items)
@@ -398,9 +372,12 @@ def _prepare(args, priv, reader, batch, texthide_mix, num_labels, rng) -> _Prepa
         else:
             n_skipped += 1
     k = args.k or 1
-    if texthide_mix and error is not None and 0 < len(keep) < k:
-        error = InputError(f"{error}; texthide mixes {k} lines: the {len(keep)} "
-                           "line(s) just before it were not privatized")
+    if texthide_mix and 0 < len(keep) < k:  # the last lines, or too many skipped
+        first, last = keep[0][0].number, keep[-1][0].number
+        where = f"line {first}" if first == last else f"lines {first}-{last}"
+        short = (f"texthide --k {k} mixes {k} labelled lines; only {len(keep)} remain "
+                 f"({where}) and were not privatized: add lines or lower --k")
+        error = InputError(short if error is None else f"{error}; {short}")
         keep = []
     ready = _Prepared([ln for ln, _ in keep], [it for _, it in keep], [], n_skipped,
                       batch.nbytes, error)
@@ -416,19 +393,34 @@ def _prepare(args, priv, reader, batch, texthide_mix, num_labels, rng) -> _Prepa
     return ready
 
 
+class _PostFailed(Exception):
+    """A request of --post failed; ``lines`` are the output lines of what the server
+    answered before it (predictions, or ids of stored records)."""
+
+    def __init__(self, error: Exception, lines: list[bytes]):
+        super().__init__(str(error))
+        self.lines = lines
+
+
 def _emit(args, priv, client, ready: _Prepared) -> list[bytes]:
     """The output lines of one privatized batch (posting it first with --post)."""
     if not ready.objs:
         return []
     lines = ready.lines
-    if args.post == "predict":
-        preds = client.predict(args.model, ready.objs)
-        return [orjson.dumps({"line": ln.number, **p}) + b"\n"
-                for ln, p in zip(lines, preds, strict=True)]
-    if args.post == "records":
-        ids = client.post_records(args.task, ready.objs)
-        return [orjson.dumps({"line": ln.number, "id": i}) + b"\n"
-                for ln, i in zip(lines, ids, strict=True)]
+    if args.post:
+        from edge_agent.client import ApiError
+
+        def out(answers: list, key: str | None) -> list[bytes]:
+            return [orjson.dumps({"line": ln.number, **({key: a} if key else a)}) + b"\n"
+                    for ln, a in zip(lines, answers, strict=False)]
+
+        key = "id" if args.post == "records" else None
+        try:
+            answers = (client.post_records(args.task, ready.objs) if args.post == "records"
+                       else client.predict(args.model, ready.objs))
+        except ApiError as exc:
+            raise _PostFailed(exc, out(exc.partial, key)) from None
+        return out(answers, key)
     if args.format == "text":
         return [_as_text(priv, r.payload, ln).encode("utf-8")
                 for r, ln in zip(ready.objs, lines, strict=True)]

@@ -1,11 +1,12 @@
-"""Texts -> privatized payloads, on the device (notes/contract.md §1).
+"""Texts -> privatized payloads, on the device (DESIGN.md "Payloads" and "Python API").
 
 Token kinds (``dchi-text``, ``dchi-embedding``, ``none``): word pieces of the
 bundle's tokenizer without [CLS]/[SEP] (the server adds them), then the dχ
 mechanism of Qu et al. 2021 §3.2 on all tokens of a batch at once.
 Vector kinds (``laplace``, ``ome``, ``texthide``): the bundle's frozen ONNX
 encoder on ``[CLS] a [SEP] (b [SEP])``, after DPNR word dropout (Lyu et al.
-2020, §3.3) on the word pieces, then the mechanism on the (b, r) vectors.
+2020, §3.3: each word, with all its word pieces, is removed with probability μ),
+then the mechanism on the (b, r) vectors.
 
 Truncation policy at the model's length limit: at most ``max_length - 2`` word
 pieces for a single text, ``max_length - 3`` for a pair; "first" keeps the
@@ -43,11 +44,14 @@ class TextError(ValueError):
 
 @dataclass(frozen=True)
 class TokenizedText:
-    """Word-piece ids of one text (or pair) after truncation."""
+    """Word-piece ids of one text (or pair) after truncation; with word dropout also the
+    word of each piece (0, 1, ... within its segment)."""
 
     ids_a: np.ndarray
     ids_b: np.ndarray | None
     n_before: int  # word pieces before truncation
+    words_a: np.ndarray | None = None
+    words_b: np.ndarray | None = None
 
     @property
     def n_tokens(self) -> int:
@@ -73,6 +77,18 @@ def trim_pair(len_a: int, len_b: int, budget: int) -> tuple[int, int]:
     rest = excess - gap
     even = min(len_a, len_b)
     return even - rest // 2, even - (rest + 1) // 2
+
+
+def word_index(word_ids: list[int | None]) -> np.ndarray:
+    """0, 1, ... per word piece: pieces of one word (the tokenizer's ``word_ids``) share
+    an index; a piece without a word (None) is a word of its own."""
+    w = np.array(word_ids, dtype=np.float64)  # None -> nan, never equal to a neighbour
+    if w.size == 0:
+        return np.zeros(0, dtype=np.int64)
+    starts = np.empty(w.size, dtype=bool)
+    starts[0] = True
+    np.not_equal(w[1:], w[:-1], out=starts[1:])
+    return np.cumsum(starts) - 1
 
 
 def mechanism_name(mechanism: Any) -> str:
@@ -104,6 +120,7 @@ class Privatizer:
         self.params = {} if name == "none" else dict(mechanism.params)
         self.truncate = truncate
         self.float_dtype = float_dtype
+        self.word_dropout = float(getattr(mechanism, "word_dropout", 0.0) or 0.0)
         self.encoder = None
         limit = bundle.max_length
         if name in VECTOR_KINDS:
@@ -142,6 +159,7 @@ class Privatizer:
         """Word pieces of each text (pair), truncated by the policy.
 
         A text without word pieces is None with ``allow_empty``, else a TextError.
+        With word dropout each item also keeps the word index of each piece.
         """
         if pairs is not None and len(pairs) != len(texts):
             raise ValueError(f"pairs must have one entry per text ({len(texts)}), got {len(pairs)}")
@@ -149,10 +167,12 @@ class Privatizer:
         enc_b = (self.tokenizer.encode_batch(list(pairs), add_special_tokens=False)
                  if pairs is not None else [None] * len(texts))
         budget = self.budget(pairs is not None)
+        words = self.word_dropout > 0
         out: list[TokenizedText | None] = []
         for i, (ea, eb) in enumerate(zip(enc_a, enc_b, strict=True)):
             a = ea.ids
             b = None if eb is None else eb.ids
+            la, lb = len(a), (0 if b is None else len(b))
             if not a or (b is not None and not b):
                 if allow_empty:
                     out.append(None)
@@ -165,21 +185,28 @@ class Privatizer:
                     raise TextError(i, "too_long", f"has {n} tokens; the model takes at most "
                                     f"{budget} (truncation 'first' keeps the first {budget})")
                 if b is None:
-                    a = a[:budget]
+                    la = budget
                 else:
                     la, lb = trim_pair(len(a), len(b), budget)
-                    a, b = a[:la], b[:lb]
+                a, b = a[:la], (None if b is None else b[:lb])
+            wa = wb = None
+            if words:  # the word of each kept piece, after the same truncation
+                wa = word_index(ea.word_ids[:la])
+                wb = None if eb is None else word_index(eb.word_ids[:lb])
             out.append(TokenizedText(np.asarray(a, dtype=np.int64),
-                                     None if b is None else np.asarray(b, dtype=np.int64), n))
+                                     None if b is None else np.asarray(b, dtype=np.int64), n,
+                                     wa, wb))
         return out
 
     # -- privatization ---------------------------------------------------------------------
-    def privatize(self, texts: list[str], pairs: list[str] | None = None, rng=None) -> list:
+    def privatize(self, texts: list[str], rng=None, *,
+                  pairs: list[str] | None = None) -> list:
         """One payload per text (``pairs[i]`` is the second sentence of pair i)."""
         return self.privatize_tokenized(self.tokenize(texts, pairs), rng)
 
-    def privatize_records(self, texts: list[str], labels: list, pairs: list[str] | None = None,
-                          num_labels: int | None = None, rng=None) -> list[Record]:
+    def privatize_records(self, texts: list[str], labels: list, rng=None, *,
+                          pairs: list[str] | None = None,
+                          num_labels: int | None = None) -> list[Record]:
         """Labelled records; TextHide with k > 1 mixes labels into soft vectors."""
         return self.records_tokenized(self.tokenize(texts, pairs), labels, num_labels, rng)
 
@@ -205,6 +232,9 @@ class Privatizer:
             return []
         rng = resolve_rng(rng)
         if self.name == "texthide" and self.mechanism.k > 1:
+            if len(items) < self.mechanism.k:
+                raise ValueError(f"TextHide k={self.mechanism.k} mixes {self.mechanism.k} "
+                                 f"labelled texts; got only {len(items)}")
             onehot = one_hot(labels, num_labels)
             vecs, mixed = self._mechanism_on_vectors(items, onehot, rng)
             payloads = self._vector_payloads(items, vecs)
@@ -236,17 +266,18 @@ class Privatizer:
                   ) -> tuple[list[np.ndarray], list[np.ndarray]]:
         """Encoder inputs ``[CLS] a [SEP] (b [SEP])`` and token types, after word dropout.
 
-        DPNR word dropout (Lyu et al. 2020 §3.3): each word piece is removed
-        independently with probability μ; [CLS]/[SEP] never are.
+        DPNR word dropout (Lyu et al. 2020 §3.3, Theorem 2 is about neighbouring
+        texts that differ in one word): each word is removed independently with
+        probability μ, all its word pieces together; [CLS]/[SEP] never are.
         """
-        mu = float(getattr(self.mechanism, "word_dropout", 0.0) or 0.0)
+        mu = self.word_dropout
         cls, sep = self.special["cls"], self.special["sep"]
         seqs, types = [], []
         for it in items:
             a, b = it.ids_a, it.ids_b
             if mu > 0:
-                a = a[rng.random(a.size) >= mu]
-                b = None if b is None else b[rng.random(b.size) >= mu]
+                a = _drop_words(a, it.words_a, mu, rng)
+                b = None if b is None else _drop_words(b, it.words_b, mu, rng)
             first = np.concatenate([[cls], a, [sep]]).astype(np.int64)
             if b is None:
                 seqs.append(first)
@@ -265,6 +296,17 @@ class Privatizer:
         if self.name == "texthide":
             return self.mechanism.encrypt(vecs, onehot, rng)
         return self.mechanism.privatize(vecs, rng), None
+
+
+def _drop_words(ids: np.ndarray, words: np.ndarray | None, mu: float, rng) -> np.ndarray:
+    """``ids`` without the pieces of the words dropped: one draw per word."""
+    if words is None or len(words) != len(ids):
+        raise ValueError("word dropout needs the word of each piece: tokenize the texts with "
+                         "this Privatizer")
+    if ids.size == 0:
+        return ids
+    keep = rng.random(int(words[-1]) + 1) >= mu
+    return ids[keep[words]]
 
 
 def one_hot(labels: list, num_labels: int | None) -> np.ndarray:

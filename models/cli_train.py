@@ -48,6 +48,18 @@ def _guarded(fn):
     return run
 
 
+def _texthide_key(text: str) -> int:
+    """The mask-pool seed of a hex key, checked as the edge agent checks it."""
+    import argparse
+
+    from edge_agent.texthide_key import key_to_seed
+
+    try:
+        return key_to_seed(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
 def _info(message: str) -> None:
     print(f"{PROG}: {message}", file=sys.stderr)
 
@@ -78,9 +90,9 @@ def _mechanism_args(p: argparse.ArgumentParser) -> None:
     g.add_argument("--lam", type=float, help="ome: randomized-response factor lambda")
     g.add_argument("--m", type=int, help="texthide: size of the mask pool")
     g.add_argument("--k", type=int, help="texthide: examples mixed per record")
-    g.add_argument("--texthide-key", type=int, metavar="SEED",
-                   help="texthide: the client's secret mask-pool seed (needed again to "
-                        "evaluate; never stored with the model)")
+    g.add_argument("--texthide-key", type=_texthide_key, metavar="HEX",
+                   help="texthide: the client's secret mask-pool key, >= 32 hex digits as for "
+                        "edge-agent (needed again to evaluate; never stored with the model)")
     g.add_argument("--bundle", metavar="DIR",
                    help="edge bundle (needed for laplace/ome/texthide: cloud-api export-bundle)")
     g.add_argument("--seed", type=int,

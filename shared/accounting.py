@@ -108,7 +108,8 @@ def _laplace(mech: Laplace, dim: int | None) -> dict:
     """DPNR (Lyu et al. 2020): ε' of Theorem 2 is what is published with word dropout.
 
     Dropout amplifies only for inputs that differ in one dropped unit (the edge drops
-    word pieces independently); two arbitrary sentences get the whole-vector figure.
+    whole words, each with all its word pieces, independently with probability μ); two
+    arbitrary sentences get the whole-vector figure.
     """
     eps, mu = mech.epsilon, mech.word_dropout
     nominal = dropout_epsilon(eps, mu) if mu else eps
@@ -136,13 +137,13 @@ def _laplace(mech: Laplace, dim: int | None) -> dict:
     g["worst_case"]["epsilon_scope"] = "any two sentences"
     if mu:
         if whole is not None:
-            g["worst_case"]["token_level_epsilon"] = dropout_epsilon(whole, mu)
+            g["worst_case"]["word_level_epsilon"] = dropout_epsilon(whole, mu)
         g["notes"].append(
             f"Word dropout (mu={mu:g}) lowers the figure to ln((1-mu)e^eps+mu)"
             + (f" = {dropout_epsilon(whole, mu):.4g}" if whole is not None else "")
-            + " only between sentences that differ in one word piece (each piece is dropped "
-            "on its own, so a word of j pieces vanishes with probability mu^j); any two "
-            "sentences get the figure above.")
+            + " only between sentences that differ in one word (the edge drops each word, "
+            "with all its word pieces, with probability mu); any two sentences get the figure "
+            "above.")
     return g
 
 

@@ -1,9 +1,9 @@
 """Fixtures for the edge agent: bundles with a tiny ONNX sentence encoder, a fake server.
 
 The encoder is a small random ``transformers.BertModel`` with mean pooling, exported
-with ``torch.onnx.export`` to the contract's names (notes/contract.md §2). Tests may
-import torch; the ``edge_agent`` package never does (the real export is
-``models/export.py``, ``cloud-api export-bundle``).
+with ``torch.onnx.export`` to the input and output names of ``edge_agent/encoder.py``
+(DESIGN.md "The edge bundle"). Tests may import torch; the ``edge_agent`` package
+never does (the real export is ``models/export.py``, ``cloud-api export-bundle``).
 """
 
 from __future__ import annotations
@@ -22,6 +22,8 @@ import pytest
 
 REPO = Path(__file__).resolve().parents[2]
 INPUTS = ["input_ids", "attention_mask", "token_type_ids"]
+# a TextHide key of 128 bits for tests (public, so it protects nothing)
+TEXTHIDE_KEY = "3b9f0e6c2a7d48e1b05c9f13a6d27e84"
 
 
 def build_encoder_onnx(vocab_size: int, hidden: int = 16, max_length: int = 64,
@@ -91,8 +93,9 @@ def minilm_enc_dir(minilm_enc_bundle, tmp_path_factory) -> Path:
 def run_cli(*args: str, stdin: bytes | None = None, env: dict | None = None,
             timeout: float = 120) -> subprocess.CompletedProcess:
     """``python -m edge_agent ARGS`` in a subprocess (bytes in, text out)."""
-    full_env = {**os.environ, "PYTHONPATH": str(REPO), **(env or {})}
-    full_env.pop("EDGE_AGENT_DEBUG", None)
+    base = {k: v for k, v in os.environ.items()
+            if k not in ("EDGE_AGENT_DEBUG", "PRIVBERT_TEXTHIDE_KEY", "PRIVBERT_TEXTHIDE_SEED")}
+    full_env = {**base, "PYTHONPATH": str(REPO), **(env or {})}
     proc = subprocess.run([sys.executable, "-m", "edge_agent", *args], input=stdin,
                           capture_output=True, cwd=REPO, env=full_env, timeout=timeout)
     proc.stdout = proc.stdout.decode("utf-8")

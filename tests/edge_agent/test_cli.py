@@ -11,7 +11,7 @@ import pytest
 
 from edge_agent.cli import main
 from shared.payload import parse_record
-from tests.edge_agent.conftest import REPO, assert_one_line_error, run_cli
+from tests.edge_agent.conftest import REPO, TEXTHIDE_KEY, assert_one_line_error, run_cli
 
 LINES = ["the movie is good\t1", "bad plot , awful actor\t0", "\t1", "a very fun story\t1",
          "not boring !\t0"]
@@ -23,7 +23,7 @@ MECHS = [
      {"epsilon": 2.0, "calibration": "coordinate", "word_dropout": 0.1}),
     ("ome", ["--epsilon", "1", "--lam", "2"],
      {"epsilon": 1.0, "lam": 2.0, "int_bits": 4, "frac_bits": 5}),
-    ("texthide", ["--m", "8", "--k", "2", "--texthide-seed", "5"], {"m": 8, "k": 2}),
+    ("texthide", ["--m", "8", "--k", "2", "--texthide-key", TEXTHIDE_KEY], {"m": 8, "k": 2}),
     ("none", ["--allow-none"], {}),
 ]
 
@@ -92,7 +92,7 @@ rcs = [main(["privatize", {str(src)!r}, "--eta", "5", "-o", {str(tmp_path / 'a')
 lazy = not ({{"onnxruntime", "httpx", "matplotlib"}} & set(sys.modules))
 for mech in (["--mechanism", "laplace", "--epsilon", "1"],
              ["--mechanism", "ome", "--epsilon", "1", "--lam", "2"],
-             ["--mechanism", "texthide", "--m", "2", "--texthide-seed", "1"],
+             ["--mechanism", "texthide", "--m", "2", "--texthide-key", {TEXTHIDE_KEY!r}],
              ["--mechanism", "dchi-embedding", "--eta", "3"]):
     rcs.append(main(["privatize", {str(src)!r}, *mech, "--bundle", {str(tiny_enc_dir)!r},
                      "-o", {str(tmp_path / 'c')!r}]))
@@ -238,10 +238,11 @@ def test_tsv_errors_name_the_line(capfd, tmp_path, tiny):
     assert [r.label for r in read_jsonl(out)] == [1, 0]
     src.write_text("good\t1\nbad\tnot a label!\n")
     rc, msg = call(capfd, "privatize", str(src), "--tsv", "--eta", "5", "-o", str(out), *tiny)
-    assert rc == 1 and "line 2: label" in msg
+    assert rc == 1 and "line 2: the label column has 12 character(s)" in msg
+    assert "not a label" not in msg  # the column is described, never echoed
     src.write_text("good\t1\nbad\t7\n")
     rc, msg = call(capfd, "privatize", str(src), "--tsv", "--mechanism", "texthide", "--m", "2",
-                   "--k", "2", "--texthide-seed", "1", "-o", str(out), *tiny)
+                   "--k", "2", "--texthide-key", TEXTHIDE_KEY, "-o", str(out), *tiny)
     assert rc == 1 and "line 2: texthide mixes labels" in msg
 
 

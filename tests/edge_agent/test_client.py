@@ -183,3 +183,79 @@ def test_bad_arguments_and_answers():
         c.models()
     with pytest.raises(ApiError, match="not a bundle id"):
         c.bundle_bytes("../../etc/passwd")
+
+
+def test_failed_upload_carries_the_ids_stored_before_it():
+    """A later request of one call fails: ``partial`` holds what the server stored."""
+    seen = []
+
+    def handler(request):
+        seen.append(request)
+        if len(seen) == 2:
+            return httpx.Response(422, headers={"Content-Type": "application/problem+json"},
+                                  json={"title": "Unprocessable Content", "detail": "bad"})
+        n = len(json.loads(request.content)["records"])
+        return httpx.Response(201, json={"ids": [f"id{len(seen)}-{i}" for i in range(n)]})
+
+    c, _ = client(handler, batch_size=3)
+    recs = [Record(payload=p, label=1) for p in payloads(8)]
+    with pytest.raises(ApiError) as exc:
+        c.post_records("sst2", recs)
+    assert exc.value.partial == ["id1-0", "id1-1", "id1-2"] and len(seen) == 2
+    seen.clear()
+
+    def predict(request):
+        seen.append(request)
+        return predict_ok(request) if len(seen) == 1 else httpx.Response(401, json={})
+
+    c, _ = client(predict, batch_size=2)
+    with pytest.raises(ApiError) as exc:
+        c.predict("m1", payloads(5))
+    assert len(exc.value.partial) == 2 and exc.value.status == 401
+
+
+HINT = "(is --server the URL of a privbert service?)"
+HTML = "<!DOCTYPE HTML>\n<html><head><title>Error response</title></head><body>" + "x" * 500
+
+
+@pytest.mark.parametrize(("status", "headers", "body", "hint"), [
+    (404, {"Content-Type": "text/html;charset=utf-8"}, HTML, True),  # python -m http.server
+    (404, {"Content-Type": "application/json"}, '{"detail": "Not Found"}', True),  # FastAPI
+    (404, {"Content-Type": "application/problem+json"},
+     '{"title": "Not Found", "detail": "no route"}', True),  # /v1/models never 404s
+    (500, {"Content-Type": "text/plain"}, "oops " * 100, True),
+    (401, {"Content-Type": "application/problem+json"},
+     '{"title": "Unauthorized", "detail": "unknown API key"}', False),  # privbert speaking
+])
+def test_not_a_privbert_service_models(status, headers, body, hint):
+    c, _ = client(lambda r: httpx.Response(status, headers=headers, content=body.encode()))
+    with pytest.raises(ApiError) as exc:
+        c.models()
+    msg = str(exc.value)
+    assert msg.endswith(HINT) == hint, msg
+    assert "<" not in msg and "DOCTYPE" not in msg and len(msg) < 300
+
+
+def test_not_a_privbert_service_bundles_and_answers():
+    html = {"Content-Type": "text/html"}
+    c, _ = client(lambda r: httpx.Response(404, headers=html, content=HTML.encode()))
+    with pytest.raises(ApiError, match=r"an HTML page.*privbert service\?\)$"):
+        c.bundle_bytes("ab" * 32)
+    problem = {"Content-Type": "application/problem+json"}
+    c, _ = client(lambda r: httpx.Response(404, headers=problem, json={
+        "title": "Not Found", "detail": "no bundle ab…"}))
+    with pytest.raises(ApiError) as exc:  # the service itself: its message is enough
+        c.bundle_bytes("ab" * 32)
+    assert HINT not in str(exc.value) and "no bundle" in str(exc.value)
+    c, _ = client(lambda r: httpx.Response(200, headers=html, content=HTML.encode()))
+    with pytest.raises(ApiError) as exc:
+        c.models()
+    assert str(exc.value).endswith(HINT) and "<" not in str(exc.value)
+    c, _ = client(lambda r: httpx.Response(200, json={"hello": "world"}))
+    with pytest.raises(ApiError, match="no list of models"):
+        c.models()
+    # predict is not discovery: a plain error there gets no hint, but no HTML either
+    c, _ = client(lambda r: httpx.Response(502, headers=html, content=HTML.encode()))
+    with pytest.raises(ApiError) as exc:
+        c.predict("m1", payloads(1))
+    assert HINT not in str(exc.value) and "an HTML page" in str(exc.value)

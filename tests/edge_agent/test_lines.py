@@ -3,10 +3,13 @@
 from __future__ import annotations
 
 import io
+import os
+import threading
+import time
 
 import pytest
 
-from edge_agent.lines import InputError, LineReader, parse_label
+from edge_agent.lines import FdLines, InputError, LineReader, parse_label
 
 
 def reader(text: bytes, **kw) -> LineReader:
@@ -45,5 +48,77 @@ def test_tsv_header_columns_bom_and_crlf():
 
 def test_parse_label():
     assert parse_label(" 3 ", 1) == 3 and parse_label("positive", 1) == "positive"
-    with pytest.raises(InputError, match="line 7: label"):
+    with pytest.raises(InputError, match="line 7: the label column has 9 character"):
         parse_label("two words", 7)
+
+
+def test_label_errors_never_echo_the_column():
+    """Swapped columns put the user's text in the label column: the message describes it."""
+    for raw in ["my zqxsecret diagnosis is bad", "zqxsecret!", "a" * 65 + "zqxsecret"]:
+        with pytest.raises(InputError) as exc:
+            parse_label(raw, 3)
+        msg = str(exc.value)
+        assert "zqxsecret" not in msg and "line 3: the label column has" in msg
+        assert f"{len(raw)} character(s)" in msg and "neither an integer" in msg
+    with pytest.raises(InputError, match="label column is empty"):
+        parse_label("  ", 2)
+
+
+@pytest.mark.parametrize("raw", ["2147483648", "-2147483648", "99999999999999999999999",
+                                 "+" + "9" * 5000, "000000000002147483648"])
+def test_integer_labels_are_int32(raw):
+    """|label| < 2**31 (the wire contract's int32); out of range names the line, no crash
+    (not even for 5,000 digits, which int() refuses in Python 3.11+)."""
+    with pytest.raises(InputError, match="line 5: integer label .* out of range"):
+        parse_label(raw, 5)
+
+
+def test_integer_labels_at_the_bounds():
+    assert parse_label("2147483647", 1) == 2**31 - 1
+    assert parse_label("-2147483647", 1) == -(2**31 - 1)
+    assert parse_label("0000000000007", 1) == 7
+
+
+def test_out_of_range_label_ends_input_after_earlier_lines():
+    [b] = list(reader(b"good\t1\nbad\t0\nfun\t99999999999999999999999\nx\t1\n",
+                      tsv=True).batches())
+    assert [ln.label for ln in b.lines] == [1, 0]
+    assert isinstance(b.error, InputError) and "line 3" in str(b.error)
+
+
+def test_fd_lines_joins_lines_across_reads():
+    r, w = os.pipe()
+    os.write(w, b"a\nbb\r\n" + b"x" * 100 + b"\n\nlast")
+    os.close(w)
+    src = FdLines(r)
+    src.CHUNK = 3  # lines and CRLF split across reads
+    assert list(src) == [b"a\n", b"bb\r\n", b"x" * 100 + b"\n", b"\n", b"last"]
+    batches = list(LineReader(FdLines(os.open(__file__, os.O_RDONLY))).batches())
+    with open(__file__, "rb") as f:
+        lines = f.read().decode().splitlines()
+    assert [ln.text for b in batches for ln in b.lines] == [x for x in lines if x.strip()]
+
+
+def test_fd_lines_close_does_not_wait_for_a_blocked_read():
+    """A worker blocked on a live pipe: close() returns at once; the descriptor is released
+    by the reader when its read returns, and nothing is read after that."""
+    r, w = os.pipe()
+    src = FdLines(r)
+    got: list[bytes] = []
+    t = threading.Thread(target=lambda: got.extend(src), daemon=True)
+    os.write(w, b"one\n")
+    t.start()
+    deadline = time.monotonic() + 5
+    while not got and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert got == [b"one\n"]
+    start = time.monotonic()
+    src.close()
+    assert time.monotonic() - start < 0.5
+    os.fstat(r)  # still open: the blocked read holds it
+    os.write(w, b"two\nthree\n")
+    t.join(5)
+    assert not t.is_alive() and got == [b"one\n", b"two\n", b"three\n"]
+    with pytest.raises(OSError):
+        os.write(w, b"more\n")  # the read end is closed: EPIPE
+    os.close(w)

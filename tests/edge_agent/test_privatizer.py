@@ -116,7 +116,7 @@ def test_dchi_text_payloads(minilm_bundle):
 
 def test_dchi_embedding_payload_and_float16(tiny_bundle):
     p = Privatizer(tiny_bundle, DChiEmbedding(5.0), float_dtype="float16")
-    [pl] = p.privatize(["good movie"], ["bad plot !"], rng=rng())
+    [pl] = p.privatize(["good movie"], rng(), pairs=["bad plot !"])
     arr = pl.data_array()
     assert pl.embeddings.dtype == "float16" and arr.shape == (5, tiny_bundle.dim)
     assert pl.segments == [2, 3]
@@ -151,16 +151,81 @@ def test_sequences_have_cls_sep_and_token_types(tiny_enc_bundle):
     assert tt.tolist() == [0, 0, 0, 0, 1, 1]
 
 
-def test_word_dropout_rate(tiny_enc_bundle):
-    """Each word piece is dropped with probability μ = 0.3; [CLS]/[SEP] never.
-    2,000 pieces: the dropped share is within 0.05 of μ (about 5 standard deviations)."""
-    p = Privatizer(tiny_enc_bundle, Laplace(1.0, word_dropout=0.3))
-    items = p.tokenize(["the a movie film good bad great awful is was"] * 200)
+DRAWS = 2000
+
+
+def dropout_draws(bundle, text: str, mu: float, pair: str | None = None):
+    """(word pieces of each word of ``text``, kept-piece sets of DRAWS sequences)."""
+    p = Privatizer(bundle, Laplace(1.0, word_dropout=mu))
+    enc = bundle.tokenizer.encode(text, add_special_tokens=False)
+    words: dict[int, list[int]] = {}
+    for piece, w in zip(enc.ids, enc.word_ids, strict=True):
+        words.setdefault(w, []).append(piece)
+    assert len(set(enc.ids)) == len(enc.ids)  # distinct pieces: a kept id names its position
+    items = p.tokenize([text] * DRAWS, None if pair is None else [pair] * DRAWS)
     seqs, _ = p.sequences(items, rng(1))
-    sp = tiny_enc_bundle.special_ids
-    kept = sum(len(s) - 2 for s in seqs)
+    sp = bundle.special_ids
     assert all(s[0] == sp["cls"] and s[-1] == sp["sep"] for s in seqs)
-    assert abs(1 - kept / 2000 - 0.3) < 0.05
+    return list(words.values()), seqs
+
+
+def test_word_dropout_drops_whole_words(minilm_enc_bundle):
+    """DPNR word dropout is on words (Lyu et al. 2020 §3.3, Theorem 2): with μ = 0.5 the
+    pieces of a many-piece word are always kept or dropped together, and each word is
+    dropped at rate μ within 5 binomial standard errors (sqrt(μ(1-μ)/2000) = 0.011)."""
+    mu = 0.5
+    text = "good blorptastic987 movie, well-acted"
+    words, seqs = dropout_draws(minilm_enc_bundle, text, mu)
+    assert max(len(w) for w in words) >= 5  # "blorptastic987": b ##lor ##pta ##stic ##9 ...
+    tol = 5 * (mu * (1 - mu) / DRAWS) ** 0.5
+    for pieces in words:
+        kept = np.array([[x in set(s[1:-1].tolist()) for x in pieces] for s in seqs])
+        assert (kept.all(axis=1) | ~kept.any(axis=1)).all(), pieces  # all or nothing
+        assert abs(1 - kept[:, 0].mean() - mu) <= tol, (pieces, kept[:, 0].mean())
+
+
+def test_word_dropout_on_pairs_and_after_truncation(minilm_enc_bundle):
+    """Both segments drop whole words; a word cut by truncation keeps its remaining pieces
+    together; μ = 0 keeps everything."""
+    mu = 0.3
+    words, seqs = dropout_draws(minilm_enc_bundle, "fine blorptastic987", mu,
+                                pair="vexquillion55 plot")
+    sep = minilm_enc_bundle.special_ids["sep"]
+    enc_b = minilm_enc_bundle.tokenizer.encode("vexquillion55 plot", add_special_tokens=False)
+    multi_b = [i for i, w in zip(enc_b.ids, enc_b.word_ids, strict=True) if w == 0]
+    assert len(multi_b) >= 3
+    for s in seqs:
+        first_sep = s.tolist().index(sep)
+        second = set(s[first_sep + 1 : -1].tolist())
+        assert len(second & set(multi_b)) in (0, len(multi_b))
+        first = set(s[1:first_sep].tolist())
+        assert len(first & set(words[1])) in (0, len(words[1]))
+    p = Privatizer(minilm_enc_bundle, Laplace(1.0, word_dropout=0.5), max_length=5)
+    [it] = p.tokenize(["good blorptastic987"])  # 3 pieces kept: good b ##lor
+    assert it.words_a.tolist() == [0, 1, 1]
+    g, b, lor = it.ids_a.tolist()
+    seen = {tuple(s[1:-1].tolist()) for s in p.sequences([it] * 200, rng(2))[0]}
+    assert seen == {(), (g,), (b, lor), (g, b, lor)}  # never b without ##lor
+    p0 = Privatizer(minilm_enc_bundle, Laplace(1.0))
+    [it] = p0.tokenize(["good blorptastic987"])
+    assert it.words_a is None  # no word ids without dropout (the dchi hot path)
+    assert p0.sequences([it], rng())[0][0].size == it.ids_a.size + 2
+
+
+def test_privatize_signature_matches_design(tiny_enc_bundle, tiny_bundle):
+    """DESIGN.md: ``privatize(texts, rng=None)``; pairs only by keyword."""
+    p = Privatizer(tiny_bundle, DChiText(tiny_bundle, 5.0))
+    a = p.privatize(["good movie", "bad plot"], rng(3))
+    b = p.privatize(["good movie", "bad plot"], rng=rng(3))
+    assert [x.data_array().tolist() for x in a] == [x.data_array().tolist() for x in b]
+    with pytest.raises(TypeError):
+        p.privatize(["good"], rng(3), ["bad"])
+    recs = Privatizer(tiny_enc_bundle, Laplace(1.0)).privatize_records(
+        ["good", "bad"], [1, 0], rng(4), pairs=["fun", "dull"], num_labels=2)
+    assert [r.label for r in recs] == [1, 0] and recs[0].payload.mechanism == "laplace"
+    with pytest.raises(TypeError):
+        Privatizer(tiny_enc_bundle, Laplace(1.0)).privatize_records(["good"], [1], rng(4),
+                                                                    ["fun"])
 
 
 @pytest.mark.parametrize("mech_name", ["laplace", "ome", "texthide"])
@@ -168,7 +233,7 @@ def test_vector_payloads(tiny_enc_bundle, mech_name):
     mech = {"laplace": Laplace(2.0), "ome": OME(1.0, 2.0, 16),
             "texthide": TextHide(4, 1, 16, seed=1)}[mech_name]
     p = Privatizer(tiny_enc_bundle, mech)
-    payloads = p.privatize(["good movie", "bad plot"], ["fun", "dull"], rng=rng())
+    payloads = p.privatize(["good movie", "bad plot"], pairs=["fun", "dull"], rng=rng())
     for pl in payloads:
         again = parse_payload(pl.model_dump_json())
         assert again.mechanism == mech_name and again.params.model_dump() == mech.params

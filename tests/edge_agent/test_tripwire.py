@@ -19,7 +19,7 @@ import pytest
 
 from shared.mechanisms import DChiText
 from shared.payload import parse_record
-from tests.edge_agent.conftest import run_cli
+from tests.edge_agent.conftest import TEXTHIDE_KEY, run_cli
 
 MARKERS = ["zqxmarker123", "blorptastic987", "vexquillion55"]
 PER_MARKER = 100
@@ -47,7 +47,7 @@ def contains_run(haystack: bytes, ids: list[int]) -> bool:
     ["--mechanism", "dchi-embedding", "--eta", str(ETA)],
     ["--mechanism", "laplace", "--epsilon", "1"],
     ["--mechanism", "ome", "--epsilon", "1", "--lam", "2"],
-    ["--mechanism", "texthide", "--m", "16", "--texthide-seed", "9"],
+    ["--mechanism", "texthide", "--m", "16", "--texthide-key", TEXTHIDE_KEY],
 ], ids=["dchi-embedding", "laplace", "ome", "texthide"])
 def test_no_marker_leaves(tmp_path, minilm_enc_dir, minilm_enc_bundle, flags):
     proc, records = run_privatize(tmp_path, *flags, "--bundle", str(minilm_enc_dir))

@@ -49,17 +49,17 @@ def test_laplace_coordinate_calibration_is_r_times_epsilon():
     gv = guarantee(Laplace(0.5, "vector"), dim=768)
     assert gv["worst_case"]["epsilon"] == pytest.approx(0.5)
     # with dropout μ: the published figure is ε' = ln((1-μ)e^ε + μ); it holds only between
-    # sentences differing in one word piece, any two sentences keep the whole-vector ε
+    # sentences differing in one word, any two sentences keep the whole-vector ε
     gd = guarantee(Laplace(0.5, "coordinate", word_dropout=0.2), dim=4)
     assert gd["nominal"]["epsilon"] == pytest.approx(math.log(0.8 * math.exp(0.5) + 0.2))
     assert gd["worst_case"]["epsilon"] == pytest.approx(2.0)
-    assert gd["worst_case"]["token_level_epsilon"] == pytest.approx(
+    assert gd["worst_case"]["word_level_epsilon"] == pytest.approx(
         math.log(0.8 * math.exp(2.0) + 0.2))
     gvd = guarantee(Laplace(1.0, "vector", word_dropout=0.5), dim=4)
     assert gvd["worst_case"]["epsilon"] == pytest.approx(1.0)
-    assert gvd["worst_case"]["token_level_epsilon"] == pytest.approx(
+    assert gvd["worst_case"]["word_level_epsilon"] == pytest.approx(
         math.log(0.5 * math.e + 0.5))
-    assert "one word piece" in " ".join(gvd["notes"])
+    assert "differ in one word" in " ".join(gvd["notes"])
     # no dimension known: no number invented
     assert guarantee(Laplace(0.5, "coordinate"))["worst_case"]["epsilon"] is None
 
