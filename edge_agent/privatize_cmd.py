@@ -14,6 +14,7 @@ import math
 import sys
 import time
 from dataclasses import dataclass, field
+from typing import Any
 
 import orjson
 
@@ -318,8 +319,9 @@ def _run(args, stream, size, out: Output, t0: float) -> int:
 
 @dataclass
 class _Prepared:
-    """One batch, privatized: its kept lines and their records (or payloads for
-    --post predict), what was skipped, and the error that ends the input after it."""
+    """One batch, privatized: its kept lines, the mechanism's output (``data``, see
+    Privatizer.privatize_data) or whole records (``objs``, TextHide k > 1), what was
+    skipped, and the error that ends the input after it."""
 
     lines: list = field(default_factory=list)
     items: list = field(default_factory=list)
@@ -327,13 +329,13 @@ class _Prepared:
     n_skipped: int = 0
     nbytes: int = 0
     error: Exception | None = None
+    data: Any = None
 
 
 def _prepare(args, priv, reader, batch, texthide_mix, num_labels, rng) -> _Prepared:
     """Check a batch's lines, tokenize and privatize them (no I/O besides reading)."""
     from edge_agent.lines import InputError
     from edge_agent.privatizer import TextError
-    from shared.payload import Record
 
     lines, error = batch.lines, batch.error
     n_skipped = 0
@@ -383,14 +385,24 @@ def _prepare(args, priv, reader, batch, texthide_mix, num_labels, rng) -> _Prepa
                       batch.nbytes, error)
     if not keep:
         return ready
-    if args.post == "predict":
-        ready.objs = priv.privatize_tokenized(ready.items, rng)
-    elif args.tsv:
+    if texthide_mix:  # mixing needs the labels: whole records here
         ready.objs = priv.records_tokenized(ready.items, [ln.label for ln in ready.lines],
-                                            num_labels if texthide_mix else None, rng)
-    else:
-        ready.objs = [Record(payload=p) for p in priv.privatize_tokenized(ready.items, rng)]
+                                            num_labels, rng)
+    else:  # the mechanism only; payloads are built by the main thread (_emit)
+        ready.data = priv.privatize_data(ready.items, rng)
     return ready
+
+
+def _objects(args, priv, ready: _Prepared) -> list:
+    """Payloads (--post predict) or records of a privatized batch."""
+    from edge_agent.privatizer import labelled
+
+    if ready.data is None:
+        return ready.objs
+    payloads = priv.payloads(ready.items, ready.data)
+    if args.post == "predict":
+        return payloads
+    return labelled(payloads, [ln.label for ln in ready.lines] if args.tsv else None)
 
 
 class _PostFailed(Exception):
@@ -404,8 +416,9 @@ class _PostFailed(Exception):
 
 def _emit(args, priv, client, ready: _Prepared) -> list[bytes]:
     """The output lines of one privatized batch (posting it first with --post)."""
-    if not ready.objs:
+    if not ready.items:
         return []
+    objs = _objects(args, priv, ready)
     lines = ready.lines
     if args.post:
         from edge_agent.client import ApiError
@@ -416,17 +429,17 @@ def _emit(args, priv, client, ready: _Prepared) -> list[bytes]:
 
         key = "id" if args.post == "records" else None
         try:
-            answers = (client.post_records(args.task, ready.objs) if args.post == "records"
-                       else client.predict(args.model, ready.objs))
+            answers = (client.post_records(args.task, objs) if args.post == "records"
+                       else client.predict(args.model, objs))
         except ApiError as exc:
             raise _PostFailed(exc, out(exc.partial, key)) from None
         return out(answers, key)
     if args.format == "text":
         return [_as_text(priv, r.payload, ln).encode("utf-8")
-                for r, ln in zip(ready.objs, lines, strict=True)]
+                for r, ln in zip(objs, lines, strict=True)]
     # orjson on the model's plain-Python dump: the same JSON as model_dump_json, 5x faster
     # on the large base64 strings of dchi-embedding (tests/edge_agent check they agree)
-    return [orjson.dumps(r.model_dump(exclude_none=True)) + b"\n" for r in ready.objs]
+    return [orjson.dumps(r.model_dump(exclude_none=True)) + b"\n" for r in objs]
 
 
 def _as_text(priv, payload, line) -> str:

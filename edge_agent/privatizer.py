@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from shared.payload import Record, make_payload
+from shared.payload import Record, make_payload, make_payloads
 from shared.rng import resolve_rng
 
 if TYPE_CHECKING:
@@ -212,15 +212,38 @@ class Privatizer:
 
     def privatize_tokenized(self, items: list[TokenizedText], rng=None) -> list:
         """Payloads for already tokenized texts (no None entries)."""
+        return self.payloads(items, self.privatize_data(items, rng))
+
+    def privatize_data(self, items: list[TokenizedText], rng=None) -> np.ndarray:
+        """The mechanism's output for tokenized texts, before payloads are built (the
+        CLI builds them in another thread): token kinds (ΣL,) ids or (ΣL, n) embeddings
+        of all items in order; vector kinds (b, r) vectors, OME (b, r·l) bits."""
         if not items:
-            return []
+            return np.empty(0)
         rng = resolve_rng(rng)
         if self.name in TOKEN_KINDS:
-            return self._token_payloads(items, rng)
+            parts = [p for it in items for p in ((it.ids_a,) if it.ids_b is None
+                                                   else (it.ids_a, it.ids_b))]
+            ids = np.concatenate(parts)
+            if self.name == "dchi-text":
+                return self.mechanism.privatize_ids(ids, rng)  # one exact search per batch
+            if self.name == "dchi-embedding":
+                return self.mechanism.privatize(self.bundle.embeddings[ids], rng)
+            return ids
         if self.name == "texthide" and self.mechanism.k > 1:
             raise ValueError("TextHide with k > 1 mixes the inputs and their labels: use "
                              "privatize_records(...) for training records; predictions use k=1")
-        return self._vector_payloads(items, self._mechanism_on_vectors(items, None, rng)[0])
+        return self._mechanism_on_vectors(items, None, rng)[0]
+
+    def payloads(self, items: list[TokenizedText], data: np.ndarray) -> list:
+        """One payload per item around :meth:`privatize_data`'s output."""
+        if not items:
+            return []
+        if self.name not in TOKEN_KINDS:
+            return self._vector_payloads(items, data)
+        return make_payloads(self.name, self.params, self.bundle.bundle_id, data,
+                             [it.n_tokens for it in items], [it.segments for it in items],
+                             float_dtype=self.float_dtype)
 
     def records_tokenized(self, items: list[TokenizedText], labels: list,
                           num_labels: int | None = None, rng=None) -> list[Record]:
@@ -241,22 +264,7 @@ class Privatizer:
             return [Record(payload=p, label=[float(x) for x in row])
                     for p, row in zip(payloads, mixed, strict=True)]
         payloads = self.privatize_tokenized(items, rng)
-        return [Record(payload=p, label=lab) for p, lab in zip(payloads, labels, strict=True)]
-
-    def _token_payloads(self, items: list[TokenizedText], rng) -> list:
-        parts = [p for it in items for p in ((it.ids_a,) if it.ids_b is None
-                                               else (it.ids_a, it.ids_b))]
-        ids = np.concatenate(parts)
-        if self.name == "dchi-text":
-            data = self.mechanism.privatize_ids(ids, rng)  # one exact search for the batch
-        elif self.name == "dchi-embedding":
-            data = self.mechanism.privatize(self.bundle.embeddings[ids], rng)
-        else:
-            data = ids
-        bounds = np.cumsum([it.n_tokens for it in items])[:-1]
-        return [make_payload(self.name, self.params, self.bundle.bundle_id, chunk,
-                             segments=it.segments, float_dtype=self.float_dtype)
-                for it, chunk in zip(items, np.split(data, bounds), strict=True)]
+        return labelled(payloads, labels)
 
     def _vector_payloads(self, items: list[TokenizedText], vecs: np.ndarray) -> list:
         return [make_payload(self.name, self.params, self.bundle.bundle_id, v)
@@ -307,6 +315,13 @@ def _drop_words(ids: np.ndarray, words: np.ndarray | None, mu: float, rng) -> np
         return ids
     keep = rng.random(int(words[-1]) + 1) >= mu
     return ids[keep[words]]
+
+
+def labelled(payloads: list, labels: list | None) -> list[Record]:
+    """Records of payloads and their labels (None: unlabelled records)."""
+    if labels is None:
+        return [Record(payload=p) for p in payloads]
+    return [Record(payload=p, label=lab) for p, lab in zip(payloads, labels, strict=True)]
 
 
 def one_hot(labels: list, num_labels: int | None) -> np.ndarray:

@@ -13,200 +13,36 @@ Size limits come from a :class:`Limits` in pydantic's validation context::
 
 from __future__ import annotations
 
-import binascii
-import math
-from dataclasses import dataclass
 from typing import Annotated, Any, ClassVar, Literal
 
 import numpy as np
 from pydantic import (
     BaseModel,
-    ConfigDict,
     Field,
-    PrivateAttr,
     TypeAdapter,
     ValidationInfo,
     model_validator,
 )
 
-try:  # SIMD base64 (10x the standard library's speed); same bytes, same errors
-    from pybase64 import b64decode, b64encode
-except ImportError:  # pragma: no cover - the edge and cloud extras install it
-    from base64 import b64decode, b64encode
+from shared.arrays import (  # noqa: F401 (part of this module's API)
+    _DEFAULT_LIMITS,
+    _STRICT,
+    DTYPES,
+    FLOAT_DTYPES,
+    MAX_JSON_BYTES,
+    Array,
+    Limits,
+    NonNegInt,
+    _limits,
+    encode_array,
+    encode_rows,
+)
 
-MAX_JSON_BYTES = 8 * 1024 * 1024
-DTYPES = {"float16": "<f2", "float32": "<f4", "int32": "<i4", "bits": "u1"}
-FLOAT_DTYPES = ("float16", "float32")
-_B64 = r"^[A-Za-z0-9+/]*={0,2}$"
 _HEX64 = r"^[0-9a-f]{64}$"
 _LABEL = r"^[A-Za-z0-9_.:-]{1,64}$"
-
-
-@dataclass(frozen=True)
-class Limits:
-    """Bounds a payload must respect.
-
-    The optional fields pin a payload to one bundle and task: ``vocab_size`` bounds
-    token ids, ``dim`` is the embedding width n, ``vector_dim`` the sentence-vector
-    width r (laplace, texthide; OME carries r·l bits), and ``labels`` the class names a
-    record's label may take (integer labels index it, soft labels have its length).
-    A server validates with :meth:`for_bundle`; the defaults only bound sizes.
-    """
-
-    max_tokens: int = 512
-    max_dim: int = 4096
-    max_array_bytes: int = 4 * 1024 * 1024
-    max_bits: int = 4096 * 32
-    vocab_size: int | None = None
-    max_json_bytes: int = MAX_JSON_BYTES
-    dim: int | None = None
-    vector_dim: int | None = None
-    labels: tuple[str, ...] | None = None
-
-    @classmethod
-    def for_bundle(cls, bundle, labels=None, **sizes) -> Limits:
-        """Limits of payloads made with ``bundle`` (an EdgeBundle), optionally for a task
-        whose class names are ``labels``."""
-        enc = bundle.meta.get("encoder") or {}
-        out_dim = enc.get("output_dim")
-        return cls(vocab_size=bundle.vocab_size, dim=bundle.dim,
-                   vector_dim=int(out_dim) if out_dim is not None else None,
-                   labels=tuple(str(x) for x in labels) if labels is not None else None,
-                   **sizes)
-
-
-_DEFAULT_LIMITS = Limits()
-
-
-def _limits(info: ValidationInfo) -> Limits:
-    ctx = info.context if isinstance(info.context, dict) else {}
-    lim = ctx.get("limits")
-    if lim is not None and not isinstance(lim, Limits):
-        raise TypeError(f"context['limits'] must be a Limits, got {type(lim).__name__}")
-    return lim or _DEFAULT_LIMITS
-
-
 PosFloat = Annotated[float, Field(strict=True, gt=0, allow_inf_nan=False)]
-NonNegInt = Annotated[int, Field(strict=True, ge=0, le=2**31 - 1)]
 PosInt = Annotated[int, Field(strict=True, ge=1, le=2**31 - 1)]
 BundleId = Annotated[str, Field(pattern=_HEX64)]
-_STRICT = ConfigDict(extra="forbid", frozen=True)
-
-
-class Array(BaseModel):
-    """An n-d array: dtype, shape and base64 (standard, padded) little-endian bytes."""
-
-    model_config = _STRICT
-    dtype: Literal["float16", "float32", "int32", "bits"]
-    shape: Annotated[tuple[NonNegInt, ...], Field(max_length=8)]
-    data: Annotated[str, Field(pattern=_B64)]
-    _values: np.ndarray = PrivateAttr()
-
-    @property
-    def size(self) -> int:
-        """Number of values, prod(shape)."""
-        return math.prod(self.shape)
-
-    def nbytes(self) -> int:
-        """Decoded byte length the shape and dtype call for."""
-        if self.dtype == "bits":
-            return (self.size + 7) // 8
-        return self.size * np.dtype(DTYPES[self.dtype]).itemsize
-
-    @model_validator(mode="after")
-    def _decode(self, info: ValidationInfo) -> Array:
-        private = getattr(self, "__pydantic_private__", None) or {}
-        if "_values" in private:  # built by encode_array from checked values (never from JSON)
-            if self.nbytes() > _limits(info).max_array_bytes:
-                raise ValueError(f"array of {self.nbytes()} bytes exceeds max_array_bytes="
-                                 f"{_limits(info).max_array_bytes}")
-            return self
-        n = self.nbytes()
-        limit = _limits(info).max_array_bytes
-        if n > limit:
-            raise ValueError(f"array of {n} bytes exceeds max_array_bytes={limit}")
-        if len(self.data) != 4 * ((n + 2) // 3):
-            raise ValueError(f"data must be base64 of {n} bytes for dtype "
-                             f"{self.dtype} and shape {self.shape}")
-        try:
-            raw = b64decode(self.data, validate=True)
-        except binascii.Error as exc:
-            raise ValueError(f"data is not valid base64: {exc}") from None
-        if len(raw) != n or b64encode(raw).decode("ascii") != self.data:
-            raise ValueError(f"data must be canonical base64 of {n} bytes")
-        buf = np.frombuffer(raw, dtype=DTYPES[self.dtype])
-        if self.dtype == "bits":
-            pad = (-self.size) % 8
-            if pad and buf[-1] & ((1 << pad) - 1):
-                raise ValueError("padding bits after the last bit must be zero")
-            values = np.unpackbits(buf, count=self.size)
-        else:
-            values = buf.astype(buf.dtype.newbyteorder("="), copy=False)
-            if self.dtype in FLOAT_DTYPES and not np.isfinite(values).all():
-                raise ValueError("float array contains NaN or Inf")
-        values = values.reshape(self.shape)
-        values.flags.writeable = False
-        self._values = values
-        return self
-
-    def __eq__(self, other: object) -> bool:  # the cached numpy array has no plain ==
-        return isinstance(other, Array) and self.__dict__ == other.__dict__
-
-    def __hash__(self) -> int:
-        return hash((self.dtype, self.shape, self.data))
-
-    def to_numpy(self) -> np.ndarray:
-        """A writable native-endian copy; bits come back as uint8 0/1 of ``shape``."""
-        return self._values.copy()
-
-
-def encode_array(arr: np.ndarray, dtype: str, limits: Limits | None = None) -> Array:
-    """Cast ``arr`` to ``dtype`` and wrap it as a validated :class:`Array`.
-
-    Floats must stay finite after the cast, int32 takes integers in range, and
-    "bits" takes an array of 0/1 values.
-    """
-    a = np.asarray(arr)
-    if dtype not in DTYPES:
-        raise ValueError(f"dtype must be one of {tuple(DTYPES)}, got {dtype!r}")
-    if a.dtype.kind not in "biuf":
-        raise ValueError(f"arr must be a numeric array, got dtype {a.dtype}")
-    if dtype == "bits":
-        if a.size and not np.isin(a, (0, 1)).all():
-            raise ValueError("bits must be 0 or 1")
-        raw = np.packbits(a.astype(np.uint8).ravel()).tobytes()
-    elif dtype == "int32":
-        if a.dtype.kind not in "biu":
-            raise ValueError(f"int32 arrays take integer input, got dtype {a.dtype}")
-        if a.size and (a.min() < -(2**31) or a.max() > 2**31 - 1):
-            raise ValueError("values out of int32 range")
-        raw = a.astype("<i4").tobytes()
-    else:
-        target = np.dtype(DTYPES[dtype])
-        if a.dtype == target:
-            cast = a
-        else:
-            with np.errstate(over="ignore", invalid="ignore"):
-                cast = a.astype(target)
-        if not np.isfinite(cast).all():
-            raise ValueError(f"arr contains NaN or Inf (after the cast to {dtype})")
-        raw = cast.tobytes()
-    lim = limits or _DEFAULT_LIMITS
-    if len(raw) > lim.max_array_bytes:
-        raise ValueError(f"array of {len(raw)} bytes exceeds max_array_bytes={lim.max_array_bytes}")
-    if a.ndim > 8:
-        raise ValueError(f"arrays have at most 8 dimensions, got {a.ndim}")
-    # Built from checked numpy values: the base64 is canonical by construction, so the
-    # decoded view is the array itself (no decode round trip on the device's hot path).
-    out = Array.model_construct(dtype=dtype, shape=tuple(int(x) for x in a.shape),
-                                data=b64encode(raw).decode("ascii"))
-    values = np.frombuffer(raw, dtype=DTYPES[dtype])
-    if dtype == "bits":
-        values = np.unpackbits(values, count=a.size)
-    values = values.astype(values.dtype.newbyteorder("="), copy=False).reshape(a.shape)
-    values.flags.writeable = False
-    out._values = values
-    return out
 
 
 def _in_range(name: str, value: int, hi: int) -> None:
@@ -449,6 +285,30 @@ def make_payload(mechanism: str, params: dict, bundle_id: str, data: np.ndarray,
     if segments is not None:
         obj["segments"] = [int(s) if isinstance(s, np.integer) else s for s in segments]
     return PAYLOAD_ADAPTER.validate_python(obj, context={"limits": limits or _DEFAULT_LIMITS})
+
+
+def make_payloads(mechanism: str, params: dict, bundle_id: str, data: np.ndarray,
+                  lengths, segments: list[list[int] | None] | None = None,
+                  float_dtype: str = "float32", limits: Limits | None = None) -> list[Payload]:
+    """Payloads of a token mechanism around consecutive rows of ``data`` (``lengths[i]``
+    rows each): :func:`make_payload` with one cast, check and base64 pass for the batch
+    (:func:`shared.arrays.encode_rows`)."""
+    if mechanism not in ("dchi-embedding", "dchi-text", "none"):
+        raise ValueError(f"make_payloads is for token mechanisms, got {mechanism!r}")
+    if float_dtype not in FLOAT_DTYPES:
+        raise ValueError(f"float_dtype must be one of {FLOAT_DTYPES}, got {float_dtype!r}")
+    field, dtype = _KINDS[mechanism]
+    arrays = encode_rows(data, lengths, dtype or float_dtype, limits)
+    segments = segments if segments is not None else [None] * len(arrays)
+    ctx = {"limits": limits or _DEFAULT_LIMITS}
+    out = []
+    for arr, seg in zip(arrays, segments, strict=True):
+        obj: dict[str, Any] = {"mechanism": mechanism, "params": params, "bundle_id": bundle_id,
+                               field: arr}
+        if seg is not None:
+            obj["segments"] = [int(x) for x in seg]
+        out.append(PAYLOAD_ADAPTER.validate_python(obj, context=ctx))
+    return out
 
 
 def _parse(validator, obj: dict | str | bytes, limits: Limits | None):

@@ -490,3 +490,42 @@ def test_array_model_direct():
         Array.model_validate({"dtype": "int64", "shape": [1], "data": "AQAAAAAAAAA="})
     with pytest.raises(ValidationError):
         Array.model_validate({"dtype": "int32", "shape": [-1], "data": ""})
+
+
+@pytest.mark.parametrize(("dtype", "width", "src"), [
+    ("float32", 384, np.float64), ("float16", 384, np.float32),  # rows of whole b64 groups
+    ("float32", 5, np.float64), ("int32", None, np.int64),       # rows that are not
+])
+def test_encode_rows_equals_encode_array_per_slice(dtype, width, src):
+    from shared.payload import encode_rows
+
+    rng = np.random.default_rng(4)
+    lengths = [3, 1, 7, 2]
+    shape = (sum(lengths),) if width is None else (sum(lengths), width)
+    arr = (rng.integers(0, 30000, shape) if dtype == "int32"
+           else rng.standard_normal(shape)).astype(src)
+    before = arr.copy()
+    got = encode_rows(arr, lengths, dtype)
+    ends = np.cumsum(lengths)
+    for a, chunk in zip(got, np.split(arr, ends[:-1]), strict=True):
+        want = encode_array(chunk, dtype)
+        assert (a.dtype, a.shape, a.data) == (want.dtype, want.shape, want.data)
+        np.testing.assert_array_equal(a.to_numpy(), want.to_numpy())
+        assert Array.model_validate(a.model_dump()) == a  # the JSON form decodes the same
+    np.testing.assert_array_equal(arr, before)
+    assert arr.flags.writeable  # the caller's array is not frozen or shared
+
+
+def test_encode_rows_checks_like_encode_array():
+    from shared.payload import encode_rows
+
+    x = np.zeros((4, 6))
+    with pytest.raises(ValueError, match="sum to 4"):
+        encode_rows(x, [1, 2], "float32")
+    x[3, 0] = np.nan
+    with pytest.raises(ValueError, match="NaN"):
+        encode_rows(x, [2, 2], "float32")
+    with pytest.raises(ValueError, match="max_array_bytes"):
+        encode_rows(np.zeros((4, 6)), [1, 3], "float32", Limits(max_array_bytes=60))
+    with pytest.raises(ValueError, match="bits"):
+        encode_rows(np.zeros((4, 6)), [2, 2], "bits")
