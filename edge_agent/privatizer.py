@@ -141,13 +141,8 @@ class Privatizer:
             raise ValueError(f"max_length must be an integer in [4, {limit}], got {max_length!r}")
         self.max_length = max_length
         self.special = bundle.special_ids
-        # A copy of the tokenizer that reads "[CLS]", "[SEP]" ... in user text as plain text.
-        from tokenizers import Tokenizer
-
-        self.tokenizer = Tokenizer.from_str(bundle.tokenizer.to_str())
-        self.tokenizer.no_padding()
-        self.tokenizer.no_truncation()
-        self.tokenizer.encode_special_tokens = True
+        # reads "[CLS]", "[SEP]" ... in user text as plain text
+        self.tokenizer = bundle.text_tokenizer()
 
     # -- tokenization ----------------------------------------------------------------------
     def budget(self, pair: bool) -> int:

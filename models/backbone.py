@@ -19,7 +19,10 @@ def pick_device(flag: str = "auto") -> torch.device:
     """"auto" = CUDA when present, else CPU; or an explicit "cpu" / "cuda" / "cuda:1"."""
     if flag == "auto":
         return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    dev = torch.device(flag)
+    try:
+        dev = torch.device(flag)
+    except RuntimeError:
+        raise ValueError(f"--device must be auto, cpu, cuda or cuda:N, got {flag!r}") from None
     if dev.type == "cuda" and not torch.cuda.is_available():
         raise ValueError("--device cuda was asked for but no CUDA GPU is available")
     return dev

@@ -4,7 +4,10 @@ Continue BERT's masked-LM pretraining on a public corpus that is privatized on
 the fly with the task's own mechanism and η, with NO gradient into the
 word-embedding table (the edge's, user side: §3.4 stops the gradient there so
 the privacy protection stays what it was). Objectives: Vanilla, Prob and
-Denoising MLM (``models.mlm``).
+Denoising MLM (``models.mlm``). Next-sentence prediction, which Qu et al. keep
+beside MLM, is left out: the corpus is single sentences and documents (AG News,
+SST-2), and RoBERTa showed MLM alone pretrains as well; pair tasks fine-tune the
+same BERT with its segment embeddings.
 
     from models.pretrain import pretrain
     out = pretrain(None, "out/denoise-65", "denoising", "dchi-text", 65.0, steps=1000)

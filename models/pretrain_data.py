@@ -71,7 +71,7 @@ def tokenize_corpus(bundle: EdgeBundle, texts: list[str], max_length: int) -> li
         raise ValueError(f"max_length must be at least 3, got {max_length}")
     room = max_length - 2
     out: list[np.ndarray] = []
-    for enc in bundle.tokenizer.encode_batch(texts, add_special_tokens=False):
+    for enc in bundle.text_tokenizer().encode_batch(texts, add_special_tokens=False):
         ids = np.asarray(enc.ids, dtype=np.int32)
         out += [ids[s : s + room] for s in range(0, ids.size, room)]
     return out

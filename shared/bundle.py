@@ -139,6 +139,18 @@ class EdgeBundle:
         self.regular_ids = np.array([i for i in range(vocab) if i not in excluded], dtype=np.int64)
         self.regular_ids.setflags(write=False)
 
+    def text_tokenizer(self):
+        """A new copy of the tokenizer for user text: no padding, no truncation, and
+        "[CLS]", "[MASK]" ... typed in the text are read as plain text, never as the
+        special tokens (which are never privatized and would pass through in clear)."""
+        from tokenizers import Tokenizer
+
+        tok = Tokenizer.from_str(self._tokenizer_json)
+        tok.no_padding()
+        tok.no_truncation()
+        tok.encode_special_tokens = True
+        return tok
+
     # -- identity -------------------------------------------------------------------------
     @property
     def bundle_id(self) -> str:

@@ -538,3 +538,15 @@ def test_a_base_with_its_own_mlm_head_starts_from_it(base, bundle, tmp_path):
     saved = load_file(str(out / "mlm_head.safetensors"))
     assert torch.equal(again.head.dense.weight, saved["dense.weight"])
     assert json.loads((out / INFO_FILE).read_text())["head"] == "new (BERT initialisation)"
+
+
+def test_corpus_text_that_spells_special_tokens_is_plain_text(bundle):
+    """A public corpus line containing "[MASK]" or "[CLS]" must not inject special ids
+    (they are never privatized and would reach the model as real special tokens)."""
+    seqs = tokenize_corpus(bundle, ["the [MASK] is [CLS] good [SEP]"], max_length=32)
+    injected = {bundle.special_ids[k] for k in ("mask", "cls", "sep", "pad")}
+    ids = set(np.concatenate(seqs).tolist())
+    assert seqs and not injected & ids  # ([UNK] may appear: the tiny vocabulary has no "[")
+    # the bundle's own tokenizer does parse them: what tokenize_corpus must not use as is
+    raw = bundle.tokenizer.encode("[MASK] [CLS]", add_special_tokens=False).ids
+    assert raw == [bundle.special_ids["mask"], bundle.special_ids["cls"]]
