@@ -16,7 +16,7 @@ from models.classifiers import (
     classification_loss,
 )
 from models.data import collate_dataset, dataset_from_records
-from models.finetune import TrainConfig, build_model, finetune
+from models.finetune import TrainConfig, build_model, finetune, predict_dataset
 from tests.models.conftest import sentiment_texts, token_records, vector_records
 
 KINDS = ["none", "dchi-text", "dchi-embedding", "laplace", "ome", "texthide"]
@@ -93,7 +93,45 @@ def test_sentence_pairs_train_and_predict(tiny_bert_dir, tiny_bert_bundle):
     assert batch["token_type_ids"].sum() > 0
     res = finetune(ds, ds, tiny_bert_bundle, tiny_bert_dir,
                    TrainConfig(epochs=1, lr=1e-3, batch_size=8, progress=False, seed=0))
-    assert 0.0 <= res.metrics["dev"]["accuracy"] <= 1.0
+    assert res.metrics["dev"]["n"] == 24 and len(res.metrics["dev"]["per_class"]) == 2
+    proba = predict_dataset(res.module, ds, tiny_bert_bundle.special_ids, 32)[0]
+    # the pair's second segment matters: swapping the segments changes the prediction
+    swapped = ds.subset(range(len(ds)))
+    swapped.arrays = [np.concatenate([a[s[0]:], a[:s[0]]]) for a, s in
+                      zip(ds.arrays, ds.segments, strict=True)]
+    swapped.segments = [(s[1], s[0]) for s in ds.segments]
+    other = predict_dataset(res.module, swapped, tiny_bert_bundle.special_ids, 32)[0]
+    assert not np.allclose(proba, other)
+
+
+def test_the_best_epoch_is_the_one_kept(tiny_bert_bundle, monkeypatch):
+    """Dev accuracy 0.9 after epoch 1, 0.5 after epoch 2: the returned weights are the
+    epoch-1 weights, not the last ones."""
+    import models.finetune as ft
+
+    ds = _dataset("laplace", tiny_bert_bundle, n=40)
+    scores = iter([0.9, 0.5, 0.9])
+    real = ft.evaluate_dataset
+
+    def fake(*a, **k):
+        rep = real(*a, **k)
+        rep["accuracy"] = next(scores)
+        return rep
+
+    monkeypatch.setattr(ft, "evaluate_dataset", fake)
+    snaps = {}
+
+    def grab(frac, info):
+        snaps[info["epoch"]] = {k: v.clone() for k, v in res_module[0].state_dict().items()}
+
+    res_module = [build_model(ds, tiny_bert_bundle, None, TrainConfig(hidden=(16,), seed=0))]
+    res = finetune(ds, ds, tiny_bert_bundle, None,
+                   TrainConfig(epochs=2, lr=1e-2, batch_size=8, progress=False, seed=0,
+                               hidden=(16,)), on_progress=grab, model=res_module[0])
+    assert res.best_epoch == 1 and res.metrics["best_epoch"] == 1
+    final = res.module.state_dict()
+    assert all(torch.equal(final[k], snaps[1][k]) for k in final)
+    assert any(not torch.equal(final[k], snaps[2][k]) for k in final)
 
 
 def test_any_number_of_labels(tiny_bert_dir, tiny_bert_bundle):
