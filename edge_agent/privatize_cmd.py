@@ -313,7 +313,8 @@ def _run(args, stream, size, out: Output, t0: float) -> int:
     info(f"{n_records} records, {n_tokens} tokens in {elapsed:.2f} s (setup {setup:.2f} s, "
          + (f"first record at {t_first:.2f} s, " if t_first is not None else "")
          + f"{n_tokens / max(streaming, 1e-9):,.0f} tokens/s streaming); "
-         f"{n_skipped} empty line(s) skipped; {n_trunc} truncated; {summary(g)}")
+         f"{n_skipped} empty line(s) skipped; {n_trunc} truncated; "
+         f"{summary(g, n_tokens / n_records if n_records else None)}")
     return 0
 
 

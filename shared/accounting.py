@@ -196,11 +196,25 @@ def guarantee(mechanism, bundle: EdgeBundle | None = None, *, dim: int | None = 
     return {"mechanism": mechanism.name, "params": dict(mechanism.params), **g}
 
 
-def summary(g: dict) -> str:
-    """One line for logs and CLI summaries."""
+def sentence_epsilon(g: dict, n_tokens: float) -> float | None:
+    """Worst-case ε of a whole sentence of ``n_tokens`` tokens: dχ composes over the tokens
+    (Qu et al. §3.2: the sum of the per-token bounds); the vector mechanisms' ε is already
+    per sentence. None where there is no ε."""
+    eps = g["worst_case"].get("epsilon")
+    if eps is None:
+        return None
+    return eps * n_tokens if g["worst_case"].get("eta") is not None else eps
+
+
+def summary(g: dict, mean_tokens: float | None = None) -> str:
+    """One line for logs and CLI summaries; ``mean_tokens`` adds the worst case of a
+    sentence of that many tokens (dχ)."""
     def fmt(part: dict) -> str:
         if part.get("eta") is not None:
             extra = f", worst eps {part['epsilon']:.1f}/token" if part.get("epsilon") else ""
+            if part.get("epsilon") and mean_tokens:
+                extra += (f" ({sentence_epsilon(g, mean_tokens):,.0f} for a sentence of "
+                          f"{mean_tokens:.1f} tokens)")
             return f"eta={part['eta']:g}{extra}"
         eps = part.get("epsilon")
         return "none" if eps is None else f"eps={eps:.4g}"

@@ -106,3 +106,15 @@ def test_dchi_text_uses_its_bundle_and_summary_is_one_line(tiny_bundle):
     line = summary(g)
     assert "\n" not in line and "eta=10" in line
     assert "epsilon_to_neighbour" not in guarantee(DChiEmbedding(10.0))["worst_case"]
+
+
+def test_sentence_epsilon_sums_the_per_token_bound(tiny_bundle):
+    from shared.accounting import sentence_epsilon
+
+    g = guarantee(DChiText(tiny_bundle, 10.0))
+    per_token = g["worst_case"]["epsilon"]
+    assert sentence_epsilon(g, 12) == pytest.approx(12 * per_token)
+    assert f"{12 * per_token:,.0f} for a sentence of 12.0 tokens" in summary(g, 12)
+    lap = guarantee(Laplace(1.0, "vector"), dim=8)
+    assert sentence_epsilon(lap, 12) == pytest.approx(1.0)  # already per sentence
+    assert sentence_epsilon(guarantee(TextHide(4, 1, 8, seed=2**100)), 12) is None
