@@ -8,7 +8,8 @@ file writes) release the GIL, so on two cores the stages overlap.
 Order is kept, results are produced by one worker (a seeded generator is consumed
 in the same order as without the thread), and an exception raised by the stage
 or by the source iterator comes out of :func:`ahead` at its position, after every
-result before it.
+result before it. Stages chain: ``ahead(ahead(batches, tokenize), privatize)`` runs
+three threads, and closing the outer one closes the inner one.
 """
 
 from __future__ import annotations
@@ -49,14 +50,20 @@ def ahead(source: Iterable[T], stage: Callable[[T], U], depth: int = 1,
                 continue
         return False
 
+    items = iter(source)
+
     def work() -> None:
         try:
-            for x in source:
+            for x in items:
                 if stop.is_set() or not put((True, stage(x))):
                     return
         except BaseException as exc:  # handed to the consumer, raised there
             put((False, exc))
             return
+        finally:  # a source that is itself an `ahead` (or any generator) stops here too
+            close = getattr(items, "close", None)
+            if close is not None:
+                close()
         put((True, _DONE))
 
     worker = threading.Thread(target=work, name="privbert-ahead", daemon=True)

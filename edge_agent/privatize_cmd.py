@@ -274,11 +274,14 @@ def _run(args, stream, size, out: Output, t0: float) -> int:
     ok = False
     t_loop = time.perf_counter()
 
-    def prepare(batch) -> _Prepared:  # worker thread: read, check, tokenize, privatize
-        return _prepare(args, priv, reader, batch, texthide_mix, num_labels, rng)
+    def tokenize(batch) -> _Prepared:  # first worker: read, check, tokenize
+        return _tokenized(args, priv, reader, batch, texthide_mix, num_labels)
+
+    def privatize(ready: _Prepared) -> _Prepared:  # second worker: the mechanism
+        return _privatized(priv, ready, texthide_mix, num_labels, rng)
 
     batches = reader.batches(args.batch_size, minimum=k if texthide_mix else 1)
-    prepared = ahead(batches, prepare)
+    prepared = ahead(ahead(batches, tokenize), privatize)
     try:
         for ready in prepared:
             try:
@@ -333,8 +336,8 @@ class _Prepared:
     data: Any = None
 
 
-def _prepare(args, priv, reader, batch, texthide_mix, num_labels, rng) -> _Prepared:
-    """Check a batch's lines, tokenize and privatize them (no I/O besides reading)."""
+def _tokenized(args, priv, reader, batch, texthide_mix, num_labels) -> _Prepared:
+    """Check a batch's lines and tokenize them (no I/O besides reading)."""
     from edge_agent.lines import InputError
     from edge_agent.privatizer import TextError
 
@@ -382,9 +385,14 @@ def _prepare(args, priv, reader, batch, texthide_mix, num_labels, rng) -> _Prepa
                  f"({where}) and were not privatized: add lines or lower --k")
         error = InputError(short if error is None else f"{error}; {short}")
         keep = []
-    ready = _Prepared([ln for ln, _ in keep], [it for _, it in keep], [], n_skipped,
-                      batch.nbytes, error)
-    if not keep:
+    return _Prepared([ln for ln, _ in keep], [it for _, it in keep], [], n_skipped,
+                     batch.nbytes, error)
+
+
+def _privatized(priv, ready: _Prepared, texthide_mix: bool, num_labels: int,
+                rng) -> _Prepared:
+    """The mechanism on a tokenized batch (the only stage that draws randomness)."""
+    if not ready.items:
         return ready
     if texthide_mix:  # mixing needs the labels: whole records here
         ready.objs = priv.records_tokenized(ready.items, [ln.label for ln in ready.lines],

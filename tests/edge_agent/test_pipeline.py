@@ -116,3 +116,22 @@ def test_orjson_lines_equal_pydantic_dump(mechanism, label):
     slow = rec.model_dump_json(exclude_none=True)
     assert json.loads(fast) == json.loads(slow)
     assert Record.model_validate_json(fast) == rec
+
+
+def test_chained_stages_keep_order_and_close_together():
+    got = list(ahead(ahead(range(30), lambda x: x + 1, depth=2), lambda y: y * 10))
+    assert got == [(x + 1) * 10 for x in range(30)]
+    inner_done = []
+
+    def inner(x):
+        inner_done.append(x)
+        return x
+
+    gen = ahead(ahead(range(10_000), inner), lambda y: y)
+    assert next(gen) == 0
+    gen.close()
+    time.sleep(0.3)
+    n = len(inner_done)
+    time.sleep(0.1)
+    assert len(inner_done) == n < 10  # the inner stage stopped too
+    assert not any(t.name == "privbert-ahead" for t in threading.enumerate())
