@@ -444,6 +444,14 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     rows = select(rows, args.only)
     out = Path(args.out)
+    # Import every module a row needs now, not lazily hours later: a long run must not mix
+    # module versions when the working tree changes under it.
+    import edge_agent.encoder  # noqa: F401
+    import edge_agent.privatizer  # noqa: F401
+    import models.experiment  # noqa: F401
+    import models.export  # noqa: F401
+    import models.pretrain  # noqa: F401
+    import models.registry  # noqa: F401
     from models.privatize import SEED_WARNING
     from shared.bundle import EdgeBundle
 
