@@ -1,7 +1,7 @@
 """Run one stage of a stream in a worker thread, a bounded number of items ahead.
 
-``edge-agent privatize`` reads, tokenizes and privatizes batch i+1 while the main
-thread serialises, posts and writes batch i. The heavy parts of both stages
+``edge-agent privatize`` reads and tokenizes batch i+2 and privatizes batch i+1
+while the main thread serialises, posts and writes batch i. The heavy parts of the stages
 (tokenizers' Rust code, numpy's random samplers and linear algebra, SIMD base64,
 file writes) release the GIL, so on two cores the stages overlap.
 

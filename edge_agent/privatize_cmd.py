@@ -323,9 +323,10 @@ def _run(args, stream, size, out: Output, t0: float) -> int:
 
 @dataclass
 class _Prepared:
-    """One batch, privatized: its kept lines, the mechanism's output (``data``, see
-    Privatizer.privatize_data) or whole records (``objs``, TextHide k > 1), what was
-    skipped, and the error that ends the input after it."""
+    """One batch: its kept lines and their tokens (``items``, from _tokenized), then the
+    mechanism's output (``data``, see Privatizer.privatize_data) or whole records
+    (``objs``, TextHide k > 1, from _privatized), what was skipped, and the error that
+    ends the input after it."""
 
     lines: list = field(default_factory=list)
     items: list = field(default_factory=list)

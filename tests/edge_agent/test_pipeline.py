@@ -121,17 +121,18 @@ def test_orjson_lines_equal_pydantic_dump(mechanism, label):
 def test_chained_stages_keep_order_and_close_together():
     got = list(ahead(ahead(range(30), lambda x: x + 1, depth=2), lambda y: y * 10))
     assert got == [(x + 1) * 10 for x in range(30)]
-    inner_done = []
 
-    def inner(x):
-        inner_done.append(x)
-        return x
+    def workers() -> int:
+        return sum(t.name == "privbert-ahead" for t in threading.enumerate())
 
-    gen = ahead(ahead(range(10_000), inner), lambda y: y)
+    before = workers()
+    inner = ahead(range(10_000), lambda x: x)  # held here, so not closed by refcounting
+    gen = ahead(inner, lambda y: y)
     assert next(gen) == 0
+    assert workers() == before + 2
     gen.close()
-    time.sleep(0.3)
-    n = len(inner_done)
-    time.sleep(0.1)
-    assert len(inner_done) == n < 10  # the inner stage stopped too
-    assert not any(t.name == "privbert-ahead" for t in threading.enumerate())
+    deadline = time.monotonic() + 2
+    while workers() > before and time.monotonic() < deadline:
+        time.sleep(0.01)
+    # without the explicit close the inner worker stays blocked on its full queue
+    assert workers() == before
