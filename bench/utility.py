@@ -258,10 +258,30 @@ def row_config(row: Row, args, data: dict, calib: dict | None, bundle_id: str) -
            "train_sha": data["train_sha"], "dev_sha": data["dev_sha"], "seed": args.seed,
            "epochs": args.vector_epochs if vector else args.epochs,
            "lr": None if vector else args.lr, "batch_size": 32, "max_length": 128}
-    if row.objective != "orig":
+    if row.objective != "orig" and args.pretrained:
+        cfg["pretrain"] = {"given": given_pretraining(Path(args.pretrained), row, params["eta"])}
+    elif row.objective != "orig":
         cfg["pretrain"] = {"steps": args.pretrain_steps, "batch": args.pretrain_batch,
                            "lr": args.pretrain_lr, "head_warmup": args.pretrain_head_warmup}
     return cfg
+
+
+def given_pretraining(path: Path, row: Row, eta: float) -> dict:
+    """What identifies a finished ``cloud-api pretrain`` folder given by --pretrained; it
+    must have been pretrained for this row (objective, mechanism, η)."""
+    from models.pretrain import INFO_FILE
+
+    info = read_json(path / INFO_FILE)
+    if info is None:
+        raise SystemExit(f"error: --pretrained {path}: no {INFO_FILE} (not a finished "
+                         "cloud-api pretrain folder)")
+    got = (info.get("objective"), info.get("mechanism"))
+    if got != (row.objective, row.mechanism) or abs(info.get("eta", 0) - eta) > 1e-6 * eta:
+        raise SystemExit(f"error: --pretrained {path} was pretrained with {got[0]} MLM, "
+                         f"{got[1]} eta={info.get('eta')}; row {row.id} needs {row.objective} "
+                         f"MLM, {row.mechanism} eta={eta}")
+    return {"dir": str(path.resolve()), "steps": info.get("steps"),
+            "weights_sha": file_sha(path / "model.safetensors")}
 
 
 def run_row(row: Row, cfg: dict, out: Path, args, data: dict, bundles: dict) -> dict:
@@ -273,7 +293,15 @@ def run_row(row: Row, cfg: dict, out: Path, args, data: dict, bundles: dict) -> 
     key = key_of(cfg)
     bundle = bundles["encoder"]() if row.mechanism in ("laplace", "ome") else bundles["plain"]
     base, pre = None, None
-    if row.objective != "orig":
+    if "given" in cfg.get("pretrain", {}):
+        from models.pretrain import INFO_FILE
+
+        base = Path(cfg["pretrain"]["given"]["dir"])
+        info = read_json(base / INFO_FILE) or {}
+        pre = {"dir": str(base), "wall_s": info.get("train_seconds") or 0.0,
+               "loss_first": (info.get("loss_curve") or [[0, None]])[0][1],
+               "loss_last": (info.get("loss_curve") or [[0, None]])[-1][1]}
+    elif row.objective != "orig":
         pdir, pcfg = pretrain_dir(out, row, cfg["params"]["eta"], args, bundle)
         pre = ensure_pretrained(pdir, pcfg, bundle)
         pre["dir"] = str(pdir)
@@ -343,6 +371,8 @@ def render(rows: list[Row], results: dict, calib: dict | None, args, data: dict,
         pre = (res or {}).get("pretrain") or {}
         if row.objective == "orig":
             pretraining = "—"
+        elif args.pretrained:
+            pretraining = f"{OBJECTIVE_NAMES[row.objective]} {Path(args.pretrained).name}"
         else:
             pretraining = f"{OBJECTIVE_NAMES[row.objective]} {args.pretrain_steps}×" \
                           f"{args.pretrain_batch}"
@@ -363,8 +393,10 @@ def render(rows: list[Row], results: dict, calib: dict | None, args, data: dict,
         f"{data['n_train']} of {data['train_total']} sentences (seed {args.seed}), dev "
         f"{data['n_dev']} of {data['dev_total']}; fine-tune {args.epochs} epochs "
         f"(vector MLPs {args.vector_epochs}), batch 32, lr {args.lr or 2e-5:g} (MLP 1e-3), "
-        f"max length 128; pretraining {args.pretrain_steps} steps × {args.pretrain_batch} "
-        f"sequences, lr {args.pretrain_lr:g}",
+        f"max length 128; " + (
+            f"pretraining: the given folder {args.pretrained}" if args.pretrained else
+            f"pretraining {args.pretrain_steps} steps × {args.pretrain_batch} sequences, "
+            f"lr {args.pretrain_lr:g}"),
         table(headers, body),
     ]
     if calib:
@@ -405,6 +437,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--pretrain-lr", type=float, default=5e-5)
     ap.add_argument("--pretrain-head-warmup", type=int, default=0,
                     help="first pretraining steps train only the new MLM head")
+    ap.add_argument("--pretrained", default=None, metavar="DIR",
+                    help="fine-tune the pretraining rows from this finished `cloud-api "
+                         "pretrain` folder (its objective, mechanism and eta must be the "
+                         "row's) instead of pretraining them here")
     ap.add_argument("--inversion-tokens", type=int, default=10000,
                     help="dev word pieces for the η calibration")
     ap.add_argument("--seed", type=int, default=0,
@@ -414,7 +450,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--table-only", action="store_true", help="print the table from the cache")
     ap.add_argument("--list", action="store_true", help="list the row ids and exit")
     args = ap.parse_args(argv)
-    for name in ("train", "dev", "pretrain_steps", "inversion_tokens"):
+    for name in ("train", "dev", "inversion_tokens"):
         if getattr(args, name) < 0:
             ap.error(f"--{name.replace('_', '-')} must be >= 0")
     for name in ("epochs", "vector_epochs", "pretrain_batch"):
