@@ -21,6 +21,9 @@ Rows (ids for ``--only``; shell-style patterns such as ``text-*`` work):
 Every row privatizes a seeded subset of ``../shared/data/sst2/train.tsv`` and the dev set
 with the edge's ``Privatizer`` (``models.experiment.train_from_tsv``) and fine-tunes; the dev
 accuracy is that of the best epoch (the library keeps it) and the last epoch's is shown too.
+Both are measured on the one noise draw the epoch was chosen on, which flatters them: the
+kept model is also evaluated on all dev rows privatized afresh, and the targets are judged on
+that figure.
 Results, calibration and pretrained checkpoints are cached under ``--out`` keyed by their full
 configuration: a re-run skips what is done, ``--table-only`` prints the table from what exists.
 """
@@ -68,6 +71,7 @@ OBJECTIVE_NAMES = {"orig": "original weights", "vanilla": "Vanilla MLM", "prob":
 LAPLACE = {"epsilon": 1.0, "calibration": "coordinate", "word_dropout": 0.1}  # DPNR setting
 OME_PARAMS = {"epsilon": 1.0, "lam": 100.0}  # OME paper setting
 # the issue's targets (#4): (row, threshold)
+FRESH_STREAM = 5  # rng stream of the fresh dev privatization (train/dev subsets: 1, 2; noise: 3)
 TARGETS = (("null", 0.90), ("text-0.3402-denoising", 0.74), ("text-0.85-denoising", 0.90))
 
 
@@ -327,10 +331,43 @@ def run_row(row: Row, cfg: dict, out: Path, args, data: dict, bundles: dict) -> 
               "model_dir": str(res.model_dir), "device": m.get("device"),
               "precision": m.get("precision"), "machine": machine(),
               "finished": dt.datetime.now(dt.UTC).isoformat(timespec="seconds")}
+    result["fresh"] = fresh_dev(row, res.model_dir, args, bundles)
     write_json(out / "rows" / f"{row.id}-{key}.json", result)
     log(f"row {row.id}: dev accuracy {result['accuracy']:.4f} (best epoch {m['best_epoch']}, "
-        f"last {result['last_epoch_accuracy']:.4f}) in {fmt_s(wall)}; {summary(g)}")
+        f"last {result['last_epoch_accuracy']:.4f}; all dev, fresh noise "
+        f"{result['fresh']['accuracy']:.4f}) in {fmt_s(wall)}; {summary(g)}")
     return result
+
+
+def fresh_dev(row: Row, model_dir, args, bundles: dict) -> dict:
+    """The kept model on every dev row privatized afresh, ``--fresh-draws`` times: noise draws
+    the epoch choice never saw (the "dev acc" column is measured on the draw it was chosen
+    on). One draw of all 6,735 rows moves accuracy by about ±0.005 (dχ-text at 0.34)."""
+    from models.experiment import evaluate_tsv
+
+    bundle = bundles["encoder"]() if row.mechanism in ("laplace", "ome") else bundles["plain"]
+    t0 = time.perf_counter()
+    reps = [evaluate_tsv(model_dir, DATA / "sst2" / "dev.tsv", bundle=bundle,
+                         rng=np.random.default_rng([args.seed, FRESH_STREAM, i]), progress=False)
+            for i in range(args.fresh_draws)]
+    acc = [r["accuracy"] for r in reps]
+    return {"accuracy": float(np.mean(acc)), "draws": acc, "n": reps[0]["n"],
+            "macro_f1": float(np.mean([r["macro_f1"] for r in reps])),
+            "seed": [args.seed, FRESH_STREAM], "wall_s": round(time.perf_counter() - t0, 1)}
+
+
+def with_fresh(row: Row, res: dict, out: Path, args, bundles: dict) -> dict:
+    """A cached row without the fresh-noise evaluation (or with another number of draws)
+    gets it now: its model is on disk."""
+    f = res.get("fresh")
+    if f is not None and len(f.get("draws", [])) == args.fresh_draws:
+        return res
+    if not Path(res.get("model_dir", "")).is_dir():
+        return res
+    log(f"row {row.id}: all dev with fresh noise, {args.fresh_draws} draws (cached row)")
+    res = {**res, "fresh": fresh_dev(row, res["model_dir"], args, bundles)}
+    write_json(out / "rows" / f"{row.id}-{res['key']}.json", res)
+    return res
 
 
 # -- the table ---------------------------------------------------------------------------------
@@ -352,6 +389,28 @@ def privacy_cells(row: Row, res: dict | None, calib: dict | None) -> list[str]:
     return ["—", "—", f"{g['nominal']['epsilon']:.4g}", f"{g['worst_case']['epsilon']:.4g}"]
 
 
+def fresh_cell(res: dict | None) -> str:
+    f = (res or {}).get("fresh")
+    if not f:
+        return "—" if res else ""
+    se = (f["accuracy"] * (1 - f["accuracy"]) / f["n"]) ** 0.5
+    return f"{f['accuracy']:.4f} ± {1.96 * se:.4f}" + (
+        f" ({min(f['draws']):.4f}–{max(f['draws']):.4f})" if len(f.get("draws", [])) > 1 else "")
+
+
+def target_verdict(res: dict | None, thr: float) -> str:
+    """Judged on the fresh-noise accuracy over all dev; the selection draw's figure beside it."""
+    if res is None:
+        return "not run"
+    f = res.get("fresh")
+    if not f:
+        return (f"{res['accuracy']:.4f} on the selection draw (no fresh-noise evaluation) -> "
+                "not judged")
+    return (f"{f['accuracy']:.4f} on all dev with fresh noise, mean of {len(f['draws'])} draws "
+            f"({res['accuracy']:.4f} on the "
+            f"selection draw) -> {'met' if f['accuracy'] >= thr else 'NOT met'}")
+
+
 def describe(row: Row) -> str:
     if row.mechanism == "laplace":
         return "laplace (DPNR: ε=1, coordinate, μ=0.1)"
@@ -363,8 +422,8 @@ def describe(row: Row) -> str:
 def render(rows: list[Row], results: dict, calib: dict | None, args, data: dict,
            started: float) -> str:
     headers = ["row", "mechanism", "η", "inversion", "ε published", "ε worst case",
-               "pretraining", "dev acc", "last epoch", "paper (BERT-base)", "fine-tune",
-               "pretrain"]
+               "pretraining", "dev acc", "last epoch", "all dev, fresh noise",
+               "paper (BERT-base)", "fine-tune", "pretrain"]
     body = []
     for row in display_order(rows):
         res = results.get(row.id)
@@ -382,7 +441,7 @@ def render(rows: list[Row], results: dict, calib: dict | None, args, data: dict,
         body.append([row.id, describe(row), *privacy_cells(row, res, calib), pretraining,
                      f"{res['accuracy']:.4f}" if res else "not run",
                      f"{res['last_epoch_accuracy']:.4f}" if res else "",
-                     paper_s, fmt_s(res["finetune_wall_s"]) if res else "",
+                     fresh_cell(res), paper_s, fmt_s(res["finetune_wall_s"]) if res else "",
                      fmt_s(pre.get("wall_s")) if pre else ""])
     done = [r for r in results.values()]
     compute = sum(r["finetune_wall_s"] for r in done)
@@ -406,14 +465,16 @@ def render(rows: list[Row], results: dict, calib: dict | None, args, data: dict,
                          f"{p} -> η={c['eta']:.2f} ({c['accuracy']:.4f} ± "
                          f"{1.96 * c['standard_error']:.4f})"
                          for p, c in calib["points"].items()))
-    lines.append("dev acc: best epoch (selected on this dev set, as the library keeps it); "
+    lines.append("dev acc: best epoch (selected on this dev set and its one noise draw, as "
+                 "the library keeps it); all dev, fresh noise: that model on all "
+                 f"{data['dev_total']} dev rows privatized afresh, mean of "
+                 f"{args.fresh_draws} noise draws (rng stream {FRESH_STREAM}), ± 1.96 binomial "
+                 "standard errors of one draw, (lowest–highest draw); the targets are judged "
+                 "on it; "
                  "paper: Qu et al. 2021 Tables 4/6/7, BERT-base (768-d) at the η with the same "
                  "inversion accuracy (Table 3); fine-tune time includes privatizing train+dev")
     for rid, thr in TARGETS:
-        res = results.get(rid)
-        got = "not run" if res is None else (
-            f"{res['accuracy']:.4f} -> {'met' if res['accuracy'] >= thr else 'NOT met'}")
-        lines.append(f"target {rid} >= {thr:.2f}: {got}")
+        lines.append(f"target {rid} >= {thr:.2f}: {target_verdict(results.get(rid), thr)}")
     lines.append(f"rows done: {len(done)} of {len(rows)}; compute time of the rows shown "
                  f"(calibration + pretraining + fine-tuning, summed over runs): {fmt_s(compute)}"
                  f"; this invocation: {fmt_s(time.perf_counter() - started)}")
@@ -441,6 +502,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                     help="fine-tune the pretraining rows from this finished `cloud-api "
                          "pretrain` folder (its objective, mechanism and eta must be the "
                          "row's) instead of pretraining them here")
+    ap.add_argument("--fresh-draws", type=int, default=3,
+                    help="noise draws of the all-dev evaluation with fresh noise")
     ap.add_argument("--inversion-tokens", type=int, default=10000,
                     help="dev word pieces for the η calibration")
     ap.add_argument("--seed", type=int, default=0,
@@ -453,7 +516,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     for name in ("train", "dev", "inversion_tokens"):
         if getattr(args, name) < 0:
             ap.error(f"--{name.replace('_', '-')} must be >= 0")
-    for name in ("epochs", "vector_epochs", "pretrain_batch"):
+    for name in ("epochs", "vector_epochs", "pretrain_batch", "fresh_draws"):
         if getattr(args, name) < 1:
             ap.error(f"--{name.replace('_', '-')} must be >= 1")
     if args.pretrain_steps < 1:
@@ -527,7 +590,8 @@ def main(argv: list[str] | None = None) -> int:
                 continue
             cached = read_json(out / "rows" / f"{row.id}-{key_of(cfg)}.json")
             if cached is not None:
-                results[row.id] = cached
+                results[row.id] = cached if args.table_only else with_fresh(
+                    row, cached, out, args, bundles)
                 continue
             if args.table_only:
                 continue
