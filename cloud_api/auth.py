@@ -1,0 +1,143 @@
+"""Bearer keys: kept only as SHA-256 hashes, compared in constant time.
+
+Application keys may call ``/v1``; admin keys may call ``/admin`` and ``/v1``. A
+record stores the caller's :func:`key_id` (a short hash), never the key. Routes take
+the caller as an ``Annotated`` dependency::
+
+    @router.post("/v1/records")
+    def post_records(body: RecordsIn, caller: AppCaller): ...
+
+The dependency also applies the per-key rate limit (429 with ``Retry-After``).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Annotated, Literal
+
+from fastapi import Depends, Request
+
+from cloud_api.errors import RateLimited, ServiceError
+from cloud_api.settings import Settings
+
+Role = Literal["app", "admin"]
+
+
+class Unauthorized(ServiceError):
+    status, kind, title = 401, "unauthorized", "Missing or unknown API key"
+
+
+class Forbidden(ServiceError):
+    status, kind, title = 403, "forbidden", "This key may not use this endpoint"
+
+
+def key_hash(key: str) -> bytes:
+    return hashlib.sha256(key.encode("utf-8")).digest()
+
+
+def key_id(key: str) -> str:
+    """A short public id of a key (12 hex digits of a separate hash): stored with records,
+    shown in logs, accepted by erasure; the key cannot be recovered from it."""
+    return hashlib.sha256(b"privbert-key-id\0" + key.encode("utf-8")).hexdigest()[:12]
+
+
+@dataclass(frozen=True)
+class Caller:
+    role: Role
+    key_id: str
+
+
+class KeyRing:
+    """Hashes of the configured keys with their role and id."""
+
+    def __init__(self, entries: list[tuple[bytes, Role, str]], disabled: bool = False):
+        self._entries = entries
+        self.disabled = disabled
+
+    @classmethod
+    def from_settings(cls, s: Settings) -> KeyRing:
+        entries: list[tuple[bytes, Role, str]] = []
+        for role, keys in (("app", s.api_keys), ("admin", s.admin_keys)):
+            for k in keys:
+                raw = k.get_secret_value()
+                entries.append((key_hash(raw), role, key_id(raw)))
+        if s.keys_file is not None:
+            entries += _read_keys_file(s.keys_file)
+        if not entries and not s.auth_disabled:
+            raise ValueError("no API keys configured: set PRIVBERT_API_KEYS and "
+                             "PRIVBERT_ADMIN_KEYS (comma-separated) or PRIVBERT_KEYS_FILE "
+                             "(or PRIVBERT_AUTH_DISABLED=1 for local development)")
+        return cls(entries, disabled=s.auth_disabled and not entries)
+
+    def verify(self, token: str) -> Caller | None:
+        """The caller of ``token``; every entry is compared so the time does not depend
+        on which key (if any) matches."""
+        h = key_hash(token)
+        found: Caller | None = None
+        for digest, role, kid in self._entries:
+            if hmac.compare_digest(digest, h) and found is None:
+                found = Caller(role, kid)
+        return found
+
+
+def _read_keys_file(path: Path) -> list[tuple[bytes, Role, str]]:
+    """Lines ``app KEY`` / ``admin KEY`` / ``app sha256:HEX [id]``; ``#`` starts a comment."""
+    out: list[tuple[bytes, Role, str]] = []
+    for n, line in enumerate(Path(path).read_text().splitlines(), 1):
+        line = line.split("#", 1)[0].strip()
+        if not line:
+            continue
+        parts = line.split()
+        if len(parts) not in (2, 3) or parts[0] not in ("app", "admin"):
+            raise ValueError(f"{path}:{n}: expected 'app|admin KEY' or 'app|admin sha256:HEX'")
+        role: Role = parts[0]  # type: ignore[assignment]
+        if parts[1].startswith("sha256:"):
+            hexd = parts[1][7:]
+            if len(hexd) != 64:
+                raise ValueError(f"{path}:{n}: sha256: needs 64 hex digits")
+            kid = parts[2] if len(parts) == 3 else hexd[:12]
+            out.append((bytes.fromhex(hexd), role, kid))
+        else:
+            out.append((key_hash(parts[1]), role, key_id(parts[1])))
+    return out
+
+
+def _bearer(request: Request) -> str | None:
+    header = request.headers.get("authorization", "")
+    scheme, _, token = header.partition(" ")
+    if scheme.lower() != "bearer" or not token.strip():
+        return None
+    return token.strip()
+
+
+def _caller(request: Request, need: Role) -> Caller:
+    ring: KeyRing = request.app.state.keys
+    if ring.disabled:
+        caller = Caller("admin", "anonymous")
+    else:
+        token = _bearer(request)
+        caller = ring.verify(token) if token else None
+        if caller is None:
+            raise Unauthorized("send 'Authorization: Bearer <key>' with a valid key")
+        if need == "admin" and caller.role != "admin":
+            raise Forbidden("an application key may not call /admin")
+    request.state.key_id = caller.key_id
+    wait = request.app.state.rate_limiter.acquire(caller.key_id)
+    if wait > 0:
+        raise RateLimited(f"key {caller.key_id} is over its rate limit", retry_after=wait)
+    return caller
+
+
+def require_app(request: Request) -> Caller:
+    return _caller(request, "app")
+
+
+def require_admin(request: Request) -> Caller:
+    return _caller(request, "admin")
+
+
+AppCaller = Annotated[Caller, Depends(require_app)]
+AdminCaller = Annotated[Caller, Depends(require_admin)]

@@ -1,0 +1,183 @@
+"""``$PRIVBERT_HOME`` on disk: model versions, promoted pointers, bundles, bases, job folders.
+
+    $PRIVBERT_HOME/
+      models/<model_id>/versions/<version>/   a version folder of models/registry.py
+      models/<model_id>/promoted              the promoted version's name, replaced atomically
+      bundles/<bundle_id>/                    edge bundles (EdgeBundle.save)
+      bases/<name>/                           pretrained bases (cloud-api pretrain output)
+      jobs/<job_id>/                          a job's work folder and log
+
+Everything here is plain files so that several processes (replicas, workers, the CLI)
+sharing the folder see each other's changes: a version folder appears by one rename,
+a promotion by one ``os.replace`` of the pointer file. Nothing here imports torch.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import tempfile
+from pathlib import Path
+
+from cloud_api.errors import InvalidRequest, NotFound
+
+_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
+_VERSION = re.compile(r"^v([1-9][0-9]{0,8})$")
+CONFIG_FILE = "config.json"  # models/registry.py: its presence means the folder is complete
+
+
+def check_id(kind: str, value: str) -> str:
+    """``value`` if it is a safe folder name (letters, digits, ``_.-``; at most 64)."""
+    if not isinstance(value, str) or not _ID.match(value) or value in (".", ".."):
+        raise InvalidRequest(f"{kind} must be 1-64 letters, digits, '_', '.' or '-' and start "
+                             f"with a letter or digit")
+    return value
+
+
+def version_number(version: str) -> int | None:
+    m = _VERSION.match(version or "")
+    return int(m.group(1)) if m else None
+
+
+def _write_atomically(path: Path, text: str) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
+    try:
+        with os.fdopen(fd, "w") as fh:
+            fh.write(text)
+            fh.flush()
+            os.fsync(fh.fileno())
+        os.chmod(tmp, 0o644)
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+class ModelHome:
+    """The folder layout above; every method is safe to call from several processes."""
+
+    def __init__(self, root: str | os.PathLike):
+        self.root = Path(root)
+
+    # -- folders ----------------------------------------------------------------------------
+    @property
+    def models_dir(self) -> Path:
+        return self.root / "models"
+
+    @property
+    def bundles_dir(self) -> Path:
+        return self.root / "bundles"
+
+    @property
+    def bases_dir(self) -> Path:
+        return self.root / "bases"
+
+    @property
+    def jobs_dir(self) -> Path:
+        return self.root / "jobs"
+
+    def ensure(self) -> ModelHome:
+        for d in (self.models_dir, self.bundles_dir, self.bases_dir, self.jobs_dir):
+            d.mkdir(parents=True, exist_ok=True)
+        return self
+
+    def model_dir(self, model_id: str) -> Path:
+        return self.models_dir / check_id("model id", model_id)
+
+    def version_dir(self, model_id: str, version: str) -> Path:
+        if version_number(version) is None:
+            raise InvalidRequest("version must look like v1, v2, ...")
+        return self.model_dir(model_id) / "versions" / version
+
+    def bundle_dir(self, bundle_id: str) -> Path:
+        if not re.match(r"^[0-9a-f]{64}$", bundle_id or ""):
+            raise InvalidRequest("bundle id must be 64 lower-case hex digits")
+        return self.bundles_dir / bundle_id
+
+    def base_dir(self, name: str) -> Path:
+        return self.bases_dir / check_id("base name", name)
+
+    def job_dir(self, job_id: str | int) -> Path:
+        return self.jobs_dir / check_id("job id", str(job_id))
+
+    # -- listing ----------------------------------------------------------------------------
+    def model_ids(self) -> list[str]:
+        if not self.models_dir.is_dir():
+            return []
+        return sorted(p.name for p in self.models_dir.iterdir()
+                      if p.is_dir() and _ID.match(p.name))
+
+    def versions(self, model_id: str) -> list[str]:
+        """Complete versions (with config.json), oldest first."""
+        vdir = self.model_dir(model_id) / "versions"
+        if not vdir.is_dir():
+            return []
+        found = [(n, p.name) for p in vdir.iterdir()
+                 if (n := version_number(p.name)) is not None and (p / CONFIG_FILE).is_file()]
+        return [name for _, name in sorted(found)]
+
+    def promoted(self, model_id: str) -> str | None:
+        """The promoted version of ``model_id`` (None when nothing is promoted)."""
+        try:
+            text = (self.model_dir(model_id) / "promoted").read_text().strip()
+        except (FileNotFoundError, NotADirectoryError):
+            return None
+        return text if version_number(text) is not None else None
+
+    def promoted_all(self) -> dict[str, str]:
+        return {m: v for m in self.model_ids() if (v := self.promoted(m)) is not None}
+
+    # -- changes ----------------------------------------------------------------------------
+    def promote(self, model_id: str, version: str) -> Path:
+        """Point ``model_id`` at ``version`` (one atomic replace); returns the version folder."""
+        path = self.version_dir(model_id, version)
+        if not (path / CONFIG_FILE).is_file():
+            raise NotFound(f"model {model_id} has no version {version}")
+        _write_atomically(self.model_dir(model_id) / "promoted", version + "\n")
+        return path
+
+    def reserve_version(self, model_id: str) -> tuple[str, Path]:
+        """A new empty version folder ``v<n+1>`` (mkdir is atomic, so two processes never get
+        the same one). Fill it with one rename onto it, as :meth:`register` does (never
+        delete it first: another process could take the name meanwhile); an empty folder
+        left by a crash is never listed."""
+        vdir = self.model_dir(model_id) / "versions"
+        vdir.mkdir(parents=True, exist_ok=True)
+        while True:
+            taken = [n for p in vdir.iterdir() if (n := version_number(p.name)) is not None]
+            version = f"v{max(taken, default=0) + 1}"
+            try:
+                (vdir / version).mkdir()
+            except FileExistsError:
+                continue
+            return version, vdir / version
+
+    def register(self, model_id: str, src: str | os.PathLike, *, move: bool = False) -> str:
+        """Add a complete model folder as the next version (copied, or moved when on the same
+        file system and ``move``). Returns the version name."""
+        src = Path(src)
+        if not (src / CONFIG_FILE).is_file():
+            raise InvalidRequest(f"{src} is not a model version folder (no {CONFIG_FILE})")
+        version, dest = self.reserve_version(model_id)
+        try:
+            if move:
+                os.replace(src, dest)  # rename(2) onto an empty folder
+            else:
+                tmp = Path(tempfile.mkdtemp(prefix=f".{version}.tmp-", dir=dest.parent))
+                shutil.copytree(src, tmp, dirs_exist_ok=True)
+                os.chmod(tmp, 0o755)
+                os.replace(tmp, dest)
+        except BaseException:
+            shutil.rmtree(dest, ignore_errors=True)
+            raise
+        return version
+
+    def read_config(self, model_id: str, version: str) -> dict:
+        path = self.version_dir(model_id, version) / CONFIG_FILE
+        try:
+            return json.loads(path.read_text())
+        except FileNotFoundError:
+            raise NotFound(f"model {model_id} has no version {version}") from None

@@ -1,0 +1,103 @@
+"""Service settings (pydantic-settings): environment variables with the prefix ``PRIVBERT_``.
+
+    PRIVBERT_HOME=/srv/privbert PRIVBERT_API_KEYS=k1,k2 PRIVBERT_ADMIN_KEYS=a1 cloud-api serve
+
+Every knob of the service lives here, one obvious place: storage, keys, request limits
+(defaults in the spirit of text-embeddings-inference), the micro-batcher, the inference
+backend, and the retraining worker. ``cloud-api`` flags override the environment.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated, Literal
+
+from pydantic import Field, SecretStr, field_validator
+from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
+
+KeyList = Annotated[list[SecretStr], NoDecode]
+
+
+class Settings(BaseSettings):
+    """All settings of ``cloud-api serve`` and ``cloud-api worker``."""
+
+    model_config = SettingsConfigDict(env_prefix="PRIVBERT_", extra="ignore",
+                                      validate_default=True)
+
+    # -- storage ----------------------------------------------------------------------------
+    home: Path = Field(Path("./var"), description="model registry, bundles, job folders, "
+                       "and the default SQLite database")
+    database_url: str | None = Field(None, description="SQLAlchemy URL; default "
+                                     "sqlite:///$PRIVBERT_HOME/privbert.db (PostgreSQL: "
+                                     "postgresql+psycopg://user@host/db)")
+
+    # -- keys -------------------------------------------------------------------------------
+    api_keys: KeyList = Field(default_factory=list, description="application keys for /v1 "
+                              "(comma-separated)")
+    admin_keys: KeyList = Field(default_factory=list, description="admin keys for /admin and "
+                                "/v1 (comma-separated)")
+    keys_file: Path | None = Field(None, description="file of keys, one per line: "
+                                   "'app KEY', 'admin KEY', or 'app sha256:HEX' (only the hash)")
+    auth_disabled: bool = Field(False, description="no keys at all: local development only")
+
+    # -- request limits ---------------------------------------------------------------------
+    max_body_bytes: int = Field(2_000_000, ge=1024, description="413 above this, enforced "
+                                "while the body is read")
+    max_payloads_per_request: int = Field(512, ge=1)
+    max_tokens_per_payload: int | None = Field(None, ge=1, description="default: the model's "
+                                               "max_length")
+    max_concurrent_requests: int = Field(512, ge=1, description="429 above this")
+    rate_limit_per_key: float = Field(200.0, ge=0, description="requests per second per key "
+                                      "(0 = no limit)")
+    rate_limit_burst: int = Field(400, ge=1)
+
+    # -- micro-batching ---------------------------------------------------------------------
+    max_batch_size: int = Field(32, ge=1, description="payloads per model forward")
+    max_batch_tokens: int = Field(16384, ge=1, description="padded tokens per forward")
+    max_wait_ms: float = Field(5.0, ge=0, description="how long the batcher waits to fill "
+                               "a batch")
+    max_queue_size: int = Field(2048, ge=1, description="payloads waiting per model version "
+                                "(full -> 429)")
+    queue_timeout_s: float = Field(30.0, gt=0, description="a payload that waited this long "
+                                   "gets 503")
+
+    # -- inference backend ------------------------------------------------------------------
+    backend: Literal["torch", "onnx"] = "torch"
+    device: str = Field("auto", description="auto | cpu | cuda | cuda:N")
+    precision: Literal["auto", "fp32", "bf16", "fp16"] = "auto"
+    torch_threads: int | None = Field(None, ge=1)
+    allow_none: bool = Field(False, description="serve models of mechanism 'none' (plain "
+                             "token ids: the Null-privacy baseline only)")
+    reload_interval_s: float = Field(2.0, gt=0, description="how often promoted pointers "
+                                     "written by other processes are checked")
+
+    # -- retraining worker ------------------------------------------------------------------
+    worker_in_serve: bool = Field(True, description="run one job worker thread inside serve")
+    worker_poll_s: float = Field(1.0, gt=0)
+    heartbeat_s: float = Field(2.0, gt=0)
+    heartbeat_timeout_s: float = Field(30.0, gt=0, description="a running job without a "
+                                       "heartbeat for this long is failed or retried")
+    reaper_interval_s: float = Field(5.0, gt=0)
+    max_attempts: int = Field(2, ge=1)
+    torchrun_nproc: int = Field(0, ge=0, description="> 0: train with torchrun "
+                                "--nproc-per-node N (DDP)")
+    torchrun_args: str = Field("", description="extra torchrun flags (multi-node rendezvous)")
+    min_records_per_label: int = Field(8, ge=1, description="retraining needs this many "
+                                       "records of every label")
+
+    # -- logging ----------------------------------------------------------------------------
+    log_level: str = "INFO"
+    log_json: bool = True
+
+    @field_validator("api_keys", "admin_keys", mode="before")
+    @classmethod
+    def _split(cls, v):
+        if isinstance(v, str):
+            return [k.strip() for k in v.split(",") if k.strip()]
+        return v
+
+    @property
+    def resolved_database_url(self) -> str:
+        if self.database_url:
+            return self.database_url
+        return f"sqlite:///{(self.home / 'privbert.db').resolve()}"
