@@ -1,0 +1,40 @@
+# Sourced by the scripts in this folder: a virtual environment in .venv with the project
+# installed as README "Set up" says, created or brought up to date when missing.
+# Re-installs only when pyproject.toml changed since the last install (a stamp file).
+set -euo pipefail
+ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+VENV="${PRIVBERT_VENV:-$ROOT/.venv}"
+
+ensure_venv() {
+    local stamp="$VENV/.privbert-installed" want
+    want="$(sha256sum "$ROOT/pyproject.toml" | cut -c1-64)"
+    if [ ! -x "$VENV/bin/python" ]; then
+        echo "setting up $VENV (first run: a few minutes)" >&2
+        python3 -m venv "$VENV"
+    fi
+    if [ "$(cat "$stamp" 2>/dev/null)" != "$want" ]; then
+        # torch first, pinned to the CPU wheel on disk (any other torch pulls CUDA packages)
+        "$VENV/bin/pip" install --quiet --disable-pip-version-check torch==2.13.0
+        "$VENV/bin/pip" install --quiet --disable-pip-version-check -e "$ROOT[edge,cloud,plot,dev]"
+        echo "$want" > "$stamp"
+    fi
+    # shellcheck disable=SC1091
+    . "$VENV/bin/activate"
+}
+
+# PostgreSQL 15 server programs for the tests that start a throwaway cluster
+# (Debian's package; initdb/pg_ctl live in /usr/lib/postgresql/15/bin, not on PATH).
+ensure_postgres() {
+    if ls /usr/lib/postgresql/*/bin/initdb >/dev/null 2>&1; then
+        return 0
+    fi
+    if [ "$(id -u)" -eq 0 ] && command -v apt-get >/dev/null 2>&1; then
+        echo "installing PostgreSQL (Debian package postgresql)" >&2
+        DEBIAN_FRONTEND=noninteractive apt-get install -y -q postgresql >/dev/null \
+            || { apt-get update -q >/dev/null && \
+                 DEBIAN_FRONTEND=noninteractive apt-get install -y -q postgresql >/dev/null; }
+    else
+        echo "warning: PostgreSQL server programs not found and cannot be installed here" \
+             "(need root and apt-get); the PostgreSQL tests will be skipped" >&2
+    fi
+}
