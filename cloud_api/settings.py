@@ -30,6 +30,15 @@ class Settings(BaseSettings):
     database_url: str | None = Field(None, description="SQLAlchemy URL; default "
                                      "sqlite:///$PRIVBERT_HOME/privbert.db (PostgreSQL: "
                                      "postgresql+psycopg://user@host/db)")
+    # (record store) database connection knobs
+    db_auto_upgrade: bool | None = Field(None, description="apply Alembic migrations when "
+                                         "serve starts; default: yes for SQLite, no for "
+                                         "PostgreSQL (run `cloud-api db upgrade`)")
+    db_busy_timeout_s: float = Field(5.0, gt=0, description="SQLite: wait this long for a "
+                                     "lock, then 503")
+    db_connect_timeout_s: float = Field(5.0, gt=0, description="PostgreSQL: connect "
+                                        "timeout, then 503")
+    db_pool_size: int = Field(5, ge=1, description="connections kept per process")
 
     # -- keys -------------------------------------------------------------------------------
     api_keys: KeyList = Field(default_factory=list, description="application keys for /v1 "
