@@ -1,0 +1,123 @@
+"""The FastAPI application: ``create_app(settings)``.
+
+    app = create_app(Settings(home="var", api_keys="k1", admin_keys="a1"))
+
+Extending it (records, jobs, ...): append a router module to :data:`ROUTERS` and, when it
+needs something started, an ``async def step(app, stack)`` to :data:`LIFESPAN`. Steps run
+in order at start; each registers its own shutdown on ``stack`` (an ``AsyncExitStack``),
+so components stop in reverse order. ``app.state`` holds ``settings``, ``home``, ``keys``,
+``rate_limiter``, ``bundles``, ``registry`` and ``ready_checks`` (callables returning
+``{component: problem}``, read by ``/readyz``).
+
+Graceful shutdown: uvicorn stops accepting connections and waits for the requests in
+flight; then the lifespan exits and ``registry.stop()`` drains the batch queues before
+the models are unloaded.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Awaitable, Callable
+from contextlib import AsyncExitStack, asynccontextmanager
+
+from fastapi import APIRouter, FastAPI
+from fastapi.openapi.utils import get_openapi
+
+from cloud_api import problems
+from cloud_api.auth import KeyRing
+from cloud_api.home import ModelHome
+from cloud_api.limits import RateLimiter
+from cloud_api.middleware import ServiceMiddleware
+from cloud_api.routes import admin_models, health, inference
+from cloud_api.settings import Settings
+
+log = logging.getLogger("cloud_api")
+
+LifespanStep = Callable[[FastAPI, AsyncExitStack], Awaitable[None]]
+
+DESCRIPTION = """Privacy-adaptive BERT classifiers that read privatized payloads.
+
+Only privatized payloads (``shared.payload``) reach this service: predict with
+``POST /v1/models/{model_id}/predict``. Send ``Authorization: Bearer <key>``: application
+keys for ``/v1``, admin keys for ``/admin`` and ``/v1``; ``/healthz``, ``/readyz`` and
+``/metrics`` are open. Every error is ``application/problem+json`` (RFC 9457) with a stable
+``type`` (``urn:privbert:problem:<kind>``)."""
+
+
+async def start_basics(app: FastAPI, stack: AsyncExitStack) -> None:
+    """The home folders, the key ring (refuses to start without keys), the rate limiter."""
+    s: Settings = app.state.settings
+    app.state.home = ModelHome(s.home).ensure()
+    app.state.keys = KeyRing.from_settings(s)
+    app.state.rate_limiter = RateLimiter(s.rate_limit_per_key, s.rate_limit_burst)
+    app.state.ready_checks = []
+
+
+async def start_serving(app: FastAPI, stack: AsyncExitStack) -> None:
+    """Bundles and the serving registry (loads every promoted version, starts batchers)."""
+    from cloud_api.serving.bundles import BundleStore
+    from cloud_api.serving.registry import ServingRegistry
+
+    app.state.bundles = BundleStore(app.state.home)
+    registry = ServingRegistry(app.state.settings, app.state.home, app.state.bundles)
+    await registry.start()
+    stack.push_async_callback(registry.stop)  # drains the batch queues, then unloads
+    app.state.registry = registry
+    app.state.ready_checks.append(lambda: registry.ready()[1])
+
+
+LIFESPAN: list[LifespanStep] = [start_basics, start_serving]
+ROUTERS: list[APIRouter] = [health.router, inference.router, admin_models.router]
+
+
+@asynccontextmanager
+async def lifespan(app: FastAPI):
+    async with AsyncExitStack() as stack:
+        for step in LIFESPAN:
+            await step(app, stack)
+        log.info("ready to serve", extra={"home": str(app.state.settings.home)})
+        yield
+        log.info("shutting down: draining batch queues")
+
+
+def create_app(settings: Settings | None = None) -> FastAPI:
+    """The service for ``settings`` (default: from the environment, PRIVBERT_*)."""
+    settings = settings or Settings()
+    app = FastAPI(title="privbert", version="1", description=DESCRIPTION, lifespan=lifespan,
+                  docs_url="/docs", redoc_url=None, openapi_url="/openapi.json")
+    app.state.settings = settings
+    problems.install(app)
+    for router in ROUTERS:
+        app.include_router(router)
+    app.add_middleware(ServiceMiddleware, max_body_bytes=settings.max_body_bytes,
+                       max_concurrent=settings.max_concurrent_requests)
+    app.openapi = lambda: _openapi(app)  # type: ignore[method-assign]
+    return app
+
+
+def create_app_from_env() -> FastAPI:
+    """uvicorn factory (``cloud_api.app:create_app_from_env``) for ``--workers N``."""
+    from cloud_api import logs
+
+    settings = Settings()
+    logs.configure(settings.log_level, settings.log_json)
+    return create_app(settings)
+
+
+def _openapi(app: FastAPI) -> dict:
+    """The OpenAPI document plus the problem and hand-validated request schemas, and the
+    bearer security scheme on ``/v1`` and ``/admin``."""
+    if app.openapi_schema:
+        return app.openapi_schema
+    schema = get_openapi(title=app.title, version=app.version, description=app.description,
+                         routes=app.routes)
+    problems.add_schemas(schema, problems.Problem, inference.PredictRequest)
+    schema["components"]["securitySchemes"] = {
+        "bearer": {"type": "http", "scheme": "bearer",
+                   "description": "application key (/v1) or admin key (/admin, /v1)"}}
+    for path, ops in schema.get("paths", {}).items():
+        if path.startswith(("/v1/", "/admin/")):
+            for op in ops.values():
+                op["security"] = [{"bearer": []}]
+    app.openapi_schema = schema
+    return schema

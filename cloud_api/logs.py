@@ -1,0 +1,54 @@
+"""Logging of ``cloud-api serve``: one JSON object per line (python-json-logger) on stderr.
+
+Every line has ``time``, ``level``, ``logger`` and ``message``; request lines add
+``request_id``, ``method``, ``route`` (the template), ``status``, ``duration_ms``, ``key_id``
+and ``problem``. Nothing logs a body, a payload, a query string or a key. uvicorn's own
+access log is off (its lines carry the raw path); its error log goes through the same
+formatter. ``--workers N`` applies the same configuration in every worker process.
+"""
+
+from __future__ import annotations
+
+import logging
+import logging.config
+
+try:  # python-json-logger >= 3
+    from pythonjsonlogger.json import JsonFormatter
+except ImportError:  # pragma: no cover - python-json-logger 2.x
+    from pythonjsonlogger.jsonlogger import JsonFormatter
+
+FORMAT = "%(asctime)s %(levelname)s %(name)s %(message)s"
+RENAME = {"asctime": "time", "levelname": "level", "name": "logger"}
+PLAIN_FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"
+
+
+def json_formatter() -> logging.Formatter:
+    """The JSON formatter (ISO-8601 times, renamed standard fields)."""
+    return JsonFormatter(FORMAT, rename_fields=RENAME, timestamp=False,
+                         datefmt="%Y-%m-%dT%H:%M:%S%z")
+
+
+def logging_config(level: str = "INFO", json: bool = True) -> dict:
+    """A ``logging.config.dictConfig`` for the service and uvicorn (``uvicorn.run(
+    log_config=...)`` applies it in each worker process)."""
+    formatter = ({"()": "cloud_api.logs.json_formatter"} if json
+                 else {"format": PLAIN_FORMAT})
+    level = level.upper()
+    return {
+        "version": 1,
+        "disable_existing_loggers": False,
+        "formatters": {"default": formatter},
+        "handlers": {"stderr": {"class": "logging.StreamHandler", "formatter": "default",
+                                "stream": "ext://sys.stderr"}},
+        "root": {"handlers": ["stderr"], "level": level},
+        "loggers": {
+            "uvicorn": {"handlers": [], "level": level, "propagate": True},
+            "uvicorn.error": {"handlers": [], "level": level, "propagate": True},
+            "uvicorn.access": {"handlers": [], "level": "CRITICAL", "propagate": False},
+        },
+    }
+
+
+def configure(level: str = "INFO", json: bool = True) -> None:
+    """Apply :func:`logging_config` in this process."""
+    logging.config.dictConfig(logging_config(level, json))

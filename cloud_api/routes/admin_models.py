@@ -1,0 +1,40 @@
+"""``POST /admin/models/{model_id}/promote {"version"}``: serve another registered version.
+
+The registry loads the version beside the one serving, switches new requests to it, lets
+queued requests finish on the old one, then releases it; a version that fails to load
+leaves the old one serving and answers the error."""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+from fastapi import APIRouter, Path, Request
+from pydantic import BaseModel, ConfigDict, Field
+
+from cloud_api.auth import AdminCaller
+from cloud_api.problems import responses
+
+router = APIRouter(prefix="/admin", tags=["admin"])
+
+ModelId = Annotated[str, Path(description="model id",
+                              pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")]
+
+
+class PromoteRequest(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    version: str = Field(pattern=r"^v[1-9][0-9]{0,8}$", description="a registered version, "
+                         "e.g. v2", examples=["v2"])
+
+
+class PromoteResponse(BaseModel):
+    model_id: str
+    version: str = Field(description="the version now serving")
+
+
+@router.post("/models/{model_id}/promote", response_model=PromoteResponse,
+             summary="Promote a registered version (hot swap, no restart)",
+             responses=responses(401, 403, 404, 413, 422, 429, 503))
+async def promote(model_id: ModelId, body: PromoteRequest, request: Request,
+                  caller: AdminCaller) -> PromoteResponse:
+    await request.app.state.registry.promote(model_id, body.version)
+    return PromoteResponse(model_id=model_id, version=body.version)

@@ -1,0 +1,50 @@
+"""``GET /healthz`` (the process answers), ``GET /readyz`` (every promoted model loaded and
+warmed, and whatever else registered a readiness check), ``GET /metrics`` (Prometheus)."""
+
+from __future__ import annotations
+
+import inspect
+
+from fastapi import APIRouter, Request
+from prometheus_client import CONTENT_TYPE_LATEST, REGISTRY, generate_latest
+from pydantic import BaseModel
+from starlette.responses import Response
+
+from cloud_api.errors import Unavailable
+from cloud_api.problems import responses
+
+router = APIRouter(tags=["health"])
+
+
+class Health(BaseModel):
+    status: str
+
+
+@router.get("/healthz", response_model=Health, summary="Liveness: the process answers")
+async def healthz() -> Health:
+    return Health(status="ok")
+
+
+@router.get("/readyz", response_model=Health, responses=responses(503),
+            summary="Readiness: every promoted model is loaded and warmed")
+async def readyz(request: Request) -> Health:
+    """Each entry of ``app.state.ready_checks`` returns ``{component: problem}`` (empty when
+    ready), directly or as an awaitable; any problem makes this a 503 that lists them."""
+    problems: dict[str, str] = {}
+    for check in getattr(request.app.state, "ready_checks", []):
+        found = check()
+        if inspect.isawaitable(found):
+            found = await found
+        problems.update(found)
+    if problems:
+        listed = "; ".join(f"{name}: {why}" for name, why in sorted(problems.items()))
+        raise Unavailable(f"not ready: {listed}", retry_after=1)
+    return Health(status="ready")
+
+
+@router.get("/metrics", summary="Prometheus metrics (text format)",
+            response_class=Response,
+            responses={200: {"content": {CONTENT_TYPE_LATEST: {"schema": {"type": "string"}}},
+                             "description": "Prometheus exposition format"}})
+async def metrics_text() -> Response:
+    return Response(generate_latest(REGISTRY), media_type=CONTENT_TYPE_LATEST)
