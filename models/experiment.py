@@ -102,9 +102,10 @@ def train_from_records(records: Sequence[Record | tuple], out_dir: str | os.Path
                        label_names: Sequence[str] | None = None, extra_config: dict | None = None,
                        should_stop: Callable[[], bool] | None = None,
                        on_progress: Callable[[float, dict], None] | None = None,
-                       overwrite: bool = False) -> TrainResult:
+                       overwrite: bool = False, dist_ctx=None) -> TrainResult:
     """Fine-tune on privatized records (edge JSONL or the record store) and write a model
-    version folder ``out_dir``."""
+    version folder ``out_dir``. ``dist_ctx`` (``models.distributed``, under torchrun):
+    DDP; only rank 0 writes the folder."""
     cfg = cfg or TrainConfig()
     cfg.validate()
     check_out_dir(out_dir, overwrite)
@@ -113,7 +114,7 @@ def train_from_records(records: Sequence[Record | tuple], out_dir: str | os.Path
     dev = (dataset_from_records(dev_records, train.label_names, where="dev records")
            if dev_records else None)
     return _train(train, dev, out_dir, bundle, base, cfg, extra_config, should_stop,
-                  on_progress, overwrite)
+                  on_progress, overwrite, dist_ctx)
 
 
 def base_pretraining(base, mechanism: str, params: dict) -> dict | None:
@@ -140,7 +141,7 @@ def base_pretraining(base, mechanism: str, params: dict) -> dict | None:
 
 def _train(train: PayloadDataset, dev: PayloadDataset | None, out_dir, bundle: EdgeBundle,
            base, cfg: TrainConfig, extra_config: dict | None, should_stop, on_progress,
-           overwrite: bool) -> TrainResult:
+           overwrite: bool, dist_ctx=None) -> TrainResult:
     check_compatible(train, dev, bundle)
     if base is not None and train.kind == "vector":
         raise ValueError(f"--base does not apply to {train.mechanism}: its classifier is an "
@@ -153,7 +154,11 @@ def _train(train: PayloadDataset, dev: PayloadDataset | None, out_dir, bundle: E
               f"task uses {train.mechanism} {train.params}; Qu et al. §3.4 pretrain with the "
               "task's own privatization", file=sys.stderr)
     model = build_model(train, bundle, base, cfg)  # checks the base against the bundle
-    result = finetune(train, dev, bundle, base, cfg, should_stop, on_progress, model=model)
+    result = finetune(train, dev, bundle, base, cfg, should_stop, on_progress, model=model,
+                      dist_ctx=dist_ctx)
+    if dist_ctx is not None and not dist_ctx.is_main:  # rank 0 writes the version
+        return TrainResult(Path(out_dir), result.metrics, len(train), len(dev) if dev else 0,
+                           train.fingerprint)
     import torch
     import transformers
 

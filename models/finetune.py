@@ -20,9 +20,11 @@ import numpy as np
 import torch
 from torch import nn
 
+from models import distributed
 from models.backbone import autocast_dtype, check_same_bundle, load_bert, pick_device
 from models.classifiers import build_classifier, classification_loss
 from models.data import PayloadDataset, collate_dataset, length_buckets
+from models.distributed import DistContext
 from shared.bundle import EdgeBundle
 
 DEFAULT_LR = {"tokens": 2e-5, "embeddings": 2e-5, "vector": 1e-3}
@@ -228,11 +230,14 @@ def finetune(train: PayloadDataset, dev: PayloadDataset | None, bundle: EdgeBund
              base: str | os.PathLike | None = None, cfg: TrainConfig | None = None,
              should_stop: Callable[[], bool] | None = None,
              on_progress: Callable[[float, dict], None] | None = None,
-             model: nn.Module | None = None) -> FinetuneResult:
+             model: nn.Module | None = None,
+             dist_ctx: DistContext | None = None) -> FinetuneResult:
     """Fine-tune the classifier of ``train``'s mechanism; keep the best dev epoch.
 
     ``should_stop`` is polled every step (raise :class:`TrainingCancelled`);
     ``on_progress(fraction, info)`` is called after every epoch.
+    ``dist_ctx`` (``models.distributed.init_from_env()`` under torchrun): DDP, each rank
+    trains on its share of the length buckets; every rank returns the same weights.
     """
     cfg = cfg or TrainConfig()
     cfg.validate()
@@ -240,18 +245,25 @@ def finetune(train: PayloadDataset, dev: PayloadDataset | None, bundle: EdgeBund
     if cfg.seed is not None:
         torch.manual_seed(cfg.seed)
     module = model if model is not None else build_model(train, bundle, base, cfg)
-    device = pick_device(cfg.device)
+    device = dist_ctx.device if dist_ctx is not None else pick_device(cfg.device)
     amp = autocast_dtype(device, cfg.precision)
     module.to(device)
+    net = distributed.wrap(module, dist_ctx)  # module itself when alone
     frozen = _frozen_table(module)
     lr = cfg.lr if cfg.lr is not None else DEFAULT_LR[train.kind]
     opt = torch.optim.AdamW(_param_groups(module, cfg.weight_decay), lr=lr)
     steps_per_epoch = math.ceil(len(train) / cfg.batch_size)
+    if dist_ctx is not None:
+        steps_per_epoch //= dist_ctx.world_size  # see distributed.shard
     total = steps_per_epoch * cfg.epochs
     warm = max(1, int(round(cfg.warmup * total))) if cfg.warmup > 0 else 0
     sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: linear_warmup_decay(s, total, warm))
     scaler = torch.amp.GradScaler(device.type, enabled=amp == torch.float16)
-    rng = np.random.default_rng(cfg.seed)
+    seed = cfg.seed
+    if dist_ctx is not None and seed is None:  # one batch order, shared by every rank
+        seed = distributed.broadcast_object(int(np.random.SeedSequence().entropy % 2**63),
+                                            dist_ctx)
+    rng = np.random.default_rng(seed)
     lengths = train.lengths()
     special = bundle.special_ids
     history: list[dict] = []
@@ -259,20 +271,23 @@ def finetune(train: PayloadDataset, dev: PayloadDataset | None, bundle: EdgeBund
     started = time.perf_counter()
     from tqdm.auto import tqdm
 
-    bar = tqdm(total=total, disable=not cfg.progress, unit="step", desc="fine-tune",
+    main = dist_ctx is None or dist_ctx.is_main
+    bar = tqdm(total=total, disable=not (cfg.progress and main), unit="step", desc="fine-tune",
                dynamic_ncols=True, mininterval=1.0)
     try:
         for epoch in range(1, cfg.epochs + 1):
-            module.train()
+            net.train()
             run_loss, run_n, seen = torch.zeros((), device=device), 0, 0
-            for step, idx in enumerate(length_buckets(lengths, cfg.batch_size, rng)):
-                if should_stop is not None and should_stop():
+            batches = distributed.shard(list(length_buckets(lengths, cfg.batch_size, rng)),
+                                        dist_ctx)
+            for step, idx in enumerate(batches):
+                if should_stop is not None and distributed.any_rank(should_stop(), dist_ctx):
                     raise TrainingCancelled("training cancelled")
                 batch = {k: v.to(device, non_blocking=True) for k, v in
                          collate_dataset(train, idx, special, cfg.max_length).items()}
                 tgt = torch.from_numpy(train.targets[idx]).to(device, non_blocking=True)
                 with torch.autocast(device.type, dtype=amp, enabled=amp is not None):
-                    logits = module(**batch)
+                    logits = net(**batch)
                 loss = classification_loss(logits, tgt)
                 opt.zero_grad(set_to_none=True)
                 scaler.scale(loss).backward()
@@ -289,6 +304,9 @@ def finetune(train: PayloadDataset, dev: PayloadDataset | None, bundle: EdgeBund
                 bar.update(1)
                 if step % 20 == 0:
                     bar.set_postfix(epoch=epoch, loss=f"{float(run_loss) / run_n:.4f}")
+            if dist_ctx is not None:  # the loss over every rank's share
+                loss_sum, n = distributed.all_sum([float(run_loss), run_n], dist_ctx)
+                run_loss, run_n = torch.tensor(loss_sum), int(n)
             record = {"epoch": epoch, "train_loss": float(run_loss) / max(1, run_n),
                       "seconds": round(time.perf_counter() - started, 2)}
             if dev is not None:

@@ -36,6 +36,7 @@ import numpy as np
 import torch
 from torch import nn
 
+from models import distributed
 from models.backbone import (
     autocast_dtype,
     check_same_bundle,
@@ -223,10 +224,14 @@ class Trainer:
     """One optimisation step at a time: autocast, (scaled) backward, clip, AdamW, schedule."""
 
     def __init__(self, model: MaskedLM, cfg: PretrainConfig, total_steps: int,
-                 device: torch.device, amp: torch.dtype | None):
+                 device: torch.device, amp: torch.dtype | None,
+                 dist_ctx: distributed.DistContext | None = None):
         from transformers import get_linear_schedule_with_warmup
 
         self.model, self.device, self.amp = model.to(device), device, amp
+        # DDP under torchrun (the head warm-up leaves the encoder without gradients)
+        self.net = distributed.wrap(self.model, dist_ctx,
+                                    find_unused_parameters=cfg.head_warmup_steps > 0)
         self.max_grad_norm = cfg.max_grad_norm
         self.head_warmup_steps = cfg.head_warmup_steps
         self.optimizer = make_optimizer(model, cfg.lr, cfg.weight_decay)
@@ -247,7 +252,7 @@ class Trainer:
         # start does not send large gradients into the pretrained encoder.
         train_encoder = self.scheduler.last_epoch >= self.head_warmup_steps
         with self.autocast():
-            loss = self.model(**tensors, train_encoder=train_encoder)
+            loss = self.net(**tensors, train_encoder=train_encoder)
         if self.scaler is not None:
             self.scaler.scale(loss).backward()
             self.scaler.unscale_(self.optimizer)
@@ -332,7 +337,8 @@ def pretrain(base_dir: str | os.PathLike | None, out_dir: str | os.PathLike, obj
              corpus_paths: list[str | os.PathLike] | None = None, bundle: EdgeBundle | None = None,
              device: str = "auto", precision: str = "auto", resume: bool = False,
              progress: bool = True, prefetch: bool | None = None, search: str | None = None,
-             **options) -> Path:
+             should_stop=None, on_progress=None,
+             dist_ctx: distributed.DistContext | None = None, **options) -> Path:
     """Privacy-adaptive pretraining; returns ``out_dir`` (a BERT folder usable as a base).
 
     ``corpus_texts`` (a list of public texts) or ``corpus_paths`` (files; default: AG News
@@ -342,6 +348,11 @@ def pretrain(base_dir: str | os.PathLike | None, out_dir: str | os.PathLike, obj
     ``search``: the exact nearest-token search, "numpy" (``shared``, the default on CPU) or
     "torch" (same noise, same answer, GEMM on the training device; the default on CUDA).
     ``prefetch``: build the next batch in a thread while the device trains (default on CUDA).
+    ``should_stop()`` is polled every step (raises ``models.finetune.TrainingCancelled``);
+    ``on_progress(fraction, {"step", "total", "loss"})`` is called whenever the loss is
+    logged (about 200 times a run). ``dist_ctx`` (``models.distributed``, under torchrun):
+    DDP, a step is one batch per rank (rank r takes the batches the single-process run
+    takes at steps ``step * world + r``); rank 0 writes the checkpoints and the output.
     Raises ValueError (one sentence) before any training on bad input.
     """
     if steps is None and epochs is None:
@@ -358,7 +369,9 @@ def pretrain(base_dir: str | os.PathLike | None, out_dir: str | os.PathLike, obj
         raise ValueError(f"{out} already holds a pretraining run: pass --resume or another --out")
     if bundle is None:
         bundle = EdgeBundle.from_model(base)
-    dev = pick_device(device)
+    dev = dist_ctx.device if dist_ctx is not None else pick_device(device)
+    world, rank = (dist_ctx.world_size, dist_ctx.rank) if dist_ctx is not None else (1, 0)
+    main = rank == 0
     amp = autocast_dtype(dev, precision)
     if corpus_texts is None:
         corpus_texts = read_corpus(corpus_paths or default_corpus_paths())
@@ -366,7 +379,7 @@ def pretrain(base_dir: str | os.PathLike | None, out_dir: str | os.PathLike, obj
     if not seqs:
         raise ValueError("the corpus is empty (no line with a token)")
     per_epoch = -(-len(seqs) // cfg.batch_size)
-    total = cfg.steps if cfg.steps is not None else cfg.epochs * per_epoch
+    total = cfg.steps if cfg.steps is not None else -(-cfg.epochs * per_epoch // world)
 
     bert = load_bert(checkpoints[-1] if resume else base)
     check_same_bundle(bert, bundle)
@@ -377,7 +390,8 @@ def pretrain(base_dir: str | os.PathLike | None, out_dir: str | os.PathLike, obj
     privatizer = BatchPrivatizer(bundle, cfg.mechanism, cfg.eta, search=search, device=dev)
     run = {"config": asdict(cfg),
            "total_steps": total, "bundle_id": bundle.bundle_id, "corpus": corpus_fingerprint(seqs),
-           "entropy": str(cfg.seed if cfg.seed is not None else secrets.randbits(128)),
+           "entropy": distributed.broadcast_object(
+               str(cfg.seed if cfg.seed is not None else secrets.randbits(128)), dist_ctx),
            "tokens_seen": 0, "predictions_seen": 0, "loss_curve": [], "train_seconds": 0.0}
     state = None
     if resume:
@@ -397,7 +411,7 @@ def pretrain(base_dir: str | os.PathLike | None, out_dir: str | os.PathLike, obj
         res = model.head.load_state_dict(load_file(str(checkpoints[-1] / HEAD_FILE)), strict=False)
         if res.unexpected_keys or set(res.missing_keys) != {"decoder.weight"}:
             raise ValueError(f"{checkpoints[-1] / HEAD_FILE}: not an MLM head of this model")
-    trainer = Trainer(model, cfg, total, dev, amp)
+    trainer = Trainer(model, cfg, total, dev, amp, dist_ctx)
     start = 0
     if state is not None:
         trainer.load_state(state["trainer"])
@@ -407,6 +421,7 @@ def pretrain(base_dir: str | os.PathLike | None, out_dir: str | os.PathLike, obj
         start = int(state["step"])
 
     def make(step: int) -> MLMBatch:
+        step = step * world + rank  # this rank's share of the single-process schedule
         idx = batch_indices(len(seqs), cfg.batch_size, entropy, step)
         return build_batch([seqs[i] for i in idx], privatizer, cfg.objective, step_rng(entropy, step),
                            mask_rate=cfg.mask_rate, max_predictions=cfg.max_predictions,
@@ -415,9 +430,18 @@ def pretrain(base_dir: str | os.PathLike | None, out_dir: str | os.PathLike, obj
     out.mkdir(parents=True, exist_ok=True)
     log_every = max(1, total // 200)
     use_prefetch = dev.type == "cuda" if prefetch is None else prefetch
-    _loop(model, trainer, make, start, total, run, log_every, use_prefetch, progress,
-          save=lambda s: save_checkpoint(out, s, model, trainer, run, base, cfg.keep_checkpoints),
-          save_every=cfg.save_every)
+    def save(step: int) -> None:
+        if main:
+            save_checkpoint(out, step, model, trainer, run, base, cfg.keep_checkpoints)
+
+    _loop(model, trainer, make, start, total, run, log_every, use_prefetch, progress and main,
+          save=save, save_every=cfg.save_every, should_stop=should_stop,
+          on_progress=on_progress, dist_ctx=dist_ctx)
+    if dist_ctx is not None:  # every rank's tokens; then only rank 0 writes
+        run["tokens_seen"], run["predictions_seen"] = map(int, distributed.all_sum(
+            [run["tokens_seen"], run["predictions_seen"]], dist_ctx))
+    if not main:
+        return out
     save_model_folder(model, out, base)
     info = {"objective": cfg.objective, "mechanism": cfg.mechanism, "eta": cfg.eta,
             "bundle_id": bundle.bundle_id, "base": str(base), "steps": total,
@@ -426,7 +450,7 @@ def pretrain(base_dir: str | os.PathLike | None, out_dir: str | os.PathLike, obj
             "sequences": len(seqs), "loss_curve": run["loss_curve"],
             "train_seconds": round(run["train_seconds"], 1), "device": str(dev),
             "precision": str(amp).replace("torch.", "") if amp else "fp32",
-            "config": run["config"], "corpus_sha256": run["corpus"],
+            "world_size": world, "config": run["config"], "corpus_sha256": run["corpus"],
             "guarantee": guarantee(privatizer.mechanism_object, bundle),
             "paper": "Qu et al. 2021 §3.4; word embeddings frozen (no gradient into the edge's table)"}
     (out / INFO_FILE).write_text(json.dumps(info, indent=2) + "\n")
@@ -446,8 +470,11 @@ def _check_resumable(saved: dict, now: dict) -> None:
 
 
 def _loop(model, trainer: Trainer, make, start: int, total: int, run: dict, log_every: int,
-          prefetch: bool, progress: bool, save, save_every: int) -> None:
+          prefetch: bool, progress: bool, save, save_every: int, should_stop=None,
+          on_progress=None, dist_ctx: distributed.DistContext | None = None) -> None:
     from tqdm import tqdm
+
+    from models.finetune import TrainingCancelled
 
     bar = tqdm(total=total, initial=start, unit="step", file=sys.stderr, disable=not progress,
                dynamic_ncols=True, desc="pretrain")
@@ -457,6 +484,8 @@ def _loop(model, trainer: Trainer, make, start: int, total: int, run: dict, log_
     t0, tokens0 = time.perf_counter(), run["tokens_seen"]
     try:
         for step in range(start, total):
+            if should_stop is not None and distributed.any_rank(should_stop(), dist_ctx):
+                raise TrainingCancelled("pretraining cancelled")
             if pool:
                 batch = pending.result()
                 pending = pool.submit(make, step + 1) if step + 1 < total else None
@@ -472,6 +501,8 @@ def _loop(model, trainer: Trainer, make, start: int, total: int, run: dict, log_
                 window.clear()
                 rate = (run["tokens_seen"] - tokens0) / max(time.perf_counter() - t0, 1e-9)
                 bar.set_postfix(loss=f"{loss:.3f}", tok_s=f"{rate:,.0f}", refresh=False)
+                if on_progress is not None:
+                    on_progress(done / total, {"step": done, "total": total, "loss": loss})
             bar.update(1)
             if (save_every and done % save_every == 0) or done == total:
                 if window:  # flush, so a resumed run logs exactly what an uninterrupted one does

@@ -1,0 +1,48 @@
+"""DDP fine-tuning under a real ``torchrun`` (2 processes, gloo on CPU)."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from models.distributed import DistContext, shard
+
+HERE = Path(__file__).resolve().parent
+
+
+def _ctx(rank: int, world: int) -> DistContext:
+    import torch
+
+    return DistContext(rank, world, rank, torch.device("cpu"), "gloo")
+
+
+def test_shard_gives_each_rank_the_same_number_of_distinct_batches():
+    batches = list(range(11))
+    parts = [shard(batches, _ctx(r, 3)) for r in range(3)]
+    assert [len(p) for p in parts] == [3, 3, 3]
+    assert sorted(sum(parts, [])) == list(range(9))
+    assert shard(batches, None) is batches
+    with pytest.raises(ValueError, match="cannot be shared"):
+        shard([0], _ctx(0, 2))
+
+
+def test_two_process_gloo_finetune_keeps_ranks_identical(tmp_path, tiny_bert_dir):
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    env.pop("WORLD_SIZE", None)
+    proc = subprocess.run(
+        [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
+         str(HERE / "ddp_finetune_main.py"), str(tmp_path), str(tiny_bert_dir)],
+        env=env, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    ranks = [json.loads((tmp_path / f"rank-{r}.json").read_text()) for r in (0, 1)]
+    assert ranks[0]["weights"] == ranks[1]["weights"]  # DDP averaged the gradients
+    # 64 examples / batch 8 = 8 batches an epoch, 4 per rank, 2 epochs
+    assert ranks[0]["steps"] == ranks[1]["steps"] == 8
+    assert ranks[0]["losses"] == ranks[1]["losses"]  # the loss over both ranks' shares
+    assert (tmp_path / "model" / "config.json").is_file()
+    assert not list(tmp_path.glob("model/.*tmp*")) and not list(tmp_path.glob(".model.tmp-*"))
