@@ -7,7 +7,7 @@ needs something started, an ``async def step(app, stack)`` to :data:`LIFESPAN`. 
 in order at start; each registers its own shutdown on ``stack`` (an ``AsyncExitStack``),
 so components stop in reverse order. ``app.state`` holds ``settings``, ``home``, ``keys``,
 ``rate_limiter``, ``bundles``, ``registry`` and ``ready_checks`` (callables returning
-``{component: problem}``, read by ``/readyz``).
+``(ready, {component: problem})``, or an awaitable of it, read by ``/readyz``).
 
 Graceful shutdown: uvicorn stops accepting connections and waits for the requests in
 flight; then the lifespan exits and ``registry.stop()`` drains the batch queues before
@@ -63,7 +63,7 @@ async def start_serving(app: FastAPI, stack: AsyncExitStack) -> None:
     await registry.start()
     stack.push_async_callback(registry.stop)  # drains the batch queues, then unloads
     app.state.registry = registry
-    app.state.ready_checks.append(lambda: registry.ready()[1])
+    app.state.ready_checks.append(registry.ready)
 
 
 LIFESPAN: list[LifespanStep] = [start_basics, start_serving]

@@ -1,23 +1,37 @@
 """`cloud-api` command line. Each subcommand lives next to the code it drives and
 registers itself here with ``register(subparsers)``; heavy imports happen only when
-a subcommand runs."""
+a subcommand runs.
+
+    cloud-api serve [--host 127.0.0.1] [--port 8000] [--workers 1] [--home DIR]
+    cloud-api models list | promote MODEL VERSION | register DIR --model-id ID [--promote]
+    cloud-api bootstrap --data TRAIN.tsv ...        (cloud_api/bootstrap.py)
+    cloud-api train | evaluate | export-bundle | pretrain   (models/)
+"""
 
 from __future__ import annotations
 
 import argparse
 import importlib
+import json
+import os
 import sys
+
+PROG = "cloud-api"
 
 # subcommand modules, each with register(subparsers) -> None
 _COMMANDS = [
     "models.cli_train",      # train, evaluate, export-bundle
     "models.cli_pretrain",   # pretrain
+    "cloud_api.bootstrap",   # bootstrap
+    "cloud_api.cli_worker",  # worker (the job worker's engineer adds it)
 ]
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="cloud-api", description="privbert server side")
+    parser = argparse.ArgumentParser(prog=PROG, description="privbert server side")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+    register_serve(sub)
+    register_models(sub)
     for name in _COMMANDS:
         try:
             module = importlib.import_module(name)
@@ -26,20 +40,219 @@ def build_parser() -> argparse.ArgumentParser:
                 raise
             continue
         module.register(sub)
-    for missing in ("serve", "worker", "bootstrap"):
+    for missing in ("worker",):
         if missing not in sub.choices:
-            p = sub.add_parser(missing, help="not implemented yet (issue #5)")
+            p = sub.add_parser(missing, help="not built yet")
             p.set_defaults(func=_not_yet(missing))
     return parser
 
 
 def _not_yet(name: str):
     def run(_args) -> int:
-        print(f"cloud-api {name}: not implemented yet (the HTTP service is issue #5)",
-              file=sys.stderr)
+        print(f"{PROG} {name}: not built yet", file=sys.stderr)
         return 2
 
     return run
+
+
+def fail(message: str) -> int:
+    """One line ``cloud-api: error: ...`` on stderr; exit code 2."""
+    print(f"{PROG}: error: {message}", file=sys.stderr)
+    return 2
+
+
+def _guarded(fn):
+    """Expected failures (bad flags, a missing folder, a refused change) as one line, exit 2."""
+
+    def run(args) -> int:
+        from cloud_api.errors import ServiceError
+
+        try:
+            return fn(args)
+        except ServiceError as exc:
+            return fail(exc.detail)
+        except (ValueError, OSError) as exc:
+            return fail(" ".join(str(exc).split()) or type(exc).__name__)
+
+    return run
+
+
+def home_arg(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--home", metavar="DIR", help="model registry folder (default "
+                   "$PRIVBERT_HOME, else ./var)")
+
+
+def settings_for(args):
+    """Settings from the environment with ``--home`` applied (also exported, so that uvicorn
+    worker processes see it)."""
+    if getattr(args, "home", None):
+        os.environ["PRIVBERT_HOME"] = str(args.home)
+    from cloud_api.settings import Settings
+
+    return Settings()
+
+
+# -- serve -----------------------------------------------------------------------------------
+SERVE_HELP = """Run the HTTP service with uvicorn. Every knob is a PRIVBERT_* environment
+variable (cloud_api/settings.py): keys (PRIVBERT_API_KEYS, PRIVBERT_ADMIN_KEYS or
+PRIVBERT_KEYS_FILE), limits, batching, backend, device. SIGTERM or Ctrl-C: stop accepting,
+finish the requests in flight and drain the batch queues, then exit.
+
+--workers N > 1 starts N uvicorn worker processes sharing the port. Each loads every
+promoted model and has its own batch queues, its own concurrency and rate limits, its own
+in-process job worker thread (with PRIVBERT_WORKER_IN_SERVE=1; prefer 0 and separate
+`cloud-api worker` processes) and its own /metrics counters: a scrape sees one process
+only, so scrape each or use one worker per replica."""
+
+
+def register_serve(sub) -> None:
+    p = sub.add_parser("serve", help="run the HTTP service (uvicorn)", description=SERVE_HELP,
+                       formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--host", default="127.0.0.1", help="address to bind (127.0.0.1; "
+                   "0.0.0.0 for every interface)")
+    p.add_argument("--port", type=int, default=8000, help="port (8000)")
+    p.add_argument("--workers", type=int, default=1, help="uvicorn worker processes (1); "
+                   "see above for what N > 1 means")
+    p.add_argument("--graceful-timeout", type=int, default=30, metavar="S",
+                   help="seconds to finish requests in flight at shutdown (30)")
+    home_arg(p)
+    p.set_defaults(func=_guarded(run_serve))
+
+
+def run_serve(args) -> int:
+    if args.workers < 1:
+        return fail(f"--workers must be >= 1, got {args.workers}")
+    if not 0 <= args.port <= 65535:
+        return fail(f"--port must be in [0, 65535], got {args.port}")
+    settings = settings_for(args)
+    from cloud_api import logs
+    from cloud_api.auth import KeyRing
+
+    KeyRing.from_settings(settings)  # refuse to start without keys: ValueError, one line
+    import uvicorn
+
+    common = dict(host=args.host, port=args.port, access_log=False, server_header=False,
+                  log_config=logs.logging_config(settings.log_level, settings.log_json),
+                  timeout_graceful_shutdown=args.graceful_timeout, lifespan="on")
+    if args.workers == 1:
+        from cloud_api.app import create_app
+
+        logs.configure(settings.log_level, settings.log_json)
+        uvicorn.run(create_app(settings), **common)
+    else:
+        uvicorn.run("cloud_api.app:create_app_from_env", factory=True, workers=args.workers,
+                    **common)
+    return 0
+
+
+# -- models ----------------------------------------------------------------------------------
+def register_models(sub) -> None:
+    p = sub.add_parser("models", help="list, promote or register model versions in the home",
+                       description="Operate the model registry in $PRIVBERT_HOME. A running "
+                       "server picks up a promotion within PRIVBERT_RELOAD_INTERVAL_S.")
+    msub = p.add_subparsers(dest="models_command", metavar="ACTION", required=True)
+    ls = msub.add_parser("list", help="models, versions, the promoted one, dev accuracy")
+    ls.add_argument("--json", action="store_true", help="one JSON document")
+    home_arg(ls)
+    ls.set_defaults(func=_guarded(run_models_list))
+    pr = msub.add_parser("promote", help="serve VERSION of MODEL (atomic pointer switch)")
+    pr.add_argument("model_id", metavar="MODEL")
+    pr.add_argument("version", metavar="VERSION", help="e.g. v2")
+    home_arg(pr)
+    pr.set_defaults(func=_guarded(run_models_promote))
+    rg = msub.add_parser("register", help="copy a version folder made by `cloud-api train` "
+                         "into the home as the next version")
+    rg.add_argument("dir", metavar="DIR", help="model version folder (cloud-api train --out)")
+    rg.add_argument("--model-id", required=True, metavar="ID", help="model to add it to")
+    rg.add_argument("--promote", action="store_true", help="promote it at once")
+    rg.add_argument("--bundle", metavar="DIR", help="also add the edge bundle it was trained "
+                    "with (needed unless it is the default MiniLM bundle or already there)")
+    home_arg(rg)
+    rg.set_defaults(func=_guarded(run_models_register))
+
+
+def _home(args):
+    from cloud_api.home import ModelHome
+
+    return ModelHome(settings_for(args).home)
+
+
+def run_models_list(args) -> int:
+    home = _home(args)
+    out = []
+    for model_id in home.model_ids():
+        promoted = home.promoted(model_id)
+        versions = []
+        for v in home.versions(model_id):
+            try:
+                cfg = home.read_config(model_id, v)
+            except (ValueError, OSError):
+                cfg = {}
+            metrics = _read_json(home.version_dir(model_id, v) / "metrics.json")
+            versions.append({"version": v, "promoted": v == promoted,
+                             "mechanism": cfg.get("mechanism"), "params": cfg.get("params"),
+                             "bundle_id": cfg.get("bundle_id"), "labels": cfg.get("labels"),
+                             "dev_accuracy": (metrics.get("dev") or {}).get("accuracy")})
+        out.append({"id": model_id, "promoted": promoted, "versions": versions})
+    if args.json:
+        print(json.dumps({"home": str(home.root), "models": out}, indent=2))
+        return 0
+    if not out:
+        print(f"no models in {home.root} (cloud-api bootstrap or models register)")
+    for m in out:
+        print(f"{m['id']}  promoted={m['promoted'] or '-'}")
+        for v in m["versions"]:
+            acc = v["dev_accuracy"]
+            print(f"  {'*' if v['promoted'] else ' '} {v['version']}  {v['mechanism']} "
+                  f"{json.dumps(v['params'], sort_keys=True)}  "
+                  f"bundle={(v['bundle_id'] or '?')[:12]}  "
+                  f"dev_accuracy={'-' if acc is None else f'{acc:.4f}'}")
+    return 0
+
+
+def _read_json(path) -> dict:
+    try:
+        return json.loads(path.read_text())
+    except (OSError, ValueError):
+        return {}
+
+
+def run_models_promote(args) -> int:
+    home = _home(args)
+    before = home.promoted(args.model_id)
+    home.promote(args.model_id, args.version)
+    print(f"promoted {args.model_id} {args.version} (was {before or 'none'})")
+    return 0
+
+
+def run_models_register(args) -> int:
+    from models.registry import read_config  # checks the folder is a privbert model version
+
+    home = _home(args)
+    cfg = read_config(args.dir)
+    if args.bundle:
+        from cloud_api.serving.bundles import BundleStore
+        from shared.bundle import EdgeBundle
+
+        bundle = EdgeBundle.load(args.bundle)
+        if bundle.bundle_id != cfg["bundle_id"]:
+            return fail(f"--bundle is {bundle.bundle_id[:12]}…, the model was trained with "
+                        f"{cfg['bundle_id'][:12]}…")
+        BundleStore(home).add(bundle)
+    version = home.register(args.model_id, args.dir)
+    print(f"registered {args.model_id} {version} ({cfg['mechanism']} "
+          f"{json.dumps(cfg['params'], sort_keys=True)})")
+    if args.promote:
+        home.promote(args.model_id, version)
+        print(f"promoted {args.model_id} {version}")
+    if not args.bundle:
+        from cloud_api.serving.bundles import BundleStore
+
+        if not BundleStore(home).has(cfg["bundle_id"]):
+            print(f"{PROG}: warning: bundle {cfg['bundle_id'][:12]}… is not in the home: add "
+                  "it with --bundle DIR, or the server cannot serve this model",
+                  file=sys.stderr)
+    return 0
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -51,7 +264,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         return int(args.func(args) or 0)
     except KeyboardInterrupt:
-        print("cloud-api: interrupted", file=sys.stderr)
+        print(f"{PROG}: interrupted", file=sys.stderr)
         return 130
 
 

@@ -7,7 +7,7 @@ import inspect
 
 from fastapi import APIRouter, Request
 from prometheus_client import CONTENT_TYPE_LATEST, REGISTRY, generate_latest
-from pydantic import BaseModel
+from pydantic import BaseModel, Field
 from starlette.responses import Response
 
 from cloud_api.errors import Unavailable
@@ -18,6 +18,9 @@ router = APIRouter(tags=["health"])
 
 class Health(BaseModel):
     status: str
+    problems: dict[str, str] | None = Field(None, description="what is wrong without making "
+                                            "the service unready (e.g. a promotion that "
+                                            "failed while the previous version serves)")
 
 
 @router.get("/healthz", response_model=Health, summary="Liveness: the process answers")
@@ -28,18 +31,21 @@ async def healthz() -> Health:
 @router.get("/readyz", response_model=Health, responses=responses(503),
             summary="Readiness: every promoted model is loaded and warmed")
 async def readyz(request: Request) -> Health:
-    """Each entry of ``app.state.ready_checks`` returns ``{component: problem}`` (empty when
-    ready), directly or as an awaitable; any problem makes this a 503 that lists them."""
-    problems: dict[str, str] = {}
+    """Each entry of ``app.state.ready_checks`` returns ``(ready, {component: problem})``,
+    directly or as an awaitable; one that is not ready makes this a 503 listing the
+    problems."""
+    ready, problems = True, {}
     for check in getattr(request.app.state, "ready_checks", []):
         found = check()
         if inspect.isawaitable(found):
             found = await found
+        ok, found = found
+        ready = ready and ok
         problems.update(found)
-    if problems:
+    if not ready:
         listed = "; ".join(f"{name}: {why}" for name, why in sorted(problems.items()))
-        raise Unavailable(f"not ready: {listed}", retry_after=1)
-    return Health(status="ready")
+        raise Unavailable(f"not ready: {listed or 'starting'}", retry_after=1)
+    return Health(status="ready", problems=problems or None)
 
 
 @router.get("/metrics", summary="Prometheus metrics (text format)",
