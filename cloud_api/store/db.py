@@ -1,0 +1,202 @@
+"""The database: one SQLAlchemy 2 engine, transactions, Alembic migrations, and errors.
+
+    db = Database.from_settings(settings)   # sqlite:///$PRIVBERT_HOME/privbert.db by default
+    db.upgrade()                            # Alembic, to head (`cloud-api db upgrade`)
+    with db.begin(write=True) as conn:      # Core connection in one transaction
+        conn.execute(...)
+    with db.session() as s:                 # the same, as an ORM Session
+        s.execute(...)
+
+SQLite: WAL journal, ``busy_timeout``, foreign keys on, and ``BEGIN IMMEDIATE`` for
+``write=True`` transactions (the write lock is taken at the start, so a read-then-write
+cannot race another writer). PostgreSQL: psycopg 3 (``postgresql+psycopg://``), a connect
+timeout, and pool pre-ping. Every failure to reach the database (refused, timed out,
+locked, dropped mid-query) raises :class:`cloud_api.errors.Unavailable` (503), never a
+500; pre-ping and SQLAlchemy's pool invalidation mean no broken connection is reused,
+so the service recovers by itself when the database comes back.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterator
+from contextlib import contextmanager
+
+from sqlalchemy import Connection, create_engine, event, text
+from sqlalchemy import exc as sa_exc
+from sqlalchemy.engine import Engine, make_url
+from sqlalchemy.orm import Session
+
+from cloud_api.errors import Unavailable
+from cloud_api.settings import Settings
+
+log = logging.getLogger(__name__)
+
+MIGRATIONS = "cloud_api.store:migrations"  # Alembic script location inside the package
+_LOCK_ID = 0x70726976  # PostgreSQL advisory lock id held while migrating ("priv")
+RETRY_AFTER_S = 2.0
+
+
+def _is_outage(exc: BaseException) -> bool:
+    """True for errors that mean "the database cannot be reached or used right now"."""
+    if isinstance(exc, sa_exc.OperationalError | sa_exc.InterfaceError | sa_exc.TimeoutError):
+        return True
+    return isinstance(exc, sa_exc.DBAPIError) and bool(exc.connection_invalidated)
+
+
+def _reason(exc: BaseException) -> str:
+    """One short line about an outage for the log (driver message, never SQL parameters)."""
+    orig = getattr(exc, "orig", None) or exc
+    first = (str(orig).strip().splitlines() or [""])[0]
+    return f"{type(orig).__name__}: {first[:200]}"
+
+
+class Database:
+    """An engine for ``url`` with the settings above; thread-safe; one per process."""
+
+    def __init__(self, url: str, *, busy_timeout_s: float = 5.0, connect_timeout_s: float = 5.0,
+                 pool_size: int = 5, auto_upgrade: bool | None = None, echo: bool = False):
+        u = make_url(url)
+        self.dialect = u.get_backend_name()
+        if self.dialect not in ("sqlite", "postgresql"):
+            raise ValueError(f"database URL must be sqlite:///FILE or postgresql+psycopg://..., "
+                             f"got a {self.dialect} URL")
+        if self.dialect == "postgresql" and u.drivername == "postgresql":
+            u = u.set(drivername="postgresql+psycopg")  # psycopg 3, not psycopg2
+        self.url = u
+        self.auto_upgrade = (self.dialect == "sqlite") if auto_upgrade is None else auto_upgrade
+        if self.dialect == "sqlite":
+            if u.database and u.database != ":memory:":
+                from pathlib import Path
+
+                Path(u.database).parent.mkdir(parents=True, exist_ok=True)
+            self.engine = create_engine(u, echo=echo, pool_pre_ping=True,
+                                        connect_args={"timeout": busy_timeout_s})
+            _sqlite_events(self.engine, int(busy_timeout_s * 1000))
+        else:
+            self.engine = create_engine(
+                u, echo=echo, pool_pre_ping=True, pool_size=pool_size, max_overflow=pool_size,
+                pool_timeout=connect_timeout_s,
+                connect_args={"connect_timeout": max(1, round(connect_timeout_s)),
+                              "application_name": "privbert"})
+        self._writer = self.engine.execution_options(privbert_begin="IMMEDIATE")
+
+    @classmethod
+    def from_settings(cls, s: Settings) -> Database:
+        return cls(s.resolved_database_url, busy_timeout_s=s.db_busy_timeout_s,
+                   connect_timeout_s=s.db_connect_timeout_s, pool_size=s.db_pool_size,
+                   auto_upgrade=s.db_auto_upgrade)
+
+    def __repr__(self) -> str:
+        return f"Database({self.url.render_as_string(hide_password=True)!r})"
+
+    # -- transactions ------------------------------------------------------------------------
+    @contextmanager
+    def begin(self, *, write: bool = False) -> Iterator[Connection]:
+        """A Core connection in one transaction: committed when the block ends, rolled back
+        on an exception. ``write=True`` takes SQLite's write lock at BEGIN (IMMEDIATE).
+        An outage raises :class:`Unavailable`."""
+        engine = self._writer if write else self.engine
+        with self.outage_as_unavailable(), engine.begin() as conn:
+            yield conn
+
+    @contextmanager
+    def session(self, *, write: bool = False) -> Iterator[Session]:
+        """An ORM :class:`Session` in one transaction (see :meth:`begin`)."""
+        with self.begin(write=write) as conn, Session(bind=conn) as s:
+            yield s
+            s.flush()
+
+    @contextmanager
+    def outage_as_unavailable(self) -> Iterator[None]:
+        """Turn "database unreachable" errors raised in the block into :class:`Unavailable`."""
+        try:
+            yield
+        except sa_exc.SQLAlchemyError as exc:
+            if not _is_outage(exc):
+                raise
+            log.warning("database unavailable (%s)", _reason(exc))
+            raise Unavailable("the database is unavailable; try again later",
+                              retry_after=RETRY_AFTER_S) from None
+
+    def ping(self) -> None:
+        """One round trip (``SELECT 1``); :class:`Unavailable` when it fails."""
+        with self.begin() as conn:
+            conn.execute(text("SELECT 1"))
+
+    def dispose(self) -> None:
+        """Close every pooled connection (at shutdown)."""
+        self.engine.dispose()
+
+    # -- migrations --------------------------------------------------------------------------
+    def _alembic_config(self, conn: Connection | None = None):
+        from alembic.config import Config
+
+        cfg = Config()
+        cfg.set_main_option("script_location", MIGRATIONS)
+        cfg.attributes["connection"] = conn
+        return cfg
+
+    def head(self) -> str | None:
+        """The newest revision the code knows (the migrations folder's head)."""
+        from alembic.script import ScriptDirectory
+
+        return ScriptDirectory.from_config(self._alembic_config()).get_current_head()
+
+    def current(self) -> str | None:
+        """The revision the database is at (None: empty, never migrated)."""
+        from alembic.runtime.migration import MigrationContext
+
+        with self.begin() as conn:
+            return MigrationContext.configure(conn).get_current_revision()
+
+    def upgrade(self, revision: str = "head") -> str | None:
+        """Apply migrations up to ``revision`` and return the revision reached. Safe when
+        several processes start at once: SQLite serializes them with BEGIN IMMEDIATE,
+        PostgreSQL with an advisory lock; the later ones find nothing left to do."""
+        from alembic import command
+
+        with self.begin(write=True) as conn:
+            if self.dialect == "postgresql":
+                conn.execute(text("SELECT pg_advisory_xact_lock(:k)"), {"k": _LOCK_ID})
+            command.upgrade(self._alembic_config(conn), revision)
+        return self.current()
+
+    def prepare(self) -> None:
+        """At server start: upgrade when :attr:`auto_upgrade`, otherwise check that the
+        database is at the code's head (RuntimeError with the command to run if not). A
+        database that cannot be reached now is logged and left for later (requests get
+        503 until it answers)."""
+        try:
+            if self.auto_upgrade:
+                self.upgrade()
+                return
+            current, head = self.current(), self.head()
+        except Unavailable:
+            log.warning("database not reachable at start; record routes answer 503 until it is")
+            return
+        if current != head:
+            raise RuntimeError(f"database is at revision {current or 'none (empty)'}, this "
+                               f"code needs {head}: run `cloud-api db upgrade` (or set "
+                               "PRIVBERT_DB_AUTO_UPGRADE=1)")
+
+
+def _sqlite_events(engine: Engine, busy_ms: int) -> None:
+    """Pragmas on every new SQLite connection, and our own BEGIN (pysqlite's is off)."""
+
+    @event.listens_for(engine, "connect")
+    def _on_connect(dbapi_conn, _record) -> None:
+        dbapi_conn.isolation_level = None  # we emit BEGIN ourselves (below)
+        cur = dbapi_conn.cursor()
+        try:
+            cur.execute(f"PRAGMA busy_timeout = {busy_ms}")
+            cur.execute("PRAGMA foreign_keys = ON")
+            cur.execute("PRAGMA journal_mode = WAL")
+            cur.execute("PRAGMA synchronous = FULL")  # an answered request is on disk
+        finally:
+            cur.close()
+
+    @event.listens_for(engine, "begin")
+    def _on_begin(conn: Connection) -> None:
+        mode = conn.get_execution_options().get("privbert_begin", "DEFERRED")
+        conn.exec_driver_sql(f"BEGIN {mode}")

@@ -1,0 +1,320 @@
+"""Labelled privatized records: validate against the task, store whole or not at all,
+honour idempotency keys, erase, and read back a snapshot for retraining.
+
+    env = parse_body(body, max_records=512)                  # the request's JSON
+    recs = validate_records(task, env.records, limits)      # nothing written yet
+    stored = add_records(db, task, recs, key_id, idempotency_key, body_digest(env))
+    stored.ids                                              # in request order
+    watermark, rows = snapshot(db, "sst2")                  # (id, shared.payload.Record)
+
+A request's records are inserted in one transaction with one multi-row INSERT ...
+RETURNING id. With an ``Idempotency-Key`` the (key id, idempotency key) row is inserted
+first in that same transaction under a unique constraint: a retry after the commit finds
+it and gets the same ids; a retry racing the first request waits on the constraint
+(PostgreSQL) or on the write lock taken by BEGIN IMMEDIATE (SQLite) and then finds it.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from typing import Annotated, Any
+
+import numpy as np
+import orjson
+from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError
+from sqlalchemy import and_, delete, func, insert, select, update
+from sqlalchemy.exc import IntegrityError
+
+from cloud_api.errors import InvalidRequest, PayloadMismatch
+from cloud_api.store.db import Database
+from cloud_api.store.tables import idempotency, records
+from cloud_api.store.tasks import (
+    PAYLOAD_CLASSES,
+    Task,
+    TaskName,
+    compared_params,
+    get_task,
+    params_difference,
+)
+from shared.payload import PAYLOAD_ADAPTER, Limits, Record
+
+try:  # SIMD base64 where installed (a cloud dependency); the standard library otherwise
+    from pybase64 import b64decode, b64encode
+except ImportError:  # pragma: no cover
+    from base64 import b64decode, b64encode
+
+_RECORD = TypeAdapter(Record)
+_ARRAY_FIELD = {m: cls.array_field for m, cls in PAYLOAD_CLASSES.items()}
+_SOFT_DTYPE = "<f8"  # soft labels round-trip exactly
+_MAX_ERRORS = 20
+IDEMPOTENCY_KEY_MAX = 255
+# re-reading stored rows: they were checked against their task when they came in
+_STORED_LIMITS = Limits(max_tokens=1 << 20, max_dim=1 << 20, max_array_bytes=1 << 31,
+                        max_bits=1 << 31, max_json_bytes=1 << 40)
+
+
+class RecordsBody(BaseModel):
+    """``POST /v1/records``: the envelope; each record is validated against its task."""
+
+    model_config = ConfigDict(extra="forbid")
+    task: TaskName
+    records: list[dict[str, Any]] = Field(min_length=1, description="shared.payload.Record "
+                                          "objects: {\"payload\": {...}, \"label\": ...}")
+
+
+class DeleteRecords(BaseModel):
+    """``DELETE /admin/records``: selectors, combined with AND (at least one)."""
+
+    model_config = ConfigDict(extra="forbid")
+    task: TaskName | None = None
+    ids: Annotated[list[Annotated[int, Field(ge=1)]], Field(min_length=1,
+                                                            max_length=100_000)] | None = None
+    key_id: Annotated[str, Field(pattern=r"^[A-Za-z0-9_.:-]{1,64}$")] | None = None
+
+
+@dataclass(frozen=True)
+class Stored:
+    """The answer to a records request: ids in request order; ``replayed`` when an
+    earlier request with the same idempotency key and body had stored them."""
+
+    ids: list[int]
+    replayed: bool = False
+
+
+# -- validation (before anything is written) -------------------------------------------------
+def parse_body(body: bytes | str, max_records: int) -> RecordsBody:
+    """The JSON envelope (pydantic ``ValidationError`` when malformed)."""
+    env = RecordsBody.model_validate_json(body)
+    if len(env.records) > max_records:
+        raise InvalidRequest(f"{len(env.records)} records in one request; at most "
+                             f"{max_records} (split the upload)")
+    return env
+
+
+def body_digest(env: RecordsBody) -> str:
+    """SHA-256 of the canonical body (sorted keys, no spaces): what an idempotency key
+    is bound to."""
+    return hashlib.sha256(orjson.dumps(env.model_dump(), option=orjson.OPT_SORT_KEYS)
+                          ).hexdigest()
+
+
+def _mismatch(i: int, task: Task, raw: Any) -> str | None:
+    """A difference of mechanism or bundle seen before full validation (whose size checks
+    for the task's bundle would otherwise report it less plainly)."""
+    p = raw.get("payload") if isinstance(raw, dict) else None
+    if not isinstance(p, dict):
+        return None
+    mech, bid = p.get("mechanism"), p.get("bundle_id")
+    if isinstance(mech, str) and mech in PAYLOAD_CLASSES and mech != task.mechanism:
+        return f"record {i}: mechanism {mech} sent, task accepts {task.mechanism}"
+    if (isinstance(bid, str) and len(bid) == 64 and all(c in "0123456789abcdef" for c in bid)
+            and bid != task.bundle_id):
+        return (f"record {i}: bundle {bid[:12]}… sent, task accepts {task.bundle_id[:12]}… "
+                f"(fetch the task's bundle)")
+    return None
+
+
+def validate_records(task: Task, raw: Sequence[Any], limits: Limits) -> list[Record]:
+    """Every record checked against ``task`` (``limits``: ``Limits.for_bundle(bundle,
+    labels=task.labels)``): payload schema and sizes, mechanism, parameters, bundle, and a
+    label of the task. :class:`InvalidRequest` / :class:`PayloadMismatch` naming the first
+    bad record; nothing is returned unless every record is good."""
+    out: list[Record] = []
+    errors: list[dict] = []
+    first: str | None = None
+    mismatch = False
+    ctx = {"limits": limits}
+    want = compared_params(task.mechanism, task.params)
+    for i, obj in enumerate(raw):
+        msg = _mismatch(i, task, obj)
+        if msg is None:
+            try:
+                rec = _RECORD.validate_python(obj, context=ctx)
+            except ValidationError as exc:
+                errs = exc.errors(include_input=False, include_url=False, include_context=False)
+                errors += [{"loc": ["records", i, *e["loc"]], "msg": e["msg"],
+                            "type": e["type"]} for e in errs]
+                e0 = errs[0]
+                at = ".".join(str(x) for x in e0["loc"])
+                first = first or f"record {i}: {at + ': ' if at else ''}{e0['msg']}"
+                if len(errors) >= _MAX_ERRORS:
+                    break
+                continue
+            p = rec.payload
+            diff = params_difference(compared_params(p.mechanism, p.params.model_dump()), want)
+            if diff:
+                msg = f"record {i}: {diff}"
+            elif rec.label is None:
+                errors.append({"loc": ["records", i, "label"], "msg": "a label is required",
+                               "type": "missing"})
+                first = first or f"record {i}: a label is required"
+                continue
+            else:
+                out.append(rec)
+                continue
+        mismatch = mismatch or first is None
+        errors.append({"loc": ["records", i, "payload"], "msg": msg.split(": ", 1)[1],
+                       "type": "payload_mismatch"})
+        first = first or msg
+    if errors:
+        more = f" (and {len(errors) - 1} more)" if len(errors) > 1 else ""
+        cls = PayloadMismatch if mismatch else InvalidRequest
+        raise cls(f"{first}{more}; nothing was stored", errors=errors)
+    return out
+
+
+# -- writing ---------------------------------------------------------------------------------
+def _row(task: Task, rec: Record, key_id: str, now: datetime) -> dict:
+    p = rec.payload
+    arr = getattr(p, _ARRAY_FIELD[p.mechanism])
+    lab = rec.label
+    label, soft = (None, np.asarray(lab, dtype=_SOFT_DTYPE).tobytes()) if isinstance(
+        lab, list) else (task.labels[lab] if isinstance(lab, int) else lab, None)
+    seg = getattr(p, "segments", None)
+    return {"task_id": task.id, "label": label, "soft_label": soft, "mechanism": p.mechanism,
+            "params": p.params.model_dump(), "bundle_id": p.bundle_id, "dtype": arr.dtype,
+            "shape": list(arr.shape), "segments": list(seg) if seg else None,
+            "payload": b64decode(arr.data), "key_id": key_id, "created_at": now}
+
+
+def _prior(conn, key_id: str, key: str):
+    return conn.execute(select(idempotency.c.body_sha256, idempotency.c.record_ids).where(
+        idempotency.c.key_id == key_id, idempotency.c.idempotency_key == key)).first()
+
+
+def _replay(prior, digest: str) -> Stored:
+    if prior.body_sha256 != digest:
+        raise InvalidRequest("this Idempotency-Key was already used with a different body; "
+                             "use a new key for a new request")
+    return Stored([int(i) for i in prior.record_ids], replayed=True)
+
+
+def check_idempotency_key(key: str | None) -> str | None:
+    if key is None:
+        return None
+    if not 1 <= len(key) <= IDEMPOTENCY_KEY_MAX or not key.isascii() or not key.isprintable():
+        raise InvalidRequest(f"Idempotency-Key must be 1-{IDEMPOTENCY_KEY_MAX} printable "
+                             "ASCII characters")
+    return key
+
+
+def add_records(db: Database, task: Task, recs: Sequence[Record], key_id: str,
+                idempotency_key: str | None = None, digest: str | None = None) -> Stored:
+    """Store validated records of ``task`` in one transaction; with an idempotency key
+    (and the body's :func:`body_digest`) a repeat gets the first answer."""
+    check_idempotency_key(idempotency_key)
+    if idempotency_key is not None and digest is None:
+        raise ValueError("an idempotency key needs the body digest")
+    now = datetime.now(UTC)
+    rows = [_row(task, r, key_id, now) for r in recs]
+    stmt = insert(records).returning(records.c.id, sort_by_parameter_order=True)
+    try:
+        with db.begin(write=True) as conn:
+            idem_id = None
+            if idempotency_key is not None:
+                prior = _prior(conn, key_id, idempotency_key)
+                if prior is not None:
+                    return _replay(prior, digest)
+                idem_id = conn.execute(insert(idempotency).values(
+                    key_id=key_id, idempotency_key=idempotency_key, body_sha256=digest,
+                    record_ids=[], created_at=now).returning(idempotency.c.id)).scalar_one()
+            ids = [int(i) for i in conn.execute(stmt, rows).scalars()] if rows else []
+            if idem_id is not None:
+                conn.execute(update(idempotency).where(idempotency.c.id == idem_id)
+                             .values(record_ids=ids))
+            return Stored(ids)
+    except IntegrityError:
+        if idempotency_key is None:
+            raise
+    # PostgreSQL: a request with the same key committed while we waited on its row
+    with db.begin() as conn:
+        prior = _prior(conn, key_id, idempotency_key)
+    if prior is None:
+        raise InvalidRequest("a concurrent request with this Idempotency-Key failed; "
+                             "send it again")
+    return _replay(prior, digest)
+
+
+def delete_records(db: Database, *, task: str | None = None, ids: Sequence[int] | None = None,
+                   key_id: str | None = None) -> int:
+    """Delete the records matching every given selector; the count deleted. Erasure by
+    ``key_id`` alone also forgets that key's idempotency entries."""
+    if task is None and not ids and key_id is None:
+        raise InvalidRequest("give at least one of task, ids, key_id")
+    conds = []
+    if task is not None:
+        conds.append(records.c.task_id == get_task(db, task).id)
+    if key_id is not None:
+        conds.append(records.c.key_id == key_id)
+    deleted = 0
+    with db.begin(write=True) as conn:
+        if ids:
+            uniq = sorted(set(int(i) for i in ids))
+            for s in range(0, len(uniq), 1000):
+                deleted += conn.execute(delete(records).where(
+                    and_(records.c.id.in_(uniq[s:s + 1000]), *conds))).rowcount
+        else:
+            deleted = conn.execute(delete(records).where(and_(*conds))).rowcount
+        if key_id is not None and task is None and not ids:
+            conn.execute(delete(idempotency).where(idempotency.c.key_id == key_id))
+    return int(deleted)
+
+
+# -- reading ---------------------------------------------------------------------------------
+def label_counts(db: Database, task: str | Task) -> dict[str, int]:
+    """Records of ``task`` per class name (soft labels are not counted)."""
+    t = task if isinstance(task, Task) else get_task(db, task)
+    with db.begin() as conn:
+        got = dict(conn.execute(select(records.c.label, func.count())
+                                .where(records.c.task_id == t.id, records.c.label.is_not(None))
+                                .group_by(records.c.label)).all())
+    return {name: int(got.get(name, 0)) for name in t.labels}
+
+
+def _record(row) -> Record:
+    field = _ARRAY_FIELD[row.mechanism]
+    obj: dict[str, Any] = {"version": 1, "mechanism": row.mechanism, "params": row.params,
+                           "bundle_id": row.bundle_id,
+                           field: {"dtype": row.dtype, "shape": row.shape,
+                                   "data": b64encode(row.payload).decode("ascii")}}
+    if row.segments:
+        obj["segments"] = row.segments
+    payload = PAYLOAD_ADAPTER.validate_python(obj, context={"limits": _STORED_LIMITS})
+    label: Any = (row.label if row.soft_label is None
+                  else np.frombuffer(row.soft_label, dtype=_SOFT_DTYPE).tolist())
+    return Record(payload=payload, label=label)
+
+
+def snapshot(db: Database, task: str | Task, watermark: int | None = None,
+             chunk: int = 1000) -> tuple[int, Iterator[tuple[int, Record]]]:
+    """``(watermark, rows)``: the task's records with id <= watermark (default: the
+    largest id now), in id order, as ``(id, shared.payload.Record)`` rebuilt from the
+    stored bytes; read ``chunk`` rows per query, lazily. Ids are never reused, so the
+    same watermark always means the same records (less any erased since)."""
+    t = task if isinstance(task, Task) else get_task(db, task)
+    if watermark is None:
+        with db.begin() as conn:
+            watermark = int(conn.execute(select(func.coalesce(func.max(records.c.id), 0))
+                                         .where(records.c.task_id == t.id)).scalar_one())
+    return watermark, _iter_rows(db, t, watermark, chunk)
+
+
+def _iter_rows(db: Database, t: Task, watermark: int, chunk: int
+               ) -> Iterator[tuple[int, Record]]:
+    cols = [records.c.id, records.c.label, records.c.soft_label, records.c.mechanism,
+            records.c.params, records.c.bundle_id, records.c.dtype, records.c.shape,
+            records.c.segments, records.c.payload]
+    last = 0
+    while True:
+        with db.begin() as conn:
+            rows = conn.execute(select(*cols).where(
+                records.c.task_id == t.id, records.c.id > last, records.c.id <= watermark,
+            ).order_by(records.c.id).limit(chunk)).all()
+        if not rows:
+            return
+        for r in rows:
+            yield int(r.id), _record(r)
+        last = int(rows[-1].id)

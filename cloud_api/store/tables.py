@@ -1,0 +1,81 @@
+"""The store's tables (SQLAlchemy Core) on one :data:`metadata`.
+
+Alembic migrations in ``migrations/versions/`` create them (``0001_records``: tasks,
+records, idempotency; ``0002_jobs``: jobs, defined in ``store/jobs.py`` on this same
+``metadata``). A payload's array is kept as its decoded little-endian bytes
+(``LargeBinary``) with dtype and shape beside it, never as JSON or base64 text.
+"""
+
+from __future__ import annotations
+
+from sqlalchemy import (
+    JSON,
+    BigInteger,
+    CheckConstraint,
+    Column,
+    DateTime,
+    ForeignKey,
+    Index,
+    Integer,
+    LargeBinary,
+    MetaData,
+    String,
+    Table,
+    UniqueConstraint,
+)
+
+# Stable constraint and index names on every database (Alembic needs them to alter).
+metadata = MetaData(naming_convention={
+    "ix": "ix_%(table_name)s_%(column_0_N_name)s",
+    "uq": "uq_%(table_name)s_%(column_0_N_name)s",
+    "ck": "ck_%(table_name)s_%(constraint_name)s",
+    "fk": "fk_%(table_name)s_%(column_0_name)s_%(referred_table_name)s",
+    "pk": "pk_%(table_name)s",
+})
+
+# BIGINT on PostgreSQL; INTEGER on SQLite, where only "INTEGER PRIMARY KEY" is the rowid.
+BigId = BigInteger().with_variant(Integer(), "sqlite")
+
+tasks = Table(
+    "tasks", metadata,
+    Column("id", Integer, primary_key=True),
+    Column("name", String(64), nullable=False, unique=True),
+    Column("labels", JSON, nullable=False),         # class names, in index order
+    Column("mechanism", String(32), nullable=False),
+    Column("params", JSON, nullable=False),         # canonical: every field, defaults filled
+    Column("bundle_id", String(64), nullable=False),
+    Column("created_at", DateTime(timezone=True), nullable=False),
+)
+
+records = Table(
+    "records", metadata,
+    Column("id", BigId, primary_key=True),
+    Column("task_id", Integer, ForeignKey("tasks.id", ondelete="RESTRICT"), nullable=False),
+    Column("label", String(64)),                    # class name; NULL for a soft label
+    Column("soft_label", LargeBinary),              # float32 LE, one per class (TextHide k>1)
+    Column("mechanism", String(32), nullable=False),
+    Column("params", JSON, nullable=False),
+    Column("bundle_id", String(64), nullable=False),
+    Column("dtype", String(8), nullable=False),     # float16 | float32 | int32 | bits
+    Column("shape", JSON, nullable=False),          # e.g. [12, 384]
+    Column("segments", JSON),                       # sentence pairs: [len_a, len_b]
+    Column("payload", LargeBinary, nullable=False),  # the array's bytes (bits: packbits)
+    Column("key_id", String(64), nullable=False),   # short id of the sender's key, never it
+    Column("created_at", DateTime(timezone=True), nullable=False),
+    CheckConstraint("(label IS NULL) <> (soft_label IS NULL)", name="one_label"),
+    Index(None, "task_id", "id"),                   # snapshot: a task's ids in order
+    Index(None, "task_id", "label"),                # counts per label
+    Index(None, "key_id"),                          # erasure by key id
+    sqlite_autoincrement=True,                      # ids never reused: watermarks hold
+)
+
+idempotency = Table(
+    "idempotency", metadata,
+    Column("id", BigId, primary_key=True),
+    Column("key_id", String(64), nullable=False),
+    Column("idempotency_key", String(255), nullable=False),
+    Column("body_sha256", String(64), nullable=False),  # of the canonical JSON body
+    Column("record_ids", JSON, nullable=False),     # the answer, in request order
+    Column("created_at", DateTime(timezone=True), nullable=False),
+    UniqueConstraint("key_id", "idempotency_key"),
+)

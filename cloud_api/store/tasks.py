@@ -1,0 +1,195 @@
+"""Tasks: what a task's records must be (labels, mechanism, parameters, bundle).
+
+    task, created = ensure_task(db, "sst2", ["negative", "positive"], "dchi-text",
+                                {"eta": 65}, bundle_id)
+    get_task(db, "sst2").public()   # what GET /v1/tasks/{task} answers
+    list_tasks(db)                  # with record counts per label (GET /admin/tasks)
+
+A declaration is immutable: declaring the same task again is a no-op (``created`` is
+False), a different declaration for an existing name is a :class:`Conflict` that names
+the difference. Parameters are kept canonical (validated by the mechanism's own params
+model, defaults filled in), so ``{"eta": 65}`` and ``{"eta": 65.0}`` are the same.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from typing import Annotated, Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from sqlalchemy import func, insert, select
+from sqlalchemy.exc import IntegrityError
+
+from cloud_api.errors import Conflict, InvalidRequest, NotFound
+from cloud_api.home import check_id
+from cloud_api.store.db import Database
+from cloud_api.store.tables import records, tasks
+from shared import payload as wire
+
+Mechanism = Literal["dchi-embedding", "dchi-text", "laplace", "ome", "texthide", "none"]
+LabelName = Annotated[str, Field(pattern=r"^[A-Za-z0-9_.:-]{1,64}$")]
+TaskName = Annotated[str, Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$",
+                                description="1-64 letters, digits, '_', '.', '-'")]
+
+# mechanism -> its payload class (params model, array field)
+PAYLOAD_CLASSES: dict[str, type] = {
+    cls.model_fields["mechanism"].annotation.__args__[0]: cls
+    for cls in (wire.DChiEmbeddingPayload, wire.DChiTextPayload, wire.LaplacePayload,
+                wire.OMEPayload, wire.TextHidePayload, wire.NonePayload)
+}
+
+
+def canonical_params(mechanism: str, params: dict) -> dict:
+    """``params`` validated by the mechanism's params model, every field present."""
+    model = PAYLOAD_CLASSES[mechanism].model_fields["params"].annotation
+    try:
+        return model.model_validate(params).model_dump()
+    except ValidationError as exc:
+        raise InvalidRequest(f"params are not valid for {mechanism}",
+                             errors=[{**e, "loc": ["params", *e["loc"]]} for e in
+                                     exc.errors(include_input=False, include_url=False)]
+                             ) from None
+
+
+def compared_params(mechanism: str, params: dict) -> dict:
+    """The parameters a record must share with its task (TextHide: only the mask pool m;
+    k is how many inputs each record mixes, as ``ModelVersion.check_payload`` allows)."""
+    return {"m": params["m"]} if mechanism == "texthide" else dict(params)
+
+
+def _show(value: Any) -> str:
+    return f"{value:g}" if isinstance(value, float) else str(value)
+
+
+def params_difference(sent: dict, accepted: dict, who: str = "task accepts") -> str | None:
+    """``"eta 60 sent, task accepts eta 65"``, or None when the dicts are equal."""
+    if sent == accepted:
+        return None
+    diffs = [f"{k} {_show(sent.get(k, '(none)'))} sent, {who} {k} {_show(accepted.get(k, '(none)'))}"
+             for k in sorted(set(sent) | set(accepted)) if sent.get(k) != accepted.get(k)]
+    return "; ".join(diffs)
+
+
+class TaskDeclaration(BaseModel):
+    """Body of ``POST /admin/tasks``: what records of the task must be."""
+
+    model_config = ConfigDict(extra="forbid")
+    task: TaskName
+    labels: list[LabelName] = Field(min_length=2, max_length=1000,
+                                    description="class names; an integer label is an index "
+                                    "into this list")
+    mechanism: Mechanism
+    params: dict[str, Any] = Field(default_factory=dict, description="the mechanism's "
+                                   "parameters, e.g. {\"eta\": 65}")
+    bundle_id: Annotated[str, Field(pattern=r"^[0-9a-f]{64}$")]
+
+    @field_validator("labels")
+    @classmethod
+    def _distinct(cls, v: list[str]) -> list[str]:
+        if len(set(v)) != len(v):
+            raise ValueError("labels must be distinct")
+        return v
+
+
+@dataclass(frozen=True)
+class Task:
+    """A declared task as stored."""
+
+    id: int
+    name: str
+    labels: tuple[str, ...]
+    mechanism: str
+    params: dict
+    bundle_id: str
+    created_at: datetime | None = None
+
+    def public(self) -> dict:
+        """What the edge needs: ``GET /v1/tasks/{task}``."""
+        return {"task": self.name, "labels": list(self.labels), "mechanism": self.mechanism,
+                "params": dict(self.params), "bundle_id": self.bundle_id}
+
+    def difference(self, other: Task) -> str | None:
+        """What differs between two declarations of one task, or None."""
+        if self.labels != other.labels:
+            return f"labels {list(other.labels)} sent, task has {list(self.labels)}"
+        if self.mechanism != other.mechanism:
+            return f"mechanism {other.mechanism} sent, task has {self.mechanism}"
+        if self.bundle_id != other.bundle_id:
+            return (f"bundle {other.bundle_id[:12]}… sent, task has "
+                    f"{self.bundle_id[:12]}…")
+        return params_difference(other.params, self.params, "task has")
+
+
+def _task(row) -> Task:
+    return Task(row.id, row.name, tuple(row.labels), row.mechanism, dict(row.params),
+                row.bundle_id, row.created_at)
+
+
+def _find(conn, name: str) -> Task | None:
+    row = conn.execute(select(tasks).where(tasks.c.name == name)).first()
+    return _task(row) if row is not None else None
+
+
+def get_task(db: Database, name: str) -> Task:
+    """The task ``name``; :class:`NotFound` if none is declared."""
+    check_id("task", name)
+    with db.begin() as conn:
+        task = _find(conn, name)
+    if task is None:
+        raise NotFound(f"no task {name!r}: an admin declares it with POST /admin/tasks")
+    return task
+
+
+def ensure_task(db: Database, name: str, labels, mechanism: str, params: dict,
+                bundle_id: str) -> tuple[Task, bool]:
+    """Declare the task (``True``: created now) or find the same declaration (``False``);
+    :class:`Conflict` if the task exists with another declaration."""
+    try:
+        decl = TaskDeclaration(task=name, labels=list(labels), mechanism=mechanism,
+                               params=dict(params), bundle_id=bundle_id)
+    except ValidationError as exc:
+        raise InvalidRequest("invalid task declaration",
+                             errors=exc.errors(include_input=False, include_url=False)) from None
+    want = Task(0, decl.task, tuple(decl.labels), decl.mechanism,
+                canonical_params(decl.mechanism, decl.params), decl.bundle_id)
+    for _ in range(2):
+        try:
+            with db.begin(write=True) as conn:
+                have = _find(conn, name)
+                if have is None:
+                    now = datetime.now(UTC)
+                    new_id = conn.execute(insert(tasks).values(
+                        name=want.name, labels=list(want.labels), mechanism=want.mechanism,
+                        params=want.params, bundle_id=want.bundle_id, created_at=now,
+                    ).returning(tasks.c.id)).scalar_one()
+                    return Task(new_id, want.name, want.labels, want.mechanism, want.params,
+                                want.bundle_id, now), True
+        except IntegrityError:
+            continue  # declared concurrently by another request: compare with it
+        diff = have.difference(want)
+        if diff:
+            raise Conflict(f"task {name!r} is declared differently: {diff}")
+        return have, False
+    raise Conflict(f"task {name!r} is being declared concurrently; try again")
+
+
+def list_tasks(db: Database) -> list[dict]:
+    """Every task (public fields, created_at) with its record counts per label
+    (``soft``: records with a mixed TextHide label)."""
+    with db.begin() as conn:
+        all_tasks = [_task(r) for r in conn.execute(select(tasks).order_by(tasks.c.name))]
+        counts = conn.execute(select(records.c.task_id, records.c.label, func.count())
+                              .group_by(records.c.task_id, records.c.label)).all()
+    per: dict[int, dict[str | None, int]] = {}
+    for task_id, label, n in counts:
+        per.setdefault(task_id, {})[label] = int(n)
+    out = []
+    for t in all_tasks:
+        c = per.get(t.id, {})
+        out.append({**t.public(),
+                    "created_at": t.created_at.isoformat() if t.created_at else None,
+                    "records": sum(c.values()),
+                    "counts": {name: c.get(name, 0) for name in t.labels},
+                    "soft": c.get(None, 0)})
+    return out
