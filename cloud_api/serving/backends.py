@@ -1,0 +1,184 @@
+"""Inference backends: a loaded model version that turns a batch of checked payloads into
+class probabilities (N, C) float32, in input order.
+
+* :class:`TorchBackend` — ``models.registry.load_model``; CUDA with bf16/fp16 autocast when
+  a GPU is present (``models.backbone.pick_device`` / ``autocast_dtype``), CPU otherwise;
+  the forward runs under ``torch.inference_mode()``.
+* :class:`OnnxBackend` — ``models.export.OnnxClassifier`` over the version's
+  ``classifier.onnx`` (CPU).
+
+Both run one warm-up forward when loaded, so a loaded backend is a warmed one. A backend is
+not safe for concurrent forwards: the batcher calls :meth:`Backend.forward` from one thread
+at a time.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Protocol
+
+import numpy as np
+
+from cloud_api.settings import Settings
+
+log = logging.getLogger(__name__)
+
+
+class BackendError(Exception):
+    """A version folder that cannot be served by the chosen backend (message says why)."""
+
+
+class Backend(Protocol):
+    name: str
+    config: dict
+    metrics: dict
+    path: Path
+
+    def forward(self, payloads: Sequence) -> np.ndarray:
+        """Probabilities (N, C) float32 for checked payloads, in input order."""
+
+    def close(self) -> None:
+        """Release the model (memory, sessions)."""
+
+
+def _softmax(z: np.ndarray) -> np.ndarray:
+    z = z.astype(np.float32, copy=False)
+    z = z - z.max(axis=1, keepdims=True)
+    e = np.exp(z)
+    return e / e.sum(axis=1, keepdims=True)
+
+
+def _collate(config: dict, payloads: Sequence) -> dict:
+    from models.data import collate
+
+    return collate([p.data_array() for p in payloads],
+                   [tuple(s) if (s := getattr(p, "segments", None)) else None for p in payloads],
+                   config["mechanism"], config["special_ids"], int(config["max_length"]))
+
+
+def warmup_payloads(config: dict, n: int = 2) -> list:
+    """Small valid payloads for ``config``'s model (random contents; never user data)."""
+    from models.export import _example_payload_arrays
+    from shared.payload import make_payload
+
+    rng = np.random.default_rng(0)
+    arrays, segments = _example_payload_arrays(config, rng, n)
+    params = dict(config["params"])
+    out = []
+    for a, seg in zip(arrays, segments, strict=True):
+        if config["mechanism"] == "ome":
+            a = a.astype(np.uint8)
+        out.append(make_payload(config["mechanism"], params, config["bundle_id"], a,
+                                list(seg) if seg else None))
+    return out
+
+
+class TorchBackend:
+    """A version folder served by torch."""
+
+    name = "torch"
+
+    def __init__(self, path: str | os.PathLike, settings: Settings):
+        import torch
+
+        from models.backbone import autocast_dtype, pick_device
+        from models.registry import load_model
+
+        if settings.torch_threads:
+            torch.set_num_threads(settings.torch_threads)
+        self.path = Path(path)
+        try:
+            self.device = pick_device(settings.device)
+            self.amp = autocast_dtype(self.device, settings.precision)
+            self.version = load_model(self.path, self.device)
+        except ValueError as exc:
+            raise BackendError(str(exc)) from None
+        except (OSError, KeyError, RuntimeError) as exc:
+            raise BackendError(f"{self.path}: cannot be loaded ({type(exc).__name__}: "
+                               f"{exc})") from None
+        self.config = self.version.config
+        self.metrics = self.version.metrics
+        self._torch = torch
+        self.forward(warmup_payloads(self.config))
+
+    def forward(self, payloads: Sequence) -> np.ndarray:
+        torch = self._torch
+        batch = _collate(self.config, payloads)
+        module = self.version.module
+        with torch.inference_mode():
+            feed = {k: v.to(self.device, non_blocking=True) for k, v in batch.items()}
+            with torch.autocast(self.device.type, dtype=self.amp, enabled=self.amp is not None):
+                logits = module(**feed)
+            probs = torch.softmax(logits.float(), dim=-1)
+            return probs.cpu().numpy().astype(np.float32, copy=False)
+
+    def close(self) -> None:
+        version = getattr(self, "version", None)
+        if version is not None:
+            version.module = None
+        self.version = None
+        if getattr(self, "device", None) is not None and self.device.type == "cuda":
+            self._torch.cuda.empty_cache()
+
+
+class OnnxBackend:
+    """A version folder served by onnxruntime (its ``classifier.onnx``, CPU)."""
+
+    name = "onnx"
+
+    def __init__(self, path: str | os.PathLike, settings: Settings):
+        from models.export import OnnxClassifier
+        from models.registry import METRICS_FILE, ONNX_FILE, read_config
+
+        self.path = Path(path)
+        try:
+            read_config(self.path)
+        except ValueError as exc:
+            raise BackendError(str(exc)) from None
+        if not (self.path / ONNX_FILE).is_file():
+            raise BackendError(f"{self.path}: no {ONNX_FILE} for the onnx backend (export it "
+                               f"with models.export.export_classifier_onnx, or serve with "
+                               f"PRIVBERT_BACKEND=torch)")
+        try:
+            self.classifier = OnnxClassifier(self.path)
+        except Exception as exc:  # onnxruntime raises its own exception types
+            raise BackendError(f"{self.path / ONNX_FILE}: cannot be loaded "
+                               f"({type(exc).__name__}: {exc})") from None
+        if settings.torch_threads:
+            self._set_threads(settings.torch_threads)
+        self.config = self.classifier.config
+        mpath = self.path / METRICS_FILE
+        import json
+
+        self.metrics = json.loads(mpath.read_text()) if mpath.is_file() else {}
+        self.forward(warmup_payloads(self.config))
+
+    def _set_threads(self, n: int) -> None:
+        import onnxruntime as ort
+
+        from models.registry import ONNX_FILE
+
+        opts = ort.SessionOptions()
+        opts.log_severity_level = 3
+        opts.intra_op_num_threads = n
+        opts.inter_op_num_threads = 1
+        self.classifier.session = ort.InferenceSession(
+            str(self.path / ONNX_FILE), opts, providers=["CPUExecutionProvider"])
+
+    def forward(self, payloads: Sequence) -> np.ndarray:
+        return _softmax(self.classifier.logits(_collate(self.config, payloads)))
+
+    def close(self) -> None:
+        self.classifier = None
+
+
+def load_backend(path: str | os.PathLike, settings: Settings) -> Backend:
+    """The backend ``settings.backend`` over the version folder ``path`` (loaded and warmed).
+
+    BackendError says why a folder cannot be served."""
+    if settings.backend == "onnx":
+        return OnnxBackend(path, settings)
+    return TorchBackend(path, settings)

@@ -1,0 +1,349 @@
+"""The micro-batcher of one loaded model version.
+
+Requests put their payloads into a bounded queue (:meth:`Batcher.submit`, synchronous, so
+nothing can come between the registry choosing a version and queueing on it). One
+collector task takes batches off the queue and runs the model in a dedicated worker thread
+(the model is not safe for concurrent forwards), off the event loop:
+
+* a batch holds at most ``max_batch_size`` payloads and ``max_batch_tokens`` padded tokens
+  (payloads x the longest one);
+* it is built around the oldest waiting payload (no one starves) from the waiting payloads
+  closest to it in length (length-sorted buckets: little padding);
+* the collector waits at most ``max_wait_ms`` for more payloads, and only as many as the
+  previous batch had (under steady load it goes as soon as the clients of the last batch
+  are back; a lone client never waits);
+* a payload whose request was cancelled or whose client went away (``is_disconnected``) is
+  dropped before inference; a request that waited longer than ``queue_timeout_s`` fails
+  with :class:`~cloud_api.errors.Unavailable` (503, ``Retry-After``).
+
+A full queue refuses a request with :class:`~cloud_api.errors.Overloaded` (429). A request
+of several payloads resolves when all of them are done, in input order. :meth:`drain`
+finishes everything queued, then stops the collector and the thread.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import inspect
+import logging
+import math
+import time
+from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+
+import numpy as np
+
+from cloud_api import metrics
+from cloud_api.errors import InferenceFailed, Overloaded, ServiceError, Unavailable
+
+log = logging.getLogger(__name__)
+
+
+class ClientGone(ServiceError):
+    """The client went away before its payloads ran (nginx's 499; nobody reads it)."""
+
+    status, kind, title = 499, "client-closed-request", "Client closed request"
+
+Disconnected = Callable[[], object]  # sync or async, returns True when the client is gone
+
+
+@dataclass(eq=False)
+class _Request:
+    """One predict call: its payloads' results land in ``probs`` at their input index."""
+
+    n: int
+    future: asyncio.Future
+    is_disconnected: Disconnected | None
+    enqueued: float
+    probs: np.ndarray | None = None
+    remaining: int = 0
+    started: bool = False  # some payload is in a batch (too late to time out)
+
+    def fail(self, exc: BaseException) -> None:
+        if not self.future.done():
+            self.future.set_exception(exc)
+
+
+@dataclass(eq=False)
+class _Item:
+    request: _Request
+    index: int
+    payload: object
+    length: int
+
+
+def payload_length(payload) -> int:
+    """Padded length of a payload in the model: tokens + [CLS]/[SEP]; vectors count 1."""
+    n = getattr(payload, "n_tokens", None)
+    if n is None:
+        return 1
+    segs = getattr(payload, "segments", None)
+    return int(n) + (3 if segs is not None and len(segs) == 2 else 2)
+
+
+class Batcher:
+    """Micro-batcher over ``forward(payloads) -> (N, C) probabilities`` of one version."""
+
+    def __init__(self, forward: Callable[[Sequence], np.ndarray], *, model_id: str,
+                 version: str, max_batch_size: int = 32, max_batch_tokens: int = 16384,
+                 max_wait_ms: float = 5.0, max_queue_size: int = 2048,
+                 queue_timeout_s: float = 30.0, executor: ThreadPoolExecutor | None = None):
+        self._forward = forward
+        self.model_id, self.version = model_id, version
+        self.max_batch_size = max(1, int(max_batch_size))
+        self.max_batch_tokens = max(1, int(max_batch_tokens))
+        self.max_wait = max(0.0, float(max_wait_ms)) / 1000.0
+        self.max_queue_size = max(1, int(max_queue_size))
+        self.queue_timeout = float(queue_timeout_s)
+        self._own_executor = executor is None
+        self._executor = executor or ThreadPoolExecutor(
+            max_workers=1, thread_name_prefix=f"infer-{model_id}-{version}")
+        self._items: list[_Item] = []
+        self._wakeup = asyncio.Event()
+        self._task: asyncio.Task | None = None
+        self._closing = False
+        self._closed = asyncio.Event()
+        self._last_batch = 1
+        self._per_payload_s = 0.01  # running estimate, for Retry-After
+        self.batches = 0  # forwards run (tests and logs)
+        self.dropped = 0  # requests dropped before inference: client gone
+        self.largest_batch = 0
+        self._queue_gauge = metrics.QUEUE_SIZE.labels(model=model_id, version=version)
+        self._queue_gauge.set(0)
+
+    # -- lifecycle --------------------------------------------------------------------------
+    def start(self) -> Batcher:
+        if self._task is None:
+            self._task = asyncio.get_running_loop().create_task(
+                self._collect(), name=f"batcher-{self.model_id}-{self.version}")
+        return self
+
+    @property
+    def queued(self) -> int:
+        """Payloads waiting (not yet in a batch)."""
+        return len(self._items)
+
+    async def drain(self) -> None:
+        """Refuse new requests, finish everything queued, then stop the collector."""
+        self._closing = True
+        self._wakeup.set()
+        if self._task is not None:
+            await asyncio.shield(self._closed.wait())
+        for it in self._items:  # never started (no collector): fail rather than hang
+            it.request.fail(Unavailable("the model version was unloaded", retry_after=1))
+        self._items.clear()
+        self._queue_gauge.set(0)
+        if self._own_executor:
+            self._executor.shutdown(wait=True)
+        try:
+            metrics.QUEUE_SIZE.remove(self.model_id, self.version)
+        except KeyError:
+            pass
+
+    # -- requests ---------------------------------------------------------------------------
+    def retry_after(self) -> float:
+        """Seconds until the queue has likely emptied (at least 1)."""
+        return float(max(1, math.ceil(len(self._items) * self._per_payload_s)))
+
+    def submit(self, payloads: Sequence, is_disconnected: Disconnected | None = None
+               ) -> asyncio.Future:
+        """Queue ``payloads`` (all or none); the future resolves to their probabilities
+        (N, C) in input order. Overloaded when the queue has no room for all of them."""
+        return self._submit(payloads, is_disconnected).future
+
+    def _submit(self, payloads: Sequence, is_disconnected: Disconnected | None) -> _Request:
+        if self._closing:
+            raise Unavailable(f"model {self.model_id} {self.version} is being unloaded",
+                              retry_after=1)
+        n = len(payloads)
+        if len(self._items) + n > self.max_queue_size:
+            raise Overloaded(f"the queue of model {self.model_id} is full "
+                             f"({len(self._items)} of {self.max_queue_size} payloads waiting)",
+                             retry_after=self.retry_after())
+        loop = asyncio.get_running_loop()
+        req = _Request(n, loop.create_future(), is_disconnected, time.monotonic(), remaining=n)
+        if n == 0:
+            req.future.set_result(np.zeros((0, 0), dtype=np.float32))
+            return req
+        for i, p in enumerate(payloads):
+            self._items.append(_Item(req, i, p, payload_length(p)))
+        self._queue_gauge.set(len(self._items))
+        self._wakeup.set()
+        return req
+
+    async def run(self, payloads: Sequence, is_disconnected: Disconnected | None = None
+                  ) -> np.ndarray:
+        """Queue ``payloads`` and wait for their probabilities. A request still queued after
+        ``queue_timeout_s`` fails with Unavailable; one already in a batch gets its answer."""
+        req = self._submit(payloads, is_disconnected)
+        try:
+            return await asyncio.wait_for(asyncio.shield(req.future), self.queue_timeout)
+        except TimeoutError:
+            if req.started:
+                return await req.future
+            self._withdraw(req)
+            raise self._timeout_error() from None
+        except asyncio.CancelledError:
+            self._withdraw(req)
+            raise
+
+    # -- internals --------------------------------------------------------------------------
+    def _timeout_error(self) -> Unavailable:
+        return Unavailable(f"model {self.model_id} is busy: the request waited "
+                           f"{self.queue_timeout:g} s in the queue",
+                           retry_after=self.retry_after())
+
+    def _withdraw(self, req: _Request) -> None:
+        """Take ``req``'s waiting payloads out of the queue and cancel its future."""
+        before = len(self._items)
+        self._items = [it for it in self._items if it.request is not req]
+        if len(self._items) != before:
+            self._queue_gauge.set(len(self._items))
+        if not req.future.done():
+            req.future.cancel()
+
+    def _expire(self) -> None:
+        """Fail requests queued longer than ``queue_timeout_s``; forget finished ones."""
+        now = time.monotonic()
+        for it in self._items:
+            req = it.request
+            if not req.future.done() and not req.started and \
+                    now - req.enqueued > self.queue_timeout:
+                req.fail(self._timeout_error())
+        kept = [it for it in self._items if not it.request.future.done()]
+        if len(kept) != len(self._items):
+            self._items = kept
+            self._queue_gauge.set(len(kept))
+
+    async def _live(self, batch: list[_Item]) -> list[_Item]:
+        """``batch`` without the payloads of requests whose client went away (their
+        futures are cancelled: nobody reads the answer)."""
+        gone: dict[int, bool] = {}
+        for it in batch:
+            req = it.request
+            if id(req) in gone:
+                continue
+            dead = req.future.done()
+            if not dead and req.is_disconnected is not None:
+                try:
+                    res = req.is_disconnected()
+                    if inspect.isawaitable(res):
+                        res = await res
+                    dead = bool(res)
+                except Exception:  # a broken check must not stop the batcher
+                    dead = False
+            gone[id(req)] = dead
+            if dead:
+                req.fail(ClientGone("the client went away before inference"))
+                self._withdraw(req)
+                self.dropped += 1
+        return [it for it in batch if not gone[id(it.request)] and not it.request.future.done()]
+
+    def _take_batch(self) -> list[_Item]:
+        """The oldest payload and those closest to it in length, within both limits."""
+        items = self._items  # in arrival order: items[0] is the oldest
+        order = sorted(range(len(items)), key=lambda i: items[i].length)
+        pos = order.index(0)
+        anchor_len = items[0].length
+        chosen, longest = [0], anchor_len
+        lo, hi = pos - 1, pos + 1
+        while len(chosen) < self.max_batch_size and (lo >= 0 or hi < len(order)):
+            # the closer in length of the two neighbours in sorted order
+            up = hi < len(order) and (lo < 0 or items[order[hi]].length - anchor_len
+                                      <= anchor_len - items[order[lo]].length)
+            cand = order[hi] if up else order[lo]
+            new_longest = max(longest, items[cand].length)
+            if (len(chosen) + 1) * new_longest > self.max_batch_tokens:
+                if not up:
+                    break  # a shorter one does not fit: nothing does
+                hi = len(order)  # longer ones only get worse; try shorter ones
+                continue
+            if up:
+                hi += 1
+            else:
+                lo -= 1
+            chosen.append(cand)
+            longest = new_longest
+        taken = set(chosen)
+        batch = [items[i] for i in sorted(chosen)]
+        self._items = [it for i, it in enumerate(items) if i not in taken]
+        self._queue_gauge.set(len(self._items))
+        return batch
+
+    async def _wait_for_more(self) -> None:
+        """Wait (at most max_wait) until as many payloads wait as the last batch had."""
+        target = min(self.max_batch_size, self._last_batch)
+        if len(self._items) >= target or self.max_wait <= 0:
+            return
+        deadline = time.monotonic() + self.max_wait
+        while len(self._items) < target and not self._closing:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                return
+            self._wakeup.clear()
+            try:
+                await asyncio.wait_for(self._wakeup.wait(), left)
+            except TimeoutError:
+                return
+
+    async def _collect(self) -> None:
+        loop = asyncio.get_running_loop()
+        try:
+            while True:
+                if not self._items:
+                    if self._closing:
+                        return
+                    self._wakeup.clear()
+                    await self._wakeup.wait()
+                    continue
+                await self._wait_for_more()
+                self._expire()
+                if not self._items:
+                    continue
+                batch = await self._live(self._take_batch())
+                if batch:
+                    await self._run_batch(loop, batch)
+        except asyncio.CancelledError:
+            for it in self._items:
+                it.request.fail(Unavailable("the server is shutting down", retry_after=1))
+            raise
+        finally:
+            self._closed.set()
+
+    async def _run_batch(self, loop: asyncio.AbstractEventLoop, batch: list[_Item]) -> None:
+        now = time.monotonic()
+        for it in batch:
+            it.request.started = True
+            metrics.QUEUE_DURATION.labels(model=self.model_id).observe(now - it.request.enqueued)
+        payloads = [it.payload for it in batch]
+        t0 = time.perf_counter()
+        try:
+            probs = await loop.run_in_executor(self._executor, self._forward, payloads)
+        except Exception as exc:
+            log.exception("inference failed for model %s %s (batch of %d)", self.model_id,
+                          self.version, len(batch))
+            err = InferenceFailed(f"model {self.model_id} {self.version} failed on a batch "
+                                  f"({type(exc).__name__})")
+            for it in batch:
+                it.request.fail(err)
+            return
+        took = time.perf_counter() - t0
+        self._per_payload_s = 0.8 * self._per_payload_s + 0.2 * took / len(batch)
+        self._last_batch = len(batch)
+        self.batches += 1
+        self.largest_batch = max(self.largest_batch, len(batch))
+        metrics.INFERENCE_DURATION.labels(model=self.model_id).observe(took)
+        metrics.BATCH_SIZE.labels(model=self.model_id).observe(len(batch))
+        metrics.BATCH_TOKENS.labels(model=self.model_id).observe(
+            len(batch) * max(it.length for it in batch))
+        for row, it in zip(probs, batch, strict=True):
+            req = it.request
+            if req.future.done():
+                continue
+            if req.probs is None:
+                req.probs = np.empty((req.n, row.shape[0]), dtype=np.float32)
+            req.probs[it.index] = row
+            req.remaining -= 1
+            if req.remaining == 0:
+                req.future.set_result(req.probs)

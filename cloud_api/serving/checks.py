@@ -1,0 +1,151 @@
+"""Is a payload made for this model? Checked before it is queued; every refusal says exactly
+what differs, without repeating payload data (ids, values): only mechanism, parameters,
+bundle ids, shapes and counts.
+
+    checker = PayloadChecker(config, bundle, max_tokens_setting=None)
+    limits = checker.limits()      # to parse request bodies for this model
+    checker.check(payloads)        # PayloadMismatch: "payloads[0]: eta 60 sent, model serves eta 65"
+
+The same checks as ``models.registry.ModelVersion.check_payload``, plus regular token ids,
+the token budget (``max_length`` less [CLS]/[SEP]) and sentence pairs.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+
+import numpy as np
+
+from cloud_api.errors import PayloadMismatch
+from models.data import kind_of
+from shared.payload import Limits
+
+
+def _fmt(value) -> str:
+    if isinstance(value, bool) or value is None:
+        return str(value).lower()
+    if isinstance(value, int | float):
+        return format(value, "g")
+    return str(value)
+
+
+def _same(a, b) -> bool:
+    if isinstance(a, int | float) and isinstance(b, int | float) and not isinstance(a, bool):
+        return math.isclose(float(a), float(b), rel_tol=1e-9, abs_tol=0.0)
+    return a == b
+
+
+class PayloadChecker:
+    """The payload contract of one model version (its ``config.json``), with the regular ids
+    of its bundle when the bundle is known."""
+
+    def __init__(self, config: dict, bundle=None, max_tokens_setting: int | None = None):
+        self.mechanism: str = config["mechanism"]
+        self.kind = kind_of(self.mechanism)
+        self.params: dict = dict(config["params"])
+        self.bundle_id: str = config["bundle_id"]
+        self.max_length = int(config["max_length"])
+        self.pairs: bool | None = (config.get("source") or {}).get("pairs")
+        arch = config.get("architecture") or {}
+        bert = arch.get("bert_config") or {}
+        self.vocab_size: int | None = int(bert["vocab_size"]) if "vocab_size" in bert else None
+        self.hidden: int | None = int(bert["hidden_size"]) if "hidden_size" in bert else None
+        self.in_dim: int | None = int(arch["in_dim"]) if "in_dim" in arch else None
+        self.max_tokens_setting = max_tokens_setting
+        self.max_tokens = max(1, self.max_length - 2)
+        if max_tokens_setting is not None:
+            self.max_tokens = min(self.max_tokens, int(max_tokens_setting))
+        self.bits_per_value = (1 + int(self.params.get("int_bits", 4))
+                               + int(self.params.get("frac_bits", 5))
+                               if self.mechanism == "ome" else 1)
+        self._irregular: np.ndarray | None = None
+        if self.kind == "tokens" and self.vocab_size is not None:
+            mask = np.zeros(self.vocab_size, dtype=bool)
+            special = dict(config.get("special_ids") or {})
+            if self.mechanism == "none":  # plain text may hold unknown words
+                special.pop("unk", None)
+            mask[[i for i in special.values() if 0 <= i < self.vocab_size]] = True
+            if bundle is not None:
+                unused = [i for i in bundle.meta.get("unused_ids", []) if 0 <= i < self.vocab_size]
+                mask[unused] = True
+            self._irregular = mask
+
+    # -- limits for parsing -----------------------------------------------------------------
+    def limits(self) -> Limits:
+        """``shared.payload.Limits`` to parse this model's request bodies."""
+        vector_dim = None
+        if self.kind == "vector" and self.in_dim is not None:
+            vector_dim = self.in_dim // self.bits_per_value
+        return Limits(max_tokens=self.max_tokens, vocab_size=self.vocab_size,
+                      dim=self.hidden if self.kind == "embeddings" else None,
+                      vector_dim=vector_dim)
+
+    # -- checks -----------------------------------------------------------------------------
+    def check(self, payloads: Sequence) -> None:
+        """PayloadMismatch naming the first payload that does not fit and what differs."""
+        for i, p in enumerate(payloads):
+            problem = self.problem(p)
+            if problem is not None:
+                raise PayloadMismatch(f"payloads[{i}]: {problem}")
+
+    def problem(self, p) -> str | None:
+        """What differs between payload ``p`` and the model, or None."""
+        if p.mechanism != self.mechanism:
+            return f"mechanism {p.mechanism} sent, model serves {self.mechanism}"
+        if p.bundle_id != self.bundle_id:
+            return (f"bundle {p.bundle_id[:12]}… sent, model serves {self.bundle_id[:12]}… "
+                    f"(fetch GET /v1/bundles/{self.bundle_id})")
+        got, want = p.params.model_dump(), dict(self.params)
+        if self.mechanism == "texthide":  # predictions use k = 1, whatever k trained the model
+            got, want = {"m": got.get("m")}, {"m": want.get("m")}
+        diffs = [f"{k} {_fmt(got.get(k))} sent, model serves {k} {_fmt(want.get(k))}"
+                 for k in sorted(set(got) | set(want)) if not _same(got.get(k), want.get(k))]
+        if diffs:
+            return "; ".join(diffs)
+        arr = p.data_array()
+        if self.kind == "vector":
+            return self._vector(arr)
+        n = int(arr.shape[0])
+        segs = getattr(p, "segments", None)
+        pair = segs is not None and len(segs) == 2
+        if self.pairs is not None and pair != self.pairs:
+            return ("a sentence pair sent, model reads single sentences" if pair else
+                    "a single sentence sent, model reads sentence pairs")
+        budget = self.max_tokens if not pair else min(self.max_tokens, self.max_length - 3)
+        if n > budget:
+            why = (f"max_length {self.max_length} less [CLS] and [SEP]" if budget ==
+                   self.max_length - (3 if pair else 2) else "the server's tokens-per-payload "
+                   "limit")
+            return f"{n} tokens sent, model serves at most {budget} ({why})"
+        if self.kind == "embeddings":
+            if self.hidden is not None and arr.shape[1] != self.hidden:
+                return f"dimension {arr.shape[1]} sent, model serves {self.hidden}"
+            return None
+        return self._ids(arr)
+
+    def _vector(self, arr: np.ndarray) -> str | None:
+        if self.in_dim is None:
+            return None
+        width = int(arr.shape[-1])
+        if width == self.in_dim:
+            return None
+        if self.mechanism == "ome":
+            return (f"{width} bits sent, model serves {self.in_dim} bits "
+                    f"(dimension {self.in_dim // self.bits_per_value} x {self.bits_per_value})")
+        return f"dimension {width} sent, model serves {self.in_dim}"
+
+    def _ids(self, ids: np.ndarray) -> str | None:
+        if ids.size == 0 or self.vocab_size is None:
+            return None
+        bad = int(np.count_nonzero((ids < 0) | (ids >= self.vocab_size)))
+        if bad:
+            return (f"{bad} token id(s) outside the model's vocabulary [0, {self.vocab_size}) "
+                    f"(a payload of another bundle?)")
+        if self._irregular is not None:
+            irregular = int(np.count_nonzero(self._irregular[ids]))
+            if irregular:
+                return (f"{irregular} token id(s) are special or [unused] ids, not regular "
+                        f"tokens ({self.mechanism} payloads carry only word pieces; the server "
+                        f"adds [CLS] and [SEP])")
+        return None

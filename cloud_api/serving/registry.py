@@ -1,0 +1,395 @@
+"""The models the service serves: every promoted version of ``$PRIVBERT_HOME``, each behind
+its own micro-batcher, swapped without a restart.
+
+    registry = ServingRegistry(settings, home, bundles)
+    await registry.start()                       # loads every promoted version (warmed)
+    pred = await registry.predict("sst2", payloads)
+    pred.version, pred.labels, pred.probs        # the version that answered
+    await registry.promote("sst2", "v3")         # or a pointer written by another process
+    await registry.stop()                        # drain queues, then unload
+
+Hot swap: the new version is loaded beside the old one in a worker thread (the event loop
+keeps serving), then new requests go to the new version, requests already queued finish on
+the old one, then the old batcher drains and the old version is released. Choosing a
+version and queueing on it happen with no ``await`` in between, so no request can land on a
+batcher that is draining. A version that fails to load is logged, counted
+(``privbert_model_load_failure``) and shown in :meth:`ready`; the previous version keeps
+serving. Promotions by other processes (the CLI, a retraining worker, another replica) are
+noticed by reading the ``promoted`` pointer files every ``settings.reload_interval_s``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from cloud_api import metrics
+from cloud_api.errors import InvalidRequest, NotFound, ServiceError, Unavailable
+from cloud_api.home import ModelHome
+from cloud_api.serving.backends import Backend, BackendError, load_backend
+from cloud_api.serving.batcher import Batcher, Disconnected
+from cloud_api.serving.bundles import BundleStore
+from cloud_api.serving.checks import PayloadChecker
+from cloud_api.settings import Settings
+from shared.payload import Limits
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class Prediction:
+    """Probabilities (N, C) of one request, in input order, and the version that answered."""
+
+    model_id: str
+    version: str
+    labels: list[str]
+    probs: np.ndarray
+
+
+@dataclass(eq=False)
+class Served:
+    """One loaded version: backend, payload checker, batcher, and its /v1/models entry."""
+
+    model_id: str
+    version: str
+    backend: Backend
+    checker: PayloadChecker
+    info: dict
+    batcher: Batcher | None = None
+    labels: list[str] = field(default_factory=list)
+
+
+def json_safe(obj):
+    """``obj`` with non-finite floats as None (JSON has no Infinity or NaN)."""
+    if isinstance(obj, float):
+        return obj if math.isfinite(obj) else None
+    if isinstance(obj, dict):
+        return {k: json_safe(v) for k, v in obj.items()}
+    if isinstance(obj, list | tuple):
+        return [json_safe(v) for v in obj]
+    return obj
+
+
+class ServingRegistry:
+    """Loaded versions by model id, their batchers, promotions and readiness."""
+
+    def __init__(self, settings: Settings, home: ModelHome, bundles: BundleStore):
+        self.settings = settings
+        self.home = home
+        self.bundles = bundles
+        self._served: dict[str, Served] = {}
+        self._failed: dict[str, tuple[str, str]] = {}  # model -> (version, reason)
+        self._locks: dict[str, asyncio.Lock] = {}
+        self._retiring: dict[asyncio.Task, tuple[str, str]] = {}  # draining versions
+        self._poller: asyncio.Task | None = None
+        self._started = False
+        self._stopping = False
+
+    # -- lifecycle --------------------------------------------------------------------------
+    async def start(self) -> None:
+        """Load every promoted version (one after the other, in a worker thread), then poll
+        the pointer files."""
+        self._stopping = False
+        await self.refresh()
+        self._started = True
+        if self._poller is None:
+            self._poller = asyncio.get_running_loop().create_task(self._poll(),
+                                                                  name="registry-poll")
+
+    async def stop(self) -> None:
+        """Stop polling, finish every queued request, then unload every version."""
+        self._stopping = True
+        if self._poller is not None:
+            self._poller.cancel()
+            try:
+                await self._poller
+            except asyncio.CancelledError:
+                pass
+            self._poller = None
+        served, self._served = list(self._served.values()), {}
+        await asyncio.gather(*(self._release(s) for s in served), *list(self._retiring))
+        self._started = False
+
+    async def wait_retired(self) -> None:
+        """Wait until every replaced version has drained and been released."""
+        while self._retiring:
+            await asyncio.gather(*list(self._retiring), return_exceptions=True)
+
+    # -- queries ----------------------------------------------------------------------------
+    def ready(self) -> tuple[bool, dict[str, str]]:
+        """(True when every promoted model has a loaded and warmed version answering,
+        {model_id: what is wrong}). A promoted version that failed to load while an older
+        one keeps serving is listed but does not make the service unready."""
+        if not self._started:
+            return False, {"*": "models are loading"}
+        problems: dict[str, str] = {}
+        ok = True
+        try:
+            pointers = self.home.promoted_all()
+        except OSError as exc:
+            return False, {"*": f"cannot read the model home ({exc.strerror})"}
+        for model_id, version in sorted(pointers.items()):
+            served = self._served.get(model_id)
+            failed = self._failed.get(model_id)
+            if served is not None and served.version == version:
+                continue
+            if failed is not None:
+                now = f"; serving {served.version}" if served else "; nothing served"
+                problems[model_id] = f"{failed[0]} failed to load: {failed[1]}{now}"
+            elif served is not None:
+                problems[model_id] = f"loading {version}; serving {served.version}"
+            else:
+                problems[model_id] = f"loading {version}"
+            ok = ok and served is not None
+        for model_id, (version, reason) in self._failed.items():
+            if model_id not in problems and pointers.get(model_id) != version:
+                problems[model_id] = f"promotion to {version} failed: {reason}"
+        return ok, problems
+
+    def describe(self) -> list[dict]:
+        """One entry per served model (GET /v1/models), sorted by id."""
+        return [dict(self._served[m].info) for m in sorted(self._served)]
+
+    def loaded(self) -> list[tuple[str, str]]:
+        """(model_id, version) of every version in memory, draining ones included."""
+        out = [(s.model_id, s.version) for s in self._served.values()]
+        out += list(self._retiring.values())
+        return sorted(out)
+
+    def served_version(self, model_id: str) -> str | None:
+        s = self._served.get(model_id)
+        return s.version if s else None
+
+    def limits_for(self, model_id: str) -> Limits:
+        """Limits to parse the request bodies of ``model_id``."""
+        return self._get(model_id).checker.limits()
+
+    def batcher_of(self, model_id: str) -> Batcher:
+        """The batcher of the version serving ``model_id`` now (metrics, tests)."""
+        served = self._get(model_id)
+        assert served.batcher is not None
+        return served.batcher
+
+    def _get(self, model_id: str) -> Served:
+        served = self._served.get(model_id)
+        if served is not None:
+            return served
+        failed = self._failed.get(model_id)
+        if failed is not None and not self._stopping:
+            raise Unavailable(f"model {model_id} is not loaded ({failed[0]} failed to load)",
+                              retry_after=max(1.0, self.settings.reload_interval_s))
+        if self._stopping:
+            raise Unavailable("the server is shutting down", retry_after=1)
+        raise NotFound(f"no model {model_id!r} is served here")
+
+    # -- inference --------------------------------------------------------------------------
+    async def predict(self, model_id: str, payloads: Sequence,
+                      is_disconnected: Disconnected | None = None) -> Prediction:
+        """Check ``payloads`` against the served version (PayloadMismatch), queue them, and
+        return their probabilities and the version that answered."""
+        served = self._get(model_id)
+        if not payloads:
+            raise InvalidRequest("payloads: at least one payload is needed")
+        served.checker.check(payloads)
+        batcher = served.batcher
+        assert batcher is not None
+        # no await between choosing the version and queueing on it (see module docstring)
+        probs = await batcher.run(payloads, is_disconnected)
+        return Prediction(model_id, served.version, served.labels, probs)
+
+    # -- promotions -------------------------------------------------------------------------
+    async def promote(self, model_id: str, version: str) -> None:
+        """Load ``version`` of ``model_id``, point the model at it and serve it. A version that
+        cannot be loaded leaves the pointer and the serving version unchanged
+        (InvalidRequest saying why); an unknown version is NotFound."""
+        path = self.home.version_dir(model_id, version)
+        if version not in await asyncio.to_thread(self.home.versions, model_id):
+            raise NotFound(f"model {model_id} has no version {version}")
+        async with self._lock(model_id):
+            current = self._served.get(model_id)
+            if current is None or current.version != version:
+                try:
+                    served = await self._load(model_id, version)
+                except BackendError as exc:
+                    raise InvalidRequest(f"version {version} of model {model_id} cannot be "
+                                         f"served: {exc}") from None
+            await asyncio.to_thread(self.home.promote, model_id, version)
+            if current is None or current.version != version:
+                self._install(served)
+        log.info("model %s promoted to %s (%s)", model_id, version, path.name)
+
+    async def refresh(self, retry_failed: bool = False) -> None:
+        """Serve what the promoted pointers name now (new models, new versions). A version
+        that failed to load is tried again only with ``retry_failed``."""
+        if retry_failed:
+            self._failed.clear()
+        try:
+            pointers = await asyncio.to_thread(self.home.promoted_all)
+        except OSError as exc:
+            log.error("cannot read the promoted pointers: %s", exc)
+            return
+        for model_id, version in sorted(pointers.items()):
+            if self._stopping:
+                return
+            if self._wants(model_id, version):
+                async with self._lock(model_id):
+                    if not self._wants(model_id, version) or self._stopping:
+                        continue
+                    try:
+                        served = await self._load(model_id, version)
+                    except BackendError:
+                        continue
+                    if self.home.promoted(model_id) != version:  # moved on meanwhile
+                        self._retire(served)
+                        continue
+                    self._install(served)
+
+    def _wants(self, model_id: str, version: str) -> bool:
+        served = self._served.get(model_id)
+        if served is not None and served.version == version:
+            return False
+        failed = self._failed.get(model_id)
+        return failed is None or failed[0] != version
+
+    async def _poll(self) -> None:
+        while True:
+            await asyncio.sleep(self.settings.reload_interval_s)
+            try:
+                await self.refresh()
+            except asyncio.CancelledError:
+                raise
+            except Exception:  # never let the poller die
+                log.exception("refreshing the served models failed")
+
+    def _lock(self, model_id: str) -> asyncio.Lock:
+        return self._locks.setdefault(model_id, asyncio.Lock())
+
+    # -- loading, swapping, releasing -------------------------------------------------------
+    async def _load(self, model_id: str, version: str) -> Served:
+        """Load and warm ``version`` in a worker thread; BackendError (recorded) if it fails."""
+        try:
+            served = await asyncio.to_thread(self._load_sync, model_id, version)
+        except (BackendError, ServiceError) as exc:
+            reason = exc.detail if isinstance(exc, ServiceError) else str(exc)
+            self._failed[model_id] = (version, reason)
+            metrics.LOAD_FAILURES.labels(model=model_id).inc()
+            log.error("model %s %s failed to load: %s", model_id, version, reason)
+            raise BackendError(reason) from None
+        except Exception as exc:  # anything else in a broken folder: same treatment
+            reason = f"{type(exc).__name__}: {exc}"
+            self._failed[model_id] = (version, reason)
+            metrics.LOAD_FAILURES.labels(model=model_id).inc()
+            log.exception("model %s %s failed to load", model_id, version)
+            raise BackendError(reason) from None
+        s = self.settings
+        served.batcher = Batcher(
+            served.backend.forward, model_id=model_id, version=version,
+            max_batch_size=s.max_batch_size, max_batch_tokens=s.max_batch_tokens,
+            max_wait_ms=s.max_wait_ms, max_queue_size=s.max_queue_size,
+            queue_timeout_s=s.queue_timeout_s).start()
+        return served
+
+    def _load_sync(self, model_id: str, version: str) -> Served:
+        from models.registry import read_config
+
+        path = self.home.version_dir(model_id, version)
+        try:
+            config = read_config(path)
+        except ValueError as exc:
+            raise BackendError(str(exc)) from None
+        if config.get("mechanism") == "none" and not self.settings.allow_none:
+            raise BackendError("mechanism 'none' (plain token ids, the Null-privacy baseline) "
+                               "is served only with PRIVBERT_ALLOW_NONE=1")
+        bundle = self._bundle_for(config)
+        backend = load_backend(path, self.settings)
+        checker = PayloadChecker(backend.config, bundle, self.settings.max_tokens_per_payload)
+        info = self._info(model_id, version, backend, checker)
+        return Served(model_id, version, backend, checker, info,
+                      labels=list(backend.config["labels"]))
+
+    def _bundle_for(self, config: dict):
+        """The model's bundle (for its unused ids), saved in the home when it can be rebuilt
+        from the model's base BERT folder; None when unknown (the model still serves)."""
+        bid = config["bundle_id"]
+        try:
+            return self.bundles.get(bid)
+        except NotFound:
+            pass
+        except ServiceError as exc:
+            log.warning("bundle %s of a served model: %s", bid[:12], exc.detail)
+            return None
+        base = config.get("base_model")
+        if base and base != "default MiniLM-L6-H384":
+            from pathlib import Path
+
+            from shared.bundle import BundleError, EdgeBundle
+
+            try:
+                if Path(base).is_dir():
+                    b = EdgeBundle.from_model(base)
+                    if b.bundle_id == bid:
+                        self.bundles.add(b)
+                        return b
+            except (BundleError, OSError, ValueError) as exc:
+                log.warning("bundle %s not rebuilt from %s: %s", bid[:12], base, exc)
+        log.warning("bundle %s of model version is not on this server: GET /v1/bundles will "
+                    "answer 404 for it", bid[:12])
+        return None
+
+    def _info(self, model_id: str, version: str, backend: Backend,
+              checker: PayloadChecker) -> dict:
+        cfg, m = backend.config, backend.metrics or {}
+        dev = dict(m.get("dev") or {})
+        dev.pop("labels", None)
+        if m.get("best_epoch") is not None:
+            dev["best_epoch"] = m["best_epoch"]
+        return json_safe({
+            "id": model_id, "task": cfg.get("task") or model_id, "labels": list(cfg["labels"]),
+            "mechanism": cfg["mechanism"], "params": dict(cfg["params"]),
+            "bundle_id": cfg["bundle_id"], "max_length": int(cfg["max_length"]),
+            "max_tokens": checker.max_tokens, "guarantee": cfg.get("guarantee"),
+            "metrics": dev, "version": version, "backend": backend.name,
+        })
+
+    def _install(self, served: Served) -> None:
+        """Serve ``served`` from now on; the version it replaces drains in the background."""
+        old = self._served.get(served.model_id)
+        self._served[served.model_id] = served
+        failed = self._failed.get(served.model_id)
+        if failed is not None and failed[0] == served.version:
+            del self._failed[served.model_id]
+        elif failed is not None and (n := _vnum(failed[0])) and n < (_vnum(served.version) or 0):
+            del self._failed[served.model_id]  # an older failure is moot
+        metrics.LOADED.labels(model=served.model_id, version=served.version).set(1)
+        log.info("serving model %s %s (%s backend)", served.model_id, served.version,
+                 served.backend.name)
+        if old is not None:
+            self._retire(old)
+
+    def _retire(self, old: Served) -> None:
+        task = asyncio.get_running_loop().create_task(
+            self._release(old), name=f"retire-{old.model_id}-{old.version}")
+        self._retiring[task] = (old.model_id, old.version)
+        task.add_done_callback(lambda t: self._retiring.pop(t, None))
+
+    async def _release(self, served: Served) -> None:
+        """Finish the queued requests of ``served``, then free the model."""
+        if served.batcher is not None:
+            await served.batcher.drain()
+        await asyncio.to_thread(served.backend.close)
+        try:
+            metrics.LOADED.remove(served.model_id, served.version)
+        except KeyError:
+            pass
+        log.info("released model %s %s", served.model_id, served.version)
+
+
+def _vnum(version: str) -> int | None:
+    from cloud_api.home import version_number
+
+    return version_number(version)

@@ -1,0 +1,292 @@
+"""ServingRegistry against real tiny models: answers, batching, hot swap, broken versions."""
+
+from __future__ import annotations
+
+import asyncio
+import gc
+import shutil
+import time
+import weakref
+
+import numpy as np
+import pytest
+from prometheus_client import REGISTRY
+
+from cloud_api.errors import InvalidRequest, NotFound, Unavailable
+from cloud_api.serving import BundleStore, ServingRegistry
+from models.registry import load_model
+from tests.cloud_api.serving.conftest import add_version, broken_copy, run, settings_for
+
+
+def make_registry(home, **kw) -> ServingRegistry:
+    return ServingRegistry(settings_for(home, **kw), home, BundleStore(home))
+
+
+def reference(path, payloads) -> np.ndarray:
+    """Probabilities of the model run alone, one payload at a time (no padding at all)."""
+    mv = load_model(path)
+    return np.concatenate([mv.predict_proba([p]) for p in payloads])
+
+
+def test_start_describe_and_answers_equal_the_model_alone(home, trained, records, bundle):
+    add_version(home, "sent", trained["a"])
+    payloads = [r.payload for r in records]
+    want = reference(trained["a"], payloads)
+
+    async def main():
+        reg = make_registry(home)
+        assert reg.ready() == (False, {"*": "models are loading"})
+        await reg.start()
+        assert reg.ready() == (True, {})
+        [info] = reg.describe()
+        assert info["id"] == "sent" and info["task"] == "sent" and info["version"] == "v1"
+        assert info["labels"] == ["neg", "pos"] and info["mechanism"] == "dchi-text"
+        assert info["params"] == {"eta": 50.0} and info["bundle_id"] == bundle.bundle_id
+        assert info["max_length"] == 128 and info["max_tokens"] == 126
+        assert info["guarantee"]["worst_case"]["eta"] == 50.0
+        assert info["metrics"]["n"] == 8 and "accuracy" in info["metrics"]
+        # one request per payload, all at once: batches of more than one form
+        singles = await asyncio.gather(*(reg.predict("sent", [p]) for p in payloads))
+        batcher = reg.batcher_of("sent")
+        assert batcher.largest_batch > 1 and batcher.batches < len(payloads)
+        # one request with every payload: answers in input order
+        whole = await reg.predict("sent", payloads)
+        await reg.stop()
+        return singles, whole
+
+    singles, whole = run(main())
+    got = np.concatenate([s.probs for s in singles])
+    assert {s.version for s in singles} == {"v1"} and whole.version == "v1"
+    np.testing.assert_allclose(got, want, atol=1e-5)
+    np.testing.assert_allclose(whole.probs, want, atol=1e-5)
+    assert whole.labels == ["neg", "pos"]
+
+
+def test_unknown_model_is_not_found(home, trained):
+    async def main():
+        reg = make_registry(home)
+        await reg.start()
+        with pytest.raises(NotFound, match="nope"):
+            await reg.predict("nope", [])
+        with pytest.raises(NotFound):
+            reg.limits_for("nope")
+        await reg.stop()
+
+    run(main())
+
+
+def _module_ref(reg: ServingRegistry, model_id: str) -> weakref.ref:
+    return weakref.ref(reg._served[model_id].backend.version.module)
+
+
+def test_hot_swap_under_load_no_failures_and_old_version_released(home, trained, records):
+    add_version(home, "sent", trained["a"])
+    v2 = add_version(home, "sent", trained["b"], promote=False)
+    payloads = [r.payload for r in records]
+    want = {"v1": reference(trained["a"], payloads), "v2": reference(trained["b"], payloads)}
+
+    async def main():
+        reg = make_registry(home, max_wait_ms=2.0)
+        await reg.start()
+        old_module = _module_ref(reg, "sent")
+        answers, failures = [], []
+        promoted_at: list[float] = []
+        stop = asyncio.Event()
+
+        async def client(c: int):
+            j = c
+            while not stop.is_set():
+                j = (j + 7) % len(payloads)
+                sent = time.monotonic()
+                try:
+                    pred = await reg.predict("sent", [payloads[j]])
+                except Exception as exc:  # any failure counts
+                    failures.append(repr(exc))
+                    continue
+                answers.append((sent, pred.version, j, pred.probs[0]))
+
+        tasks = [asyncio.create_task(client(c)) for c in range(8)]
+        while len(answers) < 60:
+            await asyncio.sleep(0.005)
+        await reg.promote("sent", v2)
+        promoted_at.append(time.monotonic())
+        while sum(v == "v2" for _, v, _, _ in answers) < 60:
+            await asyncio.sleep(0.005)
+        stop.set()
+        await asyncio.gather(*tasks)
+        await reg.wait_retired()
+        loaded = reg.loaded()
+        await asyncio.sleep(0)
+        gc.collect()
+        alive = old_module() is not None
+        await reg.stop()
+        return answers, failures, promoted_at[0], loaded, alive
+
+    answers, failures, t_promote, loaded, alive = run(main())
+    assert failures == []
+    assert {v for _, v, _, _ in answers} == {"v1", "v2"}
+    for _, version, j, probs in answers:  # each answer is the named version's own
+        np.testing.assert_allclose(probs, want[version][j], atol=1e-5)
+    assert all(v == "v2" for sent, v, _, _ in answers if sent > t_promote)
+    assert home.promoted("sent") == "v2"
+    assert loaded == [("sent", "v2")]
+    assert not alive, "the replaced version's module is still referenced"
+    assert REGISTRY.get_sample_value("privbert_model_loaded",
+                                     {"model": "sent", "version": "v1"}) is None
+
+
+def test_promotion_by_another_process_is_picked_up(home, trained, records):
+    add_version(home, "sent", trained["a"])
+    v2 = add_version(home, "sent", trained["b"], promote=False)
+
+    async def main():
+        reg = make_registry(home, reload_interval_s=0.05)
+        await reg.start()
+        home.promote("sent", v2)  # what the CLI or a retraining worker does
+        deadline = time.monotonic() + 20
+        while reg.served_version("sent") != "v2" and time.monotonic() < deadline:
+            await asyncio.sleep(0.02)
+        pred = await reg.predict("sent", [records[0].payload])
+        # a new model promoted by another process appears as well
+        add_version(home, "other", trained["a"])
+        while "other" not in {m["id"] for m in reg.describe()} and time.monotonic() < deadline:
+            await asyncio.sleep(0.02)
+        ids = [m["id"] for m in reg.describe()]
+        await reg.stop()
+        return pred, ids
+
+    pred, ids = run(main())
+    assert pred.version == "v2"
+    assert ids == ["other", "sent"]
+
+
+def _failures(model: str) -> float:
+    return REGISTRY.get_sample_value("privbert_model_load_failure_total", {"model": model}) or 0
+
+
+def test_broken_version_promoted_elsewhere_keeps_the_old_one_serving(home, trained, records,
+                                                                     tmp_path):
+    add_version(home, "sent", trained["a"])
+    v2 = add_version(home, "sent", broken_copy(trained["a"], tmp_path / "broken"),
+                     promote=False)
+    before = _failures("sent")
+
+    async def main():
+        reg = make_registry(home)
+        await reg.start()
+        home.promote("sent", v2)
+        await reg.refresh()
+        ok, problems = reg.ready()
+        pred = await reg.predict("sent", [records[0].payload])
+        await reg.refresh()  # a known failure is not retried on every poll
+        after_two_polls = _failures("sent")
+        await reg.stop()
+        return ok, problems, pred, after_two_polls
+
+    ok, problems, pred, after = run(main())
+    assert pred.version == "v1"
+    assert ok is True  # the model is still served ...
+    assert problems["sent"].startswith("v2 failed to load") and "serving v1" in problems["sent"]
+    assert after == before + 1
+
+
+def test_broken_version_promoted_through_the_api_is_refused(home, trained, records, tmp_path):
+    add_version(home, "sent", trained["a"])
+    v2 = add_version(home, "sent", broken_copy(trained["a"], tmp_path / "broken"),
+                     promote=False)
+
+    async def main():
+        reg = make_registry(home)
+        await reg.start()
+        with pytest.raises(InvalidRequest, match="v2 of model sent cannot be served"):
+            await reg.promote("sent", v2)
+        with pytest.raises(NotFound):
+            await reg.promote("sent", "v9")
+        ok, problems = reg.ready()
+        pred = await reg.predict("sent", [records[0].payload])
+        await reg.stop()
+        return ok, problems, pred
+
+    ok, problems, pred = run(main())
+    assert home.promoted("sent") == "v1" and pred.version == "v1"
+    assert ok and problems["sent"].startswith("promotion to v2 failed")
+
+
+def test_broken_version_at_start_with_nothing_else_is_not_ready(home, trained, records,
+                                                                tmp_path):
+    add_version(home, "bad", broken_copy(trained["a"], tmp_path / "broken"))
+    add_version(home, "sent", trained["a"])
+
+    async def main():
+        reg = make_registry(home)
+        await reg.start()
+        ok, problems = reg.ready()
+        with pytest.raises(Unavailable, match="not loaded"):
+            await reg.predict("bad", [records[0].payload])
+        pred = await reg.predict("sent", [records[0].payload])  # the others serve
+        await reg.stop()
+        return ok, problems, pred
+
+    ok, problems, pred = run(main())
+    assert not ok and "v1 failed to load" in problems["bad"] and "nothing served" in problems["bad"]
+    assert "sent" not in problems and pred.version == "v1"
+
+
+def test_mechanism_none_is_served_only_when_allowed(home, tmp_path, bert_dir, bundle):
+    from models.experiment import train_from_records
+    from tests.cloud_api.serving.conftest import FAST
+    from tests.models.conftest import sentiment_texts, token_records
+
+    texts, _, labels = sentiment_texts(16)
+    recs = token_records(bundle, "none", texts, labels)
+    res = train_from_records(recs, tmp_path / "none", bundle=bundle, base=bert_dir, cfg=FAST)
+    add_version(home, "plain", res.model_dir)
+
+    async def main(allow: bool):
+        reg = make_registry(home, allow_none=allow)
+        await reg.start()
+        out = reg.ready()
+        if allow:
+            out = (out, (await reg.predict("plain", [recs[0].payload])).version)
+        await reg.stop()
+        return out
+
+    ok, problems = run(main(False))
+    assert not ok and "PRIVBERT_ALLOW_NONE" in problems["plain"]
+    (ok, problems), version = run(main(True))
+    assert ok and version == "v1"
+
+
+def test_stop_finishes_queued_requests_then_unloads(home, trained, records):
+    add_version(home, "sent", trained["a"])
+    payloads = [r.payload for r in records]
+
+    async def main():
+        reg = make_registry(home, max_batch_size=4)
+        await reg.start()
+        tasks = [asyncio.create_task(reg.predict("sent", [p])) for p in payloads]
+        await asyncio.sleep(0)  # every request is queued
+        queued = reg.batcher_of("sent").queued
+        await reg.stop()
+        results = await asyncio.gather(*tasks, return_exceptions=True)
+        with pytest.raises(Unavailable, match="shutting down"):
+            await reg.predict("sent", payloads[:1])
+        return queued, results, reg.loaded()
+
+    queued, results, loaded = run(main())
+    assert queued > 8
+    assert all(not isinstance(r, BaseException) for r in results)
+    assert loaded == []
+
+
+def test_bundle_rebuilt_from_the_base_folder_when_missing(home, trained, bundle):
+    shutil.rmtree(home.bundle_dir(bundle.bundle_id))
+    add_version(home, "sent", trained["a"])
+
+    async def main():
+        reg = make_registry(home)
+        await reg.start()
+        await reg.stop()
+
+    run(main())
+    assert (home.bundle_dir(bundle.bundle_id) / "bundle.json").is_file()
