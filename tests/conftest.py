@@ -64,3 +64,37 @@ def tiny_bundle(tiny_model_dir):
     from shared.bundle import EdgeBundle
 
     return EdgeBundle.from_model(tiny_model_dir)
+
+
+# -- PostgreSQL (record store and job tests; the cluster code is tests/pg.py) ----------------
+@pytest.fixture(scope="session")
+def pg_cluster():
+    """A throwaway PostgreSQL cluster in a temporary folder on a free loopback port, run as
+    the ``postgres`` user when the tests run as root; stopped and removed afterwards."""
+    from tests.pg import PgCluster, find_bin_dir
+
+    if find_bin_dir() is None:
+        pytest.skip("PostgreSQL server programs (initdb, pg_ctl) are not installed: "
+                    "apt-get install postgresql (scripts/test.sh does it when run as root)")
+    cluster = PgCluster.create()
+    cluster.start()
+    yield cluster
+    cluster.destroy()
+
+
+@pytest.fixture(scope="session")
+def postgres_url(pg_cluster) -> str:
+    """SQLAlchemy URL of the session cluster's ``postgres`` database."""
+    return pg_cluster.url("postgres")
+
+
+@pytest.fixture
+def fresh_postgres_url(pg_cluster, request) -> str:
+    """SQLAlchemy URL of a new, empty database for one test."""
+    import re
+
+    name = "t_" + re.sub(r"[^a-z0-9]+", "_", request.node.name.lower())[:40]
+    return pg_cluster.create_database(f"{name}_{next(_DB_SEQ)}")
+
+
+_DB_SEQ = __import__("itertools").count()
