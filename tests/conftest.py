@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import itertools
 import json
+import re
 from pathlib import Path
 
 import numpy as np
@@ -67,6 +69,9 @@ def tiny_bundle(tiny_model_dir):
 
 
 # -- PostgreSQL (record store and job tests; the cluster code is tests/pg.py) ----------------
+_DB_SEQ = itertools.count()
+
+
 @pytest.fixture(scope="session")
 def pg_cluster():
     """A throwaway PostgreSQL cluster in a temporary folder on a free loopback port, run as
@@ -91,10 +96,5 @@ def postgres_url(pg_cluster) -> str:
 @pytest.fixture
 def fresh_postgres_url(pg_cluster, request) -> str:
     """SQLAlchemy URL of a new, empty database for one test."""
-    import re
-
     name = "t_" + re.sub(r"[^a-z0-9]+", "_", request.node.name.lower())[:40]
     return pg_cluster.create_database(f"{name}_{next(_DB_SEQ)}")
-
-
-_DB_SEQ = __import__("itertools").count()
