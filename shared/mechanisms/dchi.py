@@ -12,6 +12,7 @@ to the noisy embedding, which is post-processing and keeps the guarantee.
 
 from __future__ import annotations
 
+import math
 from typing import TYPE_CHECKING
 
 import numpy as np
@@ -34,6 +35,8 @@ def sample_dchi_noise(
     count = positive_int("count", count, minimum=0)
     dim = positive_int("dim", dim)
     eta = positive("eta", eta)
+    if not math.isfinite(1.0 / eta):
+        raise ValueError(f"eta={eta:g} is too small to compute: 1/eta overflows")
     rng = resolve_rng(rng)
     radius = rng.gamma(shape=dim, scale=1.0 / eta, size=count)
     direction = rng.standard_normal((count, dim))
@@ -58,10 +61,18 @@ class DChiEmbedding:
         return {"eta": self.eta}
 
     def privatize(self, embeddings: np.ndarray, rng: np.random.Generator | None = None) -> np.ndarray:
-        """Perturb each row of ``embeddings`` (L, n); returns float32 (L, n)."""
+        """Perturb each row of ``embeddings`` (L, n); returns float32 (L, n).
+
+        ValueError if the noise does not fit in float32 (``shared.floor.check_computable``
+        refuses such an η before any work)."""
         x = finite_array("embeddings", embeddings, ndim=2)
         noise = sample_dchi_noise(x.shape[0], x.shape[1], self.eta, rng)
-        return (x.astype(np.float64) + noise).astype(np.float32)
+        try:
+            with np.errstate(over="raise", invalid="raise"):
+                return (x.astype(np.float64) + noise).astype(np.float32)
+        except FloatingPointError:
+            raise ValueError(f"eta={self.eta:g} is too small to compute: the noise overflows "
+                             "float32") from None
 
 
 class DChiText:
@@ -74,9 +85,19 @@ class DChiText:
         self.bundle = bundle
         self._embeddings = np.asarray(bundle.embeddings, dtype=np.float32)
         self._vocab_size = self._embeddings.shape[0]
+        self._t_max = float(np.sqrt(np.einsum("ij,ij->i", self._embeddings,
+                                              self._embeddings).max()))
+        self.check_computable()
         self.index = ExactNearest(
             self._embeddings[bundle.regular_ids], ids=bundle.regular_ids, chunk=chunk
         )
+
+    def check_computable(self) -> None:
+        """ValueError if η's noise would overflow the float32 nearest-token search
+        (``shared.floor.check_dchi_eta``)."""
+        from shared.floor import check_dchi_eta
+
+        check_dchi_eta(self.eta, self._embeddings.shape[1], self._t_max)
 
     @property
     def params(self) -> dict:

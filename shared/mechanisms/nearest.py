@@ -21,9 +21,12 @@ mechanism (recall@1 of 2-48% on noisy queries), so this search is exact:
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 
 _U32 = float(np.finfo(np.float32).eps) / 2  # unit roundoff of float32
+_F32_MAX = float(np.finfo(np.float32).max)
 
 
 class ExactNearest:
@@ -59,6 +62,11 @@ class ExactNearest:
         self.chunk = int(chunk)
         self.last_rerank_count = 0  # queries re-ranked in float64 in the last call
 
+    def _too_large(self, query_norm: float) -> bool:
+        """Whether scores of a query of this norm (with room for the bound) overflow float32."""
+        t = self._tmax
+        return (query_norm + 1.0) * (2.0 * t + t * t + 1.0) * 16.0 > _F32_MAX
+
     def score_bound(self, query_norms: np.ndarray) -> np.ndarray:
         """Upper bound on |float32 score - real score| for queries of these norms.
 
@@ -76,6 +84,9 @@ class ExactNearest:
             raise ValueError(f"queries must have shape (m, {self.dim}), got {y64.shape}")
         if not np.isfinite(y64).all():
             raise ValueError("queries contain NaN or Inf")
+        if y64.size and self._too_large(float(np.abs(y64).max()) * math.sqrt(self.dim)):
+            raise ValueError("queries are too large for the float32 candidate pass (their "
+                             "scores would overflow)")
         out = np.empty(y64.shape[0], dtype=np.int64)
         buf = np.zeros((min(self.chunk, max(1, y64.shape[0])), self._width), dtype=np.float32)
         buf[:, self.dim] = 1.0

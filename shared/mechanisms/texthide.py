@@ -13,12 +13,35 @@ Weights: ``"abs-normal"`` as published (|N(0, I_k)| normalised to sum to 1),
 
 from __future__ import annotations
 
+import os
+
 import numpy as np
 
 from shared.mechanisms._checks import finite_array, positive, positive_int
 from shared.rng import resolve_rng
 
 WEIGHTINGS = ("abs-normal", "dirichlet", "equal")
+POOL_CHUNK = 1 << 20  # mask entries drawn at a time
+
+
+def available_memory() -> int | None:
+    """Bytes of physical memory available now (Linux), else all of it, else None."""
+    for name in ("SC_AVPHYS_PAGES", "SC_PHYS_PAGES"):
+        try:
+            return int(os.sysconf(name)) * int(os.sysconf("SC_PAGE_SIZE"))
+        except (AttributeError, OSError, ValueError):
+            continue
+    return None
+
+
+def check_pool_memory(m: int, dim: int) -> None:
+    """ValueError if the (m, dim) int8 mask pool needs more than half the available memory."""
+    need = m * dim
+    avail = available_memory()
+    if avail is not None and need > avail // 2:
+        raise ValueError(f"m={m} is too large: the mask pool needs {need / 2**30:.3g} GiB "
+                         f"({m} masks x {dim} values), more than half of the "
+                         f"{avail / 2**30:.3g} GiB of memory available")
 
 
 class TextHide:
@@ -42,8 +65,13 @@ class TextHide:
             raise ValueError(f"weights must be one of {WEIGHTINGS}, got {weights!r}")
         self.weights = weights
         self.alpha = positive("alpha", alpha)
+        check_pool_memory(self.m, self.dim)
         pool_rng = np.random.default_rng(seed)  # seed None: fresh OS entropy
-        self.pool = np.where(pool_rng.random((self.m, self.dim)) < 0.5, -1, 1).astype(np.int8)
+        self.pool = np.empty((self.m, self.dim), dtype=np.int8)
+        rows = max(1, POOL_CHUNK // self.dim)  # the same draws as one call, in chunks
+        for s in range(0, self.m, rows):
+            block = pool_rng.random((min(rows, self.m - s), self.dim))
+            self.pool[s : s + block.shape[0]] = np.where(block < 0.5, -1, 1)
 
     @property
     def params(self) -> dict:

@@ -1,0 +1,329 @@
+"""The privacy floor: parameters that leave the output (nearly) the raw input are refused.
+
+One rule for every mechanism, with one threshold τ (default 0.99): a mechanism is
+*weaker than the floor* when, with probability above τ, a unit of its output is a
+fixed function of the input -- the noise does not change it beyond rounding -- or
+when its worst-case ε is not finite (some output then certifies the input).
+
+* dχ-privacy (Qu et al. 2021 §3.2, §5.4), unit = token: the probability that the
+  regular token nearest to φ(x) + N is x itself, for x uniform over the bundle's
+  regular tokens. That is what ``dchi-text`` sends, and the nearest-token guess of
+  an attacker reading ``dchi-embedding``. Estimated without sampling radii: along
+  a direction u the nearest-token cell of x (convex) is left at distance
+  s*(x, u) = min over t with u·(t-x) > 0 of ||t-x||² / (2 u·(t-x)), so
+  Pr[unchanged | x, u] = Pr[Gamma(n, 1) <= η s*]; averaged over ``tokens`` pairs
+  (x, u) drawn once per table (fixed seed: the same answer every run).
+* Laplace (DPNR, Lyu et al. 2020 §3.3), unit = sentence vector: the probability
+  that every coordinate's noise stays within one float32 step at 1 (2^-23, the
+  coarsest rounding of a value in [0, 1] on the wire): (1 - e^(-2^-23/b))^r.
+* Bit mechanisms (OME, Lyu et al. 2020 SIGIR §3.1; SUE, OUE), unit = bit vector:
+  a lower bound on the probability that every bit is its most likely value given
+  the input bit, Π_i min(max(p_i, 1-p_i), max(q, 1-q)). OME with a huge λ keeps the
+  even bits and zeroes the odd ones: deterministic although no bit is "unchanged".
+* TextHide has no ε to judge (no differential-privacy guarantee): no floor.
+
+Parameters the float arithmetic cannot carry are refused by :func:`check_computable`
+with a plain ValueError naming the parameter. Pure numpy, no I/O.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import math
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from shared.mechanisms.binary import _FixedPointBits
+from shared.mechanisms.dchi import DChiEmbedding, DChiText
+from shared.mechanisms.laplace import Laplace
+from shared.mechanisms.texthide import TextHide
+
+if TYPE_CHECKING:
+    from shared.bundle import EdgeBundle
+
+THRESHOLD = 0.99
+FLOOR_TOKENS = 1000  # (token, direction) pairs of the dχ estimate
+DIRECTIONS = 64  # distinct directions among them
+LAPLACE_STEP = float(np.finfo(np.float32).eps)  # 2^-23: the float32 step at 1
+TAIL = 40.0  # noise tails are bounded with probability 1 - e^-40 (about 4e-18)
+_F32_MAX = float(np.finfo(np.float32).max)
+_F16_MAX = float(np.finfo(np.float16).max)
+
+
+class WeakPrivacyError(ValueError):
+    """The mechanism's parameters are weaker than the privacy floor (one-line message)."""
+
+
+# -- dχ: probability a token comes back unchanged ---------------------------------------------
+def gamma_cdf(n: int, z: np.ndarray) -> np.ndarray:
+    """Pr[Gamma(n, 1) <= z] for an integer shape n >= 1: 1 - Pr[Poisson(z) <= n - 1]."""
+    z = np.asarray(z, dtype=np.float64)
+    out = np.where(z > 0, 1.0, 0.0)
+    mid = np.flatnonzero((z > 0) & np.isfinite(z))
+    if mid.size:
+        k = np.arange(n, dtype=np.float64)
+        log_fact = np.concatenate([[0.0], np.cumsum(np.log(np.arange(1, n, dtype=np.float64)))])
+        zm = z.reshape(-1)[mid]
+        terms = k[None, :] * np.log(zm)[:, None] - zm[:, None] - log_fact[None, :]
+        top = terms.max(axis=1)
+        log_q = top + np.log(np.exp(terms - top[:, None]).sum(axis=1))
+        out.reshape(-1)[mid] = -np.expm1(np.minimum(log_q, 0.0))
+    return out
+
+
+class DChiFloor:
+    """Exit distances s*(x, u) of ``tokens`` (regular token, uniform direction) pairs of a
+    bundle's table; :meth:`unchanged` and :meth:`floor_eta` read them for any η."""
+
+    def __init__(self, table: np.ndarray, tokens: int = FLOOR_TOKENS, seed: int = 0,
+                 chunk: int = 256):
+        t = np.ascontiguousarray(table, dtype=np.float32)
+        v, self.dim = t.shape
+        rng = np.random.default_rng(seed)
+        rows = (np.resize(rng.permutation(v), tokens) if tokens >= v
+                else rng.choice(v, size=tokens, replace=False))
+        # directions: a pool of uniform unit vectors, pair i uses direction i mod pool (each
+        # pair is still a uniform token with a uniform direction; one small GEMM for all)
+        u = rng.standard_normal((min(DIRECTIONS, rows.size), self.dim))
+        u /= np.linalg.norm(u, axis=1, keepdims=True)
+        u = u.astype(np.float32)
+        which = np.arange(rows.size) % u.shape[0]
+        ut_all = u @ t.T  # (directions, V)
+        # identical rows: the exact search returns the lowest row, the others never
+        first_of: dict[bytes, int] = {}
+        twins: dict[int, list[int]] = {}
+        for i, row in enumerate(t):
+            j = first_of.setdefault(row.tobytes(), i)
+            if j != i:
+                twins.setdefault(j, [j]).append(i)
+        same = {i: g for g in twins.values() for i in g}  # row -> all rows equal to it
+        norms = np.einsum("ij,ij->i", t, t)
+        t_aug = np.concatenate([-2.0 * t, norms[:, None], np.ones((v, 1), np.float32)], axis=1)
+        self.exit = np.empty(rows.size, dtype=np.float64)
+        with np.errstate(divide="ignore", invalid="ignore"):
+            for s in range(0, rows.size, chunk):
+                r = rows[s : s + chunk]
+                c, w, x = r.size, which[s : s + chunk], t[r]
+                x_aug = np.concatenate([x, np.ones((c, 1), np.float32), norms[r][:, None]],
+                                       axis=1)
+                d = x_aug @ t_aug.T  # ||t - x||^2
+                np.maximum(d, 0.0, out=d)
+                a = np.take(ut_all, w, axis=0)
+                a -= np.einsum("ij,ij->i", u[w], x)[:, None]  # u.(t - x)
+                d[np.arange(c), r] = np.inf  # not its own neighbour
+                for k, i in enumerate(r):
+                    if int(i) in same:
+                        d[k, same[int(i)]] = np.inf
+                # min over a > 0 of d/(2a) = 1/(2 max a/d): rows with a <= 0 never win
+                a /= d
+                best = a.max(axis=1).astype(np.float64)
+                ex = np.where(best > 0, 0.5 / best, np.inf)
+                for k, i in enumerate(r):  # a duplicate with a lower row wins every tie
+                    if int(i) in same and same[int(i)][0] < i:
+                        ex[k] = 0.0
+                self.exit[s : s + c] = ex
+
+    def unchanged(self, eta: float) -> float:
+        """Estimated Pr[the nearest regular token of φ(x) + N is x] at ``eta``."""
+        with np.errstate(over="ignore", invalid="ignore"):
+            z = float(eta) * self.exit
+        return float(gamma_cdf(self.dim, z).mean())
+
+    def floor_eta(self, threshold: float = THRESHOLD, rtol: float = 1e-4) -> float:
+        """The smallest η (to ``rtol``) at which :meth:`unchanged` exceeds ``threshold``;
+        inf if none does, 0 if every η does."""
+        if float(np.mean(self.exit > 0)) <= threshold:
+            return math.inf
+        if float(np.mean(np.isinf(self.exit))) > threshold:
+            return 0.0
+        finite = self.exit[np.isfinite(self.exit) & (self.exit > 0)]
+        lo = hi = self.dim / float(np.median(finite))
+        while self.unchanged(hi) <= threshold:
+            lo, hi = hi, hi * 2.0
+        while lo > 1e-300 and self.unchanged(lo) > threshold:
+            lo, hi = lo / 2.0, lo
+        while hi / lo > 1.0 + rtol:
+            mid = math.sqrt(lo * hi)
+            if self.unchanged(mid) > threshold:
+                hi = mid
+            else:
+                lo = mid
+        return hi
+
+
+_FLOORS: dict[tuple, DChiFloor] = {}
+
+
+def dchi_floor(bundle: EdgeBundle, tokens: int = FLOOR_TOKENS) -> DChiFloor:
+    """The :class:`DChiFloor` of a bundle's regular table (computed once per table)."""
+    reg = np.asarray(bundle.regular_ids)
+    key = ((bundle.meta.get("files") or {}).get("embeddings.npy") or bundle.bundle_id,
+           hashlib.sha256(reg.tobytes()).hexdigest(), tokens)
+    if key not in _FLOORS:
+        _FLOORS[key] = DChiFloor(bundle.embeddings[reg], tokens)
+    return _FLOORS[key]
+
+
+def dchi_floor_eta(bundle: EdgeBundle, threshold: float = THRESHOLD) -> float:
+    """The η at which dχ-privacy on this bundle starts to be weaker than the floor."""
+    return dchi_floor(bundle).floor_eta(threshold)
+
+
+# -- the floor ----------------------------------------------------------------------------------
+def _vector_dim(mechanism: Any, bundle: EdgeBundle | None, dim: int | None) -> int:
+    if dim is None and bundle is not None:
+        dim = (bundle.meta.get("encoder") or {}).get("output_dim", bundle.dim)
+    if dim is None:
+        raise ValueError(f"{mechanism.name}: pass the bundle (or dim) to check the privacy floor")
+    return int(dim)
+
+
+def _pct(p: float) -> str:
+    return "100%" if p >= 1.0 else f"{100 * p:.2f}%"
+
+
+def _dchi_reason(mech: DChiEmbedding | DChiText, bundle: EdgeBundle | None,
+                 threshold: float) -> str | None:
+    if bundle is None and isinstance(mech, DChiText):
+        bundle = mech.bundle
+    if bundle is None:
+        raise ValueError("dchi-embedding: pass the bundle to check the privacy floor (the "
+                         "floor is measured on its embedding table)")
+    head = f"{mech.name} eta={mech.eta:g} is weaker than the privacy floor"
+    t_max = float(np.sqrt(np.einsum("ij,ij->i", bundle.embeddings[bundle.regular_ids],
+                                    bundle.embeddings[bundle.regular_ids]).max()))
+    if not math.isfinite(mech.eta * 2.0 * t_max):
+        return f"{head}: the worst-case epsilon per token (eta x 2 max||phi||) is not finite"
+    floor = dchi_floor(bundle)
+    p = floor.unchanged(mech.eta)
+    if p <= threshold:
+        return None
+    what = "come back unchanged" if mech.name == "dchi-text" else \
+        "are their own nearest token after the noise"
+    return (f"{head}: {_pct(p)} of tokens {what} (floor {_pct(threshold)}; on this bundle "
+            f"it starts at eta={floor.floor_eta(threshold):.4g})")
+
+
+def _laplace_reason(mech: Laplace, dim: int, threshold: float) -> str | None:
+    eps = mech.epsilon
+    head = f"laplace epsilon={eps:g} is weaker than the privacy floor"
+    if not math.isfinite(eps * (dim if mech.calibration == "coordinate" else 1)):
+        return f"{head}: the worst-case epsilon of the vector is not finite"
+    b = mech.scale(dim)
+    log_p = dim * math.log1p(-math.exp(-LAPLACE_STEP / b)) if b > 0 else 0.0
+    p = math.exp(log_p)
+    if p <= threshold:
+        return None
+    return (f"{head}: the noise (scale {b:.3g}) leaves every coordinate within float32 "
+            f"rounding (2^-23) of the raw vector with probability {_pct(p)} "
+            f"(floor {_pct(threshold)})")
+
+
+def _bits_reason(mech: _FixedPointBits, threshold: float) -> str | None:
+    from shared.accounting import bit_flip_epsilon
+
+    p, q = mech.bit_probabilities()
+    params = ", ".join(f"{k}={v:g}" for k, v in mech.params.items() if k in ("epsilon", "lam"))
+    head = f"{mech.name} {params} is weaker than the privacy floor"
+    if not math.isfinite(bit_flip_epsilon(p, q)):
+        return (f"{head}: the worst-case epsilon is not finite (a flip probability rounds to 0 "
+                "or 1, so some outputs certify the input)")
+    det = np.minimum(np.maximum(p, 1.0 - p), max(q, 1.0 - q))
+    prob = math.exp(float(np.log(det).sum()))
+    if prob <= threshold:
+        return None
+    return (f"{head}: with probability {_pct(prob)} every one of the {mech.n_bits} bits is a "
+            f"fixed function of the input bit (floor {_pct(threshold)})")
+
+
+def weak_privacy_reason(mechanism: Any, bundle: EdgeBundle | None = None, *,
+                        threshold: float = THRESHOLD, dim: int | None = None) -> str | None:
+    """None if ``mechanism`` (a ``shared.mechanisms`` object or "none") passes the floor on
+    ``bundle``, else one line saying why. ``dim``: the sentence-vector size r for Laplace
+    when no bundle is given."""
+    if not (isinstance(threshold, (int, float)) and 0.0 < threshold < 1.0):
+        raise ValueError(f"threshold must be in (0, 1), got {threshold!r}")
+    if isinstance(mechanism, str):
+        if mechanism == "none":
+            return "mechanism none sends plain token ids: there is no privatization at all"
+        raise ValueError(f"mechanism must be a shared.mechanisms object or 'none', "
+                         f"got {mechanism!r}")
+    if isinstance(mechanism, (DChiEmbedding, DChiText)):
+        return _dchi_reason(mechanism, bundle, threshold)
+    if isinstance(mechanism, Laplace):
+        return _laplace_reason(mechanism, _vector_dim(mechanism, bundle, dim), threshold)
+    if isinstance(mechanism, _FixedPointBits):
+        return _bits_reason(mechanism, threshold)
+    if isinstance(mechanism, TextHide):
+        return None  # no differential-privacy guarantee to fall below (shared.accounting)
+    raise TypeError(f"no privacy floor for {type(mechanism).__name__}")
+
+
+def require_privacy_floor(mechanism: Any, bundle: EdgeBundle | None = None, *,
+                          allow_weak: bool = False, threshold: float = THRESHOLD,
+                          dim: int | None = None) -> str | None:
+    """Raise :class:`WeakPrivacyError` if ``mechanism`` is weaker than the floor, unless
+    ``allow_weak``; return the reason (None if it passes) so a caller can say that its
+    output is close to the raw text."""
+    reason = weak_privacy_reason(mechanism, bundle, threshold=threshold, dim=dim)
+    if reason is not None and not allow_weak:
+        raise WeakPrivacyError(reason)
+    return reason
+
+
+# -- parameters the arithmetic cannot carry ------------------------------------------------------
+def gamma_tail(n: int, tail: float = TAIL) -> float:
+    """x with Pr[Gamma(n, 1) >= x] <= e^-tail: n + sqrt(2 n tail) + tail (a Gamma(n, 1)
+    variable is sub-gamma with variance n and scale 1; Boucheron, Lugosi, Massart §2.4)."""
+    return n + math.sqrt(2.0 * n * tail) + tail
+
+
+def dchi_noise_limit(eta: float, dim: int) -> float:
+    """A bound on the dχ noise norm that holds with probability 1 - e^-40 (inf if 1/η
+    overflows)."""
+    with np.errstate(over="ignore"):
+        return float(np.float64(gamma_tail(dim)) / np.float64(eta))
+
+
+def check_dchi_eta(eta: float, dim: int, t_max: float, float_dtype: str = "float32",
+                   search: bool = True) -> None:
+    """ValueError if η's noise (norm up to :func:`dchi_noise_limit`) added to embeddings of
+    norm up to ``t_max`` is not finite in ``float_dtype``; ``search``: also the float32
+    scores ||t||² - 2 y·t of the exact nearest-token search (with room for its bound)."""
+    r = dchi_noise_limit(eta, dim)
+    top = _F16_MAX if float_dtype == "float16" else _F32_MAX
+    bad = not math.isfinite(r) or r + t_max > top / 4.0
+    if search and not bad:
+        bad = (r + t_max + 1.0) * (2.0 * t_max + t_max * t_max + 1.0) * 16.0 > _F32_MAX
+    if bad:
+        raise ValueError(f"eta={eta:g} is too small to compute: the noise norm (up to "
+                         f"{r:.3g}) overflows {float_dtype if not search else 'float32'}"
+                         + (" (the payload's float16)" if float_dtype == "float16" else ""))
+
+
+def check_computable(mechanism: Any, bundle: EdgeBundle | None = None, *,
+                     dim: int | None = None, float_dtype: str = "float32") -> None:
+    """ValueError (one line naming the parameter) if ``mechanism``'s parameters make the
+    noise or the output non-finite in the arithmetic the edge uses. ``float_dtype``: the
+    dtype of dχ-embedding payloads."""
+    if isinstance(mechanism, str):
+        return
+    if isinstance(mechanism, DChiText):
+        mechanism.check_computable()
+        return
+    if isinstance(mechanism, DChiEmbedding):
+        if bundle is None:
+            raise ValueError("dchi-embedding: pass the bundle to check eta against its table")
+        emb = bundle.embeddings
+        t_max = float(np.abs(emb).max()) if emb.size else 0.0
+        check_dchi_eta(mechanism.eta, bundle.dim, t_max, float_dtype, search=False)
+        return
+    if isinstance(mechanism, Laplace):
+        r = _vector_dim(mechanism, bundle, dim)
+        with np.errstate(over="ignore"):
+            b = float(np.float64(r if mechanism.calibration == "vector" else 1)
+                      / np.float64(mechanism.epsilon))
+        if not math.isfinite(b) or 1.0 + b * TAIL > _F32_MAX / 4.0:
+            raise ValueError(f"epsilon={mechanism.epsilon:g} is too small to compute: the "
+                             f"Laplace noise (scale {b:.3g}) overflows float32")
