@@ -93,6 +93,9 @@ class Settings(BaseSettings):
     torchrun_args: str = Field("", description="extra torchrun flags (multi-node rendezvous)")
     min_records_per_label: int = Field(8, ge=1, description="retraining needs this many "
                                        "records of every label")
+    pretrain_corpus: Path | None = Field(None, description="public text file (one text a "
+                                         "line) of pretraining jobs; default AG News in "
+                                         "../shared/data/corpus/agnews.txt")
 
     # -- logging ----------------------------------------------------------------------------
     log_level: str = "INFO"
