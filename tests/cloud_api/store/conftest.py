@@ -1,0 +1,57 @@
+"""Fixtures of the record store tests: a migrated database on SQLite and on a real
+PostgreSQL (every test that takes ``db`` runs on both), a declared task, and records
+privatized by the edge's own Privatizer on the tiny bundle."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from cloud_api.store import tasks
+from cloud_api.store.db import Database
+
+# eta for the tiny 16-dimensional bundle: above 12.7 dchi-text returns every token unchanged
+# (shared.floor refuses it)
+ETA = 10
+TEXTS = ["the movie is good", "a bad plot , very dull", "great fun !", "awful story",
+         "not boring", "it was a funny film"]
+
+
+@pytest.fixture(params=["sqlite", "postgresql"])
+def db_url(request, tmp_path) -> str:
+    if request.param == "sqlite":
+        return f"sqlite:///{tmp_path / 'privbert.db'}"
+    return request.getfixturevalue("fresh_postgres_url")
+
+
+@pytest.fixture
+def db(db_url):
+    database = Database(db_url, busy_timeout_s=2.0, connect_timeout_s=2.0)
+    database.upgrade()
+    yield database
+    database.dispose()
+
+
+@pytest.fixture
+def task(db, tiny_bundle):
+    """A dchi-text task (eta ETA) on the tiny bundle."""
+    t, created = tasks.ensure_task(db, "sst2", ["neg", "pos"], "dchi-text", {"eta": ETA},
+                                   tiny_bundle.bundle_id)
+    assert created
+    return t
+
+
+def privatize(bundle, mechanism, n: int, seed: int = 0, texts=TEXTS) -> list:
+    """``n`` payloads of ``texts`` (cycled) by the edge's Privatizer."""
+    from edge_agent import Privatizer
+
+    rng = np.random.default_rng(seed)
+    lines = [texts[i % len(texts)] for i in range(n)]
+    return Privatizer(bundle, mechanism).privatize(lines, rng=rng)
+
+
+def raw_records(payloads, labels=None) -> list[dict]:
+    """Records as JSON-ready dicts (what arrives in a request body)."""
+    labels = labels if labels is not None else [i % 2 for i in range(len(payloads))]
+    return [{"payload": p.model_dump(mode="json", exclude_none=True), "label": lab}
+            for p, lab in zip(payloads, labels, strict=True)]
