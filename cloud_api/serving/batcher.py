@@ -175,24 +175,29 @@ class Batcher:
     async def run(self, payloads: Sequence, is_disconnected: Disconnected | None = None
                   ) -> np.ndarray:
         """Queue ``payloads`` and wait for their probabilities. A request still queued after
-        ``queue_timeout_s`` fails with Unavailable; one already in a batch gets its answer."""
+        ``queue_timeout_s`` fails with Unavailable; one already in a batch gets its answer.
+        Cancelling the caller cancels the request's future at once, so a batch formed
+        afterwards leaves it out."""
         req = self._submit(payloads, is_disconnected)
+        timer = asyncio.get_running_loop().call_later(self.queue_timeout, self._time_out, req)
         try:
-            return await asyncio.wait_for(asyncio.shield(req.future), self.queue_timeout)
-        except TimeoutError:
-            if req.started:
-                return await req.future
-            self._withdraw(req)
-            raise self._timeout_error() from None
+            return await req.future
         except asyncio.CancelledError:
             self._withdraw(req)
             raise
+        finally:
+            timer.cancel()
 
     # -- internals --------------------------------------------------------------------------
     def _timeout_error(self) -> Unavailable:
         return Unavailable(f"model {self.model_id} is busy: the request waited "
                            f"{self.queue_timeout:g} s in the queue",
                            retry_after=self.retry_after())
+
+    def _time_out(self, req: _Request) -> None:
+        if not req.future.done() and not req.started:
+            req.fail(self._timeout_error())
+            self._withdraw(req)
 
     def _withdraw(self, req: _Request) -> None:
         """Take ``req``'s waiting payloads out of the queue and cancel its future."""

@@ -1,0 +1,230 @@
+"""The micro-batcher over a real tiny model's forward, gated where a test needs the model
+busy: queue bound, queue timeout, dropped clients, length buckets, token budget, order."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+
+import numpy as np
+import pytest
+
+from cloud_api.errors import Overloaded, Unavailable
+from cloud_api.serving.backends import TorchBackend
+from cloud_api.serving.batcher import Batcher, ClientGone, payload_length
+from shared.payload import make_payload
+from tests.cloud_api.serving.conftest import ETA, run, settings_for
+
+
+class Gated:
+    """The real backend's forward, held at a gate; records the lengths of every batch."""
+
+    def __init__(self, backend: TorchBackend):
+        self.backend = backend
+        self.gate = threading.Event()
+        self.entered = threading.Event()
+        self.batches: list[list[int]] = []
+
+    def __call__(self, payloads):
+        self.batches.append([payload_length(p) for p in payloads])
+        self.entered.set()
+        if not self.gate.wait(30):
+            raise TimeoutError("test gate never opened")
+        return self.backend.forward(payloads)
+
+    async def busy(self) -> None:
+        """Wait until a forward is running (and held)."""
+        assert await asyncio.to_thread(self.entered.wait, 30)
+
+
+@pytest.fixture(scope="module")
+def backend(trained, tmp_path_factory):
+    from cloud_api.home import ModelHome
+
+    return TorchBackend(trained["a"], settings_for(ModelHome(tmp_path_factory.mktemp("b"))))
+
+
+def payload_of_length(bundle, n: int, seed: int = 0):
+    rng = np.random.default_rng(seed + n)
+    ids = rng.choice(bundle.regular_ids, size=n)
+    return make_payload("dchi-text", {"eta": ETA}, bundle.bundle_id, ids)
+
+
+def make(forward, **kw) -> Batcher:
+    opts = dict(model_id="m", version="v1", max_batch_size=32, max_wait_ms=1.0)
+    opts.update(kw)
+    return Batcher(forward, **opts).start()
+
+
+def test_full_queue_refuses_with_retry_after(backend, records):
+    gated = Gated(backend)
+
+    async def main():
+        b = make(gated, max_queue_size=4, max_batch_size=1)
+        first = asyncio.create_task(b.run([records[0].payload]))
+        await gated.busy()
+        waiting = asyncio.create_task(b.run([r.payload for r in records[1:5]]))  # 4 fit
+        await asyncio.sleep(0)
+        with pytest.raises(Overloaded) as err:
+            await b.run([records[5].payload])
+        gated.gate.set()
+        got = await first, await waiting
+        await b.drain()
+        return err.value, got
+
+    err, (first, waiting) = run(main())
+    assert err.status == 429 and err.retry_after >= 1 and "full" in err.detail
+    assert first.shape == (1, 2) and waiting.shape == (4, 2)
+
+
+def test_request_waiting_too_long_gets_unavailable_and_never_runs(backend, records):
+    gated = Gated(backend)
+
+    async def main():
+        b = make(gated, queue_timeout_s=0.3, max_batch_size=1)
+        first = asyncio.create_task(b.run([records[0].payload]))
+        await gated.busy()
+        with pytest.raises(Unavailable) as err:
+            await b.run([records[1].payload, records[2].payload])
+        gated.gate.set()
+        await first
+        await b.drain()
+        return err.value
+
+    err = run(main())
+    assert err.status == 503 and err.retry_after >= 1 and "waited 0.3 s" in err.detail
+    assert gated.batches == [[payload_length(records[0].payload)]]  # only the first ran
+
+
+def test_disconnected_and_cancelled_requests_are_not_run(backend, bundle):
+    gated = Gated(backend)
+    p = {n: payload_of_length(bundle, n) for n in (3, 4, 5, 6)}
+
+    async def still_there():
+        return False
+
+    async def main():
+        b = make(gated, max_batch_size=8)
+        first = asyncio.create_task(b.run([p[3]]))
+        await gated.busy()
+        gone = asyncio.create_task(b.run([p[4]], is_disconnected=lambda: True))
+        cancelled = asyncio.create_task(b.run([p[5]]))
+        kept = asyncio.create_task(b.run([p[6]], is_disconnected=still_there))
+        await asyncio.sleep(0.01)
+        cancelled.cancel()
+        gated.gate.set()
+        await first
+        with pytest.raises(ClientGone):
+            await gone
+        with pytest.raises(asyncio.CancelledError):
+            await cancelled
+        answer = await kept
+        await b.drain()
+        return answer, b.dropped
+
+    answer, dropped = run(main())
+    assert answer.shape == (1, 2) and dropped == 1
+    assert gated.batches == [[5], [8]]  # lengths + [CLS]/[SEP]: only 3 and 6 ran
+
+
+def test_batches_are_built_from_similar_lengths(backend, bundle):
+    gated = Gated(backend)
+    lengths = [4, 30, 5, 31, 6, 32, 7, 33]  # arrival order alternates short and long
+
+    async def main():
+        b = make(gated, max_batch_size=4)
+        first = asyncio.create_task(b.run([payload_of_length(bundle, 10)]))
+        await gated.busy()
+        tasks = [asyncio.create_task(b.run([payload_of_length(bundle, n)])) for n in lengths]
+        await asyncio.sleep(0.01)
+        gated.gate.set()
+        await first
+        await asyncio.gather(*tasks)
+        await b.drain()
+
+    run(main())
+    assert gated.batches[1:] == [[6, 7, 8, 9], [32, 33, 34, 35]]
+
+
+def test_token_budget_caps_the_batch(backend, bundle):
+    gated = Gated(backend)
+    gated.gate.set()
+
+    async def main():
+        b = make(gated, max_batch_size=32, max_batch_tokens=20, max_wait_ms=50)
+        await asyncio.gather(*(b.run([payload_of_length(bundle, 7, s)]) for s in range(6)))
+        await b.drain()
+
+    run(main())
+    assert all(len(x) * max(x) <= 20 for x in gated.batches)
+    assert sorted(len(x) for x in gated.batches) == [2, 2, 2]
+
+
+def test_one_request_split_over_batches_answers_in_input_order(backend, bundle):
+    lengths = [12, 3, 25, 4, 3, 18, 7, 30, 2, 9]
+    payloads = [payload_of_length(bundle, n) for n in lengths]
+    want = np.concatenate([backend.forward([p]) for p in payloads])
+
+    async def main():
+        b = make(backend.forward, max_batch_size=3)
+        got = await b.run(payloads)
+        await b.drain()
+        return got, b.batches
+
+    got, batches = run(main())
+    assert batches == 4
+    np.testing.assert_allclose(got, want, atol=1e-5)
+
+
+def test_lone_client_does_not_wait_for_company(backend, records):
+    """After a batch of one, the next request runs at once (max_wait is not spent)."""
+    import time
+
+    async def main():
+        b = make(backend.forward, max_wait_ms=400)
+        await b.run([records[0].payload])
+        t0 = time.perf_counter()
+        for r in records[1:6]:
+            await b.run([r.payload])
+        took = time.perf_counter() - t0
+        await b.drain()
+        return took
+
+    assert run(main()) < 0.4  # five requests; one max_wait alone would be 0.4 s
+
+
+def test_drain_finishes_queued_work_and_refuses_new(backend, records):
+    async def main():
+        b = make(backend.forward, max_batch_size=2)
+        tasks = [asyncio.create_task(b.run([r.payload])) for r in records[:10]]
+        await asyncio.sleep(0)
+        await b.drain()
+        with pytest.raises(Unavailable, match="being unloaded"):
+            await b.run([records[0].payload])
+        return await asyncio.gather(*tasks)
+
+    assert len(run(main())) == 10
+
+
+def test_a_failing_forward_fails_its_requests_not_the_batcher(backend, records):
+    from cloud_api.errors import InferenceFailed
+
+    calls = []
+
+    def flaky(payloads):
+        calls.append(len(payloads))
+        if len(calls) == 1:
+            raise RuntimeError("out of memory")
+        return backend.forward(payloads)
+
+    async def main():
+        b = make(flaky)
+        with pytest.raises(InferenceFailed) as err:
+            await b.run([records[0].payload])
+        ok = await b.run([records[1].payload])
+        await b.drain()
+        return err.value, ok
+
+    err, ok = run(main())
+    assert err.status == 500 and "RuntimeError" in err.detail and "memory" not in err.detail
+    assert ok.shape == (1, 2)
