@@ -288,13 +288,15 @@ def finish(db: Database, job_id: int, worker_id: str, state: str, *, error: str 
         return res.rowcount == 1
 
 
-def release(db: Database, job_id: int, worker_id: str, reason: str) -> bool:
-    """Give a running job back to the queue without counting the attempt (the worker is
-    shutting down, not the job failing). False if it was not ours."""
+def release(db: Database, job_id: int, worker_id: str, reason: str, *,
+            count_attempt: bool = False) -> bool:
+    """Give a running job back to the queue, with ``reason`` in ``error``. The attempt is
+    not counted (the worker is shutting down, not the job failing) unless
+    ``count_attempt`` (the child was killed: a retry). False if it was not ours."""
+    attempts = jobs.c.attempts if count_attempt else jobs.c.attempts - 1
     with db.begin(write=True) as conn:
         res = conn.execute(update(jobs).where(*_owned(job_id, worker_id)).values(
-            state="queued", worker_id=None, attempts=jobs.c.attempts - 1, error=reason,
-            progress=None))
+            state="queued", worker_id=None, attempts=attempts, error=reason, progress=None))
         return res.rowcount == 1
 
 

@@ -1,0 +1,137 @@
+"""The folder of one job attempt: how the worker and its child process talk.
+
+    $PRIVBERT_HOME/jobs/<job_id>/attempt-<n>/
+      job.json        what to do (written by the worker): id, kind, spec, watermark, attempt
+      log.txt         the child's stdout and stderr (no payload data, no keys)
+      progress.json   the child's progress, replaced atomically (step, total, loss, ...)
+      cancel          present = stop at the next step (created by the worker)
+      result.json     the child's result when it succeeded (rank 0)
+      error.txt       one line: why the child failed
+      output/         the model version or pretrained base the child wrote
+
+Plain files on the shared ``$PRIVBERT_HOME``, no database and no torch: the worker reads
+progress for its heartbeats, the child polls the cancel flag every training step.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+EXIT_CANCELLED = 3  # the child's exit code when it stopped on the cancel flag
+LOG_TAIL_LINES = 40
+
+
+def write_json_atomically(path: Path, obj: Any) -> None:
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
+    try:
+        with os.fdopen(fd, "w") as fh:
+            json.dump(obj, fh, indent=1, sort_keys=True, default=str)
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+class AttemptFiles:
+    """Paths and small readers/writers of one attempt's folder."""
+
+    def __init__(self, folder: str | os.PathLike):
+        self.dir = Path(folder)
+
+    job = property(lambda self: self.dir / "job.json")
+    log = property(lambda self: self.dir / "log.txt")
+    progress = property(lambda self: self.dir / "progress.json")
+    cancel_flag = property(lambda self: self.dir / "cancel")
+    result = property(lambda self: self.dir / "result.json")
+    error = property(lambda self: self.dir / "error.txt")
+    output = property(lambda self: self.dir / "output")
+
+    # -- worker side ------------------------------------------------------------------------
+    def prepare(self, job: dict) -> None:
+        """A fresh folder with ``job.json`` (an earlier folder of this attempt is removed:
+        its owner released it)."""
+        import shutil
+
+        if self.dir.exists():
+            shutil.rmtree(self.dir)
+        self.dir.mkdir(parents=True)
+        write_json_atomically(self.job, job)
+
+    def request_cancel(self) -> None:
+        self.cancel_flag.touch()
+
+    def read_progress(self) -> dict | None:
+        try:
+            return json.loads(self.progress.read_text())
+        except (FileNotFoundError, json.JSONDecodeError):
+            return None
+
+    def read_result(self) -> dict | None:
+        try:
+            return json.loads(self.result.read_text())
+        except (FileNotFoundError, json.JSONDecodeError):
+            return None
+
+    def read_error(self) -> str | None:
+        try:
+            text = self.error.read_text().strip()
+        except FileNotFoundError:
+            return None
+        return text or None
+
+    def log_tail(self, lines: int = LOG_TAIL_LINES, max_bytes: int = 16384) -> str:
+        """The last ``lines`` lines of the log (progress-bar carriage returns folded)."""
+        try:
+            with open(self.log, "rb") as fh:
+                fh.seek(0, os.SEEK_END)
+                size = fh.tell()
+                fh.seek(max(0, size - max_bytes))
+                data = fh.read()
+        except FileNotFoundError:
+            return ""
+        text = data.decode("utf-8", "replace").replace("\r\n", "\n")
+        out = [ln.rsplit("\r", 1)[-1] for ln in text.split("\n")]
+        if size > max_bytes:
+            out = out[1:]  # the first line was cut
+        return "\n".join(out[-lines - 1:]).strip("\n")
+
+    # -- child side -------------------------------------------------------------------------
+    def read_job(self) -> dict:
+        return json.loads(self.job.read_text())
+
+    def cancelled(self) -> bool:
+        return self.cancel_flag.exists()
+
+    def write_result(self, result: dict) -> None:
+        write_json_atomically(self.result, result)
+
+    def write_error(self, message: str) -> None:
+        """The first error wins (under torchrun every rank may fail)."""
+        try:
+            fd = os.open(self.error, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+        except FileExistsError:
+            return
+        with os.fdopen(fd, "w") as fh:
+            fh.write(message.strip().replace("\n", " ")[:2000] + "\n")
+
+
+class ProgressWriter:
+    """The child's progress file, rewritten at most every ``min_interval_s`` (and always
+    when ``force``), so a fast training loop does not spend its time writing JSON."""
+
+    def __init__(self, files: AttemptFiles, enabled: bool = True, min_interval_s: float = 0.5):
+        self.files, self.enabled, self.min_interval_s = files, enabled, min_interval_s
+        self.state: dict[str, Any] = {}
+        self._last = 0.0
+
+    def update(self, force: bool = False, **values: Any) -> None:
+        self.state.update(values)
+        now = time.monotonic()
+        if self.enabled and (force or now - self._last >= self.min_interval_s):
+            self._last = now
+            write_json_atomically(self.files.progress, self.state)

@@ -1,0 +1,218 @@
+"""Job requests and the checks made when they are submitted (422 at POST, not a failed
+job later): the task exists (404), it has enough records of every label, the model id
+serves the same payloads as the task, the base was made for the task's bundle and
+mechanism, epochs and learning rate are in range (pydantic).
+
+    spec = check_retrain(db, home, bundles, settings, RetrainRequest(task="sst2", ...))
+    job_id = store.jobs.enqueue(db, "retrain", spec)
+
+FastAPI-free: the admin routes and tests call these directly.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+from pathlib import Path
+from typing import Annotated, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+from sqlalchemy import func, select
+
+from cloud_api.errors import Conflict, InvalidRequest, NotFound, Unavailable
+from cloud_api.home import ModelHome
+from cloud_api.settings import Settings
+from cloud_api.store import jobs as queue
+from cloud_api.store.db import Database
+from cloud_api.store.records import label_counts
+from cloud_api.store.tables import records
+from cloud_api.store.tasks import Task, canonical_params, compared_params, get_task
+
+Name = Annotated[str, Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$",
+                            description="1-64 letters, digits, '_', '.', '-'")]
+VECTOR_MECHANISMS = ("laplace", "ome", "texthide")
+
+
+class RetrainRequest(BaseModel):
+    """Body of ``POST /admin/retrain``."""
+
+    model_config = ConfigDict(extra="forbid")
+    task: Name = Field(description="the task whose records train the model")
+    model_id: Name = Field(description="the model the new version is added to (created if new)")
+    base: Name | None = Field(None, description="a pretrained base in $PRIVBERT_HOME/bases "
+                              "(POST /admin/pretrain) of the task's bundle and mechanism; "
+                              "default: the bundle's own BERT")
+    epochs: int = Field(3, ge=1, le=100)
+    lr: float | None = Field(None, gt=0, lt=1, allow_inf_nan=False,
+                             description="default 2e-5 (BERT), 1e-3 (vector MLP)")
+    batch_size: int | None = Field(None, ge=1, le=4096, description="default 32")
+    promote: bool = Field(False, description="promote the new version unless its test "
+                          "accuracy is worse than the promoted one's by more than one "
+                          "binomial standard error")
+    seed: int | None = Field(None, ge=0, le=2**63 - 1, description="initialisation and "
+                             "batch order only (never privatization)")
+
+
+class PretrainRequest(BaseModel):
+    """Body of ``POST /admin/pretrain``: privacy-adaptive pretraining on the public corpus."""
+
+    model_config = ConfigDict(extra="forbid")
+    objective: Literal["vanilla", "prob", "denoising"]
+    mechanism: Literal["dchi-text", "dchi-embedding"]
+    params: dict = Field(description='the mechanism\'s parameters, e.g. {"eta": 65}')
+    steps: int = Field(ge=1, le=10_000_000)
+    name: Name = Field(description="the base's name in $PRIVBERT_HOME/bases (new)")
+    base: Name | None = Field(None, description="continue from this base; default the "
+                              "MiniLM BERT")
+    batch_size: int | None = Field(None, ge=1, le=4096)
+    lr: float | None = Field(None, gt=0, lt=1, allow_inf_nan=False)
+    max_length: int | None = Field(None, ge=8, le=512)
+    seed: int | None = Field(None, ge=0, le=2**63 - 1)
+
+
+# -- retraining -----------------------------------------------------------------------------
+def check_retrain(db: Database, home: ModelHome, bundles, settings: Settings,
+                  req: RetrainRequest) -> dict:
+    """The job spec of a valid request; NotFound / InvalidRequest otherwise."""
+    task = get_task(db, req.task)  # NotFound (404)
+    _check_counts(db, task, settings.min_records_per_label)
+    current = home.promoted(req.model_id)
+    if current is not None:
+        _check_model_fits(task, req.model_id, current, home.read_config(req.model_id, current))
+    try:
+        bundles.get(task.bundle_id)
+    except NotFound:
+        raise InvalidRequest(f"the bundle {task.bundle_id[:12]}… of task {task.name} is not "
+                             "in this service's home") from None
+    base_path = _retrain_base(home, bundles, task, req, current)
+    return {**req.model_dump(), "base_path": base_path}
+
+
+def _soft_records(db: Database, task: Task) -> int:
+    with db.begin() as conn:
+        return int(conn.execute(select(func.count()).where(
+            records.c.task_id == task.id, records.c.soft_label.is_not(None))).scalar_one())
+
+
+def _check_counts(db: Database, task: Task, need: int) -> None:
+    counts = label_counts(db, task)
+    if all(n >= need for n in counts.values()):
+        return
+    soft = _soft_records(db, task)  # TextHide's mixed labels count towards every class
+    if soft and sum(counts.values()) + soft >= need * len(counts):
+        return
+    shown = ", ".join(f"{k} {v}" for k, v in counts.items())
+    extra = f", {soft} with mixed labels" if soft else ""
+    raise InvalidRequest(f"task {task.name} has too few records to retrain: {shown}{extra}; "
+                         f"every label needs at least {need} (PRIVBERT_MIN_RECORDS_PER_LABEL)")
+
+
+def _check_model_fits(task: Task, model_id: str, version: str, cfg: dict) -> None:
+    """The model's promoted version must read the task's payloads and labels."""
+    where = f"model {model_id} ({version})"
+    if cfg.get("mechanism") != task.mechanism:
+        raise InvalidRequest(f"{where} serves {cfg.get('mechanism')}, task {task.name} holds "
+                             f"{task.mechanism} records: use another model id")
+    if cfg.get("bundle_id") != task.bundle_id:
+        raise InvalidRequest(f"{where} uses bundle {str(cfg.get('bundle_id'))[:12]}…, task "
+                             f"{task.name} bundle {task.bundle_id[:12]}…")
+    want = compared_params(task.mechanism, task.params)
+    try:
+        got = compared_params(task.mechanism,
+                              canonical_params(task.mechanism, cfg.get("params") or {}))
+    except InvalidRequest:
+        got = cfg.get("params")
+    if got != want:
+        raise InvalidRequest(f"{where} serves parameters {got}, task {task.name} holds "
+                             f"records with {want}")
+    if list(cfg.get("labels") or []) != list(task.labels):
+        raise InvalidRequest(f"{where} has labels {cfg.get('labels')}, task {task.name} "
+                             f"{list(task.labels)}")
+
+
+def _retrain_base(home: ModelHome, bundles, task: Task, req: RetrainRequest,
+                  current: str | None) -> str | None:
+    """The BERT folder to start from (None = the default MiniLM)."""
+    vector = task.mechanism in VECTOR_MECHANISMS
+    if req.base is not None:
+        if vector:
+            raise InvalidRequest(f"base does not apply to {task.mechanism}: its classifier "
+                                 "is an MLP over the sentence vector, not a BERT")
+        path = _existing_base(home, req.base)
+        info = base_info(path)
+        if info["bundle_id"] != task.bundle_id:
+            raise InvalidRequest(f"base {req.base} was made for bundle "
+                                 f"{info['bundle_id'][:12]}…, task {task.name} uses "
+                                 f"{task.bundle_id[:12]}…")
+        if info.get("mechanism") not in (None, task.mechanism):
+            raise InvalidRequest(f"base {req.base} was pretrained with {info['mechanism']}, "
+                                 f"task {task.name} uses {task.mechanism}")
+        return str(path)
+    if vector or task.bundle_id == bundles.default_bundle_id:
+        return None
+    if current is not None:  # the BERT the promoted version was trained from
+        cfg = home.read_config(req.model_id, current)
+        base = cfg.get("base_model")
+        if base and Path(base).is_dir() and (Path(base) / "config.json").is_file():
+            return str(base)
+    raise InvalidRequest(f"task {task.name} uses bundle {task.bundle_id[:12]}…, not the "
+                         "default MiniLM one: name a base of that bundle (a BERT folder in "
+                         "$PRIVBERT_HOME/bases/, or POST /admin/pretrain)")
+
+
+def _existing_base(home: ModelHome, name: str) -> Path:
+    path = home.base_dir(name)
+    if not (path / "config.json").is_file():
+        raise InvalidRequest(f"no base named {name!r} in $PRIVBERT_HOME/bases "
+                             "(POST /admin/pretrain makes one)")
+    return path
+
+
+_BASE_IDS: dict[tuple[str, float], str] = {}
+_BASE_LOCK = threading.Lock()
+
+
+def base_info(path: Path) -> dict:
+    """``{"bundle_id", "mechanism"}`` of a base: from its ``pretrain.json``, else (a plain
+    BERT folder) the bundle id computed from its tokenizer and embeddings (cached)."""
+    info_file = path / "pretrain.json"
+    if info_file.is_file():
+        try:
+            info = json.loads(info_file.read_text())
+            return {"bundle_id": str(info["bundle_id"]), "mechanism": info.get("mechanism")}
+        except (OSError, ValueError, KeyError):
+            raise InvalidRequest(f"base {path.name}: unreadable pretrain.json") from None
+    key = (str(path), (path / "config.json").stat().st_mtime)
+    with _BASE_LOCK:
+        if key not in _BASE_IDS:
+            from shared.bundle import EdgeBundle
+
+            try:
+                _BASE_IDS[key] = EdgeBundle.from_model(path).bundle_id
+            except (OSError, ValueError) as exc:
+                raise InvalidRequest(f"base {path.name} is not a BERT folder with a "
+                                     f"tokenizer ({' '.join(str(exc).split())[:200]})") from None
+    return {"bundle_id": _BASE_IDS[key], "mechanism": None}
+
+
+# -- pretraining ----------------------------------------------------------------------------
+def check_pretrain(db: Database, home: ModelHome, settings: Settings,
+                   req: PretrainRequest) -> dict:
+    """The job spec of a valid request: the name is free (409 otherwise), the base exists,
+    the parameters are valid for the mechanism, the corpus is there."""
+    params = canonical_params(req.mechanism, req.params)
+    if home.base_dir(req.name).exists():
+        raise Conflict(f"a base named {req.name!r} exists already; choose another name")
+    for job in queue.list_jobs(db, states=("queued", "running"), kind="pretrain",
+                               limit=1000):
+        if job.spec.get("name") == req.name:
+            raise Conflict(f"job {job.id} ({job.state}) already pretrains a base named "
+                           f"{req.name!r}")
+    base_path = str(_existing_base(home, req.base)) if req.base else None
+    from cloud_api.jobs.pretrain import corpus_paths
+
+    missing = [str(p) for p in corpus_paths(settings) if not Path(p).is_file()]
+    if missing:
+        raise Unavailable(f"the pretraining corpus is missing on this server: "
+                          f"{', '.join(missing)} (PRIVBERT_PRETRAIN_CORPUS)")
+    return {**req.model_dump(), "params": params, "base_path": base_path}

@@ -1,0 +1,374 @@
+"""The job worker: claim a job, run it in a child process, heartbeat, cancel, reap.
+
+    worker = Worker(settings, db, home)
+    worker.start()            # a thread (``cloud-api serve`` runs one by default)
+    ...
+    worker.stop(timeout=30)   # the running job's child is stopped and the job re-queued
+
+``cloud-api worker`` runs the same loop in the foreground; any number of workers on any
+hosts sharing the database and ``$PRIVBERT_HOME`` may run at once (claims are atomic,
+``store/jobs.py``).
+
+Protocol of one job:
+
+1. ``claim`` (queued -> running, attempts + 1); a retraining job gets its watermark,
+   the highest record id of its task now (kept across retries).
+2. The child ``python -m cloud_api.jobs.run ATTEMPT_DIR`` (or ``torchrun --nproc-per-node
+   N [torchrun_args] -m cloud_api.jobs.run ATTEMPT_DIR``, DDP) runs in its own process
+   group, its output in the attempt's ``log.txt``: a crash, an out-of-memory kill or a
+   cancel never takes this process down.
+3. Every ``heartbeat_s`` the worker sends the child's progress and log tail with its
+   heartbeat. A heartbeat that finds the job no longer ours stops the child. One that
+   finds ``cancel_requested`` creates the cancel flag (the child stops at its next step),
+   then after a grace period SIGTERM, then SIGKILL, to the child's process group.
+4. The child exits: with a result, the worker registers the version (``ModelHome
+   .register``) and promotes it when the child's decision says so and the promoted
+   version is still the one it compared against; a pretraining job's output becomes
+   ``bases/<name>``. A cancelled job registers nothing. A child killed by a signal is
+   queued again while attempts are left; an error fails the job with its one-line reason.
+5. Every ``reaper_interval_s`` (also while a job runs) the worker reaps jobs whose
+   heartbeat is older than ``heartbeat_timeout_s``: queued again or failed, never left
+   running (``store.jobs.reap``).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import secrets
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+from cloud_api.errors import Conflict, ServiceError
+from cloud_api.home import ModelHome
+from cloud_api.jobs.files import AttemptFiles
+from cloud_api.settings import Settings
+from cloud_api.store import jobs as queue
+from cloud_api.store.db import Database
+
+log = logging.getLogger("cloud_api.worker")
+
+CANCEL_GRACE_S = 10.0   # after the cancel flag, before SIGTERM
+KILL_GRACE_S = 5.0      # after SIGTERM, before SIGKILL
+POLL_S = 0.2            # how often the child is checked for having exited
+PROJECT_ROOT = Path(__file__).resolve().parent.parent
+SECRET_ENV = ("PRIVBERT_API_KEYS", "PRIVBERT_ADMIN_KEYS", "PRIVBERT_KEYS_FILE",
+              "PRIVBERT_TEXTHIDE_KEY")
+
+
+def default_worker_id() -> str:
+    return f"{socket.gethostname()}:{os.getpid()}:{secrets.token_hex(3)}"
+
+
+def child_command(attempt_dir: Path, nproc: int = 0, torchrun_args: str = "") -> list[str]:
+    """The child's command line: one process, or ``torchrun`` with ``nproc`` per node
+    (``--standalone`` unless rendezvous flags are given in ``torchrun_args``)."""
+    import shlex
+
+    run = ["-m", "cloud_api.jobs.run", str(attempt_dir)]
+    if nproc <= 0:
+        return [sys.executable, *run]
+    extra = shlex.split(torchrun_args) or ["--standalone"]
+    return [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", str(nproc),
+            *extra, *run]
+
+
+def _signal_group(pid: int, sig: int) -> None:
+    try:
+        os.killpg(pid, sig)
+    except (ProcessLookupError, PermissionError):
+        pass
+
+
+def _exit_reason(rc: int) -> str:
+    if rc < 0:
+        name = signal.Signals(-rc).name if -rc in signal.Signals._value2member_map_ else -rc
+        hint = " (out of memory?)" if rc == -signal.SIGKILL else ""
+        return f"the training process was killed by {name}{hint}"
+    return f"the training process exited with code {rc}"
+
+
+class Worker:
+    """Claims and runs jobs until stopped (see the module docstring)."""
+
+    def __init__(self, settings: Settings, db: Database, home: ModelHome | str | os.PathLike,
+                 *, worker_id: str | None = None, torchrun_nproc: int | None = None):
+        self.settings, self.db = settings, db
+        self.home = home if isinstance(home, ModelHome) else ModelHome(home)
+        self.id = worker_id or default_worker_id()
+        self.nproc = settings.torchrun_nproc if torchrun_nproc is None else torchrun_nproc
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self._next_reap = 0.0
+
+    # -- lifecycle ----------------------------------------------------------------------------
+    def start(self) -> None:
+        """Run the claim loop in a daemon thread."""
+        if self._thread is not None and self._thread.is_alive():
+            return
+        self._stop.clear()
+        self._thread = threading.Thread(target=self.run, name=f"job-worker {self.id}",
+                                        daemon=True)
+        self._thread.start()
+
+    def request_stop(self) -> None:
+        self._stop.set()
+
+    def stop(self, timeout: float | None = 30.0) -> None:
+        """Stop claiming; a running job's child is stopped and the job queued again."""
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout)
+
+    @property
+    def alive(self) -> bool:
+        return self._thread is not None and self._thread.is_alive()
+
+    def run(self, once: bool = False) -> str | None:
+        """The claim loop (foreground). ``once``: run at most one job and return its final
+        state (None when nothing was queued)."""
+        log.info("job worker %s started (torchrun %s)", self.id, self.nproc or "off")
+        while not self._stop.is_set():
+            self.maybe_reap()
+            try:
+                job = queue.claim(self.db, self.id)
+            except ServiceError as exc:  # the database is away: try again later
+                log.warning("job worker %s: cannot claim (%s)", self.id, exc.detail)
+                job = None
+            except Exception:  # noqa: BLE001 - the loop must survive anything
+                log.exception("job worker %s: claim failed", self.id)
+                job = None
+            if job is None:
+                if once:
+                    return None
+                self._stop.wait(self.settings.worker_poll_s)
+                continue
+            try:
+                state = self.run_job(job)
+            except Exception:  # noqa: BLE001
+                log.exception("job %s: the worker failed while running it", job.id)
+                state = "error"
+            if once:
+                return state
+        log.info("job worker %s stopped", self.id)
+        return None
+
+    def maybe_reap(self, force: bool = False) -> list[tuple[int, str]]:
+        """Reap stale jobs every ``reaper_interval_s``."""
+        now = time.monotonic()
+        if not force and now < self._next_reap:
+            return []
+        self._next_reap = now + self.settings.reaper_interval_s
+        try:
+            reaped = queue.reap(self.db, self.settings.heartbeat_timeout_s)
+        except ServiceError as exc:
+            log.warning("reaper: %s", exc.detail)
+            return []
+        for job_id, state in reaped:
+            log.warning("reaper: job %s had no heartbeat for %g s: now %s", job_id,
+                        self.settings.heartbeat_timeout_s, state)
+            if state != "queued":
+                _count(queue.get(self.db, job_id).kind, state)
+        return reaped
+
+    # -- one job ------------------------------------------------------------------------------
+    def run_job(self, job: queue.Job) -> str:
+        """Run a claimed job to its end; returns its final state ("released" when this
+        worker was stopped, "lost" when the job stopped being ours)."""
+        files = AttemptFiles(self.home.job_dir(job.id) / f"attempt-{job.attempts}")
+        log.info("job %s (%s) claimed by %s, attempt %d of %d", job.id, job.kind, self.id,
+                 job.attempts, job.max_attempts)
+        try:
+            watermark = self._watermark(job) if job.kind == "retrain" else None
+            files.prepare({"job_id": job.id, "kind": job.kind, "spec": job.spec,
+                           "attempt": job.attempts, "watermark": watermark,
+                           "worker_id": self.id})
+        except _Lost:
+            return "lost"
+        except (ServiceError, OSError) as exc:
+            return self._end(job, files, "failed", error=f"cannot start: {_one_line(exc)}")
+        cmd = child_command(files.dir, self.nproc, self.settings.torchrun_args)
+        with open(files.log, "ab") as logf:
+            child = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=logf,
+                                     stderr=subprocess.STDOUT, env=self._child_env(),
+                                     cwd=str(files.dir), start_new_session=True)
+        try:
+            outcome = self._supervise(job, files, child)
+        finally:
+            if child.poll() is None:
+                self._kill(child)
+            _signal_group(child.pid, signal.SIGKILL)  # stray torchrun ranks, if any
+        return self._conclude(job, files, child.returncode, outcome)
+
+    def _watermark(self, job: queue.Job) -> int:
+        from cloud_api.store.records import snapshot
+
+        wm = job.watermark
+        if wm is None:
+            wm, _rows = snapshot(self.db, job.spec["task"])  # rows are read lazily: unread
+        kept = queue.set_watermark(self.db, job.id, self.id, wm)
+        if kept is None:
+            raise _Lost()
+        return kept
+
+    def _child_env(self) -> dict[str, str]:
+        s = self.settings
+        env = {k: v for k, v in os.environ.items() if k not in SECRET_ENV}
+        env.update({"PRIVBERT_HOME": str(Path(self.home.root).resolve()),
+                    "PRIVBERT_DATABASE_URL": s.resolved_database_url,
+                    "PRIVBERT_DEVICE": s.device, "PRIVBERT_PRECISION": s.precision,
+                    "PRIVBERT_DB_BUSY_TIMEOUT_S": str(s.db_busy_timeout_s),
+                    "PRIVBERT_DB_CONNECT_TIMEOUT_S": str(s.db_connect_timeout_s),
+                    "PRIVBERT_JOB_PARENT_PID": str(os.getpid()), "PYTHONUNBUFFERED": "1",
+                    "PYTHONPATH": os.pathsep.join(
+                        p for p in (str(PROJECT_ROOT), os.environ.get("PYTHONPATH")) if p)})
+        if s.pretrain_corpus is not None:
+            env["PRIVBERT_PRETRAIN_CORPUS"] = str(Path(s.pretrain_corpus).resolve())
+        return env
+
+    def _supervise(self, job: queue.Job, files: AttemptFiles, child: subprocess.Popen) -> str:
+        """Wait for the child, heartbeating; returns "exited", "cancelled", "stopped" or
+        "lost"."""
+        beat_every = self.settings.heartbeat_s
+        next_beat = time.monotonic() + beat_every
+        cancel_at = term_at = None
+        while True:
+            try:
+                child.wait(timeout=POLL_S)
+                return "cancelled" if cancel_at is not None else "exited"
+            except subprocess.TimeoutExpired:
+                pass
+            now = time.monotonic()
+            if self._stop.is_set():
+                return "stopped"
+            if now >= next_beat:
+                next_beat = now + beat_every
+                try:
+                    beat = queue.heartbeat(self.db, job.id, self.id,
+                                           progress=files.read_progress(),
+                                           log_tail=files.log_tail())
+                except ServiceError as exc:  # keep training; the reaper decides later
+                    log.warning("job %s: heartbeat failed (%s)", job.id, exc.detail)
+                    beat = None
+                if beat is not None and not beat.owned:
+                    return "lost"
+                if beat is not None and beat.cancel_requested and cancel_at is None:
+                    log.info("job %s: cancel requested; stopping at the next step", job.id)
+                    files.request_cancel()
+                    cancel_at = now
+                self.maybe_reap()
+            if cancel_at is not None and term_at is None and now - cancel_at > CANCEL_GRACE_S:
+                _signal_group(child.pid, signal.SIGTERM)
+                term_at = now
+            elif term_at is not None and now - term_at > KILL_GRACE_S:
+                _signal_group(child.pid, signal.SIGKILL)
+
+    def _kill(self, child: subprocess.Popen) -> None:
+        _signal_group(child.pid, signal.SIGTERM)
+        try:
+            child.wait(timeout=KILL_GRACE_S)
+        except subprocess.TimeoutExpired:
+            _signal_group(child.pid, signal.SIGKILL)
+            child.wait()
+
+    def _conclude(self, job: queue.Job, files: AttemptFiles, rc: int, outcome: str) -> str:
+        tail = files.log_tail()
+        if outcome == "lost":
+            log.warning("job %s is no longer ours (reaped or finished elsewhere)", job.id)
+            _discard(files)
+            return "lost"
+        if outcome == "stopped":
+            queue.release(self.db, job.id, self.id, f"worker {self.id} stopped; queued again")
+            _discard(files)
+            return "released"
+        try:
+            current = queue.get(self.db, job.id)
+        except ServiceError:
+            current = None
+        if outcome == "cancelled" or (current is not None and current.cancel_requested):
+            step = (files.read_progress() or {}).get("step")
+            return self._end(job, files, "cancelled", log_tail=tail,
+                             error="cancelled" + (f" at step {step}" if step else "") +
+                             "; no version registered")
+        result = files.read_result()
+        if rc == 0 and result is not None:
+            try:
+                result = self._publish(job, files, result)
+            except (ServiceError, OSError, ValueError) as exc:
+                return self._end(job, files, "failed", error=f"cannot register the output: "
+                                 f"{_one_line(exc)}", log_tail=tail)
+            return self._end(job, files, "succeeded", result=result, log_tail=tail)
+        reason = files.read_error() or _exit_reason(rc)
+        if rc < 0 and job.attempts < job.max_attempts:
+            queue.release(self.db, job.id, self.id, f"{reason}; queued again",
+                          count_attempt=True)
+            log.warning("job %s: %s; queued again", job.id, reason)
+            _discard(files)
+            return "queued"
+        return self._end(job, files, "failed", error=reason, log_tail=tail)
+
+    def _publish(self, job: queue.Job, files: AttemptFiles, result: dict) -> dict:
+        """Register the child's output (a model version, or a base), promote when decided."""
+        if job.kind == "pretrain":
+            name = job.spec["name"]
+            dest = self.home.base_dir(name)
+            dest.parent.mkdir(parents=True, exist_ok=True)
+            try:
+                dest.mkdir()  # reserve the name atomically
+            except FileExistsError:
+                raise Conflict(f"a base named {name!r} appeared meanwhile") from None
+            os.replace(files.output, dest)
+            return {**result, "base": name}
+        model_id = job.spec["model_id"]
+        version = self.home.register(model_id, files.output, move=True)
+        decision, compared = result["promote"], result["compared_with"]["version"]
+        promoted, reason = False, decision["reason"]
+        if decision["decision"]:
+            now = self.home.promoted(model_id)
+            if now != compared:
+                reason = (f"the promoted version changed during the job ({compared} -> {now}); "
+                          "not promoted")
+            else:
+                self.home.promote(model_id, version)
+                promoted = True
+        log.info("job %s: registered %s %s%s", job.id, model_id, version,
+                 " and promoted it" if promoted else f", not promoted: {reason}")
+        return {**result, "version": version, "promoted": promoted, "promotion": reason}
+
+    def _end(self, job: queue.Job, files: AttemptFiles, state: str, *, error: str | None = None,
+             result: dict | None = None, log_tail: str | None = None) -> str:
+        ok = queue.finish(self.db, job.id, self.id, state, error=error, result=result,
+                          progress=files.read_progress(), log_tail=log_tail)
+        _discard(files)
+        if not ok:
+            log.warning("job %s was no longer ours when it ended (%s)", job.id, state)
+            return "lost"
+        _count(job.kind, state)
+        log.info("job %s: %s%s", job.id, state, f" ({error})" if error else "")
+        return state
+
+
+class _Lost(Exception):
+    """The job stopped being ours before the child started."""
+
+
+def _one_line(exc: BaseException) -> str:
+    msg = exc.detail if isinstance(exc, ServiceError) else str(exc)
+    return " ".join(msg.split())[:500] or type(exc).__name__
+
+
+def _discard(files: AttemptFiles) -> None:
+    """Remove a partial output (the log and progress stay)."""
+    shutil.rmtree(files.output, ignore_errors=True)
+
+
+def _count(kind: str, state: str) -> None:
+    from cloud_api.metrics import JOBS
+
+    JOBS.labels(kind=kind, state=state).inc()
