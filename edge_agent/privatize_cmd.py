@@ -94,6 +94,9 @@ def register(sub) -> None:
     m.add_argument("--float16", action="store_true", help="dchi-embedding: send float16")
     m.add_argument("--allow-none", action="store_true",
                    help="allow --mechanism none (plain ids: the server can read the text)")
+    m.add_argument("--allow-weak-privacy", action="store_true",
+                   help="privatize even with parameters weaker than the privacy floor "
+                        "(shared.floor: output close to the raw text); refused otherwise")
     m.add_argument("--seed", type=int, help="seed the noise (reproducible; removes protection)")
     i = p.add_argument_group("input policies")
     i.add_argument("--empty", choices=("skip", "error"), default="skip",
@@ -247,12 +250,20 @@ def _run(args, stream, size, out: Output, t0: float) -> int:
     early = (lambda m: check_model(m, args.mechanism, flag_params(args))) \
         if args.post == "predict" else None
     bundle, model = resolve_bundle(args, client, early)
+    from shared.floor import WeakPrivacyError
+
     try:
         mech = build_mechanism(args, bundle)
         priv = Privatizer(bundle, mech, max_length=args.max_length, truncate=args.truncate,
-                          float_dtype="float16" if args.float16 else "float32")
+                          float_dtype="float16" if args.float16 else "float32",
+                          allow_weak_privacy=args.allow_weak_privacy)
+    except WeakPrivacyError as exc:
+        raise UsageError(f"{exc}; --allow-weak-privacy privatizes anyway") from None
     except ValueError as exc:
         raise UsageError(str(exc)) from None
+    if priv.weak_privacy:
+        warn(f"{priv.weak_privacy}: the output is close to the raw text "
+             "(--allow-weak-privacy)")
     if args.post == "predict":
         if not args.model and model is not None:
             args.model = str(model.get("id"))
@@ -317,7 +328,9 @@ def _run(args, stream, size, out: Output, t0: float) -> int:
          + (f"first record at {t_first:.2f} s, " if t_first is not None else "")
          + f"{n_tokens / max(streaming, 1e-9):,.0f} tokens/s streaming); "
          f"{n_skipped} empty line(s) skipped; {n_trunc} truncated; "
-         f"{summary(g, n_tokens / n_records if n_records else None)}")
+         f"{summary(g, n_tokens / n_records if n_records else None)}"
+         + ("; WEAK PRIVACY (--allow-weak-privacy): the output is close to the raw text"
+            if priv.weak_privacy else ""))
     return 0
 
 

@@ -16,6 +16,8 @@ first ones (a pair trims its longer segment first, the second on a tie),
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -100,7 +102,12 @@ class Privatizer:
     """``Privatizer(bundle, mechanism)``: texts -> payloads of that mechanism and bundle."""
 
     def __init__(self, bundle: EdgeBundle, mechanism: Any, *, max_length: int | None = None,
-                 truncate: str = "first", float_dtype: str = "float32", encoder=None):
+                 truncate: str = "first", float_dtype: str = "float32", encoder=None,
+                 allow_weak_privacy: bool = False):
+        """Parameters the float arithmetic cannot carry raise ValueError, and parameters
+        weaker than the privacy floor (``shared.floor``) raise ``WeakPrivacyError`` unless
+        ``allow_weak_privacy``; then :attr:`weak_privacy` holds the reason. ``"none"``
+        is the explicitly named Null-privacy baseline and is not judged."""
         if isinstance(mechanism, str) and mechanism != "none":
             raise ValueError(f"mechanism must be a shared.mechanisms object or 'none', "
                              f"got {mechanism!r}")
@@ -135,6 +142,12 @@ class Privatizer:
             if dim is not None and out_dim is not None and dim != out_dim:
                 raise ValueError(f"{name} was built for dim={dim} but the encoder returns "
                                  f"{out_dim} values")
+        from shared.floor import check_computable, require_privacy_floor
+
+        vec_dim = getattr(self.encoder, "output_dim", None) if self.encoder is not None else None
+        check_computable(mechanism, bundle, dim=vec_dim, float_dtype=float_dtype)
+        self.weak_privacy: str | None = None if name == "none" else require_privacy_floor(
+            mechanism, bundle, allow_weak=allow_weak_privacy, dim=vec_dim)
         if max_length is None:
             max_length = limit
         if not isinstance(max_length, int) or not 4 <= max_length <= limit:
@@ -215,7 +228,10 @@ class Privatizer:
         of all items in order; vector kinds (b, r) vectors, OME (b, r·l) bits."""
         if not items:
             return np.empty(0)
-        rng = resolve_rng(rng)
+        with _float_errors(self):
+            return self._privatize_data(items, resolve_rng(rng))
+
+    def _privatize_data(self, items: list[TokenizedText], rng) -> np.ndarray:
         if self.name in TOKEN_KINDS:
             parts = [p for it in items for p in ((it.ids_a,) if it.ids_b is None
                                                    else (it.ids_a, it.ids_b))]
@@ -254,7 +270,8 @@ class Privatizer:
                 raise ValueError(f"TextHide k={self.mechanism.k} mixes {self.mechanism.k} "
                                  f"labelled texts; got only {len(items)}")
             onehot = one_hot(labels, num_labels)
-            vecs, mixed = self._mechanism_on_vectors(items, onehot, rng)
+            with _float_errors(self):
+                vecs, mixed = self._mechanism_on_vectors(items, onehot, rng)
             payloads = self._vector_payloads(items, vecs)
             return [Record(payload=p, label=[float(x) for x in row])
                     for p, row in zip(payloads, mixed, strict=True)]
@@ -299,6 +316,18 @@ class Privatizer:
         if self.name == "texthide":
             return self.mechanism.encrypt(vecs, onehot, rng)
         return self.mechanism.privatize(vecs, rng), None
+
+
+@contextmanager
+def _float_errors(priv: Privatizer) -> Iterator[None]:
+    """numpy overflow / invalid / divide-by-zero in the mechanism become one ValueError,
+    never a RuntimeWarning on stderr (per thread: the CLI's workers call this too)."""
+    try:
+        with np.errstate(over="raise", invalid="raise", divide="raise", under="ignore"):
+            yield
+    except FloatingPointError as exc:
+        raise ValueError(f"{priv.name} {priv.params}: the computation is not finite in "
+                         f"floating point ({exc})") from None
 
 
 def _drop_words(ids: np.ndarray, words: np.ndarray | None, mu: float, rng) -> np.ndarray:

@@ -292,14 +292,16 @@ def check_dchi_eta(eta: float, dim: int, t_max: float, float_dtype: str = "float
     norm up to ``t_max`` is not finite in ``float_dtype``; ``search``: also the float32
     scores ||t||² - 2 y·t of the exact nearest-token search (with room for its bound)."""
     r = dchi_noise_limit(eta, dim)
-    top = _F16_MAX if float_dtype == "float16" else _F32_MAX
-    bad = not math.isfinite(r) or r + t_max > top / 4.0
+    # a coordinate is at most the norm: float16 payloads hold up to its maximum, float32
+    # keeps a factor 4 of room for the arithmetic that follows
+    top = _F16_MAX if float_dtype == "float16" else _F32_MAX / 4.0
+    bad = not math.isfinite(r) or r + t_max > top
     if search and not bad:
         bad = (r + t_max + 1.0) * (2.0 * t_max + t_max * t_max + 1.0) * 16.0 > _F32_MAX
     if bad:
+        what = "a float16 payload" if float_dtype == "float16" else "float32"
         raise ValueError(f"eta={eta:g} is too small to compute: the noise norm (up to "
-                         f"{r:.3g}) overflows {float_dtype if not search else 'float32'}"
-                         + (" (the payload's float16)" if float_dtype == "float16" else ""))
+                         f"{r:.3g}) overflows {what}")
 
 
 def check_computable(mechanism: Any, bundle: EdgeBundle | None = None, *,

@@ -71,11 +71,13 @@ def test_stdin_no_labels_pairs_and_text_format(tiny_enc_dir, tmp_path):
     assert [parse_record(x).payload.segments for x in proc.stdout.splitlines()] == [[2, 2],
                                                                                     [1, 3]]
     proc = run_cli("privatize", str(pairs), "--tsv", "--eta", "1000", "--format", "text",
-                   "--bundle", str(tiny_enc_dir), "--seed", "1")
+                   "--bundle", str(tiny_enc_dir), "--seed", "1", "--allow-weak-privacy")
     assert proc.returncode == 0, proc.stderr
-    # at η = 1000 the noise (norm ~ 0.016) keeps every token: the text comes back
+    # at η = 1000 the noise (norm ~ 0.016) keeps every token: the text comes back, which
+    # only --allow-weak-privacy permits, and the summary says so
     assert proc.stdout.splitlines() == ["good movie\tfun plot\t1", "bad\tthe dull story\t0"]
     assert "known the seed" in proc.stderr or "knows the seed" in proc.stderr
+    assert "the output is close to the raw text" in proc.stderr.splitlines()[-1]
 
 
 def test_import_and_cli_stay_torch_free(tmp_path, tiny_enc_dir):
