@@ -236,11 +236,3 @@ def test_snapshot_reads_up_to_the_watermark_in_chunks(db, task, tiny_bundle):
     new = store_raw(db, tiny_bundle, task, raw[:1]).ids
     assert new[0] > later[-1]
     assert store.snapshot(db, "sst2", watermark=None)[0] == new[0]
-
-
-def test_records_payload_count_limit(db, task, tiny_bundle):
-    raw = raw_records(privatize(tiny_bundle, DChiText(tiny_bundle, ETA), 3))
-    body = store.RecordsBody(task="sst2", records=raw).model_dump_json()
-    assert len(store.parse_body(body, max_records=3).records) == 3
-    with pytest.raises(InvalidRequest, match="at most 2"):
-        store.parse_body(body, max_records=2)

@@ -1,0 +1,133 @@
+"""``POST /v1/records`` (labelled privatized records of a task) and ``GET /v1/tasks/{task}``.
+
+The records body is validated here, by hand, because what a record may be depends on its
+task (labels, mechanism, parameters, bundle): the envelope first, the count (413 above
+``max_payloads_per_request``), then every record against the task. Only when every record
+is good is anything written, in one transaction (``cloud_api.store.records``).
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Any
+
+import orjson
+from fastapi import APIRouter, Header, Path, Request
+from pydantic import BaseModel, ConfigDict, Field
+from starlette.concurrency import run_in_threadpool
+from starlette.responses import Response
+
+from cloud_api.auth import AppCaller
+from cloud_api.errors import NotFound, Unavailable
+from cloud_api.metrics import RECORDS
+from cloud_api.problems import responses
+from cloud_api.routes.inference import TooManyPayloads
+from cloud_api.store import records as store
+from cloud_api.store.tasks import Mechanism, TaskName, get_task
+from shared.payload import Limits, Record
+
+router = APIRouter(prefix="/v1", tags=["records"])
+
+TaskPath = Annotated[str, Path(description="task name",
+                               pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")]
+
+
+class RecordsRequest(BaseModel):
+    """Labelled privatized records of one task (``shared.payload.Record``): each payload
+    made with the task's mechanism, parameters and bundle; each label one of the task's
+    class names, or an index into them (TextHide k > 1: a soft label of their length)."""
+
+    model_config = ConfigDict(extra="forbid")
+    task: TaskName
+    records: list[Record] = Field(min_length=1)
+
+
+class RecordsResponse(BaseModel):
+    ids: list[int] = Field(description="ids of the stored records, in request order")
+
+
+class TaskInfo(BaseModel):
+    """What records of a task must be (what the edge needs to make them)."""
+
+    task: str
+    labels: list[str] = Field(description="class names; integer labels index this list")
+    mechanism: Mechanism
+    params: dict[str, Any]
+    bundle_id: str
+
+
+def _json(obj: Any, status: int = 200, headers: dict | None = None) -> Response:
+    return Response(orjson.dumps(obj), status_code=status, media_type="application/json",
+                    headers=headers)
+
+
+def _db(request: Request):
+    db = getattr(request.app.state, "db", None)
+    if db is None:
+        raise Unavailable("the record store is not configured")
+    return db
+
+
+def _store(state, env: store.RecordsBody, key_id: str, idem: str | None) -> store.Stored:
+    """Blocking part of POST /v1/records (a worker thread): task, bundle, checks, insert."""
+    task = get_task(state.db, env.task)
+    try:
+        bundle = state.bundles.get(task.bundle_id)
+    except NotFound:
+        raise Unavailable(f"the bundle {task.bundle_id[:12]}… of task {task.name!r} is not "
+                          "available on this server") from None
+    s = state.settings
+    sizes = {"max_tokens": s.max_tokens_per_payload} if s.max_tokens_per_payload else {}
+    limits = Limits.for_bundle(bundle, labels=task.labels, **sizes)
+    recs = store.validate_records(task, env.records, limits)
+    return store.add_records(state.db, task, recs, key_id, idem,
+                             store.body_digest(env) if idem is not None else None)
+
+
+@router.post(
+    "/records", response_model=None, status_code=201, summary="Store labelled records",
+    responses={201: {"model": RecordsResponse, "headers": {"Idempotent-Replayed": {
+        "description": "true when an earlier request with this Idempotency-Key stored them",
+        "schema": {"type": "string"}}}},
+        **responses(401, 403, 404, 413, 422, 429, 503)},
+    openapi_extra={"requestBody": {"required": True, "content": {"application/json": {
+        "schema": {"$ref": "#/components/schemas/RecordsRequest"}}}}})
+async def post_records(
+        request: Request, caller: AppCaller,
+        idempotency_key: Annotated[str | None, Header(
+            description="a retry with the same key and body gets the same ids and stores "
+            "nothing new; the same key with another body is a 422",
+            max_length=store.IDEMPOTENCY_KEY_MAX)] = None) -> Response:
+    _db(request)
+    store.check_idempotency_key(idempotency_key)
+    env = store.parse_body(await request.body())
+    limit = request.app.state.settings.max_payloads_per_request
+    if len(env.records) > limit:
+        raise TooManyPayloads(f"{len(env.records)} records in one request; at most {limit} "
+                              "(send several requests)")
+    stored = await run_in_threadpool(_store, request.app.state, env, caller.key_id,
+                                     idempotency_key)
+    if stored.replayed:
+        return _json({"ids": stored.ids}, 201, {"Idempotent-Replayed": "true"})
+    RECORDS.labels(task=env.task).inc(len(stored.ids))
+    return _json({"ids": stored.ids}, 201)
+
+
+@router.get("/tasks/{task}", response_model=TaskInfo, summary="What a task accepts",
+            responses=responses(401, 403, 404, 422, 429, 503))
+async def task_info(task: TaskPath, request: Request, caller: AppCaller) -> Response:
+    t = await run_in_threadpool(get_task, _db(request), task)
+    return _json(t.public())
+
+
+async def start_store(app, stack) -> None:
+    """Lifespan step: ``app.state.db`` for the settings, migrated at start for SQLite (for
+    PostgreSQL only with PRIVBERT_DB_AUTO_UPGRADE=1; otherwise checked to be at head, and
+    the server refuses to start if it is behind); its connections closed at shutdown. A
+    database that cannot be reached at start is logged; record routes answer 503 until it
+    can (predictions do not need it)."""
+    from cloud_api.store.db import Database
+
+    db = Database.from_settings(app.state.settings)
+    stack.callback(db.dispose)
+    await run_in_threadpool(db.prepare)
+    app.state.db = db
