@@ -29,6 +29,7 @@ from cloud_api.home import ModelHome
 from cloud_api.limits import RateLimiter
 from cloud_api.middleware import ServiceMiddleware
 from cloud_api.routes import admin_models, health, inference
+from cloud_api.routes import admin_records, records  # record store (issue 12)
 from cloud_api.settings import Settings
 
 log = logging.getLogger("cloud_api")
@@ -68,6 +69,10 @@ async def start_serving(app: FastAPI, stack: AsyncExitStack) -> None:
 
 LIFESPAN: list[LifespanStep] = [start_basics, start_serving]
 ROUTERS: list[APIRouter] = [health.router, inference.router, admin_models.router]
+# -- record store (issue 12): the Database in the lifespan, tasks and records routes ------
+LIFESPAN.append(records.start_store)
+ROUTERS += [records.router, admin_records.router]
+# -- end record store ------------------------------------------------------------------------
 
 
 @asynccontextmanager
@@ -112,6 +117,8 @@ def _openapi(app: FastAPI) -> dict:
     schema = get_openapi(title=app.title, version=app.version, description=app.description,
                          routes=app.routes)
     problems.add_schemas(schema, problems.Problem, inference.PredictRequest)
+    problems.add_schemas(schema, records.RecordsRequest, records.store.DeleteRecords,
+                         admin_records.tasks.TaskDeclaration)  # record store (issue 12)
     schema["components"]["securitySchemes"] = {
         "bearer": {"type": "http", "scheme": "bearer",
                    "description": "application key (/v1) or admin key (/admin, /v1)"}}
