@@ -112,6 +112,7 @@ def _run(args) -> int:
     task = args.task or model_id
     if args.if_missing and (v := home.promoted(model_id)):
         print(f"model={model_id} version={v} (already promoted; nothing to do)")
+        _declare_task(args, task, home.read_config(model_id, v))  # record store (issue 12)
         return 0
     from models.cli_train import _check_device, _mechanism_params
 
@@ -208,6 +209,7 @@ def _train_and_register(args, home, model_id: str, task: str, bundle, params: di
     home.promote(model_id, version)
     dev = (res.metrics or {}).get("dev") or {}
     print(f"model={model_id} version={version} promoted task={task}")
+    _declare_task(args, task, config)  # record store (issue 12)
     print(f"home={home.root.resolve()}")
     print(f"mechanism={config['mechanism']} params={json.dumps(config['params'], sort_keys=True)}"
           f" bundle_id={config['bundle_id']}")
@@ -223,3 +225,29 @@ def _rng_of(args):
     from models.cli_train import _rng
 
     return _rng(args)
+
+
+# -- record store (issue 12) -----------------------------------------------------------------
+def _declare_task(args, task: str, config: dict) -> None:
+    """Declare the model's task in the record store (labels, mechanism, params, bundle), so
+    that the edge can send records for it at once; a warning, not a failure, if it cannot."""
+    from cloud_api.cli import settings_for
+    from cloud_api.errors import ServiceError
+    from cloud_api.store.db import Database
+    from cloud_api.store.tasks import ensure_task
+
+    task = config.get("task") or task
+    db = Database.from_settings(settings_for(args))
+    try:
+        if db.auto_upgrade:
+            db.upgrade()
+        _, created = ensure_task(db, task, config["labels"], config["mechanism"],
+                                 config["params"], config["bundle_id"])
+        print(f"task={task} {'declared' if created else 'already declared'} "
+              f"(POST /v1/records accepts its records)")
+    except ServiceError as exc:
+        _say(f"warning: task {task} not declared in the record store: {exc.detail}")
+    finally:
+        db.dispose()
+# -- end record store ------------------------------------------------------------------------
+
