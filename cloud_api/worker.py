@@ -104,6 +104,7 @@ class Worker:
         self.id = worker_id or default_worker_id()
         self.nproc = settings.torchrun_nproc if torchrun_nproc is None else torchrun_nproc
         self._stop = threading.Event()
+        self._wake = threading.Event()
         self._thread: threading.Thread | None = None
         self._next_reap = 0.0
 
@@ -119,10 +120,15 @@ class Worker:
 
     def request_stop(self) -> None:
         self._stop.set()
+        self._wake.set()
+
+    def wake(self) -> None:
+        """Look for a job now rather than at the next poll (a job was just queued)."""
+        self._wake.set()
 
     def stop(self, timeout: float | None = 30.0) -> None:
         """Stop claiming; a running job's child is stopped and the job queued again."""
-        self._stop.set()
+        self.request_stop()
         if self._thread is not None:
             self._thread.join(timeout)
 
@@ -147,7 +153,8 @@ class Worker:
             if job is None:
                 if once:
                     return None
-                self._stop.wait(self.settings.worker_poll_s)
+                self._wake.wait(self.settings.worker_poll_s)
+                self._wake.clear()
                 continue
             try:
                 state = self.run_job(job)

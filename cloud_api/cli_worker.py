@@ -1,0 +1,56 @@
+"""``cloud-api worker [--torchrun N] [--once]``: run retraining and pretraining jobs.
+
+    PRIVBERT_HOME=/srv/privbert PRIVBERT_DATABASE_URL=postgresql+psycopg://... cloud-api worker
+
+Claims jobs from the job table (``cloud_api/store/jobs.py``) and runs each in a child
+process (``python -m cloud_api.jobs.run``), or with ``--torchrun N`` (or
+``PRIVBERT_TORCHRUN_NPROC``) as ``torchrun --nproc-per-node N [PRIVBERT_TORCHRUN_ARGS] -m
+cloud_api.jobs.run`` (PyTorch DDP: gloo on CPU, nccl on GPU). Start as many workers as
+wanted, on any hosts that share the database and ``$PRIVBERT_HOME``. SIGTERM or Ctrl-C:
+the running job's child is stopped and the job goes back to the queue.
+"""
+
+from __future__ import annotations
+
+import argparse
+import signal
+
+from cloud_api.cli import _guarded, fail, home_arg, settings_for
+
+
+def register(sub) -> None:
+    p = sub.add_parser("worker", help="run queued retraining and pretraining jobs",
+                       description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--torchrun", type=int, metavar="N", default=None,
+                   help="train with torchrun --nproc-per-node N (DDP); 0 = one process "
+                   "(default $PRIVBERT_TORCHRUN_NPROC, else 0)")
+    p.add_argument("--once", action="store_true", help="run at most one queued job, then "
+                   "exit (exit code 1 unless it succeeded)")
+    p.add_argument("--worker-id", metavar="ID", help="name in the job table (default "
+                   "host:pid:random)")
+    home_arg(p)
+    p.set_defaults(func=_guarded(run_worker))
+
+
+def run_worker(args) -> int:
+    if args.torchrun is not None and args.torchrun < 0:
+        return fail(f"--torchrun must be >= 0, got {args.torchrun}")
+    settings = settings_for(args)
+    from cloud_api import logs
+    from cloud_api.store.db import Database
+    from cloud_api.worker import Worker
+
+    logs.configure(settings.log_level, settings.log_json)
+    db = Database.from_settings(settings)
+    try:
+        db.prepare()  # migrations (SQLite) or a check that the schema is current
+        worker = Worker(settings, db, settings.home, worker_id=args.worker_id,
+                        torchrun_nproc=args.torchrun)
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            signal.signal(sig, lambda *_: worker.request_stop())
+        state = worker.run(once=args.once)
+    finally:
+        db.dispose()
+    if args.once:
+        return 0 if state in (None, "succeeded") else 1
+    return 0
