@@ -1,0 +1,119 @@
+"""Fixtures of the job tests: a migrated database on SQLite and on a real PostgreSQL
+(``db``: every test that takes it runs on both), and a job home (``job_env``): the tiny
+BERT saved as the base ``tiny`` and its bundle in ``$PRIVBERT_HOME``, a dchi-text task
+with labelled records made by the edge's own Privatizer, on a SQLite database."""
+
+from __future__ import annotations
+
+import shutil
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from cloud_api.store.db import Database
+
+ETA = 10.0  # tiny 16-dimensional table: dchi-text keeps many tokens (floor refuses > 12.7)
+POSITIVE = ["good", "great", "fun", "funny", "love"]
+NEGATIVE = ["bad", "awful", "dull", "boring", "hate"]
+NEUTRAL = ["the", "a", "movie", "film", "plot", "actor", "story", "it", "this", "was", "is"]
+
+
+@pytest.fixture(params=["sqlite", "postgresql"])
+def db_url(request, tmp_path) -> str:
+    if request.param == "sqlite":
+        return f"sqlite:///{tmp_path / 'privbert.db'}"
+    return request.getfixturevalue("fresh_postgres_url")
+
+
+@pytest.fixture
+def db(db_url):
+    database = Database(db_url, busy_timeout_s=10.0, connect_timeout_s=5.0)
+    database.upgrade()
+    yield database
+    database.dispose()
+
+
+def sentences(n: int, seed: int = 0) -> tuple[list[str], list[str]]:
+    """Synthetic sentences: "pos" iff a positive word is in it."""
+    rng = np.random.default_rng(seed)
+    texts, labels = [], []
+    for i in range(n):
+        y = i % 2
+        words = list(rng.choice(NEUTRAL, size=int(rng.integers(2, 5))))
+        words.insert(int(rng.integers(0, len(words) + 1)),
+                     str(rng.choice(POSITIVE if y else NEGATIVE)))
+        texts.append(" ".join(words))
+        labels.append("pos" if y else "neg")
+    return texts, labels
+
+
+@dataclass
+class JobEnv:
+    home: Path
+    db_url: str
+    base: Path            # the tiny BERT folder (also saved as the base "tiny")
+    bundle: object        # its EdgeBundle
+    task: str
+    texts: list[str]
+
+    def settings(self, **kw):
+        from cloud_api.settings import Settings
+
+        values = dict(home=self.home, database_url=self.db_url, heartbeat_s=0.2,
+                      heartbeat_timeout_s=30, reaper_interval_s=1, worker_poll_s=0.1,
+                      min_records_per_label=8, device="cpu")
+        values.update(kw)
+        return Settings(**values)
+
+    def database(self) -> Database:
+        return Database(self.db_url, busy_timeout_s=10.0)
+
+
+def add_records(db: Database, bundle, task, texts, labels, seed: int = 0) -> list[int]:
+    """Store labelled records of ``texts`` privatized by the edge's Privatizer."""
+    from cloud_api.store import records as store
+    from edge_agent import Privatizer
+    from shared.mechanisms import DChiText
+    from shared.payload import Limits, Record
+
+    payloads = Privatizer(bundle, DChiText(bundle, ETA)).privatize(
+        texts, rng=np.random.default_rng(seed))
+    recs = [Record(payload=p, label=y) for p, y in zip(payloads, labels, strict=True)]
+    raw = [r.model_dump(mode="json", exclude_none=True) for r in recs]
+    checked = store.validate_records(task, raw, Limits.for_bundle(bundle, labels=task.labels))
+    return store.add_records(db, task, checked, "test-key-id", None, None).ids
+
+
+@pytest.fixture(scope="session")
+def job_template(tmp_path_factory):
+    """A home, database, base, bundle, task and 96 records, made once and copied per test."""
+    from cloud_api.home import ModelHome
+    from cloud_api.serving.bundles import BundleStore
+    from cloud_api.store import tasks
+    from shared.bundle import EdgeBundle
+    from tests.models.conftest import make_full_tiny_bert
+
+    root = tmp_path_factory.mktemp("job-template")
+    base = make_full_tiny_bert(root / "tiny-bert")
+    home = ModelHome(root / "home").ensure()
+    shutil.copytree(base, home.base_dir("tiny"))
+    bundle = EdgeBundle.from_model(base)
+    BundleStore(home).add(bundle)
+    db = Database(f"sqlite:///{home.root / 'privbert.db'}")
+    db.upgrade()
+    task, _ = tasks.ensure_task(db, "sent", ["neg", "pos"], "dchi-text", {"eta": ETA},
+                                bundle.bundle_id)
+    texts, labels = sentences(96, seed=3)
+    add_records(db, bundle, task, texts, labels)
+    db.dispose()
+    return root, base, bundle, texts
+
+
+@pytest.fixture
+def job_env(job_template, tmp_path) -> JobEnv:
+    root, base, bundle, texts = job_template
+    home = tmp_path / "home"
+    shutil.copytree(root / "home", home)
+    return JobEnv(home, f"sqlite:///{home / 'privbert.db'}", base, bundle, "sent", texts)
