@@ -24,6 +24,10 @@ class CliError(Exception):
 
 
 class _Parser(argparse.ArgumentParser):
+    def __init__(self, *args, **kwargs):
+        kwargs.setdefault("allow_abbrev", False)  # --et is not --eta: exact flags only
+        super().__init__(*args, **kwargs)
+
     def error(self, message: str):  # one line, no usage dump
         print(f"{PROG}: error: {message} (see {self.prog} --help)", file=sys.stderr)
         sys.exit(2)

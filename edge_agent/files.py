@@ -55,8 +55,13 @@ def refuse_output_on_input(stream, file: str, output: str | None) -> None:
 
 
 class Output:
-    """Whole lines (UTF-8 bytes), flushed per batch; a file is created at its first line
-    (or at the end)."""
+    """Whole lines (UTF-8 bytes) written with ``os.write`` as each batch is ready; a file
+    is created at its first line (or at the end).
+
+    On a write error (full disk, file size limit, /dev/full) a regular file is cut back
+    to its last complete line, and the CliError names the file and the records it holds:
+    the output stays valid line by line.
+    """
 
     def __init__(self, path: str | None):
         self.path = None if path in (None, "-") else Path(path)
@@ -65,30 +70,69 @@ class Output:
                 raise CliError(f"{path}: is a directory (-o takes a file)")
             if not self.path.parent.is_dir():
                 raise CliError(f"{self.path.parent}: no such directory for -o")
-        self._f = None
+        self._fd: int | None = None
+        self._start = 0  # offset of the first byte this run writes (stdout may append)
+        self.nbytes = 0  # bytes of complete lines written
+        self.records = 0  # lines (records) written
+
+    @property
+    def name(self) -> str:
+        return "stdout" if self.path is None else str(self.path)
+
+    def _open(self) -> int | None:
+        if self.path is not None:
+            self._fd = os.open(self.path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o666)
+            return self._fd
+        sys.stdout.flush()
+        try:
+            fd = sys.stdout.fileno()
+        except (AttributeError, OSError, ValueError):  # a stream without a descriptor
+            return None
+        try:
+            self._start = os.lseek(fd, 0, os.SEEK_CUR)
+        except OSError:  # a pipe or a terminal
+            self._start = 0
+        self._fd = fd
+        return fd
 
     def write(self, lines: list[bytes]) -> None:
         if not lines:
             return
         data = b"".join(lines)
-        if self.path is None:
-            stdout = sys.stdout
-            buffer = getattr(stdout, "buffer", None)
-            if buffer is None:  # a text-only stream (some embeddings and test captures)
-                stdout.write(data.decode("utf-8"))
-            else:
-                stdout.flush()
-                buffer.write(data)
-                buffer.flush()
-            stdout.flush()
-            return
-        if self._f is None:
-            self._f = open(self.path, "wb")  # noqa: SIM115
-        self._f.write(data)
-        self._f.flush()
+        fd = self._fd if self._fd is not None else self._open()
+        if fd is None:  # a text-only stream (some embeddings and test captures)
+            sys.stdout.write(data.decode("utf-8"))
+            sys.stdout.flush()
+        else:
+            done = 0
+            try:
+                while done < len(data):
+                    done += os.write(fd, memoryview(data)[done:])
+            except BrokenPipeError:  # the reader went away: the CLI stops quietly
+                raise
+            except OSError as exc:
+                whole = data.rfind(b"\n", 0, done) + 1  # complete lines of this batch
+                self.nbytes += whole
+                self.records += data.count(b"\n", 0, whole)
+                raise CliError(self._failed(exc)) from None
+        self.nbytes += len(data)
+        self.records += len(lines)
+
+    def _failed(self, exc: OSError) -> str:
+        """Cut a regular file back to its last complete line; the one-line message."""
+        cut = ""
+        try:
+            if stat.S_ISREG(os.fstat(self._fd).st_mode):
+                os.ftruncate(self._fd, self._start + self.nbytes)
+                cut = ", cut back to its last complete line"
+        except OSError as err:
+            cut = f"; cutting it back failed too ({err.strerror or err})"
+        return (f"{self.name}: write failed ({exc.strerror or exc}); it holds "
+                f"{self.records} complete record(s){cut}")
 
     def close(self, ok: bool) -> None:
-        if self._f is None and ok and self.path is not None:
+        if self._fd is None and ok and self.path is not None:
             self.path.write_bytes(b"")
-        if self._f is not None:
-            self._f.close()
+        if self._fd is not None and self.path is not None:
+            fd, self._fd = self._fd, None
+            os.close(fd)

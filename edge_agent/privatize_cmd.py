@@ -303,7 +303,14 @@ def _run(args, stream, size, out: Output, t0: float) -> int:
                 raise CliError(f"{exc}; {n_records} record(s) before it were "
                                + ("uploaded and written" if args.post == "records"
                                   else "written")) from None
-            out.write(lines)
+            try:
+                out.write(lines)
+            except CliError as exc:
+                if args.post == "records":  # the server has them; say which lines
+                    first, last = ready.lines[0].number, ready.lines[-1].number
+                    raise CliError(f"{exc}; the records of lines {first}-{last} were "
+                                   "uploaded but their ids not written") from None
+                raise
             if ready.items and t_first is None:
                 t_first = time.perf_counter() - t0
             n_records += len(ready.items)
@@ -320,6 +327,8 @@ def _run(args, stream, size, out: Output, t0: float) -> int:
         if bar is not None:
             bar.close()
         out.close(ok)
+        for message in reader.label_warnings():
+            warn(message)
     t_end = time.perf_counter()
     elapsed, setup, streaming = t_end - t0, t_loop - t0, t_end - t_loop
     # the one-line summary needs eta and the table's worst case, not neighbour medians

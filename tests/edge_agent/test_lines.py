@@ -103,7 +103,7 @@ def test_fd_lines_close_does_not_wait_for_a_blocked_read():
     """A worker blocked on a live pipe: close() returns at once; the descriptor is released
     by the reader when its read returns, and nothing is read after that."""
     r, w = os.pipe()
-    src = FdLines(r)
+    src = FdLines(r, idle=None)  # a blocking read only (the idle poll: test below)
     got: list[bytes] = []
     t = threading.Thread(target=lambda: got.extend(src), daemon=True)
     os.write(w, b"one\n")
