@@ -202,12 +202,13 @@ def run_report(args) -> int:
                              ) from None
         if not etas or any(not (math.isfinite(e) and e > 0) for e in etas):
             raise UsageError(f"--etas must be finite numbers > 0, got {args.etas!r}")
-    texts = read_sample(args.sample) if args.sample else None
-    if args.plot:
+    if args.plot:  # before minutes of computation
+        check_plot_path(args.plot)
         try:
             import matplotlib  # noqa: F401
         except ImportError:
             raise CliError("--plot needs matplotlib: pip install 'privbert[plot]'") from None
+    texts = read_sample(args.sample) if args.sample else None
     bundle, _ = resolve_bundle(args)
     rng = np.random.default_rng(args.seed)
     rep = build_report(bundle, args.mechanism, eta=args.eta, target=args.target_inversion,
@@ -227,6 +228,20 @@ def run_report(args) -> int:
         plot_report(rep, args.plot)
         info(f"figures written to {args.plot}")
     return 0
+
+
+def check_plot_path(path: str) -> None:
+    """CliError unless ``path`` can be written as a new or existing file."""
+    from pathlib import Path
+
+    p = Path(path)
+    if p.is_dir():
+        raise CliError(f"{path}: is a directory (--plot takes a file name, e.g. report.png)")
+    parent = p.parent
+    if not parent.is_dir():
+        raise CliError(f"{parent}: no such directory for --plot")
+    if not os.access(parent, os.W_OK) or (p.exists() and not os.access(p, os.W_OK)):
+        raise CliError(f"{path}: permission denied (--plot)")
 
 
 def read_sample(path: str) -> list[str]:

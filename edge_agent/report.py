@@ -27,6 +27,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from shared.bundle import EdgeBundle
+from shared.floor import THRESHOLD, dchi_floor
 from shared.mechanisms import DChiText, sample_dchi_noise
 
 PAPER_ETAS = (50, 75, 100, 125, 150, 175)  # Qu et al. Table 3, BERT-base (n = 768)
@@ -177,6 +178,7 @@ class PrivacyReport:
     guarantee: dict = field(default_factory=dict)
     timings: dict = field(default_factory=dict)
     geometry: dict | None = None
+    floor: dict | None = None  # shared.floor: {"threshold", "eta", "unchanged"}
 
     def summary_stats(self) -> dict:
         """min / quantiles / max / mean of N_w and S_w."""
@@ -199,6 +201,7 @@ class PrivacyReport:
                           "table": [{"eta": e, "accuracy": a} for e, a in self.table]},
             "target_inversion": self.target, "guarantee": self.guarantee,
             "timings_s": self.timings, "geometry": self.geometry,
+            "privacy_floor": self.floor,
         }
 
 
@@ -259,11 +262,16 @@ def build_report(bundle: EdgeBundle, mechanism: str, *, eta: float | None = None
     if geometry:
         geo = embedding_geometry(bundle, rng, grid)
     g = guarantee(mech if mechanism == "dchi-text" else DChiEmbedding(eta), bundle)
+    t3 = time.perf_counter()
+    fl = dchi_floor(bundle)
+    floor = {"threshold": THRESHOLD, "eta": fl.floor_eta(THRESHOLD),
+             "unchanged": fl.unchanged(float(eta)), "tokens": int(fl.exit.size)}
+    timings["privacy_floor"] = time.perf_counter() - t3
     timings["total"] = time.perf_counter() - t0
     return PrivacyReport(mechanism, float(eta), bundle.bundle_id, bundle.dim,
                          int(bundle.regular_ids.size), int(ids.size), samples, n_w, s_w,
                          source, int(inv_ids.size), acc, draw.standard_error(acc), table,
-                         target, g, timings, geo)
+                         target, g, timings, geo, floor)
 
 
 def embedding_geometry(bundle: EdgeBundle, rng: np.random.Generator, etas: list[float],
@@ -315,6 +323,14 @@ def format_report(r: PrivacyReport) -> str:
     for e, a in r.table:
         mark = "  <-" if e == r.eta else ""
         lines.append(f"  {e:<10.4g} {a:<10.4f} {r.dim / e:<8.3f}{mark}")
+    if r.floor is not None:
+        f = r.floor
+        where = (f"from eta={f['eta']:.4g} on" if math.isfinite(f["eta"]) else "at no eta")
+        lines += ["", f"privacy floor (shared.floor): {where} more than "
+                  f"{100 * f['threshold']:g}% of tokens come back unchanged on this bundle; "
+                  "edge-agent privatize refuses such an eta without --allow-weak-privacy",
+                  f"  at eta={r.eta:.4g}: {100 * f['unchanged']:.2f}% unchanged (estimated on "
+                  f"{f['tokens']:,} tokens, each with one noise direction)"]
     lines += ["", "guarantee: " + summary(r.guarantee)]
     lines += [f"  - {n}" for n in r.guarantee.get("notes", [])]
     lines.append(f"(computed in {r.timings.get('total', 0):.1f} s)")
@@ -329,7 +345,7 @@ def plot_report(r: PrivacyReport, path: str) -> None:
     import matplotlib.pyplot as plt
 
     panels = 4 if r.geometry else 3
-    fig, axes = plt.subplots(1, panels, figsize=(4.2 * panels, 3.6))
+    fig, axes = plt.subplots(1, panels, figsize=(4.8 * panels, 4.2))
     bins = np.linspace(0, r.samples, 21)
     axes[0].hist(r.n_w, bins=bins, color="tab:red")
     axes[0].set(title=f"N_w, eta={r.eta:.4g}", xlabel=f"outputs equal to input (of {r.samples})",
@@ -342,14 +358,30 @@ def plot_report(r: PrivacyReport, path: str) -> None:
     axes[2].axvline(r.eta, color="gray", ls="--")
     if r.target is not None:
         axes[2].axhline(r.target, color="gray", ls=":")
+    if r.floor is not None and math.isfinite(r.floor["eta"]):
+        if r.floor["eta"] <= 1.5 * max(etas):
+            axes[2].axvline(r.floor["eta"], color="tab:red", ls=":",
+                            label=f"privacy floor, eta={r.floor['eta']:.4g}")
+            axes[2].legend(fontsize=8, loc="lower right")
+        else:  # far right of the grid: a note, not an axis squeezed to show it
+            axes[2].text(0.98, 0.04, f"privacy floor at eta={r.floor['eta']:.4g} (off axis)",
+                         transform=axes[2].transAxes, ha="right", fontsize=8,
+                         color="tab:red")
     axes[2].set(title="token embedding inversion", xlabel="eta", ylabel="accuracy", ylim=(0, 1))
     if r.geometry:
         g = r.geometry
-        axes[3].semilogx(g["k"], g["mean_distance"], "o", label="k-th nearest token")
-        for e, norm in g["noise_norm"].items():
-            axes[3].axhline(norm, color="gray", lw=0.8)
-            axes[3].annotate(f"eta={float(e):.3g}", (g["k"][0], norm), fontsize=7)
-        axes[3].set(title="embedding geometry", xlabel="k", ylabel="mean distance")
+        ax = axes[3]
+        ax.semilogx(g["k"], g["mean_distance"], "o-", color="black",
+                    label="mean distance to the k-th nearest token")
+        cmap = plt.get_cmap("viridis")
+        norms = list(g["noise_norm"].items())
+        for i, (e, norm) in enumerate(norms):
+            ax.axhline(norm, color=cmap(i / max(1, len(norms) - 1)), lw=1.2,
+                       ls="--" if float(e) == r.eta else "-",
+                       label=f"noise norm n/eta = {norm:.2f} (eta={float(e):.4g})")
+        ax.set(title="embedding geometry vs noise", xlabel="k (k-th nearest token)",
+               ylabel="Euclidean distance")
+        ax.legend(fontsize=7, loc="upper left", framealpha=0.9)
     fig.tight_layout()
     fig.savefig(path, dpi=120)
     plt.close(fig)
