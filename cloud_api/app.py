@@ -116,7 +116,8 @@ def _openapi(app: FastAPI) -> dict:
         return app.openapi_schema
     schema = get_openapi(title=app.title, version=app.version, description=app.description,
                          routes=app.routes)
-    problems.add_schemas(schema, problems.Problem, inference.PredictRequest)
+    problems.add_schemas(schema, problems.Problem, inference.PredictRequest,
+                         admin_models.PromoteRequest)
     problems.add_schemas(schema, records.RecordsRequest, records.store.DeleteRecords,
                          admin_records.tasks.TaskDeclaration)  # record store (issue 12)
     schema["components"]["securitySchemes"] = {

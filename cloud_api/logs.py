@@ -13,9 +13,10 @@ import logging
 import logging.config
 
 try:  # python-json-logger >= 3
+    from pythonjsonlogger.core import RESERVED_ATTRS
     from pythonjsonlogger.json import JsonFormatter
 except ImportError:  # pragma: no cover - python-json-logger 2.x
-    from pythonjsonlogger.jsonlogger import JsonFormatter
+    from pythonjsonlogger.jsonlogger import RESERVED_ATTRS, JsonFormatter
 
 FORMAT = "%(asctime)s %(levelname)s %(name)s %(message)s"
 RENAME = {"asctime": "time", "levelname": "level", "name": "logger"}
@@ -25,7 +26,8 @@ PLAIN_FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"
 def json_formatter() -> logging.Formatter:
     """The JSON formatter (ISO-8601 times, renamed standard fields)."""
     return JsonFormatter(FORMAT, rename_fields=RENAME, timestamp=False,
-                         datefmt="%Y-%m-%dT%H:%M:%S%z")
+                         datefmt="%Y-%m-%dT%H:%M:%S%z",
+                         reserved_attrs=[*RESERVED_ATTRS, "color_message"])
 
 
 def logging_config(level: str = "INFO", json: bool = True) -> dict:

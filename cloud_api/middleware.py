@@ -24,6 +24,7 @@ import time
 import uuid
 
 from starlette.datastructures import MutableHeaders
+from starlette.requests import ClientDisconnect
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from cloud_api import metrics
@@ -93,6 +94,9 @@ class ServiceMiddleware:
                 finally:
                     if counted:
                         self.in_flight -= 1
+        except ClientDisconnect:  # the client went away while its body was read
+            response["status"] = 499  # nginx's "client closed request": nobody to answer
+            state["problem_kind"] = "client-closed-request"
         except BodyTooLarge as exc:  # raised while reading, not handled by a route
             if not response["started"]:
                 await problem_response(rid, 413, "too-large", "Request body too large",

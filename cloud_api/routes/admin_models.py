@@ -33,8 +33,13 @@ class PromoteResponse(BaseModel):
 
 @router.post("/models/{model_id}/promote", response_model=PromoteResponse,
              summary="Promote a registered version (hot swap, no restart)",
-             responses=responses(401, 403, 404, 413, 422, 429, 503))
-async def promote(model_id: ModelId, body: PromoteRequest, request: Request,
+             responses=responses(401, 403, 404, 413, 422, 429, 503),
+             openapi_extra={"requestBody": {"required": True, "content": {
+                 "application/json": {"schema": {
+                     "$ref": "#/components/schemas/PromoteRequest"}}}}})
+async def promote(model_id: ModelId, request: Request,
                   caller: AdminCaller) -> PromoteResponse:
+    # the body is read after the key is checked (a body parameter would be read first)
+    body = PromoteRequest.model_validate_json(await request.body())
     await request.app.state.registry.promote(model_id, body.version)
     return PromoteResponse(model_id=model_id, version=body.version)
