@@ -1,0 +1,448 @@
+"""Serving throughput and latency: ``cloud-api serve`` (micro-batcher) against a naive server.
+
+Closed-loop load (each of C clients sends its next request when the last one is answered)
+at concurrency 1, 8 and 32: ``dchi-text`` (η = 65) predict requests of one payload each,
+privatized SST-2 dev sentences, on a MiniLM-L6 classifier trained briefly on a few hundred
+SST-2 training rows (accuracy does not matter here; the model is cached under
+``var/bench/serve/``). For each backend (torch, onnxruntime), in the same run:
+
+* ``cloud-api serve`` as a subprocess on a loopback port (the real HTTP stack: auth,
+  limits, problem+json, metrics, the micro-batcher);
+* the naive baseline: a minimal FastAPI app served by uvicorn in a subprocess that runs one
+  forward per request, no batching, in two flavours: ``serial`` (the forward inline on the
+  event loop: one at a time) and ``threads`` (the forward in Starlette's thread pool, as a
+  plain ``def`` endpoint does: concurrent forwards);
+* a bare forward of the same backend on one payload in this process (no HTTP), for the
+  concurrency-1 comparison.
+
+Targets (issue 11): concurrency 32 >= 3x the better naive flavour's requests/s with
+p99 <= 2x p50; concurrency 1 p50 within 1.3x of the bare forward.
+
+    python bench/serve.py                       # both backends, about 4 minutes
+    python bench/serve.py --backends torch --seconds 5
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import signal
+import socket
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from fastapi import Request, Response  # noqa: E402 (the naive app's annotations)
+
+from bench.common import DATA, REPO, machine, read_tsv, table  # noqa: E402
+
+MODEL_ID = "sst2-minilm"
+API_KEY = "bench-app-key"
+ETA = 65.0
+
+
+# -- set-up: a briefly trained MiniLM classifier, its ONNX export, a home -------------------
+def prepare(work: Path, rows: int) -> tuple[Path, Path]:
+    """The cached model version folder and a home serving it (built on the first run)."""
+    from cloud_api.home import ModelHome
+    from models.experiment import train_from_tsv
+    from models.finetune import TrainConfig
+    from models.registry import ONNX_FILE
+
+    model = work / f"model-{rows}"
+    if not (model / "config.json").is_file():
+        t0 = time.perf_counter()
+        train_from_tsv(DATA / "sst2" / "train.tsv", model, "dchi-text", {"eta": ETA},
+                       dev_tsv=DATA / "sst2" / "dev.tsv", limit=rows, dev_limit=100,
+                       cfg=TrainConfig(epochs=1, batch_size=16, progress=False, seed=0))
+        print(f"trained {model} on {rows} rows in {time.perf_counter() - t0:.0f} s", flush=True)
+    if not (model / ONNX_FILE).is_file():
+        from models.export import export_classifier_onnx
+
+        t0 = time.perf_counter()
+        export_classifier_onnx(model)
+        print(f"exported {ONNX_FILE} in {time.perf_counter() - t0:.0f} s", flush=True)
+    home = ModelHome(work / "home").ensure()
+    if home.promoted(MODEL_ID) is None:
+        home.promote(MODEL_ID, home.register(MODEL_ID, model))
+    return model, home.root
+
+
+def request_bodies(n: int) -> list[bytes]:
+    """``{"payloads": [one payload]}`` for the first ``n`` SST-2 dev sentences."""
+    from edge_agent import Privatizer
+    from shared.bundle import EdgeBundle
+    from shared.mechanisms import DChiText
+
+    bundle = EdgeBundle.from_model()
+    texts = [r[0] for r in read_tsv(DATA / "sst2" / "dev.tsv", n)]
+    payloads = Privatizer(bundle, DChiText(bundle, ETA)).privatize(texts)
+    return [b'{"payloads":[' + p.model_dump_json(exclude_none=True).encode() + b"]}"
+            for p in payloads]
+
+
+# -- the naive server (runs in a subprocess: python bench/serve.py --naive ...) --------------
+def naive_app(model_dir: str, backend: str, mode: str):
+    """FastAPI app: parse the body, one forward per payload, answer; nothing else."""
+    import numpy as np
+    import orjson
+    from fastapi import FastAPI
+    from pydantic import BaseModel
+    from starlette.concurrency import run_in_threadpool
+
+    from models.registry import load_model
+    from shared.payload import Payload
+
+    class Body(BaseModel):
+        payloads: list[Payload]
+
+    mv = load_model(model_dir)
+    if backend == "onnx":
+        from models.export import OnnxClassifier
+
+        onnx = OnnxClassifier(model_dir)
+
+        def forward(p) -> np.ndarray:
+            return onnx.predict_proba([p])[0]
+    else:
+        import torch
+
+        def forward(p) -> np.ndarray:
+            with torch.inference_mode():
+                logits = mv.module(**mv.collate([p]))
+                return torch.softmax(logits.float(), dim=-1)[0].numpy()
+
+    labels = mv.labels
+
+    def answer(body: bytes) -> bytes:
+        parsed = Body.model_validate_json(body)
+        preds = []
+        for p in parsed.payloads:
+            mv.check_payload(p)
+            probs = forward(p)
+            preds.append({"label": labels[int(probs.argmax())],
+                          "scores": dict(zip(labels, probs.tolist(), strict=True))})
+        return orjson.dumps({"model_id": MODEL_ID, "version": "v1", "predictions": preds})
+
+    app = FastAPI()
+
+    @app.post("/v1/models/{model_id}/predict")
+    async def predict(model_id: str, request: Request) -> Response:
+        body = await request.body()
+        out = answer(body) if mode == "serial" else await run_in_threadpool(answer, body)
+        return Response(out, media_type="application/json")
+
+    @app.get("/readyz")
+    async def readyz() -> dict:
+        return {"status": "ok"}
+
+    return app
+
+
+def run_naive(args) -> None:
+    import uvicorn
+
+    if args.threads:
+        import torch
+
+        torch.set_num_threads(args.threads)
+    app = naive_app(args.model, args.backend, args.naive)
+    uvicorn.run(app, host="127.0.0.1", port=args.port, log_level="warning", access_log=False)
+
+
+# -- processes --------------------------------------------------------------------------------
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def start(cmd: list[str], env: dict, port: int, timeout: float = 300) -> subprocess.Popen:
+    import httpx
+
+    proc = subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+                            start_new_session=True)
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise RuntimeError(f"{cmd[:3]} exited {proc.returncode}: "
+                               f"{proc.stderr.read().decode()[-2000:]}")
+        try:
+            if httpx.get(f"http://127.0.0.1:{port}/readyz", timeout=2).status_code == 200:
+                return proc
+        except httpx.HTTPError:
+            pass
+        time.sleep(0.2)
+    stop(proc)
+    raise RuntimeError(f"{cmd[:3]} not ready after {timeout:.0f} s")
+
+
+def stop(proc: subprocess.Popen) -> None:
+    if proc.poll() is None:
+        os.killpg(proc.pid, signal.SIGTERM)
+        try:
+            proc.wait(60)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+
+
+def serve_cmd(home: Path, port: int) -> list[str]:
+    exe = Path(sys.executable).with_name("cloud-api")
+    return [str(exe), "serve", "--host", "127.0.0.1", "--port", str(port), "--home", str(home)]
+
+
+def serve_env(backend: str, threads: int | None) -> dict:
+    env = dict(os.environ)
+    env.update({"PRIVBERT_API_KEYS": API_KEY, "PRIVBERT_ADMIN_KEYS": API_KEY + "-admin",
+                "PRIVBERT_BACKEND": backend, "PRIVBERT_RATE_LIMIT_PER_KEY": "0",
+                "PRIVBERT_LOG_LEVEL": "WARNING", "PRIVBERT_WORKER_IN_SERVE": "0"})
+    if threads:
+        env["PRIVBERT_TORCH_THREADS"] = str(threads)
+    return env
+
+
+# -- load -------------------------------------------------------------------------------------
+async def closed_loop(port: int, bodies: list[bytes], concurrency: int, seconds: float,
+                      warmup: float) -> dict:
+    """``concurrency`` clients, each sending its next request on the last one's answer."""
+    import httpx
+
+    url = f"http://127.0.0.1:{port}/v1/models/{MODEL_ID}/predict"
+    headers = {"Authorization": f"Bearer {API_KEY}", "Content-Type": "application/json"}
+    lat: list[float] = []
+    errors: list[str] = []
+    limits = httpx.Limits(max_connections=concurrency, max_keepalive_connections=concurrency)
+    async with httpx.AsyncClient(limits=limits, timeout=60) as client:
+        t_start = time.perf_counter()
+        t_measure, t_end = t_start + warmup, t_start + warmup + seconds
+
+        async def worker(k: int) -> None:
+            i = k
+            while True:
+                t0 = time.perf_counter()
+                if t0 >= t_end:
+                    return
+                resp = await client.post(url, content=bodies[i % len(bodies)], headers=headers)
+                t1 = time.perf_counter()
+                i += concurrency
+                if resp.status_code != 200:
+                    errors.append(f"{resp.status_code} {resp.text[:200]}")
+                elif t0 >= t_measure:
+                    lat.append(t1 - t0)
+
+        await asyncio.gather(*(worker(k) for k in range(concurrency)))
+    lat.sort()
+    return {"n": len(lat), "rps": len(lat) / seconds, "p50": _pct(lat, 50),
+            "p99": _pct(lat, 99), "errors": errors}
+
+
+def _pct(sorted_values: list[float], q: float) -> float:
+    if not sorted_values:
+        return float("nan")
+    k = min(len(sorted_values) - 1, max(0, round(q / 100 * (len(sorted_values) - 1))))
+    return sorted_values[k]
+
+
+def batch_stats(port: int) -> tuple[float, float]:
+    """(sum, count) of privbert_batch_size from /metrics."""
+    import httpx
+
+    s = c = 0.0
+    for line in httpx.get(f"http://127.0.0.1:{port}/metrics", timeout=10).text.splitlines():
+        if line.startswith("privbert_batch_size_sum"):
+            s += float(line.rsplit(" ", 1)[1])
+        elif line.startswith("privbert_batch_size_count"):
+            c += float(line.rsplit(" ", 1)[1])
+    return s, c
+
+
+def bare_forward(model_dir: Path, backend: str, bodies: list[bytes], threads: int | None,
+                 seconds: float) -> float:
+    """p50 of one backend forward on one payload (the same payloads, in this process)."""
+    from cloud_api.serving.backends import load_backend
+    from cloud_api.settings import Settings
+    from shared.payload import parse_payload
+
+    payloads = [parse_payload(json.loads(b)["payloads"][0]) for b in bodies]
+    be = load_backend(model_dir, Settings(home=model_dir.parent, backend=backend,
+                                          torch_threads=threads, auth_disabled=True))
+    times: list[float] = []
+    t_end = time.perf_counter() + seconds
+    i = 0
+    while time.perf_counter() < t_end:
+        t0 = time.perf_counter()
+        be.forward([payloads[i % len(payloads)]])
+        times.append(time.perf_counter() - t0)
+        i += 1
+    be.close()
+    return statistics.median(times)
+
+
+async def _batcher_load(batcher, payloads: list, concurrency: int, seconds: float) -> dict:
+    lat: list[float] = []
+    t_end = time.perf_counter() + seconds
+
+    async def worker(k: int) -> None:
+        i = k
+        while time.perf_counter() < t_end:
+            t0 = time.perf_counter()
+            await batcher.run([payloads[i % len(payloads)]])
+            lat.append(time.perf_counter() - t0)
+            i += concurrency
+
+    await asyncio.gather(*(worker(k) for k in range(concurrency)))
+    lat.sort()
+    return {"rps": len(lat) / seconds, "p50": _pct(lat, 50)}
+
+
+def dispatch_compare(model_dir: Path, backend: str, bodies: list[bytes], threads: int | None,
+                     seconds: float) -> list[list]:
+    """The batcher's forward in one dedicated thread per version against the event loop's
+    shared default pool (what ``asyncio.to_thread`` uses), in this process, no HTTP."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    from cloud_api.serving.backends import load_backend
+    from cloud_api.serving.batcher import Batcher
+    from cloud_api.settings import Settings
+    from shared.payload import parse_payload
+
+    payloads = [parse_payload(json.loads(b)["payloads"][0]) for b in bodies]
+    be = load_backend(model_dir, Settings(home=model_dir.parent, backend=backend,
+                                          torch_threads=threads, auth_disabled=True))
+    rows = []
+    for name in ("dedicated thread", "shared pool (to_thread)"):
+        for c in (1, 8):
+            async def go(c=c, name=name) -> dict:
+                pool = None if name.startswith("dedicated") else ThreadPoolExecutor(
+                    max_workers=min(32, (os.cpu_count() or 1) + 4))
+                b = Batcher(be.forward, model_id="bench", version="v1", executor=pool).start()
+                await _batcher_load(b, payloads, c, 1.0)  # warm-up
+                r = await _batcher_load(b, payloads, c, seconds)
+                await b.drain()
+                if pool is not None:
+                    pool.shutdown()
+                return r
+
+            r = asyncio.run(go())
+            rows.append([backend, f"batcher, {name}, no HTTP", c, "", f"{r['rps']:.1f}",
+                         f"{r['p50'] * 1e3:.2f}", "", "", "", ""])
+            print(f"  {backend:5s} {name:24s} c={c:<3d} {r['rps']:7.1f} req/s  "
+                  f"p50 {r['p50'] * 1e3:7.2f} ms", flush=True)
+    be.close()
+    return rows
+
+
+# -- main -------------------------------------------------------------------------------------
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--work", type=Path, default=REPO / "var" / "bench" / "serve")
+    ap.add_argument("--rows", type=int, default=300, help="SST-2 rows to train on (300)")
+    ap.add_argument("--requests", type=int, default=512, help="distinct request bodies")
+    ap.add_argument("--backends", nargs="+", default=["torch", "onnx"])
+    ap.add_argument("--concurrency", nargs="+", type=int, default=[1, 8, 32])
+    ap.add_argument("--seconds", type=float, default=8.0, help="measured seconds per level")
+    ap.add_argument("--warmup", type=float, default=2.0, help="unmeasured seconds first")
+    ap.add_argument("--threads", type=int, help="PRIVBERT_TORCH_THREADS (default: torch's)")
+    ap.add_argument("--naive-flavours", nargs="+", default=["serial", "threads"])
+    ap.add_argument("--dispatch", action="store_true", help="also compare the batcher's "
+                    "dedicated inference thread with asyncio.to_thread's shared pool")
+    # internal: run the naive server
+    ap.add_argument("--naive", choices=["serial", "threads"], help=argparse.SUPPRESS)
+    ap.add_argument("--model", help=argparse.SUPPRESS)
+    ap.add_argument("--backend", help=argparse.SUPPRESS)
+    ap.add_argument("--port", type=int, help=argparse.SUPPRESS)
+    args = ap.parse_args()
+    if args.naive:
+        run_naive(args)
+        return 0
+
+    t_all = time.perf_counter()
+    print(f"machine: {machine()}", flush=True)
+    print(f"load average at start: {os.getloadavg()[0]:.2f}", flush=True)
+    model, home = prepare(args.work, args.rows)
+    bodies = request_bodies(args.requests)
+    lengths = [json.loads(b)["payloads"][0]["token_ids"]["shape"][0] for b in bodies]
+    print(f"{len(bodies)} requests of one dchi-text payload (eta {ETA:g}), "
+          f"{statistics.mean(lengths):.1f} tokens on average (max {max(lengths)}); "
+          f"closed loop, {args.warmup:g} s warm-up + {args.seconds:g} s measured per level",
+          flush=True)
+
+    rows, verdicts = [], []
+    for backend in args.backends:
+        bare = bare_forward(model, backend, bodies, args.threads, min(args.seconds, 5))
+        rows.append([backend, "bare forward, 1 payload, no HTTP", 1, "", "",
+                     f"{bare * 1e3:.2f}", "", "", "", ""])
+        if args.dispatch:
+            rows += dispatch_compare(model, backend, bodies, args.threads, args.seconds / 2)
+        results: dict[str, dict[int, dict]] = {}
+        servers = [("cloud-api serve", None)] + [(f"naive ({f})", f)
+                                                  for f in args.naive_flavours]
+        for name, flavour in servers:
+            port = free_port()
+            if flavour is None:
+                proc = start(serve_cmd(home, port), serve_env(backend, args.threads), port)
+            else:
+                cmd = [sys.executable, __file__, "--naive", flavour, "--model", str(model),
+                       "--backend", backend, "--port", str(port)]
+                if args.threads:
+                    cmd += ["--threads", str(args.threads)]
+                proc = start(cmd, dict(os.environ), port)
+            results[name] = {}
+            try:
+                for c in args.concurrency:
+                    before = batch_stats(port) if flavour is None else None
+                    r = asyncio.run(closed_loop(port, bodies, c, args.seconds, args.warmup))
+                    if before is not None:
+                        after = batch_stats(port)
+                        r["batch"] = (after[0] - before[0]) / max(1.0, after[1] - before[1])
+                    results[name][c] = r
+                    print(f"  {backend:5s} {name:22s} c={c:<3d} {r['rps']:7.1f} req/s  "
+                          f"p50 {r['p50'] * 1e3:7.2f} ms  p99 {r['p99'] * 1e3:7.2f} ms  "
+                          f"errors {len(r['errors'])}", flush=True)
+            finally:
+                stop(proc)
+        naive_best = {c: max((results[n][c]["rps"] for n in results if n.startswith("naive")),
+                             default=float("nan")) for c in args.concurrency}
+        for name in results:
+            for c, r in results[name].items():
+                vs = (r["rps"] / naive_best[c] if name == "cloud-api serve" and naive_best[c] > 0
+                      else float("nan"))
+                rows.append([backend, name, c, r["n"], f"{r['rps']:.1f}",
+                             f"{r['p50'] * 1e3:.2f}", f"{r['p99'] * 1e3:.2f}",
+                             f"{r['p99'] / r['p50']:.2f}",
+                             f"{r['batch']:.1f}" if "batch" in r else "",
+                             f"{vs:.2f}x" if vs == vs else ""])
+                if r["errors"]:
+                    print(f"{backend} {name} c={c}: {len(r['errors'])} errors, first: "
+                          f"{r['errors'][0]}")
+        srv = results["cloud-api serve"]
+        if 32 in srv and naive_best[32] > 0:
+            ratio, spread = srv[32]["rps"] / naive_best[32], srv[32]["p99"] / srv[32]["p50"]
+            verdicts.append(f"{backend}: c=32 {ratio:.2f}x the better naive server's req/s "
+                            f"(target >= 3x: {'met' if ratio >= 3 else 'NOT met'}), p99/p50 "
+                            f"{spread:.2f} (target <= 2: {'met' if spread <= 2 else 'NOT met'})")
+        if 1 in srv:
+            over = srv[1]["p50"] / bare
+            verdicts.append(f"{backend}: c=1 p50 {srv[1]['p50'] * 1e3:.2f} ms = {over:.2f}x "
+                            f"the bare forward's {bare * 1e3:.2f} ms (target <= 1.3x: "
+                            f"{'met' if over <= 1.3 else 'NOT met'})")
+    print()
+    print(table(["backend", "server", "conc.", "requests", "req/s", "p50 ms", "p99 ms",
+                 "p99/p50", "mean batch", "vs naive"], rows))
+    print()
+    for v in verdicts:
+        print(v)
+    print(f"load average at end: {os.getloadavg()[0]:.2f}; wall clock "
+          f"{time.perf_counter() - t_all:.0f} s")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
