@@ -30,6 +30,7 @@ from cloud_api.limits import RateLimiter
 from cloud_api.middleware import ServiceMiddleware
 from cloud_api.routes import admin_models, health, inference
 from cloud_api.routes import admin_records, records  # record store (issue 12)
+from cloud_api.routes import admin_jobs  # jobs (issue 12)
 from cloud_api.settings import Settings
 
 log = logging.getLogger("cloud_api")
@@ -73,6 +74,10 @@ ROUTERS: list[APIRouter] = [health.router, inference.router, admin_models.router
 LIFESPAN.append(records.start_store)
 ROUTERS += [records.router, admin_records.router]
 # -- end record store ------------------------------------------------------------------------
+# -- jobs (issue 12): admin job routes; the worker thread after the store step ------------
+LIFESPAN.append(admin_jobs.start_worker)
+ROUTERS.append(admin_jobs.router)
+# -- end jobs --------------------------------------------------------------------------------
 
 
 @asynccontextmanager
@@ -120,6 +125,8 @@ def _openapi(app: FastAPI) -> dict:
                          admin_models.PromoteRequest)
     problems.add_schemas(schema, records.RecordsRequest, records.store.DeleteRecords,
                          admin_records.tasks.TaskDeclaration)  # record store (issue 12)
+    problems.add_schemas(schema, admin_jobs.RetrainRequest,
+                         admin_jobs.PretrainRequest)  # jobs (issue 12)
     schema["components"]["securitySchemes"] = {
         "bearer": {"type": "http", "scheme": "bearer",
                    "description": "application key (/v1) or admin key (/admin, /v1)"}}
