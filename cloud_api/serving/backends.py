@@ -87,8 +87,9 @@ class TorchBackend:
         from models.backbone import autocast_dtype, pick_device
         from models.registry import load_model
 
-        if settings.torch_threads:
-            torch.set_num_threads(settings.torch_threads)
+        self.threads = settings.torch_threads
+        if self.threads:
+            torch.set_num_threads(self.threads)
         self.path = Path(path)
         try:
             self.device = pick_device(settings.device)
@@ -106,6 +107,8 @@ class TorchBackend:
 
     def forward(self, payloads: Sequence) -> np.ndarray:
         torch = self._torch
+        if self.threads and torch.get_num_threads() != self.threads:
+            torch.set_num_threads(self.threads)  # OpenMP keeps the count per thread
         batch = _collate(self.config, payloads)
         module = self.version.module
         with torch.inference_mode():

@@ -84,6 +84,7 @@ class ServingRegistry:
         self.bundles = bundles
         self._served: dict[str, Served] = {}
         self._failed: dict[str, tuple[str, str]] = {}  # model -> (version, reason)
+        self._failed_stamp: dict[str, tuple | None] = {}  # the pointer file then
         self._locks: dict[str, asyncio.Lock] = {}
         self._retiring: dict[asyncio.Task, tuple[str, str]] = {}  # draining versions
         self._poller: asyncio.Task | None = None
@@ -250,11 +251,21 @@ class ServingRegistry:
                     self._install(served)
 
     def _wants(self, model_id: str, version: str) -> bool:
+        """True unless ``version`` is served, or failed and was not promoted again since."""
         served = self._served.get(model_id)
         if served is not None and served.version == version:
             return False
         failed = self._failed.get(model_id)
-        return failed is None or failed[0] != version
+        return (failed is None or failed[0] != version
+                or self._failed_stamp.get(model_id) != self._pointer_stamp(model_id))
+
+    def _pointer_stamp(self, model_id: str) -> tuple | None:
+        """Identity of the pointer file (a promotion replaces it: new inode and mtime)."""
+        try:
+            st = (self.home.model_dir(model_id) / "promoted").stat()
+        except OSError:
+            return None
+        return st.st_ino, st.st_mtime_ns
 
     async def _poll(self) -> None:
         while True:
@@ -272,17 +283,18 @@ class ServingRegistry:
     # -- loading, swapping, releasing -------------------------------------------------------
     async def _load(self, model_id: str, version: str) -> Served:
         """Load and warm ``version`` in a worker thread; BackendError (recorded) if it fails."""
+        stamp = self._pointer_stamp(model_id)
         try:
             served = await asyncio.to_thread(self._load_sync, model_id, version)
         except (BackendError, ServiceError) as exc:
             reason = exc.detail if isinstance(exc, ServiceError) else str(exc)
-            self._failed[model_id] = (version, reason)
+            self._failed[model_id], self._failed_stamp[model_id] = (version, reason), stamp
             metrics.LOAD_FAILURES.labels(model=model_id).inc()
             log.error("model %s %s failed to load: %s", model_id, version, reason)
             raise BackendError(reason) from None
         except Exception as exc:  # anything else in a broken folder: same treatment
             reason = f"{type(exc).__name__}: {exc}"
-            self._failed[model_id] = (version, reason)
+            self._failed[model_id], self._failed_stamp[model_id] = (version, reason), stamp
             metrics.LOAD_FAILURES.labels(model=model_id).inc()
             log.exception("model %s %s failed to load", model_id, version)
             raise BackendError(reason) from None

@@ -180,10 +180,16 @@ def test_broken_version_promoted_elsewhere_keeps_the_old_one_serving(home, train
         pred = await reg.predict("sent", [records[0].payload])
         await reg.refresh()  # a known failure is not retried on every poll
         after_two_polls = _failures("sent")
+        # the operator mends the folder and promotes the same version again
+        shutil.copy(trained["b"] / "model.safetensors", home.version_dir("sent", v2))
+        home.promote("sent", v2)
+        await reg.refresh()
+        mended = (await reg.predict("sent", [records[0].payload])).version, reg.ready()
         await reg.stop()
-        return ok, problems, pred, after_two_polls
+        return ok, problems, pred, after_two_polls, mended
 
-    ok, problems, pred, after = run(main())
+    ok, problems, pred, after, mended = run(main())
+    assert mended == ("v2", (True, {}))
     assert pred.version == "v1"
     assert ok is True  # the model is still served ...
     assert problems["sent"].startswith("v2 failed to load") and "serving v1" in problems["sent"]
