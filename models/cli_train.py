@@ -119,7 +119,8 @@ def _rng(args):
 def register(subparsers) -> None:
     t = subparsers.add_parser("train", help="privatize a labelled TSV (or read edge records) "
                               "and fine-tune a classifier",
-                              description="Privacy-constrained fine-tuning (Qu et al. §3.3).")
+                              description="Privacy-constrained fine-tuning (Qu et al. §3.3).",
+                              allow_abbrev=False)
     t.error = _error
     src = t.add_mutually_exclusive_group(required=True)
     src.add_argument("--data", metavar="TRAIN.tsv",
@@ -129,6 +130,10 @@ def register(subparsers) -> None:
     dev.add_argument("--dev", metavar="DEV.tsv", help="dev set, privatized the same way")
     dev.add_argument("--dev-records", metavar="FILE.jsonl", help="dev records (JSONL)")
     _mechanism_args(t)
+    t.add_argument("--allow-weak-privacy", action="store_true",
+                   help="train even with parameters weaker than the privacy floor "
+                        "(shared.floor: privatized text close to the raw text); refused "
+                        "otherwise, before any work")
     t.add_argument("--base", metavar="DIR", help="BERT folder or pretraining checkpoint "
                    "(default: the packaged MiniLM-L6-H384)")
     t.add_argument("--out", required=True, metavar="DIR", help="new model version folder")
@@ -144,7 +149,8 @@ def register(subparsers) -> None:
     t.set_defaults(func=_guarded(run_train))
 
     e = subparsers.add_parser("evaluate", help="accuracy of a model on a privatized test set, "
-                              "or (--attack) the privacy evaluation of a mechanism")
+                              "or (--attack) the privacy evaluation of a mechanism",
+                              allow_abbrev=False)
     e.error = _error
     e.add_argument("--model", metavar="DIR", help="model version folder")
     esrc = e.add_mutually_exclusive_group(required=True)
@@ -171,7 +177,8 @@ def register(subparsers) -> None:
     e.set_defaults(func=_guarded(run_evaluate))
 
     x = subparsers.add_parser("export-bundle", help="write the edge bundle with encoder.onnx, "
-                              "or (--onnx) classifier.onnx into a model folder")
+                              "or (--onnx) classifier.onnx into a model folder",
+                              allow_abbrev=False)
     x.error = _error
     x.add_argument("--out", metavar="DIR", help="bundle folder to write")
     x.add_argument("--model-dir", metavar="BERT", help="BERT folder (default: MiniLM-L6-H384)")
@@ -213,9 +220,15 @@ def run_train(args) -> int:
         if args.dev_records is not None:
             raise ValueError("--data takes --dev TSV (privatized the same way), not "
                              "--dev-records")
-        res = train_from_tsv(args.data, args.out, args.mechanism, _mechanism_params(args),
-                             dev_tsv=args.dev, bundle=args.bundle, base=args.base, cfg=cfg,
-                             limit=args.limit, dev_limit=args.dev_limit, rng=rng)
+        from shared.floor import WeakPrivacyError
+
+        try:
+            res = train_from_tsv(args.data, args.out, args.mechanism, _mechanism_params(args),
+                                 dev_tsv=args.dev, bundle=args.bundle, base=args.base,
+                                 cfg=cfg, limit=args.limit, dev_limit=args.dev_limit, rng=rng,
+                                 allow_weak_privacy=args.allow_weak_privacy)
+        except WeakPrivacyError as exc:
+            raise WeakPrivacyError(f"{exc}; --allow-weak-privacy trains on it anyway") from None
     else:
         from models.data import read_records_jsonl
 
@@ -240,6 +253,9 @@ def _print_trained(res) -> None:
     print(f"model={res.model_dir}")
     print(f"mechanism={cfg['mechanism']} params={json.dumps(cfg['params'], sort_keys=True)}")
     print(f"guarantee: {summary(cfg['guarantee'])}")
+    if cfg.get("weak_privacy"):
+        print(f"weak privacy (--allow-weak-privacy): {cfg['weak_privacy']}: the training "
+              "text was close to the raw text")
     print(f"train_examples={res.n_train} dev_examples={res.n_dev} "
           f"fingerprint={res.fingerprint[:16]}")
     dev = res.metrics.get("dev")

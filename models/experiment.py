@@ -46,6 +46,7 @@ from models.privatize import (
 )
 from models.registry import check_out_dir, load_model, save_model_version
 from shared.bundle import EdgeBundle
+from shared.floor import require_privacy_floor
 from shared.payload import Record
 
 
@@ -202,12 +203,15 @@ def train_from_tsv(train_tsv: str | os.PathLike, out_dir: str | os.PathLike,
                    base: str | os.PathLike | None = None, cfg: TrainConfig | None = None,
                    limit: int | None = None, dev_limit: int | None = None,
                    rng: np.random.Generator | None = None, overwrite: bool = False,
-                   progress: bool | None = None) -> TrainResult:
+                   progress: bool | None = None,
+                   allow_weak_privacy: bool = False) -> TrainResult:
     """Privatize a labelled TSV with the edge's Privatizer and fine-tune on it.
 
     ``params``: the mechanism's arguments as for :func:`models.privatize.build_mechanism`
     (``eta``; ``epsilon``, ``calibration``, ``word_dropout``; ``lam``; ``m``, ``k``,
     ``texthide_key``). ``rng`` None = fresh OS entropy for the privatization.
+    Parameters weaker than the privacy floor (``shared.floor``) raise WeakPrivacyError
+    before any work unless ``allow_weak_privacy``; the model's config then records why.
     """
     cfg = cfg or TrainConfig()
     cfg.validate()
@@ -232,7 +236,9 @@ def train_from_tsv(train_tsv: str | os.PathLike, out_dir: str | os.PathLike,
     bundle = _as_bundle(bundle, base)
     p = dict(params or {})
     mech = build_mechanism(mechanism, bundle, **p)
-    privatizer = make_privatizer(bundle, mech, cfg.max_length)
+    weak = None if mechanism == "none" else require_privacy_floor(
+        mech, bundle, allow_weak=allow_weak_privacy)
+    privatizer = _privatizer(bundle, mech, cfg.max_length, weak is not None)
     # the backbone is checked against the bundle before the (slow) privatization
     _check_base(mechanism, bundle, base)
     records = privatize_labelled(data, names, privatizer, rng, progress=progress,
@@ -241,15 +247,34 @@ def train_from_tsv(train_tsv: str | os.PathLike, out_dir: str | os.PathLike,
     if dev_data is not None:
         dev_priv = privatizer
         if mechanism == "texthide" and getattr(mech, "k", 1) > 1:  # predictions use k = 1
-            dev_priv = make_privatizer(bundle, build_mechanism(
-                mechanism, bundle, **{**p, "k": 1}), cfg.max_length)
+            dev_priv = _privatizer(bundle, build_mechanism(
+                mechanism, bundle, **{**p, "k": 1}), cfg.max_length, weak is not None)
         dev_records = privatize_labelled(dev_data, names, dev_priv, rng, progress=progress,
                                          desc="privatize dev")
     train = dataset_from_records(records, names, where=str(train_tsv))
     dev = dataset_from_records(dev_records, names, where=str(dev_tsv)) if dev_records else None
     extra = {"source": {"train_rows": len(data), "skipped_empty": data.skipped_empty,
                         "pairs": data.pairs is not None}}
+    if weak is not None:  # trained with --allow-weak-privacy: say so next to the guarantee
+        extra["weak_privacy"] = weak
     return _train(train, dev, out_dir, bundle, base, cfg, extra, None, None, overwrite)
+
+
+def _privatizer(bundle: EdgeBundle, mech, max_length: int | None, allow_weak: bool):
+    """``models.privatize.make_privatizer``, with the privacy floor's opt-out passed on to
+    the edge's Privatizer (the same cap of ``max_length`` by the bundle and encoder)."""
+    if not allow_weak:
+        return make_privatizer(bundle, mech, max_length)
+    from edge_agent import Privatizer
+
+    if max_length is not None:
+        limit = bundle.max_length
+        enc = bundle.meta.get("encoder") or {}
+        if enc.get("max_length"):
+            limit = min(limit, int(enc["max_length"]))
+        max_length = min(max_length, limit)
+    return Privatizer(bundle, mech, max_length=max_length, truncate="first",
+                      allow_weak_privacy=True)
 
 
 def _check_base(mechanism: str, bundle: EdgeBundle, base) -> None:
@@ -318,7 +343,9 @@ def evaluate_tsv(model_dir: str | os.PathLike, tsv: str | os.PathLike, *,
         bundle = load_bundle(model_dir=base, expected_id=cfg["bundle_id"])
     mech = mechanism_from_params(cfg["mechanism"], cfg["params"], bundle, texthide_key,
                                  texthide_k=1)
-    privatizer = make_privatizer(bundle, mech, int(cfg["max_length"]))
+    # a model trained with --allow-weak-privacy is evaluated the way it was trained
+    privatizer = _privatizer(bundle, mech, int(cfg["max_length"]),
+                             bool(cfg.get("weak_privacy")))
     records = privatize_labelled(data, cfg["labels"], privatizer, rng, progress=progress,
                                  desc="privatize test")
     report = evaluate_records(model_dir, records, device=device, precision=precision)

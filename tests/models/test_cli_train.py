@@ -56,14 +56,22 @@ def one_error_line(err: str) -> str:
 
 
 def test_train_then_evaluate_tsv(capsys, data, tiny_bert_dir, tmp_path):
+    """At eta=50 the tiny table's tokens come back unchanged (the floor starts near 12):
+    training needs --allow-weak-privacy, says so, records it, and evaluation follows."""
+    from models.registry import read_config
+
     out = tmp_path / "m"
     rc, stdout, err = run(capsys, "train", "--data", str(data["train"]), "--dev",
                           str(data["dev"]), "--mechanism", "dchi-text", "--eta", "50",
-                          "--base", str(tiny_bert_dir), "--out", str(out), "--seed", "3", *FAST)
+                          "--base", str(tiny_bert_dir), "--out", str(out), "--seed", "3",
+                          "--allow-weak-privacy", *FAST)
     assert rc == 0, err
     assert "seed" in err and "warning" in err  # a known seed removes the protection
     assert f"model={out}" in stdout and re.search(r"dev_accuracy=0\.\d{4}", stdout)
     assert "guarantee: dchi-text" in stdout
+    assert "weak privacy (--allow-weak-privacy): dchi-text eta=50 is weaker than the privacy " \
+           "floor" in stdout
+    assert "weaker than the privacy floor" in read_config(out)["weak_privacy"]
     rc, stdout, err = run(capsys, "evaluate", "--model", str(out), "--data", str(data["dev"]),
                           "--no-progress")
     assert rc == 0, err
@@ -76,7 +84,7 @@ def test_sentence_pairs_tsv(capsys, tiny_bert_dir, tmp_path):
     tsv = write_tsv(tmp_path / "pairs.tsv", texts, labels, pairs=pairs)
     out = tmp_path / "m"
     rc, stdout, err = run(capsys, "train", "--data", str(tsv), "--dev", str(tsv), "--mechanism",
-                          "dchi-embedding", "--eta", "50", "--base", str(tiny_bert_dir), "--out",
+                          "dchi-embedding", "--eta", "5", "--base", str(tiny_bert_dir), "--out",
                           str(out), *FAST)
     assert rc == 0, err
     rc, stdout, err = run(capsys, "evaluate", "--model", str(out), "--data", str(tsv),
@@ -111,13 +119,13 @@ def test_base_checkpoint_provenance(capsys, tiny_bert_dir, tiny_encoder_bundle, 
 
     shutil.copytree(tiny_bert_dir, pre)
     (pre / "pretrain.json").write_text(json.dumps(
-        {"objective": "denoising", "mechanism": "dchi-text", "eta": 60.0, "steps": 3}))
-    for eta, warned in (("60", False), ("61", True)):
+        {"objective": "denoising", "mechanism": "dchi-text", "eta": 6.0, "steps": 3}))
+    for eta, warned in (("6", False), ("7", True)):
         out = tmp_path / f"m{eta}"
         rc, _, err = run(capsys, "train", "--data", str(tsv), "--mechanism", "dchi-text",
                          "--eta", eta, "--base", str(pre), "--out", str(out), *FAST)
         assert rc == 0, err
-        assert ("was pretrained with dchi-text eta=60.0" in err) is warned
+        assert ("was pretrained with dchi-text eta=6.0" in err) is warned
         cfg = read_config(out)["pretraining"]
         assert cfg["objective"] == "denoising" and cfg["matches"] is not warned
 
@@ -224,7 +232,7 @@ def test_base_of_another_bundle_or_dimension(capsys, tiny_bert_dir, tiny_bert_bu
     wider = make_full_tiny_bert(tmp_path / "wider", dim=24, seed=0)
     for base, word in ((other, "differ"), (wider, "do not match")):
         rc, _, err = run(capsys, "train", "--data", str(data["train"]), "--mechanism",
-                         "dchi-text", "--eta", "50", "--bundle", str(bdir), "--base", str(base),
+                         "dchi-text", "--eta", "5", "--bundle", str(bdir), "--base", str(base),
                          "--out", str(tmp_path / "o"), *FAST)
         assert rc == 2
         assert word in one_error_line(err)
@@ -316,3 +324,24 @@ def test_evaluate_records_with_an_id_outside_the_vocabulary(capsys, tiny_bert_di
                      str(tmp_path / "bad.jsonl"))
     assert rc == 2, err
     assert "outside the model's vocabulary" in one_error_line(err)
+
+
+@pytest.mark.parametrize(("params", "needle"), [
+    (["--mechanism", "dchi-text", "--eta", "50"], "weaker than the privacy floor"),
+    (["--mechanism", "dchi-embedding", "--eta", "1e308"], "worst-case epsilon per token"),
+    (["--mechanism", "dchi-text", "--eta", "1e-40"], "eta=1e-40 is too small to compute"),
+], ids=["weak", "infinite worst case", "uncomputable"])
+def test_train_refuses_parameters_below_the_floor_before_any_work(
+        params, needle, capsys, data, tiny_bert_dir, tmp_path, no_training, monkeypatch):
+    """Refused with exit 2 and one line (naming --allow-weak-privacy where it applies),
+    before privatization or training; nothing is written."""
+    def no_privatize(*a, **k):
+        raise AssertionError("privatization started")
+
+    monkeypatch.setattr(models.experiment, "privatize_labelled", no_privatize)
+    rc, _, err = run(capsys, "train", "--data", str(data["train"]), *params, "--base",
+                     str(tiny_bert_dir), "--out", str(tmp_path / "o"), *FAST)
+    line = one_error_line(err)
+    assert rc == 2 and needle in line
+    assert ("--allow-weak-privacy" in line) is (needle != "eta=1e-40 is too small to compute")
+    assert "RuntimeWarning" not in err and not (tmp_path / "o").exists()
