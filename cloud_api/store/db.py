@@ -162,6 +162,16 @@ class Database:
             command.upgrade(self._alembic_config(conn), revision)
         return self.current()
 
+    def downgrade(self, revision: str) -> str | None:
+        """Undo migrations down to ``revision`` (``"base"``: an empty database)."""
+        from alembic import command
+
+        with self.begin(write=True) as conn:
+            if self.dialect == "postgresql":
+                conn.execute(text("SELECT pg_advisory_xact_lock(:k)"), {"k": _LOCK_ID})
+            command.downgrade(self._alembic_config(conn), revision)
+        return self.current()
+
     def prepare(self) -> None:
         """At server start: upgrade when :attr:`auto_upgrade`, otherwise check that the
         database is at the code's head (RuntimeError with the command to run if not). A

@@ -1,0 +1,190 @@
+"""The database layer on SQLite and PostgreSQL: migrations on an empty database (also
+from several processes' worth of threads at once), `cloud-api db`, task declarations,
+and outages that raise Unavailable and heal by themselves."""
+
+from __future__ import annotations
+
+import sqlite3
+import threading
+
+import pytest
+from sqlalchemy import inspect, select
+
+from cloud_api.errors import Conflict, InvalidRequest, Unavailable
+from cloud_api.store import records as store
+from cloud_api.store import tasks
+from cloud_api.store.db import Database
+from cloud_api.store.tables import records as records_table
+from shared.mechanisms import DChiText
+from shared.payload import Limits
+from tests.cloud_api.store.conftest import ETA, privatize, raw_records
+
+
+def test_migrations_on_an_empty_database(db_url):
+    db = Database(db_url)
+    try:
+        assert db.current() is None and db.head() is not None
+        assert db.upgrade() == db.head() == db.current()
+        names = set(inspect(db.engine).get_table_names())
+        assert {"tasks", "records", "idempotency", "alembic_version"} <= names
+        idx = {i["name"] for i in inspect(db.engine).get_indexes("records")}
+        assert {"ix_records_task_id_id", "ix_records_task_id_label", "ix_records_key_id"} <= idx
+        uq = inspect(db.engine).get_unique_constraints("idempotency")
+        assert [u["column_names"] for u in uq] == [["key_id", "idempotency_key"]]
+        assert db.downgrade("base") is None  # every downgrade runs too
+        assert not {"tasks", "records"} & set(inspect(db.engine).get_table_names())
+        assert db.upgrade() == db.head()
+    finally:
+        db.dispose()
+
+
+def test_concurrent_upgrades_are_serialized(db_url):
+    dbs = [Database(db_url, busy_timeout_s=30) for _ in range(4)]
+    start = threading.Barrier(len(dbs))
+    out: list = [None] * len(dbs)
+
+    def run(i: int) -> None:
+        start.wait()
+        try:
+            out[i] = dbs[i].upgrade()
+        except Exception as exc:  # noqa: BLE001 - shown by the assertion
+            out[i] = exc
+
+    threads = [threading.Thread(target=run, args=(i,)) for i in range(len(dbs))]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(120)
+    assert out == [dbs[0].head()] * len(dbs), out
+    for d in dbs:
+        d.dispose()
+
+
+def test_cli_db_upgrade_and_current(tmp_path):
+    from tests.cloud_api.conftest import cloud_api
+
+    url = f"sqlite:///{tmp_path / 'cli.db'}"
+    r = cloud_api("db", "current", "--database-url", url, "--check")
+    assert r.returncode == 1 and "revision none (empty)" in r.stdout
+    r = cloud_api("db", "upgrade", "--database-url", url)
+    assert r.returncode == 0 and "upgraded from empty to" in r.stdout, r.stderr
+    db = Database(url)
+    assert db.current() == db.head()
+    db.dispose()
+
+
+def test_postgres_not_migrated_refuses_to_start_unless_auto_upgrade(fresh_postgres_url):
+    db = Database(fresh_postgres_url)
+    with pytest.raises(RuntimeError, match="cloud-api db upgrade"):
+        db.prepare()  # PostgreSQL is not migrated by the server unless told to
+    Database(fresh_postgres_url, auto_upgrade=True).prepare()
+    db.prepare()  # at head now
+    db.dispose()
+
+
+def test_task_declarations_are_immutable(db, tiny_bundle):
+    bid = tiny_bundle.bundle_id
+    t, created = tasks.ensure_task(db, "lap", ["a", "b", "c"], "laplace", {"epsilon": 2},
+                                   bid)
+    assert created and t.params == {"epsilon": 2.0, "calibration": "vector",
+                                    "word_dropout": 0.0}
+    same, created = tasks.ensure_task(db, "lap", ["a", "b", "c"], "laplace",
+                                      {"epsilon": 2.0, "calibration": "vector"}, bid)
+    assert not created and same.id == t.id
+    for change, msg in [({"labels": ["a", "b"]}, "labels"),
+                        ({"params": {"epsilon": 2, "calibration": "coordinate"}},
+                         "calibration coordinate sent, task has calibration vector"),
+                        ({"mechanism": "ome", "params": {"epsilon": 1, "lam": 1}},
+                         "mechanism ome sent"),
+                        ({"bundle_id": "0" * 64}, "bundle 000000000000")]:
+        args = {"name": "lap", "labels": ["a", "b", "c"], "mechanism": "laplace",
+                "params": {"epsilon": 2}, "bundle_id": bid, **change}
+        with pytest.raises(Conflict, match=msg):
+            tasks.ensure_task(db, **args)
+    with pytest.raises(InvalidRequest):
+        tasks.ensure_task(db, "bad", ["a", "b"], "laplace", {"eps": 2}, bid)
+    with pytest.raises(InvalidRequest):
+        tasks.ensure_task(db, "bad", ["a", "a"], "dchi-text", {"eta": 1}, bid)
+    with pytest.raises(InvalidRequest):
+        tasks.ensure_task(db, "../x", ["a", "b"], "dchi-text", {"eta": 1}, bid)
+    assert tasks.get_task(db, "lap").public() == {
+        "task": "lap", "labels": ["a", "b", "c"], "mechanism": "laplace",
+        "params": {"epsilon": 2.0, "calibration": "vector", "word_dropout": 0.0},
+        "bundle_id": bid}
+
+
+def test_racing_declarations_create_one_task(db, tiny_bundle):
+    n = 5
+    start = threading.Barrier(n)
+    out: list = [None] * n
+
+    def run(i: int) -> None:
+        start.wait()
+        out[i] = tasks.ensure_task(db, "race", ["x", "y"], "dchi-text", {"eta": ETA},
+                                   tiny_bundle.bundle_id)
+
+    threads = [threading.Thread(target=run, args=(i,)) for i in range(n)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(60)
+    assert sorted(c for _, c in out) == [False] * (n - 1) + [True]
+    assert len({t.id for t, _ in out}) == 1
+
+
+def test_list_tasks_counts_per_label(db, task, tiny_bundle):
+    raw = raw_records(privatize(tiny_bundle, DChiText(tiny_bundle, ETA), 5), [1, 1, 0, 1, 1])
+    recs = store.validate_records(task, raw, Limits.for_bundle(tiny_bundle,
+                                                               labels=task.labels))
+    store.add_records(db, task, recs, "k1")
+    tasks.ensure_task(db, "empty", ["u", "v"], "dchi-text", {"eta": ETA},
+                      tiny_bundle.bundle_id)
+    got = {t["task"]: t for t in tasks.list_tasks(db)}
+    assert got["sst2"]["counts"] == {"neg": 1, "pos": 4} and got["sst2"]["records"] == 5
+    assert got["empty"]["counts"] == {"u": 0, "v": 0} and got["empty"]["soft"] == 0
+
+
+def test_sqlite_locked_past_busy_timeout_is_unavailable_then_heals(tmp_path, tiny_bundle):
+    path = tmp_path / "locked.db"
+    db = Database(f"sqlite:///{path}", busy_timeout_s=0.2)
+    db.upgrade()
+    t = tasks.ensure_task(db, "s", ["neg", "pos"], "dchi-text", {"eta": ETA},
+                          tiny_bundle.bundle_id)[0]
+    recs = store.validate_records(t, raw_records(privatize(
+        tiny_bundle, DChiText(tiny_bundle, ETA), 3)), Limits.for_bundle(tiny_bundle))
+    other = sqlite3.connect(path, isolation_level=None)
+    other.execute("BEGIN EXCLUSIVE")
+    try:
+        with pytest.raises(Unavailable) as err:
+            store.add_records(db, t, recs, "k1", "i-1", "d" * 64)
+        assert err.value.status == 503 and err.value.retry_after
+    finally:
+        other.execute("ROLLBACK")
+        other.close()
+    assert len(store.add_records(db, t, recs, "k1", "i-1", "d" * 64).ids) == 3
+    db.dispose()
+
+
+def test_postgres_outage_is_unavailable_then_heals(pg_cluster, fresh_postgres_url,
+                                                   tiny_bundle):
+    db = Database(fresh_postgres_url, connect_timeout_s=1)
+    db.upgrade()
+    t = tasks.ensure_task(db, "p", ["neg", "pos"], "dchi-text", {"eta": ETA},
+                          tiny_bundle.bundle_id)[0]
+    recs = store.validate_records(t, raw_records(privatize(
+        tiny_bundle, DChiText(tiny_bundle, ETA), 3)), Limits.for_bundle(tiny_bundle))
+    store.add_records(db, t, recs, "k1")  # pooled connections exist now
+    pg_cluster.stop()
+    try:
+        for call in (db.ping, lambda: tasks.get_task(db, "p"),
+                     lambda: store.add_records(db, t, recs, "k1"),
+                     lambda: store.delete_records(db, key_id="k1")):
+            with pytest.raises(Unavailable):
+                call()
+    finally:
+        pg_cluster.start()
+    db.ping()  # the same Database: broken connections were dropped, new ones work
+    store.add_records(db, t, recs, "k1")
+    with db.begin() as conn:
+        assert len(conn.execute(select(records_table.c.id)).all()) == 6
+    db.dispose()
