@@ -118,3 +118,58 @@ def test_sentence_epsilon_sums_the_per_token_bound(tiny_bundle):
     lap = guarantee(Laplace(1.0, "vector"), dim=8)
     assert sentence_epsilon(lap, 12) == pytest.approx(1.0)  # already per sentence
     assert sentence_epsilon(guarantee(TextHide(4, 1, 8, seed=2**100)), 12) is None
+
+
+# -- issue 13: OME with λ < 1, where the ratios λ = 100 never needs decide the sum --------------
+def ratios(p: float, q: float) -> dict[str, float]:
+    """The four likelihood ratios of one randomized-response bit, by hand."""
+    return {"p/q": p / q, "q/p": q / p, "(1-p)/(1-q)": (1 - p) / (1 - q),
+            "(1-q)/(1-p)": (1 - q) / (1 - p)}
+
+
+@pytest.mark.parametrize(("p", "q", "largest"), [(0.6, 0.1, "p/q"), (0.1, 0.6, "q/p"),
+                                                 (0.5, 0.6, "(1-p)/(1-q)"),
+                                                 (0.6, 0.5, "(1-q)/(1-p)")])
+def test_bit_flip_epsilon_uses_each_of_the_four_ratios(p, q, largest):
+    """Each case has a different ratio strictly largest: dropping any of the four from the
+    per-bit maximum changes one of these sums."""
+    r = ratios(p, q)
+    assert max(r, key=r.get) == largest and sorted(r.values())[-2] < r[largest]
+    assert bit_flip_epsilon(np.array([p, p, p]), q) == pytest.approx(3 * math.log(r[largest]),
+                                                                      rel=1e-12)
+
+
+@pytest.mark.parametrize(("eps", "lam", "dim"), [(1.0, 0.5, 3), (5.0, 0.2, 2), (2.0, 0.9, 4),
+                                                 (0.1, 0.05, 1), (1.0, 100.0, 2)])
+def test_ome_worst_case_by_hand_for_small_lambda(eps, lam, dim):
+    """Σ over every bit of ln max(p_i/q, q/p_i, (1-p_i)/(1-q), (1-q)/(1-p_i)) with p_i and q
+    of Eq. 2-3 computed here, position by position (i even: λ/(1+λ), odd: 1/(1+λ³))."""
+    n = dim * 10
+    q = 1 / (1 + lam * math.exp(eps / n))
+    total, winners = 0.0, set()
+    for i in range(n):
+        p = lam / (1 + lam) if i % 2 == 0 else 1 / (1 + lam**3)
+        r = ratios(p, q)
+        total += math.log(max(r.values()))
+        winners.add(max(r, key=r.get))
+    g = guarantee(OME(eps, lam, dim))
+    assert g["worst_case"]["epsilon"] == pytest.approx(total, rel=1e-12)
+    if lam < 1:  # odd bits: p_i > q, and (1-q)/(1-p_i) is the largest (never at λ = 100)
+        assert "(1-q)/(1-p)" in winners
+
+
+@pytest.mark.parametrize(("eps", "lam"), [(1.0, 0.5), (5.0, 0.2), (2.0, 3.0), (1.0, 100.0)])
+def test_bit_probabilities_match_flip_probabilities_position_by_position(eps, lam):
+    """bit_probabilities()[i] is Pr[1 -> 1] of Eq. 2 at position i (0-based in the whole
+    r·l vector): λ/(1+λ) at even i, 1/(1+λ³) at odd i; q of Eq. 3 for every bit. Swapping
+    even and odd, or the parity of the first bit, fails here (λ ≠ 1)."""
+    dim = 3
+    ome = OME(eps, lam, dim)
+    n = dim * 10
+    p, q = ome.bit_probabilities()
+    assert p.shape == (n,)
+    expected = [lam / (1 + lam) if i % 2 == 0 else 1 / (1 + lam**3) for i in range(n)]
+    np.testing.assert_allclose(p, expected, rtol=1e-12)
+    assert q == pytest.approx(1 / (1 + lam * math.exp(eps / n)), rel=1e-12)
+    p_even, p_odd, q2 = ome.flip_probabilities()
+    assert (p_even, p_odd, q2) == pytest.approx((expected[0], expected[1], q), rel=1e-12)

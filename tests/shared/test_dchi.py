@@ -197,3 +197,84 @@ def test_exact_search_property(rows, dim, seed, spread):
     queries = np.concatenate([table[:5].astype(np.float64), rng.normal(size=(30, dim)) * spread])
     np.testing.assert_array_equal(ExactNearest(table, chunk=7).search(queries),
                                   brute_force_nearest(table, queries))
+
+
+# -- issue 13: tests that notice plausible one-line mistakes ----------------------------------
+def test_dchi_text_draws_its_own_gamma_noise_for_every_token(minilm_bundle):
+    """noisy_embeddings(ids) - embeddings[ids]: radius ~ Gamma(n, 1/η) and uniform direction
+    token by token, the same token repeated included. One vector drawn for a whole call
+    (or per distinct token) gives identical radii: the KS test rejects it (p ~ 0)."""
+    b, eta = minilm_bundle, 65.0
+    rng = np.random.default_rng(21)
+    ids = np.concatenate([np.full(3000, b.regular_ids[500]), rng.choice(b.regular_ids, 3000)])
+    mech = DChiText(b, eta)
+    noise = mech.noisy_embeddings(ids, rng) - b.embeddings[ids].astype(np.float64)
+    assert radius_pvalue(noise, eta) > ALPHA
+    assert min(direction_pvalues(noise)) > ALPHA
+    assert np.unique(np.linalg.norm(noise, axis=1)).size == ids.size  # no vector reused
+    # the test has teeth: one noise vector for the call fails it
+    shared = np.repeat(noise[:1], ids.size, axis=0)
+    assert radius_pvalue(shared, eta) < 1e-12
+
+
+def test_score_bound_formula_is_pinned():
+    """4 γ_{w+4} (2 ||y|| t_max + t_max²), γ_k = k u / (1 - k u), u = 2^-24, w = the table
+    width n+1 padded to a multiple of 16 (nearest.py, step 2). Random data cannot tell a
+    far too small bound from the right one; the formula can."""
+    rng = np.random.default_rng(3)
+    u = 2.0**-24
+    for dim in (1, 15, 16, 17, 384, 768):
+        table = (rng.normal(size=(40, dim)) * 3).astype(np.float32)
+        idx = ExactNearest(table)
+        width = -(-(dim + 1) // 16) * 16
+        k = width + 4
+        gamma = k * u / (1 - k * u)
+        t = np.sqrt((table.astype(np.float64) ** 2).sum(axis=1).max())
+        norms = np.array([0.0, 1.0, 123.456, 1e6])
+        np.testing.assert_allclose(idx.score_bound(norms),
+                                   4 * gamma * (2 * norms * t + t * t), rtol=1e-12)
+
+
+def direct_nearest(table: np.ndarray, queries: np.ndarray, chunk: int = 256) -> np.ndarray:
+    """argmin of ||t - y||² in float64, direct form, lowest index on ties: exact for the
+    near-tie queries below (midpoints of float32 rows are exact in float64)."""
+    t = table.astype(np.float64)
+    out = np.empty(len(queries), dtype=np.int64)
+    for s in range(0, len(queries), chunk):
+        d = ((t[None, :, :] - queries[s : s + chunk, None, :]) ** 2).sum(axis=-1)
+        out[s : s + chunk] = d.argmin(axis=1)
+    return out
+
+
+def adversarial_near_ties(seed: int, dim: int = 64, rows: int = 100, scale: float = 1e3):
+    """Rows of norm ~1e3 with twins 1e-5 away (closer than float32 scores can tell apart),
+    exact duplicates, and queries at and just off the midpoints of twins and of unrelated
+    rows, and on duplicated rows (a tie the lower index wins)."""
+    rng = np.random.default_rng(seed)
+    base = (rng.normal(size=(rows, dim)) * scale / np.sqrt(dim)).astype(np.float32)
+    twins = (base + rng.normal(size=(rows, dim)) * scale * 1e-5 / np.sqrt(dim)).astype(
+        np.float32)
+    table = np.concatenate([base, twins, base[:10]])
+    a, b = base.astype(np.float64), twins.astype(np.float64)
+    mid, d = (a + b) / 2, b - a
+    other = np.roll(a, 1, axis=0)
+    queries = [mid] + [mid + s * d for s in (1e-1, -1e-1, 1e-2, -1e-2, 1e-3, -1e-3)]
+    queries += [(a + other) / 2, (a + other) / 2 + 1e-6 * (other - a), a[:10]]
+    return table, np.concatenate(queries)
+
+
+def test_exact_search_on_adversarial_near_ties_and_a_too_small_bound_fails():
+    """With its bound the search returns the exact nearest id on every adversarial query;
+    the same search with the bound 300 times smaller returns wrong ids there (so a bound
+    shrunk by hundreds does not pass this test)."""
+    wrong_with_small_bound = 0
+    for seed in range(3):
+        table, queries = adversarial_near_ties(seed)
+        expected = direct_nearest(table, queries)
+        idx = ExactNearest(table, chunk=128)
+        np.testing.assert_array_equal(idx.search(queries), expected)
+        assert idx.last_rerank_count >= 700  # the near ties went to the float64 re-rank
+        small = ExactNearest(table, chunk=128)
+        small.score_bound = lambda norms, full=small.score_bound: full(norms) / 300
+        wrong_with_small_bound += int((small.search(queries) != expected).sum())
+    assert wrong_with_small_bound > 0
