@@ -44,7 +44,7 @@ if TYPE_CHECKING:
 
 THRESHOLD = 0.99
 FLOOR_TOKENS = 1000  # (token, direction) pairs of the dχ estimate
-DIRECTIONS = 64  # distinct directions among them
+DIRECTIONS = 256  # distinct directions among them on a large table
 LAPLACE_STEP = float(np.finfo(np.float32).eps)  # 2^-23: the float32 step at 1
 TAIL = 40.0  # noise tails are bounded with probability 1 - e^-40 (about 4e-18)
 _F32_MAX = float(np.finfo(np.float32).max)
@@ -84,11 +84,15 @@ class DChiFloor:
         rows = (np.resize(rng.permutation(v), tokens) if tokens >= v
                 else rng.choice(v, size=tokens, replace=False))
         # directions: a pool of uniform unit vectors, pair i uses direction i mod pool (each
-        # pair is still a uniform token with a uniform direction; one small GEMM for all)
-        u = rng.standard_normal((min(DIRECTIONS, rows.size), self.dim))
+        # pair is still a uniform token with a uniform direction). A large table gets
+        # DIRECTIONS of them (one GEMM of that many rows instead of one per pair); a small
+        # one a direction per pair, as the shared directions would dominate its variance.
+        ndir = rows.size if t.size * rows.size <= 5e8 else min(rows.size, DIRECTIONS)
+        u = rng.standard_normal((ndir, self.dim))
         u /= np.linalg.norm(u, axis=1, keepdims=True)
         u = u.astype(np.float32)
         which = np.arange(rows.size) % u.shape[0]
+        self.rows, self.directions, self.which = rows, u, which  # pair i: rows[i], u[which[i]]
         ut_all = u @ t.T  # (directions, V)
         # identical rows: the exact search returns the lowest row, the others never
         first_of: dict[bytes, int] = {}
