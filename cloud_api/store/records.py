@@ -7,16 +7,20 @@ honour idempotency keys, erase, and read back a snapshot for retraining.
     stored.ids                                              # in request order
     watermark, rows = snapshot(db, "sst2")                  # (id, shared.payload.Record)
 
-A request's records are inserted in one transaction with one multi-row INSERT ...
-RETURNING id. With an ``Idempotency-Key`` the (key id, idempotency key) row is inserted
-first in that same transaction under a unique constraint: a retry after the commit finds
-it and gets the same ids; a retry racing the first request waits on the constraint
-(PostgreSQL) or on the write lock taken by BEGIN IMMEDIATE (SQLite) and then finds it.
+A request's records are inserted in one transaction: ids allocated first, then one
+executemany (SQLite) or COPY (PostgreSQL), see ``store/bulk.py``. With an
+``Idempotency-Key`` the (key id, idempotency key) row, holding the ids, is inserted before
+the records in that same transaction under a unique constraint: a retry after the commit
+finds it and gets the same ids; a retry racing the first request waits on the constraint
+(PostgreSQL: its INSERT blocks until the first commits, then fails with a unique
+violation, and the stored answer is read) or on the write lock that BEGIN IMMEDIATE takes
+(SQLite: it begins after the first commits and finds the row).
 """
 
 from __future__ import annotations
 
 import hashlib
+import re
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
@@ -25,10 +29,11 @@ from typing import Annotated, Any
 import numpy as np
 import orjson
 from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError
-from sqlalchemy import and_, delete, func, insert, select, update
+from sqlalchemy import and_, delete, func, insert, select
 from sqlalchemy.exc import IntegrityError
 
 from cloud_api.errors import InvalidRequest, PayloadMismatch
+from cloud_api.store import bulk
 from cloud_api.store.db import Database
 from cloud_api.store.tables import idempotency, records
 from cloud_api.store.tasks import (
@@ -46,7 +51,9 @@ try:  # SIMD base64 where installed (a cloud dependency); the standard library o
 except ImportError:  # pragma: no cover
     from base64 import b64decode, b64encode
 
-_RECORD = TypeAdapter(Record)
+_RECORDS = TypeAdapter(list[Record])
+_HEX64 = re.compile(r"[0-9a-f]{64}")
+MISMATCH = "payload_mismatch"
 _ARRAY_FIELD = {m: cls.array_field for m, cls in PAYLOAD_CLASSES.items()}
 _SOFT_DTYPE = "<f8"  # soft labels round-trip exactly
 _MAX_ERRORS = 20
@@ -98,7 +105,7 @@ def body_digest(env: RecordsBody) -> str:
                           ).hexdigest()
 
 
-def _mismatch(i: int, task: Task, raw: Any) -> str | None:
+def _mismatch(task: Task, raw: Any) -> str | None:
     """A difference of mechanism or bundle seen before full validation (whose size checks
     for the task's bundle would otherwise report it less plainly)."""
     p = raw.get("payload") if isinstance(raw, dict) else None
@@ -106,12 +113,15 @@ def _mismatch(i: int, task: Task, raw: Any) -> str | None:
         return None
     mech, bid = p.get("mechanism"), p.get("bundle_id")
     if isinstance(mech, str) and mech in PAYLOAD_CLASSES and mech != task.mechanism:
-        return f"record {i}: mechanism {mech} sent, task accepts {task.mechanism}"
-    if (isinstance(bid, str) and len(bid) == 64 and all(c in "0123456789abcdef" for c in bid)
-            and bid != task.bundle_id):
-        return (f"record {i}: bundle {bid[:12]}… sent, task accepts {task.bundle_id[:12]}… "
-                f"(fetch the task's bundle)")
+        return f"mechanism {mech} sent, task accepts {task.mechanism}"
+    if isinstance(bid, str) and bid != task.bundle_id and _HEX64.fullmatch(bid):
+        return (f"bundle {bid[:12]}… sent, task accepts {task.bundle_id[:12]}… "
+                "(fetch the task's bundle)")
     return None
+
+
+def _issue(i: int, loc: Sequence, msg: str, kind: str) -> dict:
+    return {"loc": ["records", i, *loc], "msg": msg, "type": kind}
 
 
 def validate_records(task: Task, raw: Sequence[Any], limits: Limits) -> list[Record]:
@@ -119,62 +129,50 @@ def validate_records(task: Task, raw: Sequence[Any], limits: Limits) -> list[Rec
     labels=task.labels)``): payload schema and sizes, mechanism, parameters, bundle, and a
     label of the task. :class:`InvalidRequest` / :class:`PayloadMismatch` naming the first
     bad record; nothing is returned unless every record is good."""
-    out: list[Record] = []
-    errors: list[dict] = []
-    first: str | None = None
-    mismatch = False
-    ctx = {"limits": limits}
-    want = compared_params(task.mechanism, task.params)
-    for i, obj in enumerate(raw):
-        msg = _mismatch(i, task, obj)
-        if msg is None:
-            try:
-                rec = _RECORD.validate_python(obj, context=ctx)
-            except ValidationError as exc:
-                errs = exc.errors(include_input=False, include_url=False, include_context=False)
-                errors += [{"loc": ["records", i, *e["loc"]], "msg": e["msg"],
-                            "type": e["type"]} for e in errs]
-                e0 = errs[0]
-                at = ".".join(str(x) for x in e0["loc"])
-                first = first or f"record {i}: {at + ': ' if at else ''}{e0['msg']}"
-                if len(errors) >= _MAX_ERRORS:
-                    break
-                continue
+    issues = [_issue(i, ["payload"], msg, MISMATCH) for i, obj in enumerate(raw)
+              if (msg := _mismatch(task, obj)) is not None]
+    recs: list[Record] = []
+    if not issues:  # one pydantic call for the whole list
+        try:
+            recs = _RECORDS.validate_python(list(raw), context={"limits": limits})
+        except ValidationError as exc:
+            issues = [_issue(e["loc"][0], e["loc"][1:], e["msg"], e["type"]) for e in
+                      exc.errors(include_input=False, include_url=False,
+                                 include_context=False)]
+    if not issues:
+        want = compared_params(task.mechanism, task.params)
+        for i, rec in enumerate(recs):
             p = rec.payload
             diff = params_difference(compared_params(p.mechanism, p.params.model_dump()), want)
             if diff:
-                msg = f"record {i}: {diff}"
+                issues.append(_issue(i, ["payload", "params"], diff, MISMATCH))
             elif rec.label is None:
-                errors.append({"loc": ["records", i, "label"], "msg": "a label is required",
-                               "type": "missing"})
-                first = first or f"record {i}: a label is required"
-                continue
-            else:
-                out.append(rec)
-                continue
-        mismatch = mismatch or first is None
-        errors.append({"loc": ["records", i, "payload"], "msg": msg.split(": ", 1)[1],
-                       "type": "payload_mismatch"})
-        first = first or msg
-    if errors:
-        more = f" (and {len(errors) - 1} more)" if len(errors) > 1 else ""
-        cls = PayloadMismatch if mismatch else InvalidRequest
-        raise cls(f"{first}{more}; nothing was stored", errors=errors)
-    return out
+                issues.append(_issue(i, ["label"], "a label is required", "missing"))
+    if issues:
+        first = issues[0]
+        at = ".".join(str(x) for x in first["loc"][2:])
+        where = "" if first["type"] == MISMATCH or not at else f"{at}: "
+        more = f" (and {len(issues) - 1} more)" if len(issues) > 1 else ""
+        cls = PayloadMismatch if first["type"] == MISMATCH else InvalidRequest
+        raise cls(f"record {first['loc'][1]}: {where}{first['msg']}{more}; nothing was "
+                  "stored", errors=issues[:_MAX_ERRORS])
+    return recs
 
 
 # -- writing ---------------------------------------------------------------------------------
-def _row(task: Task, rec: Record, key_id: str, now: datetime) -> dict:
+def _row(task: Task, rec: Record, key_id: str, created_at) -> tuple:
+    """A row for :func:`bulk.write_rows` without its id (``bulk.COLUMNS[1:]``)."""
     p = rec.payload
     arr = getattr(p, _ARRAY_FIELD[p.mechanism])
     lab = rec.label
-    label, soft = (None, np.asarray(lab, dtype=_SOFT_DTYPE).tobytes()) if isinstance(
-        lab, list) else (task.labels[lab] if isinstance(lab, int) else lab, None)
+    if isinstance(lab, list):
+        label, soft = None, np.asarray(lab, dtype=_SOFT_DTYPE).tobytes()
+    else:
+        label, soft = (task.labels[lab] if isinstance(lab, int) else lab), None
     seg = getattr(p, "segments", None)
-    return {"task_id": task.id, "label": label, "soft_label": soft, "mechanism": p.mechanism,
-            "params": p.params.model_dump(), "bundle_id": p.bundle_id, "dtype": arr.dtype,
-            "shape": list(arr.shape), "segments": list(seg) if seg else None,
-            "payload": b64decode(arr.data), "key_id": key_id, "created_at": now}
+    return (task.id, label, soft, p.mechanism, p.params.model_dump_json(), p.bundle_id,
+            arr.dtype, bulk.json_text(list(arr.shape)), bulk.json_text(seg),
+            b64decode(arr.data), key_id, created_at)
 
 
 def _prior(conn, key_id: str, key: str):
@@ -206,22 +204,20 @@ def add_records(db: Database, task: Task, recs: Sequence[Record], key_id: str,
     if idempotency_key is not None and digest is None:
         raise ValueError("an idempotency key needs the body digest")
     now = datetime.now(UTC)
-    rows = [_row(task, r, key_id, now) for r in recs]
-    stmt = insert(records).returning(records.c.id, sort_by_parameter_order=True)
     try:
         with db.begin(write=True) as conn:
-            idem_id = None
             if idempotency_key is not None:
                 prior = _prior(conn, key_id, idempotency_key)
                 if prior is not None:
                     return _replay(prior, digest)
-                idem_id = conn.execute(insert(idempotency).values(
+            ids = bulk.allocate_ids(conn, len(recs))
+            if idempotency_key is not None:  # a racing twin waits here (PostgreSQL)
+                conn.execute(insert(idempotency).values(
                     key_id=key_id, idempotency_key=idempotency_key, body_sha256=digest,
-                    record_ids=[], created_at=now).returning(idempotency.c.id)).scalar_one()
-            ids = [int(i) for i in conn.execute(stmt, rows).scalars()] if rows else []
-            if idem_id is not None:
-                conn.execute(update(idempotency).where(idempotency.c.id == idem_id)
-                             .values(record_ids=ids))
+                    record_ids=ids, created_at=now))
+            when = bulk.created_at_value(conn, now)
+            bulk.write_rows(conn, [(i, *_row(task, r, key_id, when))
+                                   for i, r in zip(ids, recs, strict=True)])
             return Stored(ids)
     except IntegrityError:
         if idempotency_key is None:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import threading
 from base64 import b64decode, b64encode
+from datetime import datetime
 
 import numpy as np
 import pytest
@@ -43,8 +44,11 @@ def test_records_stored_in_order_with_class_names(db, task, tiny_bundle):
     assert not stored.replayed
     with db.begin() as conn:
         rows = conn.execute(select(records_table.c.id, records_table.c.label,
-                                   records_table.c.key_id, records_table.c.mechanism)
+                                   records_table.c.key_id, records_table.c.mechanism,
+                                   records_table.c.params, records_table.c.created_at)
                             .order_by(records_table.c.id)).all()
+    assert all(isinstance(r.created_at, datetime) for r in rows)
+    assert {r.params["eta"] for r in rows} == {ETA}
     assert [r.id for r in rows] == stored.ids
     assert [r.label for r in rows] == ["neg", "pos", "pos", "neg", "pos", "neg", "neg", "pos",
                                        "pos", "neg"]
