@@ -1,0 +1,239 @@
+"""Record ingestion: records/s through the real HTTP server into SQLite and PostgreSQL.
+
+SST-2 training sentences are privatized once with the edge's ``Privatizer``
+(``dchi-text``, η = 65, the default MiniLM bundle) into batches of 256 labelled records;
+the same request bodies are then posted again and again. For each database, in the same
+run:
+
+* baseline: the store's own insert called directly in this process
+  (``store.records.add_records`` on records already validated), and the whole
+  non-HTTP path (envelope parse + validation against the task + insert);
+* ``cloud-api serve`` as a subprocess on a loopback port with ``PRIVBERT_DATABASE_URL``
+  pointing at a fresh database: ``POST /v1/records`` (auth, body limit, envelope, every
+  record checked against its task, one transaction per request), closed loop with 1 and
+  with 4 concurrent clients, each sending its next request when the last is answered.
+
+SQLite: WAL with ``synchronous = FULL`` (what the server uses). PostgreSQL 15: a throwaway
+cluster (``tests/pg.py``) with its durable defaults (fsync on, synchronous_commit on), or
+``--postgres-url``. Target (issue 12): >= 2,000 records/s into each through HTTP.
+
+    python bench/records.py                      # about 2 minutes
+    python bench/records.py --requests 20 --databases sqlite
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import secrets
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from bench.common import DATA, REPO, machine, read_tsv, table  # noqa: E402
+
+BATCH = 256
+ETA = 65.0
+LABELS = ["negative", "positive"]
+
+
+def privatized_batches(n_batches: int) -> tuple[object, list[list[dict]]]:
+    """(bundle, batches of raw records) from the first SST-2 training rows."""
+    from edge_agent import Privatizer
+    from shared.bundle import EdgeBundle
+    from shared.mechanisms import DChiText
+
+    rows = read_tsv(DATA / "sst2" / "train.tsv", limit=n_batches * BATCH)
+    bundle = EdgeBundle.from_model()
+    priv = Privatizer(bundle, DChiText(bundle, ETA))
+    payloads = priv.privatize([r[0] for r in rows])
+    recs = [{"payload": p.model_dump(mode="json", exclude_none=True), "label": int(r[1])}
+            for p, r in zip(payloads, rows, strict=True)]
+    return bundle, [recs[i:i + BATCH] for i in range(0, len(recs), BATCH)]
+
+
+def body_of(task: str, batch: list[dict]) -> bytes:
+    import orjson
+
+    return orjson.dumps({"task": task, "records": batch})
+
+
+# -- baseline: the store called directly --------------------------------------------------
+def direct(url: str, bundle, bodies: list[bytes], requests: int) -> dict[str, float]:
+    from cloud_api.store import records as store
+    from cloud_api.store import tasks
+    from cloud_api.store.db import Database
+    from shared.payload import Limits
+
+    db = Database(url)
+    db.upgrade()
+    task, _ = tasks.ensure_task(db, "direct", LABELS, "dchi-text", {"eta": ETA},
+                                bundle.bundle_id)
+    limits = Limits.for_bundle(bundle, labels=task.labels)
+    envs = [store.parse_body(b.replace(b'"task":"bench"', b'"task":"direct"', 1))
+            for b in bodies]
+    valid = [store.validate_records(task, e.records, limits) for e in envs]
+    out = {}
+    t0 = time.perf_counter()
+    for i in range(requests):
+        store.add_records(db, task, valid[i % len(valid)], "bench")
+    out["insert"] = requests * BATCH / (time.perf_counter() - t0)
+    t0 = time.perf_counter()
+    for i in range(requests):
+        env = store.parse_body(bodies[i % len(bodies)].replace(b'"task":"bench"',
+                                                                b'"task":"direct"', 1))
+        recs = store.validate_records(task, env.records, limits)
+        store.add_records(db, task, recs, "bench", f"direct-{i}", store.body_digest(env))
+    out["parse+validate+insert"] = requests * BATCH / (time.perf_counter() - t0)
+    db.dispose()
+    return out
+
+
+# -- the real server ------------------------------------------------------------------------
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def start_server(url: str, home: Path, app_key: str, admin_key: str, log: Path):
+    port = free_port()
+    env = {k: v for k, v in os.environ.items() if not k.startswith("PRIVBERT_")}
+    env.update({"PRIVBERT_HOME": str(home), "PRIVBERT_DATABASE_URL": url,
+                "PRIVBERT_DB_AUTO_UPGRADE": "1", "PRIVBERT_API_KEYS": app_key,
+                "PRIVBERT_ADMIN_KEYS": admin_key, "PRIVBERT_RATE_LIMIT_PER_KEY": "0",
+                "PRIVBERT_WORKER_IN_SERVE": "0", "PRIVBERT_LOG_LEVEL": "WARNING",
+                "PYTHONPATH": str(REPO)})
+    proc = subprocess.Popen([sys.executable, "-m", "cloud_api.cli", "serve", "--host",
+                             "127.0.0.1", "--port", str(port)], cwd=REPO, env=env,
+                            stdout=open(log, "ab"), stderr=subprocess.STDOUT)
+    import httpx
+
+    base = f"http://127.0.0.1:{port}"
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise RuntimeError(f"cloud-api serve exited:\n{log.read_text()[-3000:]}")
+        try:
+            if httpx.get(f"{base}/readyz", timeout=2).status_code == 200:
+                return proc, base
+        except httpx.TransportError:
+            pass
+        time.sleep(0.2)
+    proc.kill()
+    raise RuntimeError(f"cloud-api serve not ready:\n{log.read_text()[-3000:]}")
+
+
+def through_http(base: str, app_key: str, admin_key: str, bundle, bodies: list[bytes],
+                 requests: int, clients: int) -> float:
+    """records/s of ``requests`` POST /v1/records (closed loop, ``clients`` at once)."""
+    import httpx
+
+    r = httpx.post(f"{base}/admin/tasks", headers={"Authorization": f"Bearer {admin_key}"},
+                   json={"task": "bench", "labels": LABELS, "mechanism": "dchi-text",
+                         "params": {"eta": ETA}, "bundle_id": bundle.bundle_id}, timeout=30)
+    assert r.status_code in (200, 201), r.text
+    counter = iter(range(requests))
+    lock = threading.Lock()
+    errors: list[str] = []
+
+    def client() -> None:
+        with httpx.Client(base_url=base, timeout=60, headers={
+                "Authorization": f"Bearer {app_key}",
+                "Content-Type": "application/json"}) as http:
+            while True:
+                with lock:
+                    i = next(counter, None)
+                if i is None:
+                    return
+                resp = http.post("/v1/records", content=bodies[i % len(bodies)],
+                                 headers={"Idempotency-Key": f"c{clients}-{i}"})
+                if resp.status_code != 201 or len(resp.json()["ids"]) != BATCH:
+                    errors.append(f"{resp.status_code} {resp.text[:200]}")
+
+    warm = httpx.post(f"{base}/v1/records", content=bodies[0], timeout=60, headers={
+        "Authorization": f"Bearer {app_key}", "Content-Type": "application/json"})
+    assert warm.status_code == 201, warm.text
+    threads = [threading.Thread(target=client) for _ in range(clients)]
+    t0 = time.perf_counter()
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    elapsed = time.perf_counter() - t0
+    if errors:
+        raise RuntimeError(f"{len(errors)} failed requests, first: {errors[0]}")
+    return requests * BATCH / elapsed
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--requests", type=int, default=40, help="requests of 256 records per "
+                    "measurement (40)")
+    ap.add_argument("--databases", default="sqlite,postgresql")
+    ap.add_argument("--postgres-url", help="an existing PostgreSQL (a database the bench may "
+                    "fill); default: a throwaway cluster")
+    args = ap.parse_args()
+    print(f"machine: {machine()}; load average {os.getloadavg()[0]:.2f} at the start")
+    t0 = time.perf_counter()
+    bundle, batches = privatized_batches(4)
+    n_tok = sum(r["payload"]["token_ids"]["shape"][0] for b in batches for r in b)
+    print(f"privatized {sum(map(len, batches))} SST-2 train rows once ({n_tok} tokens, "
+          f"dchi-text eta={ETA:g}) in {time.perf_counter() - t0:.1f} s; batches of {BATCH}, "
+          f"{args.requests} requests per measurement")
+    bodies = [body_of("bench", b) for b in batches]
+    print(f"request body: {len(bodies[0]):,} bytes for {BATCH} records")
+    rows = []
+    work = Path(tempfile.mkdtemp(prefix="privbert-bench-records-"))
+    cluster = None
+    try:
+        for kind in args.databases.split(","):
+            if kind == "sqlite":
+                urls = [f"sqlite:///{work / 'direct.db'}", f"sqlite:///{work / 'http.db'}"]
+            elif args.postgres_url:
+                urls = [args.postgres_url, args.postgres_url]
+            else:
+                from tests.pg import PgCluster
+
+                cluster = PgCluster.create(fsync=True)
+                cluster.start()
+                urls = [cluster.create_database("direct"), cluster.create_database("http")]
+            base_rates = direct(urls[0], bundle, bodies, args.requests)
+            for what, rate in base_rates.items():
+                rows.append([kind, f"direct: {what}", f"{rate:,.0f}", "1.00x" if what ==
+                             "insert" else f"{rate / base_rates['insert']:.2f}x"])
+            app_key, admin_key = secrets.token_hex(16), secrets.token_hex(16)
+            proc, base = start_server(urls[1], work / "home", app_key, admin_key,
+                                      work / f"serve-{kind}.log")
+            try:
+                for clients in (1, 4):
+                    rate = through_http(base, app_key, admin_key, bundle, bodies,
+                                        args.requests, clients)
+                    rows.append([kind, f"HTTP POST /v1/records, {clients} client(s)",
+                                 f"{rate:,.0f}", f"{rate / base_rates['insert']:.2f}x"])
+            finally:
+                proc.send_signal(signal.SIGTERM)
+                proc.wait(60)
+            print(table(["database", "path", "records/s", "vs direct insert"], rows[-4:]))
+    finally:
+        if cluster is not None:
+            cluster.destroy()
+    print()
+    print(table(["database", "path", "records/s", "vs direct insert"], rows))
+    http = [r for r in rows if r[1].startswith("HTTP")]
+    worst = min(float(r[2].replace(",", "")) for r in http)
+    print(f"load average {os.getloadavg()[0]:.2f} at the end")
+    print(f"target >= 2,000 records/s through HTTP into each database: "
+          f"{'met' if worst >= 2000 else 'NOT met'} (lowest {worst:,.0f})")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
