@@ -47,6 +47,7 @@ def logging_config(level: str = "INFO", json: bool = True) -> dict:
             "uvicorn": {"handlers": [], "level": level, "propagate": True},
             "uvicorn.error": {"handlers": [], "level": level, "propagate": True},
             "uvicorn.access": {"handlers": [], "level": "CRITICAL", "propagate": False},
+            "alembic": {"handlers": [], "level": "WARNING", "propagate": True},  # migrations
         },
     }
 

@@ -1,0 +1,57 @@
+"""`cloud-api bootstrap`: what it prints and leaves in the home (the session's tiny run), and
+what it refuses (the privacy floor, bad flags) without writing anything."""
+
+from __future__ import annotations
+
+import json
+
+from tests.cloud_api.conftest import cloud_api
+
+
+def test_bootstrap_registers_promotes_and_reports(tiny_home):
+    out = tiny_home.bootstrap_out["text"]
+    assert "model=text version=v1 promoted" in out
+    assert "training on the first 32 of 40 rows" in out  # the subset is said
+    assert "guarantee: dchi-text: published eta=5" in out
+    acc = [ln for ln in out.splitlines() if ln.startswith("dev_accuracy=")]
+    assert acc and 0.0 <= float(acc[0].split("=")[1]) <= 1.0
+    models = tiny_home.root / "models" / "text"
+    assert (models / "promoted").read_text().strip() == "v1"
+    config = json.loads((models / "versions" / "v1" / "config.json").read_text())
+    assert config["task"] == "text" and config["mechanism"] == "dchi-text"
+    bundle = tiny_home.root / "bundles" / config["bundle_id"] / "bundle.json"
+    assert bundle.is_file()  # GET /v1/bundles/{id} can serve it
+    assert not [p for p in models.iterdir() if p.name.startswith(".bootstrap-")]
+
+
+def test_bootstrap_refuses_parameters_below_the_privacy_floor(tiny_home, tmp_path):
+    home = tmp_path / "home"
+    r = cloud_api("bootstrap", "--data", str(tiny_home.data), "--base", str(tiny_home.base),
+                  "--eta", "500", "--model-id", "weak", "--home", str(home))
+    assert r.returncode == 2, r.stderr
+    errors = [ln for ln in r.stderr.splitlines() if ln.startswith("cloud-api: error:")]
+    assert len(errors) == 1 and "privacy floor" in errors[0] and "--allow-weak-privacy" in \
+        errors[0]
+    assert "Traceback" not in r.stderr
+    assert not (home / "models" / "weak").exists()
+
+
+def test_bootstrap_bad_input_is_one_line_and_if_missing_does_nothing(tiny_home, tmp_path):
+    r = cloud_api("bootstrap", "--data", str(tmp_path / "missing.tsv"), "--home",
+                  str(tmp_path / "h"))
+    assert r.returncode == 2 and "missing.tsv: no such file" in r.stderr
+    assert "Traceback" not in r.stderr
+    versions = tiny_home.root / "models" / "text" / "versions"
+    before = sorted(p.name for p in versions.iterdir())
+    again = cloud_api("bootstrap", "--data", str(tiny_home.data), "--model-id", "text",
+                      "--if-missing", "--home", str(tiny_home.root))
+    assert again.returncode == 0, again.stderr
+    assert "already promoted; nothing to do" in again.stdout
+    assert sorted(p.name for p in versions.iterdir()) == before
+
+
+def test_serve_refuses_to_start_without_keys(tmp_path):
+    r = cloud_api("serve", "--home", str(tmp_path / "h"), "--port", "0", timeout=60)
+    assert r.returncode == 2
+    assert r.stderr.strip().startswith("cloud-api: error: no API keys configured")
+    assert len(r.stderr.strip().splitlines()) == 1
