@@ -13,6 +13,11 @@ run:
   record checked against its task, one transaction per request), closed loop with 1 and
   with 4 concurrent clients, each sending its next request when the last is answered.
 
+Columns: records/s (wall clock), and records per CPU second of the process that does the
+work (this one for the direct paths, the server for HTTP; the PostgreSQL server's own
+processes are not counted in either): on these shared 2 cores the wall-clock figures move
+with the other jobs' load, the CPU figure says what one free core would sustain.
+
 SQLite: WAL with ``synchronous = FULL`` (what the server uses). PostgreSQL 15: a throwaway
 cluster (``tests/pg.py``) with its durable defaults (fsync on, synchronous_commit on), or
 ``--postgres-url``. Target (issue 12): >= 2,000 records/s into each through HTTP.
@@ -42,6 +47,7 @@ from bench.common import DATA, REPO, machine, read_tsv, table  # noqa: E402
 BATCH = 256
 ETA = 65.0
 LABELS = ["negative", "positive"]
+HEADERS = ["database", "path", "records/s", "records per CPU s", "vs direct insert"]
 
 
 def privatized_batches(n_batches: int) -> tuple[object, list[list[dict]]]:
@@ -65,8 +71,16 @@ def body_of(task: str, batch: list[dict]) -> bytes:
     return orjson.dumps({"task": task, "records": batch})
 
 
+def proc_cpu(pid: int) -> float:
+    """CPU seconds (user + system, every thread) a process has used so far."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
 # -- baseline: the store called directly --------------------------------------------------
-def direct(url: str, bundle, bodies: list[bytes], requests: int) -> dict[str, float]:
+def direct(url: str, bundle, bodies: list[bytes], requests: int
+           ) -> dict[str, tuple[float, float]]:
+    """{path: (records/s, records per CPU second of this process)}."""
     from cloud_api.store import records as store
     from cloud_api.store import tasks
     from cloud_api.store.db import Database
@@ -81,17 +95,19 @@ def direct(url: str, bundle, bodies: list[bytes], requests: int) -> dict[str, fl
             for b in bodies]
     valid = [store.validate_records(task, e.records, limits) for e in envs]
     out = {}
-    t0 = time.perf_counter()
+    t0, c0 = time.perf_counter(), time.process_time()
     for i in range(requests):
         store.add_records(db, task, valid[i % len(valid)], "bench")
-    out["insert"] = requests * BATCH / (time.perf_counter() - t0)
-    t0 = time.perf_counter()
+    n = requests * BATCH
+    out["insert"] = (n / (time.perf_counter() - t0), n / (time.process_time() - c0))
+    t0, c0 = time.perf_counter(), time.process_time()
     for i in range(requests):
         env = store.parse_body(bodies[i % len(bodies)].replace(b'"task":"bench"',
                                                                 b'"task":"direct"', 1))
         recs = store.validate_records(task, env.records, limits)
         store.add_records(db, task, recs, "bench", f"direct-{i}", store.body_digest(env))
-    out["parse+validate+insert"] = requests * BATCH / (time.perf_counter() - t0)
+    out["parse+validate+insert"] = (n / (time.perf_counter() - t0),
+                                    n / (time.process_time() - c0))
     db.dispose()
     return out
 
@@ -131,9 +147,10 @@ def start_server(url: str, home: Path, app_key: str, admin_key: str, log: Path):
     raise RuntimeError(f"cloud-api serve not ready:\n{log.read_text()[-3000:]}")
 
 
-def through_http(base: str, app_key: str, admin_key: str, bundle, bodies: list[bytes],
-                 requests: int, clients: int) -> float:
-    """records/s of ``requests`` POST /v1/records (closed loop, ``clients`` at once)."""
+def through_http(base: str, pid: int, app_key: str, admin_key: str, bundle,
+                 bodies: list[bytes], requests: int, clients: int) -> tuple[float, float]:
+    """(records/s, records per CPU second of the server) of ``requests`` POST /v1/records
+    (closed loop, ``clients`` at once)."""
     import httpx
 
     r = httpx.post(f"{base}/admin/tasks", headers={"Authorization": f"Bearer {admin_key}"},
@@ -162,15 +179,15 @@ def through_http(base: str, app_key: str, admin_key: str, bundle, bodies: list[b
         "Authorization": f"Bearer {app_key}", "Content-Type": "application/json"})
     assert warm.status_code == 201, warm.text
     threads = [threading.Thread(target=client) for _ in range(clients)]
-    t0 = time.perf_counter()
+    t0, c0 = time.perf_counter(), proc_cpu(pid)
     for t in threads:
         t.start()
     for t in threads:
         t.join()
-    elapsed = time.perf_counter() - t0
+    elapsed, cpu = time.perf_counter() - t0, proc_cpu(pid) - c0
     if errors:
         raise RuntimeError(f"{len(errors)} failed requests, first: {errors[0]}")
-    return requests * BATCH / elapsed
+    return requests * BATCH / elapsed, requests * BATCH / cpu
 
 
 def main() -> int:
@@ -206,27 +223,28 @@ def main() -> int:
                 cluster.start()
                 urls = [cluster.create_database("direct"), cluster.create_database("http")]
             base_rates = direct(urls[0], bundle, bodies, args.requests)
-            for what, rate in base_rates.items():
-                rows.append([kind, f"direct: {what}", f"{rate:,.0f}", "1.00x" if what ==
-                             "insert" else f"{rate / base_rates['insert']:.2f}x"])
+            ref = base_rates["insert"][0]
+            for what, (rate, per_cpu) in base_rates.items():
+                rows.append([kind, f"direct: {what}", f"{rate:,.0f}", f"{per_cpu:,.0f}",
+                             f"{rate / ref:.2f}x"])
             app_key, admin_key = secrets.token_hex(16), secrets.token_hex(16)
             proc, base = start_server(urls[1], work / "home", app_key, admin_key,
                                       work / f"serve-{kind}.log")
             try:
                 for clients in (1, 4):
-                    rate = through_http(base, app_key, admin_key, bundle, bodies,
-                                        args.requests, clients)
+                    rate, per_cpu = through_http(base, proc.pid, app_key, admin_key, bundle,
+                                                 bodies, args.requests, clients)
                     rows.append([kind, f"HTTP POST /v1/records, {clients} client(s)",
-                                 f"{rate:,.0f}", f"{rate / base_rates['insert']:.2f}x"])
+                                 f"{rate:,.0f}", f"{per_cpu:,.0f}", f"{rate / ref:.2f}x"])
             finally:
                 proc.send_signal(signal.SIGTERM)
                 proc.wait(60)
-            print(table(["database", "path", "records/s", "vs direct insert"], rows[-4:]))
+            print(table(HEADERS, rows[-4:]), flush=True)
     finally:
         if cluster is not None:
             cluster.destroy()
     print()
-    print(table(["database", "path", "records/s", "vs direct insert"], rows))
+    print(table(HEADERS, rows))
     http = [r for r in rows if r[1].startswith("HTTP")]
     worst = min(float(r[2].replace(",", "")) for r in http)
     print(f"load average {os.getloadavg()[0]:.2f} at the end")

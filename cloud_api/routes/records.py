@@ -76,8 +76,9 @@ def _store(state, env: store.RecordsBody, key_id: str, idem: str | None) -> stor
         raise Unavailable(f"the bundle {task.bundle_id[:12]}… of task {task.name!r} is not "
                           "available on this server") from None
     s = state.settings
-    sizes = {"max_tokens": s.max_tokens_per_payload} if s.max_tokens_per_payload else {}
-    limits = Limits.for_bundle(bundle, labels=task.labels, **sizes)
+    # the edge keeps at most the bundle's max_length word pieces (with [CLS]/[SEP] added)
+    limits = Limits.for_bundle(bundle, labels=task.labels,
+                               max_tokens=s.max_tokens_per_payload or bundle.max_length)
     recs = store.validate_records(task, env.records, limits)
     return store.add_records(state.db, task, recs, key_id, idem,
                              store.body_digest(env) if idem is not None else None)
