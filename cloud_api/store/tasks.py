@@ -122,8 +122,11 @@ class Task:
 
 
 def _task(row) -> Task:
+    created = row.created_at
+    if created is not None and created.tzinfo is None:  # SQLite keeps no zone: it is UTC
+        created = created.replace(tzinfo=UTC)
     return Task(row.id, row.name, tuple(row.labels), row.mechanism, dict(row.params),
-                row.bundle_id, row.created_at)
+                row.bundle_id, created)
 
 
 def _find(conn, name: str) -> Task | None:
