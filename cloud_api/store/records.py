@@ -32,7 +32,7 @@ from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError
 from sqlalchemy import and_, delete, func, insert, select
 from sqlalchemy.exc import IntegrityError
 
-from cloud_api.errors import InvalidRequest, PayloadMismatch
+from cloud_api.errors import Conflict, InvalidRequest, PayloadMismatch
 from cloud_api.store import bulk
 from cloud_api.store.db import Database
 from cloud_api.store.tables import idempotency, records
@@ -80,6 +80,13 @@ class DeleteRecords(BaseModel):
     ids: Annotated[list[Annotated[int, Field(ge=1)]], Field(min_length=1,
                                                             max_length=100_000)] | None = None
     key_id: Annotated[str, Field(pattern=r"^[A-Za-z0-9_.:-]{1,64}$")] | None = None
+
+
+class IdempotencyKeyReused(InvalidRequest):
+    """The same Idempotency-Key with another body (422, as the IETF Idempotency-Key draft
+    says)."""
+
+    kind, title = "idempotency-key-reused", "Idempotency-Key reused with another body"
 
 
 @dataclass(frozen=True)
@@ -182,8 +189,8 @@ def _prior(conn, key_id: str, key: str):
 
 def _replay(prior, digest: str) -> Stored:
     if prior.body_sha256 != digest:
-        raise InvalidRequest("this Idempotency-Key was already used with a different body; "
-                             "use a new key for a new request")
+        raise IdempotencyKeyReused("this Idempotency-Key was already used with a different "
+                                   "body; use a new key for a new request")
     return Stored([int(i) for i in prior.record_ids], replayed=True)
 
 
@@ -226,8 +233,7 @@ def add_records(db: Database, task: Task, recs: Sequence[Record], key_id: str,
     with db.begin() as conn:
         prior = _prior(conn, key_id, idempotency_key)
     if prior is None:
-        raise InvalidRequest("a concurrent request with this Idempotency-Key failed; "
-                             "send it again")
+        raise Conflict("a concurrent request with this Idempotency-Key failed; send it again")
     return _replay(prior, digest)
 
 

@@ -172,7 +172,8 @@ def test_idempotency_key(srv, tiny_bundle_of_home):
     assert again.headers["idempotent-replayed"] == "true"
     assert sum(counts(srv, name).values()) == 5
     other = records_body(name, text_payloads(b, 5))
-    problem = assert_problem(post_records(srv, other, idem="batch-1"), 422, "validation")
+    problem = assert_problem(post_records(srv, other, idem="batch-1"), 422,
+                             "idempotency-key-reused")
     assert "different body" in problem["detail"]
     # racing retries of one request: all get the same ids, the rows are stored once
     body = records_body(name, text_payloads(b, 40))
