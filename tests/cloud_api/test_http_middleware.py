@@ -54,7 +54,10 @@ def test_unexpected_exception_is_a_logged_500_problem_without_the_body(caplog):
 def test_body_over_the_limit_is_413_by_length_or_while_it_streams():
     r = _post(_app(), b"x" * 5000)  # Content-Length: refused before the app runs
     assert r.status_code == 413 and r.json()["type"] == problem_type("too-large")
-    streamed = (b"x" * 600 for _ in range(3))  # no length: cut while the route reads it
-    r = _post(_app(), streamed)
+    async def streamed():  # no length: cut while the route reads it
+        for _ in range(3):
+            yield b"x" * 600
+
+    r = _post(_app(), streamed())
     assert r.status_code == 413 and r.json()["type"] == problem_type("too-large")
     assert "larger than 1024 bytes" in r.json()["detail"]
