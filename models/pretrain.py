@@ -229,9 +229,9 @@ class Trainer:
         from transformers import get_linear_schedule_with_warmup
 
         self.model, self.device, self.amp = model.to(device), device, amp
-        # DDP under torchrun (the head warm-up leaves the encoder without gradients)
-        self.net = distributed.wrap(self.model, dist_ctx,
-                                    find_unused_parameters=cfg.head_warmup_steps > 0)
+        # DDP under torchrun; BERT's pooler gets no gradient from the MLM loss (nor the
+        # encoder during the head warm-up): DDP must look for unused parameters
+        self.net = distributed.wrap(self.model, dist_ctx, find_unused_parameters=True)
         self.max_grad_norm = cfg.max_grad_norm
         self.head_warmup_steps = cfg.head_warmup_steps
         self.optimizer = make_optimizer(model, cfg.lr, cfg.weight_decay)

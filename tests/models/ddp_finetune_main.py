@@ -3,7 +3,7 @@
     torchrun --standalone --nproc-per-node 2 tests/models/ddp_finetune_main.py OUT BERT_DIR
 
 Each rank writes ``OUT/rank-<r>.json`` (a hash of its final weights, the steps it ran,
-the epoch losses); rank 0 writes the model version ``OUT/model``. Used by
+the epoch losses); rank 0 writes the model version ``OUT/model`` and the pretrained BERT ``OUT/pre``. Used by
 tests/models/test_distributed.py.
 """
 
@@ -45,9 +45,16 @@ def main(out: Path, bert_dir: Path) -> None:
     train_from_records(records[:64], out / "model", bundle=bundle, dev_records=records[64:],
                        base=bert_dir, cfg=TrainConfig(epochs=1, batch_size=8, progress=False),
                        label_names=["neg", "pos"], dist_ctx=ctx)
+    # privacy-adaptive pretraining with DDP: 4 steps, rank 0 writes the BERT folder
+    from models.pretrain import pretrain
+
+    pre_steps: list[int] = []
+    pretrain(bert_dir, out / "pre", "denoising", "dchi-text", 10.0, corpus_texts=texts,
+             steps=4, batch_size=8, max_length=32, progress=False, dist_ctx=ctx, seed=1,
+             should_stop=lambda: pre_steps.append(1) is None and False)
     (out / f"rank-{ctx.rank}.json").write_text(json.dumps({
         "weights": digest.hexdigest(), "steps": len(steps),
-        "losses": [e["train_loss"] for e in res.history]}))
+        "losses": [e["train_loss"] for e in res.history], "pretrain_steps": len(pre_steps)}))
     distributed.close(ctx)
 
 
