@@ -215,10 +215,13 @@ TIGHT = {"PRIVBERT_MAX_BODY_BYTES": "4096", "PRIVBERT_MAX_PAYLOADS_PER_REQUEST":
 def servers(tiny_home, tmp_path_factory):
     """Both replicas, started side by side (model loading overlaps)."""
     logs = tmp_path_factory.mktemp("logs")
+    # (jobs) no job worker thread: generated POST /admin/pretrain bodies are valid jobs, and
+    # these replicas share the home; the job tests start their own servers and workers
+    no_worker = {"PRIVBERT_WORKER_IN_SERVE": "0"}
     main = ServerProcess(tiny_home.root, logs / "serve.log", new_keys(),
-                         {"PRIVBERT_RATE_LIMIT_PER_KEY": "0"}).launch()
+                         {"PRIVBERT_RATE_LIMIT_PER_KEY": "0", **no_worker}).launch()
     tight = ServerProcess(tiny_home.root, logs / "serve-tight.log", new_keys(app=8),
-                          TIGHT).launch()
+                          {**TIGHT, **no_worker}).launch()
     try:
         yield main.start(), tight.start()
     finally:
