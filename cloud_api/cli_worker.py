@@ -43,7 +43,10 @@ def run_worker(args) -> int:
     logs.configure(settings.log_level, settings.log_json)
     db = Database.from_settings(settings)
     try:
-        db.prepare()  # migrations (SQLite) or a check that the schema is current
+        try:
+            db.prepare()  # migrations (SQLite) or a check that the schema is current
+        except RuntimeError as exc:  # behind the code's head: run `cloud-api db upgrade`
+            return fail(str(exc))
         worker = Worker(settings, db, settings.home, worker_id=args.worker_id,
                         torchrun_nproc=args.torchrun)
         for sig in (signal.SIGTERM, signal.SIGINT):
