@@ -1,0 +1,95 @@
+#!/usr/bin/env bash
+# The main job, from a fresh clone with ../shared beside it:
+#   1. set up .venv when missing (scripts/_env.sh);
+#   2. bootstrap a dχ-privacy (nearest-token text, eta 65) SST-2 classifier into
+#      $PRIVBERT_HOME (default ./var) unless one is already promoted;
+#   3. start `cloud-api serve` on a free loopback port with throwaway keys;
+#   4. privatize a few example sentences on the device with `edge-agent` and get
+#      predictions through the API (only the privatized payloads travel);
+#   5. print each sentence (it never left this machine) with its prediction, and the
+#      guarantee; stop the service.
+# Extra arguments go to `cloud-api bootstrap` (e.g. --limit 20000 --epochs 2).
+. "$(dirname "$0")/_env.sh"
+ensure_venv
+cd "$ROOT"
+
+DATA="$ROOT/../shared/data/sst2"
+export PRIVBERT_HOME="${PRIVBERT_HOME:-$ROOT/var}"
+MODEL=sst2
+ETA=65
+[ -f "$DATA/train.tsv" ] || { echo "demo: $DATA/train.tsv not found (../shared beside the clone?)" >&2; exit 1; }
+
+cloud-api bootstrap --data "$DATA/train.tsv" --dev "$DATA/dev.tsv" --mechanism dchi-text \
+    --eta "$ETA" --model-id "$MODEL" --if-missing --no-progress "$@"
+
+work="$(mktemp -d)"
+server_pid=""
+cleanup() {
+    if [ -n "$server_pid" ] && kill -0 "$server_pid" 2>/dev/null; then
+        kill -TERM "$server_pid" 2>/dev/null || true
+        wait "$server_pid" 2>/dev/null || true
+    fi
+    rm -rf "$work"
+}
+trap cleanup EXIT
+
+# throwaway keys for this run only (a real deployment sets PRIVBERT_API_KEYS / _ADMIN_KEYS)
+PRIVBERT_API_KEYS="$(python -c 'import secrets; print(secrets.token_urlsafe(24))')"
+PRIVBERT_ADMIN_KEYS="$(python -c 'import secrets; print(secrets.token_urlsafe(24))')"
+export PRIVBERT_API_KEYS PRIVBERT_ADMIN_KEYS
+PORT="$(python -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')"
+URL="http://127.0.0.1:$PORT"
+
+echo "demo: starting cloud-api serve on $URL (log: $work/serve.log)" >&2
+PRIVBERT_WORKER_IN_SERVE=0 cloud-api serve --host 127.0.0.1 --port "$PORT" >"$work/serve.log" 2>&1 &
+server_pid=$!
+python - "$URL" "$server_pid" <<'PY' || { echo "demo: the service did not become ready; last log lines:" >&2; tail -n 20 "$work/serve.log" >&2; exit 1; }
+import os, sys, time, httpx
+url, pid = sys.argv[1], int(sys.argv[2])
+deadline = time.monotonic() + 180
+while time.monotonic() < deadline:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        sys.exit(1)
+    try:
+        if httpx.get(url + "/readyz", timeout=2).status_code == 200:
+            sys.exit(0)
+    except httpx.HTTPError:
+        pass
+    time.sleep(0.3)
+sys.exit(1)
+PY
+
+cat > "$work/examples.txt" <<'TXT'
+a gripping, beautifully acted story that stays with you
+the plot is dull and the jokes fall flat
+one of the most charming films of the year
+i wanted my two hours back
+a tender and funny portrait of a family
+TXT
+
+echo "demo: privatizing $(wc -l < "$work/examples.txt") sentences on this device (dchi-text, eta $ETA) and asking the service" >&2
+PRIVBERT_API_KEY="$PRIVBERT_API_KEYS" edge-agent privatize "$work/examples.txt" \
+    --mechanism dchi-text --eta "$ETA" --server "$URL" --model "$MODEL" --post predict \
+    --no-progress -o "$work/predictions.jsonl"
+
+python - "$URL" "$MODEL" "$work/examples.txt" "$work/predictions.jsonl" <<'PY'
+import json, os, sys, httpx
+from shared.accounting import summary
+url, model, texts, preds = sys.argv[1:5]
+info = httpx.get(f"{url}/v1/models", timeout=10,
+                 headers={"Authorization": f"Bearer {os.environ['PRIVBERT_API_KEYS']}"}).json()
+m = next(x for x in info["models"] if x["id"] == model)
+print(f"\nmodel {model} {m['version']}: {m['mechanism']} {json.dumps(m['params'])}, "
+      f"dev accuracy {m['metrics'].get('accuracy', float('nan')):.3f}")
+print(f"guarantee: {summary(m['guarantee'])}")
+print("(the sentences below never left this machine; the service saw only privatized token ids)\n")
+names = {"0": "negative", "1": "positive"}  # SST-2 labels (../shared/data/README.md)
+lines = open(texts).read().splitlines()
+for row in open(preds):
+    pred = json.loads(row)
+    label = pred.get("label")
+    score = (pred.get("scores") or {}).get(str(label), float("nan"))
+    print(f"  {names.get(str(label), label)!s:>8} {score:.2f}  {lines[pred['line'] - 1]}")
+PY
