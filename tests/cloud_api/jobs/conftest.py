@@ -1,7 +1,8 @@
 """Fixtures of the job tests: a migrated database on SQLite and on a real PostgreSQL
 (``db``: every test that takes it runs on both), and a job home (``job_env``): the tiny
 BERT saved as the base ``tiny`` and its bundle in ``$PRIVBERT_HOME``, a dchi-text task
-with labelled records made by the edge's own Privatizer, on a SQLite database."""
+with labelled records made by the edge's own Privatizer, on a SQLite database
+(``pg_job_env``: the same on PostgreSQL)."""
 
 from __future__ import annotations
 
@@ -117,3 +118,20 @@ def job_env(job_template, tmp_path) -> JobEnv:
     home = tmp_path / "home"
     shutil.copytree(root / "home", home)
     return JobEnv(home, f"sqlite:///{home / 'privbert.db'}", base, bundle, "sent", texts)
+
+
+@pytest.fixture
+def pg_job_env(job_template, tmp_path, fresh_postgres_url) -> JobEnv:
+    """The same home, its task and records in a fresh PostgreSQL database."""
+    from cloud_api.store import tasks
+
+    root, base, bundle, texts = job_template
+    home = tmp_path / "home"
+    shutil.copytree(root / "home", home, ignore=shutil.ignore_patterns("privbert.db*"))
+    db = Database(fresh_postgres_url)
+    db.upgrade()
+    task, _ = tasks.ensure_task(db, "sent", ["neg", "pos"], "dchi-text", {"eta": ETA},
+                                bundle.bundle_id)
+    add_records(db, bundle, task, texts, sentences(96, seed=3)[1])
+    db.dispose()
+    return JobEnv(home, fresh_postgres_url, base, bundle, "sent", texts)

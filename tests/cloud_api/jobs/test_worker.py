@@ -1,6 +1,7 @@
 """The worker with real child processes on a tiny BERT: a retraining job registers and
 promotes a version, cancel registers nothing, a killed child is retried, a failing child
-fails the job with its reason, a 2-process gloo torchrun job produces a version, a
+fails the job with its reason, a 2-process gloo torchrun job (PostgreSQL) produces a
+version, a
 pretraining job registers a base that a retraining job can start from."""
 
 from __future__ import annotations
@@ -107,13 +108,15 @@ def test_a_failing_child_fails_the_job_with_its_reason(job_env):
     assert home.versions("m") == []
 
 
-def test_torchrun_two_process_gloo_job_produces_a_version(job_env):
+def test_torchrun_two_process_gloo_job_on_postgresql_produces_a_version(pg_job_env):
+    job_env = pg_job_env  # the children read their snapshot from PostgreSQL
     db, home = job_env.database(), ModelHome(job_env.home)
     job_id = submit(job_env, epochs=2)
     worker = Worker(job_env.settings(), db, home, torchrun_nproc=2)
     assert worker.run(once=True) == "succeeded", queue.get(db, job_id).log_tail
     job = queue.get(db, job_id)
     assert job.result["metrics"]["world_size"] == 2 and job.result["version"] == "v1"
+    assert job.watermark == job.result["watermark"] and sum(job.result["records"].values()) == 96
     assert "DDP 2 processes (gloo)" in job.log_tail
     from models.registry import load_model
 
