@@ -1,8 +1,7 @@
-"""The worker with real child processes on a tiny BERT: a retraining job registers and
-promotes a version, cancel registers nothing, a killed child is retried, a failing child
-fails the job with its reason, a 2-process gloo torchrun job (PostgreSQL) produces a
-version, a
-pretraining job registers a base that a retraining job can start from."""
+"""The worker with real child processes on a tiny BERT: a pretraining job registers a base
+that a retraining job starts from, registering and promoting a version; a killed child is
+retried and a cancel registers nothing; a failing child fails the job with its reason; a
+2-process gloo torchrun job (on PostgreSQL) produces a version."""
 
 from __future__ import annotations
 
