@@ -75,6 +75,9 @@ class Settings(BaseSettings):
     device: str = Field("auto", description="auto | cpu | cuda | cuda:N")
     precision: Literal["auto", "fp32", "bf16", "fp16"] = "auto"
     torch_threads: int | None = Field(None, ge=1)
+    inference_workers: int = Field(1, ge=1, le=64, description="model replicas per version, "
+                                   "each running its own batches in its own thread (CPU: "
+                                   "cores / torch_threads; GPU: 1)")
     allow_none: bool = Field(False, description="serve models of mechanism 'none' (plain "
                              "token ids: the Null-privacy baseline only)")
     reload_interval_s: float = Field(2.0, gt=0, description="how often promoted pointers "

@@ -24,6 +24,7 @@ finishes everything queued, then stops the collector and the thread.
 from __future__ import annotations
 
 import asyncio
+import functools
 import inspect
 import logging
 import math
@@ -82,14 +83,22 @@ def payload_length(payload) -> int:
     return int(n) + (3 if segs is not None and len(segs) == 2 else 2)
 
 
-class Batcher:
-    """Micro-batcher over ``forward(payloads) -> (N, C) probabilities`` of one version."""
+Forward = Callable[[Sequence], np.ndarray]
 
-    def __init__(self, forward: Callable[[Sequence], np.ndarray], *, model_id: str,
+
+class Batcher:
+    """Micro-batcher over ``forward(payloads) -> (N, C) probabilities`` of one version.
+
+    ``forward`` may be a list: one callable per inference worker (a model replica each),
+    every one in its own thread; a batch goes to whichever worker is free, so K workers
+    run up to K batches at once (on CPU: K replicas with cores/K threads each)."""
+
+    def __init__(self, forward: Forward | Sequence[Forward], *, model_id: str,
                  version: str, max_batch_size: int = 32, max_batch_tokens: int = 16384,
                  max_wait_ms: float = 5.0, max_queue_size: int = 2048,
                  queue_timeout_s: float = 30.0, executor: ThreadPoolExecutor | None = None):
-        self._forward = forward
+        self._forwards: list[Forward] = list(forward) if isinstance(forward, list | tuple) \
+            else [forward]
         self.model_id, self.version = model_id, version
         self.max_batch_size = max(1, int(max_batch_size))
         self.max_batch_tokens = max(1, int(max_batch_tokens))
@@ -97,8 +106,13 @@ class Batcher:
         self.max_queue_size = max(1, int(max_queue_size))
         self.queue_timeout = float(queue_timeout_s)
         self._own_executor = executor is None
-        self._executor = executor or ThreadPoolExecutor(
-            max_workers=1, thread_name_prefix=f"infer-{model_id}-{version}")
+        self._executors = [executor or ThreadPoolExecutor(
+            max_workers=1, thread_name_prefix=f"infer-{model_id}-{version}-{w}")
+            for w in range(len(self._forwards))]
+        self._free: asyncio.Queue[int] = asyncio.Queue()
+        for w in range(len(self._forwards)):
+            self._free.put_nowait(w)
+        self._running: set[asyncio.Task] = set()
         self._items: list[_Item] = []
         self._wakeup = asyncio.Event()
         self._task: asyncio.Task | None = None
@@ -135,7 +149,8 @@ class Batcher:
         self._items.clear()
         self._queue_gauge.set(0)
         if self._own_executor:
-            self._executor.shutdown(wait=True)
+            for ex in self._executors:
+                ex.shutdown(wait=True)
         try:
             metrics.QUEUE_SIZE.remove(self.model_id, self.version)
         except KeyError:
@@ -293,7 +308,6 @@ class Batcher:
                 return
 
     async def _collect(self) -> None:
-        loop = asyncio.get_running_loop()
         try:
             while True:
                 if not self._items:
@@ -302,29 +316,45 @@ class Batcher:
                     self._wakeup.clear()
                     await self._wakeup.wait()
                     continue
-                await self._wait_for_more()
-                self._expire()
-                if not self._items:
+                worker = await self._free.get()  # the queue keeps filling meanwhile
+                try:
+                    await self._wait_for_more()
+                    self._expire()
+                    batch = await self._live(self._take_batch()) if self._items else []
+                except BaseException:
+                    self._free.put_nowait(worker)
+                    raise
+                if not batch:
+                    self._free.put_nowait(worker)
                     continue
-                batch = await self._live(self._take_batch())
-                if batch:
-                    await self._run_batch(loop, batch)
+                for it in batch:
+                    it.request.started = True  # too late to time out from here on
+                task = asyncio.get_running_loop().create_task(self._run_batch(worker, batch))
+                self._running.add(task)
+                task.add_done_callback(functools.partial(self._batch_done, worker))
         except asyncio.CancelledError:
             for it in self._items:
                 it.request.fail(Unavailable("the server is shutting down", retry_after=1))
             raise
         finally:
+            if self._running:
+                await asyncio.gather(*list(self._running), return_exceptions=True)
             self._closed.set()
 
-    async def _run_batch(self, loop: asyncio.AbstractEventLoop, batch: list[_Item]) -> None:
+    def _batch_done(self, worker: int, task: asyncio.Task) -> None:
+        self._running.discard(task)
+        self._free.put_nowait(worker)
+
+    async def _run_batch(self, worker: int, batch: list[_Item]) -> None:
+        loop = asyncio.get_running_loop()
         now = time.monotonic()
         for it in batch:
-            it.request.started = True
             metrics.QUEUE_DURATION.labels(model=self.model_id).observe(now - it.request.enqueued)
         payloads = [it.payload for it in batch]
         t0 = time.perf_counter()
         try:
-            probs = await loop.run_in_executor(self._executor, self._forward, payloads)
+            probs = await loop.run_in_executor(self._executors[worker], self._forwards[worker],
+                                               payloads)
         except Exception as exc:
             log.exception("inference failed for model %s %s (batch of %d)", self.model_id,
                           self.version, len(batch))

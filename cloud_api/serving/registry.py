@@ -53,15 +53,20 @@ class Prediction:
 
 @dataclass(eq=False)
 class Served:
-    """One loaded version: backend, payload checker, batcher, and its /v1/models entry."""
+    """One loaded version: its backends (one replica per inference worker), payload
+    checker, batcher, and its /v1/models entry."""
 
     model_id: str
     version: str
-    backend: Backend
+    backends: list[Backend]
     checker: PayloadChecker
     info: dict
     batcher: Batcher | None = None
     labels: list[str] = field(default_factory=list)
+
+    @property
+    def backend(self) -> Backend:
+        return self.backends[0]
 
 
 def json_safe(obj):
@@ -300,7 +305,7 @@ class ServingRegistry:
             raise BackendError(reason) from None
         s = self.settings
         served.batcher = Batcher(
-            served.backend.forward, model_id=model_id, version=version,
+            [b.forward for b in served.backends], model_id=model_id, version=version,
             max_batch_size=s.max_batch_size, max_batch_tokens=s.max_batch_tokens,
             max_wait_ms=s.max_wait_ms, max_queue_size=s.max_queue_size,
             queue_timeout_s=s.queue_timeout_s).start()
@@ -318,10 +323,18 @@ class ServingRegistry:
             raise BackendError("mechanism 'none' (plain token ids, the Null-privacy baseline) "
                                "is served only with PRIVBERT_ALLOW_NONE=1")
         bundle = self._bundle_for(config)
-        backend = load_backend(path, self.settings)
+        backends: list[Backend] = []
+        try:
+            for _ in range(self.settings.inference_workers):
+                backends.append(load_backend(path, self.settings))
+        except BaseException:
+            for b in backends:
+                b.close()
+            raise
+        backend = backends[0]
         checker = PayloadChecker(backend.config, bundle, self.settings.max_tokens_per_payload)
         info = self._info(model_id, version, backend, checker)
-        return Served(model_id, version, backend, checker, info,
+        return Served(model_id, version, backends, checker, info,
                       labels=list(backend.config["labels"]))
 
     def _bundle_for(self, config: dict):
@@ -393,7 +406,8 @@ class ServingRegistry:
         """Finish the queued requests of ``served``, then free the model."""
         if served.batcher is not None:
             await served.batcher.drain()
-        await asyncio.to_thread(served.backend.close)
+        for b in served.backends:
+            await asyncio.to_thread(b.close)
         try:
             metrics.LOADED.remove(served.model_id, served.version)
         except KeyError:

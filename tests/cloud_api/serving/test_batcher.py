@@ -176,6 +176,30 @@ def test_one_request_split_over_batches_answers_in_input_order(backend, bundle):
     np.testing.assert_allclose(got, want, atol=1e-5)
 
 
+def test_two_workers_run_two_batches_at_once(backend, trained, tmp_path, records):
+    from cloud_api.home import ModelHome
+
+    replica = TorchBackend(trained["a"], settings_for(ModelHome(tmp_path)))
+    gates = [Gated(backend), Gated(replica)]
+    payloads = [r.payload for r in records]
+
+    async def main():
+        b = make(gates, max_batch_size=4)
+        first = asyncio.create_task(b.run(payloads[:4]))
+        await gates[0].busy()
+        second = asyncio.create_task(b.run(payloads[4:8]))
+        await gates[1].busy()  # the second batch runs while the first is held
+        for g in gates:
+            g.gate.set()
+        got = np.concatenate([await first, await second])
+        await b.drain()
+        return got
+
+    got = run(main())
+    np.testing.assert_allclose(got, backend.forward(payloads[:8]), atol=1e-5)
+    assert [len(g.batches) for g in gates] == [1, 1]
+
+
 def test_lone_client_does_not_wait_for_company(backend, records):
     """After a batch of one, the next request runs at once (max_wait is not spent)."""
     import time
