@@ -215,8 +215,8 @@ def _laplace_reason(mech: Laplace, dim: int, threshold: float) -> str | None:
     if not math.isfinite(eps * (dim if mech.calibration == "coordinate" else 1)):
         return f"{head}: the worst-case epsilon of the vector is not finite"
     b = mech.scale(dim)
-    log_p = dim * math.log1p(-math.exp(-LAPLACE_STEP / b)) if b > 0 else 0.0
-    p = math.exp(log_p)
+    within = -math.expm1(-LAPLACE_STEP / b) if b > 0 else 1.0  # Pr[|noise| <= 2^-23]
+    p = math.exp(dim * math.log(within)) if within > 0 else 0.0
     if p <= threshold:
         return None
     return (f"{head}: the noise (scale {b:.3g}) leaves every coordinate within float32 "

@@ -34,14 +34,20 @@ def available_memory() -> int | None:
     return None
 
 
+POOL_LIMIT = 1 << 30  # bytes: a pool of 2^30 int8 mask values takes seconds to draw
+
+
 def check_pool_memory(m: int, dim: int) -> None:
-    """ValueError if the (m, dim) int8 mask pool needs more than half the available memory."""
+    """ValueError if the (m, dim) int8 mask pool needs more than 1 GiB or more than half of
+    the available memory (the published m are in the hundreds)."""
     need = m * dim
     avail = available_memory()
-    if avail is not None and need > avail // 2:
+    limit = POOL_LIMIT if avail is None else min(POOL_LIMIT, avail // 2)
+    if need > limit:
+        where = "the 1 GiB limit" if limit == POOL_LIMIT else \
+            f"half of the {avail / 2**30:.3g} GiB of memory available"
         raise ValueError(f"m={m} is too large: the mask pool needs {need / 2**30:.3g} GiB "
-                         f"({m} masks x {dim} values), more than half of the "
-                         f"{avail / 2**30:.3g} GiB of memory available")
+                         f"({m} masks x {dim} values), more than {where}")
 
 
 class TextHide:
