@@ -122,3 +122,37 @@ def test_fd_lines_close_does_not_wait_for_a_blocked_read():
     with pytest.raises(OSError):
         os.write(w, b"more\n")  # the read end is closed: EPIPE
     os.close(w)
+
+
+def wait_for(cond, seconds: float = 5.0) -> bool:
+    deadline = time.monotonic() + seconds
+    while not cond() and time.monotonic() < deadline:
+        time.sleep(0.005)
+    return cond()
+
+
+def test_an_idle_pipe_hands_on_a_partial_batch():
+    """Lines from a pipe that then goes quiet come out as a short batch (the CLI's records
+    follow within ~idle); without the idle poll they would wait for 16 lines or EOF."""
+    r, w = os.pipe()
+    sizes: list[int] = []
+    lines = LineReader(FdLines(r, idle=0.02))
+    t = threading.Thread(target=lambda: sizes.extend(len(b.lines) for b in lines.batches()),
+                         daemon=True)
+    t.start()
+    os.write(w, b"one\ntwo\n")
+    assert wait_for(lambda: sizes == [2])
+    os.write(w, b"thr")  # half a line is not handed on
+    time.sleep(0.1)
+    os.write(w, b"ee\n")
+    assert wait_for(lambda: sizes == [2, 1])
+    os.close(w)
+    t.join(5)
+    assert sizes == [2, 1] and not t.is_alive()
+
+
+def test_a_regular_file_is_read_in_full_batches(tmp_path):
+    p = tmp_path / "in.txt"
+    p.write_bytes(b"x\n" * 20)
+    src = FdLines(os.open(p, os.O_RDONLY), idle=0.0)  # no idle poll on a regular file
+    assert [len(b.lines) for b in LineReader(src).batches()] == [16, 4]
