@@ -2,8 +2,9 @@
 (PostgreSQL), inside the caller's write transaction.
 
 Why not ``insert(...).returning(id)`` with many rows: SQLAlchemy renders it as one
-INSERT of 256 x 13 placeholders, which psycopg re-parses on every request (too long for
-its statement cache: about 55 ms per 256 records, more than the rest of the request).
+INSERT with thousands of placeholders, which psycopg re-parses on every request (too long
+for its statement cache; the largest item in a profile of the insert, see
+bench/RESULTS.md "bench/records.py").
 With the ids known before the insert, ``ids[i]`` is row ``i``'s id by construction:
 
 * SQLite: inside ``BEGIN IMMEDIATE`` (the write lock is ours) the next ids follow the
