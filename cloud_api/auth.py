@@ -131,11 +131,12 @@ def _caller(request: Request, need: Role) -> Caller:
     return caller
 
 
-def require_app(request: Request) -> Caller:
+# async: no I/O here, and a plain def would cost a thread-pool round trip per request
+async def require_app(request: Request) -> Caller:
     return _caller(request, "app")
 
 
-def require_admin(request: Request) -> Caller:
+async def require_admin(request: Request) -> Caller:
     return _caller(request, "admin")
 
 

@@ -9,9 +9,10 @@ collector task takes batches off the queue and runs the model in a dedicated wor
   (payloads x the longest one);
 * it is built around the oldest waiting payload (no one starves) from the waiting payloads
   closest to it in length (length-sorted buckets: little padding);
-* the collector waits at most ``max_wait_ms`` for more payloads, and only as many as the
-  previous batch had (under steady load it goes as soon as the clients of the last batch
-  are back; a lone client never waits);
+* the collector waits at most ``max_wait_ms`` for more payloads, and only for as many as
+  the recent load (payloads queued or running, its peak decaying batch by batch) gives
+  each worker: under steady load it goes as soon as the clients of the last batch are
+  back, a lone client never waits;
 * a payload whose request was cancelled or whose client went away (``is_disconnected``) is
   dropped before inference; a request that waited longer than ``queue_timeout_s`` fails
   with :class:`~cloud_api.errors.Unavailable` (503, ``Retry-After``).
@@ -118,7 +119,8 @@ class Batcher:
         self._task: asyncio.Task | None = None
         self._closing = False
         self._closed = asyncio.Event()
-        self._last_batch = 1
+        self._load = 1.0  # payloads in flight (queued + running), peak-held with decay
+        self._in_forward = 0  # payloads in batches running now
         self._per_payload_s = 0.01  # running estimate, for Retry-After
         self.batches = 0  # forwards run (tests and logs)
         self.dropped = 0  # requests dropped before inference: client gone
@@ -291,9 +293,16 @@ class Batcher:
         self._queue_gauge.set(len(self._items))
         return batch
 
+    def _target(self) -> int:
+        """Payloads worth waiting for: the recent load (queued + running, its peak decaying
+        by a fifth per batch) shared by the workers. A lone client gets 1: no wait."""
+        self._load = max(float(len(self._items) + self._in_forward), 0.8 * self._load)
+        share = math.ceil(self._load / len(self._forwards) - 1e-9)
+        return max(1, min(self.max_batch_size, share))
+
     async def _wait_for_more(self) -> None:
-        """Wait (at most max_wait) until as many payloads wait as the last batch had."""
-        target = min(self.max_batch_size, self._last_batch)
+        """Wait (at most max_wait) until the queue holds :meth:`_target` payloads."""
+        target = self._target()
         if len(self._items) >= target or self.max_wait <= 0:
             return
         deadline = time.monotonic() + self.max_wait
@@ -352,6 +361,7 @@ class Batcher:
             metrics.QUEUE_DURATION.labels(model=self.model_id).observe(now - it.request.enqueued)
         payloads = [it.payload for it in batch]
         t0 = time.perf_counter()
+        self._in_forward += len(batch)
         try:
             probs = await loop.run_in_executor(self._executors[worker], self._forwards[worker],
                                                payloads)
@@ -363,9 +373,10 @@ class Batcher:
             for it in batch:
                 it.request.fail(err)
             return
+        finally:
+            self._in_forward -= len(batch)
         took = time.perf_counter() - t0
         self._per_payload_s = 0.8 * self._per_payload_s + 0.2 * took / len(batch)
-        self._last_batch = len(batch)
         self.batches += 1
         self.largest_batch = max(self.largest_batch, len(batch))
         metrics.INFERENCE_DURATION.labels(model=self.model_id).observe(took)

@@ -200,6 +200,34 @@ def test_two_workers_run_two_batches_at_once(backend, trained, tmp_path, records
     assert [len(g.batches) for g in gates] == [1, 1]
 
 
+def test_under_load_the_next_batch_waits_for_the_returning_clients(backend, records):
+    """After a batch of 8, the collector waits (up to max_wait) for about as many more
+    instead of sending the 4 already there alone; it goes once 7 (the decayed load) wait."""
+    import time
+
+    gated = Gated(backend)
+    payloads = [r.payload for r in records]
+
+    async def main():
+        b = make(gated, max_wait_ms=5000)
+        first = [asyncio.create_task(b.run([p])) for p in payloads[:8]]
+        await gated.busy()
+        early = [asyncio.create_task(b.run([p])) for p in payloads[8:12]]
+        gated.gate.set()
+        await asyncio.gather(*first)
+        await asyncio.sleep(0.05)
+        t0 = time.perf_counter()
+        late = [asyncio.create_task(b.run([p])) for p in payloads[12:15]]
+        await asyncio.gather(*early, *late)
+        took = time.perf_counter() - t0
+        await b.drain()
+        return took
+
+    took = run(main())
+    assert [len(x) for x in gated.batches] == [8, 7]
+    assert took < 4.0  # went when 7 were there, not at max_wait
+
+
 def test_lone_client_does_not_wait_for_company(backend, records):
     """After a batch of one, the next request runs at once (max_wait is not spent)."""
     import time
