@@ -91,9 +91,6 @@ def run(job: dict, files: AttemptFiles, dist_ctx=None) -> dict | None:
     """Train the new version into ``files.output``; returns the result (None off rank 0)."""
     from cloud_api.home import ModelHome
     from cloud_api.settings import Settings
-    from models import distributed
-    from models.experiment import evaluate_records, train_from_records
-    from models.finetune import TrainConfig, TrainingCancelled
 
     settings = Settings()
     home = ModelHome(settings.home)
@@ -102,13 +99,21 @@ def run(job: dict, files: AttemptFiles, dist_ctx=None) -> dict | None:
     progress = ProgressWriter(files, enabled=main)
     progress.update(force=True, phase="loading records")
     loaded = _load(settings, spec["task"], job.get("watermark")) if main else None
-    task, rows, watermark = distributed.broadcast_object(loaded, dist_ctx)
+    if dist_ctx is not None:
+        from models import distributed
+
+        loaded = distributed.broadcast_object(loaded, dist_ctx)
+    task, rows, watermark = loaded
     parts = split_rows(rows)
     counts = {p: len(v) for p, v in parts.items()}
     log.info("job %s: %d records up to id %s: train %d, dev %d, test %d", job["job_id"],
              len(rows), watermark, counts["train"], counts["dev"], counts["test"])
     if not parts["train"]:
-        raise ValueError("no training records after the split")
+        raise ValueError(f"task {task.name} has no training records up to id {watermark} "
+                         "(erased since the job was submitted?)")
+    # torch from here on (a job that fails above never pays for importing it)
+    from models.experiment import evaluate_records, train_from_records
+    from models.finetune import TrainConfig, TrainingCancelled
 
     bundle = _bundle(home, task.bundle_id)
     cfg = TrainConfig(epochs=int(spec["epochs"]), lr=spec.get("lr"),

@@ -81,15 +81,14 @@ def main(argv: list[str] | None = None) -> int:
         "%(asctime)s %(levelname)s " + (f"rank {rank} " if rank else "") + "%(message)s"))
     if os.environ.get(PARENT_ENV):
         watch_parent(int(os.environ[PARENT_ENV]))
-    from models import distributed
-    from models.finetune import TrainingCancelled
-
     job = files.read_job()
     ctx = None
     try:
-        from cloud_api.settings import Settings
+        if int(os.environ.get("WORLD_SIZE", "1")) > 1:  # torch only when needed: a job
+            from cloud_api.settings import Settings  # that fails early fails in a second
+            from models import distributed
 
-        ctx = distributed.init_from_env(Settings().device)
+            ctx = distributed.init_from_env(Settings().device)
         log.info("job %s (%s), attempt %s%s", job["job_id"], job["kind"], job["attempt"],
                  f", DDP {ctx.world_size} processes ({ctx.backend})" if ctx else "")
         if job["kind"] == "retrain":
@@ -103,10 +102,10 @@ def main(argv: list[str] | None = None) -> int:
             files.write_result(result)
         log.info("job %s: done", job["job_id"])
         return 0
-    except TrainingCancelled:
-        log.info("job %s: cancelled", job["job_id"])
-        return EXIT_CANCELLED
     except BaseException as exc:  # noqa: BLE001 - report every failure as one line
+        if _is_cancel(exc):
+            log.info("job %s: cancelled", job["job_id"])
+            return EXIT_CANCELLED
         if isinstance(exc, KeyboardInterrupt | SystemExit) and not files.cancelled():
             files.write_error("stopped by a signal")
             raise
@@ -115,7 +114,16 @@ def main(argv: list[str] | None = None) -> int:
               file=sys.stderr, flush=True)
         return EXIT_CANCELLED if files.cancelled() else EXIT_FAILED
     finally:
-        distributed.close(ctx)
+        if ctx is not None:
+            from models import distributed
+
+            distributed.close(ctx)
+
+
+def _is_cancel(exc: BaseException) -> bool:
+    """``models.finetune.TrainingCancelled`` (if that module was ever imported)."""
+    finetune = sys.modules.get("models.finetune")
+    return finetune is not None and isinstance(exc, finetune.TrainingCancelled)
 
 
 if __name__ == "__main__":

@@ -3,7 +3,8 @@
     torchrun --standalone --nproc-per-node 2 tests/models/ddp_finetune_main.py OUT BERT_DIR
 
 Each rank writes ``OUT/rank-<r>.json`` (a hash of its final weights, the steps it ran,
-the epoch losses); rank 0 writes the model version ``OUT/model`` and the pretrained BERT ``OUT/pre``. Used by
+the epoch losses); rank 0 writes the pretrained BERT ``OUT/pre`` (the retraining job test covers rank 0
+writing a model version through ``train_from_records``). Used by
 tests/models/test_distributed.py.
 """
 
@@ -20,7 +21,6 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 from models import distributed  # noqa: E402
 from models.data import dataset_from_records  # noqa: E402
-from models.experiment import train_from_records  # noqa: E402
 from models.finetune import TrainConfig, finetune  # noqa: E402
 from shared.bundle import EdgeBundle  # noqa: E402
 from tests.models.conftest import sentiment_texts, token_records  # noqa: E402
@@ -41,10 +41,6 @@ def main(out: Path, bert_dir: Path) -> None:
     digest = hashlib.sha256()
     for k, v in sorted(res.module.state_dict().items()):
         digest.update(k.encode() + v.detach().cpu().numpy().tobytes())
-    # the library entry point: only rank 0 writes the version folder
-    train_from_records(records[:64], out / "model", bundle=bundle, dev_records=records[64:],
-                       base=bert_dir, cfg=TrainConfig(epochs=1, batch_size=8, progress=False),
-                       label_names=["neg", "pos"], dist_ctx=ctx)
     # privacy-adaptive pretraining with DDP: 4 steps, rank 0 writes the BERT folder
     from models.pretrain import pretrain
 
