@@ -30,7 +30,8 @@ HEARTBEAT_TIMEOUT_S, REAPER_INTERVAL_S = 3.0, 0.5
 def crash_server(tiny_home, tmp_path_factory):
     root = tmp_path_factory.mktemp("jobs-crash")
     home = root / "home"
-    shutil.copytree(tiny_home.root, home, ignore=shutil.ignore_patterns("privbert.db*", "jobs"))
+    shutil.copytree(tiny_home.root, home,  # model text only: one model to load
+                    ignore=shutil.ignore_patterns("privbert.db*", "jobs", "emb"))
     shutil.copytree(tiny_home.base, home / "bases" / "tiny")
     server = ServerProcess(home, root / "serve.log", new_keys(), {
         "PRIVBERT_RATE_LIMIT_PER_KEY": "0", "PRIVBERT_WORKER_IN_SERVE": "0",

@@ -24,11 +24,12 @@ PROBLEM = "urn:privbert:problem:"
 
 @pytest.fixture(scope="module")
 def jobs_server(tiny_home, tmp_path_factory):
-    """A copy of the bootstrapped home (models text and emb, v1) with the tiny BERT as the
-    base ``tiny``, served with the worker thread on."""
+    """A copy of the bootstrapped home (model text, dchi-text eta 5, v1) with the tiny BERT
+    as the base ``tiny``, served with the worker thread on."""
     root = tmp_path_factory.mktemp("jobs-http")
     home = root / "home"
-    shutil.copytree(tiny_home.root, home, ignore=shutil.ignore_patterns("privbert.db*", "jobs"))
+    shutil.copytree(tiny_home.root, home,  # model text only: one model to load
+                    ignore=shutil.ignore_patterns("privbert.db*", "jobs", "emb"))
     shutil.copytree(tiny_home.base, home / "bases" / "tiny")
     server = ServerProcess(home, root / "serve.log", new_keys(), {
         "PRIVBERT_RATE_LIMIT_PER_KEY": "0", "PRIVBERT_HEARTBEAT_S": "0.3",
@@ -172,9 +173,9 @@ def test_submission_checks_answer_4xx_before_any_job(jobs_server, tiny_bundle_of
         {"bundle_id": bid, "mechanism": "dchi-embedding", "eta": ETA}))
     r = retrain(base="emb-pre")
     assert r.status_code == 422 and "pretrained with dchi-embedding" in r.json()["detail"]
-    # a model id that serves other payloads
-    r = retrain(model_id="emb")
-    assert r.status_code == 422 and "serves dchi-embedding" in r.json()["detail"]
+    # a model id that serves other payloads (model text: eta 5; the task's records: eta 10)
+    r = retrain(model_id="text")
+    assert r.status_code == 422 and "serves parameters {'eta': 5.0}" in r.json()["detail"]
     # keys
     r = httpx.post(server.url + "/admin/retrain", json={"task": "enough", "model_id": "chk"},
                    headers=server.headers(), timeout=10)
