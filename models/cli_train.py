@@ -75,7 +75,7 @@ def _positive_int(s: str) -> int:
 
 
 def _mechanism_args(p: argparse.ArgumentParser) -> None:
-    from models.privatize import MECHANISM_CHOICES
+    from shared.payload import MECHANISMS as MECHANISM_CHOICES  # not models.*: torch
 
     g = p.add_argument_group("privatization (as on the edge)")
     g.add_argument("--mechanism", choices=MECHANISM_CHOICES,

@@ -261,6 +261,8 @@ class Record(BaseModel):
         return self
 
 
+# every mechanism name a payload may carry, in the order the CLIs list them
+MECHANISMS = ("none", "dchi-text", "dchi-embedding", "laplace", "ome", "texthide")
 _KINDS = {  # mechanism -> (array field, array dtype; None = float_dtype)
     "dchi-embedding": ("embeddings", None),
     "dchi-text": ("token_ids", "int32"),

@@ -529,3 +529,12 @@ def test_encode_rows_checks_like_encode_array():
         encode_rows(np.zeros((4, 6)), [1, 3], "float32", Limits(max_array_bytes=60))
     with pytest.raises(ValueError, match="bits"):
         encode_rows(np.zeros((4, 6)), [2, 2], "bits")
+
+
+def test_mechanism_names_are_the_payload_kinds():
+    """The CLIs' --mechanism choices (shared.payload.MECHANISMS) are exactly the kinds a
+    payload can carry: a mechanism added to one list and not the other fails here."""
+    from shared.payload import _KINDS, MECHANISMS
+
+    assert len(MECHANISMS) == len(set(MECHANISMS))
+    assert set(MECHANISMS) == set(_KINDS)
