@@ -35,6 +35,7 @@ error_log = logging.getLogger("cloud_api.errors")
 
 _REQUEST_ID = re.compile(r"^[A-Za-z0-9._:-]{1,128}$")
 PROBES = frozenset({"/healthz", "/readyz", "/metrics"})
+METHODS = frozenset({"GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "OPTIONS"})
 
 
 def _header(scope: Scope, name: bytes) -> str | None:
@@ -146,6 +147,7 @@ class ServiceMiddleware:
     def _record(scope: Scope, state: dict, rid: str, status: int, seconds: float) -> None:
         route = route_template(scope)
         method = scope.get("method", "")
+        method = method if method in METHODS else "other"  # bounded label values
         kind = state.get("problem_kind") if status >= 400 else None
         metrics.REQUESTS.labels(route, method, str(status)).inc()
         metrics.REQUEST_DURATION.labels(route).observe(seconds)
