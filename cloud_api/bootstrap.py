@@ -166,17 +166,16 @@ def _check_floor(args, bundle, params: dict) -> str | None:
     """None when the parameters are at or above the privacy floor (or it is waived), else
     the floor's one-line refusal."""
     from models.privatize import build_mechanism
+    from shared.floor import WeakPrivacyError, require_privacy_floor
 
-    try:
-        from shared.floor import WeakPrivacyError, require_privacy_floor
-    except ImportError:  # TODO(floor): shared/floor.py is being written; drop this fallback
-        build_mechanism(args.mechanism, bundle, **params)  # still checks the parameters
-        return None
     mech = build_mechanism(args.mechanism, bundle, **params)
     try:
-        require_privacy_floor(mech, bundle, allow_weak=args.allow_weak_privacy)
+        reason = require_privacy_floor(mech, bundle, allow_weak=args.allow_weak_privacy)
     except WeakPrivacyError as exc:
         return f"{exc} (--allow-weak-privacy to train anyway, for experiments only)"
+    if reason is not None:
+        _say(f"warning: {reason}; --allow-weak-privacy: the payloads are close to the raw "
+             "text")
     return None
 
 
@@ -196,7 +195,8 @@ def _train_and_register(args, home, model_id: str, task: str, bundle, params: di
     try:
         res = train_from_tsv(args.data, work, args.mechanism, params, dev_tsv=args.dev,
                              bundle=bundle, base=args.base, cfg=cfg, limit=args.limit or None,
-                             dev_limit=args.dev_limit or None, rng=_rng_of(args))
+                             dev_limit=args.dev_limit or None, rng=_rng_of(args),
+                             allow_weak_privacy=args.allow_weak_privacy)
         config_path = res.model_dir / CONFIG_FILE
         config = json.loads(config_path.read_text())
         config["task"] = task
