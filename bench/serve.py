@@ -88,7 +88,7 @@ def request_bodies(n: int) -> list[bytes]:
 
 
 # -- the naive server (runs in a subprocess: python bench/serve.py --naive ...) --------------
-def naive_app(model_dir: str, backend: str, mode: str):
+def naive_app(model_dir: str, backend: str, mode: str, threads: int | None = None):
     """FastAPI app: parse the body, one forward per payload, answer; nothing else."""
     import numpy as np
     import orjson
@@ -107,6 +107,13 @@ def naive_app(model_dir: str, backend: str, mode: str):
         from models.export import OnnxClassifier
 
         onnx = OnnxClassifier(model_dir)
+        if threads:  # the same session options as the service's onnx backend
+            import onnxruntime as ort
+
+            opts = ort.SessionOptions()
+            opts.intra_op_num_threads, opts.inter_op_num_threads = threads, 1
+            onnx.session = ort.InferenceSession(str(Path(model_dir) / "classifier.onnx"), opts,
+                                                providers=["CPUExecutionProvider"])
 
         def forward(p) -> np.ndarray:
             return onnx.predict_proba([p])[0]
@@ -152,7 +159,7 @@ def run_naive(args) -> None:
         import torch
 
         torch.set_num_threads(args.threads)
-    app = naive_app(args.model, args.backend, args.naive)
+    app = naive_app(args.model, args.backend, args.naive, args.threads)
     uvicorn.run(app, host="127.0.0.1", port=args.port, log_level="warning", access_log=False)
 
 
@@ -198,8 +205,9 @@ def serve_cmd(home: Path, port: int) -> list[str]:
     return [str(exe), "serve", "--host", "127.0.0.1", "--port", str(port), "--home", str(home)]
 
 
-def serve_env(backend: str, threads: int | None) -> dict:
+def serve_env(backend: str, threads: int | None, workers: int = 1) -> dict:
     env = dict(os.environ)
+    env["PRIVBERT_INFERENCE_WORKERS"] = str(workers)
     env.update({"PRIVBERT_API_KEYS": API_KEY, "PRIVBERT_ADMIN_KEYS": API_KEY + "-admin",
                 "PRIVBERT_BACKEND": backend, "PRIVBERT_RATE_LIMIT_PER_KEY": "0",
                 "PRIVBERT_LOG_LEVEL": "WARNING", "PRIVBERT_WORKER_IN_SERVE": "0"})
@@ -232,15 +240,21 @@ async def closed_loop(port: int, bodies: list[bytes], concurrency: int, seconds:
                 resp = await client.post(url, content=bodies[i % len(bodies)], headers=headers)
                 t1 = time.perf_counter()
                 i += concurrency
+                done[0] += 1
                 if resp.status_code != 200:
                     errors.append(f"{resp.status_code} {resp.text[:200]}")
                 elif t0 >= t_measure:
                     lat.append(t1 - t0)
 
+        done = [0]
         await asyncio.gather(*(worker(k) for k in range(concurrency)))
-    lat.sort()
-    return {"n": len(lat), "rps": len(lat) / seconds, "p50": _pct(lat, 50),
-            "p99": _pct(lat, 99), "errors": errors}
+    return {"lat": lat, "errors": errors, "done": done[0]}
+
+
+def cpu_seconds(pid: int) -> float:
+    """User + system CPU time of process ``pid`` (all its threads) so far."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 def _pct(sorted_values: list[float], q: float) -> float:
@@ -263,26 +277,30 @@ def batch_stats(port: int) -> tuple[float, float]:
     return s, c
 
 
-def bare_forward(model_dir: Path, backend: str, bodies: list[bytes], threads: int | None,
-                 seconds: float) -> float:
-    """p50 of one backend forward on one payload (the same payloads, in this process)."""
-    from cloud_api.serving.backends import load_backend
-    from cloud_api.settings import Settings
-    from shared.payload import parse_payload
+class Bare:
+    """One backend forward on one payload in this process (no HTTP), same payloads."""
 
-    payloads = [parse_payload(json.loads(b)["payloads"][0]) for b in bodies]
-    be = load_backend(model_dir, Settings(home=model_dir.parent, backend=backend,
-                                          torch_threads=threads, auth_disabled=True))
-    times: list[float] = []
-    t_end = time.perf_counter() + seconds
-    i = 0
-    while time.perf_counter() < t_end:
-        t0 = time.perf_counter()
-        be.forward([payloads[i % len(payloads)]])
-        times.append(time.perf_counter() - t0)
-        i += 1
-    be.close()
-    return statistics.median(times)
+    def __init__(self, model_dir: Path, backend: str, bodies: list[bytes], threads: int | None):
+        from cloud_api.serving.backends import load_backend
+        from cloud_api.settings import Settings
+        from shared.payload import parse_payload
+
+        self.payloads = [parse_payload(json.loads(b)["payloads"][0]) for b in bodies]
+        self.backend = load_backend(model_dir, Settings(
+            home=model_dir.parent, backend=backend, torch_threads=threads, auth_disabled=True))
+        self.times: list[float] = []
+        self.i = 0
+
+    def measure(self, seconds: float) -> None:
+        t_end = time.perf_counter() + seconds
+        while time.perf_counter() < t_end:
+            t0 = time.perf_counter()
+            self.backend.forward([self.payloads[self.i % len(self.payloads)]])
+            self.times.append(time.perf_counter() - t0)
+            self.i += 1
+
+    def close(self) -> None:
+        self.backend.close()
 
 
 async def _batcher_load(batcher, payloads: list, concurrency: int, seconds: float) -> dict:
@@ -332,7 +350,7 @@ def dispatch_compare(model_dir: Path, backend: str, bodies: list[bytes], threads
 
             r = asyncio.run(go())
             rows.append([backend, f"batcher, {name}, no HTTP", c, "", f"{r['rps']:.1f}",
-                         f"{r['p50'] * 1e3:.2f}", "", "", "", ""])
+                         f"{r['p50'] * 1e3:.2f}", "", "", "", "", ""])
             print(f"  {backend:5s} {name:24s} c={c:<3d} {r['rps']:7.1f} req/s  "
                   f"p50 {r['p50'] * 1e3:7.2f} ms", flush=True)
     be.close()
@@ -347,9 +365,14 @@ def main() -> int:
     ap.add_argument("--requests", type=int, default=512, help="distinct request bodies")
     ap.add_argument("--backends", nargs="+", default=["torch", "onnx"])
     ap.add_argument("--concurrency", nargs="+", type=int, default=[1, 8, 32])
-    ap.add_argument("--seconds", type=float, default=8.0, help="measured seconds per level")
-    ap.add_argument("--warmup", type=float, default=2.0, help="unmeasured seconds first")
-    ap.add_argument("--threads", type=int, help="PRIVBERT_TORCH_THREADS (default: torch's)")
+    ap.add_argument("--seconds", type=float, default=4.0, help="measured seconds per turn")
+    ap.add_argument("--warmup", type=float, default=1.0, help="unmeasured seconds per turn")
+    ap.add_argument("--rounds", type=int, default=3, help="turns of each server per level")
+    ap.add_argument("--threads", type=int, help="PRIVBERT_TORCH_THREADS, also for the naive "
+                    "servers and the bare forward (default: torch's, one per core)")
+    ap.add_argument("--workers", type=int, default=1, help="PRIVBERT_INFERENCE_WORKERS (1)")
+    ap.add_argument("--max-wait-ms", type=float, help="PRIVBERT_MAX_WAIT_MS (default: "
+                    "the setting's)")
     ap.add_argument("--naive-flavours", nargs="+", default=["serial", "threads"])
     ap.add_argument("--dispatch", action="store_true", help="also compare the batcher's "
                     "dedicated inference thread with asyncio.to_thread's shared pool")
@@ -365,83 +388,132 @@ def main() -> int:
 
     t_all = time.perf_counter()
     print(f"machine: {machine()}", flush=True)
-    print(f"load average at start: {os.getloadavg()[0]:.2f}", flush=True)
+    print(f"load average at start: {os.getloadavg()[0]:.2f}; torch/onnxruntime threads "
+          f"{args.threads or 'default'}, inference workers {args.workers}", flush=True)
     model, home = prepare(args.work, args.rows)
     bodies = request_bodies(args.requests)
     lengths = [json.loads(b)["payloads"][0]["token_ids"]["shape"][0] for b in bodies]
     print(f"{len(bodies)} requests of one dchi-text payload (eta {ETA:g}), "
-          f"{statistics.mean(lengths):.1f} tokens on average (max {max(lengths)}); "
-          f"closed loop, {args.warmup:g} s warm-up + {args.seconds:g} s measured per level",
+          f"{statistics.mean(lengths):.1f} tokens on average (max {max(lengths)}); closed "
+          f"loop; per level {args.rounds} rounds of {args.warmup:g} s warm-up + "
+          f"{args.seconds:g} s measured, the servers taking turns within each round",
           flush=True)
 
     rows, verdicts = [], []
     for backend in args.backends:
-        bare = bare_forward(model, backend, bodies, args.threads, min(args.seconds, 5))
-        rows.append([backend, "bare forward, 1 payload, no HTTP", 1, "", "",
-                     f"{bare * 1e3:.2f}", "", "", "", ""])
-        if args.dispatch:
-            rows += dispatch_compare(model, backend, bodies, args.threads, args.seconds / 2)
-        results: dict[str, dict[int, dict]] = {}
-        servers = [("cloud-api serve", None)] + [(f"naive ({f})", f)
-                                                  for f in args.naive_flavours]
-        for name, flavour in servers:
-            port = free_port()
-            if flavour is None:
-                proc = start(serve_cmd(home, port), serve_env(backend, args.threads), port)
-            else:
-                cmd = [sys.executable, __file__, "--naive", flavour, "--model", str(model),
-                       "--backend", backend, "--port", str(port)]
-                if args.threads:
-                    cmd += ["--threads", str(args.threads)]
-                proc = start(cmd, dict(os.environ), port)
-            results[name] = {}
-            try:
-                for c in args.concurrency:
-                    before = batch_stats(port) if flavour is None else None
-                    r = asyncio.run(closed_loop(port, bodies, c, args.seconds, args.warmup))
-                    if before is not None:
-                        after = batch_stats(port)
-                        r["batch"] = (after[0] - before[0]) / max(1.0, after[1] - before[1])
-                    results[name][c] = r
-                    print(f"  {backend:5s} {name:22s} c={c:<3d} {r['rps']:7.1f} req/s  "
-                          f"p50 {r['p50'] * 1e3:7.2f} ms  p99 {r['p99'] * 1e3:7.2f} ms  "
-                          f"errors {len(r['errors'])}", flush=True)
-            finally:
-                stop(proc)
-        naive_best = {c: max((results[n][c]["rps"] for n in results if n.startswith("naive")),
-                             default=float("nan")) for c in args.concurrency}
-        for name in results:
-            for c, r in results[name].items():
-                vs = (r["rps"] / naive_best[c] if name == "cloud-api serve" and naive_best[c] > 0
-                      else float("nan"))
-                rows.append([backend, name, c, r["n"], f"{r['rps']:.1f}",
-                             f"{r['p50'] * 1e3:.2f}", f"{r['p99'] * 1e3:.2f}",
-                             f"{r['p99'] / r['p50']:.2f}",
-                             f"{r['batch']:.1f}" if "batch" in r else "",
-                             f"{vs:.2f}x" if vs == vs else ""])
-                if r["errors"]:
-                    print(f"{backend} {name} c={c}: {len(r['errors'])} errors, first: "
-                          f"{r['errors'][0]}")
-        srv = results["cloud-api serve"]
-        if 32 in srv and naive_best[32] > 0:
-            ratio, spread = srv[32]["rps"] / naive_best[32], srv[32]["p99"] / srv[32]["p50"]
-            verdicts.append(f"{backend}: c=32 {ratio:.2f}x the better naive server's req/s "
-                            f"(target >= 3x: {'met' if ratio >= 3 else 'NOT met'}), p99/p50 "
-                            f"{spread:.2f} (target <= 2: {'met' if spread <= 2 else 'NOT met'})")
-        if 1 in srv:
-            over = srv[1]["p50"] / bare
-            verdicts.append(f"{backend}: c=1 p50 {srv[1]['p50'] * 1e3:.2f} ms = {over:.2f}x "
-                            f"the bare forward's {bare * 1e3:.2f} ms (target <= 1.3x: "
-                            f"{'met' if over <= 1.3 else 'NOT met'})")
+        rows_b, verdicts_b = run_backend(args, backend, model, home, bodies)
+        rows += rows_b
+        verdicts += verdicts_b
     print()
     print(table(["backend", "server", "conc.", "requests", "req/s", "p50 ms", "p99 ms",
-                 "p99/p50", "mean batch", "vs naive"], rows))
+                 "p99/p50", "CPU ms/req", "mean batch", "vs naive"], rows))
     print()
     for v in verdicts:
         print(v)
     print(f"load average at end: {os.getloadavg()[0]:.2f}; wall clock "
           f"{time.perf_counter() - t_all:.0f} s")
     return 0
+
+
+SERVE = "cloud-api serve"
+
+
+def run_backend(args, backend: str, model: Path, home: Path, bodies: list[bytes]
+                ) -> tuple[list[list], list[str]]:
+    """Every server of ``backend`` up at once; at each level, rounds in which each server
+    (and, at c=1, the bare forward) takes its turn, so that the load of this shared
+    machine falls on all of them alike."""
+    rows: list[list] = []
+    if args.dispatch:
+        rows += dispatch_compare(model, backend, bodies, args.threads, args.seconds)
+    procs: dict[str, tuple[subprocess.Popen, int]] = {}
+    try:
+        port = free_port()
+        env = serve_env(backend, args.threads, args.workers)
+        if args.max_wait_ms is not None:
+            env["PRIVBERT_MAX_WAIT_MS"] = str(args.max_wait_ms)
+        procs[SERVE] = (start(serve_cmd(home, port), env, port), port)
+        for flavour in args.naive_flavours:
+            port = free_port()
+            cmd = [sys.executable, __file__, "--naive", flavour, "--model", str(model),
+                   "--backend", backend, "--port", str(port)]
+            if args.threads:
+                cmd += ["--threads", str(args.threads)]
+            procs[f"naive ({flavour})"] = (start(cmd, dict(os.environ), port), port)
+        bare = Bare(model, backend, bodies, args.threads)
+        res: dict[str, dict[int, dict]] = {n: {} for n in procs}
+        for c in args.concurrency:
+            acc = {n: {"lat": [], "seconds": 0.0, "errors": [], "cpu": 0.0, "done": 0}
+                   for n in procs}
+            before = batch_stats(procs[SERVE][1])
+            names = list(procs)
+            for rnd in range(args.rounds):
+                for name in names[rnd % len(names):] + names[: rnd % len(names)]:
+                    cpu0 = cpu_seconds(procs[name][0].pid)
+                    r = asyncio.run(closed_loop(procs[name][1], bodies, c, args.seconds,
+                                                args.warmup))
+                    a = acc[name]
+                    a["cpu"] += cpu_seconds(procs[name][0].pid) - cpu0
+                    a["done"] += r["done"]
+                    a["lat"] += r["lat"]
+                    a["seconds"] += args.seconds
+                    a["errors"] += r["errors"]
+                if c == 1:
+                    bare.measure(args.seconds)
+            after = batch_stats(procs[SERVE][1])
+            for name, a in acc.items():
+                lat = sorted(a["lat"])
+                res[name][c] = {"n": len(lat), "rps": len(lat) / a["seconds"],
+                                "p50": _pct(lat, 50), "p99": _pct(lat, 99),
+                                "errors": a["errors"], "cpu": a["cpu"] / max(1, a["done"])}
+                if name == SERVE:
+                    res[name][c]["batch"] = (after[0] - before[0]) / max(1.0,
+                                                                          after[1] - before[1])
+                r = res[name][c]
+                print(f"  {backend:5s} {name:18s} c={c:<3d} {r['rps']:7.1f} req/s  p50 "
+                      f"{r['p50'] * 1e3:7.2f} ms  p99 {r['p99'] * 1e3:7.2f} ms  CPU "
+                      f"{r['cpu'] * 1e3:6.2f} ms/req  errors {len(r['errors'])}  load "
+                      f"{os.getloadavg()[0]:.2f}", flush=True)
+        bare_p50 = statistics.median(bare.times) if bare.times else float("nan")
+        bare.close()
+    finally:
+        for proc, _ in procs.values():
+            stop(proc)
+    rows.append([backend, "bare forward, 1 payload, no HTTP", 1, len(bare.times), "",
+                 f"{bare_p50 * 1e3:.2f}", "", "", "", "", ""])
+    naive_best = {c: max((res[n][c]["rps"] for n in res if n != SERVE), default=0.0)
+                  for c in args.concurrency}
+    for name in res:
+        for c, r in res[name].items():
+            vs = (r["rps"] / naive_best[c] if name == SERVE and naive_best[c] > 0
+                  else float("nan"))
+            rows.append([backend, name, c, r["n"], f"{r['rps']:.1f}", f"{r['p50'] * 1e3:.2f}",
+                         f"{r['p99'] * 1e3:.2f}", f"{r['p99'] / r['p50']:.2f}",
+                         f"{r['cpu'] * 1e3:.2f}", f"{r['batch']:.1f}" if "batch" in r else "",
+                         f"{vs:.2f}x" if vs == vs else ""])
+            if r["errors"]:
+                print(f"{backend} {name} c={c}: {len(r['errors'])} errors, first: "
+                      f"{r['errors'][0]}")
+    verdicts = []
+    srv = res[SERVE]
+    if 32 in srv and naive_best[32] > 0:
+        ratio, spread = srv[32]["rps"] / naive_best[32], srv[32]["p99"] / srv[32]["p50"]
+        verdicts.append(f"{backend}: c=32 {ratio:.2f}x the better naive server's req/s "
+                        f"(target >= 3x: {'met' if ratio >= 3 else 'NOT met'}), p99/p50 "
+                        f"{spread:.2f} (target <= 2: {'met' if spread <= 2 else 'NOT met'})")
+    if 32 in srv:
+        naive_cpu = min(res[n][32]["cpu"] for n in res if n != SERVE) if len(res) > 1 else 0
+        if naive_cpu > 0:
+            verdicts.append(f"{backend}: c=32 CPU per request {srv[32]['cpu'] * 1e3:.2f} ms "
+                            f"against {naive_cpu * 1e3:.2f} ms for the leaner naive server: "
+                            f"{naive_cpu / srv[32]['cpu']:.2f}x less (what the req/s ratio "
+                            f"tends to on cores nobody else uses)")
+    if 1 in srv:
+        over = srv[1]["p50"] / bare_p50
+        verdicts.append(f"{backend}: c=1 p50 {srv[1]['p50'] * 1e3:.2f} ms = {over:.2f}x the "
+                        f"bare forward's {bare_p50 * 1e3:.2f} ms (target <= 1.3x: "
+                        f"{'met' if over <= 1.3 else 'NOT met'})")
+    return rows, verdicts
 
 
 if __name__ == "__main__":
