@@ -1,7 +1,7 @@
 """A retraining job's training throughput (worker + child process) against calling the
 trainer directly on the same records, in the same run.
 
-    python bench/job_overhead.py [--records 3000] [--epochs 2] [--rounds 2]
+    python bench/job_overhead.py [--records 3000] [--epochs 2] [--rounds 2] [--threads N]
 
 Data: the first ``--records`` SST-2 training sentences privatized on the edge path
 (``edge_agent.Privatizer``, ``dchi-text`` η = 65, default MiniLM bundle), stored as the
@@ -11,15 +11,21 @@ records of a task in a SQLite database in a temporary ``$PRIVBERT_HOME``.
   run by ``cloud_api.worker.Worker.run(once=True)`` in this process, which claims it and
   runs the child ``python -m cloud_api.jobs.run``: snapshot from the database, the split by
   record-id hash, ``train_from_records``, test accuracy, registration of the version.
-- direct: ``models.experiment.train_from_records`` called in this process on the same
-  train/dev records (the job's split), same ``TrainConfig`` (seed 0: the same batches).
+- direct: ``models.experiment.train_from_records`` called on the same train/dev records
+  (the job's split), same ``TrainConfig`` (seed 0: the same batches), in a fresh Python
+  process each round (``bench/job_overhead.py --direct``), as cold as the job's child
+  (a warm process reuses oneDNN kernels made for earlier batch shapes and trains faster).
 
 Two figures per variant, examples/s = train examples x epochs / seconds:
 - training phase: the trainer's own ``train_seconds`` (epoch loop with its dev evaluations),
   reported by the child for the job; the target (within 10%) is on this figure;
 - end to end: job from claim to registered version (``claimed_at`` -> ``finished_at`` of
-  the row); direct, the whole ``train_from_records`` call (model built, version written).
+  the row: child start, imports, snapshot, training, test evaluation, registration);
+  direct, from spawning its process to its exit (imports, snapshot, the
+  ``train_from_records`` call: model built, trained, version written).
 Variants alternate ``--rounds`` times (other processes share the cores); best of each.
+``--threads N`` sets ``OMP_NUM_THREADS`` before torch is imported, so this process and the
+job's child train with the same number of threads.
 """
 
 from __future__ import annotations
@@ -93,32 +99,63 @@ def run_job(settings, db, home, spec: dict) -> dict:
             "log": job.log_tail}
 
 
-def run_direct(db, task, bundle, cfg_kw: dict, out: Path) -> dict:
+def run_direct(settings, out: Path, epochs: int) -> dict:
+    """The direct variant in a fresh process; returns its figures and its wall time."""
+    import json
+    import subprocess
+
+    t = time.perf_counter()
+    proc = subprocess.run([sys.executable, __file__, "--direct", str(settings.home), str(out),
+                           str(epochs)], capture_output=True, text=True)
+    wall = time.perf_counter() - t
+    if proc.returncode != 0:
+        raise SystemExit(f"direct run failed:\n{proc.stderr[-3000:]}")
+    shutil.rmtree(out, ignore_errors=True)
+    return {**json.loads(proc.stdout.strip().splitlines()[-1]), "e2e_s": wall}
+
+
+def direct_main(home: str, out: str, epochs: int) -> None:
+    """``--direct``: snapshot, split, ``train_from_records``; one JSON line on stdout."""
+    import json
+
     from cloud_api.jobs.retrain import split_rows
+    from cloud_api.serving.bundles import BundleStore
+    from cloud_api.settings import Settings
+    from cloud_api.store.db import Database
     from cloud_api.store.records import snapshot
+    from cloud_api.store.tasks import get_task
     from models.experiment import train_from_records
     from models.finetune import TrainConfig
 
+    settings = Settings(home=home)
+    db = Database.from_settings(settings)
+    task = get_task(db, "sst2")
     _, rows = snapshot(db, task)
     parts = split_rows(rows)
+    bundle = BundleStore(settings.home).get(task.bundle_id)
     t = time.perf_counter()
     res = train_from_records(parts["train"], out, bundle=bundle, dev_records=parts["dev"],
-                             cfg=TrainConfig(progress=False, **cfg_kw),
-                             label_names=list(task.labels))
-    e2e = time.perf_counter() - t
-    shutil.rmtree(out)
-    return {"train_s": res.metrics["train_seconds"], "n_train": res.n_train, "e2e_s": e2e,
-            "dev_acc": res.metrics["dev"]["accuracy"]}
+                             cfg=TrainConfig(progress=False, epochs=epochs, seed=0,
+                                             device="cpu"), label_names=list(task.labels))
+    print(json.dumps({"train_s": res.metrics["train_seconds"], "n_train": res.n_train,
+                      "call_s": time.perf_counter() - t,
+                      "dev_acc": res.metrics["dev"]["accuracy"]}))
 
 
 def main() -> None:
+    if len(sys.argv) == 5 and sys.argv[1] == "--direct":
+        return direct_main(sys.argv[2], sys.argv[3], int(sys.argv[4]))
     ap = argparse.ArgumentParser(description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--records", type=int, default=3000)
     ap.add_argument("--epochs", type=int, default=2)
     ap.add_argument("--eta", type=float, default=65.0)
     ap.add_argument("--rounds", type=int, default=2)
+    ap.add_argument("--threads", type=int, default=None, help="torch threads in both "
+                    "variants (default: torch's own choice)")
     args = ap.parse_args()
+    if args.threads:
+        os.environ["OMP_NUM_THREADS"] = str(args.threads)  # inherited by the job's child
     import torch
 
     load = os.getloadavg()[0]
@@ -126,16 +163,15 @@ def main() -> None:
           f"threads), 1-minute load average {load:.2f} at the start", flush=True)
     root = Path(tempfile.mkdtemp(prefix="bench-jobs-"))
     try:
-        settings, db, home, task, bundle = setup(root, args.records, args.eta)
+        settings, db, home, task, _bundle = setup(root, args.records, args.eta)
         from cloud_api.jobs.specs import RetrainRequest, check_retrain
         from cloud_api.serving.bundles import BundleStore
 
         req = RetrainRequest(task="sst2", model_id="bench", epochs=args.epochs, seed=0)
         spec = check_retrain(db, home, BundleStore(home), settings, req)
-        cfg_kw = {"epochs": args.epochs, "seed": 0, "device": "cpu"}
         runs: dict[str, list[dict]] = {"direct": [], "job": []}
         for r in range(args.rounds):
-            runs["direct"].append(run_direct(db, task, bundle, cfg_kw, root / f"direct-{r}"))
+            runs["direct"].append(run_direct(settings, root / f"direct-{r}", args.epochs))
             print(f"round {r + 1} direct: {runs['direct'][-1]}", flush=True)
             runs["job"].append(run_job(settings, db, home, spec))
             print(f"round {r + 1} job: " + str({k: v for k, v in runs["job"][-1].items()
@@ -147,15 +183,22 @@ def main() -> None:
     def best(name: str, key: str) -> float:
         return min(x[key] for x in runs[name])
 
+    def median(name: str, key: str) -> float:
+        import statistics
+
+        return statistics.median(x[key] for x in runs[name])
+
     n = runs["job"][0]["n_train"] * args.epochs
     assert n == runs["direct"][0]["n_train"] * args.epochs
     rows = []
-    for name in ("direct", "job"):
-        tr, e2e = best(name, "train_s"), best(name, "e2e_s")
-        rows.append([name, f"{tr:.1f} s", f"{n / tr:,.1f}",
-                     f"{best('direct', 'train_s') / tr:.3f}", f"{e2e:.1f} s",
-                     f"{n / e2e:,.1f}", f"{best('direct', 'e2e_s') / e2e:.3f}",
-                     ", ".join(f"{x['train_s']:.1f}/{x['e2e_s']:.1f}" for x in runs[name])])
+    for stat, fn in (("best", best), ("median", median)):
+        for name in ("direct", "job"):
+            tr, e2e = fn(name, "train_s"), fn(name, "e2e_s")
+            rows.append([f"{name} ({stat})", f"{tr:.1f} s", f"{n / tr:,.1f}",
+                         f"{fn('direct', 'train_s') / tr:.3f}", f"{e2e:.1f} s",
+                         f"{n / e2e:,.1f}", f"{fn('direct', 'e2e_s') / e2e:.3f}",
+                         ", ".join(f"{x['train_s']:.1f}/{x['e2e_s']:.1f}"
+                                   for x in runs[name])])
     print()
     print(f"{runs['job'][0]['n_train']} train examples x {args.epochs} epochs = {n} examples; "
           f"dev accuracy direct {runs['direct'][0]['dev_acc']:.4f}, job "
