@@ -181,7 +181,10 @@ class Worker:
             log.warning("reaper: job %s had no heartbeat for %g s: now %s", job_id,
                         self.settings.heartbeat_timeout_s, state)
             if state != "queued":
-                _count(queue.get(self.db, job_id).kind, state)
+                try:
+                    _count(queue.get(self.db, job_id).kind, state)
+                except ServiceError:
+                    pass
         return reaped
 
     # -- one job ------------------------------------------------------------------------------
