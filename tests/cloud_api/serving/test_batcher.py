@@ -146,6 +146,36 @@ def test_batches_are_built_from_similar_lengths(backend, bundle):
     assert gated.batches[1:] == [[6, 7, 8, 9], [32, 33, 34, 35]]
 
 
+def test_a_long_payload_does_not_pad_a_batch_of_short_ones(backend, bundle):
+    gated = Gated(backend)
+    lengths = [5, 6, 60, 7, 8, 6]
+
+    async def main():
+        b = make(gated, max_batch_size=32)
+        first = asyncio.create_task(b.run([payload_of_length(bundle, 10)]))
+        await gated.busy()
+        tasks = [asyncio.create_task(b.run([payload_of_length(bundle, n)])) for n in lengths]
+        await asyncio.sleep(0.01)
+        gated.gate.set()
+        await first
+        await asyncio.gather(*tasks)
+        await b.drain()
+
+    run(main())
+    assert gated.batches[1:] == [[7, 8, 9, 10, 8], [62]]
+
+
+def test_best_groups_trade_padding_against_forwards():
+    from cloud_api.serving.batcher import best_groups
+
+    equal = best_groups([5] * 10, 4, 10_000)
+    assert len(equal) == 3 and all(j - i <= 4 for i, j in equal)  # as few forwards as fit
+    assert best_groups([5, 6, 7, 60], 32, 10_000) == [(0, 3), (3, 4)]
+    assert best_groups([10, 11, 12, 13], 32, 10_000) == [(0, 4)]  # padding < a forward
+    assert best_groups([30, 30, 30], 32, 50) == [(0, 1), (1, 2), (2, 3)]  # token budget
+    assert best_groups([100], 32, 50) == [(0, 1)]  # one payload always fits
+
+
 def test_token_budget_caps_the_batch(backend, bundle):
     gated = Gated(backend)
     gated.gate.set()
@@ -172,7 +202,7 @@ def test_one_request_split_over_batches_answers_in_input_order(backend, bundle):
         return got, b.batches
 
     got, batches = run(main())
-    assert batches == 4
+    assert batches >= 4
     np.testing.assert_allclose(got, want, atol=1e-5)
 
 
