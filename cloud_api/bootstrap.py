@@ -25,10 +25,11 @@ import uuid
 from pathlib import Path
 
 PROG = "cloud-api"
-DEFAULT_LIMIT = 6000
+DEFAULT_LIMIT = 4000
 DEFAULT_DEV_LIMIT = 1000
 DEFAULT_EPOCHS = 1
 DEFAULT_ETA = 65.0
+DEFAULT_BERT_LR = 1e-4  # one short epoch: 2e-5 (models' default) leaves the BERT underfit
 
 
 def register(subparsers) -> None:
@@ -49,7 +50,8 @@ def register(subparsers) -> None:
                    help=f"first N dev rows ({DEFAULT_DEV_LIMIT}; 0 = the whole file)")
     p.add_argument("--epochs", type=_positive_int, default=DEFAULT_EPOCHS,
                    help=f"training epochs ({DEFAULT_EPOCHS})")
-    p.add_argument("--lr", type=float, help="learning rate (default 2e-5 BERT, 1e-3 MLP)")
+    p.add_argument("--lr", type=float, help=f"learning rate (default {DEFAULT_BERT_LR:g} for the "
+                   "BERT classifiers: one short epoch; 1e-3 for the vector MLP)")
     p.add_argument("--batch-size", type=_positive_int, default=32)
     p.add_argument("--max-length", type=_positive_int, default=128)
     p.add_argument("--model-id", metavar="ID", help="model id (default: the name of the "
@@ -181,12 +183,15 @@ def _check_floor(args, bundle, params: dict) -> str | None:
 
 def _train_and_register(args, home, model_id: str, task: str, bundle, params: dict,
                         rows: int, t0: float) -> int:
+    from models.data import kind_of
     from models.experiment import train_from_tsv
     from models.finetune import TrainConfig
     from models.registry import CONFIG_FILE
     from shared.accounting import summary
 
-    cfg = TrainConfig(epochs=args.epochs, lr=args.lr, batch_size=args.batch_size,
+    lr = args.lr if args.lr is not None or kind_of(args.mechanism) == "vector" \
+        else DEFAULT_BERT_LR
+    cfg = TrainConfig(epochs=args.epochs, lr=lr, batch_size=args.batch_size,
                       max_length=args.max_length, pooling="mean", seed=args.seed,
                       device=args.device, precision=args.precision,
                       progress=sys.stderr.isatty() and not args.no_progress)
