@@ -24,7 +24,7 @@ _COMMANDS = [
     "models.cli_pretrain",   # pretrain
     "cloud_api.bootstrap",   # bootstrap
     "cloud_api.cli_db",      # db upgrade | current (the record store's schema)
-    "cloud_api.cli_worker",  # worker (the job worker's engineer adds it)
+    "cloud_api.cli_worker",  # worker
 ]
 
 
