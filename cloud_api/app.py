@@ -28,9 +28,14 @@ from cloud_api.auth import KeyRing
 from cloud_api.home import ModelHome
 from cloud_api.limits import RateLimiter
 from cloud_api.middleware import ServiceMiddleware
-from cloud_api.routes import admin_models, health, inference
-from cloud_api.routes import admin_records, records  # record store (issue 12)
-from cloud_api.routes import admin_jobs  # jobs (issue 12)
+from cloud_api.routes import (  # record store (issue 12)
+    admin_jobs,  # jobs (issue 12)
+    admin_models,
+    admin_records,
+    health,
+    inference,
+    records,
+)
 from cloud_api.settings import Settings
 
 log = logging.getLogger("cloud_api")

@@ -18,6 +18,7 @@ from models.data import LabelledText, label_indices
 from shared.bundle import EdgeBundle
 from shared.payload import MECHANISMS as MECHANISM_CHOICES
 from shared.payload import Record
+
 SEED_WARNING = ("warning: --seed makes the privatization noise predictable; anyone who knows "
                 "the seed can remove the protection (use only for reproducible experiments)")
 
