@@ -357,6 +357,46 @@ def dispatch_compare(model_dir: Path, backend: str, bodies: list[bytes], threads
     return rows
 
 
+def padding_cost(model_dir: Path, backend: str, bodies: list[bytes], threads: int | None
+                 ) -> list[list]:
+    """CPU time per payload of one forward over batches of 1, and of 16 and 32 payloads
+    either in arrival order (padded to their longest) or neighbours in length; and the
+    fixed cost of a forward in padded tokens (least squares, time = a + b x tokens)."""
+    import numpy as np
+
+    from cloud_api.serving.backends import load_backend
+    from cloud_api.serving.batcher import payload_length
+    from cloud_api.settings import Settings
+    from shared.payload import parse_payload
+
+    ps = [parse_payload(json.loads(b)["payloads"][0]) for b in bodies]
+    srt = sorted(ps, key=payload_length)
+    be = load_backend(model_dir, Settings(home=model_dir.parent, backend=backend,
+                                          torch_threads=threads, auth_disabled=True))
+    rows, fit = [], []
+    for n, name, seq in ((1, "one payload", ps), (16, "16 in arrival order", ps),
+                         (16, "16 neighbours in length", srt), (32, "32 in arrival order", ps),
+                         (32, "32 neighbours in length", srt)):
+        cpu = tokens = count = 0.0
+        for s in range(0, len(seq), n * (4 if n == 1 else 1)):
+            batch = seq[s: s + n]
+            t0 = time.thread_time()
+            be.forward(batch)
+            took = time.thread_time() - t0
+            padded = len(batch) * max(payload_length(p) for p in batch)
+            fit.append((padded, took))
+            cpu, tokens, count = cpu + took, tokens + padded, count + len(batch)
+        rows.append([backend, name, f"{tokens / count:.1f}", f"{cpu / count * 1e3:.2f}"])
+        print(f"  {backend:5s} {name:24s} {tokens / count:5.1f} padded tokens/payload "
+              f"{cpu / count * 1e3:6.2f} CPU ms/payload", flush=True)
+    be.close()
+    x, y = np.array(fit).T
+    b, a = np.polyfit(x, y, 1)
+    rows.append([backend, "fit: a forward's fixed cost", f"{a / b:.0f} tokens",
+                 f"{a * 1e3:.2f} + {b * 1e3:.3f} x tokens"])
+    return rows
+
+
 # -- main -------------------------------------------------------------------------------------
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
@@ -374,6 +414,8 @@ def main() -> int:
     ap.add_argument("--max-wait-ms", type=float, help="PRIVBERT_MAX_WAIT_MS (default: "
                     "the setting's)")
     ap.add_argument("--naive-flavours", nargs="+", default=["serial", "threads"])
+    ap.add_argument("--padding", action="store_true", help="only measure what padding costs "
+                    "one forward (CPU time, no HTTP) and exit")
     ap.add_argument("--dispatch", action="store_true", help="also compare the batcher's "
                     "dedicated inference thread with asyncio.to_thread's shared pool")
     # internal: run the naive server
@@ -399,6 +441,13 @@ def main() -> int:
           f"{args.seconds:g} s measured, the servers taking turns within each round",
           flush=True)
 
+    if args.padding:
+        prows = []
+        for backend in args.backends:
+            prows += padding_cost(model, backend, bodies, args.threads)
+        print()
+        print(table(["backend", "batch", "padded tokens/payload", "CPU ms/payload"], prows))
+        return 0
     rows, verdicts = [], []
     for backend in args.backends:
         rows_b, verdicts_b = run_backend(args, backend, model, home, bodies)

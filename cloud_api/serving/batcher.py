@@ -99,11 +99,12 @@ def best_groups(lengths: Sequence[int], max_size: int, max_tokens: int,
     with at most ``max_size`` per group and ``max_tokens`` padded tokens (a single payload
     always fits). Dynamic programming, O(len x max_size).
 
-    On CPU the padded tokens dominate: on the MiniLM classifier a batch of 16 random SST-2
-    payloads pads to 35 tokens per payload and costs 12 CPU ms per payload; 16 neighbours
-    in length pad to 15 and cost 5 ms; one forward of one payload costs about 32 padded
-    tokens' worth on top of its own (bench/RESULTS.md). So a long payload waits for its
-    own batch rather than pad many short ones, and short ones still share a forward."""
+    On CPU the padded tokens dominate: on the MiniLM classifier (one thread) 16 SST-2
+    payloads in arrival order pad to 35 tokens each and cost 11.3 CPU ms per payload, 16
+    neighbours in length pad to 15 and cost 5.0 ms; a forward's fixed cost is about 34
+    padded tokens with torch and 4 with onnxruntime (``python bench/serve.py --padding
+    --threads 1``, bench/RESULTS.md). So a long payload waits for its own batch rather
+    than pad many short ones, and short ones still share a forward."""
     k = len(lengths)
     best = [0.0] + [math.inf] * k
     cut = [0] * (k + 1)
