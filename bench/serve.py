@@ -3,8 +3,8 @@
 Closed-loop load (each of C clients sends its next request when the last one is answered)
 at concurrency 1, 8 and 32: ``dchi-text`` (η = 65) predict requests of one payload each,
 privatized SST-2 dev sentences, on a MiniLM-L6 classifier trained briefly on a few hundred
-SST-2 training rows (accuracy does not matter here; the model is cached under
-``var/bench/serve/``). For each backend (torch, onnxruntime), in the same run:
+SST-2 training rows (accuracy does not matter here; the model and its ONNX export are
+cached under ``var/bench/serve/``). For each backend (torch, onnxruntime), in the same run:
 
 * ``cloud-api serve`` as a subprocess on a loopback port (the real HTTP stack: auth,
   limits, problem+json, metrics, the micro-batcher);
@@ -15,11 +15,18 @@ SST-2 training rows (accuracy does not matter here; the model is cached under
 * a bare forward of the same backend on one payload in this process (no HTTP), for the
   concurrency-1 comparison.
 
+Every server is up at once and, at each concurrency, they take turns in rounds, so the
+other jobs of a shared machine weigh on all of them alike. Besides req/s and latency, the
+CPU time each server process spends per request is read from /proc: that ratio is what
+the req/s ratio tends to on cores nobody else uses. ``--padding`` measures what padding
+costs one forward; ``--dispatch`` compares the batcher's dedicated inference thread with
+``asyncio.to_thread``'s shared pool.
+
 Targets (issue 11): concurrency 32 >= 3x the better naive flavour's requests/s with
 p99 <= 2x p50; concurrency 1 p50 within 1.3x of the bare forward.
 
-    python bench/serve.py                       # both backends, about 4 minutes
-    python bench/serve.py --backends torch --seconds 5
+    python bench/serve.py --threads 1            # both backends, about 6 minutes
+    python bench/serve.py --padding --threads 1  # about 1 minute
 """
 
 from __future__ import annotations
