@@ -222,6 +222,19 @@ def check_model(model: dict, name: str, mine: dict) -> None:
                        "parameters")
 
 
+def _max_length(args, bundle, model: dict | None) -> int | None:
+    """--max-length, else for --post predict the served model's own limit (a model trained
+    at 128 refuses longer token payloads; the bundle allows up to 512), else the bundle's.
+    Vector payloads have one size whatever the text's length: the encoder's limit applies."""
+    if args.max_length is not None or model is None or args.post != "predict" \
+            or args.mechanism not in ("dchi-text", "dchi-embedding", "none"):
+        return args.max_length
+    limit = model.get("max_length")
+    if isinstance(limit, int) and not isinstance(limit, bool) and 4 <= limit:
+        return min(limit, bundle.max_length)
+    return None
+
+
 def run(args) -> int:
     t0 = time.perf_counter()
     check_flags(args)
@@ -254,7 +267,8 @@ def _run(args, stream, size, out: Output, t0: float) -> int:
 
     try:
         mech = build_mechanism(args, bundle)
-        priv = Privatizer(bundle, mech, max_length=args.max_length, truncate=args.truncate,
+        priv = Privatizer(bundle, mech, max_length=_max_length(args, bundle, model),
+                          truncate=args.truncate,
                           float_dtype="float16" if args.float16 else "float32",
                           allow_weak_privacy=args.allow_weak_privacy)
     except WeakPrivacyError as exc:

@@ -31,6 +31,7 @@ from tests.conftest import REPO
 
 TIMEOUT = 90.0
 ETA = 5.0  # the tiny table's floor starts at about eta = 13
+EMB_MAX_LENGTH = 16  # the emb model reads fewer tokens than its bundle allows
 
 
 def cli_env(extra: dict | None = None) -> dict:
@@ -104,7 +105,8 @@ def _train_in_process(home: TinyHome, model_id: str, mechanism: str) -> None:
     models = ModelHome(home.root).ensure()
     out = home.root.parent / f"trained-{model_id}"
     train_from_tsv(home.data, out, mechanism, {"eta": ETA}, dev_tsv=home.dev, base=home.base,
-                   cfg=TrainConfig(epochs=1, device="cpu", progress=False))
+                   cfg=TrainConfig(epochs=1, device="cpu", progress=False,
+                                   max_length=EMB_MAX_LENGTH))
     version = models.register(model_id, out, move=True)
     models.promote(model_id, version)
 

@@ -39,6 +39,23 @@ def test_edge_privatizes_posts_and_gets_predictions(server, tmp_path):
     assert "dchi-text" in p.stderr and "eta=5" in p.stderr  # the guarantee is printed
 
 
+def test_edge_truncates_to_the_served_models_length(server, tmp_path):
+    """A model trained at a shorter max_length than its bundle's: --post predict cuts a long
+    text to the model's limit (the server would refuse it) and gets an answer."""
+    from tests.cloud_api.conftest import EMB_MAX_LENGTH
+
+    long_text = " ".join(["the movie was very good and the plot was fun"] * 4)
+    inp = tmp_path / "in.txt"
+    inp.write_text(long_text + "\n")
+    p = edge("privatize", str(inp), "--mechanism", "dchi-embedding", "--eta", "5", "--server",
+             server.url, "--model", "emb", "--post", "predict", "--no-progress",
+             key=server.app_key, cache=tmp_path / "cache")
+    assert p.returncode == 0, p.stderr
+    assert [json.loads(x)["line"] for x in p.stdout.splitlines()] == [1]
+    assert "1 truncated" in p.stderr
+    assert server.model("emb")["max_length"] == EMB_MAX_LENGTH
+
+
 def test_edge_refuses_other_parameters_before_sending(server, tmp_path):
     inp = tmp_path / "in.txt"
     inp.write_text("a good film\n")
