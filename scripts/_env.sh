@@ -5,6 +5,12 @@ set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 VENV="${PRIVBERT_VENV:-$ROOT/.venv}"
 
+# pip, quiet, without the machine's notes about find-links folders that do not exist
+pip_quiet() {
+    "$VENV/bin/pip" --quiet --disable-pip-version-check "$@" 2>&1 \
+        | sed '/^WARNING: Location .* is ignored/d' >&2
+}
+
 ensure_venv() {
     local stamp="$VENV/.privbert-installed" want
     want="$(sha256sum "$ROOT/pyproject.toml" | cut -c1-64)"
@@ -14,8 +20,8 @@ ensure_venv() {
     fi
     if [ "$(cat "$stamp" 2>/dev/null)" != "$want" ]; then
         # torch first, pinned to the CPU wheel on disk (any other torch pulls CUDA packages)
-        "$VENV/bin/pip" install --quiet --disable-pip-version-check torch==2.13.0
-        "$VENV/bin/pip" install --quiet --disable-pip-version-check -e "$ROOT[edge,cloud,plot,dev]"
+        pip_quiet install torch==2.13.0
+        pip_quiet install -e "$ROOT[edge,cloud,plot,dev]"
         echo "$want" > "$stamp"
     fi
     # shellcheck disable=SC1091
