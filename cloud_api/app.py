@@ -27,7 +27,6 @@ from cloud_api import problems
 from cloud_api.auth import KeyRing
 from cloud_api.home import ModelHome
 from cloud_api.limits import RateLimiter
-from cloud_api.middleware import ServiceMiddleware
 from cloud_api.routes import (  # record store (issue 12)
     admin_jobs,  # jobs (issue 12)
     admin_models,
@@ -36,6 +35,7 @@ from cloud_api.routes import (  # record store (issue 12)
     inference,
     records,
 )
+from cloud_api.routes.middleware import ServiceMiddleware
 from cloud_api.settings import Settings
 
 log = logging.getLogger("cloud_api")

@@ -12,7 +12,7 @@ from fastapi import FastAPI, Request
 
 from cloud_api import problems
 from cloud_api.errors import problem_type
-from cloud_api.middleware import ServiceMiddleware
+from cloud_api.routes.middleware import ServiceMiddleware
 
 
 def _app() -> FastAPI:
