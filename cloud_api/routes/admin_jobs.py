@@ -12,15 +12,14 @@ from __future__ import annotations
 import asyncio
 from typing import Annotated, Any, Literal
 
-import orjson
 from fastapi import APIRouter, Path, Query, Request
 from pydantic import BaseModel, Field
 from starlette.responses import Response
 
 from cloud_api.auth import AdminCaller
-from cloud_api.errors import Unavailable
 from cloud_api.jobs.specs import PretrainRequest, RetrainRequest, check_pretrain, check_retrain
 from cloud_api.problems import responses
+from cloud_api.routes.common import database, json_response
 from cloud_api.store import jobs as queue
 
 router = APIRouter(prefix="/admin", tags=["admin: jobs"])
@@ -65,16 +64,8 @@ class JobList(BaseModel):
     jobs: list[JobOut]
 
 
-def _json(obj: Any, status: int = 200, headers: dict | None = None) -> Response:
-    return Response(orjson.dumps(obj), status_code=status, media_type="application/json",
-                    headers=headers)
 
 
-def _db(request: Request):
-    db = getattr(request.app.state, "db", None)
-    if db is None:
-        raise Unavailable("the job store is not configured")
-    return db
 
 
 def _body_schema(model: type[BaseModel]) -> dict:
@@ -86,7 +77,7 @@ def _accepted(request: Request, job_id: int) -> Response:
     worker = getattr(request.app.state, "worker", None)
     if worker is not None:
         worker.wake()  # the thread in this process claims it now, not at its next poll
-    return _json({"job_id": job_id, "state": "queued"}, 202,
+    return json_response({"job_id": job_id, "state": "queued"}, 202,
                  {"Location": f"/admin/jobs/{job_id}"})
 
 
@@ -96,7 +87,7 @@ def _accepted(request: Request, job_id: int) -> Response:
              openapi_extra=_body_schema(RetrainRequest))
 async def post_retrain(request: Request, caller: AdminCaller) -> Response:
     req = RetrainRequest.model_validate_json(await request.body())  # after the key check
-    state, db = request.app.state, _db(request)
+    state, db = request.app.state, database(request)
 
     def submit() -> int:
         spec = check_retrain(db, state.home, state.bundles, state.settings, req)
@@ -112,7 +103,7 @@ async def post_retrain(request: Request, caller: AdminCaller) -> Response:
              openapi_extra=_body_schema(PretrainRequest))
 async def post_pretrain(request: Request, caller: AdminCaller) -> Response:
     req = PretrainRequest.model_validate_json(await request.body())
-    state, db = request.app.state, _db(request)
+    state, db = request.app.state, database(request)
 
     def submit() -> int:
         spec = check_pretrain(db, state.home, state.settings, req)
@@ -132,26 +123,26 @@ async def list_jobs(request: Request, caller: AdminCaller,
                     before: Annotated[int | None, Query(ge=1, le=2**63 - 1, description=
                                                         "only ids below this (paging)")] = None
                     ) -> Response:
-    found = await asyncio.to_thread(queue.list_jobs, _db(request),
+    found = await asyncio.to_thread(queue.list_jobs, database(request),
                                     states=tuple(state) if state else None, kind=kind,
                                     limit=limit, before_id=before)
-    return _json({"jobs": [j.public() for j in found]})
+    return json_response({"jobs": [j.public() for j in found]})
 
 
 @router.get("/jobs/{job_id}", response_model=JobOut, summary="One job: state, progress, "
             "heartbeat, attempts, error, log tail, the version it produced",
             responses=responses(401, 403, 404, 422, 429, 503))
 async def get_job(job_id: JobId, request: Request, caller: AdminCaller) -> Response:
-    job = await asyncio.to_thread(queue.get, _db(request), job_id)
-    return _json(job.public())
+    job = await asyncio.to_thread(queue.get, database(request), job_id)
+    return json_response(job.public())
 
 
 @router.post("/jobs/{job_id}/cancel", status_code=202, response_model=JobOut,
              summary="Cancel a job (a running one stops at its next training step; no "
              "version is registered)", responses=responses(401, 403, 404, 409, 429, 503))
 async def cancel_job(job_id: JobId, request: Request, caller: AdminCaller) -> Response:
-    job = await asyncio.to_thread(queue.request_cancel, _db(request), job_id)
-    return _json(job.public(), 202)
+    job = await asyncio.to_thread(queue.request_cancel, database(request), job_id)
+    return json_response(job.public(), 202)
 
 
 async def start_worker(app, stack) -> None:

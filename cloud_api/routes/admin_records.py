@@ -9,9 +9,8 @@ everything a key sent.
 
 from __future__ import annotations
 
-from typing import Annotated, Any
+from typing import Annotated
 
-import orjson
 from fastapi import APIRouter, Query, Request
 from pydantic import BaseModel, Field
 from starlette.concurrency import run_in_threadpool
@@ -20,7 +19,8 @@ from starlette.responses import Response
 from cloud_api.auth import AdminCaller
 from cloud_api.errors import InvalidRequest, NotFound
 from cloud_api.problems import responses
-from cloud_api.routes.records import TaskInfo, _db
+from cloud_api.routes.common import database, json_response
+from cloud_api.routes.records import TaskInfo
 from cloud_api.store import records as store
 from cloud_api.store import tasks
 
@@ -42,8 +42,6 @@ class Deleted(BaseModel):
     deleted: int = Field(description="records deleted")
 
 
-def _json(obj: Any, status: int = 200) -> Response:
-    return Response(orjson.dumps(obj), status_code=status, media_type="application/json")
 
 
 def _declare(state, decl: tasks.TaskDeclaration) -> tuple[tasks.Task, bool]:
@@ -69,16 +67,16 @@ def _declare(state, decl: tasks.TaskDeclaration) -> tuple[tasks.Task, bool]:
                  "application/json": {"schema": {
                      "$ref": "#/components/schemas/TaskDeclaration"}}}}})
 async def declare_task(request: Request, caller: AdminCaller) -> Response:
-    _db(request)
+    database(request)
     decl = tasks.TaskDeclaration.model_validate_json(await request.body())
     task, created = await run_in_threadpool(_declare, request.app.state, decl)
-    return _json(task.public(), 201 if created else 200)
+    return json_response(task.public(), 201 if created else 200)
 
 
 @router.get("/tasks", response_model=TaskList, summary="Tasks with record counts per label",
             responses=responses(401, 403, 429, 503))
 async def list_tasks(request: Request, caller: AdminCaller) -> Response:
-    return _json({"tasks": await run_in_threadpool(tasks.list_tasks, _db(request))})
+    return json_response({"tasks": await run_in_threadpool(tasks.list_tasks, database(request))})
 
 
 @router.delete(
@@ -92,7 +90,7 @@ async def delete_records(
         ids: Annotated[list[int] | None, Query(description="these record ids")] = None,
         key_id: Annotated[str | None, Query(description="records sent by this key id "
                                             "(erasure)")] = None) -> Response:
-    db = _db(request)
+    db = database(request)
     body = await request.body()
     from_query = task is not None or ids is not None or key_id is not None
     if body.strip():
@@ -104,4 +102,4 @@ async def delete_records(
         sel = store.DeleteRecords.model_validate({"task": task, "ids": ids, "key_id": key_id})
     n = await run_in_threadpool(lambda: store.delete_records(db, task=sel.task, ids=sel.ids,
                                                              key_id=sel.key_id))
-    return _json({"deleted": n})
+    return json_response({"deleted": n})

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 from typing import Annotated, Any
 
-import orjson
 from fastapi import APIRouter, Header, Path, Request
 from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, model_validator
 from starlette.concurrency import run_in_threadpool
@@ -20,6 +19,7 @@ from starlette.responses import Response
 from cloud_api.auth import AppCaller
 from cloud_api.errors import ServiceError
 from cloud_api.problems import responses
+from cloud_api.routes.common import json_response
 from shared.payload import Payload
 
 router = APIRouter(prefix="/v1", tags=["inference"])
@@ -83,15 +83,12 @@ class ModelList(BaseModel):
     models: list[ModelInfo]
 
 
-def _json(obj: Any, status: int = 200) -> Response:
-    return Response(orjson.dumps(obj, option=orjson.OPT_SERIALIZE_NUMPY), status_code=status,
-                    media_type="application/json")
 
 
 @router.get("/models", response_model=None, summary="Served models",
             responses={200: {"model": ModelList}, **responses(401, 403, 429)})
 async def list_models(request: Request, caller: AppCaller) -> Response:
-    return _json({"models": request.app.state.registry.describe()})
+    return json_response({"models": request.app.state.registry.describe()})
 
 
 @router.post(
@@ -113,7 +110,7 @@ async def predict(model_id: ModelId, request: Request, caller: AppCaller) -> Res
     best = pred.probs.argmax(axis=1).tolist()
     out = [{"label": labels[b], "scores": dict(zip(labels, row, strict=True))}
            for b, row in zip(best, pred.probs.tolist(), strict=True)]
-    return _json({"model_id": pred.model_id, "version": pred.version, "predictions": out})
+    return json_response({"model_id": pred.model_id, "version": pred.version, "predictions": out})
 
 
 @router.get(

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 from typing import Annotated, Any
 
-import orjson
 from fastapi import APIRouter, Header, Path, Request
 from pydantic import BaseModel, ConfigDict, Field
 from starlette.concurrency import run_in_threadpool
@@ -20,6 +19,7 @@ from cloud_api.auth import AppCaller
 from cloud_api.errors import NotFound, Unavailable
 from cloud_api.metrics import RECORDS
 from cloud_api.problems import responses
+from cloud_api.routes.common import database, json_response
 from cloud_api.routes.inference import TooManyPayloads
 from cloud_api.store import records as store
 from cloud_api.store.tasks import Mechanism, TaskName, get_task
@@ -55,16 +55,8 @@ class TaskInfo(BaseModel):
     bundle_id: str
 
 
-def _json(obj: Any, status: int = 200, headers: dict | None = None) -> Response:
-    return Response(orjson.dumps(obj), status_code=status, media_type="application/json",
-                    headers=headers)
 
 
-def _db(request: Request):
-    db = getattr(request.app.state, "db", None)
-    if db is None:
-        raise Unavailable("the record store is not configured")
-    return db
 
 
 def _store(state, env: store.RecordsBody, key_id: str, idem: str | None) -> store.Stored:
@@ -98,7 +90,7 @@ async def post_records(
             description="a retry with the same key and body gets the same ids and stores "
             "nothing new; the same key with another body is a 422",
             max_length=store.IDEMPOTENCY_KEY_MAX)] = None) -> Response:
-    _db(request)
+    database(request)
     store.check_idempotency_key(idempotency_key)
     env = store.parse_body(await request.body())
     limit = request.app.state.settings.max_payloads_per_request
@@ -108,16 +100,16 @@ async def post_records(
     stored = await run_in_threadpool(_store, request.app.state, env, caller.key_id,
                                      idempotency_key)
     if stored.replayed:
-        return _json({"ids": stored.ids}, 201, {"Idempotent-Replayed": "true"})
+        return json_response({"ids": stored.ids}, 201, {"Idempotent-Replayed": "true"})
     RECORDS.labels(task=env.task).inc(len(stored.ids))
-    return _json({"ids": stored.ids}, 201)
+    return json_response({"ids": stored.ids}, 201)
 
 
 @router.get("/tasks/{task}", response_model=TaskInfo, summary="What a task accepts",
             responses=responses(401, 403, 404, 422, 429, 503))
 async def task_info(task: TaskPath, request: Request, caller: AppCaller) -> Response:
-    t = await run_in_threadpool(get_task, _db(request), task)
-    return _json(t.public())
+    t = await run_in_threadpool(get_task, database(request), task)
+    return json_response(t.public())
 
 
 async def start_store(app, stack) -> None:

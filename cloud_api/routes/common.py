@@ -1,0 +1,25 @@
+"""What every route module uses: JSON answers (orjson) and the database of ``app.state``."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import orjson
+from fastapi import Request
+from starlette.responses import Response
+
+from cloud_api.errors import Unavailable
+
+
+def json_response(obj: Any, status: int = 200, headers: dict | None = None) -> Response:
+    """``obj`` as ``application/json`` (orjson; numpy values allowed)."""
+    return Response(orjson.dumps(obj, option=orjson.OPT_SERIALIZE_NUMPY), status_code=status,
+                    media_type="application/json", headers=headers)
+
+
+def database(request: Request):
+    """The app's ``store.db.Database``; 503 when the service runs without one."""
+    db = getattr(request.app.state, "db", None)
+    if db is None:
+        raise Unavailable("the database is not configured")
+    return db
