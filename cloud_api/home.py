@@ -41,14 +41,17 @@ def version_number(version: str) -> int | None:
     return int(m.group(1)) if m else None
 
 
-def _write_atomically(path: Path, text: str) -> None:
+def write_atomically(path: Path, text: str, *, durable: bool = True) -> None:
+    """Replace ``path`` by ``text`` in one rename: readers see the old or the new file, never
+    a part. ``durable``: fsync before the rename (pointers; not per-step progress files)."""
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
     try:
         with os.fdopen(fd, "w") as fh:
             fh.write(text)
-            fh.flush()
-            os.fsync(fh.fileno())
+            if durable:
+                fh.flush()
+                os.fsync(fh.fileno())
         os.chmod(tmp, 0o644)
         os.replace(tmp, path)
     except BaseException:
@@ -136,7 +139,7 @@ class ModelHome:
         path = self.version_dir(model_id, version)
         if not (path / CONFIG_FILE).is_file():
             raise NotFound(f"model {model_id} has no version {version}")
-        _write_atomically(self.model_dir(model_id) / "promoted", version + "\n")
+        write_atomically(self.model_dir(model_id) / "promoted", version + "\n")
         return path
 
     def reserve_version(self, model_id: str) -> tuple[str, Path]:

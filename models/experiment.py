@@ -238,7 +238,7 @@ def train_from_tsv(train_tsv: str | os.PathLike, out_dir: str | os.PathLike,
     mech = build_mechanism(mechanism, bundle, **p)
     weak = None if mechanism == "none" else require_privacy_floor(
         mech, bundle, allow_weak=allow_weak_privacy)
-    privatizer = _privatizer(bundle, mech, cfg.max_length, weak is not None)
+    privatizer = make_privatizer(bundle, mech, cfg.max_length, weak is not None)
     # the backbone is checked against the bundle before the (slow) privatization
     _check_base(mechanism, bundle, base)
     records = privatize_labelled(data, names, privatizer, rng, progress=progress,
@@ -247,7 +247,7 @@ def train_from_tsv(train_tsv: str | os.PathLike, out_dir: str | os.PathLike,
     if dev_data is not None:
         dev_priv = privatizer
         if mechanism == "texthide" and getattr(mech, "k", 1) > 1:  # predictions use k = 1
-            dev_priv = _privatizer(bundle, build_mechanism(
+            dev_priv = make_privatizer(bundle, build_mechanism(
                 mechanism, bundle, **{**p, "k": 1}), cfg.max_length, weak is not None)
         dev_records = privatize_labelled(dev_data, names, dev_priv, rng, progress=progress,
                                          desc="privatize dev")
@@ -258,23 +258,6 @@ def train_from_tsv(train_tsv: str | os.PathLike, out_dir: str | os.PathLike,
     if weak is not None:  # trained with --allow-weak-privacy: say so next to the guarantee
         extra["weak_privacy"] = weak
     return _train(train, dev, out_dir, bundle, base, cfg, extra, None, None, overwrite)
-
-
-def _privatizer(bundle: EdgeBundle, mech, max_length: int | None, allow_weak: bool):
-    """``models.privatize.make_privatizer``, with the privacy floor's opt-out passed on to
-    the edge's Privatizer (the same cap of ``max_length`` by the bundle and encoder)."""
-    if not allow_weak:
-        return make_privatizer(bundle, mech, max_length)
-    from edge_agent import Privatizer
-
-    if max_length is not None:
-        limit = bundle.max_length
-        enc = bundle.meta.get("encoder") or {}
-        if enc.get("max_length"):
-            limit = min(limit, int(enc["max_length"]))
-        max_length = min(max_length, limit)
-    return Privatizer(bundle, mech, max_length=max_length, truncate="first",
-                      allow_weak_privacy=True)
 
 
 def _check_base(mechanism: str, bundle: EdgeBundle, base) -> None:
@@ -344,7 +327,7 @@ def evaluate_tsv(model_dir: str | os.PathLike, tsv: str | os.PathLike, *,
     mech = mechanism_from_params(cfg["mechanism"], cfg["params"], bundle, texthide_key,
                                  texthide_k=1)
     # a model trained with --allow-weak-privacy is evaluated the way it was trained
-    privatizer = _privatizer(bundle, mech, int(cfg["max_length"]),
+    privatizer = make_privatizer(bundle, mech, int(cfg["max_length"]),
                              bool(cfg.get("weak_privacy")))
     records = privatize_labelled(data, cfg["labels"], privatizer, rng, progress=progress,
                                  desc="privatize test")

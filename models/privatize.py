@@ -124,8 +124,10 @@ def _bert_dir_for_bundle(model_dir) -> Path | None:
     return p
 
 
-def make_privatizer(bundle: EdgeBundle, mechanism, max_length: int | None = None):
-    """The edge's Privatizer, with ``max_length`` capped by the bundle/encoder limit."""
+def make_privatizer(bundle: EdgeBundle, mechanism, max_length: int | None = None,
+                    allow_weak_privacy: bool = False):
+    """The edge's Privatizer, with ``max_length`` capped by the bundle/encoder limit (and the
+    privacy floor's opt-out passed on)."""
     from edge_agent import Privatizer
 
     if max_length is not None:
@@ -134,7 +136,8 @@ def make_privatizer(bundle: EdgeBundle, mechanism, max_length: int | None = None
         if enc.get("max_length"):
             limit = min(limit, int(enc["max_length"]))
         max_length = min(max_length, limit)
-    return Privatizer(bundle, mechanism, max_length=max_length, truncate="first")
+    return Privatizer(bundle, mechanism, max_length=max_length, truncate="first",
+                      allow_weak_privacy=allow_weak_privacy)
 
 
 def privatize_labelled(data: LabelledText, label_names: list[str], privatizer,

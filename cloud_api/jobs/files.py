@@ -17,24 +17,19 @@ from __future__ import annotations
 
 import json
 import os
-import tempfile
 import time
 from pathlib import Path
 from typing import Any
+
+from cloud_api.home import write_atomically
 
 EXIT_CANCELLED = 3  # the child's exit code when it stopped on the cancel flag
 LOG_TAIL_LINES = 40
 
 
 def write_json_atomically(path: Path, obj: Any) -> None:
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
-    try:
-        with os.fdopen(fd, "w") as fh:
-            json.dump(obj, fh, indent=1, sort_keys=True, default=str)
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
+    write_atomically(path, json.dumps(obj, indent=1, sort_keys=True, default=str),
+                     durable=False)
 
 
 class AttemptFiles:

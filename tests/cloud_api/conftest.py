@@ -262,3 +262,11 @@ def tiny_bundle_of_home(tiny_home):
 def body_of(payloads: list) -> str:
     return '{"payloads":[' + ",".join(p.model_dump_json(exclude_none=True)
                                       for p in payloads) + "]}"
+
+
+@pytest.fixture(params=["sqlite", "postgresql"])
+def db_url(request, tmp_path) -> str:
+    """An empty database of each kind: a SQLite file, a fresh PostgreSQL database."""
+    if request.param == "sqlite":
+        return f"sqlite:///{tmp_path / 'privbert.db'}"
+    return request.getfixturevalue("fresh_postgres_url")

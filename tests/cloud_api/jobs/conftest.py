@@ -21,13 +21,6 @@ NEGATIVE = ["bad", "awful", "dull", "boring", "hate"]
 NEUTRAL = ["the", "a", "movie", "film", "plot", "actor", "story", "it", "this", "was", "is"]
 
 
-@pytest.fixture(params=["sqlite", "postgresql"])
-def db_url(request, tmp_path) -> str:
-    if request.param == "sqlite":
-        return f"sqlite:///{tmp_path / 'privbert.db'}"
-    return request.getfixturevalue("fresh_postgres_url")
-
-
 @pytest.fixture
 def db(db_url):
     database = Database(db_url, busy_timeout_s=10.0, connect_timeout_s=5.0)

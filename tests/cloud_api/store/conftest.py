@@ -17,13 +17,6 @@ TEXTS = ["the movie is good", "a bad plot , very dull", "great fun !", "awful st
          "not boring", "it was a funny film"]
 
 
-@pytest.fixture(params=["sqlite", "postgresql"])
-def db_url(request, tmp_path) -> str:
-    if request.param == "sqlite":
-        return f"sqlite:///{tmp_path / 'privbert.db'}"
-    return request.getfixturevalue("fresh_postgres_url")
-
-
 @pytest.fixture
 def db(db_url):
     database = Database(db_url, busy_timeout_s=2.0, connect_timeout_s=2.0)
