@@ -261,12 +261,13 @@ class LineReader:
         return Line(number, cols[0], cols[1] if len(cols) == 3 else None, label)
 
     def batches(self, largest: int = 256, minimum: int = 1) -> Iterator[Batch]:
-        """Batches of growing size; a short last batch joins the one before it when
-        it has fewer than ``minimum`` lines (TextHide mixes k lines of a batch)."""
+        """Batches of growing size; a batch with fewer than ``minimum`` lines (TextHide
+        mixes k lines of a batch) joins its neighbour: a short last one the one before it,
+        a short partial one from an idle pipe the ones after it."""
         sizes = batch_sizes(max(largest, minimum), first=max(16, minimum))
         pending: Batch | None = None
         for batch in self._raw_batches(sizes):
-            if pending is not None and len(batch.lines) < minimum:
+            if pending is not None and min(len(pending.lines), len(batch.lines)) < minimum:
                 pending.lines += batch.lines
                 pending.empty += batch.empty
                 pending.nbytes += batch.nbytes

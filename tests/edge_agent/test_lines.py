@@ -9,7 +9,7 @@ import time
 
 import pytest
 
-from edge_agent.lines import FdLines, InputError, LineReader, parse_label
+from edge_agent.lines import IDLE, FdLines, InputError, LineReader, parse_label
 
 
 def reader(text: bytes, **kw) -> LineReader:
@@ -26,6 +26,16 @@ def test_short_last_batch_joins_the_one_before(n, sizes):
     """TextHide mixes k = 4 lines of a batch: no batch may be shorter (except a short input)."""
     got = [len(b.lines) for b in reader(b"x\n" * n).batches(largest=32, minimum=4)]
     assert got == sizes and sum(got) == n
+
+
+def test_partial_batches_of_an_idle_pipe_join_until_they_can_be_mixed():
+    """A pipe that goes idle after fewer than k lines (IDLE: a partial batch) must not end
+    TextHide k = 4 with 'only 1 remain': the short batch waits for the lines after it."""
+    stream = [b"a\n", IDLE, b"b\n", IDLE] + [b"x\n"] * 20 + [IDLE] + [b"y\n"] * 5
+    got = [len(b.lines) for b in LineReader(iter(stream)).batches(largest=32, minimum=4)]
+    assert got == [22, 5] and sum(got) == 27
+    got = [len(b.lines) for b in LineReader(iter(stream)).batches(largest=32)]
+    assert got == [1, 1, 20, 5]  # without a minimum each partial batch goes on at once
 
 
 def test_error_stops_after_the_lines_before_it():
