@@ -46,7 +46,6 @@ from models.privatize import (
 )
 from models.registry import check_out_dir, load_model, save_model_version
 from shared.bundle import EdgeBundle
-from shared.floor import require_privacy_floor
 from shared.payload import Record
 
 
@@ -236,9 +235,9 @@ def train_from_tsv(train_tsv: str | os.PathLike, out_dir: str | os.PathLike,
     bundle = _as_bundle(bundle, base)
     p = dict(params or {})
     mech = build_mechanism(mechanism, bundle, **p)
-    weak = None if mechanism == "none" else require_privacy_floor(
-        mech, bundle, allow_weak=allow_weak_privacy)
-    privatizer = make_privatizer(bundle, mech, cfg.max_length, weak is not None)
+    # the edge's Privatizer checks the privacy floor (WeakPrivacyError) before any work
+    privatizer = make_privatizer(bundle, mech, cfg.max_length, allow_weak_privacy)
+    weak = privatizer.weak_privacy
     # the backbone is checked against the bundle before the (slow) privatization
     _check_base(mechanism, bundle, base)
     records = privatize_labelled(data, names, privatizer, rng, progress=progress,
@@ -248,7 +247,7 @@ def train_from_tsv(train_tsv: str | os.PathLike, out_dir: str | os.PathLike,
         dev_priv = privatizer
         if mechanism == "texthide" and getattr(mech, "k", 1) > 1:  # predictions use k = 1
             dev_priv = make_privatizer(bundle, build_mechanism(
-                mechanism, bundle, **{**p, "k": 1}), cfg.max_length, weak is not None)
+                mechanism, bundle, **{**p, "k": 1}), cfg.max_length, allow_weak_privacy)
         dev_records = privatize_labelled(dev_data, names, dev_priv, rng, progress=progress,
                                          desc="privatize dev")
     train = dataset_from_records(records, names, where=str(train_tsv))
