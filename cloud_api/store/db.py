@@ -10,10 +10,12 @@
 SQLite: WAL journal, ``busy_timeout``, foreign keys on, and ``BEGIN IMMEDIATE`` for
 ``write=True`` transactions (the write lock is taken at the start, so a read-then-write
 cannot race another writer). PostgreSQL: psycopg 3 (``postgresql+psycopg://``), a connect
-timeout, and pool pre-ping. Every failure to reach the database (refused, timed out,
-locked, dropped mid-query) raises :class:`cloud_api.errors.Unavailable` (503), never a
-500; pre-ping and SQLAlchemy's pool invalidation mean no broken connection is reused,
-so the service recovers by itself when the database comes back.
+timeout, and pool pre-ping. SQL parameters (payload bytes, idempotency keys) never appear
+in an error message, and so never in a log (``hide_parameters``). Every failure to reach
+the database (refused, timed out, locked, dropped mid-query) raises
+:class:`cloud_api.errors.Unavailable` (503), never a 500; pre-ping and SQLAlchemy's pool
+invalidation mean no broken connection is reused, so the service recovers by itself when
+the database comes back.
 """
 
 from __future__ import annotations
@@ -70,13 +72,13 @@ class Database:
                 from pathlib import Path
 
                 Path(u.database).parent.mkdir(parents=True, exist_ok=True)
-            self.engine = create_engine(u, echo=echo, pool_pre_ping=True,
+            self.engine = create_engine(u, echo=echo, pool_pre_ping=True, hide_parameters=True,
                                         connect_args={"timeout": busy_timeout_s})
             _sqlite_events(self.engine, int(busy_timeout_s * 1000))
         else:
             self.engine = create_engine(
-                u, echo=echo, pool_pre_ping=True, pool_size=pool_size, max_overflow=pool_size,
-                pool_timeout=connect_timeout_s,
+                u, echo=echo, pool_pre_ping=True, hide_parameters=True, pool_size=pool_size,
+                max_overflow=pool_size, pool_timeout=connect_timeout_s,
                 connect_args={"connect_timeout": max(1, round(connect_timeout_s)),
                               "application_name": "privbert"})
         self._writer = self.engine.execution_options(privbert_begin="IMMEDIATE")

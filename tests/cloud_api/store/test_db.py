@@ -132,6 +132,24 @@ def test_racing_declarations_create_one_task(db, tiny_bundle):
     assert len({t.id for t, _ in out}) == 1
 
 
+def test_sql_errors_never_show_payload_bytes_or_keys(db):
+    """An error's message ends up in logs (the 500 handler, the worker): SQLAlchemy must not
+    render the statement's parameters into it (a foreign key violation: neither database
+    echoes the row's values itself)."""
+    from datetime import UTC, datetime
+
+    from sqlalchemy import insert
+    from sqlalchemy.exc import IntegrityError
+
+    row = dict(task_id=10**6, label="neg", mechanism="dchi-text", params={}, bundle_id="b",
+               dtype="int32", shape=[3], payload=b"qzxvorpal-payload", key_id="qzxvorpal-key",
+               created_at=datetime.now(UTC))
+    with pytest.raises(IntegrityError) as err, db.begin(write=True) as conn:
+        conn.execute(insert(records_table).values(**row))
+    assert "qzxvorpal" not in str(err.value) and b"qzxvorpal".hex() not in str(err.value)
+    assert "parameters hidden" in str(err.value)
+
+
 def test_list_tasks_counts_per_label(db, task, tiny_bundle):
     raw = raw_records(privatize(tiny_bundle, DChiText(tiny_bundle, ETA), 5), [1, 1, 0, 1, 1])
     recs = store.validate_records(task, raw, Limits.for_bundle(tiny_bundle,
