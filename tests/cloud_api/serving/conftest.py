@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import asyncio
 import shutil
+import time
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -22,6 +24,14 @@ ETA = 50.0
 def run(coro):
     """Run one async test body on a fresh event loop."""
     return asyncio.run(coro)
+
+
+async def until(cond: Callable[[], bool], what: str, timeout: float = 30.0) -> None:
+    """Let the event loop run until ``cond()`` holds; fail naming ``what`` after ``timeout``."""
+    deadline = time.monotonic() + timeout
+    while not cond():
+        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        await asyncio.sleep(0.001)
 
 
 @pytest.fixture(autouse=True)

@@ -13,7 +13,7 @@ from cloud_api.errors import Overloaded, Unavailable
 from cloud_api.serving.backends import TorchBackend
 from cloud_api.serving.batcher import Batcher, ClientGone, payload_length
 from shared.payload import make_payload
-from tests.cloud_api.serving.conftest import ETA, run, settings_for
+from tests.cloud_api.serving.conftest import ETA, run, settings_for, until
 
 
 class Gated:
@@ -64,7 +64,7 @@ def test_full_queue_refuses_with_retry_after(backend, records):
         first = asyncio.create_task(b.run([records[0].payload]))
         await gated.busy()
         waiting = asyncio.create_task(b.run([r.payload for r in records[1:5]]))  # 4 fit
-        await asyncio.sleep(0)
+        await until(lambda: b.queued == 4, "4 payloads queued")
         with pytest.raises(Overloaded) as err:
             await b.run([records[5].payload])
         gated.gate.set()
@@ -110,7 +110,7 @@ def test_disconnected_and_cancelled_requests_are_not_run(backend, bundle):
         gone = asyncio.create_task(b.run([p[4]], is_disconnected=lambda: True))
         cancelled = asyncio.create_task(b.run([p[5]]))
         kept = asyncio.create_task(b.run([p[6]], is_disconnected=still_there))
-        await asyncio.sleep(0.01)
+        await until(lambda: b.queued == 3, "3 requests queued")
         cancelled.cancel()
         gated.gate.set()
         await first
@@ -127,42 +127,29 @@ def test_disconnected_and_cancelled_requests_are_not_run(backend, bundle):
     assert gated.batches == [[5], [8]]  # lengths + [CLS]/[SEP]: only 3 and 6 ran
 
 
-def test_batches_are_built_from_similar_lengths(backend, bundle):
+@pytest.mark.parametrize("lengths, max_batch_size, want", [
+    # arrival order alternates short and long: the shorts go together, then the longs
+    ([4, 30, 5, 31, 6, 32, 7, 33], 4, [[6, 7, 8, 9], [32, 33, 34, 35]]),
+    # one long payload waits for its own forward rather than pad the short ones
+    ([5, 6, 60, 7, 8, 6], 32, [[7, 8, 9, 10, 8], [62]]),
+], ids=["alternating", "one-long"])
+def test_batches_are_built_from_similar_lengths(backend, bundle, lengths, max_batch_size,
+                                                want):
     gated = Gated(backend)
-    lengths = [4, 30, 5, 31, 6, 32, 7, 33]  # arrival order alternates short and long
 
     async def main():
-        b = make(gated, max_batch_size=4)
+        b = make(gated, max_batch_size=max_batch_size)
         first = asyncio.create_task(b.run([payload_of_length(bundle, 10)]))
         await gated.busy()
         tasks = [asyncio.create_task(b.run([payload_of_length(bundle, n)])) for n in lengths]
-        await asyncio.sleep(0.01)
+        await until(lambda: b.queued == len(lengths), "every payload queued")
         gated.gate.set()
         await first
         await asyncio.gather(*tasks)
         await b.drain()
 
     run(main())
-    assert gated.batches[1:] == [[6, 7, 8, 9], [32, 33, 34, 35]]
-
-
-def test_a_long_payload_does_not_pad_a_batch_of_short_ones(backend, bundle):
-    gated = Gated(backend)
-    lengths = [5, 6, 60, 7, 8, 6]
-
-    async def main():
-        b = make(gated, max_batch_size=32)
-        first = asyncio.create_task(b.run([payload_of_length(bundle, 10)]))
-        await gated.busy()
-        tasks = [asyncio.create_task(b.run([payload_of_length(bundle, n)])) for n in lengths]
-        await asyncio.sleep(0.01)
-        gated.gate.set()
-        await first
-        await asyncio.gather(*tasks)
-        await b.drain()
-
-    run(main())
-    assert gated.batches[1:] == [[7, 8, 9, 10, 8], [62]]
+    assert gated.batches[1:] == want  # lengths + [CLS]/[SEP], each batch in arrival order
 
 
 def test_best_groups_trade_padding_against_forwards():

@@ -15,7 +15,13 @@ from prometheus_client import REGISTRY
 from cloud_api.errors import InvalidRequest, NotFound, Unavailable
 from cloud_api.serving import BundleStore, ServingRegistry
 from models.registry import load_model
-from tests.cloud_api.serving.conftest import add_version, broken_copy, run, settings_for
+from tests.cloud_api.serving.conftest import (
+    add_version,
+    broken_copy,
+    run,
+    settings_for,
+    until,
+)
 
 
 def make_registry(home, **kw) -> ServingRegistry:
@@ -104,16 +110,16 @@ def test_hot_swap_under_load_no_failures_and_old_version_released(home, trained,
                     pred = await reg.predict("sent", [payloads[j]])
                 except Exception as exc:  # any failure counts
                     failures.append(repr(exc))
+                    await asyncio.sleep(0)  # a failure that never awaits must not spin
                     continue
                 answers.append((sent, pred.version, j, pred.probs[0]))
 
         tasks = [asyncio.create_task(client(c)) for c in range(8)]
-        while len(answers) < 60:
-            await asyncio.sleep(0.005)
+        await until(lambda: len(answers) >= 60 or failures, "60 answers")  # failures: below
         await reg.promote("sent", v2)
         promoted_at.append(time.monotonic())
-        while sum(v == "v2" for _, v, _, _ in answers) < 60:
-            await asyncio.sleep(0.005)
+        await until(lambda: sum(v == "v2" for _, v, _, _ in answers) >= 60 or failures,
+                    "60 answers from v2")
         stop.set()
         await asyncio.gather(*tasks)
         await reg.wait_retired()
@@ -145,14 +151,11 @@ def test_promotion_by_another_process_is_picked_up(home, trained, records):
         reg = make_registry(home, reload_interval_s=0.05)
         await reg.start()
         home.promote("sent", v2)  # what the CLI or a retraining worker does
-        deadline = time.monotonic() + 20
-        while reg.served_version("sent") != "v2" and time.monotonic() < deadline:
-            await asyncio.sleep(0.02)
+        await until(lambda: reg.served_version("sent") == "v2", "v2 served")
         pred = await reg.predict("sent", [records[0].payload])
         # a new model promoted by another process appears as well
         add_version(home, "other", trained["a"])
-        while "other" not in {m["id"] for m in reg.describe()} and time.monotonic() < deadline:
-            await asyncio.sleep(0.02)
+        await until(lambda: "other" in {m["id"] for m in reg.describe()}, "model other served")
         ids = [m["id"] for m in reg.describe()]
         await reg.stop()
         return pred, ids
