@@ -37,6 +37,7 @@ import numpy as np
 from shared.mechanisms.binary import _FixedPointBits
 from shared.mechanisms.dchi import DChiEmbedding, DChiText
 from shared.mechanisms.laplace import Laplace
+from shared.mechanisms.nearest import scores_overflow
 from shared.mechanisms.texthide import TextHide
 
 if TYPE_CHECKING:
@@ -300,8 +301,8 @@ def check_dchi_eta(eta: float, dim: int, t_max: float, float_dtype: str = "float
     # keeps a factor 4 of room for the arithmetic that follows
     top = _F16_MAX if float_dtype == "float16" else _F32_MAX / 4.0
     bad = not math.isfinite(r) or r + t_max > top
-    if search and not bad:
-        bad = (r + t_max + 1.0) * (2.0 * t_max + t_max * t_max + 1.0) * 16.0 > _F32_MAX
+    if search and not bad:  # the rule ExactNearest.search applies to the noisy queries
+        bad = scores_overflow(r + t_max, t_max)
     if bad:
         what = "a float16 payload" if float_dtype == "float16" else "float32"
         raise ValueError(f"eta={eta:g} is too small to compute: the noise norm (up to "

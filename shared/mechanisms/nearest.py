@@ -29,6 +29,19 @@ _U32 = float(np.finfo(np.float32).eps) / 2  # unit roundoff of float32
 _F32_MAX = float(np.finfo(np.float32).max)
 
 
+def scores_overflow(query_norm: float, t_max: float) -> bool:
+    """Whether the float32 scores ||t||² - 2 y·t of queries of norm up to ``query_norm``
+    against rows of norm up to ``t_max`` (with room for the error bound) can overflow."""
+    return (query_norm + 1.0) * (2.0 * t_max + t_max * t_max + 1.0) * 16.0 > _F32_MAX
+
+
+def _max_norm(y: np.ndarray, top: float) -> float:
+    """The largest row norm of ``y`` whose largest |value| is ``top`` > 0, without
+    overflowing (the rows are scaled by 1/top first)."""
+    z = y / top
+    return top * math.sqrt(float(np.einsum("ij,ij->i", z, z).max()))
+
+
 class ExactNearest:
     """Exact L2 nearest row of ``table`` for batches of query vectors.
 
@@ -62,11 +75,6 @@ class ExactNearest:
         self.chunk = int(chunk)
         self.last_rerank_count = 0  # queries re-ranked in float64 in the last call
 
-    def _too_large(self, query_norm: float) -> bool:
-        """Whether scores of a query of this norm (with room for the bound) overflow float32."""
-        t = self._tmax
-        return (query_norm + 1.0) * (2.0 * t + t * t + 1.0) * 16.0 > _F32_MAX
-
     def score_bound(self, query_norms: np.ndarray) -> np.ndarray:
         """Upper bound on |float32 score - real score| for queries of these norms.
 
@@ -84,7 +92,11 @@ class ExactNearest:
             raise ValueError(f"queries must have shape (m, {self.dim}), got {y64.shape}")
         if not np.isfinite(y64).all():
             raise ValueError("queries contain NaN or Inf")
-        if y64.size and self._too_large(float(np.abs(y64).max()) * math.sqrt(self.dim)):
+        top = float(np.abs(y64).max()) if y64.size else 0.0
+        # the cheap bound max|y| sqrt(n) first; the exact norms only near the limit, so that
+        # every query shared.floor.check_dchi_eta lets through is searched
+        if top > 0 and scores_overflow(top * math.sqrt(self.dim), self._tmax) \
+                and scores_overflow(_max_norm(y64, top), self._tmax):
             raise ValueError("queries are too large for the float32 candidate pass (their "
                              "scores would overflow)")
         out = np.empty(y64.shape[0], dtype=np.int64)

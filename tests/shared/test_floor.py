@@ -24,7 +24,16 @@ from shared.floor import (
     require_privacy_floor,
     weak_privacy_reason,
 )
-from shared.mechanisms import OME, OUE, SUE, DChiEmbedding, DChiText, Laplace, TextHide
+from shared.mechanisms import (
+    OME,
+    OUE,
+    SUE,
+    DChiEmbedding,
+    DChiText,
+    Laplace,
+    TextHide,
+    sample_dchi_noise,
+)
 from shared.mechanisms.nearest import ExactNearest, brute_force_nearest
 
 
@@ -193,6 +202,28 @@ def test_uncomputable_parameters_are_refused_by_name(tiny_bundle):
         ExactNearest(b.embeddings).search(np.full((1, b.dim), 1e37))
     with pytest.raises(ValueError, match=r"^m=1000000000000 is too large"):
         TextHide(10**12, 1, 384)
+
+
+def test_every_eta_the_check_lets_through_is_searched():
+    """check_dchi_eta and ExactNearest.search apply one overflow rule: the noisy queries of
+    the smallest eta the check accepts are searched (the search once bounded a query's norm
+    by max|y| sqrt(n), up to sqrt(n) times too large, and refused etas the check had let
+    through: exit 1 after the work started, instead of exit 2 naming eta before it)."""
+    rng = np.random.default_rng(0)
+    table = rng.normal(size=(50, 384)).astype(np.float32)  # MiniLM's n: the gap was 3x
+    t_max = float(np.linalg.norm(table, axis=1).max())
+    lo, hi = 1e-60, 1.0
+    while hi / lo > 1.0 + 1e-9:
+        mid = math.sqrt(lo * hi)
+        try:
+            floor.check_dchi_eta(mid, 384, t_max)
+            hi = mid
+        except ValueError:
+            lo = mid
+    queries = table.astype(np.float64) + sample_dchi_noise(50, 384, hi, rng)
+    assert ExactNearest(table).search(queries).shape == (50,)
+    with pytest.raises(ValueError, match="too small to compute"):
+        floor.check_dchi_eta(lo, 384, t_max)
 
 
 def test_texthide_pool_drawn_in_chunks_is_the_pool_of_one_draw():
