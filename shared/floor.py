@@ -196,8 +196,8 @@ def _dchi_reason(mech: DChiEmbedding | DChiText, bundle: EdgeBundle | None,
         raise ValueError("dchi-embedding: pass the bundle to check the privacy floor (the "
                          "floor is measured on its embedding table)")
     head = f"{mech.name} eta={mech.eta:g} is weaker than the privacy floor"
-    t_max = float(np.sqrt(np.einsum("ij,ij->i", bundle.embeddings[bundle.regular_ids],
-                                    bundle.embeddings[bundle.regular_ids]).max()))
+    reg = bundle.embeddings[bundle.regular_ids]
+    t_max = float(np.sqrt(np.einsum("ij,ij->i", reg, reg).max()))
     if not math.isfinite(mech.eta * 2.0 * t_max):
         return f"{head}: the worst-case epsilon per token (eta x 2 max||phi||) is not finite"
     floor = dchi_floor(bundle)
@@ -287,8 +287,7 @@ def gamma_tail(n: int, tail: float = TAIL) -> float:
 def dchi_noise_limit(eta: float, dim: int) -> float:
     """A bound on the dχ noise norm that holds with probability 1 - e^-40 (inf if 1/η
     overflows)."""
-    with np.errstate(over="ignore"):
-        return float(np.float64(gamma_tail(dim)) / np.float64(eta))
+    return gamma_tail(dim) / float(eta)  # Python floats: inf, never a warning
 
 
 def check_dchi_eta(eta: float, dim: int, t_max: float, float_dtype: str = "float32",
@@ -327,10 +326,7 @@ def check_computable(mechanism: Any, bundle: EdgeBundle | None = None, *,
         check_dchi_eta(mechanism.eta, bundle.dim, t_max, float_dtype, search=False)
         return
     if isinstance(mechanism, Laplace):
-        r = _vector_dim(mechanism, bundle, dim)
-        with np.errstate(over="ignore"):
-            b = float(np.float64(r if mechanism.calibration == "vector" else 1)
-                      / np.float64(mechanism.epsilon))
+        b = mechanism.scale(_vector_dim(mechanism, bundle, dim))  # inf if r/ε overflows
         if not math.isfinite(b) or 1.0 + b * TAIL > _F32_MAX / 4.0:
             raise ValueError(f"epsilon={mechanism.epsilon:g} is too small to compute: the "
                              f"Laplace noise (scale {b:.3g}) overflows float32")
