@@ -217,11 +217,11 @@ class Worker:
         return self._conclude(job, files, child.returncode, outcome)
 
     def _watermark(self, job: queue.Job) -> int:
-        from cloud_api.store.records import snapshot
+        from cloud_api.store.records import current_watermark
 
         wm = job.watermark
         if wm is None:
-            wm, _rows = snapshot(self.db, job.spec["task"])  # rows are read lazily: unread
+            wm = current_watermark(self.db, job.spec["task"])
         kept = queue.set_watermark(self.db, job.id, self.id, wm)
         if kept is None:
             raise _Lost()

@@ -11,7 +11,11 @@ With the ids known before the insert, ``ids[i]`` is row ``i``'s id by constructi
   largest id ever used (``AUTOINCREMENT`` keeps it in ``sqlite_sequence``, so deleted ids
   are never reused); explicit ids move that counter on.
 * PostgreSQL: ``nextval`` of the table's sequence, n times in one query; ids are unique
-  and never reused; concurrent requests may interleave theirs.
+  and never reused; concurrent requests may interleave theirs, and a request may commit
+  its lower ids after another committed higher ones. So the table is locked (ROW
+  EXCLUSIVE: writers do not wait for each other) before the ids are taken, and a
+  snapshot's watermark (``records.current_watermark``: SHARE) waits for every request in flight:
+  no id at or below a watermark can appear after it was taken.
 """
 
 from __future__ import annotations
@@ -32,6 +36,7 @@ _SQLITE_INSERT = (f"INSERT INTO records ({_COLS}) VALUES "
 _PG_COPY = f"COPY records ({_COLS}) FROM STDIN"
 _SQLITE_NEXT = text("SELECT max(coalesce((SELECT seq FROM sqlite_sequence WHERE name = "
                     "'records'), 0), coalesce((SELECT max(id) FROM records), 0))")
+_PG_LOCK = text("LOCK TABLE records IN ROW EXCLUSIVE MODE")
 _PG_NEXT = text("SELECT nextval(pg_get_serial_sequence('records', 'id')) "
                 "FROM generate_series(1, :n)")
 
@@ -42,12 +47,14 @@ def json_text(value) -> str | None:
 
 
 def allocate_ids(conn: Connection, n: int) -> list[int]:
-    """``n`` new record ids. SQLite: only inside a write (IMMEDIATE) transaction."""
+    """``n`` new record ids, for rows written in this transaction. SQLite: only inside a
+    write (IMMEDIATE) transaction."""
     if n == 0:
         return []
     if conn.dialect.name == "sqlite":
         top = int(conn.execute(_SQLITE_NEXT).scalar_one())
         return list(range(top + 1, top + n + 1))
+    conn.execute(_PG_LOCK)  # held to the commit: a watermark waits for these ids
     return [int(i) for i in conn.execute(_PG_NEXT, {"n": n}).scalars()]
 
 

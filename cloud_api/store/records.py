@@ -29,7 +29,7 @@ from typing import Annotated, Any
 import numpy as np
 import orjson
 from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError
-from sqlalchemy import and_, delete, func, insert, select
+from sqlalchemy import and_, delete, func, insert, select, text
 from sqlalchemy.exc import IntegrityError
 
 from cloud_api.errors import Conflict, InvalidRequest, PayloadMismatch
@@ -287,17 +287,29 @@ def _record(row) -> Record:
     return Record(payload=payload, label=label)
 
 
+def current_watermark(db: Database, task: str | Task) -> int:
+    """The largest record id of ``task`` now (0: none), such that no record at or below it
+    can appear later: ids are never reused, and on PostgreSQL, where a request may commit
+    lower ids after another committed higher ones, this waits for the requests in flight
+    (SHARE lock against their ROW EXCLUSIVE, ``bulk.allocate_ids``). SQLite's writers
+    are serialized, so its ids commit in order."""
+    t = task if isinstance(task, Task) else get_task(db, task)
+    with db.begin() as conn:
+        if conn.dialect.name == "postgresql":
+            conn.execute(text("LOCK TABLE records IN SHARE MODE"))
+        return int(conn.execute(select(func.coalesce(func.max(records.c.id), 0))
+                                .where(records.c.task_id == t.id)).scalar_one())
+
+
 def snapshot(db: Database, task: str | Task, watermark: int | None = None,
              chunk: int = 1000) -> tuple[int, Iterator[tuple[int, Record]]]:
-    """``(watermark, rows)``: the task's records with id <= watermark (default: the
-    largest id now), in id order, as ``(id, shared.payload.Record)`` rebuilt from the
-    stored bytes; read ``chunk`` rows per query, lazily. Ids are never reused, so the
-    same watermark always means the same records (less any erased since)."""
+    """``(watermark, rows)``: the task's records with id <= watermark (default:
+    :func:`current_watermark`), in id order, as ``(id, shared.payload.Record)`` rebuilt from
+    the stored bytes; read ``chunk`` rows per query, lazily. The same watermark always
+    means the same records (less any erased since)."""
     t = task if isinstance(task, Task) else get_task(db, task)
     if watermark is None:
-        with db.begin() as conn:
-            watermark = int(conn.execute(select(func.coalesce(func.max(records.c.id), 0))
-                                         .where(records.c.task_id == t.id)).scalar_one())
+        watermark = current_watermark(db, t)
     return watermark, _iter_rows(db, t, watermark, chunk)
 
 

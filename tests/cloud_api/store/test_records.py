@@ -240,3 +240,36 @@ def test_snapshot_reads_up_to_the_watermark_in_chunks(db, task, tiny_bundle):
     new = store_raw(db, tiny_bundle, task, raw[:1]).ids
     assert new[0] > later[-1]
     assert store.snapshot(db, "sst2", watermark=None)[0] == new[0]
+
+
+def test_a_watermark_waits_for_records_still_being_written(db, task, tiny_bundle):
+    """PostgreSQL hands out ids before the rows commit: request A takes ids, request B takes
+    higher ones and commits first. A watermark taken then must not pass A's ids while A is
+    in flight (they would appear below it later: a retried attempt, or another snapshot at
+    the same watermark, would read other records)."""
+    from datetime import UTC, datetime
+
+    from cloud_api.store import bulk
+
+    if db.dialect != "postgresql":
+        pytest.skip("SQLite serializes writers: its ids commit in order")
+    recs = store.validate_records(task, raw_records(privatize(
+        tiny_bundle, DChiText(tiny_bundle, ETA), 3)), limits(tiny_bundle, task))
+    seen: list = []
+
+    def take() -> None:  # a worker claiming a retraining job
+        wm, rows = store.snapshot(db, task)
+        seen.append((wm, [i for i, _ in rows]))
+
+    with db.begin(write=True) as conn:  # request A, in flight
+        ids_a = bulk.allocate_ids(conn, len(recs))
+        ids_b = store.add_records(db, task, recs, "k2").ids  # request B commits first
+        assert ids_b[0] > ids_a[-1]
+        taker = threading.Thread(target=take)
+        taker.start()
+        taker.join(1.0)  # time enough to run ahead of A (it must wait for A instead)
+        when = bulk.created_at_value(conn, datetime.now(UTC))
+        bulk.write_rows(conn, [(i, *store._row(task, r, "k1", when))
+                               for i, r in zip(ids_a, recs, strict=True)])
+    taker.join(30)
+    assert seen == [(ids_b[-1], ids_a + ids_b)]
