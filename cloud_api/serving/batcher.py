@@ -1,7 +1,8 @@
 """The micro-batcher of one loaded model version.
 
-Requests put their payloads into a bounded queue (:meth:`Batcher.submit`, synchronous, so
-nothing can come between the registry choosing a version and queueing on it). One
+Requests put their payloads into a bounded queue (:meth:`Batcher.run` queues before its
+first ``await``, so nothing can come between the registry choosing a version and queueing
+on it). One
 collector task takes batches off the queue and hands each to a free inference worker: a
 model replica with its own thread (a replica never runs two forwards at once), off the
 event loop:
@@ -164,6 +165,11 @@ class Batcher:
         self.largest_batch = 0
         self._queue_gauge = metrics.QUEUE_SIZE.labels(model=model_id, version=version)
         self._queue_gauge.set(0)
+        # bound once: a labels() lookup (a lock and a dict) per payload adds up on the hot path
+        self._queue_seconds = metrics.QUEUE_DURATION.labels(model=model_id)
+        self._forward_seconds = metrics.INFERENCE_DURATION.labels(model=model_id)
+        self._batch_size = metrics.BATCH_SIZE.labels(model=model_id)
+        self._batch_tokens = metrics.BATCH_TOKENS.labels(model=model_id)
 
     # -- lifecycle --------------------------------------------------------------------------
     def start(self) -> Batcher:
@@ -200,13 +206,9 @@ class Batcher:
         """Seconds until the queue has likely emptied (at least 1)."""
         return float(max(1, math.ceil(len(self._items) * self._per_payload_s)))
 
-    def submit(self, payloads: Sequence, is_disconnected: Disconnected | None = None
-               ) -> asyncio.Future:
-        """Queue ``payloads`` (all or none); the future resolves to their probabilities
-        (N, C) in input order. Overloaded when the queue has no room for all of them."""
-        return self._submit(payloads, is_disconnected).future
-
     def _submit(self, payloads: Sequence, is_disconnected: Disconnected | None) -> _Request:
+        """Queue ``payloads`` (all or none); Overloaded when the queue has no room for all
+        of them."""
         if self._closing:
             raise Unavailable(f"model {self.model_id} {self.version} is being unloaded",
                               retry_after=1)
@@ -228,8 +230,9 @@ class Batcher:
 
     async def run(self, payloads: Sequence, is_disconnected: Disconnected | None = None
                   ) -> np.ndarray:
-        """Queue ``payloads`` and wait for their probabilities. A request still queued after
-        ``queue_timeout_s`` fails with Unavailable; one already in a batch gets its answer.
+        """Queue ``payloads`` and wait for their probabilities (N, C), in input order. A
+        request still queued after ``queue_timeout_s`` fails with Unavailable (its timer, the
+        only place a queue timeout happens); one already in a batch gets its answer.
         Cancelling the caller cancels the request's future at once, so a batch formed
         afterwards leaves it out."""
         req = self._submit(payloads, is_disconnected)
@@ -261,19 +264,6 @@ class Batcher:
             self._queue_gauge.set(len(self._items))
         if not req.future.done():
             req.future.cancel()
-
-    def _expire(self) -> None:
-        """Fail requests queued longer than ``queue_timeout_s``; forget finished ones."""
-        now = time.monotonic()
-        for it in self._items:
-            req = it.request
-            if not req.future.done() and not req.started and \
-                    now - req.enqueued > self.queue_timeout:
-                req.fail(self._timeout_error())
-        kept = [it for it in self._items if not it.request.future.done()]
-        if len(kept) != len(self._items):
-            self._items = kept
-            self._queue_gauge.set(len(kept))
 
     async def _live(self, batch: list[_Item]) -> list[_Item]:
         """``batch`` without the payloads of requests whose client went away (their
@@ -351,7 +341,6 @@ class Batcher:
                 worker = await self._free.get()  # the queue keeps filling meanwhile
                 try:
                     await self._wait_for_more()
-                    self._expire()
                     batch = await self._live(self._take_batch()) if self._items else []
                 except BaseException:
                     self._free.put_nowait(worker)
@@ -381,7 +370,7 @@ class Batcher:
         loop = asyncio.get_running_loop()
         now = time.monotonic()
         for it in batch:
-            metrics.QUEUE_DURATION.labels(model=self.model_id).observe(now - it.request.enqueued)
+            self._queue_seconds.observe(now - it.request.enqueued)
         payloads = [it.payload for it in batch]
         t0 = time.perf_counter()
         self._in_forward += len(batch)
@@ -393,8 +382,9 @@ class Batcher:
                           self.version, len(batch))
             err = InferenceFailed(f"model {self.model_id} {self.version} failed on a batch "
                                   f"({type(exc).__name__})")
-            for it in batch:
-                it.request.fail(err)
+            for req in {id(it.request): it.request for it in batch}.values():
+                req.fail(err)
+                self._withdraw(req)  # its payloads still queued will never be read
             return
         finally:
             self._in_forward -= len(batch)
@@ -402,10 +392,9 @@ class Batcher:
         self._per_payload_s = 0.8 * self._per_payload_s + 0.2 * took / len(batch)
         self.batches += 1
         self.largest_batch = max(self.largest_batch, len(batch))
-        metrics.INFERENCE_DURATION.labels(model=self.model_id).observe(took)
-        metrics.BATCH_SIZE.labels(model=self.model_id).observe(len(batch))
-        metrics.BATCH_TOKENS.labels(model=self.model_id).observe(
-            len(batch) * max(it.length for it in batch))
+        self._forward_seconds.observe(took)
+        self._batch_size.observe(len(batch))
+        self._batch_tokens.observe(len(batch) * max(it.length for it in batch))
         for row, it in zip(probs, batch, strict=True):
             req = it.request
             if req.future.done():

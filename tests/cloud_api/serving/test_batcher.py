@@ -287,13 +287,15 @@ def test_a_failing_forward_fails_its_requests_not_the_batcher(backend, records):
         return backend.forward(payloads)
 
     async def main():
-        b = make(flaky)
-        with pytest.raises(InferenceFailed) as err:
-            await b.run([records[0].payload])
-        ok = await b.run([records[1].payload])
+        b = make(flaky, max_batch_size=2)
+        with pytest.raises(InferenceFailed) as err:  # 4 payloads: the first batch of 2 fails
+            await b.run([r.payload for r in records[:4]])
+        left = b.queued  # the other 2 are taken out of the queue at once: nobody reads them
+        ok = await b.run([records[4].payload])
         await b.drain()
-        return err.value, ok
+        return err.value, left, ok
 
-    err, ok = run(main())
+    err, left, ok = run(main())
     assert err.status == 500 and "RuntimeError" in err.detail and "memory" not in err.detail
+    assert left == 0 and calls == [2, 1]
     assert ok.shape == (1, 2)
