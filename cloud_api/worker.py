@@ -21,7 +21,9 @@ Protocol of one job:
    heartbeat. A heartbeat that finds the job no longer ours stops the child. One that
    finds ``cancel_requested`` creates the cancel flag (the child stops at its next step),
    then after a grace period SIGTERM, then SIGKILL, to the child's process group.
-4. The child exits: with a result, the worker registers the version (``ModelHome
+4. The child exits. A heartbeat checks that the job is still this worker's (else its
+   output is dropped: the reaper gave the job to another). With a result, the worker
+   registers the version (``ModelHome
    .register``) and promotes it when the child's decision says so and the promoted
    version is still the one it compared against; a pretraining job's output becomes
    ``bases/<name>``. A cancelled job registers nothing. A child killed by a signal is
@@ -289,19 +291,19 @@ class Worker:
 
     def _conclude(self, job: queue.Job, files: AttemptFiles, rc: int, outcome: str) -> str:
         tail = files.log_tail()
-        if outcome == "lost":
-            log.warning("job %s is no longer ours (reaped or finished elsewhere)", job.id)
-            _discard(files)
-            return "lost"
         if outcome == "stopped":
             queue.release(self.db, job.id, self.id, f"worker {self.id} stopped; queued again")
             _discard(files)
             return "released"
-        try:
-            current = queue.get(self.db, job.id)
-        except ServiceError:
-            current = None
-        if outcome == "cancelled" or (current is not None and current.cancel_requested):
+        # Still ours? The reaper may have given the job to another worker while the child
+        # ran (heartbeats late or the database away): registering this output as well would
+        # add a second version, perhaps promoted.
+        beat = queue.Beat(False) if outcome == "lost" else self._last_beat(job)
+        if not beat.owned:
+            log.warning("job %s is no longer ours (reaped or finished elsewhere)", job.id)
+            _discard(files)
+            return "lost"
+        if outcome == "cancelled" or beat.cancel_requested:
             step = (files.read_progress() or {}).get("step")
             return self._end(job, files, "cancelled", log_tail=tail,
                              error="cancelled" + (f" at step {step}" if step else "") +
@@ -322,6 +324,16 @@ class Worker:
             _discard(files)
             return "queued"
         return self._end(job, files, "failed", error=reason, log_tail=tail)
+
+    def _last_beat(self, job: queue.Job) -> queue.Beat:
+        """A heartbeat once the child has exited; not owned when the database cannot say
+        (the job is then the reaper's: queued again or failed)."""
+        try:
+            return queue.heartbeat(self.db, job.id, self.id)
+        except ServiceError as exc:
+            log.warning("job %s: cannot record its end (%s); left to the reaper", job.id,
+                        exc.detail)
+            return queue.Beat(False)
 
     def _publish(self, job: queue.Job, files: AttemptFiles, result: dict) -> dict:
         """Register the child's output (a model version, or a base), promote when decided."""

@@ -54,6 +54,31 @@ def children_of(attempt_dir: Path) -> list[int]:
     return pids
 
 
+def test_the_output_of_a_job_reaped_meanwhile_is_not_registered(db, tmp_path):
+    """The child finished while the reaper gave its job to another worker (late heartbeats,
+    the database away): registering its output too would add a second version, here
+    promoted."""
+    from cloud_api.jobs.files import AttemptFiles
+    from cloud_api.settings import Settings
+
+    home = ModelHome(tmp_path / "home").ensure()
+    job_id = queue.enqueue(db, "retrain", {"task": "t", "model_id": "m"})
+    job = queue.claim(db, "w1")
+    files = AttemptFiles(home.job_dir(job_id) / "attempt-1")
+    files.prepare({"job_id": job_id})
+    files.output.mkdir()
+    (files.output / "config.json").write_text("{}")
+    files.write_result({"promote": {"decision": True, "reason": "no version was promoted"},
+                        "compared_with": {"version": None}})
+    assert queue.reap(db, timeout_s=0) == [(job_id, "queued")]
+    assert queue.claim(db, "w2").attempts == 2
+    worker = Worker(Settings(home=home.root), db, home, worker_id="w1")
+    assert worker._conclude(job, files, 0, "exited") == "lost"
+    assert home.versions("m") == [] and home.promoted("m") is None
+    assert not files.output.exists()
+    assert queue.get(db, job_id).worker_id == "w2"
+
+
 def test_a_killed_child_is_retried_and_a_cancel_registers_nothing(job_env):
     db, home = job_env.database(), ModelHome(job_env.home)
     job_id = submit(job_env, epochs=100, promote=True)
