@@ -54,6 +54,22 @@ def refuse_output_on_input(stream, file: str, output: str | None) -> None:
                          "choose another output file")
 
 
+def _write_offset(fd: int) -> int:
+    """Where the next write to ``fd`` lands: its offset, or the end of the file when it
+    was opened to append (``>>``: the offset of such a descriptor stays 0); 0 for a pipe."""
+    try:
+        import fcntl
+
+        if fcntl.fcntl(fd, fcntl.F_GETFL) & os.O_APPEND:
+            return os.fstat(fd).st_size
+    except (ImportError, OSError):
+        pass
+    try:
+        return os.lseek(fd, 0, os.SEEK_CUR)
+    except OSError:  # a pipe or a terminal
+        return 0
+
+
 class Output:
     """Whole lines (UTF-8 bytes) written with ``os.write`` as each batch is ready; a file
     is created at its first line (or at the end).
@@ -88,10 +104,7 @@ class Output:
             fd = sys.stdout.fileno()
         except (AttributeError, OSError, ValueError):  # a stream without a descriptor
             return None
-        try:
-            self._start = os.lseek(fd, 0, os.SEEK_CUR)
-        except OSError:  # a pipe or a terminal
-            self._start = 0
+        self._start = _write_offset(fd)
         self._fd = fd
         return fd
 

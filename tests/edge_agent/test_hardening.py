@@ -116,6 +116,39 @@ def test_write_failure_at_any_byte_leaves_complete_lines_and_says_how_many(
             assert all(x.decode().strip() for x in kept)
 
 
+@pytest.mark.parametrize("mode", ["append", "after-earlier-output"])
+def test_write_failure_on_stdout_redirected_to_a_file_keeps_what_was_there(
+        mode, tmp_path, tiny_enc_dir):
+    """stdout is a regular file (`>> out` or `{ echo ...; edge-agent ...; } > out`): the
+    cut goes back to this run's last complete line, after what the file held before (an
+    appending descriptor's offset stays 0: the cut used to destroy the earlier content)."""
+    src = tmp_path / "in.txt"
+    src.write_text("".join(f"good movie number {i}\n" for i in range(300)))
+    out = tmp_path / "out.txt"
+    old = b"an earlier run's line\n" * 3
+    out.write_bytes(old)
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    env.pop("EDGE_AGENT_DEBUG", None)
+    # as a shell opens them: `>>` is O_APPEND at offset 0 (Python's "ab" would seek)
+    fd = os.open(out, os.O_WRONLY | (os.O_APPEND if mode == "append" else 0))
+    try:
+        if mode != "append":
+            os.lseek(fd, len(old), os.SEEK_SET)
+        proc = subprocess.run(
+            [sys.executable, "-m", "edge_agent", "privatize", str(src), "--eta", "5", "--seed",
+             "7", "--bundle", str(tiny_enc_dir), "--format", "text"], stdout=fd,
+            stderr=subprocess.PIPE, text=True, cwd=REPO, env=env, timeout=120,
+            preexec_fn=file_size_limit(len(old) + 1000))
+    finally:
+        os.close(fd)
+    line = assert_one_line_error(proc, code=1, contains="stdout: write failed")
+    data = out.read_bytes()
+    assert data.startswith(old) and data.endswith(b"\n")
+    mine = data[len(old):].splitlines()
+    assert 0 < len(mine) < 300 and all(x.strip() for x in mine)
+    assert f"it holds {len(mine)} complete record(s), cut back" in line
+
+
 def test_dev_full_is_reported_with_the_file_and_zero_records(src, tiny_enc_dir):
     proc = run_cli("privatize", str(src), "--eta", "5", "--bundle", str(tiny_enc_dir), "-o",
                    "/dev/full")
