@@ -23,14 +23,22 @@ from pathlib import Path
 
 from cloud_api.errors import InvalidRequest, NotFound
 
-_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
-_VERSION = re.compile(r"^v([1-9][0-9]{0,8})$")
+# a model id, task, base or job name: a safe folder name (also the HTTP routes' pattern)
+ID_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$"
+VERSION_PATTERN = r"^v([1-9][0-9]{0,8})$"
+_ID = re.compile(ID_PATTERN)
+_VERSION = re.compile(VERSION_PATTERN)
 CONFIG_FILE = "config.json"  # models/registry.py: its presence means the folder is complete
 
 
+def is_id(value: object) -> bool:
+    """True for a safe folder name (letters, digits, ``_.-``; at most 64)."""
+    return isinstance(value, str) and bool(_ID.match(value)) and value not in (".", "..")
+
+
 def check_id(kind: str, value: str) -> str:
-    """``value`` if it is a safe folder name (letters, digits, ``_.-``; at most 64)."""
-    if not isinstance(value, str) or not _ID.match(value) or value in (".", ".."):
+    """``value`` if it :func:`is_id`, else InvalidRequest naming ``kind``."""
+    if not is_id(value):
         raise InvalidRequest(f"{kind} must be 1-64 letters, digits, '_', '.' or '-' and start "
                              f"with a letter or digit")
     return value

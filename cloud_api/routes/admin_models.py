@@ -6,23 +6,20 @@ leaves the old one serving and answers the error."""
 
 from __future__ import annotations
 
-from typing import Annotated
-
-from fastapi import APIRouter, Path, Request
+from fastapi import APIRouter, Request
 from pydantic import BaseModel, ConfigDict, Field
 
 from cloud_api.auth import AdminCaller
+from cloud_api.home import VERSION_PATTERN
 from cloud_api.problems import responses
+from cloud_api.routes.common import ModelId
 
 router = APIRouter(prefix="/admin", tags=["admin"])
-
-ModelId = Annotated[str, Path(description="model id",
-                              pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")]
 
 
 class PromoteRequest(BaseModel):
     model_config = ConfigDict(extra="forbid")
-    version: str = Field(pattern=r"^v[1-9][0-9]{0,8}$", description="a registered version, "
+    version: str = Field(pattern=VERSION_PATTERN, description="a registered version, "
                          "e.g. v2", examples=["v2"])
 
 

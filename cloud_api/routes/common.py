@@ -1,14 +1,18 @@
-"""What every route module uses: JSON answers (orjson) and the database of ``app.state``."""
+"""What every route module uses: JSON answers (orjson), the database of ``app.state``, the
+``{model_id}`` path parameter."""
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Annotated, Any
 
 import orjson
-from fastapi import Request
+from fastapi import Path, Request
 from starlette.responses import Response
 
 from cloud_api.errors import Unavailable
+from cloud_api.home import ID_PATTERN
+
+ModelId = Annotated[str, Path(description="model id", pattern=ID_PATTERN)]
 
 
 def json_response(obj: Any, status: int = 200, headers: dict | None = None) -> Response:

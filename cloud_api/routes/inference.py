@@ -19,12 +19,11 @@ from starlette.responses import Response
 from cloud_api.auth import AppCaller
 from cloud_api.errors import ServiceError
 from cloud_api.problems import responses
-from cloud_api.routes.common import json_response
+from cloud_api.routes.common import ModelId, json_response
 from shared.payload import Payload
 
 router = APIRouter(prefix="/v1", tags=["inference"])
 
-ModelId = Annotated[str, Path(description="model id", pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")]
 BundleId = Annotated[str, Path(description="bundle id: 64 hex digits",
                                pattern=r"^[0-9a-f]{64}$")]
 
@@ -81,8 +80,6 @@ class ModelInfo(BaseModel):
 
 class ModelList(BaseModel):
     models: list[ModelInfo]
-
-
 
 
 @router.get("/models", response_model=None, summary="Served models",
