@@ -79,12 +79,12 @@ def _say(message: str) -> None:
 
 
 def _model_id(args) -> str:
-    from cloud_api.home import _ID, check_id
+    from cloud_api.home import check_id, is_id
 
     if args.model_id:
         return check_id("model id", args.model_id)
     parent = Path(args.data).resolve().parent.name
-    return parent if _ID.match(parent) else "default"
+    return parent if is_id(parent) else "default"
 
 
 def run(args) -> int:
@@ -183,6 +183,8 @@ def _check_floor(args, bundle, params: dict) -> str | None:
 
 def _train_and_register(args, home, model_id: str, task: str, bundle, params: dict,
                         rows: int, t0: float) -> int:
+    from cloud_api.home import write_atomically
+    from models.cli_train import _rng
     from models.data import kind_of
     from models.experiment import train_from_tsv
     from models.finetune import TrainConfig
@@ -200,14 +202,13 @@ def _train_and_register(args, home, model_id: str, task: str, bundle, params: di
     try:
         res = train_from_tsv(args.data, work, args.mechanism, params, dev_tsv=args.dev,
                              bundle=bundle, base=args.base, cfg=cfg, limit=args.limit or None,
-                             dev_limit=args.dev_limit or None, rng=_rng_of(args),
+                             dev_limit=args.dev_limit or None, rng=_rng(args),
                              allow_weak_privacy=args.allow_weak_privacy)
         config_path = res.model_dir / CONFIG_FILE
         config = json.loads(config_path.read_text())
         config["task"] = task
-        tmp = config_path.with_name(f".{CONFIG_FILE}.tmp")
-        tmp.write_text(json.dumps(config, indent=2, sort_keys=True) + "\n")
-        tmp.replace(config_path)
+        write_atomically(config_path, json.dumps(config, indent=2, sort_keys=True) + "\n",
+                         durable=False)  # the folder is not served before register's rename
         version = home.register(model_id, res.model_dir, move=True)
     finally:
         shutil.rmtree(work, ignore_errors=True)
@@ -224,12 +225,6 @@ def _train_and_register(args, home, model_id: str, task: str, bundle, params: di
         print(f"dev_accuracy={dev['accuracy']:.4f}")
     print(f"elapsed={time.perf_counter() - t0:.1f}s")
     return 0
-
-
-def _rng_of(args):
-    from models.cli_train import _rng
-
-    return _rng(args)
 
 
 # -- record store (issue 12) -----------------------------------------------------------------

@@ -34,26 +34,8 @@ def build_parser() -> argparse.ArgumentParser:
     register_serve(sub)
     register_models(sub)
     for name in _COMMANDS:
-        try:
-            module = importlib.import_module(name)
-        except ModuleNotFoundError as exc:
-            if exc.name != name:  # a real missing dependency inside the module
-                raise
-            continue
-        module.register(sub)
-    for missing in ("worker",):
-        if missing not in sub.choices:
-            p = sub.add_parser(missing, help="not built yet")
-            p.set_defaults(func=_not_yet(missing))
+        importlib.import_module(name).register(sub)
     return parser
-
-
-def _not_yet(name: str):
-    def run(_args) -> int:
-        print(f"{PROG} {name}: not built yet", file=sys.stderr)
-        return 2
-
-    return run
 
 
 def fail(message: str) -> int:

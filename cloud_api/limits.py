@@ -6,7 +6,6 @@ Pure and thread-safe; the HTTP layer answers 429 with ``Retry-After`` when
 
 from __future__ import annotations
 
-import math
 import threading
 import time
 from collections.abc import Callable
@@ -47,8 +46,3 @@ class RateLimiter:
     def _evict(self, now: float) -> None:
         full_after = self.burst / self.rate
         self._buckets = {k: v for k, v in self._buckets.items() if now - v[1] < full_after}
-
-
-def retry_after_header(seconds: float) -> str:
-    """``Retry-After`` in whole seconds, at least 1 (RFC 9110 delay-seconds)."""
-    return str(max(1, math.ceil(seconds)))
