@@ -52,13 +52,18 @@ class PayloadChecker:
         self.vocab_size: int | None = int(bert["vocab_size"]) if "vocab_size" in bert else None
         self.hidden: int | None = int(bert["hidden_size"]) if "hidden_size" in bert else None
         self.in_dim: int | None = int(arch["in_dim"]) if "in_dim" in arch else None
-        self.max_tokens_setting = max_tokens_setting
         self.max_tokens = max(1, self.max_length - 2)
         if max_tokens_setting is not None:
             self.max_tokens = min(self.max_tokens, int(max_tokens_setting))
         self.bits_per_value = (1 + int(self.params.get("int_bits", 4))
                                + int(self.params.get("frac_bits", 5))
                                if self.mechanism == "ome" else 1)
+        vector_dim = None
+        if self.kind == "vector" and self.in_dim is not None:
+            vector_dim = self.in_dim // self.bits_per_value
+        self._limits = Limits(max_tokens=self.max_tokens, vocab_size=self.vocab_size,
+                              dim=self.hidden if self.kind == "embeddings" else None,
+                              vector_dim=vector_dim)  # frozen: one per model, not per request
         self._irregular: np.ndarray | None = None
         if self.kind == "tokens" and self.vocab_size is not None:
             mask = np.zeros(self.vocab_size, dtype=bool)
@@ -74,12 +79,7 @@ class PayloadChecker:
     # -- limits for parsing -----------------------------------------------------------------
     def limits(self) -> Limits:
         """``shared.payload.Limits`` to parse this model's request bodies."""
-        vector_dim = None
-        if self.kind == "vector" and self.in_dim is not None:
-            vector_dim = self.in_dim // self.bits_per_value
-        return Limits(max_tokens=self.max_tokens, vocab_size=self.vocab_size,
-                      dim=self.hidden if self.kind == "embeddings" else None,
-                      vector_dim=vector_dim)
+        return self._limits
 
     # -- checks -----------------------------------------------------------------------------
     def check(self, payloads: Sequence) -> None:
