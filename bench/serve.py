@@ -40,6 +40,7 @@ import socket
 import statistics
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -178,15 +179,23 @@ def free_port() -> int:
 
 
 def start(cmd: list[str], env: dict, port: int, timeout: float = 300) -> subprocess.Popen:
+    """Start a server and wait for its /readyz. Its stderr goes to a temporary file, not a
+    pipe: nobody reads a pipe during the run, and a server that logs more than the pipe
+    holds (64 KiB of tracebacks) would block on its next log line."""
     import httpx
 
-    proc = subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+    log = tempfile.TemporaryFile()
+    proc = subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL, stderr=log,
                             start_new_session=True)
+
+    def tail() -> str:
+        log.seek(0)
+        return log.read().decode(errors="replace")[-2000:]
+
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         if proc.poll() is not None:
-            raise RuntimeError(f"{cmd[:3]} exited {proc.returncode}: "
-                               f"{proc.stderr.read().decode()[-2000:]}")
+            raise RuntimeError(f"{cmd[:3]} exited {proc.returncode}: {tail()}")
         try:
             if httpx.get(f"http://127.0.0.1:{port}/readyz", timeout=2).status_code == 200:
                 return proc
@@ -194,7 +203,7 @@ def start(cmd: list[str], env: dict, port: int, timeout: float = 300) -> subproc
             pass
         time.sleep(0.2)
     stop(proc)
-    raise RuntimeError(f"{cmd[:3]} not ready after {timeout:.0f} s")
+    raise RuntimeError(f"{cmd[:3]} not ready after {timeout:.0f} s: {tail()}")
 
 
 def stop(proc: subprocess.Popen) -> None:
