@@ -27,14 +27,7 @@ from cloud_api import problems
 from cloud_api.auth import KeyRing
 from cloud_api.home import ModelHome
 from cloud_api.limits import RateLimiter
-from cloud_api.routes import (  # record store (issue 12)
-    admin_jobs,  # jobs (issue 12)
-    admin_models,
-    admin_records,
-    health,
-    inference,
-    records,
-)
+from cloud_api.routes import admin_jobs, admin_models, admin_records, health, inference, records
 from cloud_api.routes.middleware import ServiceMiddleware
 from cloud_api.settings import Settings
 
@@ -73,16 +66,11 @@ async def start_serving(app: FastAPI, stack: AsyncExitStack) -> None:
     app.state.ready_checks.append(registry.ready)
 
 
-LIFESPAN: list[LifespanStep] = [start_basics, start_serving]
-ROUTERS: list[APIRouter] = [health.router, inference.router, admin_models.router]
-# -- record store (issue 12): the Database in the lifespan, tasks and records routes ------
-LIFESPAN.append(records.start_store)
-ROUTERS += [records.router, admin_records.router]
-# -- end record store ------------------------------------------------------------------------
-# -- jobs (issue 12): admin job routes; the worker thread after the store step ------------
-LIFESPAN.append(admin_jobs.start_worker)
-ROUTERS.append(admin_jobs.router)
-# -- end jobs --------------------------------------------------------------------------------
+# in order: the job worker thread needs the store (records.start_store: the Database)
+LIFESPAN: list[LifespanStep] = [start_basics, start_serving, records.start_store,
+                                admin_jobs.start_worker]
+ROUTERS: list[APIRouter] = [health.router, inference.router, admin_models.router,
+                            records.router, admin_records.router, admin_jobs.router]
 
 
 @asynccontextmanager
@@ -127,11 +115,9 @@ def _openapi(app: FastAPI) -> dict:
     schema = get_openapi(title=app.title, version=app.version, description=app.description,
                          routes=app.routes)
     problems.add_schemas(schema, problems.Problem, inference.PredictRequest,
-                         admin_models.PromoteRequest)
-    problems.add_schemas(schema, records.RecordsRequest, records.store.DeleteRecords,
-                         admin_records.tasks.TaskDeclaration)  # record store (issue 12)
-    problems.add_schemas(schema, admin_jobs.RetrainRequest,
-                         admin_jobs.PretrainRequest)  # jobs (issue 12)
+                         admin_models.PromoteRequest, records.RecordsRequest,
+                         records.store.DeleteRecords, admin_records.tasks.TaskDeclaration,
+                         admin_jobs.RetrainRequest, admin_jobs.PretrainRequest)
     schema["components"]["securitySchemes"] = {
         "bearer": {"type": "http", "scheme": "bearer",
                    "description": "application key (/v1) or admin key (/admin, /v1)"}}
