@@ -314,8 +314,9 @@ def finetune(train: PayloadDataset, dev: PayloadDataset | None, bundle: EdgeBund
                                        cfg.eval_batch_size)
                 record.update({"dev_accuracy": rep["accuracy"], "dev_loss": rep["loss"],
                                "dev_macro_f1": rep["macro_f1"]})
-                bar.write(f"epoch {epoch}: train loss {record['train_loss']:.4f}, dev accuracy "
-                          f"{rep['accuracy']:.4f}, dev loss {rep['loss']:.4f}")
+                if main:  # tqdm.write prints even when the bar is disabled: rank 0 only
+                    bar.write(f"epoch {epoch}: train loss {record['train_loss']:.4f}, dev "
+                              f"accuracy {rep['accuracy']:.4f}, dev loss {rep['loss']:.4f}")
                 score = rep["accuracy"]
             else:
                 score = float(epoch)  # no dev set: keep the last epoch

@@ -34,9 +34,10 @@ def main(out: Path, bert_dir: Path) -> None:
     texts, _, labels = sentiment_texts(72, seed=1)
     records = token_records(bundle, "dchi-text", texts, labels, seed=2)
     train = dataset_from_records(records[:64], ["neg", "pos"])
+    dev = dataset_from_records(records[64:], ["neg", "pos"])
     cfg = TrainConfig(epochs=2, batch_size=8, progress=False, lr=1e-3)
     steps: list[int] = []
-    res = finetune(train, None, bundle, bert_dir, cfg, dist_ctx=ctx,
+    res = finetune(train, dev, bundle, bert_dir, cfg, dist_ctx=ctx,
                    should_stop=lambda: steps.append(1) is None and False)
     digest = hashlib.sha256()
     for k, v in sorted(res.module.state_dict().items()):

@@ -44,6 +44,8 @@ def test_two_process_gloo_finetune_keeps_ranks_identical(tmp_path, tiny_bert_dir
     # 64 examples / batch 8 = 8 batches an epoch, 4 per rank, 2 epochs
     assert ranks[0]["steps"] == ranks[1]["steps"] == 8
     assert ranks[0]["losses"] == ranks[1]["losses"]  # the loss over both ranks' shares
+    # the epoch lines (dev accuracy) come from rank 0 only
+    assert [proc.stdout.count(f"epoch {e}: train loss") for e in (1, 2)] == [1, 1], proc.stdout
     assert ranks[0]["pretrain_steps"] == ranks[1]["pretrain_steps"] == 4
     info = json.loads((tmp_path / "pre" / "pretrain.json").read_text())
     assert info["world_size"] == 2 and info["steps"] == 4
