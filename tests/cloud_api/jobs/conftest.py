@@ -80,6 +80,17 @@ def add_records(db: Database, bundle, task, texts, labels, seed: int = 0) -> lis
     return store.add_records(db, task, checked, "test-key-id", None, None).ids
 
 
+def served_home(tiny_home, root: Path) -> Path:
+    """``root/home``: a copy of the bootstrapped tiny home for ``cloud-api serve`` (model
+    text only, one model to load; no database, no jobs) with the tiny BERT as the base
+    ``tiny``."""
+    home = root / "home"
+    shutil.copytree(tiny_home.root, home,
+                    ignore=shutil.ignore_patterns("privbert.db*", "jobs", "emb"))
+    shutil.copytree(tiny_home.base, home / "bases" / "tiny")
+    return home
+
+
 @pytest.fixture(scope="session")
 def job_template(tmp_path_factory):
     """A home, database, base, bundle, task and 96 records, made once and copied per test."""

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import math
 import os
-import shutil
 import signal
 import subprocess
 import sys
@@ -19,7 +18,7 @@ import httpx
 import pytest
 
 from tests.cloud_api.conftest import ETA, REPO, ServerProcess, cli_env, new_keys, payloads_for
-from tests.cloud_api.jobs.conftest import sentences
+from tests.cloud_api.jobs.conftest import sentences, served_home
 from tests.cloud_api.jobs.test_http_jobs import admin, declare, post_records, wait_job
 from tests.cloud_api.jobs.test_worker import children_of, wait_for
 
@@ -29,10 +28,7 @@ HEARTBEAT_TIMEOUT_S, REAPER_INTERVAL_S = 3.0, 0.5
 @pytest.fixture(scope="module")
 def crash_server(tiny_home, tmp_path_factory):
     root = tmp_path_factory.mktemp("jobs-crash")
-    home = root / "home"
-    shutil.copytree(tiny_home.root, home,  # model text only: one model to load
-                    ignore=shutil.ignore_patterns("privbert.db*", "jobs", "emb"))
-    shutil.copytree(tiny_home.base, home / "bases" / "tiny")
+    home = served_home(tiny_home, root)
     server = ServerProcess(home, root / "serve.log", new_keys(), {
         "PRIVBERT_RATE_LIMIT_PER_KEY": "0", "PRIVBERT_WORKER_IN_SERVE": "0",
         "PRIVBERT_HEARTBEAT_S": "0.3", "PRIVBERT_HEARTBEAT_TIMEOUT_S": str(HEARTBEAT_TIMEOUT_S),

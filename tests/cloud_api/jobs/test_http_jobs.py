@@ -16,7 +16,7 @@ import numpy as np
 import pytest
 
 from tests.cloud_api.conftest import REPO, ServerProcess, cli_env, new_keys
-from tests.cloud_api.jobs.conftest import sentences
+from tests.cloud_api.jobs.conftest import sentences, served_home
 
 ETA = 10.0
 PROBLEM = "urn:privbert:problem:"
@@ -27,10 +27,7 @@ def jobs_server(tiny_home, tmp_path_factory):
     """A copy of the bootstrapped home (model text, dchi-text eta 5, v1) with the tiny BERT
     as the base ``tiny``, served with the worker thread on."""
     root = tmp_path_factory.mktemp("jobs-http")
-    home = root / "home"
-    shutil.copytree(tiny_home.root, home,  # model text only: one model to load
-                    ignore=shutil.ignore_patterns("privbert.db*", "jobs", "emb"))
-    shutil.copytree(tiny_home.base, home / "bases" / "tiny")
+    home = served_home(tiny_home, root)
     server = ServerProcess(home, root / "serve.log", new_keys(), {
         "PRIVBERT_RATE_LIMIT_PER_KEY": "0", "PRIVBERT_HEARTBEAT_S": "0.3",
         "PRIVBERT_WORKER_POLL_S": "0.2", "PRIVBERT_DEVICE": "cpu"})
