@@ -39,9 +39,12 @@ _LOCK_ID = 0x70726976  # PostgreSQL advisory lock id held while migrating ("priv
 RETRY_AFTER_S = 2.0
 
 
+_OUTAGE = (sa_exc.OperationalError, sa_exc.InterfaceError, sa_exc.TimeoutError)
+
+
 def _is_outage(exc: BaseException) -> bool:
     """True for errors that mean "the database cannot be reached or used right now"."""
-    if isinstance(exc, sa_exc.OperationalError | sa_exc.InterfaceError | sa_exc.TimeoutError):
+    if isinstance(exc, _OUTAGE):
         return True
     return isinstance(exc, sa_exc.DBAPIError) and bool(exc.connection_invalidated)
 
@@ -82,6 +85,9 @@ class Database:
                 connect_args={"connect_timeout": max(1, round(connect_timeout_s)),
                               "application_name": "privbert"})
         self._writer = self.engine.execution_options(privbert_begin="IMMEDIATE")
+        # the same errors raised by the driver itself, where we use it directly (COPY)
+        driver = self.engine.dialect.loaded_dbapi
+        self._driver_outage = (driver.OperationalError, driver.InterfaceError)
 
     @classmethod
     def from_settings(cls, s: Settings) -> Database:
@@ -114,8 +120,8 @@ class Database:
         """Turn "database unreachable" errors raised in the block into :class:`Unavailable`."""
         try:
             yield
-        except sa_exc.SQLAlchemyError as exc:
-            if not _is_outage(exc):
+        except (sa_exc.SQLAlchemyError, *self._driver_outage) as exc:
+            if not (_is_outage(exc) or isinstance(exc, self._driver_outage)):
                 raise
             log.warning("database unavailable (%s)", _reason(exc))
             raise Unavailable("the database is unavailable; try again later",

@@ -183,6 +183,26 @@ def test_sqlite_locked_past_busy_timeout_is_unavailable_then_heals(tmp_path, tin
     db.dispose()
 
 
+def test_driver_outage_errors_outside_sqlalchemy_are_unavailable(db, task, tiny_bundle,
+                                                                 monkeypatch):
+    """PostgreSQL's COPY goes through psycopg directly (store/bulk.py): a connection lost
+    there raises the driver's own error, which must be a 503 too, not a 500."""
+    from cloud_api.store import bulk
+
+    recs = store.validate_records(task, raw_records(privatize(
+        tiny_bundle, DChiText(tiny_bundle, ETA), 3)), Limits.for_bundle(tiny_bundle))
+    lost = db.engine.dialect.loaded_dbapi.OperationalError("server closed the connection")
+
+    def write_rows(conn, rows):
+        raise lost
+
+    monkeypatch.setattr(bulk, "write_rows", write_rows)
+    with pytest.raises(Unavailable):
+        store.add_records(db, task, recs, "k1")
+    monkeypatch.undo()
+    assert len(store.add_records(db, task, recs, "k1").ids) == 3  # nothing half-written
+
+
 def test_postgres_outage_is_unavailable_then_heals(pg_cluster, fresh_postgres_url,
                                                    tiny_bundle):
     db = Database(fresh_postgres_url, connect_timeout_s=1)
