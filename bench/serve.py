@@ -293,17 +293,28 @@ def batch_stats(port: int) -> tuple[float, float]:
     return s, c
 
 
+def payloads_of(bodies: list[bytes]) -> list:
+    """The one payload of each request body, parsed."""
+    from shared.payload import parse_payload
+
+    return [parse_payload(json.loads(b)["payloads"][0]) for b in bodies]
+
+
+def in_process_backend(model_dir: Path, backend: str, threads: int | None):
+    """The service's backend over ``model_dir`` in this process, as serve would load it."""
+    from cloud_api.serving.backends import load_backend
+    from cloud_api.settings import Settings
+
+    return load_backend(model_dir, Settings(home=model_dir.parent, backend=backend,
+                                            torch_threads=threads, auth_disabled=True))
+
+
 class Bare:
     """One backend forward on one payload in this process (no HTTP), same payloads."""
 
     def __init__(self, model_dir: Path, backend: str, bodies: list[bytes], threads: int | None):
-        from cloud_api.serving.backends import load_backend
-        from cloud_api.settings import Settings
-        from shared.payload import parse_payload
-
-        self.payloads = [parse_payload(json.loads(b)["payloads"][0]) for b in bodies]
-        self.backend = load_backend(model_dir, Settings(
-            home=model_dir.parent, backend=backend, torch_threads=threads, auth_disabled=True))
+        self.payloads = payloads_of(bodies)
+        self.backend = in_process_backend(model_dir, backend, threads)
         self.times: list[float] = []
         self.i = 0
 
@@ -342,14 +353,10 @@ def dispatch_compare(model_dir: Path, backend: str, bodies: list[bytes], threads
     shared default pool (what ``asyncio.to_thread`` uses), in this process, no HTTP."""
     from concurrent.futures import ThreadPoolExecutor
 
-    from cloud_api.serving.backends import load_backend
     from cloud_api.serving.batcher import Batcher
-    from cloud_api.settings import Settings
-    from shared.payload import parse_payload
 
-    payloads = [parse_payload(json.loads(b)["payloads"][0]) for b in bodies]
-    be = load_backend(model_dir, Settings(home=model_dir.parent, backend=backend,
-                                          torch_threads=threads, auth_disabled=True))
+    payloads = payloads_of(bodies)
+    be = in_process_backend(model_dir, backend, threads)
     rows = []
     for name in ("dedicated thread", "shared pool (to_thread)"):
         for c in (1, 8):
@@ -380,15 +387,11 @@ def padding_cost(model_dir: Path, backend: str, bodies: list[bytes], threads: in
     fixed cost of a forward in padded tokens (least squares, time = a + b x tokens)."""
     import numpy as np
 
-    from cloud_api.serving.backends import load_backend
     from cloud_api.serving.batcher import payload_length
-    from cloud_api.settings import Settings
-    from shared.payload import parse_payload
 
-    ps = [parse_payload(json.loads(b)["payloads"][0]) for b in bodies]
+    ps = payloads_of(bodies)
     srt = sorted(ps, key=payload_length)
-    be = load_backend(model_dir, Settings(home=model_dir.parent, backend=backend,
-                                          torch_threads=threads, auth_disabled=True))
+    be = in_process_backend(model_dir, backend, threads)
     rows, fit = [], []
     for n, name, seq in ((1, "one payload", ps), (16, "16 in arrival order", ps),
                          (16, "16 neighbours in length", srt), (32, "32 in arrival order", ps),
