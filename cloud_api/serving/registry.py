@@ -30,7 +30,7 @@ import numpy as np
 
 from cloud_api import metrics
 from cloud_api.errors import InvalidRequest, NotFound, ServiceError, Unavailable
-from cloud_api.home import ModelHome
+from cloud_api.home import ModelHome, version_number
 from cloud_api.serving.backends import Backend, BackendError, load_backend
 from cloud_api.serving.batcher import Batcher, Disconnected
 from cloud_api.serving.bundles import BundleStore
@@ -291,17 +291,17 @@ class ServingRegistry:
         stamp = self._pointer_stamp(model_id)
         try:
             served = await asyncio.to_thread(self._load_sync, model_id, version)
-        except (BackendError, ServiceError) as exc:
-            reason = exc.detail if isinstance(exc, ServiceError) else str(exc)
+        except Exception as exc:  # anything a broken folder raises gets the same treatment
+            if isinstance(exc, ServiceError):
+                reason, expected = exc.detail, True
+            elif isinstance(exc, BackendError):
+                reason, expected = str(exc), True
+            else:  # unexpected: the traceback goes to the log
+                reason, expected = f"{type(exc).__name__}: {exc}", False
             self._failed[model_id], self._failed_stamp[model_id] = (version, reason), stamp
             metrics.LOAD_FAILURES.labels(model=model_id).inc()
-            log.error("model %s %s failed to load: %s", model_id, version, reason)
-            raise BackendError(reason) from None
-        except Exception as exc:  # anything else in a broken folder: same treatment
-            reason = f"{type(exc).__name__}: {exc}"
-            self._failed[model_id], self._failed_stamp[model_id] = (version, reason), stamp
-            metrics.LOAD_FAILURES.labels(model=model_id).inc()
-            log.exception("model %s %s failed to load", model_id, version)
+            log.error("model %s %s failed to load: %s", model_id, version, reason,
+                      exc_info=not expected)
             raise BackendError(reason) from None
         s = self.settings
         served.batcher = Batcher(
@@ -388,7 +388,8 @@ class ServingRegistry:
         failed = self._failed.get(served.model_id)
         if failed is not None and failed[0] == served.version:
             del self._failed[served.model_id]
-        elif failed is not None and (n := _vnum(failed[0])) and n < (_vnum(served.version) or 0):
+        elif failed is not None and (n := version_number(failed[0])) and \
+                n < (version_number(served.version) or 0):
             del self._failed[served.model_id]  # an older failure is moot
         metrics.LOADED.labels(model=served.model_id, version=served.version).set(1)
         log.info("serving model %s %s (%s backend)", served.model_id, served.version,
@@ -413,9 +414,3 @@ class ServingRegistry:
         except KeyError:
             pass
         log.info("released model %s %s", served.model_id, served.version)
-
-
-def _vnum(version: str) -> int | None:
-    from cloud_api.home import version_number
-
-    return version_number(version)
