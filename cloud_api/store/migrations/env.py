@@ -5,12 +5,8 @@ from __future__ import annotations
 
 from alembic import context
 
+import cloud_api.store.jobs  # noqa: F401 - the jobs table, on the same MetaData
 from cloud_api.store.tables import metadata
-
-try:  # the jobs table lives in its own module on the same MetaData
-    import cloud_api.store.jobs  # noqa: F401
-except ImportError:  # pragma: no cover - before the jobs module exists
-    pass
 
 connection = context.config.attributes.get("connection")
 if connection is None:
