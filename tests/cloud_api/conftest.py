@@ -64,6 +64,8 @@ class TinyHome:
     data: Path          # train.tsv
     dev: Path           # dev.tsv
     bootstrap_out: dict[str, str] = field(default_factory=dict)  # model id -> stdout
+    # model id -> promoted version once the fixture is built (tests promote more later)
+    promoted_at_start: dict[str, str] = field(default_factory=dict)
 
 
 @pytest.fixture(scope="session")
@@ -94,6 +96,9 @@ def tiny_home(tmp_path_factory) -> TinyHome:
         out, err = proc.communicate(timeout=300)
     assert proc.returncode == 0, f"bootstrap failed:\n{err[-3000:]}"
     home.bootstrap_out["text"] = out + err
+    from cloud_api.home import ModelHome
+
+    home.promoted_at_start = ModelHome(home.root).promoted_all()
     return home
 
 
