@@ -20,7 +20,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from sqlalchemy import func, select
 
 from cloud_api.errors import Conflict, InvalidRequest, NotFound, Unavailable
-from cloud_api.home import ModelHome
+from cloud_api.home import ID_PATTERN, ModelHome
 from cloud_api.settings import Settings
 from cloud_api.store import jobs as queue
 from cloud_api.store.db import Database
@@ -28,7 +28,7 @@ from cloud_api.store.records import label_counts
 from cloud_api.store.tables import records
 from cloud_api.store.tasks import Task, canonical_params, compared_params, get_task
 
-Name = Annotated[str, Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$",
+Name = Annotated[str, Field(pattern=ID_PATTERN,
                             description="1-64 letters, digits, '_', '.', '-'")]
 VECTOR_MECHANISMS = ("laplace", "ome", "texthide")
 

@@ -17,6 +17,7 @@ from starlette.responses import Response
 
 from cloud_api.auth import AppCaller
 from cloud_api.errors import NotFound, Unavailable
+from cloud_api.home import ID_PATTERN
 from cloud_api.metrics import RECORDS
 from cloud_api.problems import responses
 from cloud_api.routes.common import database, json_response
@@ -28,7 +29,7 @@ from shared.payload import Limits, Record
 router = APIRouter(prefix="/v1", tags=["records"])
 
 TaskPath = Annotated[str, Path(description="task name",
-                               pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")]
+                               pattern=ID_PATTERN)]
 
 
 class RecordsRequest(BaseModel):

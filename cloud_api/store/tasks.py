@@ -22,14 +22,14 @@ from sqlalchemy import func, insert, select
 from sqlalchemy.exc import IntegrityError
 
 from cloud_api.errors import Conflict, InvalidRequest, NotFound
-from cloud_api.home import check_id
+from cloud_api.home import ID_PATTERN, check_id
 from cloud_api.store.db import Database
 from cloud_api.store.tables import records, tasks
 from shared import payload as wire
 
-Mechanism = Literal["dchi-embedding", "dchi-text", "laplace", "ome", "texthide", "none"]
+Mechanism = Literal[wire.MECHANISMS]  # type: ignore[valid-type]
 LabelName = Annotated[str, Field(pattern=r"^[A-Za-z0-9_.:-]{1,64}$")]
-TaskName = Annotated[str, Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$",
+TaskName = Annotated[str, Field(pattern=ID_PATTERN,
                                 description="1-64 letters, digits, '_', '.', '-'")]
 
 # mechanism -> its payload class (params model, array field)
