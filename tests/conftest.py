@@ -98,3 +98,48 @@ def fresh_postgres_url(pg_cluster, request) -> str:
     """SQLAlchemy URL of a new, empty database for one test."""
     name = "t_" + re.sub(r"[^a-z0-9]+", "_", request.node.name.lower())[:40]
     return pg_cluster.create_database(f"{name}_{next(_DB_SEQ)}")
+
+
+def make_full_tiny_bert(path: Path, dim: int = 16, seed: int = 0, layers: int = 2) -> Path:
+    """A complete Hugging Face BERT folder (every weight) with the tiny test vocabulary."""
+    import torch
+    from transformers import BertConfig, BertModel
+
+    vocab = ["[PAD]", "[unused0]", "[unused1]", "[unused2]", "[UNK]", "[CLS]", "[SEP]",
+             "[MASK]", *TINY_WORDS]
+    path.mkdir(parents=True, exist_ok=True)
+    (path / "vocab.txt").write_text("\n".join(vocab) + "\n")
+    (path / "tokenizer_config.json").write_text(json.dumps({"do_lower_case": True}))
+    torch.manual_seed(seed)
+    config = BertConfig(vocab_size=len(vocab), hidden_size=dim, num_hidden_layers=layers,
+                        num_attention_heads=2, intermediate_size=2 * dim,
+                        max_position_embeddings=64, hidden_dropout_prob=0.0,
+                        attention_probs_dropout_prob=0.0)
+    model = BertModel(config)
+    with torch.no_grad():  # spread the table so that tokens are distinguishable
+        model.embeddings.word_embeddings.weight.normal_(0.0, 0.5)
+    model.save_pretrained(str(path))
+    return path
+
+
+@pytest.fixture
+def one_torch_thread():
+    """Tiny models run fastest on one thread (and do not fight other processes for cores)."""
+    import torch
+
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
+@pytest.fixture(scope="session")
+def tiny_bert_dir(tmp_path_factory) -> Path:
+    return make_full_tiny_bert(tmp_path_factory.mktemp("tiny-full-bert"))
+
+
+@pytest.fixture(scope="session")
+def tiny_bert_bundle(tiny_bert_dir):
+    from shared.bundle import EdgeBundle
+
+    return EdgeBundle.from_model(tiny_bert_dir)

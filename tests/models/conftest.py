@@ -2,63 +2,23 @@
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import numpy as np
 import pytest
 
 from shared.payload import Record, make_payload
-from tests.conftest import TINY_WORDS
+from tests.conftest import TINY_WORDS, make_full_tiny_bert  # noqa: F401 (re-exported)
 
 POSITIVE = ["good", "great", "fun", "funny", "love"]
 NEGATIVE = ["bad", "awful", "dull", "boring", "hate"]
 NEUTRAL = ["the", "a", "movie", "film", "plot", "actor", "story", "it", "this", "was", "is"]
 
 
-def make_full_tiny_bert(path: Path, dim: int = 16, seed: int = 0, layers: int = 2) -> Path:
-    """A complete Hugging Face BERT folder (every weight) with the tiny test vocabulary."""
-    import torch
-    from transformers import BertConfig, BertModel
-
-    vocab = ["[PAD]", "[unused0]", "[unused1]", "[unused2]", "[UNK]", "[CLS]", "[SEP]",
-             "[MASK]", *TINY_WORDS]
-    path.mkdir(parents=True, exist_ok=True)
-    (path / "vocab.txt").write_text("\n".join(vocab) + "\n")
-    (path / "tokenizer_config.json").write_text(json.dumps({"do_lower_case": True}))
-    torch.manual_seed(seed)
-    config = BertConfig(vocab_size=len(vocab), hidden_size=dim, num_hidden_layers=layers,
-                        num_attention_heads=2, intermediate_size=2 * dim,
-                        max_position_embeddings=64, hidden_dropout_prob=0.0,
-                        attention_probs_dropout_prob=0.0)
-    model = BertModel(config)
-    with torch.no_grad():  # spread the table so that tokens are distinguishable
-        model.embeddings.word_embeddings.weight.normal_(0.0, 0.5)
-    model.save_pretrained(str(path))
-    return path
-
-
 @pytest.fixture(autouse=True)
-def one_torch_thread():
-    """Tiny models run fastest on one thread (and do not fight other processes for cores)."""
-    import torch
-
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
+def _one_torch_thread(one_torch_thread):
+    """Every test here runs torch on one thread (tests/conftest.py: one_torch_thread)."""
     yield
-    torch.set_num_threads(before)
-
-
-@pytest.fixture(scope="session")
-def tiny_bert_dir(tmp_path_factory) -> Path:
-    return make_full_tiny_bert(tmp_path_factory.mktemp("tiny-full-bert"))
-
-
-@pytest.fixture(scope="session")
-def tiny_bert_bundle(tiny_bert_dir):
-    from shared.bundle import EdgeBundle
-
-    return EdgeBundle.from_model(tiny_bert_dir)
 
 
 def sentiment_texts(n: int, seed: int = 0, pairs: bool = False):

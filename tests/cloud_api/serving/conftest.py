@@ -15,7 +15,7 @@ import pytest
 from cloud_api.home import ModelHome
 from cloud_api.settings import Settings
 from models.finetune import TrainConfig
-from tests.models.conftest import make_full_tiny_bert, sentiment_texts, token_records
+from tests.models.conftest import sentiment_texts, token_records
 
 FAST = TrainConfig(epochs=1, lr=1e-3, batch_size=8, progress=False, seed=0)
 ETA = 50.0
@@ -35,25 +35,19 @@ async def until(cond: Callable[[], bool], what: str, timeout: float = 30.0) -> N
 
 
 @pytest.fixture(autouse=True)
-def one_torch_thread():
-    import torch
-
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
+def _one_torch_thread(one_torch_thread):
     yield
-    torch.set_num_threads(before)
 
 
 @pytest.fixture(scope="session")
-def bert_dir(tmp_path_factory) -> Path:
-    return make_full_tiny_bert(tmp_path_factory.mktemp("serving-bert"))
+def bert_dir(tiny_bert_dir) -> Path:
+    """The session's tiny full BERT (tests/conftest.py), shared with tests/models."""
+    return tiny_bert_dir
 
 
 @pytest.fixture(scope="session")
-def bundle(bert_dir):
-    from shared.bundle import EdgeBundle
-
-    return EdgeBundle.from_model(bert_dir)
+def bundle(tiny_bert_bundle):
+    return tiny_bert_bundle
 
 
 @pytest.fixture(scope="session")
