@@ -230,7 +230,13 @@ def stored_bytes(srv) -> bytes:
     return srv.pg.dump(srv.dbname).encode()
 
 
-def test_tripwire_no_marker_word_in_the_database(srv, tiny_bundle_of_home):
+def _home_bytes(root) -> bytes:
+    return b"".join(f.read_bytes() for f in sorted(root.rglob("*")) if f.is_file())
+
+
+def test_tripwire_no_marker_word_in_the_database(srv, tiny_bundle_of_home, tiny_home):
+    """Marker words of dchi-embedding records: nowhere in the database, the server's
+    $PRIVBERT_HOME or its log (issue 12 item 7)."""
     from base64 import b64decode
 
     from edge_agent import Privatizer
@@ -239,6 +245,7 @@ def test_tripwire_no_marker_word_in_the_database(srv, tiny_bundle_of_home):
     name = declare(srv, b, mechanism="dchi-embedding")
     texts = [f"the {MARKERS[0]} {MARKERS[1]} was good", f"{MARKERS[2]} is a bad film"] * 4
     payloads = Privatizer(b, DChiEmbedding(ETA)).privatize(texts)
+    home_before = _home_bytes(tiny_home.root)
     r = post_records(srv, records_body(name, payloads), idem="trip-1")
     assert r.status_code == 201, r.text
     data = stored_bytes(srv)
@@ -249,9 +256,14 @@ def test_tripwire_no_marker_word_in_the_database(srv, tiny_bundle_of_home):
     for word in MARKERS:
         assert word.encode() not in data, word
     log = srv.log.read_bytes()
+    home = _home_bytes(tiny_home.root)
     for word in MARKERS:
         assert word.encode() not in log
-    assert srv.app_key.encode() not in data + log
+        # "secret" and "marker" are words of the tiny vocabulary (the bundle holds them):
+        # the home may hold a marker only as often as before the upload
+        assert home.count(word.encode()) == home_before.count(word.encode()), word
+    assert MARKERS[2].encode() not in home
+    assert srv.app_key.encode() not in data + log + home
 
 
 def test_database_outage_is_503_and_recovers(srv, tiny_bundle_of_home):
