@@ -64,10 +64,6 @@ class JobList(BaseModel):
     jobs: list[JobOut]
 
 
-
-
-
-
 def _body_schema(model: type[BaseModel]) -> dict:
     return {"requestBody": {"required": True, "content": {"application/json": {
         "schema": {"$ref": f"#/components/schemas/{model.__name__}"}}}}}

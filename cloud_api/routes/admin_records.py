@@ -42,8 +42,6 @@ class Deleted(BaseModel):
     deleted: int = Field(description="records deleted")
 
 
-
-
 def _declare(state, decl: tasks.TaskDeclaration) -> tuple[tasks.Task, bool]:
     if decl.mechanism == "none" and not state.settings.allow_none:
         raise InvalidRequest("mechanism 'none' (no privatization) is refused unless the "

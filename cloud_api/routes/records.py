@@ -56,10 +56,6 @@ class TaskInfo(BaseModel):
     bundle_id: str
 
 
-
-
-
-
 def _store(state, env: store.RecordsBody, key_id: str, idem: str | None) -> store.Stored:
     """Blocking part of POST /v1/records (a worker thread): task, bundle, checks, insert."""
     task = get_task(state.db, env.task)
