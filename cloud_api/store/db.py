@@ -209,7 +209,7 @@ def _sqlite_events(engine: Engine, busy_ms: int) -> None:
         try:
             cur.execute(f"PRAGMA busy_timeout = {busy_ms}")
             cur.execute("PRAGMA foreign_keys = ON")
-            cur.execute("PRAGMA journal_mode = WAL")
+            _ensure_wal(cur, busy_ms / 1000)
             cur.execute("PRAGMA synchronous = FULL")  # an answered request is on disk
         finally:
             cur.close()
@@ -218,3 +218,31 @@ def _sqlite_events(engine: Engine, busy_ms: int) -> None:
     def _on_begin(conn: Connection) -> None:
         mode = conn.get_execution_options().get("privbert_begin", "DEFERRED")
         conn.exec_driver_sql(f"BEGIN {mode}")
+
+
+def _ensure_wal(cur, timeout_s: float) -> None:
+    """Put the database file in WAL mode (persistent, so only the first connection of a new
+    file changes it). The change needs an exclusive lock, and SQLite answers "database is
+    locked" at once instead of calling the busy handler when another connection holds one
+    (several processes creating the database together), so retry until ``timeout_s``."""
+    import sqlite3
+    import time
+
+    deadline = time.monotonic() + timeout_s
+    delay = 0.005
+    while True:
+        try:
+            mode = cur.execute("PRAGMA journal_mode").fetchone()[0].lower()
+            if mode in ("wal", "memory"):  # ":memory:" databases have no WAL
+                return
+            # a refused change may also come back as the old mode instead of an error
+            mode = cur.execute("PRAGMA journal_mode = WAL").fetchone()[0].lower()
+            if mode == "wal":
+                return
+            if time.monotonic() + delay > deadline:
+                raise sqlite3.OperationalError(f"could not switch to WAL (still {mode})")
+        except sqlite3.OperationalError as exc:
+            if "locked" not in str(exc) or time.monotonic() + delay > deadline:
+                raise
+            time.sleep(delay)
+            delay = min(delay * 2, 0.1)
