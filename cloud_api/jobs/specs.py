@@ -203,11 +203,10 @@ def check_pretrain(db: Database, home: ModelHome, settings: Settings,
     params = canonical_params(req.mechanism, req.params)
     if home.base_dir(req.name).exists():
         raise Conflict(f"a base named {req.name!r} exists already; choose another name")
-    for job in queue.list_jobs(db, states=("queued", "running"), kind="pretrain",
-                               limit=1000):
-        if job.spec.get("name") == req.name:
-            raise Conflict(f"job {job.id} ({job.state}) already pretrains a base named "
-                           f"{req.name!r}")
+    holder = queue.live_holder(db, "pretrain", req.name)  # the early, friendly answer; the
+    if holder is not None:                                # insert decides (submit_pretrain)
+        raise Conflict(f"job {holder.id} ({holder.state}) already pretrains a base named "
+                       f"{req.name!r}")
     base_path = str(_existing_base(home, req.base)) if req.base else None
     from cloud_api.jobs.pretrain import corpus_paths
 
@@ -216,3 +215,13 @@ def check_pretrain(db: Database, home: ModelHome, settings: Settings,
         raise Unavailable(f"the pretraining corpus is missing on this server: "
                           f"{', '.join(missing)} (PRIVBERT_PRETRAIN_CORPUS)")
     return {**req.model_dump(), "params": params, "base_path": base_path}
+
+
+def submit_pretrain(db: Database, home: ModelHome, settings: Settings, req: PretrainRequest,
+                    *, created_by: str | None = None) -> int:
+    """Check and queue a pretraining job; returns its id. The base name is reserved by the
+    insert itself (a unique index over live jobs, ``store.jobs.enqueue``), so of two
+    concurrent requests for one name exactly one is queued and the other gets 409."""
+    spec = check_pretrain(db, home, settings, req)
+    return queue.enqueue(db, "pretrain", spec, max_attempts=settings.max_attempts,
+                         created_by=created_by, reserve=req.name)

@@ -17,7 +17,7 @@ from pydantic import BaseModel, Field
 from starlette.responses import Response
 
 from cloud_api.auth import AdminCaller
-from cloud_api.jobs.specs import PretrainRequest, RetrainRequest, check_pretrain, check_retrain
+from cloud_api.jobs.specs import PretrainRequest, RetrainRequest, check_retrain, submit_pretrain
 from cloud_api.problems import responses
 from cloud_api.routes.common import database, json_response
 from cloud_api.store import jobs as queue
@@ -102,9 +102,7 @@ async def post_pretrain(request: Request, caller: AdminCaller) -> Response:
     state, db = request.app.state, database(request)
 
     def submit() -> int:
-        spec = check_pretrain(db, state.home, state.settings, req)
-        return queue.enqueue(db, "pretrain", spec, max_attempts=state.settings.max_attempts,
-                             created_by=caller.key_id)
+        return submit_pretrain(db, state.home, state.settings, req, created_by=caller.key_id)
 
     return _accepted(request, await asyncio.to_thread(submit))
 

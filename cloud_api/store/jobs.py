@@ -42,9 +42,11 @@ from sqlalchemy import (
     func,
     insert,
     select,
+    text,
     update,
 )
 from sqlalchemy.engine import Connection
+from sqlalchemy.exc import IntegrityError
 
 from cloud_api.errors import Conflict, NotFound
 from cloud_api.store.db import Database
@@ -54,6 +56,7 @@ KINDS = ("retrain", "pretrain")
 STATES = ("queued", "running", "succeeded", "failed", "cancelled")
 FINISHED = ("succeeded", "failed", "cancelled")
 LOG_TAIL_CHARS = 4000  # the last lines of a job's log kept in its row
+LIVE = text("state IN ('queued', 'running')")
 
 jobs = Table(
     "jobs", metadata,
@@ -76,10 +79,13 @@ jobs = Table(
     Column("result", JSON),                            # version, metrics, promotion decision
     Column("cancel_requested", Boolean, nullable=False),
     Column("watermark", BigId),                        # highest record id in the snapshot
+    Column("reserved", String(128)),                   # a name only one live job may hold
     CheckConstraint("state IN ('queued', 'running', 'succeeded', 'failed', 'cancelled')",
                     name="state"),
     CheckConstraint("kind IN ('retrain', 'pretrain')", name="kind"),
     Index(None, "state", "id"),                        # claim: the oldest queued job
+    Index("uq_jobs_live_kind_reserved", "kind", "reserved", unique=True,  # 0003_job_names
+          sqlite_where=LIVE, postgresql_where=LIVE),
     sqlite_autoincrement=True,
 )
 
@@ -171,17 +177,35 @@ def _tail(text: str | None) -> str | None:
 
 # -- submission and reading ------------------------------------------------------------------
 def enqueue(db: Database, kind: str, spec: dict, *, max_attempts: int = 2,
-            created_by: str | None = None) -> int:
-    """Insert a queued job; returns its id."""
+            created_by: str | None = None, reserve: str | None = None) -> int:
+    """Insert a queued job; returns its id. ``reserve``: a name that no other live (queued
+    or running) job of ``kind`` may hold; the database's unique index decides between
+    concurrent submissions, the loser gets :class:`Conflict` naming the holder."""
     if kind not in KINDS:
         raise ValueError(f"unknown job kind {kind!r}")
     if max_attempts < 1:
         raise ValueError("max_attempts must be at least 1")
-    with db.begin(write=True) as conn:
-        res = conn.execute(insert(jobs).values(
-            kind=kind, spec=spec, state="queued", attempts=0, max_attempts=max_attempts,
-            created_by=created_by, created_at=_now(conn), cancel_requested=False))
-        return int(res.inserted_primary_key[0])
+    try:
+        with db.begin(write=True) as conn:
+            res = conn.execute(insert(jobs).values(
+                kind=kind, spec=spec, state="queued", attempts=0, max_attempts=max_attempts,
+                created_by=created_by, created_at=_now(conn), cancel_requested=False,
+                reserved=reserve))
+            return int(res.inserted_primary_key[0])
+    except IntegrityError:
+        if reserve is None:
+            raise
+        holder = live_holder(db, kind, reserve)
+        where = f"job {holder.id} ({holder.state})" if holder else "another job"
+        raise Conflict(f"{where} already holds the {kind} name {reserve!r}") from None
+
+
+def live_holder(db: Database, kind: str, name: str) -> Job | None:
+    """The queued or running job of ``kind`` that reserved ``name``, if any."""
+    with db.begin() as conn:
+        row = conn.execute(select(jobs).where(jobs.c.kind == kind, jobs.c.reserved == name,
+                                              jobs.c.state.in_(("queued", "running")))).first()
+    return None if row is None else _job(row)
 
 
 def get(db: Database, job_id: int) -> Job:
