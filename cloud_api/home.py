@@ -9,16 +9,23 @@
 
 Everything here is plain files so that several processes (replicas, workers, the CLI)
 sharing the folder see each other's changes: a version folder appears by one rename,
-a promotion by one ``os.replace`` of the pointer file. Nothing here imports torch.
+a promotion by one ``os.replace`` of the pointer file. Every promotion holds the model's
+promotion lock (``models/<model_id>/.promote.lock``, ``flock``, plus a lock per process
+for threads), so "read the pointer, decide, write it" (:meth:`ModelHome.promote_if`) is
+atomic across threads, processes and hosts sharing the folder. Nothing here imports torch.
 """
 
 from __future__ import annotations
 
+import fcntl
 import json
 import os
 import re
 import shutil
 import tempfile
+import threading
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 from cloud_api.errors import InvalidRequest, NotFound
@@ -29,6 +36,9 @@ VERSION_PATTERN = r"^v([1-9][0-9]{0,8})$"
 _ID = re.compile(ID_PATTERN)
 _VERSION = re.compile(VERSION_PATTERN)
 CONFIG_FILE = "config.json"  # models/registry.py: its presence means the folder is complete
+PROMOTE_LOCK = ".promote.lock"
+_THREAD_LOCKS: dict[str, threading.Lock] = {}  # per lock file: flock may be per process
+_THREAD_LOCKS_GUARD = threading.Lock()        # (NFS emulates it with POSIX locks)
 
 
 def is_id(value: object) -> bool:
@@ -142,12 +152,48 @@ class ModelHome:
         return {m: v for m in self.model_ids() if (v := self.promoted(m)) is not None}
 
     # -- changes ----------------------------------------------------------------------------
+    @contextmanager
+    def promotion_lock(self, model_id: str) -> Iterator[None]:
+        """Exclusive hold on ``model_id``'s promoted pointer, across threads, processes and
+        hosts sharing this folder; released when the block ends or the process dies."""
+        mdir = self.model_dir(model_id)
+        mdir.mkdir(parents=True, exist_ok=True)
+        path = mdir / PROMOTE_LOCK
+        key = os.path.realpath(path)
+        with _THREAD_LOCKS_GUARD:
+            local = _THREAD_LOCKS.setdefault(key, threading.Lock())
+        with local:
+            fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX)
+                yield
+            finally:
+                os.close(fd)  # releases the flock
+
     def promote(self, model_id: str, version: str) -> Path:
-        """Point ``model_id`` at ``version`` (one atomic replace); returns the version folder."""
+        """Point ``model_id`` at ``version`` (one atomic replace, under the promotion lock);
+        returns the version folder."""
+        self._write_pointer(model_id, version, check_only=True)  # no folder for a typo
+        with self.promotion_lock(model_id):
+            return self._write_pointer(model_id, version)
+
+    def promote_if(self, model_id: str, version: str,
+                   decide: Callable[[str | None], tuple[bool, str]]) -> tuple[bool, str]:
+        """Promote ``version`` if ``decide(the promoted version now)`` says so, reading the
+        pointer, deciding and writing it under the promotion lock: no other promotion of
+        ``model_id`` can come between. Returns ``decide``'s ``(promoted, why)``."""
+        with self.promotion_lock(model_id):
+            promote, why = decide(self.promoted(model_id))
+            if promote:
+                self._write_pointer(model_id, version)
+            return promote, why
+
+    def _write_pointer(self, model_id: str, version: str, check_only: bool = False) -> Path:
         path = self.version_dir(model_id, version)
         if not (path / CONFIG_FILE).is_file():
             raise NotFound(f"model {model_id} has no version {version}")
-        write_atomically(self.model_dir(model_id) / "promoted", version + "\n")
+        if not check_only:
+            write_atomically(self.model_dir(model_id) / "promoted", version + "\n")
         return path
 
     def reserve_version(self, model_id: str) -> tuple[str, Path]:

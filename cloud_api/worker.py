@@ -23,9 +23,11 @@ Protocol of one job:
    then after a grace period SIGTERM, then SIGKILL, to the child's process group.
 4. The child exits. A heartbeat checks that the job is still this worker's (else its
    output is dropped: the reaper gave the job to another). With a result, the worker
-   registers the version (``ModelHome
-   .register``) and promotes it when the child's decision says so and the promoted
-   version is still the one it compared against; a pretraining job's output becomes
+   registers the version (``ModelHome.register``) and promotes it when the child's
+   decision says so and the promoted version is still the one it compared against,
+   checked and written under the model's promotion lock (``ModelHome.promote_if``), so two
+   jobs finishing together never both promote; the result's ``promoted`` and
+   ``promotion`` say what was decided and why. A pretraining job's output becomes
    ``bases/<name>``. A cancelled job registers nothing. A child killed by a signal is
    queued again while attempts are left; an error fails the job with its one-line reason.
 5. Every ``reaper_interval_s`` (also while a job runs) the worker reaps jobs whose
@@ -352,13 +354,8 @@ class Worker:
         decision, compared = result["promote"], result["compared_with"]["version"]
         promoted, reason = False, decision["reason"]
         if decision["decision"]:
-            now = self.home.promoted(model_id)
-            if now != compared:
-                reason = (f"the promoted version changed during the job ({compared} -> {now}); "
-                          "not promoted")
-            else:
-                self.home.promote(model_id, version)
-                promoted = True
+            promoted, reason = self.home.promote_if(
+                model_id, version, lambda now: _still_valid(decision["reason"], compared, now))
         log.info("job %s: registered %s %s%s", job.id, model_id, version,
                  " and promoted it" if promoted else f", not promoted: {reason}")
         return {**result, "version": version, "promoted": promoted, "promotion": reason}
@@ -374,6 +371,17 @@ class Worker:
         _count(job.kind, state)
         log.info("job %s: %s%s", job.id, state, f" ({error})" if error else "")
         return state
+
+
+def _still_valid(reason: str, compared: str | None, now: str | None) -> tuple[bool, str]:
+    """The child's "promote" stands only if the promoted version is still the one it was
+    compared with (called under the model's promotion lock); else refuse and say why."""
+    if now == compared:
+        return True, reason
+    return False, (f"not promoted: the promoted version changed while the job ran "
+                   f"({compared or 'none'} -> {now or 'none'}, another job or an admin "
+                   f"promoted it); this version was compared with {compared or 'none'} only "
+                   f"({reason}); compare and promote by hand if wanted")
 
 
 class _Lost(Exception):

@@ -87,3 +87,93 @@ def test_a_reserved_name_is_free_again_once_its_job_has_ended(db):
     assert queue.finish(db, first, "w", "failed", error="boom")
     again = queue.enqueue(db, "pretrain", {"name": "pre"}, reserve="pre")
     assert queue.live_holder(db, "pretrain", "pre").id == again
+
+
+def _output(tmp_path, name: str):
+    """An attempt folder whose ``output/`` is a (fake) complete model version."""
+    from cloud_api.jobs.files import AttemptFiles
+
+    files = AttemptFiles(tmp_path / name)
+    files.prepare({"job_id": name})
+    files.output.mkdir()
+    (files.output / "config.json").write_text("{}")
+    return files
+
+
+def test_two_jobs_finishing_together_promote_one_version_and_say_why(tmp_path, monkeypatch):
+    """Both children decided "promote" against the same promoted version (none); their
+    workers publish at once. Every racer reads the pointer before any writes it when
+    nothing serializes them (the patched read waits for the other): both promoted before.
+    Now exactly one promotes and the other's result says why it did not."""
+    from types import SimpleNamespace
+
+    from cloud_api.worker import Worker
+
+    home = ModelHome(tmp_path / "home").ensure()
+    together = threading.Barrier(2, timeout=3)
+    real = ModelHome.promoted
+
+    def promoted(self, model_id):
+        out = real(self, model_id)
+        try:
+            together.wait()
+        except threading.BrokenBarrierError:
+            pass
+        return out
+
+    monkeypatch.setattr(ModelHome, "promoted", promoted)
+    result = {"promote": {"requested": True, "decision": True,
+                          "reason": "no version was promoted before"},
+              "compared_with": {"version": None}}
+    worker = Worker(Settings(home=home.root), None, home, worker_id="w")
+    out: dict[int, dict] = {}
+
+    def publish(job_id: int) -> None:
+        job = SimpleNamespace(id=job_id, kind="retrain", spec={"model_id": "m"})
+        out[job_id] = worker._publish(job, _output(tmp_path, f"a{job_id}"), result)
+
+    threads = [threading.Thread(target=publish, args=(i,)) for i in (1, 2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(30)
+    assert sorted(r["version"] for r in out.values()) == ["v1", "v2"]
+    won = [r for r in out.values() if r["promoted"]]
+    lost = [r for r in out.values() if not r["promoted"]]
+    assert len(won) == 1 and len(lost) == 1, out
+    monkeypatch.setattr(ModelHome, "promoted", real)
+    assert home.promoted("m") == won[0]["version"]
+    assert won[0]["promotion"] == "no version was promoted before"
+    assert (f"changed while the job ran (none -> {won[0]['version']}"
+            in lost[0]["promotion"]), lost[0]["promotion"]
+
+
+def test_the_promotion_lock_holds_off_other_processes(tmp_path):
+    """A process holding the model's promotion lock keeps every other promotion of that
+    model waiting until it lets go."""
+    import subprocess
+    import sys
+    import textwrap
+
+    home = ModelHome(tmp_path / "home").ensure()
+    src = _output(tmp_path, "a").output
+    assert home.register("m", src) == "v1"
+    holder = subprocess.Popen([sys.executable, "-c", textwrap.dedent(f"""
+        import sys
+        from cloud_api.home import ModelHome
+        with ModelHome({str(home.root)!r}).promotion_lock("m"):
+            print("held", flush=True)
+            sys.stdin.read()
+        """)], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    try:
+        assert holder.stdout.readline().strip() == "held"
+        done = threading.Event()
+        t = threading.Thread(target=lambda: (home.promote("m", "v1"), done.set()))
+        t.start()
+        assert not done.wait(1.0) and home.promoted("m") is None
+        holder.stdin.close()
+        assert done.wait(20) and home.promoted("m") == "v1"
+        t.join(5)
+    finally:
+        holder.kill()
+        holder.wait()
