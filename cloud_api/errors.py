@@ -40,6 +40,12 @@ class PayloadMismatch(InvalidRequest):
     kind, title = "payload-mismatch", "Payload does not match the model"
 
 
+class WeakPrivacy(InvalidRequest):
+    """Mechanism parameters weaker than the privacy floor (``shared.floor``)."""
+
+    kind, title = "weak-privacy", "Weaker than the privacy floor"
+
+
 class NotFound(ServiceError):
     status, kind, title = 404, "not-found", "Not found"
 

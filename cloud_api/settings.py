@@ -80,6 +80,10 @@ class Settings(BaseSettings):
                                    "cores / torch_threads; GPU: 1)")
     allow_none: bool = Field(False, description="serve models of mechanism 'none' (plain "
                              "token ids: the Null-privacy baseline only)")
+    allow_weak_privacy: bool = Field(False, description="accept task declarations whose "
+                                     "mechanism parameters are weaker than the privacy "
+                                     "floor (shared.floor: payloads close to the raw text); "
+                                     "experiments only")
     reload_interval_s: float = Field(2.0, gt=0, description="how often promoted pointers "
                                      "written by other processes are checked")
 

@@ -47,11 +47,13 @@ def _declare(state, decl: tasks.TaskDeclaration) -> tuple[tasks.Task, bool]:
         raise InvalidRequest("mechanism 'none' (no privatization) is refused unless the "
                              "server allows it (PRIVBERT_ALLOW_NONE)")
     try:
-        state.bundles.get(decl.bundle_id)
+        bundle = state.bundles.get(decl.bundle_id)
     except NotFound:
         raise InvalidRequest(f"bundle {decl.bundle_id[:12]}… is not known to this server: "
                              "add it to $PRIVBERT_HOME/bundles first (cloud-api "
                              "export-bundle, or register a model trained with it)") from None
+    tasks.privacy_floor_refusal(decl.mechanism, decl.params, bundle,
+                                state.settings.allow_weak_privacy)
     return tasks.ensure_task(state.db, decl.task, decl.labels, decl.mechanism, decl.params,
                              decl.bundle_id)
 

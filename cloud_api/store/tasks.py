@@ -21,7 +21,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 from sqlalchemy import func, insert, select
 from sqlalchemy.exc import IntegrityError
 
-from cloud_api.errors import Conflict, InvalidRequest, NotFound
+from cloud_api.errors import Conflict, InvalidRequest, NotFound, WeakPrivacy
 from cloud_api.home import ID_PATTERN, check_id
 from cloud_api.store.db import Database
 from cloud_api.store.tables import records, tasks
@@ -50,6 +50,37 @@ def canonical_params(mechanism: str, params: dict) -> dict:
                              errors=[{**e, "loc": ["params", *e["loc"]]} for e in
                                      exc.errors(include_input=False, include_url=False)]
                              ) from None
+
+
+def privacy_floor_refusal(mechanism: str, params: dict, bundle, allow_weak: bool) -> None:
+    """:class:`WeakPrivacy` (422) when a task would accept payloads weaker than the
+    privacy floor (``shared.floor``: a dχ η at which tokens mostly come back unchanged, a
+    Laplace or OME noise that rounds away), unless ``allow_weak``; the edge refuses to
+    make such payloads without ``--allow-weak-privacy``, and the server does not invite
+    them. Uncomputable parameters (an η whose noise overflows) are refused too."""
+    if mechanism in ("none", "texthide"):  # none: PRIVBERT_ALLOW_NONE; TextHide: no ε
+        return
+    from shared.floor import check_computable, weak_privacy_reason
+    from shared.mechanisms import OME, DChiEmbedding, DChiText, Laplace
+
+    p = canonical_params(mechanism, params)
+    # r, the sentence-vector size: the encoder's output, else BERT's hidden size (= the
+    # word-embedding size), which a bundle without encoder.onnx is declared for
+    dim = int((bundle.meta.get("encoder") or {}).get("output_dim") or bundle.dim)
+    try:
+        mech = {"dchi-text": lambda: DChiText(bundle, p["eta"]),
+                "dchi-embedding": lambda: DChiEmbedding(p["eta"]),
+                "laplace": lambda: Laplace(p["epsilon"], p["calibration"], p["word_dropout"]),
+                "ome": lambda: OME(p["epsilon"], p["lam"], dim, p["int_bits"], p["frac_bits"]),
+                }[mechanism]()
+        check_computable(mech, bundle, dim=dim)
+    except ValueError as exc:
+        raise InvalidRequest(f"params cannot be used: {exc}") from None
+    reason = weak_privacy_reason(mech, bundle, dim=dim)
+    if reason is not None and not allow_weak:
+        raise WeakPrivacy(f"{reason}; such payloads are close to the raw text, so the task "
+                          "is refused (PRIVBERT_ALLOW_WEAK_PRIVACY=1 accepts it, for "
+                          "experiments only)")
 
 
 def compared_params(mechanism: str, params: dict) -> dict:
