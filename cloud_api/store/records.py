@@ -15,6 +15,16 @@ finds it and gets the same ids; a retry racing the first request waits on the co
 (PostgreSQL: its INSERT blocks until the first commits, then fails with a unique
 violation, and the stored answer is read) or on the write lock that BEGIN IMMEDIATE takes
 (SQLite: it begins after the first commits and finds the row).
+
+Erasure and idempotency: an idempotency row only replays while every record it names is
+still stored. :func:`delete_records` (by task, ids, key id or any combination) deletes,
+in its transaction, the idempotency rows of the senders it touched that name a record
+no longer there; erasure by key id alone forgets all of that key's rows. And a replay
+that finds any of its stored ids gone (rows left by an older version, or a race with an
+erasure) forgets that row too. Either way the same key and body afterwards are a new
+request: stored afresh with new ids (201 without ``Idempotent-Replayed``), the whole
+request again even when only some of its records had been erased, never an answer naming
+ids that no longer exist; the same key with another body is then accepted as well.
 """
 
 from __future__ import annotations
@@ -58,6 +68,7 @@ _ARRAY_FIELD = {m: cls.array_field for m, cls in PAYLOAD_CLASSES.items()}
 _SOFT_DTYPE = "<f8"  # soft labels round-trip exactly
 _MAX_ERRORS = 20
 IDEMPOTENCY_KEY_MAX = 255
+_CHUNK = 1000  # ids per IN (...) list
 # re-reading stored rows: they were checked against their task when they came in
 _STORED_LIMITS = Limits(max_tokens=1 << 20, max_dim=1 << 20, max_array_bytes=1 << 31,
                         max_bits=1 << 31, max_json_bytes=1 << 40)
@@ -183,8 +194,33 @@ def _row(task: Task, rec: Record, key_id: str, created_at) -> tuple:
 
 
 def _prior(conn, key_id: str, key: str):
-    return conn.execute(select(idempotency.c.body_sha256, idempotency.c.record_ids).where(
+    return conn.execute(select(idempotency.c.id, idempotency.c.body_sha256,
+                               idempotency.c.record_ids).where(
         idempotency.c.key_id == key_id, idempotency.c.idempotency_key == key)).first()
+
+
+def _missing(conn, ids) -> set[int]:
+    """Those of ``ids`` that are not (any more) in the records table."""
+    want = sorted({int(i) for i in ids})
+    have: set[int] = set()
+    for s in range(0, len(want), _CHUNK):
+        have.update(int(i) for i in conn.execute(select(records.c.id).where(
+            records.c.id.in_(want[s:s + _CHUNK]))).scalars())
+    return set(want) - have
+
+
+def _forget_erased(conn, key_ids) -> int:
+    """Delete the idempotency rows of ``key_ids`` that name a record no longer stored;
+    how many."""
+    stale: list[int] = []
+    for kid in sorted(key_ids):
+        rows = conn.execute(select(idempotency.c.id, idempotency.c.record_ids)
+                            .where(idempotency.c.key_id == kid)).all()
+        gone = _missing(conn, [i for r in rows for i in r.record_ids])
+        stale += [r.id for r in rows if gone.intersection(int(i) for i in r.record_ids)]
+    for s in range(0, len(stale), _CHUNK):
+        conn.execute(delete(idempotency).where(idempotency.c.id.in_(stale[s:s + _CHUNK])))
+    return len(stale)
 
 
 def _replay(prior, digest: str) -> Stored:
@@ -215,7 +251,10 @@ def add_records(db: Database, task: Task, recs: Sequence[Record], key_id: str,
         with db.begin(write=True) as conn:
             if idempotency_key is not None:
                 prior = _prior(conn, key_id, idempotency_key)
-                if prior is not None:
+                if prior is not None and _missing(conn, prior.record_ids):
+                    # its records were erased: forget that answer, this is a new request
+                    conn.execute(delete(idempotency).where(idempotency.c.id == prior.id))
+                elif prior is not None:
                     return _replay(prior, digest)
             ids = bulk.allocate_ids(conn, len(recs))
             if idempotency_key is not None:  # a racing twin waits here (PostgreSQL)
@@ -232,15 +271,18 @@ def add_records(db: Database, task: Task, recs: Sequence[Record], key_id: str,
     # PostgreSQL: a request with the same key committed while we waited on its row
     with db.begin() as conn:
         prior = _prior(conn, key_id, idempotency_key)
-    if prior is None:
-        raise Conflict("a concurrent request with this Idempotency-Key failed; send it again")
+        erased = prior is not None and bool(_missing(conn, prior.record_ids))
+    if prior is None or erased:
+        raise Conflict("a concurrent request with this Idempotency-Key failed or was "
+                       "erased; send it again")
     return _replay(prior, digest)
 
 
 def delete_records(db: Database, *, task: str | None = None, ids: Sequence[int] | None = None,
                    key_id: str | None = None) -> int:
-    """Delete the records matching every given selector; the count deleted. Erasure by
-    ``key_id`` alone also forgets that key's idempotency entries."""
+    """Delete the records matching every given selector; the count deleted. The
+    idempotency entries that named a deleted record go too (erasure by ``key_id`` alone:
+    all of that key's entries), so a replay of such a request is stored afresh."""
     if task is None and not ids and key_id is None:
         raise InvalidRequest("give at least one of task, ids, key_id")
     conds = []
@@ -249,16 +291,27 @@ def delete_records(db: Database, *, task: str | None = None, ids: Sequence[int] 
     if key_id is not None:
         conds.append(records.c.key_id == key_id)
     deleted = 0
+    senders: set[str] = set()  # key ids whose records went: their idempotency rows to check
+
+    def erase(conn, *where) -> int:
+        got = conn.execute(delete(records).where(and_(*where)).returning(records.c.key_id))
+        n = 0
+        for kid in got.scalars():
+            senders.add(kid)
+            n += 1
+        return n
+
     with db.begin(write=True) as conn:
         if ids:
             uniq = sorted(set(int(i) for i in ids))
-            for s in range(0, len(uniq), 1000):
-                deleted += conn.execute(delete(records).where(
-                    and_(records.c.id.in_(uniq[s:s + 1000]), *conds))).rowcount
+            for s in range(0, len(uniq), _CHUNK):
+                deleted += erase(conn, records.c.id.in_(uniq[s:s + _CHUNK]), *conds)
         else:
-            deleted = conn.execute(delete(records).where(and_(*conds))).rowcount
+            deleted = erase(conn, *conds)
         if key_id is not None and task is None and not ids:
             conn.execute(delete(idempotency).where(idempotency.c.key_id == key_id))
+        elif senders:
+            _forget_erased(conn, senders)
     return int(deleted)
 
 

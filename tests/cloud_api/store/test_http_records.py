@@ -205,6 +205,27 @@ def test_erasure_by_key_id_and_delete(srv, tiny_bundle_of_home):
                         params={"task": "nope"}), 404, "not-found")
 
 
+def test_replay_after_erasure_stores_afresh(srv, tiny_bundle_of_home):
+    """An erasure by ids, or by key id with a task, leaves no idempotency answer naming
+    deleted records: the same key and body afterwards store anew, never a 201 with the
+    erased ids."""
+    b = tiny_bundle_of_home
+    name = declare(srv, b)
+    alice = srv.keys["app"][0]
+    body = records_body(name, text_payloads(b, 4))
+    first = post_records(srv, body, key=alice, idem="erase-1").json()["ids"]
+    for sel in ({"ids": first[1:2]}, {"key_id": key_id(alice), "task": name}):
+        r = call(srv, "DELETE", "/admin/records", srv.admin_key, content=json.dumps(sel))
+        assert r.status_code == 200 and r.json()["deleted"] >= 1, r.text
+        again = post_records(srv, body, key=alice, idem="erase-1")
+        assert again.status_code == 201 and "idempotent-replayed" not in again.headers
+        assert set(again.json()["ids"]).isdisjoint(first), (sel, again.json(), first)
+        first = again.json()["ids"]
+    assert sum(counts(srv, name).values()) == 4  # the last request, once
+    replay = post_records(srv, body, key=alice, idem="erase-1")
+    assert replay.headers["idempotent-replayed"] == "true" and replay.json()["ids"] == first
+
+
 def test_edge_cli_uploads_records(srv, tiny_bundle_of_home, tiny_home):
     name = declare(srv, tiny_bundle_of_home)
     out = tiny_home.root.parent / f"uploaded-{srv.kind}.jsonl"

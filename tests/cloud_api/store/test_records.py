@@ -164,6 +164,64 @@ def test_erasure_by_key_id(db, task, tiny_bundle):
     assert store.delete_records(db, key_id="nobody") == 0
 
 
+def stale_idempotency(db) -> list[tuple[str, str]]:
+    """(key id, idempotency key) of every idempotency row naming a record not stored."""
+    with db.begin() as conn:
+        have = set(conn.execute(select(records_table.c.id)).scalars())
+        rows = conn.execute(select(idempotency)).all()
+    return [(r.key_id, r.idempotency_key) for r in rows if not set(r.record_ids) <= have]
+
+
+ERASURES = {  # (sent request's ids, the task) -> delete_records selectors
+    "task": lambda ids, t: {"task": t},
+    "ids-part": lambda ids, t: {"ids": ids[1:3]},
+    "ids-all": lambda ids, t: {"ids": ids},
+    "key-task": lambda ids, t: {"key_id": "alice", "task": t},
+    "key-ids": lambda ids, t: {"key_id": "alice", "ids": [ids[0]]},
+    "key-task-ids": lambda ids, t: {"key_id": "alice", "task": t, "ids": ids[2:]},
+    "key": lambda ids, t: {"key_id": "alice"},
+}
+
+
+@pytest.mark.parametrize("how", list(ERASURES))
+def test_erasure_forgets_the_idempotency_answers_it_broke(db, task, tiny_bundle, how):
+    raw = raw_records(privatize(tiny_bundle, DChiText(tiny_bundle, ETA), 5))
+    first = store_raw(db, tiny_bundle, task, raw, key_id="alice", idem="a-1")
+    kept = store_raw(db, tiny_bundle, task, raw[:2], key_id="alice", idem="a-2")
+    bob = store_raw(db, tiny_bundle, task, raw[:3], key_id="bob", idem="b-1")
+    sel = ERASURES[how](first.ids, task.name)
+    if "ids" in sel:  # only the first request's records: the others stay replayable
+        assert store.delete_records(db, **sel) == len(sel["ids"])
+    else:
+        store.delete_records(db, **sel)
+    assert stale_idempotency(db) == []
+    # a replay of the erased request is a new request: stored afresh, ids that exist
+    again = store_raw(db, tiny_bundle, task, raw, key_id="alice", idem="a-1")
+    assert not again.replayed and set(again.ids).isdisjoint(first.ids)
+    with db.begin() as conn:
+        stored = set(conn.execute(select(records_table.c.id)).scalars())
+    assert set(again.ids) <= stored and stale_idempotency(db) == []
+    # requests whose records all survived still replay
+    for sent, key_id, idem, rs in [(kept, "alice", "a-2", raw[:2]),
+                                   (bob, "bob", "b-1", raw[:3])]:
+        if set(sent.ids) <= stored:
+            assert store_raw(db, tiny_bundle, task, rs, key_id=key_id, idem=idem) == \
+                store.Stored(sent.ids, replayed=True)
+
+
+def test_a_replay_whose_records_are_gone_stores_afresh(db, task, tiny_bundle):
+    """An idempotency row naming erased records (left by an older version, or by an
+    erasure racing the request) does not answer with those ids."""
+    raw = raw_records(privatize(tiny_bundle, DChiText(tiny_bundle, ETA), 4))
+    first = store_raw(db, tiny_bundle, task, raw, idem="a-1")
+    with db.begin(write=True) as conn:  # behind the store's back
+        conn.execute(records_table.delete().where(records_table.c.id == first.ids[1]))
+    again = store_raw(db, tiny_bundle, task, raw, idem="a-1")
+    assert not again.replayed and set(again.ids).isdisjoint(first.ids) and count(db) == 7
+    assert stale_idempotency(db) == []
+    assert store_raw(db, tiny_bundle, task, raw, idem="a-1") == store.Stored(again.ids, True)
+
+
 def test_delete_by_ids_and_by_task(db, task, tiny_bundle):
     other = tasks.ensure_task(db, "other", ["x", "y", "z"], "dchi-text", {"eta": ETA},
                               tiny_bundle.bundle_id)[0]
