@@ -10,6 +10,7 @@ import torch
 from models.attack import (
     TorchDChiText,
     content_words,
+    format_vector_attack,
     roc_auc,
     token_privacy,
     train_attacker,
@@ -91,6 +92,20 @@ def test_vector_attack_runs_on_laplace_payloads(tiny_encoder_bundle):
     assert rep["guarantee"]["worst_case"]["epsilon"] == pytest.approx(5.0 * 16)
     with pytest.raises(ValueError, match="laplace, ome and texthide"):
         vector_attack(tiny_encoder_bundle, DChiText(tiny_encoder_bundle, 5.0), texts)
+
+
+def test_vector_attack_measures_weak_parameters_and_says_so(tiny_encoder_bundle):
+    """The floor refuses ε = 1e12 on the edge; an attack is how one shows why, so it runs,
+    the attacker does about as well as on clean vectors, and the report names the floor."""
+    texts, _, _ = sentiment_texts(80, seed=2)
+    kw = dict(n_words=5, device="cpu", epochs=3, progress=False)
+    weak = vector_attack(tiny_encoder_bundle, Laplace(1e12, "coordinate"), texts,
+                         rng=np.random.default_rng(0), **kw)
+    assert "privacy floor" in weak["weak_privacy"]
+    assert "WEAK PRIVACY" in format_vector_attack(weak)
+    ok = vector_attack(tiny_encoder_bundle, Laplace(5.0, "coordinate"), texts,
+                       rng=np.random.default_rng(0), **kw)
+    assert ok["weak_privacy"] is None and "WEAK PRIVACY" not in format_vector_attack(ok)
 
 
 def test_attacker_constant_training_coordinate_keeps_scale_one():
