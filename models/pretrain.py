@@ -353,6 +353,16 @@ def pretrain(base_dir: str | os.PathLike | None, out_dir: str | os.PathLike, obj
     logged (about 200 times a run). ``dist_ctx`` (``models.distributed``, under torchrun):
     DDP, a step is one batch per rank (rank r takes the batches the single-process run
     takes at steps ``step * world + r``); rank 0 writes the checkpoints and the output.
+    ``tokens_seen`` and ``predictions_seen`` (checkpoints and ``pretrain.json``) count every
+    rank's batches: each rank's new tokens are all-reduced whenever a checkpoint is written,
+    so a resumed run reports what an uninterrupted one does.
+
+    ``resume`` needs the world size the checkpoint was written with (recorded in it): the
+    number of processes fixes the global batch (``batch_size`` × N), which corpus batches a
+    step takes and, with ``epochs``, the number of steps, so continuing with another N would
+    silently skip or repeat batches; that is refused with a ValueError naming both sizes.
+    A checkpoint from before the world size was recorded resumes with a warning (its counts
+    are rank 0's alone if it was written under DDP).
     Raises ValueError (one sentence) before any training on bad input.
     """
     if steps is None and epochs is None:
@@ -392,12 +402,15 @@ def pretrain(base_dir: str | os.PathLike | None, out_dir: str | os.PathLike, obj
            "total_steps": total, "bundle_id": bundle.bundle_id, "corpus": corpus_fingerprint(seqs),
            "entropy": distributed.broadcast_object(
                str(cfg.seed if cfg.seed is not None else secrets.randbits(128)), dist_ctx),
-           "tokens_seen": 0, "predictions_seen": 0, "loss_curve": [], "train_seconds": 0.0}
+           "tokens_seen": 0, "predictions_seen": 0, "loss_curve": [], "train_seconds": 0.0,
+           "world_size": world}
     state = None
     if resume:
         state = torch.load(checkpoints[-1] / STATE_FILE, map_location="cpu", weights_only=True)
+        _check_world_size(state["run"], world, checkpoints[-1], warn=main)
         _check_resumable(state["run"], run)
         run = state["run"]
+        run["world_size"] = world
     entropy = int(run["entropy"])
     if state is None:
         torch.manual_seed(int(np.random.SeedSequence(entropy, spawn_key=(2,)).generate_state(1)[0]))
@@ -430,16 +443,28 @@ def pretrain(base_dir: str | os.PathLike | None, out_dir: str | os.PathLike, obj
     out.mkdir(parents=True, exist_ok=True)
     log_every = max(1, total // 200)
     use_prefetch = dev.type == "cuda" if prefetch is None else prefetch
+    # Under DDP each rank adds only its own batches to run's counts; at every checkpoint
+    # (and at the end) the new tokens of every rank since the last sync are all-reduced, so
+    # that the counts saved and reported are global, and a resumed run (every rank starts
+    # from the checkpoint's global count) adds each rank's tokens once only.
+    synced = {k: run[k] for k in _COUNTS}
+
+    def sync_counts() -> None:
+        if dist_ctx is None:
+            return
+        new = distributed.all_sum([run[k] - synced[k] for k in _COUNTS], dist_ctx)
+        for k, n in zip(_COUNTS, new, strict=True):
+            run[k] = synced[k] = synced[k] + int(n)
+
     def save(step: int) -> None:
+        sync_counts()  # a collective: every rank calls save at the same steps
         if main:
             save_checkpoint(out, step, model, trainer, run, base, cfg.keep_checkpoints)
 
     _loop(model, trainer, make, start, total, run, log_every, use_prefetch, progress and main,
           save=save, save_every=cfg.save_every, should_stop=should_stop,
           on_progress=on_progress, dist_ctx=dist_ctx)
-    if dist_ctx is not None:  # every rank's tokens; then only rank 0 writes
-        run["tokens_seen"], run["predictions_seen"] = map(int, distributed.all_sum(
-            [run["tokens_seen"], run["predictions_seen"]], dist_ctx))
+    sync_counts()  # already global (the last step saves): a no-op kept for safety
     if not main:
         return out
     save_model_folder(model, out, base)
@@ -455,6 +480,30 @@ def pretrain(base_dir: str | os.PathLike | None, out_dir: str | os.PathLike, obj
             "paper": "Qu et al. 2021 §3.4; word embeddings frozen (no gradient into the edge's table)"}
     (out / INFO_FILE).write_text(json.dumps(info, indent=2) + "\n")
     return out
+
+
+_COUNTS = ("tokens_seen", "predictions_seen")
+
+
+def _check_world_size(saved: dict, world: int, checkpoint: Path, warn: bool) -> None:
+    """ValueError unless the checkpoint was written by ``world`` processes (see
+    :func:`pretrain`); a warning when the checkpoint does not say."""
+    before = saved.get("world_size")
+    if before is None:
+        if warn:
+            import warnings
+
+            warnings.warn(f"--resume: {checkpoint} does not record the number of processes "
+                          f"that wrote it; resuming with {world}. If it was written by another "
+                          "number, batches are skipped or repeated; if under DDP, its "
+                          "tokens_seen counts rank 0's batches only", stacklevel=3)
+        return
+    if int(before) != world:
+        raise ValueError(f"--resume: {checkpoint} was written by {before} process(es), this "
+                         f"run has {world}; a step takes one batch per process, so another "
+                         "number would change the global batch and skip or repeat corpus "
+                         f"batches: resume with {before} process(es) (torchrun "
+                         f"--nproc-per-node {before})")
 
 
 def _check_resumable(saved: dict, now: dict) -> None:
@@ -509,8 +558,9 @@ def _loop(model, trainer: Trainer, make, start: int, total: int, run: dict, log_
                     run["loss_curve"].append([done, round(float(torch.stack(window).float().mean()), 5)])
                     window.clear()
                 run["train_seconds"] += time.perf_counter() - t0
-                t0, tokens0 = time.perf_counter(), run["tokens_seen"]
-                save(done)
+                t0 = time.perf_counter()
+                save(done)  # under DDP, makes the counts global
+                tokens0 = run["tokens_seen"]
     finally:
         bar.close()
         if pool:
