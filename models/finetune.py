@@ -81,6 +81,12 @@ def classification_report(pred: np.ndarray, gold: np.ndarray, names: list[str]) 
     c = len(names)
     conf = np.zeros((c, c), dtype=np.int64)
     np.add.at(conf, (gold, pred), 1)
+    return report_from_confusion(conf, names)
+
+
+def report_from_confusion(conf: np.ndarray, names: list[str]) -> dict:
+    """:func:`classification_report` from the confusion matrix (rows gold, columns predicted)."""
+    conf = np.asarray(conf, dtype=np.int64)
     per_class = {}
     for i, name in enumerate(names):
         tp = int(conf[i, i])
@@ -174,6 +180,25 @@ def check_compatible(train: PayloadDataset, dev: PayloadDataset | None,
 
 
 # -- evaluation ------------------------------------------------------------------------------
+def _predict_batches(module: nn.Module, ds: PayloadDataset, batches: list[np.ndarray],
+                     special_ids: dict[str, int], max_length: int, device: torch.device,
+                     amp: torch.dtype | None):
+    """(probabilities of each batch, its loss × its size), one batch after another."""
+    was_training = module.training
+    module.eval()
+    try:
+        for idx in batches:
+            batch = {k: v.to(device) for k, v in collate_dataset(ds, idx, special_ids,
+                                                                 max_length).items()}
+            with torch.autocast(device.type, dtype=amp, enabled=amp is not None):
+                logits = module(**batch).float()
+            tgt = torch.from_numpy(ds.targets[idx]).to(device)
+            yield (torch.softmax(logits, dim=-1).cpu().numpy(),
+                   float(classification_loss(logits, tgt)) * len(idx))
+    finally:
+        module.train(was_training)
+
+
 @torch.no_grad()
 def predict_dataset(module: nn.Module, ds: PayloadDataset, special_ids: dict[str, int],
                     max_length: int, device: torch.device | None = None,
@@ -181,30 +206,52 @@ def predict_dataset(module: nn.Module, ds: PayloadDataset, special_ids: dict[str
                     ) -> tuple[np.ndarray, float]:
     """(probabilities (N, C), mean loss) over ``ds`` in its order."""
     device = device or next(module.parameters()).device
-    was_training = module.training
-    module.eval()
+    batches = list(length_buckets(ds.lengths(), batch_size, None))
     probs = np.empty((len(ds), len(ds.label_names)), dtype=np.float32)
     total = 0.0
-    for idx in length_buckets(ds.lengths(), batch_size, None):
-        batch = {k: v.to(device) for k, v in collate_dataset(ds, idx, special_ids,
-                                                             max_length).items()}
-        with torch.autocast(device.type, dtype=amp, enabled=amp is not None):
-            logits = module(**batch).float()
-        tgt = torch.from_numpy(ds.targets[idx]).to(device)
-        total += float(classification_loss(logits, tgt)) * len(idx)
-        probs[idx] = torch.softmax(logits, dim=-1).cpu().numpy()
-    module.train(was_training)
+    for idx, (p, loss) in zip(batches, _predict_batches(module, ds, batches, special_ids,
+                                                        max_length, device, amp), strict=True):
+        total += loss
+        probs[idx] = p
     return probs, total / max(1, len(ds))
 
 
+@torch.no_grad()
 def evaluate_dataset(module: nn.Module, ds: PayloadDataset, special_ids: dict[str, int],
                      max_length: int, device: torch.device | None = None,
-                     amp: torch.dtype | None = None, batch_size: int = 128) -> dict:
-    """Loss plus :func:`classification_report` (soft targets: their argmax is the gold)."""
-    probs, loss = predict_dataset(module, ds, special_ids, max_length, device, amp, batch_size)
+                     amp: torch.dtype | None = None, batch_size: int = 128,
+                     dist_ctx: DistContext | None = None) -> dict:
+    """Loss plus :func:`classification_report` (soft targets: their argmax is the gold).
+
+    ``dist_ctx`` (DDP): call on every rank with the same weights; rank r evaluates only
+    the batches ``r, r + N, ...`` of the single-process batch list (no sampler padding, no
+    example twice), then the confusion matrix and each batch's loss term are all-reduced
+    (a batch's term is nonzero on one rank only, so the sum is exact). Every rank returns
+    the report a single process gives, bit for bit (each batch holds the same examples, so
+    its logits are the same, and the loss terms are added in the same order).
+    """
+    device = device or next(module.parameters()).device
+    batches = list(length_buckets(ds.lengths(), batch_size, None))
+    rank, world = (dist_ctx.rank, dist_ctx.world_size) if dist_ctx is not None else (0, 1)
+    mine = list(range(rank, len(batches), world))
     gold = ds.targets.argmax(axis=1) if ds.soft else ds.targets
-    report = classification_report(probs.argmax(axis=1), gold, ds.label_names)
-    report["loss"] = loss
+    c = len(ds.label_names)
+    conf = np.zeros((c, c), dtype=np.int64)
+    terms = np.zeros(len(batches), dtype=np.float64)
+    for b, (p, loss) in zip(mine, _predict_batches(module, ds, [batches[b] for b in mine],
+                                                   special_ids, max_length, device, amp),
+                            strict=True):
+        np.add.at(conf, (gold[batches[b]], p.argmax(axis=1)), 1)
+        terms[b] = loss
+    if dist_ctx is not None:
+        summed = distributed.all_sum([*conf.ravel().tolist(), *terms.tolist()], dist_ctx)
+        conf = np.rint(np.asarray(summed[:c * c])).astype(np.int64).reshape(c, c)
+        terms = np.asarray(summed[c * c:], dtype=np.float64)
+    total = 0.0
+    for t in terms.tolist():  # in batch order, as predict_dataset adds them
+        total += t
+    report = report_from_confusion(conf, ds.label_names)
+    report["loss"] = total / max(1, len(ds))
     return report
 
 
@@ -238,6 +285,8 @@ def finetune(train: PayloadDataset, dev: PayloadDataset | None, bundle: EdgeBund
     ``on_progress(fraction, info)`` is called after every epoch.
     ``dist_ctx`` (``models.distributed.init_from_env()`` under torchrun): DDP, each rank
     trains on its share of the length buckets; every rank returns the same weights.
+    The dev set is sharded too (:func:`evaluate_dataset`): each rank evaluates its share
+    of the batches and every rank gets the single-process figures.
     """
     cfg = cfg or TrainConfig()
     cfg.validate()
@@ -311,7 +360,7 @@ def finetune(train: PayloadDataset, dev: PayloadDataset | None, bundle: EdgeBund
                       "seconds": round(time.perf_counter() - started, 2)}
             if dev is not None:
                 rep = evaluate_dataset(module, dev, special, cfg.max_length, device, amp,
-                                       cfg.eval_batch_size)
+                                       cfg.eval_batch_size, dist_ctx)
                 record.update({"dev_accuracy": rep["accuracy"], "dev_loss": rep["loss"],
                                "dev_macro_f1": rep["macro_f1"]})
                 if main:  # tqdm.write prints even when the bar is disabled: rank 0 only
@@ -340,7 +389,7 @@ def finetune(train: PayloadDataset, dev: PayloadDataset | None, bundle: EdgeBund
                "fp32", "train_seconds": round(time.perf_counter() - started, 2)}
     if dev is not None:
         metrics["dev"] = evaluate_dataset(module, dev, special, cfg.max_length, device, amp,
-                                          cfg.eval_batch_size)
+                                          cfg.eval_batch_size, dist_ctx)
     return FinetuneResult(module, metrics, best[1], history)
 
 
