@@ -13,10 +13,11 @@ Protocol of one job:
 
 1. ``claim`` (queued -> running, attempts + 1); a retraining job gets its watermark,
    the highest record id of its task now (kept across retries).
-2. The child ``python -m cloud_api.jobs.run ATTEMPT_DIR`` (or ``torchrun --nproc-per-node
-   N [torchrun_args] -m cloud_api.jobs.run ATTEMPT_DIR``, DDP) runs in its own process
-   group, its output in the attempt's ``log.txt``: a crash, an out-of-memory kill or a
-   cancel never takes this process down.
+2. The child ``python -m cloud_api.jobs.run ATTEMPT_DIR`` (or torchrun, DDP: ``python
+   -m cloud_api.jobs.launch ATTEMPT_DIR --nproc-per-node N [torchrun_args] -m
+   cloud_api.jobs.run ATTEMPT_DIR``, torchrun recording which ranks a signal killed) runs
+   in its own process group, its output in the attempt's ``log.txt``: a crash, an
+   out-of-memory kill or a cancel never takes this process down.
 3. Every ``heartbeat_s`` the worker sends the child's progress and log tail with its
    heartbeat. A heartbeat that finds the job no longer ours stops the child. One that
    finds ``cancel_requested`` creates the cancel flag (the child stops at its next step),
@@ -28,8 +29,9 @@ Protocol of one job:
    checked and written under the model's promotion lock (``ModelHome.promote_if``), so two
    jobs finishing together never both promote; the result's ``promoted`` and
    ``promotion`` say what was decided and why. A pretraining job's output becomes
-   ``bases/<name>``. A cancelled job registers nothing. A child killed by a signal is
-   queued again while attempts are left; an error fails the job with its one-line reason.
+   ``bases/<name>``. A cancelled job registers nothing. A child killed by a signal (or,
+   under torchrun, a child one of whose ranks a signal killed: ``ranks.json``) is queued
+   again while attempts are left; an error fails the job with its one-line reason.
 5. Every ``reaper_interval_s`` (also while a job runs) the worker reaps jobs whose
    heartbeat is older than ``heartbeat_timeout_s``: queued again or failed, never left
    running (``store.jobs.reap``).
@@ -79,8 +81,8 @@ def child_command(attempt_dir: Path, nproc: int = 0, torchrun_args: str = "") ->
     if nproc <= 0:
         return [sys.executable, *run]
     extra = shlex.split(torchrun_args) or ["--standalone"]
-    return [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", str(nproc),
-            *extra, *run]
+    return [sys.executable, "-m", "cloud_api.jobs.launch", str(attempt_dir),  # torchrun that
+            "--nproc-per-node", str(nproc), *extra, *run]          # records killed ranks
 
 
 def _signal_group(pid: int, sig: int) -> None:
@@ -96,6 +98,15 @@ def _exit_reason(rc: int) -> str:
         hint = " (out of memory?)" if rc == -signal.SIGKILL else ""
         return f"the training process was killed by {name}{hint}"
     return f"the training process exited with code {rc}"
+
+
+def _rank_reason(killed: dict, error: str | None) -> str:
+    """Why a torchrun child failed when a signal killed one of its ranks (the other ranks'
+    errors, e.g. a lost connection to it, are consequences)."""
+    hint = " (out of memory?)" if killed.get("signal") == "SIGKILL" else ""
+    then = f"; then: {error}" if error else ""
+    return (f"torchrun rank {killed.get('rank')} was killed by "
+            f"{killed.get('signal') or killed.get('exitcode')}{hint}{then}")[:1000]
 
 
 class Worker:
@@ -318,8 +329,10 @@ class Worker:
                 return self._end(job, files, "failed", error=f"cannot register the output: "
                                  f"{_one_line(exc)}", log_tail=tail)
             return self._end(job, files, "succeeded", result=result, log_tail=tail)
-        reason = files.read_error() or _exit_reason(rc)
-        if rc < 0 and job.attempts < job.max_attempts:
+        killed = files.killed_rank()  # under torchrun, which exits 1 whatever killed a rank
+        reason = (_rank_reason(killed, files.read_error()) if killed else
+                  files.read_error() or _exit_reason(rc))
+        if (rc < 0 or killed) and job.attempts < job.max_attempts:
             queue.release(self.db, job.id, self.id, f"{reason}; queued again",
                           count_attempt=True)
             log.warning("job %s: %s; queued again", job.id, reason)

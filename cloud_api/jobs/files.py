@@ -7,6 +7,7 @@
       cancel          present = stop at the next step (created by the worker)
       result.json     the child's result when it succeeded (rank 0)
       error.txt       one line: why the child failed
+      ranks.json      under torchrun: the ranks that failed, exit code or signal (launch.py)
       output/         the model version or pretrained base the child wrote
 
 Plain files on the shared ``$PRIVBERT_HOME``, no database and no torch: the worker reads
@@ -17,6 +18,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import time
 from pathlib import Path
 from typing import Any
@@ -45,6 +47,7 @@ class AttemptFiles:
     result = property(lambda self: self.dir / "result.json")
     error = property(lambda self: self.dir / "error.txt")
     output = property(lambda self: self.dir / "output")
+    ranks = property(lambda self: self.dir / "ranks.json")
 
     # -- worker side ------------------------------------------------------------------------
     def prepare(self, job: dict) -> None:
@@ -78,6 +81,20 @@ class AttemptFiles:
         except FileNotFoundError:
             return None
         return text or None
+
+    def killed_rank(self) -> dict | None:
+        """Under torchrun: the first rank (by rank) that a signal other than SIGTERM killed,
+        from ``ranks.json`` (``{"rank", "exitcode", "signal", ...}``); None if none was.
+        SIGTERM is left out: torchrun itself stops the surviving ranks with it once one rank
+        has failed, so a rank that raised leaves the others "killed by SIGTERM"."""
+        try:
+            failures = json.loads(self.ranks.read_text())["failures"]
+        except (FileNotFoundError, json.JSONDecodeError, KeyError, TypeError):
+            return None
+        killed = [f for f in failures if isinstance(f, dict) and
+                  isinstance(f.get("exitcode"), int) and f["exitcode"] < 0 and
+                  f["exitcode"] != -signal.SIGTERM]
+        return min(killed, key=lambda f: f.get("rank", 0), default=None)
 
     def log_tail(self, lines: int = LOG_TAIL_LINES, max_bytes: int = 16384) -> str:
         """The last ``lines`` lines of the log (progress-bar carriage returns folded)."""
@@ -113,6 +130,11 @@ class AttemptFiles:
             return
         with os.fdopen(fd, "w") as fh:
             fh.write(message.strip().replace("\n", " ")[:2000] + "\n")
+
+
+    def write_rank_failures(self, failures: list[dict]) -> None:
+        """The launcher's record of torchrun's failed ranks (see :meth:`killed_rank`)."""
+        write_json_atomically(self.ranks, {"failures": failures})
 
 
 class ProgressWriter:

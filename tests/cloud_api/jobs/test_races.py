@@ -177,3 +177,61 @@ def test_the_promotion_lock_holds_off_other_processes(tmp_path):
     finally:
         holder.kill()
         holder.wait()
+
+
+RANKS_SCRIPT = '''
+import os, signal, sys
+import torch.distributed as dist
+from cloud_api.jobs.files import AttemptFiles
+
+files, mode = AttemptFiles(sys.argv[1]), sys.argv[2]
+dist.init_process_group("gloo")
+if dist.get_rank() == 1:
+    if mode == "kill":  # what the out-of-memory killer does
+        os.kill(os.getpid(), signal.SIGKILL)
+    files.write_error("ValueError: rank 1 gave up")
+    sys.exit(1)
+try:
+    dist.barrier()  # rank 1 is gone: the connection to it breaks (or torchrun stops us)
+except Exception as exc:
+    files.write_error(f"RuntimeError: {type(exc).__name__} in a collective")
+    sys.exit(1)
+'''
+
+
+@pytest.mark.parametrize("mode", ["kill", "raise"])
+def test_a_torchrun_rank_killed_by_a_signal_is_retried_one_that_fails_is_not(
+        tmp_path, monkeypatch, mode):
+    """A real 2-process gloo torchrun (through the worker's launcher) whose rank 1 SIGKILLs
+    itself: torchrun exits 1, yet the job is queued again like a single process killed by
+    a signal, and says which rank died of what. Rank 1 failing with an error fails it."""
+    import cloud_api.worker as worker_mod
+
+    script = tmp_path / "ranks.py"
+    script.write_text(RANKS_SCRIPT)
+    real = worker_mod.child_command
+
+    def command(attempt_dir, nproc=0, torchrun_args=""):
+        cmd = real(attempt_dir, nproc, torchrun_args)
+        assert cmd[-3:] == ["-m", "cloud_api.jobs.run", str(attempt_dir)]
+        return [*cmd[:-3], str(script), str(attempt_dir), mode]
+
+    monkeypatch.setattr(worker_mod, "child_command", command)
+    home = ModelHome(tmp_path / "home").ensure()
+    db = Database(f"sqlite:///{tmp_path / 'jobs.db'}")
+    db.upgrade()
+    try:
+        job_id = queue.enqueue(db, "pretrain", {"name": "pre"}, max_attempts=2)
+        settings = Settings(home=home.root, heartbeat_s=0.2, device="cpu")
+        worker = worker_mod.Worker(settings, db, home, worker_id="w", torchrun_nproc=2)
+        state = worker.run_job(queue.claim(db, "w"))
+        job = queue.get(db, job_id)
+    finally:
+        db.dispose()
+    if mode == "kill":
+        assert state == "queued" and job.state == "queued" and job.attempts == 1, job.error
+        assert job.error.startswith("torchrun rank 1 was killed by SIGKILL (out of memory?)")
+        assert job.error.endswith("; queued again")
+    else:
+        assert state == "failed" and job.state == "failed", job.error
+        assert job.error == "ValueError: rank 1 gave up"
