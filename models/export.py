@@ -123,11 +123,16 @@ def onnx_bytes(module: nn.Module, example: dict[str, torch.Tensor], output: str,
     return prog.model_proto.SerializeToString()
 
 
-def _session(data: bytes | str):
+def _session(data: bytes | str, threads: int | None = None):
+    """A CPU onnxruntime session; ``threads``: its intra-op thread count (inter-op 1),
+    None: onnxruntime's default."""
     import onnxruntime as ort
 
     opts = ort.SessionOptions()
     opts.log_severity_level = 3
+    if threads is not None:
+        opts.intra_op_num_threads = threads
+        opts.inter_op_num_threads = 1
     return ort.InferenceSession(data, opts, providers=["CPUExecutionProvider"])
 
 
@@ -249,17 +254,21 @@ def export_classifier_onnx(model_dir: str | os.PathLike, seed: int = 0) -> Path:
 
 
 class OnnxClassifier:
-    """A model version served by onnxruntime on CPU (``classifier.onnx``)."""
+    """A model version served by onnxruntime on CPU (``classifier.onnx``); ``threads``:
+    the session's intra-op thread count (inter-op 1), None: onnxruntime's default (every
+    core)."""
 
-    def __init__(self, model_dir: str | os.PathLike):
+    def __init__(self, model_dir: str | os.PathLike, threads: int | None = None):
         from models.registry import ONNX_FILE, read_config
 
+        if threads is not None and (not isinstance(threads, int) or threads < 1):
+            raise ValueError(f"threads must be a positive int or None, not {threads!r}")
         self.path = Path(model_dir)
         self.config = read_config(self.path)
         if not (self.path / ONNX_FILE).is_file():
             raise ValueError(f"{self.path}: no {ONNX_FILE} (run cloud-api export-bundle --onnx "
                              f"--model {self.path})")
-        self.session = _session(str(self.path / ONNX_FILE))
+        self.session = _session(str(self.path / ONNX_FILE), threads)
         self.input_names = [i.name for i in self.session.get_inputs()]
 
     def logits(self, batch: dict) -> np.ndarray:

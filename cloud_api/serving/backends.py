@@ -146,30 +146,17 @@ class OnnxBackend:
                                f"with models.export.export_classifier_onnx, or serve with "
                                f"PRIVBERT_BACKEND=torch)")
         try:
-            self.classifier = OnnxClassifier(self.path)
+            # one session, built with the thread count (PRIVBERT_TORCH_THREADS) if set
+            self.classifier = OnnxClassifier(self.path, threads=settings.torch_threads)
         except Exception as exc:  # onnxruntime raises its own exception types
             raise BackendError(f"{self.path / ONNX_FILE}: cannot be loaded "
                                f"({type(exc).__name__}: {exc})") from None
-        if settings.torch_threads:
-            self._set_threads(settings.torch_threads)
         self.config = self.classifier.config
         mpath = self.path / METRICS_FILE
         import json
 
         self.metrics = json.loads(mpath.read_text()) if mpath.is_file() else {}
         self.forward(warmup_payloads(self.config))
-
-    def _set_threads(self, n: int) -> None:
-        import onnxruntime as ort
-
-        from models.registry import ONNX_FILE
-
-        opts = ort.SessionOptions()
-        opts.log_severity_level = 3
-        opts.intra_op_num_threads = n
-        opts.inter_op_num_threads = 1
-        self.classifier.session = ort.InferenceSession(
-            str(self.path / ONNX_FILE), opts, providers=["CPUExecutionProvider"])
 
     def forward(self, payloads: Sequence) -> np.ndarray:
         return _softmax(self.classifier.logits(_collate(self.config, payloads)))

@@ -113,6 +113,12 @@ def test_classifier_onnx_matches_torch(kind, tiny_bert_dir, tiny_bert_bundle, tm
     want = load_model(res.model_dir).predict_proba(payloads)
     assert got.shape == want.shape == (16, 2)
     assert np.abs(got - want).max() <= 1e-4
+    one = OnnxClassifier(res.model_dir, threads=1)  # a thread count: same answers
+    opts = one.session.get_session_options()
+    assert (opts.intra_op_num_threads, opts.inter_op_num_threads) == (1, 1)
+    np.testing.assert_allclose(one.predict_proba(payloads), got, atol=1e-6)
+    with pytest.raises(ValueError, match="threads"):
+        OnnxClassifier(res.model_dir, threads=0)
 
 
 def test_onnx_classifier_needs_export(tiny_bert_bundle, tmp_path):

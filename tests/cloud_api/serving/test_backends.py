@@ -37,6 +37,30 @@ def test_onnx_gives_the_torch_probabilities(onnx_version, records, tmp_path):
     np.testing.assert_allclose(got.sum(axis=1), 1.0, atol=1e-6)
 
 
+def test_onnx_threads_set_on_the_one_session_built(onnx_version, records, tmp_path,
+                                                   monkeypatch):
+    """PRIVBERT_TORCH_THREADS reaches the one onnxruntime session built at load (intra-op
+    n, inter-op 1); the answers are those of a default session."""
+    import onnxruntime as ort
+
+    real, built = ort.InferenceSession, []
+
+    def counting(*args, **kw):
+        built.append(args)
+        return real(*args, **kw)
+
+    payloads = [r.payload for r in records]
+    default = load_backend(onnx_version, settings_for(ModelHome(tmp_path), backend="onnx"))
+    monkeypatch.setattr(ort, "InferenceSession", counting)
+    onnx = load_backend(onnx_version, settings_for(ModelHome(tmp_path), backend="onnx",
+                                                   torch_threads=2))
+    assert len(built) == 1, built
+    opts = onnx.classifier.session.get_session_options()
+    assert (opts.intra_op_num_threads, opts.inter_op_num_threads) == (2, 1)
+    assert default.classifier.session.get_session_options().intra_op_num_threads == 0
+    np.testing.assert_allclose(onnx.forward(payloads), default.forward(payloads), atol=1e-6)
+
+
 def test_onnx_backend_without_an_export_says_so(trained, tmp_path):
     with pytest.raises(BackendError, match="no classifier.onnx for the onnx backend"):
         load_backend(trained["a"], settings_for(ModelHome(tmp_path), backend="onnx"))
