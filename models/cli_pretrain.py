@@ -2,7 +2,8 @@
 
     cloud-api pretrain --objective denoising --mechanism dchi-text --eta 65 --out runs/den-65 --steps 2000
 
-Bad input (unknown objective or mechanism, η ≤ 0, a missing or empty corpus, a base
+Bad input (unknown objective or mechanism, η ≤ 0 or below the privacy floor (unless
+``--allow-weak-privacy``), a missing or empty corpus, a base
 of another bundle or dimension) prints one line ``cloud-api: error: ...`` and exits 2
 before any training starts.
 """
@@ -56,11 +57,14 @@ def register(subparsers) -> None:
     p.add_argument("--device", default="auto", help="auto | cpu | cuda")
     p.add_argument("--precision", default="auto", help="auto | fp32 | bf16 | fp16")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
+    p.add_argument("--allow-weak-privacy", action="store_true",
+                   help="pretrain for an eta weaker than the privacy floor (experiments only)")
     p.set_defaults(func=run)
 
 
 def run(args: argparse.Namespace) -> int:
     from shared.bundle import BundleError
+    from shared.floor import WeakPrivacyError
 
     if args.seed is not None:
         print(f"{_PROG}: warning: --seed {args.seed} makes the privatization noise reproducible; "
@@ -83,7 +87,9 @@ def run(args: argparse.Namespace) -> int:
                        mask_rate=args.mask_rate, max_predictions=args.max_predictions,
                        save_every=args.save_every, keep_checkpoints=args.keep_checkpoints,
                        head_warmup_steps=args.head_warmup_steps,
-                       seed=args.seed)
+                       seed=args.seed, allow_weak_privacy=args.allow_weak_privacy)
+    except WeakPrivacyError as exc:
+        _error(f"{exc}; --allow-weak-privacy pretrains for it anyway")
     except (ValueError, BundleError, OSError) as exc:
         _error(str(exc))
     import json
@@ -92,5 +98,7 @@ def run(args: argparse.Namespace) -> int:
 
     info = json.loads((out / "pretrain.json").read_text())
     print(f"privacy of the inputs it was adapted to: {summary(info['guarantee'])}", file=sys.stderr)
+    if info.get("weak_privacy"):
+        print(f"weak privacy (--allow-weak-privacy): {info['weak_privacy']}", file=sys.stderr)
     print(f"pretrained model: {out}")
     return 0

@@ -338,7 +338,8 @@ def pretrain(base_dir: str | os.PathLike | None, out_dir: str | os.PathLike, obj
              device: str = "auto", precision: str = "auto", resume: bool = False,
              progress: bool = True, prefetch: bool | None = None, search: str | None = None,
              should_stop=None, on_progress=None,
-             dist_ctx: distributed.DistContext | None = None, **options) -> Path:
+             dist_ctx: distributed.DistContext | None = None,
+             allow_weak_privacy: bool = False, **options) -> Path:
     """Privacy-adaptive pretraining; returns ``out_dir`` (a BERT folder usable as a base).
 
     ``corpus_texts`` (a list of public texts) or ``corpus_paths`` (files; default: AG News
@@ -363,7 +364,10 @@ def pretrain(base_dir: str | os.PathLike | None, out_dir: str | os.PathLike, obj
     silently skip or repeat batches; that is refused with a ValueError naming both sizes.
     A checkpoint from before the world size was recorded resumes with a warning (its counts
     are rank 0's alone if it was written under DDP).
-    Raises ValueError (one sentence) before any training on bad input.
+    Raises ValueError (one sentence) before any training on bad input, among it an η weaker
+    than the privacy floor (``shared.floor``; a task at that η would be refused, so a base
+    adapted to it serves nothing) unless ``allow_weak_privacy``, and an η too small to
+    compute.
     """
     if steps is None and epochs is None:
         epochs = 1
@@ -379,6 +383,7 @@ def pretrain(base_dir: str | os.PathLike | None, out_dir: str | os.PathLike, obj
         raise ValueError(f"{out} already holds a pretraining run: pass --resume or another --out")
     if bundle is None:
         bundle = EdgeBundle.from_model(base)
+    weak = privacy_floor(bundle, cfg.mechanism, cfg.eta, allow_weak_privacy)
     dev = dist_ctx.device if dist_ctx is not None else pick_device(device)
     world, rank = (dist_ctx.world_size, dist_ctx.rank) if dist_ctx is not None else (1, 0)
     main = rank == 0
@@ -477,9 +482,22 @@ def pretrain(base_dir: str | os.PathLike | None, out_dir: str | os.PathLike, obj
             "precision": str(amp).replace("torch.", "") if amp else "fp32",
             "world_size": world, "config": run["config"], "corpus_sha256": run["corpus"],
             "guarantee": guarantee(privatizer.mechanism_object, bundle),
+            **({"weak_privacy": weak} if weak else {}),
             "paper": "Qu et al. 2021 §3.4; word embeddings frozen (no gradient into the edge's table)"}
     (out / INFO_FILE).write_text(json.dumps(info, indent=2) + "\n")
     return out
+
+
+def privacy_floor(bundle: EdgeBundle, mechanism: str, eta: float,
+                   allow_weak: bool) -> str | None:
+    """The floor's reason when ``allow_weak`` (None above the floor); WeakPrivacyError
+    (a ValueError) below it otherwise; ValueError for an η the noise cannot be computed at."""
+    from shared.floor import check_computable, require_privacy_floor
+    from shared.mechanisms import DChiEmbedding, DChiText
+
+    mech = DChiText(bundle, eta) if mechanism == "dchi-text" else DChiEmbedding(eta)
+    check_computable(mech, bundle)
+    return require_privacy_floor(mech, bundle, allow_weak=allow_weak)
 
 
 _COUNTS = ("tokens_seen", "predictions_seen")

@@ -45,7 +45,8 @@ def run(job: dict, files: AttemptFiles, dist_ctx=None) -> dict | None:
                    batch_size=int(spec.get("batch_size") or 32),
                    corpus_paths=corpus_paths(settings), device=settings.device,
                    precision=settings.precision, progress=False, should_stop=files.cancelled,
-                   on_progress=on_progress, dist_ctx=dist_ctx, **options)
+                   on_progress=on_progress, dist_ctx=dist_ctx,
+                   allow_weak_privacy=bool(spec.get("allow_weak_privacy")), **options)
     if not main:
         return None
     import json

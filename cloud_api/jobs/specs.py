@@ -26,7 +26,13 @@ from cloud_api.store import jobs as queue
 from cloud_api.store.db import Database
 from cloud_api.store.records import label_counts
 from cloud_api.store.tables import records
-from cloud_api.store.tasks import Task, canonical_params, compared_params, get_task
+from cloud_api.store.tasks import (
+    Task,
+    canonical_params,
+    compared_params,
+    get_task,
+    privacy_floor_refusal,
+)
 
 Name = Annotated[str, Field(pattern=ID_PATTERN,
                             description="1-64 letters, digits, '_', '.', '-'")]
@@ -208,13 +214,20 @@ def check_pretrain(db: Database, home: ModelHome, settings: Settings,
         raise Conflict(f"job {holder.id} ({holder.state}) already pretrains a base named "
                        f"{req.name!r}")
     base_path = str(_existing_base(home, req.base)) if req.base else None
+    from shared.bundle import EdgeBundle
+
+    # the same floor as a task declaration's: a base adapted to an η no task may use
+    # serves nothing (422 weak-privacy unless PRIVBERT_ALLOW_WEAK_PRIVACY)
+    privacy_floor_refusal(req.mechanism, params, EdgeBundle.from_model(base_path),
+                          settings.allow_weak_privacy)
     from cloud_api.jobs.pretrain import corpus_paths
 
     missing = [str(p) for p in corpus_paths(settings) if not Path(p).is_file()]
     if missing:
         raise Unavailable(f"the pretraining corpus is missing on this server: "
                           f"{', '.join(missing)} (PRIVBERT_PRETRAIN_CORPUS)")
-    return {**req.model_dump(), "params": params, "base_path": base_path}
+    return {**req.model_dump(), "params": params, "base_path": base_path,
+            "allow_weak_privacy": settings.allow_weak_privacy}
 
 
 def submit_pretrain(db: Database, home: ModelHome, settings: Settings, req: PretrainRequest,

@@ -350,7 +350,7 @@ def test_head_warmup_trains_only_the_head_first(base, bundle, seqs):
 
 # -- the whole run: frozen table, output folder, resume -------------------------------------
 def run_pretrain(base, out, steps=6, **kw):
-    opts = {"objective": "denoising", "mechanism": "dchi-text", "eta": 20.0, "batch_size": 4,
+    opts = {"objective": "denoising", "mechanism": "dchi-text", "eta": 10.0, "batch_size": 4,
             "max_length": 32, "seed": 11, "progress": False} | kw
     return pretrain(base, out, corpus_texts=SENTENCES, steps=steps, **opts)
 
@@ -369,9 +369,9 @@ def test_pretrain_keeps_the_word_embeddings_bit_identical(base, bundle, tmp_path
     assert any("encoder.layer" in k for k in changed)  # the encoder did train
     info = json.loads((out / INFO_FILE).read_text())
     assert info["objective"] == "prob" and info["mechanism"] == mechanism
-    assert info["eta"] == 20.0 and info["bundle_id"] == bundle.bundle_id and info["steps"] == 6
+    assert info["eta"] == 10.0 and info["bundle_id"] == bundle.bundle_id and info["steps"] == 6
     assert info["tokens_seen"] > 0 and info["loss_curve"][-1][0] == 6
-    assert info["guarantee"]["worst_case"]["eta"] == 20.0
+    assert info["guarantee"]["worst_case"]["eta"] == 10.0
 
 
 def _weights(folder: Path) -> dict[str, torch.Tensor]:
@@ -419,7 +419,7 @@ def test_refuses_to_overwrite_a_run_or_resume_a_different_one(base, tmp_path):
     with pytest.raises(ValueError, match="already holds"):
         run_pretrain(base, out, steps=2)
     with pytest.raises(ValueError, match="eta"):
-        run_pretrain(base, out, steps=2, resume=True, eta=21.0)
+        run_pretrain(base, out, steps=2, resume=True, eta=11.0)
     with pytest.raises(ValueError, match="no checkpoint"):
         run_pretrain(base, tmp_path / "empty", steps=2, resume=True)
 
@@ -445,7 +445,7 @@ def test_cli_pretrains_and_writes_a_base_folder(base, bundle, corpus_file, tmp_p
     from models.backbone import load_bert
 
     out = tmp_path / "cli-out"
-    rc = cli(["--objective", "vanilla", "--mechanism", "dchi-embedding", "--eta", "30",
+    rc = cli(["--objective", "vanilla", "--mechanism", "dchi-embedding", "--eta", "10",
               "--base", str(base), "--corpus", str(corpus_file), "--out", str(out),
               "--steps", "3", "--batch-size", "4", "--max-length", "32", "--seed", "1",
               "--save-every", "2"])
@@ -473,6 +473,9 @@ def _small_bundle_dir(tmp_path) -> Path:
     (["--bundle", "BUNDLE8"], "do not match the bundle"),
     (["--base", "NOTBERT"], "config.json"),
     (["--steps", "0"], "--steps must be at least 1"),
+    (["--eta", "1e6"], "weaker than the privacy floor"),
+    (["--mechanism", "dchi-embedding", "--eta", "1e6"], "--allow-weak-privacy pretrains"),
+    (["--eta", "1e-40"], "too small to compute"),
 ])
 def test_cli_bad_input_is_one_line_before_training(base, corpus_file, tmp_path, capsys, args,
                                                    message):
@@ -482,7 +485,7 @@ def test_cli_bad_input_is_one_line_before_training(base, corpus_file, tmp_path, 
     if "BUNDLE8" in args:
         subst["BUNDLE8"] = str(_small_bundle_dir(tmp_path))
     args = [subst.get(a, a) for a in args]
-    full = {"--objective": "denoising", "--mechanism": "dchi-text", "--eta": "20",
+    full = {"--objective": "denoising", "--mechanism": "dchi-text", "--eta": "10",
             "--base": str(base), "--corpus": str(corpus_file), "--steps": "2"}
     for flag, value in zip(args[::2], args[1::2], strict=True):
         full[flag] = value
@@ -494,6 +497,24 @@ def test_cli_bad_input_is_one_line_before_training(base, corpus_file, tmp_path, 
     assert rc == 2
     assert len(err) == 1 and err[0].startswith("cloud-api: error: ") and message in err[0], err
     assert not (tmp_path / "o").exists()  # nothing trained, nothing written
+
+
+def test_cli_allow_weak_privacy_pretrains_and_records_why(base, corpus_file, tmp_path,
+                                                          capsys):
+    """η = 1e6 keeps every token on the tiny table: refused above (exit 2), pretrained with
+    --allow-weak-privacy, which the output's pretrain.json and stderr say."""
+    out = tmp_path / "weak"
+    rc = cli(["--objective", "vanilla", "--mechanism", "dchi-text", "--eta", "1e6",
+              "--base", str(base), "--corpus", str(corpus_file), "--out", str(out),
+              "--steps", "1", "--batch-size", "4", "--max-length", "32", "--no-progress",
+              "--allow-weak-privacy"])
+    err = capsys.readouterr().err
+    assert rc == 0, err
+    info = json.loads((out / "pretrain.json").read_text())
+    assert "weaker than the privacy floor" in info["weak_privacy"]
+    assert "weak privacy (--allow-weak-privacy)" in err
+    normal = run_pretrain(base, tmp_path / "normal", steps=1)
+    assert "weak_privacy" not in json.loads((normal / "pretrain.json").read_text())
 
 
 def test_read_corpus_takes_the_first_tsv_column(tmp_path):

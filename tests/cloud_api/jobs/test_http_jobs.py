@@ -188,6 +188,11 @@ def test_submission_checks_answer_4xx_before_any_job(jobs_server, tiny_bundle_of
                 {"mechanism": "laplace"}, {"name": "../x"}):
         r = admin(server, "POST", "/admin/pretrain", json={**pre, "name": "new", **bad})
         assert r.status_code == 422, (bad, r.text)
+    # an eta whose tokens mostly come back unchanged (MiniLM's floor starts near 316)
+    r = admin(server, "POST", "/admin/pretrain", json={**pre, "name": "new",
+                                                       "params": {"eta": 1e6}})
+    assert r.status_code == 422 and r.json()["type"] == PROBLEM + "weak-privacy", r.text
+    assert "privacy floor" in r.json()["detail"]
     # reading and cancelling
     assert admin(server, "GET", "/admin/jobs", params={"state": "bogus"}).status_code == 422
     r = admin(server, "GET", "/admin/jobs/999999")
