@@ -2,7 +2,8 @@
 
 Alembic migrations in ``migrations/versions/`` create them (``0001_records``: tasks,
 records, idempotency; ``0002_jobs``: jobs, defined in ``store/jobs.py`` on this same
-``metadata``). A payload's array is kept as its decoded little-endian bytes
+``metadata``; ``0003_job_names``: the base name a live pretraining job reserves, unique
+per kind). A payload's array is kept as its decoded little-endian bytes
 (``LargeBinary``) with dtype and shape beside it, never as JSON or base64 text.
 """
 
