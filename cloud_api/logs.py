@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import logging
 import logging.config
+import re
 
 try:  # python-json-logger >= 3
     from pythonjsonlogger.core import RESERVED_ATTRS
@@ -23,18 +24,55 @@ RENAME = {"asctime": "time", "levelname": "level", "name": "logger"}
 PLAIN_FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"
 
 
+# The database server's own detail lines of an error message: PostgreSQL's "Failing row
+# contains (...)" carries a whole row, payload bytes as hex included; "Key (...)=(...)"
+# carries key values. They are dropped from every logged message and traceback.
+_DB_DETAIL = re.compile(r"^\s*(DETAIL|CONTEXT|HINT|WHERE):.*(?:\n|$)", re.MULTILINE)
+
+
+def scrub(text: str) -> str:
+    """``text`` without the database's DETAIL / CONTEXT / HINT / WHERE lines."""
+    return _DB_DETAIL.sub("", text)
+
+
+class _Scrubbing(logging.Formatter):
+    """Formats a copy of the record whose message is scrubbed, and scrubbed tracebacks."""
+
+    def format(self, record: logging.LogRecord) -> str:
+        clean = logging.makeLogRecord(record.__dict__)  # other handlers keep the original
+        clean.msg, clean.args, clean.exc_text = scrub(record.getMessage()), None, None
+        return super().format(clean)
+
+    def formatException(self, ei) -> str:  # noqa: N802 - logging's name
+        return scrub(super().formatException(ei))
+
+
+class _ScrubbingJsonFormatter(_Scrubbing, JsonFormatter):
+    pass
+
+
+class _ScrubbingFormatter(_Scrubbing, logging.Formatter):
+    pass
+
+
 def json_formatter() -> logging.Formatter:
-    """The JSON formatter (ISO-8601 times, renamed standard fields)."""
-    return JsonFormatter(FORMAT, rename_fields=RENAME, timestamp=False,
-                         datefmt="%Y-%m-%dT%H:%M:%S%z",
-                         reserved_attrs=[*RESERVED_ATTRS, "color_message"])
+    """The JSON formatter (ISO-8601 times, renamed standard fields, database detail lines
+    scrubbed)."""
+    return _ScrubbingJsonFormatter(FORMAT, rename_fields=RENAME, timestamp=False,
+                                   datefmt="%Y-%m-%dT%H:%M:%S%z",
+                                   reserved_attrs=[*RESERVED_ATTRS, "color_message"])
+
+
+def plain_formatter() -> logging.Formatter:
+    """The plain-text formatter (``json=False``), scrubbed the same way."""
+    return _ScrubbingFormatter(PLAIN_FORMAT)
 
 
 def logging_config(level: str = "INFO", json: bool = True) -> dict:
     """A ``logging.config.dictConfig`` for the service and uvicorn (``uvicorn.run(
     log_config=...)`` applies it in each worker process)."""
-    formatter = ({"()": "cloud_api.logs.json_formatter"} if json
-                 else {"format": PLAIN_FORMAT})
+    formatter = {"()": "cloud_api.logs.json_formatter" if json
+                 else "cloud_api.logs.plain_formatter"}
     level = level.upper()
     return {
         "version": 1,

@@ -8,7 +8,7 @@ import sqlite3
 import threading
 
 import pytest
-from sqlalchemy import inspect, select
+from sqlalchemy import inspect, select, text
 
 from cloud_api.errors import Conflict, InvalidRequest, Unavailable
 from cloud_api.store import records as store
@@ -256,3 +256,48 @@ def test_postgres_outage_is_unavailable_then_heals(pg_cluster, fresh_postgres_ur
     with db.begin() as conn:
         assert len(conn.execute(select(records_table.c.id)).all()) == 6
     db.dispose()
+
+
+def test_logs_drop_the_rows_postgresql_puts_in_its_error_details(fresh_postgres_url, capsys):
+    """PostgreSQL's NOT NULL error carries "DETAIL: Failing row contains (...)" with every
+    column, bytes as hex; a unique violation "Key (...)=(...)". The service's formatters
+    (JSON and plain) log the error and its traceback without those lines."""
+    import io
+    import logging
+
+    from sqlalchemy import exc as sa_exc
+
+    from cloud_api.logs import json_formatter, plain_formatter
+
+    marker = b"qzxvorpal payload bytes"
+    db = Database(fresh_postgres_url)
+    try:
+        with db.engine.begin() as conn:
+            conn.execute(text("CREATE TABLE t (k text UNIQUE, label text NOT NULL, p bytea)"))
+            conn.execute(text("INSERT INTO t VALUES ('idem-secret', 'a', NULL)"))
+        caught = []
+        for stmt, k in (("INSERT INTO t VALUES (:k, NULL, :p)", "x"),
+                        ("INSERT INTO t VALUES (:k, 'b', :p)", "idem-secret")):
+            with pytest.raises(sa_exc.IntegrityError) as info, db.engine.begin() as conn:
+                conn.execute(text(stmt), {"k": k, "p": marker})
+            caught.append(info.value)
+        assert marker.hex() in str(caught[0]) and "idem-secret" in str(caught[1])  # raw
+        for formatter in (json_formatter(), plain_formatter()):
+            out = io.StringIO()
+            handler = logging.StreamHandler(out)
+            handler.setFormatter(formatter)
+            log = logging.getLogger(f"test.scrub.{id(formatter)}")
+            log.addHandler(handler)
+            log.propagate = False
+            for exc in caught:
+                try:
+                    raise exc
+                except sa_exc.IntegrityError as e:
+                    log.exception("unhandled error")
+                    log.warning("database said: %s", e)
+            written = out.getvalue()
+            assert "NotNullViolation" in written and "UniqueViolation" in written
+            assert marker.hex() not in written and "idem-secret" not in written, written
+            assert "Failing row" not in written
+    finally:
+        db.dispose()
