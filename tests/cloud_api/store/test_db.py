@@ -4,6 +4,7 @@ and outages that raise Unavailable and heal by themselves."""
 
 from __future__ import annotations
 
+import json
 import sqlite3
 import threading
 
@@ -299,5 +300,37 @@ def test_logs_drop_the_rows_postgresql_puts_in_its_error_details(fresh_postgres_
             assert "NotNullViolation" in written and "UniqueViolation" in written
             assert marker.hex() not in written and "idem-secret" not in written, written
             assert "Failing row" not in written
+    finally:
+        db.dispose()
+
+
+def test_upgrade_to_0003_reserves_the_names_of_live_pretraining_jobs(db_url):
+    """Jobs queued before migration 0003 hold their base name after it: the oldest live
+    job of a name (two could share one before), none for finished jobs; and a new
+    submission of a held name is then refused (409)."""
+    from datetime import UTC, datetime
+
+    from cloud_api.store import jobs as queue
+    from cloud_api.store.jobs import jobs as jobs_table
+
+    db = Database(db_url)
+    try:
+        db.upgrade("0002_jobs")
+        old = [("queued", "a"), ("running", "a"), ("queued", "b"), ("failed", "c")]
+        with db.begin(write=True) as conn:
+            for state, name in old:
+                conn.execute(text(
+                    "INSERT INTO jobs (kind, spec, state, attempts, max_attempts, created_at, "
+                    "cancel_requested) VALUES ('pretrain', :spec, :state, 0, 2, :now, :no)"),
+                    {"spec": json.dumps({"name": name}), "state": state,
+                     "now": datetime.now(UTC), "no": False})
+        assert db.upgrade() == db.head()
+        with db.begin() as conn:
+            got = conn.execute(select(jobs_table.c.id, jobs_table.c.reserved)
+                               .order_by(jobs_table.c.id)).all()
+        assert [r.reserved for r in got] == ["a", None, "b", None]
+        with pytest.raises(Conflict, match=f"job {got[0].id} \\(queued\\)"):
+            queue.enqueue(db, "pretrain", {"name": "a"}, reserve="a")
+        queue.enqueue(db, "pretrain", {"name": "c"}, reserve="c")  # c's job had ended
     finally:
         db.dispose()
