@@ -536,6 +536,15 @@ def _check_resumable(saved: dict, now: dict) -> None:
                              "resume with the same settings")
 
 
+def _window_loss(window: list[torch.Tensor], dist_ctx: distributed.DistContext | None
+                 ) -> float:
+    """Mean loss of the steps since the last log, over every rank's batches (called at
+    the same steps on all ranks: the log and checkpoint steps)."""
+    total, n = distributed.all_sum([float(torch.stack(window).float().sum()), len(window)],
+                                   dist_ctx)
+    return total / n
+
+
 def _loop(model, trainer: Trainer, make, start: int, total: int, run: dict, log_every: int,
           prefetch: bool, progress: bool, save, save_every: int, should_stop=None,
           on_progress=None, dist_ctx: distributed.DistContext | None = None) -> None:
@@ -563,7 +572,7 @@ def _loop(model, trainer: Trainer, make, start: int, total: int, run: dict, log_
             run["predictions_seen"] += int(batch.masked_pos.size)
             done = step + 1
             if done % log_every == 0 or done == total:
-                loss = float(torch.stack(window).float().mean())
+                loss = _window_loss(window, dist_ctx)
                 run["loss_curve"].append([done, round(loss, 5)])
                 window.clear()
                 rate = (run["tokens_seen"] - tokens0) / max(time.perf_counter() - t0, 1e-9)
@@ -573,7 +582,7 @@ def _loop(model, trainer: Trainer, make, start: int, total: int, run: dict, log_
             bar.update(1)
             if (save_every and done % save_every == 0) or done == total:
                 if window:  # flush, so a resumed run logs exactly what an uninterrupted one does
-                    run["loss_curve"].append([done, round(float(torch.stack(window).float().mean()), 5)])
+                    run["loss_curve"].append([done, round(_window_loss(window, dist_ctx), 5)])
                     window.clear()
                 run["train_seconds"] += time.perf_counter() - t0
                 t0 = time.perf_counter()

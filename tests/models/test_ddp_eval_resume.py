@@ -72,6 +72,11 @@ def test_resumed_two_rank_pretraining_counts_the_tokens_of_an_uninterrupted_run(
     assert full["world_size"] == cut["world_size"] == 2 and full["steps"] == 4
     assert cut["tokens_seen"] == full["tokens_seen"] > 0
     assert cut["predictions_seen"] == full["predictions_seen"] > 0
+    # the logged loss is the mean over both ranks' batches, the same on every rank (each
+    # rank trains on other batches, so rank-local losses differ)
+    told = [json.loads((tmp_path / f"loss-{r}.json").read_text()) for r in (0, 1)]
+    assert len(told[0]) == 4 and told[0] == told[1]
+    assert [round(v, 5) for v in told[0]] == [v for _, v in full["loss_curve"]]
 
     # The same batches in one process: 4 steps × 2 ranks = single-process steps 0-7, so the
     # counts (and those of the step-2 checkpoint, single-process step 4) are the global ones.
@@ -149,7 +154,10 @@ def _resume_main(ctx, out: Path, bert_dir: Path) -> None:
 
     texts = sentiment_texts(40, seed=5)[0]
     args = {"corpus_texts": texts, "steps": 4, "save_every": 2, "dist_ctx": ctx, **PRE}
-    pretrain(bert_dir, out / "full", **args)
+    losses: list[float] = []  # what this rank's progress callback was told
+    pretrain(bert_dir, out / "full", on_progress=lambda _f, info: losses.append(info["loss"]),
+             **args)
+    (out / f"loss-{ctx.rank}.json").write_text(json.dumps(losses))
     polls: list[int] = []
     with pytest.raises(TrainingCancelled):  # stops before step 3, after the step-2 checkpoint
         pretrain(bert_dir, out / "cut", should_stop=lambda: polls.append(1) or len(polls) > 2,
