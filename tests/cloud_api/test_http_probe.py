@@ -1,0 +1,68 @@
+"""Requests a hostile but realistic client sends, against a real `cloud-api serve`: each
+answer is a 4xx problem+json with a stable type (never a 5xx), and nothing already
+accepted is lost or poisoned."""
+
+from __future__ import annotations
+
+import json
+
+import httpx
+import pytest
+
+from tests.cloud_api.conftest import ETA, payloads_for
+
+PROBLEM = "application/problem+json"
+
+
+def assert_problem(r: httpx.Response, status: int, kind: str) -> dict:
+    assert r.status_code == status, r.text
+    assert r.headers["content-type"] == PROBLEM
+    body = r.json()
+    assert body["type"] == f"urn:privbert:problem:{kind}" and body["status"] == status
+    return body
+
+
+def declare(server, name: str, mechanism: str, params: dict) -> None:
+    bundle_id = server.model("text")["bundle_id"]
+    r = httpx.post(f"{server.url}/admin/tasks", headers=server.headers(server.admin_key),
+                   json={"task": name, "labels": ["neg", "pos"], "mechanism": mechanism,
+                         "params": params, "bundle_id": bundle_id}, timeout=30)
+    assert r.status_code in (200, 201), r.text
+
+
+def task_summary(server, name: str) -> dict:
+    r = httpx.get(f"{server.url}/admin/tasks", headers=server.headers(server.admin_key),
+                  timeout=30)
+    r.raise_for_status()
+    return next(t for t in r.json()["tasks"] if t["task"] == name)
+
+
+def post_records(server, task: str, payloads: list, labels: list) -> httpx.Response:
+    recs = [{"payload": json.loads(p.model_dump_json(exclude_none=True)), "label": y}
+            for p, y in zip(payloads, labels, strict=True)]
+    return httpx.post(f"{server.url}/v1/records", headers=server.headers(),
+                      json={"task": task, "records": recs}, timeout=60)
+
+
+@pytest.mark.parametrize("where", ["query", "body"])
+def test_deleting_an_id_beyond_64_bits_is_a_422_and_deletes_nothing(server,
+                                                                    tiny_bundle_of_home,
+                                                                    where):
+    task = f"probe-del-{where}"
+    declare(server, task, "dchi-text", {"eta": ETA})
+    model = server.model("text")
+    r = post_records(server, task, payloads_for(model, ["a good film"], tiny_bundle_of_home),
+                     ["pos"])
+    assert r.status_code == 201, r.text
+    (kept,) = r.json()["ids"]
+    url, hdrs = f"{server.url}/admin/records", server.headers(server.admin_key)
+    for big in (2**63, 10**30):
+        if where == "query":
+            r = httpx.delete(url, params=[("ids", str(kept)), ("ids", str(big))],
+                             headers=hdrs, timeout=30)
+        else:
+            r = httpx.request("DELETE", url, headers=hdrs, timeout=30,
+                              content=json.dumps({"ids": [kept, big]}))
+        body = assert_problem(r, 422, "validation")
+        assert str(big) not in r.text and body["instance"] == r.headers["x-request-id"]
+    assert task_summary(server, task)["records"] == 1  # the good id was not deleted either
