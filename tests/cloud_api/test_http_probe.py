@@ -7,8 +7,10 @@ from __future__ import annotations
 import json
 
 import httpx
+import numpy as np
 import pytest
 
+from shared.payload import make_payload
 from tests.cloud_api.conftest import ETA, payloads_for
 
 PROBLEM = "application/problem+json"
@@ -66,3 +68,33 @@ def test_deleting_an_id_beyond_64_bits_is_a_422_and_deletes_nothing(server,
         body = assert_problem(r, 422, "validation")
         assert str(big) not in r.text and body["instance"] == r.headers["x-request-id"]
     assert task_summary(server, task)["records"] == 1  # the good id was not deleted either
+
+
+def test_soft_labels_that_would_break_retraining_are_refused(server, tiny_bundle_of_home):
+    """A soft label is TextHide's mix of k > 1 one-hot labels: on another task, or not a
+    distribution, it used to be stored (201) and then failed every retraining job of the
+    task ('a soft label must be non-negative and sum to 1')."""
+    text_task, mix_task = "probe-soft-text", "probe-soft-mix"
+    declare(server, text_task, "dchi-text", {"eta": ETA})
+    texthide = {"m": 4, "k": 2}
+    declare(server, mix_task, "texthide", texthide)
+    bid = server.model("text")["bundle_id"]
+    rng = np.random.default_rng(0)
+    vectors = [make_payload("texthide", texthide, bid, rng.normal(size=16).astype(np.float32))
+               for _ in range(2)]
+    texts = payloads_for(server.model("text"), ["a good film", "dull"], tiny_bundle_of_home)
+
+    r = post_records(server, text_task, texts, ["pos", [0.5, 0.5]])
+    body = assert_problem(r, 422, "validation")
+    assert "record 1" in body["detail"] and "TextHide" in body["detail"]
+    for bad in ([0.5, 0.6], [-0.5, 1.5], [1e300, -1e300]):
+        r = post_records(server, mix_task, vectors, [[0.25, 0.75], bad])
+        body = assert_problem(r, 422, "validation")
+        assert "record 1" in body["detail"] and "sum to 1" in body["detail"]
+    assert task_summary(server, text_task)["records"] == 0
+    assert task_summary(server, mix_task)["records"] == 0  # nothing of a refused request
+
+    r = post_records(server, mix_task, vectors, [[0.25, 0.75], 1])
+    assert r.status_code == 201, r.text
+    got = task_summary(server, mix_task)
+    assert got["records"] == 2 and got["soft"] == 1
