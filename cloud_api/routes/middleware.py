@@ -7,6 +7,7 @@ concurrency limit, request metrics, the access log, and the last word on unexpec
   of the body is read; a chunked body is counted as it arrives and the read stops with 413
   (:class:`~cloud_api.problems.BodyTooLarge`) once it passes the limit, so at most the
   limit plus one chunk is ever held.
+* ``HEAD``: routed as ``GET`` (RFC 9110 §9.3.2); uvicorn sends the headers only.
 * Concurrency: more than ``max_concurrent`` requests in flight -> 429 with ``Retry-After``
   (the open probes ``/healthz``, ``/readyz`` and ``/metrics`` are not counted, so an
   orchestrator does not restart a busy replica).
@@ -67,6 +68,8 @@ class ServiceMiddleware:
         if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
+        if scope.get("method") == "HEAD":  # RFC 9110: GET's answer; the server drops the
+            scope = {**scope, "method": "GET"}  # body (its own scope still says HEAD)
         started = time.perf_counter()
         given = _header(scope, b"x-request-id")
         rid = given if given and _REQUEST_ID.match(given) else uuid.uuid4().hex

@@ -98,3 +98,22 @@ def test_soft_labels_that_would_break_retraining_are_refused(server, tiny_bundle
     assert r.status_code == 201, r.text
     got = task_summary(server, mix_task)
     assert got["records"] == 2 and got["soft"] == 1
+
+
+def test_head_is_answered_like_get_without_a_body(server):
+    """RFC 9110: a server supports HEAD wherever it supports GET (monitors and caches send
+    it); it was a 405 on every route."""
+    bid = server.model("text")["bundle_id"]
+    for path, hdrs in [("/healthz", {}), ("/readyz", {}), ("/v1/models", server.headers()),
+                       (f"/v1/bundles/{bid}", server.headers()),
+                       ("/admin/tasks", server.headers(server.admin_key))]:
+        get = httpx.get(f"{server.url}{path}", headers=hdrs, timeout=30)
+        head = httpx.head(f"{server.url}{path}", headers=hdrs, timeout=30)
+        assert get.status_code == head.status_code == 200, (path, head.status_code)
+        assert head.content == b"" and head.headers["content-type"] == \
+            get.headers["content-type"]
+        assert head.headers["content-length"] == get.headers["content-length"]
+    r = httpx.head(f"{server.url}/v1/models", timeout=30)  # still needs a key
+    assert r.status_code == 401 and r.headers["content-type"] == PROBLEM and r.content == b""
+    r = httpx.head(f"{server.url}/v1/records", headers=server.headers(), timeout=30)
+    assert r.status_code == 405 and r.headers["allow"] == "POST"
