@@ -185,8 +185,13 @@ class ModelHome:
         with self.promotion_lock(model_id):
             promote, why = decide(self.promoted(model_id))
             if promote:
-                self._write_pointer(model_id, version)
+                self.write_promoted(model_id, version)
             return promote, why
+
+    def write_promoted(self, model_id: str, version: str) -> Path:
+        """Point ``model_id`` at ``version`` now; the caller holds :meth:`promotion_lock`
+        (and has decided under it). Returns the version folder."""
+        return self._write_pointer(model_id, version)
 
     def _write_pointer(self, model_id: str, version: str, check_only: bool = False) -> Path:
         path = self.version_dir(model_id, version)

@@ -8,6 +8,7 @@
       result.json     the child's result when it succeeded (rank 0)
       error.txt       one line: why the child failed
       ranks.json      under torchrun: the ranks that failed, exit code or signal (launch.py)
+      compare.json    the comparison child's accuracy of the promoted version (compare.py)
       output/         the model version or pretrained base the child wrote
 
 Plain files on the shared ``$PRIVBERT_HOME``, no database and no torch: the worker reads
@@ -48,6 +49,7 @@ class AttemptFiles:
     error = property(lambda self: self.dir / "error.txt")
     output = property(lambda self: self.dir / "output")
     ranks = property(lambda self: self.dir / "ranks.json")
+    comparison = property(lambda self: self.dir / "compare.json")
 
     # -- worker side ------------------------------------------------------------------------
     def prepare(self, job: dict) -> None:
@@ -70,10 +72,10 @@ class AttemptFiles:
             return None
 
     def read_result(self) -> dict | None:
-        try:
-            return json.loads(self.result.read_text())
-        except (FileNotFoundError, json.JSONDecodeError):
-            return None
+        return _read_json(self.result)
+
+    def read_comparison(self) -> dict | None:
+        return _read_json(self.comparison)
 
     def read_error(self) -> str | None:
         try:
@@ -135,6 +137,13 @@ class AttemptFiles:
     def write_rank_failures(self, failures: list[dict]) -> None:
         """The launcher's record of torchrun's failed ranks (see :meth:`killed_rank`)."""
         write_json_atomically(self.ranks, {"failures": failures})
+
+
+def _read_json(path: Path) -> dict | None:
+    try:
+        return json.loads(path.read_text())
+    except (FileNotFoundError, json.JSONDecodeError):
+        return None
 
 
 class ProgressWriter:

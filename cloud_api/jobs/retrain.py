@@ -72,8 +72,9 @@ def promotion_decision(requested: bool, new_acc: float | None, current_version: 
     return False, f"{figures}: worse by more than one standard error"
 
 
-def _load(settings, task_name: str, watermark: int | None):
-    """(task, [(id, record)], watermark) from the database (rank 0 only)."""
+def load_snapshot(settings, task_name: str, watermark: int | None):
+    """(task, [(id, record)], watermark) from the database (rank 0 only; also the worker's
+    comparison child, ``jobs/compare.py``)."""
     from cloud_api.store.db import Database
     from cloud_api.store.records import snapshot
     from cloud_api.store.tasks import get_task
@@ -98,7 +99,7 @@ def run(job: dict, files: AttemptFiles, dist_ctx=None) -> dict | None:
     main = dist_ctx is None or dist_ctx.is_main
     progress = ProgressWriter(files, enabled=main)
     progress.update(force=True, phase="loading records")
-    loaded = _load(settings, spec["task"], job.get("watermark")) if main else None
+    loaded = load_snapshot(settings, spec["task"], job.get("watermark")) if main else None
     if dist_ctx is not None:
         from models import distributed
 
