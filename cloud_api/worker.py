@@ -25,10 +25,17 @@ Protocol of one job:
 4. The child exits. A heartbeat checks that the job is still this worker's (else its
    output is dropped: the reaper gave the job to another). With a result, the worker
    registers the version (``ModelHome.register``) and promotes it when the child's
-   decision says so and the promoted version is still the one it compared against,
-   checked and written under the model's promotion lock (``ModelHome.promote_if``), so two
-   jobs finishing together never both promote; the result's ``promoted`` and
-   ``promotion`` say what was decided and why. A pretraining job's output becomes
+   decision says so, holding the model's promotion lock (``ModelHome.promotion_lock``)
+   from reading the pointer to writing it, so two jobs finishing together never both
+   promote over the same version. If the promoted version is no longer the one the child
+   compared with (another job or an admin promoted one meanwhile), the comparison child
+   ``python -m cloud_api.jobs.compare ATTEMPT_DIR VERSION`` (supervised like the first,
+   heartbeats and cancel included) measures the now-promoted version on the job's test
+   rows, and ``promotion_decision`` decides again; if it fails, nothing is promoted. Then
+   ownership and cancel are checked again before registering. The result's
+   ``compared_with`` names the version finally compared with (``at_training``: the
+   child's), ``promoted`` and ``promotion`` what was decided and why. A pretraining job's
+   output becomes
    ``bases/<name>``. A cancelled job registers nothing. A child killed by a signal (or,
    under torchrun, a child one of whose ranks a signal killed: ``ranks.json``) is queued
    again while attempts are left; an error fails the job with its one-line reason.
@@ -63,6 +70,7 @@ log = logging.getLogger("cloud_api.worker")
 CANCEL_GRACE_S = 10.0   # after the cancel flag, before SIGTERM
 KILL_GRACE_S = 5.0      # after SIGTERM, before SIGKILL
 POLL_S = 0.2            # how often the child is checked for having exited
+COMPARE_TIMEOUT_S = 1800.0  # the comparison child holds the promotion lock: not forever
 PROJECT_ROOT = Path(__file__).resolve().parent.parent
 SECRET_ENV = ("PRIVBERT_API_KEYS", "PRIVBERT_ADMIN_KEYS", "PRIVBERT_KEYS_FILE",
               "PRIVBERT_TEXTHIDE_KEY")
@@ -85,6 +93,11 @@ def child_command(attempt_dir: Path, nproc: int = 0, torchrun_args: str = "") ->
             "--nproc-per-node", str(nproc), *extra, *run]          # records killed ranks
 
 
+def compare_command(attempt_dir: Path, version: str) -> list[str]:
+    """The comparison child's command line (one process): VERSION on the job's test rows."""
+    return [sys.executable, "-m", "cloud_api.jobs.compare", str(attempt_dir), version]
+
+
 def _signal_group(pid: int, sig: int) -> None:
     try:
         os.killpg(pid, sig)
@@ -92,12 +105,12 @@ def _signal_group(pid: int, sig: int) -> None:
         pass
 
 
-def _exit_reason(rc: int) -> str:
+def _exit_reason(rc: int, what: str = "training") -> str:
     if rc < 0:
         name = signal.Signals(-rc).name if -rc in signal.Signals._value2member_map_ else -rc
         hint = " (out of memory?)" if rc == -signal.SIGKILL else ""
-        return f"the training process was killed by {name}{hint}"
-    return f"the training process exited with code {rc}"
+        return f"the {what} process was killed by {name}{hint}"
+    return f"the {what} process exited with code {rc}"
 
 
 def _rank_reason(killed: dict, error: str | None) -> str:
@@ -219,17 +232,24 @@ class Worker:
         except (ServiceError, OSError) as exc:
             return self._end(job, files, "failed", error=f"cannot start: {_one_line(exc)}")
         cmd = child_command(files.dir, self.nproc, self.settings.torchrun_args)
+        rc, outcome = self._run_child(job, files, cmd)
+        return self._conclude(job, files, rc, outcome)
+
+    def _run_child(self, job: queue.Job, files: AttemptFiles, cmd: list[str],
+                   limit_s: float | None = None) -> tuple[int | None, str]:
+        """Run ``cmd`` in its own process group, its output appended to the attempt's log,
+        supervised (heartbeats, cancel, :meth:`_supervise`); returns (exit code, outcome)."""
         with open(files.log, "ab") as logf:
             child = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=logf,
                                      stderr=subprocess.STDOUT, env=self._child_env(),
                                      cwd=str(files.dir), start_new_session=True)
         try:
-            outcome = self._supervise(job, files, child)
+            outcome = self._supervise(job, files, child, limit_s)
         finally:
             if child.poll() is None:
                 self._kill(child)
             _signal_group(child.pid, signal.SIGKILL)  # stray torchrun ranks, if any
-        return self._conclude(job, files, child.returncode, outcome)
+        return child.returncode, outcome
 
     def _watermark(self, job: queue.Job) -> int:
         from cloud_api.store.records import current_watermark
@@ -257,11 +277,13 @@ class Worker:
             env["PRIVBERT_PRETRAIN_CORPUS"] = str(Path(s.pretrain_corpus).resolve())
         return env
 
-    def _supervise(self, job: queue.Job, files: AttemptFiles, child: subprocess.Popen) -> str:
-        """Wait for the child, heartbeating; returns "exited", "cancelled", "stopped" or
-        "lost"."""
+    def _supervise(self, job: queue.Job, files: AttemptFiles, child: subprocess.Popen,
+                   limit_s: float | None = None) -> str:
+        """Wait for the child, heartbeating; returns "exited", "cancelled", "stopped",
+        "lost" or (after ``limit_s``) "timed out"."""
         beat_every = self.settings.heartbeat_s
         next_beat = time.monotonic() + beat_every
+        give_up = None if limit_s is None else time.monotonic() + limit_s
         cancel_at = term_at = None
         while True:
             try:
@@ -272,6 +294,8 @@ class Worker:
             now = time.monotonic()
             if self._stop.is_set():
                 return "stopped"
+            if give_up is not None and now > give_up:
+                return "timed out"
             if now >= next_beat:
                 next_beat = now + beat_every
                 try:
@@ -304,31 +328,21 @@ class Worker:
 
     def _conclude(self, job: queue.Job, files: AttemptFiles, rc: int, outcome: str) -> str:
         tail = files.log_tail()
-        if outcome == "stopped":
-            queue.release(self.db, job.id, self.id, f"worker {self.id} stopped; queued again")
-            _discard(files)
-            return "released"
-        # Still ours? The reaper may have given the job to another worker while the child
-        # ran (heartbeats late or the database away): registering this output as well would
-        # add a second version, perhaps promoted.
-        beat = queue.Beat(False) if outcome == "lost" else self._last_beat(job)
-        if not beat.owned:
-            log.warning("job %s is no longer ours (reaped or finished elsewhere)", job.id)
-            _discard(files)
-            return "lost"
-        if outcome == "cancelled" or beat.cancel_requested:
-            step = (files.read_progress() or {}).get("step")
-            return self._end(job, files, "cancelled", log_tail=tail,
-                             error="cancelled" + (f" at step {step}" if step else "") +
-                             "; no version registered")
+        if outcome in ("stopped", "lost"):
+            return self._interrupted(job, files, outcome)
+        stop = self._stop_before_registering(job, outcome)
+        if stop is not None:
+            return self._interrupted(job, files, stop)
         result = files.read_result()
         if rc == 0 and result is not None:
             try:
                 result = self._publish(job, files, result)
+            except _Interrupted as exc:  # during the comparison with the promoted version
+                return self._interrupted(job, files, exc.outcome)
             except (ServiceError, OSError, ValueError) as exc:
                 return self._end(job, files, "failed", error=f"cannot register the output: "
-                                 f"{_one_line(exc)}", log_tail=tail)
-            return self._end(job, files, "succeeded", result=result, log_tail=tail)
+                                 f"{_one_line(exc)}", log_tail=files.log_tail())
+            return self._end(job, files, "succeeded", result=result, log_tail=files.log_tail())
         killed = files.killed_rank()  # under torchrun, which exits 1 whatever killed a rank
         reason = (_rank_reason(killed, files.read_error()) if killed else
                   files.read_error() or _exit_reason(rc))
@@ -339,6 +353,34 @@ class Worker:
             _discard(files)
             return "queued"
         return self._end(job, files, "failed", error=reason, log_tail=tail)
+
+    def _stop_before_registering(self, job: queue.Job, outcome: str) -> str | None:
+        """"lost" or "cancelled" when the output must not be registered, else None. Still
+        ours? The reaper may have given the job to another worker while the child ran
+        (heartbeats late or the database away): registering this output as well would add
+        a second version, perhaps promoted. Cancelled meanwhile: nothing is registered."""
+        beat = queue.Beat(False) if outcome == "lost" else self._last_beat(job)
+        if not beat.owned:
+            return "lost"
+        if outcome == "cancelled" or beat.cancel_requested:
+            return "cancelled"
+        return None
+
+    def _interrupted(self, job: queue.Job, files: AttemptFiles, outcome: str) -> str:
+        """End an attempt whose output is not registered: the worker "stopped" (queued
+        again), the job "lost" to another worker, or "cancelled"."""
+        if outcome == "stopped":
+            queue.release(self.db, job.id, self.id, f"worker {self.id} stopped; queued again")
+            _discard(files)
+            return "released"
+        if outcome == "lost":
+            log.warning("job %s is no longer ours (reaped or finished elsewhere)", job.id)
+            _discard(files)
+            return "lost"
+        step = (files.read_progress() or {}).get("step")
+        return self._end(job, files, "cancelled", log_tail=files.log_tail(),
+                         error="cancelled" + (f" at step {step}" if step else "") +
+                         "; no version registered")
 
     def _last_beat(self, job: queue.Job) -> queue.Beat:
         """A heartbeat once the child has exited; not owned when the database cannot say
@@ -363,15 +405,54 @@ class Worker:
             os.replace(files.output, dest)
             return {**result, "base": name}
         model_id = job.spec["model_id"]
-        version = self.home.register(model_id, files.output, move=True)
-        decision, compared = result["promote"], result["compared_with"]["version"]
-        promoted, reason = False, decision["reason"]
-        if decision["decision"]:
-            promoted, reason = self.home.promote_if(
-                model_id, version, lambda now: _still_valid(decision["reason"], compared, now))
+        promoted, reason = False, result["promote"]["reason"]
+        if not result["promote"]["decision"]:
+            version = self.home.register(model_id, files.output, move=True)
+        else:
+            with self.home.promotion_lock(model_id):  # nothing changes the pointer meanwhile
+                now = self.home.promoted(model_id)
+                if now == result["compared_with"]["version"]:
+                    promoted = True
+                else:  # another job or an admin promoted a version while this job ran
+                    result = self._compare_again(job, files, result, now)
+                    promoted, reason = _decide_again(result)
+                    stop = self._stop_before_registering(job, "exited")
+                    if stop is not None:
+                        raise _Interrupted(stop)
+                version = self.home.register(model_id, files.output, move=True)
+                if promoted:
+                    self.home.write_promoted(model_id, version)
         log.info("job %s: registered %s %s%s", job.id, model_id, version,
                  " and promoted it" if promoted else f", not promoted: {reason}")
         return {**result, "version": version, "promoted": promoted, "promotion": reason}
+
+    def _compare_again(self, job: queue.Job, files: AttemptFiles, result: dict,
+                       now: str | None) -> dict:
+        """``result`` with ``compared_with`` the version promoted ``now``: its accuracy on
+        the job's test rows, measured by the comparison child (``jobs/compare.py``; the
+        caller holds the promotion lock). The child's own comparison moves to
+        ``compared_with.at_training``. Raises :class:`_Interrupted` when the job is
+        cancelled, lost or the worker stopped meanwhile."""
+        n_test = result["records"]["test"]
+        found: dict = {"version": now, "test_accuracy": None, "error": None}
+        if now is not None and n_test and result["metrics"]["test_accuracy"] is not None:
+            log.info("job %s: the promoted version is now %s; comparing with it", job.id, now)
+            files.comparison.unlink(missing_ok=True)
+            rc, outcome = self._run_child(job, files, compare_command(files.dir, now),
+                                          COMPARE_TIMEOUT_S)
+            if outcome in ("stopped", "lost", "cancelled"):
+                raise _Interrupted(outcome)
+            out = files.read_comparison() or {}
+            if outcome == "timed out":
+                found["error"] = f"no answer within {COMPARE_TIMEOUT_S:g} s"
+            elif rc == 0 and out.get("test_records") != n_test:
+                found["error"] = (f"the job's test records changed since it trained ({n_test} "
+                                  f"then, {out.get('test_records')} now: erased?)")
+            elif rc == 0 and out.get("test_accuracy") is not None:
+                found["test_accuracy"] = out["test_accuracy"]
+            else:
+                found["error"] = out.get("error") or _exit_reason(rc, "comparison")
+        return {**result, "compared_with": {**found, "at_training": result["compared_with"]}}
 
     def _end(self, job: queue.Job, files: AttemptFiles, state: str, *, error: str | None = None,
              result: dict | None = None, log_tail: str | None = None) -> str:
@@ -386,19 +467,31 @@ class Worker:
         return state
 
 
-def _still_valid(reason: str, compared: str | None, now: str | None) -> tuple[bool, str]:
-    """The child's "promote" stands only if the promoted version is still the one it was
-    compared with (called under the model's promotion lock); else refuse and say why."""
-    if now == compared:
-        return True, reason
-    return False, (f"not promoted: the promoted version changed while the job ran "
-                   f"({compared or 'none'} -> {now or 'none'}, another job or an admin "
-                   f"promoted it); this version was compared with {compared or 'none'} only "
-                   f"({reason}); compare and promote by hand if wanted")
+def _decide_again(result: dict) -> tuple[bool, str]:
+    """``promotion_decision`` (the job's own rule) against the version compared again."""
+    from cloud_api.jobs.retrain import promotion_decision
+
+    now, before = result["compared_with"], result["compared_with"]["at_training"]
+    promote, why = promotion_decision(True, result["metrics"]["test_accuracy"],
+                                      now["version"], now["test_accuracy"],
+                                      result["records"]["test"], now["error"])
+    return promote, (f"{'' if promote else 'not promoted: '}the promoted version "
+                     f"changed while the job ran ({before['version'] or 'none'} -> "
+                     f"{now['version'] or 'none'}, another job or an admin promoted it); "
+                     f"compared again with {now['version'] or 'none'}: {why}")
 
 
 class _Lost(Exception):
     """The job stopped being ours before the child started."""
+
+
+class _Interrupted(Exception):
+    """The comparison with the promoted version ended early: the job was "cancelled" or
+    "lost", or the worker "stopped"; nothing is registered."""
+
+    def __init__(self, outcome: str):
+        super().__init__(outcome)
+        self.outcome = outcome
 
 
 def _one_line(exc: BaseException) -> str:

@@ -1,7 +1,9 @@
 """Races of the job queue closed in issue 12: two pretraining requests for one base name
 (one job and one 409, on SQLite and PostgreSQL), two retraining jobs promoting the same
-model at once (one promotes, the other says why not), and a torchrun rank killed by a
-signal (retried like a single process killed by one)."""
+model at once (one promotes; the other is compared again, under the promotion lock, with
+the version the first promoted, and promoted or not by the job's rule; a comparison that
+cannot be made promotes nothing and says why), and a torchrun rank killed by a signal
+(retried like a single process killed by one)."""
 
 from __future__ import annotations
 
@@ -100,16 +102,21 @@ def _output(tmp_path, name: str):
     return files
 
 
-def test_two_jobs_finishing_together_promote_one_version_and_say_why(tmp_path, monkeypatch):
+def test_two_jobs_finishing_together_promote_one_version_and_say_why(db, tmp_path,
+                                                                    monkeypatch):
     """Both children decided "promote" against the same promoted version (none); their
     workers publish at once. Every racer reads the pointer before any writes it when
     nothing serializes them (the patched read waits for the other): both promoted before.
-    Now exactly one promotes and the other's result says why it did not."""
+    Now exactly one promotes and the other's result says why it did not (its comparison
+    with the winner fails: these fake versions have no weights and their jobs no task)."""
     from types import SimpleNamespace
 
     from cloud_api.worker import Worker
 
     home = ModelHome(tmp_path / "home").ensure()
+    for _ in (1, 2):
+        queue.enqueue(db, "retrain", {"model_id": "m"})
+        queue.claim(db, "w")
     together = threading.Barrier(2, timeout=3)
     real = ModelHome.promoted
 
@@ -124,8 +131,9 @@ def test_two_jobs_finishing_together_promote_one_version_and_say_why(tmp_path, m
     monkeypatch.setattr(ModelHome, "promoted", promoted)
     result = {"promote": {"requested": True, "decision": True,
                           "reason": "no version was promoted before"},
-              "compared_with": {"version": None}}
-    worker = Worker(Settings(home=home.root), None, home, worker_id="w")
+              "compared_with": {"version": None}, "records": {"test": 10},
+              "metrics": {"test_accuracy": 0.5}}
+    worker = Worker(Settings(home=home.root), db, home, worker_id="w")
     out: dict[int, dict] = {}
 
     def publish(job_id: int) -> None:
@@ -144,8 +152,109 @@ def test_two_jobs_finishing_together_promote_one_version_and_say_why(tmp_path, m
     monkeypatch.setattr(ModelHome, "promoted", real)
     assert home.promoted("m") == won[0]["version"]
     assert won[0]["promotion"] == "no version was promoted before"
-    assert (f"changed while the job ran (none -> {won[0]['version']}"
-            in lost[0]["promotion"]), lost[0]["promotion"]
+    why = lost[0]["promotion"]
+    assert why.startswith(f"not promoted: the promoted version changed while the job ran "
+                          f"(none -> {won[0]['version']}"), why
+    assert f"the promoted {won[0]['version']} could not be evaluated (KeyError" in why, why
+    assert lost[0]["compared_with"]["version"] == won[0]["version"]
+
+
+def _test_rows(env):
+    """The test rows of the task's records, split as a retraining job splits them."""
+    from cloud_api.jobs.retrain import load_snapshot, split_rows
+
+    return split_rows(load_snapshot(env.settings(), env.task, None)[1])["test"]
+
+
+def test_the_later_of_two_jobs_is_compared_again_with_the_version_the_first_promoted(
+        job_env, monkeypatch):
+    """Two real retraining jobs train at once and both compare with "none"; their workers
+    publish together. The first promotes; the second is no longer refused: a comparison
+    child measures the version the first promoted on the second's test rows, and the job's
+    rule decides. Its result names that version and both accuracies."""
+    from cloud_api.jobs.retrain import promotion_decision
+    from cloud_api.worker import Worker
+    from models.experiment import evaluate_records
+    from tests.cloud_api.jobs.test_worker import submit
+
+    db, home = job_env.database(), ModelHome(job_env.home)
+    ids = [submit(job_env, epochs=1, promote=True),
+           submit(job_env, epochs=2, lr=3e-3, promote=True)]
+    together = threading.Barrier(2, timeout=300)
+    real = Worker._publish
+
+    def publish(self, job, files, result):  # both children are done before either publishes
+        together.wait()
+        return real(self, job, files, result)
+
+    monkeypatch.setattr(Worker, "_publish", publish)
+    workers = [Worker(job_env.settings(), db, home, worker_id=f"w{i}") for i in (1, 2)]
+    threads = [threading.Thread(target=w.run, kwargs={"once": True}) for w in workers]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(600)
+    jobs = [queue.get(db, i) for i in ids]
+    assert [j.state for j in jobs] == ["succeeded"] * 2, [(j.error, j.log_tail) for j in jobs]
+    first, second = sorted((j.result for j in jobs), key=lambda r: r["promotion"] !=
+                           "no version was promoted before")
+    assert first["promoted"] and first["compared_with"]["version"] is None
+    was = second["compared_with"]
+    assert was["version"] == first["version"] and was["error"] is None, second
+    assert was["at_training"]["version"] is None
+    cur = evaluate_records(home.version_dir("m", first["version"]),
+                           _test_rows(job_env))["accuracy"]
+    assert was["test_accuracy"] == pytest.approx(cur, abs=1e-9)
+    new, n = second["metrics"]["test_accuracy"], second["records"]["test"]
+    promote, why = promotion_decision(True, new, first["version"], cur, n)
+    assert second["promoted"] == promote
+    assert second["promotion"].endswith(f"compared again with {first['version']}: {why}")
+    assert f"(none -> {first['version']}" in second["promotion"]
+    assert f"{new:.4f} against {cur:.4f} of {first['version']}" in second["promotion"]
+    assert home.promoted("m") == (second if promote else first)["version"]
+    assert home.versions("m") == ["v1", "v2"]
+
+
+@pytest.mark.parametrize("meanwhile", ["unreadable", "erased"])
+def test_a_comparison_that_cannot_be_made_promotes_nothing_and_says_why(job_env, monkeypatch,
+                                                                        meanwhile):
+    """While a real job ran, an admin promoted another version: one that cannot be
+    evaluated (a version folder without weights), or a copy of a good one while a test
+    record of the job was erased (the same test rows no longer exist). The comparison
+    child fails; the pointer stays where the admin put it and the result says why."""
+    from cloud_api.jobs.retrain import split_of
+    from cloud_api.store.records import delete_records
+    from cloud_api.worker import Worker
+    from tests.cloud_api.jobs.test_worker import submit
+
+    db, home = job_env.database(), ModelHome(job_env.home)
+    job_id = submit(job_env, epochs=1, promote=True)
+    real = Worker._publish
+
+    def publish(self, job, files, result):  # what an admin did just before
+        if meanwhile == "unreadable":
+            src = _output(job_env.home.parent, "admin").output
+        else:
+            src = files.output
+            erased = next(i for i in range(1, 97) if split_of(i) == "test")
+            assert delete_records(db, ids=[erased]) == 1
+        home.promote("m", home.register("m", src))
+        return real(self, job, files, result)
+
+    monkeypatch.setattr(Worker, "_publish", publish)
+    assert Worker(job_env.settings(), db, home).run(once=True) == "succeeded"
+    res = queue.get(db, job_id).result
+    assert res["version"] == "v2" and not res["promoted"] and home.promoted("m") == "v1"
+    why = res["promotion"]
+    assert why.startswith("not promoted: the promoted version changed while the job ran "
+                          "(none -> v1"), why
+    assert "compared again with v1: the promoted v1 could not be evaluated (" in why, why
+    was = res["compared_with"]
+    assert was["version"] == "v1" and was["test_accuracy"] is None and was["error"] in why
+    assert was["at_training"]["version"] is None
+    if meanwhile == "erased":
+        n = res["records"]["test"]
+        assert f"test records changed since it trained ({n} then, {n - 1} now" in why, why
 
 
 def test_the_promotion_lock_holds_off_other_processes(tmp_path):
