@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import httpx
@@ -101,9 +102,13 @@ def test_tripwire_no_marker_or_key_in_logs_or_home(server, tight_server, tiny_ho
                          "eta": MARKERS[0]}, "bundle_id": MARKERS[1], "text": MARKERS[2]}]})
     assert bad.status_code == 422
     assert not any(m in bad.text for m in MARKERS)
-    after = sum(ln.get("route") == "/v1/models/{model_id}/predict"
-                for ln in server.log_lines())
-    assert after >= before + 2  # the log did record these requests
+    # the log did record these requests (a request's line is written once its answer is
+    # sent, so the last one may still be on its way)
+    deadline = time.monotonic() + 10
+    while (after := sum(ln.get("route") == "/v1/models/{model_id}/predict"
+                        for ln in server.log_lines())) < before + 2:
+        assert time.monotonic() < deadline, (before, after)
+        time.sleep(0.05)
     needles = [m.encode() for m in MARKERS]
     keys = [k.encode() for s in (server, tight_server) for ks in s.keys.values() for k in ks]
     haystacks = [server.log, tight_server.log, *_files(tiny_home.root)]
