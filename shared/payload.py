@@ -153,7 +153,10 @@ class _TokenBase(_Base):
         if ids.min() < 0:
             raise ValueError("token ids must be >= 0")
         if lim.vocab_size is not None and ids.max() >= lim.vocab_size:
-            raise ValueError(f"token ids must be < vocab_size={lim.vocab_size}, got {ids.max()}")
+            # the offending id is payload data: not repeated in the message (it goes back
+            # to the sender in a 422 and may be logged by a caller)
+            raise ValueError(f"token ids must be < vocab_size={lim.vocab_size} (another "
+                             "bundle's vocabulary, or not little-endian int32?)")
 
 
 class DChiEmbeddingPayload(_TokenBase):

@@ -8,7 +8,6 @@ is good is anything written, in one transaction (``cloud_api.store.records``).
 
 from __future__ import annotations
 
-import math
 from typing import Annotated, Any
 
 from fastapi import APIRouter, Header, Path, Request
@@ -17,7 +16,7 @@ from starlette.concurrency import run_in_threadpool
 from starlette.responses import Response
 
 from cloud_api.auth import AppCaller
-from cloud_api.errors import InvalidRequest, NotFound, Unavailable
+from cloud_api.errors import NotFound, Unavailable
 from cloud_api.home import ID_PATTERN
 from cloud_api.metrics import RECORDS
 from cloud_api.problems import responses
@@ -29,7 +28,6 @@ from shared.payload import Limits, Record
 
 router = APIRouter(prefix="/v1", tags=["records"])
 
-SOFT_LABEL_TOLERANCE = 1e-3  # models.data refuses a soft label whose sum is further from 1
 
 TaskPath = Annotated[str, Path(description="task name",
                                pattern=ID_PATTERN)]
@@ -59,27 +57,6 @@ class TaskInfo(BaseModel):
     bundle_id: str
 
 
-def _check_soft_labels(task, recs: list[Record]) -> None:
-    """A soft label only for a TextHide task mixing k > 1 examples, and only a mix that
-    training accepts (finite, non-negative, summing to 1): one stored otherwise would fail
-    every later retraining of the task."""
-    texthide_mix = task.mechanism == "texthide" and int(task.params.get("k", 1)) > 1
-    for i, rec in enumerate(recs):
-        lab = rec.label
-        if not isinstance(lab, list):
-            continue
-        if not texthide_mix:
-            why = (f"a soft label is only for TextHide tasks with k > 1; task {task.name!r} "
-                   "takes a class name or an index")
-        elif not all(math.isfinite(v) and 0 <= v <= 1 for v in lab) \
-                or abs(math.fsum(lab) - 1.0) > SOFT_LABEL_TOLERANCE:
-            why = "a soft label must be values in [0, 1] that sum to 1"
-        else:
-            continue
-        raise InvalidRequest(f"record {i}: label: {why}; nothing was stored", errors=[
-            {"loc": ["records", i, "label"], "msg": why, "type": "value_error"}])
-
-
 def _store(state, env: store.RecordsBody, key_id: str, idem: str | None) -> store.Stored:
     """Blocking part of POST /v1/records (a worker thread): task, bundle, checks, insert."""
     task = get_task(state.db, env.task)
@@ -93,7 +70,6 @@ def _store(state, env: store.RecordsBody, key_id: str, idem: str | None) -> stor
     limits = Limits.for_bundle(bundle, labels=task.labels,
                                max_tokens=s.max_tokens_per_payload or bundle.max_length)
     recs = store.validate_records(task, env.records, limits)
-    _check_soft_labels(task, recs)
     return store.add_records(state.db, task, recs, key_id, idem,
                              store.body_digest(env) if idem is not None else None)
 

@@ -30,6 +30,7 @@ ids that no longer exist; the same key with another body is then accepted as wel
 from __future__ import annotations
 
 import hashlib
+import math
 import re
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
@@ -142,10 +143,30 @@ def _issue(i: int, loc: Sequence, msg: str, kind: str) -> dict:
     return {"loc": ["records", i, *loc], "msg": msg, "type": kind}
 
 
+SOFT_LABEL_TOLERANCE = 1e-3  # models.data refuses a soft label whose sum is further from 1
+
+
+def _soft_label_problem(task: Task, label: Any) -> str | None:
+    """Why a soft label cannot be stored (None: it can, or it is no soft label). A soft
+    label is TextHide's mix of k > 1 one-hot labels: only for such a task, and only a mix
+    training accepts (finite, in [0, 1], summing to 1); one stored otherwise would fail
+    every later retraining of the task."""
+    if not isinstance(label, list):
+        return None
+    if not (task.mechanism == "texthide" and int(task.params.get("k", 1)) > 1):
+        return (f"a soft label is only for TextHide tasks with k > 1; task {task.name!r} "
+                "takes a class name or an index")
+    if not all(math.isfinite(v) and 0 <= v <= 1 for v in label) \
+            or abs(math.fsum(label) - 1.0) > SOFT_LABEL_TOLERANCE:
+        return "a soft label must be values in [0, 1] that sum to 1"
+    return None
+
+
 def validate_records(task: Task, raw: Sequence[Any], limits: Limits) -> list[Record]:
     """Every record checked against ``task`` (``limits``: ``Limits.for_bundle(bundle,
     labels=task.labels)``): payload schema and sizes, mechanism, parameters, bundle, and a
-    label of the task. :class:`InvalidRequest` / :class:`PayloadMismatch` naming the first
+    label of the task (a soft label only for TextHide k > 1, and a distribution).
+    :class:`InvalidRequest` / :class:`PayloadMismatch` naming the first
     bad record; nothing is returned unless every record is good."""
     issues = [_issue(i, ["payload"], msg, MISMATCH) for i, obj in enumerate(raw)
               if (msg := _mismatch(task, obj)) is not None]
@@ -166,6 +187,8 @@ def validate_records(task: Task, raw: Sequence[Any], limits: Limits) -> list[Rec
                 issues.append(_issue(i, ["payload", "params"], diff, MISMATCH))
             elif rec.label is None:
                 issues.append(_issue(i, ["label"], "a label is required", "missing"))
+            elif (why := _soft_label_problem(task, rec.label)) is not None:
+                issues.append(_issue(i, ["label"], why, "value_error"))
     if issues:
         first = issues[0]
         at = ".".join(str(x) for x in first["loc"][2:])
