@@ -40,9 +40,10 @@ VECTOR_MECHANISMS = ("laplace", "ome", "texthide")
 
 
 class RetrainRequest(BaseModel):
-    """Body of ``POST /admin/retrain``."""
+    """Body of ``POST /admin/retrain``. Strict types: ``"promote": "yes"`` or ``"epochs":
+    "3"`` is a 422, not a guess."""
 
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", strict=True)
     task: Name = Field(description="the task whose records train the model")
     model_id: Name = Field(description="the model the new version is added to (created if new)")
     base: Name | None = Field(None, description="a pretrained base in $PRIVBERT_HOME/bases "
@@ -60,9 +61,10 @@ class RetrainRequest(BaseModel):
 
 
 class PretrainRequest(BaseModel):
-    """Body of ``POST /admin/pretrain``: privacy-adaptive pretraining on the public corpus."""
+    """Body of ``POST /admin/pretrain``: privacy-adaptive pretraining on the public corpus
+    (strict types, as the retrain body)."""
 
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", strict=True)
     objective: Literal["vanilla", "prob", "denoising"]
     mechanism: Literal["dchi-text", "dchi-embedding"]
     params: dict = Field(description='the mechanism\'s parameters, e.g. {"eta": 65}')

@@ -152,7 +152,8 @@ def test_submission_checks_answer_4xx_before_any_job(jobs_server, tiny_bundle_of
     assert r.status_code == 422 and r.json()["type"] == PROBLEM + "validation"
     assert "neg 1, pos 2" in r.json()["detail"] and "at least 8" in r.json()["detail"]
     for bad in ({"epochs": 0}, {"epochs": 101}, {"lr": 2.0}, {"lr": 0}, {"lr": "nan"},
-                {"surprise": 1}, {"promote": "maybe"}):
+                {"surprise": 1}, {"promote": "maybe"}, {"promote": "yes"}, {"promote": 1},
+                {"epochs": "3"}, {"lr": "1e-4"}):
         r = retrain(**bad)
         assert r.status_code == 422, (bad, r.text)
         assert r.json()["type"] == PROBLEM + "validation"
