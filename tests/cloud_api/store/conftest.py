@@ -4,6 +4,9 @@ privatized by the edge's own Privatizer on the tiny bundle."""
 
 from __future__ import annotations
 
+import threading
+from collections.abc import Callable
+
 import numpy as np
 import pytest
 
@@ -48,3 +51,24 @@ def raw_records(payloads, labels=None) -> list[dict]:
     labels = labels if labels is not None else [i % 2 for i in range(len(payloads))]
     return [{"payload": p.model_dump(mode="json", exclude_none=True), "label": lab}
             for p, lab in zip(payloads, labels, strict=True)]
+
+
+def race(calls: list[Callable[[], object]], timeout: float = 120) -> list:
+    """Run ``calls`` at once, one thread each, released together by a barrier; their
+    results in order (an exception raised by a call takes its place)."""
+    start = threading.Barrier(len(calls))
+    out: list = [None] * len(calls)
+
+    def run(i: int) -> None:
+        start.wait()
+        try:
+            out[i] = calls[i]()
+        except Exception as exc:  # noqa: BLE001 - the caller's assertion shows it
+            out[i] = exc
+
+    threads = [threading.Thread(target=run, args=(i,)) for i in range(len(calls))]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout)
+    return out

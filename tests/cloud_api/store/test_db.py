@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import json
 import sqlite3
-import threading
 
 import pytest
 from sqlalchemy import inspect, select, text
@@ -18,7 +17,7 @@ from cloud_api.store.db import Database
 from cloud_api.store.tables import records as records_table
 from shared.mechanisms import DChiText
 from shared.payload import Limits
-from tests.cloud_api.store.conftest import ETA, privatize, raw_records
+from tests.cloud_api.store.conftest import ETA, privatize, race, raw_records
 
 
 def test_migrations_on_an_empty_database(db_url):
@@ -39,26 +38,21 @@ def test_migrations_on_an_empty_database(db_url):
         db.dispose()
 
 
+def upgrade_at_once(url: str, n: int = 4) -> None:
+    """``n`` engines on ``url`` upgrading at once (like ``n`` processes starting): each
+    reaches the head."""
+    dbs = [Database(url, busy_timeout_s=30) for _ in range(n)]
+    try:
+        out = race([d.upgrade for d in dbs])
+        head = dbs[0].head()
+    finally:
+        for d in dbs:
+            d.dispose()
+    assert out == [head] * n, (url, out)
+
+
 def test_concurrent_upgrades_are_serialized(db_url):
-    dbs = [Database(db_url, busy_timeout_s=30) for _ in range(4)]
-    start = threading.Barrier(len(dbs))
-    out: list = [None] * len(dbs)
-
-    def run(i: int) -> None:
-        start.wait()
-        try:
-            out[i] = dbs[i].upgrade()
-        except Exception as exc:  # noqa: BLE001 - shown by the assertion
-            out[i] = exc
-
-    threads = [threading.Thread(target=run, args=(i,)) for i in range(len(dbs))]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(120)
-    assert out == [dbs[0].head()] * len(dbs), out
-    for d in dbs:
-        d.dispose()
+    upgrade_at_once(db_url)
 
 
 def test_many_processes_creating_one_sqlite_file(tmp_path):
@@ -67,26 +61,7 @@ def test_many_processes_creating_one_sqlite_file(tmp_path):
     start in six (CI, stop 15) until the connect hook retried it. 20 fresh files: with
     the old hook at least one of them fails with probability above 0.97."""
     for n in range(20):
-        url = f"sqlite:///{tmp_path / f'new{n}.db'}"
-        dbs = [Database(url, busy_timeout_s=30) for _ in range(4)]
-        start = threading.Barrier(len(dbs))
-        out: list = [None] * len(dbs)
-
-        def run(i: int, dbs=dbs, start=start, out=out) -> None:
-            start.wait()
-            try:
-                out[i] = dbs[i].upgrade()
-            except Exception as exc:  # noqa: BLE001 - shown by the assertion
-                out[i] = exc
-
-        threads = [threading.Thread(target=run, args=(i,)) for i in range(len(dbs))]
-        for t in threads:
-            t.start()
-        for t in threads:
-            t.join(120)
-        for d in dbs:
-            d.dispose()
-        assert out == [dbs[0].head()] * len(dbs), (n, out)
+        upgrade_at_once(f"sqlite:///{tmp_path / f'new{n}.db'}")
         with sqlite3.connect(tmp_path / f"new{n}.db") as c:
             assert c.execute("PRAGMA journal_mode").fetchone()[0] == "wal"
 
@@ -146,19 +121,9 @@ def test_task_declarations_are_immutable(db, tiny_bundle):
 
 def test_racing_declarations_create_one_task(db, tiny_bundle):
     n = 5
-    start = threading.Barrier(n)
-    out: list = [None] * n
-
-    def run(i: int) -> None:
-        start.wait()
-        out[i] = tasks.ensure_task(db, "race", ["x", "y"], "dchi-text", {"eta": ETA},
-                                   tiny_bundle.bundle_id)
-
-    threads = [threading.Thread(target=run, args=(i,)) for i in range(n)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(60)
+    out = race([lambda: tasks.ensure_task(db, "race", ["x", "y"], "dchi-text", {"eta": ETA},
+                                          tiny_bundle.bundle_id)] * n, timeout=60)
+    assert all(isinstance(o, tuple) for o in out), out
     assert sorted(c for _, c in out) == [False] * (n - 1) + [True]
     assert len({t.id for t, _ in out}) == 1
 

@@ -18,7 +18,7 @@ from cloud_api.store.tables import idempotency
 from cloud_api.store.tables import records as records_table
 from shared.mechanisms import DChiEmbedding, DChiText
 from shared.payload import Limits, make_payload
-from tests.cloud_api.store.conftest import ETA, privatize, raw_records
+from tests.cloud_api.store.conftest import ETA, privatize, race, raw_records
 
 
 def count(db) -> int:
@@ -126,22 +126,8 @@ def test_racing_requests_with_one_key_store_once(db, task, tiny_bundle):
     env = store.RecordsBody(task=task.name, records=raw)
     recs = store.validate_records(task, env.records, limits(tiny_bundle, task))
     digest = store.body_digest(env)
-    n = 6
-    start = threading.Barrier(n)
-    answers: list = [None] * n
-
-    def send(i: int) -> None:
-        start.wait()
-        try:
-            answers[i] = store.add_records(db, task, recs, "k1", "race-key", digest)
-        except Exception as exc:  # noqa: BLE001 - the assertion below shows it
-            answers[i] = exc
-
-    threads = [threading.Thread(target=send, args=(i,)) for i in range(n)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(60)
+    answers = race([lambda: store.add_records(db, task, recs, "k1", "race-key", digest)] * 6,
+                   timeout=60)
     assert all(isinstance(a, store.Stored) for a in answers), answers
     assert len({tuple(a.ids) for a in answers}) == 1
     assert sum(not a.replayed for a in answers) == 1
