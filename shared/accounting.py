@@ -49,6 +49,11 @@ def laplace_vector_epsilon(epsilon: float, calibration: str, dim: int) -> float:
     return epsilon if calibration == "vector" else dim * epsilon
 
 
+def sentence_vector_dim(bundle: EdgeBundle) -> int:
+    """r, the size of the bundle's sentence vectors: its encoder's ``output_dim``, else n."""
+    return int((bundle.meta.get("encoder") or {}).get("output_dim", bundle.dim))
+
+
 def dchi_expected_noise_norm(dim: int, eta: float) -> float:
     """E||N|| = n/η (mean of Gamma(n, 1/η), Qu et al. §5.2)."""
     return dim / eta
@@ -182,7 +187,7 @@ def guarantee(mechanism, bundle: EdgeBundle | None = None, *, dim: int | None = 
         g = _dchi(mechanism, bundle, sample)
     elif isinstance(mechanism, Laplace):
         if dim is None and bundle is not None:
-            dim = (bundle.meta.get("encoder") or {}).get("output_dim", bundle.dim)
+            dim = sentence_vector_dim(bundle)
         g = _laplace(mechanism, dim)
     elif isinstance(mechanism, (OME, SUE, OUE)):
         g = _bits(mechanism)

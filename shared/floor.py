@@ -34,6 +34,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from shared.accounting import bit_flip_epsilon, laplace_vector_epsilon, sentence_vector_dim
 from shared.mechanisms.binary import _FixedPointBits
 from shared.mechanisms.dchi import DChiEmbedding, DChiText
 from shared.mechanisms.laplace import Laplace
@@ -178,7 +179,7 @@ def dchi_floor_eta(bundle: EdgeBundle, threshold: float = THRESHOLD) -> float:
 # -- the floor ----------------------------------------------------------------------------------
 def _vector_dim(mechanism: Any, bundle: EdgeBundle | None, dim: int | None) -> int:
     if dim is None and bundle is not None:
-        dim = (bundle.meta.get("encoder") or {}).get("output_dim", bundle.dim)
+        dim = sentence_vector_dim(bundle)
     if dim is None:
         raise ValueError(f"{mechanism.name}: pass the bundle (or dim) to check the privacy floor")
     return int(dim)
@@ -213,7 +214,7 @@ def _dchi_reason(mech: DChiEmbedding | DChiText, bundle: EdgeBundle | None,
 def _laplace_reason(mech: Laplace, dim: int, threshold: float) -> str | None:
     eps = mech.epsilon
     head = f"laplace epsilon={eps:g} is weaker than the privacy floor"
-    if not math.isfinite(eps * (dim if mech.calibration == "coordinate" else 1)):
+    if not math.isfinite(laplace_vector_epsilon(eps, mech.calibration, dim)):
         return f"{head}: the worst-case epsilon of the vector is not finite"
     b = mech.scale(dim)
     within = -math.expm1(-LAPLACE_STEP / b) if b > 0 else 1.0  # Pr[|noise| <= 2^-23]
@@ -226,8 +227,6 @@ def _laplace_reason(mech: Laplace, dim: int, threshold: float) -> str | None:
 
 
 def _bits_reason(mech: _FixedPointBits, threshold: float) -> str | None:
-    from shared.accounting import bit_flip_epsilon
-
     p, q = mech.bit_probabilities()
     params = ", ".join(f"{k}={v:g}" for k, v in mech.params.items() if k in ("epsilon", "lam"))
     head = f"{mech.name} {params} is weaker than the privacy floor"
