@@ -275,3 +275,15 @@ def db_url(request, tmp_path) -> str:
     if request.param == "sqlite":
         return f"sqlite:///{tmp_path / 'privbert.db'}"
     return request.getfixturevalue("fresh_postgres_url")
+
+
+@pytest.fixture
+def db(db_url):
+    """A migrated :class:`cloud_api.store.db.Database` on each kind (every test that takes
+    it runs on both)."""
+    from cloud_api.store.db import Database
+
+    database = Database(db_url, busy_timeout_s=10.0, connect_timeout_s=5.0)
+    database.upgrade()
+    yield database
+    database.dispose()

@@ -21,14 +21,6 @@ NEGATIVE = ["bad", "awful", "dull", "boring", "hate"]
 NEUTRAL = ["the", "a", "movie", "film", "plot", "actor", "story", "it", "this", "was", "is"]
 
 
-@pytest.fixture
-def db(db_url):
-    database = Database(db_url, busy_timeout_s=10.0, connect_timeout_s=5.0)
-    database.upgrade()
-    yield database
-    database.dispose()
-
-
 def sentences(n: int, seed: int = 0) -> tuple[list[str], list[str]]:
     """Synthetic sentences: "pos" iff a positive word is in it."""
     rng = np.random.default_rng(seed)

@@ -1,6 +1,6 @@
-"""Fixtures of the record store tests: a migrated database on SQLite and on a real
-PostgreSQL (every test that takes ``db`` runs on both), a declared task, and records
-privatized by the edge's own Privatizer on the tiny bundle."""
+"""Fixtures of the record store tests: a declared task on the migrated database ``db``
+(tests/cloud_api/conftest.py: SQLite and a real PostgreSQL), records privatized by the
+edge's own Privatizer on the tiny bundle, and ``race`` (calls at once)."""
 
 from __future__ import annotations
 
@@ -11,21 +11,12 @@ import numpy as np
 import pytest
 
 from cloud_api.store import tasks
-from cloud_api.store.db import Database
 
 # eta for the tiny 16-dimensional bundle: above 12.7 dchi-text returns every token unchanged
 # (shared.floor refuses it)
 ETA = 10
 TEXTS = ["the movie is good", "a bad plot , very dull", "great fun !", "awful story",
          "not boring", "it was a funny film"]
-
-
-@pytest.fixture
-def db(db_url):
-    database = Database(db_url, busy_timeout_s=2.0, connect_timeout_s=2.0)
-    database.upgrade()
-    yield database
-    database.dispose()
 
 
 @pytest.fixture
