@@ -105,6 +105,7 @@ class DChiFloor:
                 twins.setdefault(j, [j]).append(i)
         same = {i: g for g in twins.values() for i in g}  # row -> all rows equal to it
         norms = np.einsum("ij,ij->i", t, t)
+        self.t_max = float(np.sqrt(norms.max()))  # max ||phi(x)||: the worst case eta x 2 t_max
         t_aug = np.concatenate([-2.0 * t, norms[:, None], np.ones((v, 1), np.float32)], axis=1)
         self.exit = np.empty(rows.size, dtype=np.float64)
         with np.errstate(divide="ignore", invalid="ignore"):
@@ -197,11 +198,9 @@ def _dchi_reason(mech: DChiEmbedding | DChiText, bundle: EdgeBundle | None,
         raise ValueError("dchi-embedding: pass the bundle to check the privacy floor (the "
                          "floor is measured on its embedding table)")
     head = f"{mech.name} eta={mech.eta:g} is weaker than the privacy floor"
-    reg = bundle.embeddings[bundle.regular_ids]
-    t_max = float(np.sqrt(np.einsum("ij,ij->i", reg, reg).max()))
-    if not math.isfinite(mech.eta * 2.0 * t_max):
+    floor = dchi_floor(bundle)  # cached per table; it also knows the largest norm
+    if not math.isfinite(mech.eta * 2.0 * floor.t_max):
         return f"{head}: the worst-case epsilon per token (eta x 2 max||phi||) is not finite"
-    floor = dchi_floor(bundle)
     p = floor.unchanged(mech.eta)
     if p <= threshold:
         return None
