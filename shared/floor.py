@@ -122,9 +122,11 @@ class DChiFloor:
                 for k, i in enumerate(r):
                     if int(i) in same:
                         d[k, same[int(i)]] = np.inf
-                # min over a > 0 of d/(2a) = 1/(2 max a/d): rows with a <= 0 never win
+                # min over a > 0 of d/(2a) = 1/(2 max a/d): rows with a <= 0 never win. A
+                # near-duplicate whose d and a both round to 0 gives 0/0: fmax skips that NaN
+                # (max would return it and make the pair's exit inf, hiding every other row)
                 a /= d
-                best = a.max(axis=1).astype(np.float64)
+                best = np.fmax.reduce(a, axis=1).astype(np.float64)
                 ex = np.where(best > 0, 0.5 / best, np.inf)
                 for k, i in enumerate(r):  # a duplicate with a lower row wins every tie
                     if int(i) in same and same[int(i)][0] < i:

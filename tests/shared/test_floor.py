@@ -93,6 +93,16 @@ def test_duplicate_rows_the_search_never_returns_have_exit_zero():
     assert ExactNearest(table).search(np.zeros((1, 2)))[0] == 0
 
 
+def test_a_near_duplicate_does_not_hide_the_other_rows():
+    """Rows 0 and 1 differ by 1e-5 at norm 1000: in float32 their distance and u.(t-x) both
+    round to 0 (0/0). Every direction from them reaches one of the rows around them, so
+    every exit is finite (the NaN once made it inf: "never changes at any eta")."""
+    table = np.array([[1000, 0], [1000, 1e-5], [0, 1000], [-1000, 0], [0, -1000], [2000, 0]],
+                     dtype=np.float32)
+    f = DChiFloor(table, tokens=60, seed=0)
+    assert np.isfinite(f.exit[f.rows <= 1]).all(), f.exit[f.rows <= 1]
+
+
 @pytest.mark.parametrize("eta", [2.0, 5.0, 10.0, 20.0])
 def test_unchanged_probability_agrees_with_the_mechanism(tiny_bundle, eta):
     """Estimate (20,000 pairs) vs the share of 20,000 DChiText outputs equal to their input
