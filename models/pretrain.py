@@ -383,8 +383,12 @@ def pretrain(base_dir: str | os.PathLike | None, out_dir: str | os.PathLike, obj
         raise ValueError(f"{out} already holds a pretraining run: pass --resume or another --out")
     if bundle is None:
         bundle = EdgeBundle.from_model(base)
-    weak = privacy_floor(bundle, cfg.mechanism, cfg.eta, allow_weak_privacy)
     dev = dist_ctx.device if dist_ctx is not None else pick_device(device)
+    search = search or ("torch" if dev.type == "cuda" else "numpy")
+    # the task's mechanism (and its exact nearest-token index), built once: the floor is
+    # judged on it before anything is read or loaded
+    privatizer = BatchPrivatizer(bundle, cfg.mechanism, cfg.eta, search=search, device=dev)
+    weak = privacy_floor(privatizer.mechanism_object, bundle, allow_weak_privacy)
     world, rank = (dist_ctx.world_size, dist_ctx.rank) if dist_ctx is not None else (1, 0)
     main = rank == 0
     amp = autocast_dtype(dev, precision)
@@ -401,8 +405,6 @@ def pretrain(base_dir: str | os.PathLike | None, out_dir: str | os.PathLike, obj
     if cfg.max_length > bert.config.max_position_embeddings:
         raise ValueError(f"--max-length {cfg.max_length} exceeds the model's "
                          f"{bert.config.max_position_embeddings} positions")
-    search = search or ("torch" if dev.type == "cuda" else "numpy")
-    privatizer = BatchPrivatizer(bundle, cfg.mechanism, cfg.eta, search=search, device=dev)
     run = {"config": asdict(cfg),
            "total_steps": total, "bundle_id": bundle.bundle_id, "corpus": corpus_fingerprint(seqs),
            "entropy": distributed.broadcast_object(
@@ -488,14 +490,12 @@ def pretrain(base_dir: str | os.PathLike | None, out_dir: str | os.PathLike, obj
     return out
 
 
-def privacy_floor(bundle: EdgeBundle, mechanism: str, eta: float,
-                   allow_weak: bool) -> str | None:
-    """The floor's reason when ``allow_weak`` (None above the floor); WeakPrivacyError
-    (a ValueError) below it otherwise; ValueError for an η the noise cannot be computed at."""
+def privacy_floor(mech, bundle: EdgeBundle, allow_weak: bool) -> str | None:
+    """The floor's reason for ``mech`` (DChiText or DChiEmbedding) when ``allow_weak`` (None
+    above the floor); WeakPrivacyError (a ValueError) below it otherwise; ValueError for an
+    η the noise cannot be computed at."""
     from shared.floor import check_computable, require_privacy_floor
-    from shared.mechanisms import DChiEmbedding, DChiText
 
-    mech = DChiText(bundle, eta) if mechanism == "dchi-text" else DChiEmbedding(eta)
     check_computable(mech, bundle)
     return require_privacy_floor(mech, bundle, allow_weak=allow_weak)
 
