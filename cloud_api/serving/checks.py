@@ -84,13 +84,17 @@ class PayloadChecker:
     # -- checks -----------------------------------------------------------------------------
     def check(self, payloads: Sequence) -> None:
         """PayloadMismatch naming the first payload that does not fit and what differs."""
-        for i, p in enumerate(payloads):
-            problem = self.problem(p)
-            if problem is not None:
-                raise PayloadMismatch(f"payloads[{i}]: {problem}")
+        found = next(((i, why) for i, p in enumerate(payloads)
+                      if (why := self.problem(p)) is not None), None)
+        # the token ids of the payloads before it, in one numpy pass for the whole request
+        found = self._first_bad_ids(payloads[:found[0] if found else len(payloads)]) or found
+        if found is not None:
+            raise PayloadMismatch(f"payloads[{found[0]}]: {found[1]}")
 
     def problem(self, p) -> str | None:
-        """What differs between payload ``p`` and the model, or None."""
+        """What differs between payload ``p`` and the model, or None; token ids aside
+        (:meth:`check` reads them). Shapes come from the payload's array fields: nothing
+        is decoded or copied here."""
         if p.mechanism != self.mechanism:
             return f"mechanism {p.mechanism} sent, model serves {self.mechanism}"
         if p.bundle_id != self.bundle_id:
@@ -99,14 +103,15 @@ class PayloadChecker:
         got, want = p.params.model_dump(), dict(self.params)
         if self.mechanism == "texthide":  # predictions use k = 1, whatever k trained the model
             got, want = {"m": got.get("m")}, {"m": want.get("m")}
-        diffs = [f"{k} {_fmt(got.get(k))} sent, model serves {k} {_fmt(want.get(k))}"
-                 for k in sorted(set(got) | set(want)) if not _same(got.get(k), want.get(k))]
-        if diffs:
-            return "; ".join(diffs)
-        arr = p.data_array()
+        if got != want:  # equal is the common case; else compare with a tolerance
+            diffs = [f"{k} {_fmt(got.get(k))} sent, model serves {k} {_fmt(want.get(k))}"
+                     for k in sorted(set(got) | set(want)) if not _same(got.get(k), want.get(k))]
+            if diffs:
+                return "; ".join(diffs)
+        shape = getattr(p, p.array_field).shape
         if self.kind == "vector":
-            return self._vector(arr)
-        n = int(arr.shape[0])
+            return self._vector(int(shape[-1]))
+        n = int(shape[0])
         segs = getattr(p, "segments", None)
         pair = segs is not None and len(segs) == 2
         if self.pairs is not None and pair != self.pairs:
@@ -118,16 +123,24 @@ class PayloadChecker:
                    self.max_length - (3 if pair else 2) else "the server's tokens-per-payload "
                    "limit")
             return f"{n} tokens sent, model serves at most {budget} ({why})"
-        if self.kind == "embeddings":
-            if self.hidden is not None and arr.shape[1] != self.hidden:
-                return f"dimension {arr.shape[1]} sent, model serves {self.hidden}"
-            return None
-        return self._ids(arr)
+        if self.kind == "embeddings" and self.hidden is not None and shape[1] != self.hidden:
+            return f"dimension {shape[1]} sent, model serves {self.hidden}"
+        return None
 
-    def _vector(self, arr: np.ndarray) -> str | None:
+    def _first_bad_ids(self, payloads: Sequence) -> tuple[int, str] | None:
+        """(index, what is wrong) of the first of ``payloads`` (each passed :meth:`problem`)
+        whose token ids are not regular ids of the model; all of them are checked at once,
+        one by one only when something is wrong."""
+        if self.kind != "tokens" or self.vocab_size is None or not payloads:
+            return None
+        arrays = [p.data_array() for p in payloads]
+        if self._ids(np.concatenate(arrays)) is None:
+            return None
+        return next((i, why) for i, a in enumerate(arrays) if (why := self._ids(a)) is not None)
+
+    def _vector(self, width: int) -> str | None:
         if self.in_dim is None:
             return None
-        width = int(arr.shape[-1])
         if width == self.in_dim:
             return None
         if self.mechanism == "ome":

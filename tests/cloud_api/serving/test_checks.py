@@ -91,6 +91,19 @@ def test_the_index_of_the_first_bad_payload_is_named(text_checker, bundle, recor
         text_checker.check([records[0].payload, records[1].payload, bad])
 
 
+
+def test_bad_ids_name_their_payload_and_come_in_request_order(text_checker, bundle, records):
+    """The ids of a request are checked in one pass; a refusal still names the first payload
+    that does not fit, whether its ids or its parameters are wrong."""
+    ok = [r.payload for r in records[:2]]
+    bad_ids = ids_payload(bundle, np.concatenate([regular(bundle, 3),
+                                                  [bundle.special_ids["cls"]]]))
+    bad_eta = ids_payload(bundle, regular(bundle, 4), eta=65.0)
+    with pytest.raises(PayloadMismatch, match=r"^payloads\[2\]: 1 token id\(s\) are special"):
+        text_checker.check([*ok, bad_ids, bad_eta])
+    with pytest.raises(PayloadMismatch, match=r"^payloads\[2\]: eta 65 sent"):
+        text_checker.check([*ok, bad_eta, bad_ids])
+
 def test_special_and_unused_ids_are_refused_without_echoing_them(text_checker, bundle):
     special = bundle.special_ids["cls"]
     unused = bundle.meta["unused_ids"][0]
