@@ -68,8 +68,9 @@ class ServiceMiddleware:
         if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
-        if scope.get("method") == "HEAD":  # RFC 9110: GET's answer; the server drops the
-            scope = {**scope, "method": "GET"}  # body (its own scope still says HEAD)
+        method = scope.get("method", "")  # as sent: HEAD is logged and counted as HEAD
+        if method == "HEAD":  # RFC 9110: GET's answer; the server drops the body (its own
+            scope = {**scope, "method": "GET"}  # scope still says HEAD)
         started = time.perf_counter()
         given = _header(scope, b"x-request-id")
         rid = given if given and _REQUEST_ID.match(given) else uuid.uuid4().hex
@@ -108,13 +109,14 @@ class ServiceMiddleware:
                                        state=state)(scope, receive, send_with_id)
         except Exception:
             error_log.exception("unhandled error", extra={
-                "request_id": rid, "method": scope.get("method"),
+                "request_id": rid, "method": method,
                 "route": route_template(scope)})
             if not response["started"]:
                 await internal_error(rid, state)(scope, receive, send_with_id)
         finally:
             metrics.IN_FLIGHT.dec()
-            self._record(scope, state, rid, response["status"], time.perf_counter() - started)
+            self._record(scope, method, state, rid, response["status"],
+                         time.perf_counter() - started)
 
     def _refuse_early(self, scope: Scope, rid: str, state: dict, counted: bool):
         """A 413 or 429 answer given before the app runs (None to go on)."""
@@ -147,9 +149,9 @@ class ServiceMiddleware:
         return limited_receive
 
     @staticmethod
-    def _record(scope: Scope, state: dict, rid: str, status: int, seconds: float) -> None:
+    def _record(scope: Scope, method: str, state: dict, rid: str, status: int,
+                seconds: float) -> None:
         route = route_template(scope)
-        method = scope.get("method", "")
         method = method if method in METHODS else "other"  # bounded label values
         kind = state.get("problem_kind") if status >= 400 else None
         metrics.REQUESTS.labels(route, method, str(status)).inc()

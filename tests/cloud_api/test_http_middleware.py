@@ -61,3 +61,25 @@ def test_body_over_the_limit_is_413_by_length_or_while_it_streams():
     r = _post(_app(), streamed())
     assert r.status_code == 413 and r.json()["type"] == problem_type("too-large")
     assert "larger than 1024 bytes" in r.json()["detail"]
+
+
+def test_head_is_routed_as_get_and_logged_as_head(caplog):
+    app = FastAPI()
+    problems.install(app)
+
+    @app.get("/thing")
+    async def thing():
+        return {"ok": True}
+
+    app.add_middleware(ServiceMiddleware, max_body_bytes=1024, max_concurrent=4)
+
+    async def go() -> httpx.Response:
+        async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app),
+                                     base_url="http://t") as c:
+            return await c.head("/thing")
+
+    with caplog.at_level(logging.INFO):
+        r = asyncio.run(go())
+    assert r.status_code == 200
+    access = [rec for rec in caplog.records if rec.name == "cloud_api.access"]
+    assert access and (access[0].method, access[0].route) == ("HEAD", "/thing")
