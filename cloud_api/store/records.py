@@ -69,6 +69,7 @@ _ARRAY_FIELD = {m: cls.array_field for m, cls in PAYLOAD_CLASSES.items()}
 _SOFT_DTYPE = "<f8"  # soft labels round-trip exactly
 _MAX_ERRORS = 20
 IDEMPOTENCY_KEY_MAX = 255
+MAX_RECORD_ID = 2**63 - 1  # the database's ids are signed 64-bit
 _CHUNK = 1000  # ids per IN (...) list
 # re-reading stored rows: they were checked against their task when they came in
 _STORED_LIMITS = Limits(max_tokens=1 << 20, max_dim=1 << 20, max_array_bytes=1 << 31,
@@ -89,8 +90,8 @@ class DeleteRecords(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
     task: TaskName | None = None
-    ids: Annotated[list[Annotated[int, Field(ge=1)]], Field(min_length=1,
-                                                            max_length=100_000)] | None = None
+    ids: Annotated[list[Annotated[int, Field(ge=1, le=MAX_RECORD_ID)]],
+                   Field(min_length=1, max_length=100_000)] | None = None
     key_id: Annotated[str, Field(pattern=r"^[A-Za-z0-9_.:-]{1,64}$")] | None = None
 
 
