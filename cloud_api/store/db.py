@@ -164,20 +164,21 @@ class Database:
         PostgreSQL with an advisory lock; the later ones find nothing left to do."""
         from alembic import command
 
-        with self.begin(write=True) as conn:
-            if self.dialect == "postgresql":
-                conn.execute(text("SELECT pg_advisory_xact_lock(:k)"), {"k": _LOCK_ID})
-            command.upgrade(self._alembic_config(conn), revision)
-        return self.current()
+        return self._migrate(command.upgrade, revision)
 
     def downgrade(self, revision: str) -> str | None:
         """Undo migrations down to ``revision`` (``"base"``: an empty database)."""
         from alembic import command
 
+        return self._migrate(command.downgrade, revision)
+
+    def _migrate(self, alembic_command, revision: str) -> str | None:
+        """Run an Alembic command in one write transaction (PostgreSQL: under the advisory
+        lock); the revision reached."""
         with self.begin(write=True) as conn:
             if self.dialect == "postgresql":
                 conn.execute(text("SELECT pg_advisory_xact_lock(:k)"), {"k": _LOCK_ID})
-            command.downgrade(self._alembic_config(conn), revision)
+            alembic_command(self._alembic_config(conn), revision)
         return self.current()
 
     def prepare(self) -> None:
