@@ -31,9 +31,6 @@ from __future__ import annotations
 import argparse
 import os
 import secrets
-import signal
-import socket
-import subprocess
 import sys
 import tempfile
 import threading
@@ -43,6 +40,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from bench.common import DATA, REPO, machine, read_tsv, table  # noqa: E402
+from bench.serve import cpu_seconds, free_port, start, stop  # noqa: E402
 
 BATCH = 256
 ETA = 65.0
@@ -71,12 +69,6 @@ def body_of(task: str, batch: list[dict]) -> bytes:
     return orjson.dumps({"task": task, "records": batch})
 
 
-def proc_cpu(pid: int) -> float:
-    """CPU seconds (user + system, every thread) a process has used so far."""
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
-
-
 # -- baseline: the store called directly --------------------------------------------------
 def direct(url: str, bundle, bodies: list[bytes], requests: int
            ) -> dict[str, tuple[float, float]]:
@@ -91,9 +83,8 @@ def direct(url: str, bundle, bodies: list[bytes], requests: int
     task, _ = tasks.ensure_task(db, "direct", LABELS, "dchi-text", {"eta": ETA},
                                 bundle.bundle_id)
     limits = Limits.for_bundle(bundle, labels=task.labels)
-    envs = [store.parse_body(b.replace(b'"task":"bench"', b'"task":"direct"', 1))
-            for b in bodies]
-    valid = [store.validate_records(task, e.records, limits) for e in envs]
+    mine = [b.replace(b'"task":"bench"', b'"task":"direct"', 1) for b in bodies]
+    valid = [store.validate_records(task, store.parse_body(b).records, limits) for b in mine]
     out = {}
     t0, c0 = time.perf_counter(), time.process_time()
     for i in range(requests):
@@ -102,8 +93,7 @@ def direct(url: str, bundle, bodies: list[bytes], requests: int
     out["insert"] = (n / (time.perf_counter() - t0), n / (time.process_time() - c0))
     t0, c0 = time.perf_counter(), time.process_time()
     for i in range(requests):
-        env = store.parse_body(bodies[i % len(bodies)].replace(b'"task":"bench"',
-                                                                b'"task":"direct"', 1))
+        env = store.parse_body(mine[i % len(mine)])
         recs = store.validate_records(task, env.records, limits)
         store.add_records(db, task, recs, "bench", f"direct-{i}", store.body_digest(env))
     out["parse+validate+insert"] = (n / (time.perf_counter() - t0),
@@ -113,13 +103,8 @@ def direct(url: str, bundle, bodies: list[bytes], requests: int
 
 
 # -- the real server ------------------------------------------------------------------------
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def start_server(url: str, home: Path, app_key: str, admin_key: str, log: Path):
+def start_server(url: str, home: Path, app_key: str, admin_key: str):
+    """``cloud-api serve`` on ``url``, ready: (process, base URL)."""
     port = free_port()
     env = {k: v for k, v in os.environ.items() if not k.startswith("PRIVBERT_")}
     env.update({"PRIVBERT_HOME": str(home), "PRIVBERT_DATABASE_URL": url,
@@ -127,24 +112,9 @@ def start_server(url: str, home: Path, app_key: str, admin_key: str, log: Path):
                 "PRIVBERT_ADMIN_KEYS": admin_key, "PRIVBERT_RATE_LIMIT_PER_KEY": "0",
                 "PRIVBERT_WORKER_IN_SERVE": "0", "PRIVBERT_LOG_LEVEL": "WARNING",
                 "PYTHONPATH": str(REPO)})
-    proc = subprocess.Popen([sys.executable, "-m", "cloud_api.cli", "serve", "--host",
-                             "127.0.0.1", "--port", str(port)], cwd=REPO, env=env,
-                            stdout=open(log, "ab"), stderr=subprocess.STDOUT)
-    import httpx
-
-    base = f"http://127.0.0.1:{port}"
-    deadline = time.monotonic() + 120
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            raise RuntimeError(f"cloud-api serve exited:\n{log.read_text()[-3000:]}")
-        try:
-            if httpx.get(f"{base}/readyz", timeout=2).status_code == 200:
-                return proc, base
-        except httpx.TransportError:
-            pass
-        time.sleep(0.2)
-    proc.kill()
-    raise RuntimeError(f"cloud-api serve not ready:\n{log.read_text()[-3000:]}")
+    proc = start([sys.executable, "-m", "cloud_api.cli", "serve", "--host", "127.0.0.1",
+                  "--port", str(port)], env, port, timeout=120)
+    return proc, f"http://127.0.0.1:{port}"
 
 
 def through_http(base: str, pid: int, app_key: str, admin_key: str, bundle,
@@ -179,12 +149,12 @@ def through_http(base: str, pid: int, app_key: str, admin_key: str, bundle,
         "Authorization": f"Bearer {app_key}", "Content-Type": "application/json"})
     assert warm.status_code == 201, warm.text
     threads = [threading.Thread(target=client) for _ in range(clients)]
-    t0, c0 = time.perf_counter(), proc_cpu(pid)
+    t0, c0 = time.perf_counter(), cpu_seconds(pid)
     for t in threads:
         t.start()
     for t in threads:
         t.join()
-    elapsed, cpu = time.perf_counter() - t0, proc_cpu(pid) - c0
+    elapsed, cpu = time.perf_counter() - t0, cpu_seconds(pid) - c0
     if errors:
         raise RuntimeError(f"{len(errors)} failed requests, first: {errors[0]}")
     return requests * BATCH / elapsed, requests * BATCH / cpu
@@ -228,8 +198,7 @@ def main() -> int:
                 rows.append([kind, f"direct: {what}", f"{rate:,.0f}", f"{per_cpu:,.0f}",
                              f"{rate / ref:.2f}x"])
             app_key, admin_key = secrets.token_hex(16), secrets.token_hex(16)
-            proc, base = start_server(urls[1], work / "home", app_key, admin_key,
-                                      work / f"serve-{kind}.log")
+            proc, base = start_server(urls[1], work / "home", app_key, admin_key)
             try:
                 for clients in (1, 4):
                     rate, per_cpu = through_http(base, proc.pid, app_key, admin_key, bundle,
@@ -237,8 +206,7 @@ def main() -> int:
                     rows.append([kind, f"HTTP POST /v1/records, {clients} client(s)",
                                  f"{rate:,.0f}", f"{per_cpu:,.0f}", f"{rate / ref:.2f}x"])
             finally:
-                proc.send_signal(signal.SIGTERM)
-                proc.wait(60)
+                stop(proc)
             print(table(HEADERS, rows[-4:]), flush=True)
     finally:
         if cluster is not None:
