@@ -20,6 +20,17 @@ TINY_WORDS = [
 ]
 
 
+def write_tiny_vocab(path: Path, words: list[str] | None = None, n_unused: int = 3) -> list[str]:
+    """vocab.txt and tokenizer_config.json of a tiny BERT folder; returns the vocabulary:
+    [PAD] [unused0..] [UNK] [CLS] [SEP] [MASK] then the words (default TINY_WORDS)."""
+    vocab = ["[PAD]"] + [f"[unused{i}]" for i in range(n_unused)]
+    vocab += ["[UNK]", "[CLS]", "[SEP]", "[MASK]"] + list(TINY_WORDS if words is None else words)
+    path.mkdir(parents=True, exist_ok=True)
+    (path / "vocab.txt").write_text("\n".join(vocab) + "\n")
+    (path / "tokenizer_config.json").write_text(json.dumps({"do_lower_case": True}))
+    return vocab
+
+
 def make_tiny_bert_dir(path: Path, dim: int = 16, seed: int = 0, n_unused: int = 3,
                        words: list[str] | None = None) -> Path:
     """A Hugging Face BERT folder (vocab.txt, config.json, model.safetensors) with random weights.
@@ -28,12 +39,7 @@ def make_tiny_bert_dir(path: Path, dim: int = 16, seed: int = 0, n_unused: int =
     """
     from safetensors.numpy import save_file
 
-    words = TINY_WORDS if words is None else words
-    vocab = ["[PAD]"] + [f"[unused{i}]" for i in range(n_unused)]
-    vocab += ["[UNK]", "[CLS]", "[SEP]", "[MASK]"] + list(words)
-    path.mkdir(parents=True, exist_ok=True)
-    (path / "vocab.txt").write_text("\n".join(vocab) + "\n")
-    (path / "tokenizer_config.json").write_text(json.dumps({"do_lower_case": True}))
+    vocab = write_tiny_vocab(path, words, n_unused)
     config = {
         "architectures": ["BertModel"], "model_type": "bert", "hidden_size": dim,
         "num_hidden_layers": 2, "num_attention_heads": 2, "intermediate_size": 2 * dim,
@@ -105,11 +111,7 @@ def make_full_tiny_bert(path: Path, dim: int = 16, seed: int = 0, layers: int = 
     import torch
     from transformers import BertConfig, BertModel
 
-    vocab = ["[PAD]", "[unused0]", "[unused1]", "[unused2]", "[UNK]", "[CLS]", "[SEP]",
-             "[MASK]", *TINY_WORDS]
-    path.mkdir(parents=True, exist_ok=True)
-    (path / "vocab.txt").write_text("\n".join(vocab) + "\n")
-    (path / "tokenizer_config.json").write_text(json.dumps({"do_lower_case": True}))
+    vocab = write_tiny_vocab(path)
     torch.manual_seed(seed)
     config = BertConfig(vocab_size=len(vocab), hidden_size=dim, num_hidden_layers=layers,
                         num_attention_heads=2, intermediate_size=2 * dim,
