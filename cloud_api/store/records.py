@@ -65,7 +65,6 @@ except ImportError:  # pragma: no cover
 _RECORDS = TypeAdapter(list[Record])
 _HEX64 = re.compile(r"[0-9a-f]{64}")
 MISMATCH = "payload_mismatch"
-_ARRAY_FIELD = {m: cls.array_field for m, cls in PAYLOAD_CLASSES.items()}
 _SOFT_DTYPE = "<f8"  # soft labels round-trip exactly
 _MAX_ERRORS = 20
 IDEMPOTENCY_KEY_MAX = 255
@@ -205,7 +204,7 @@ def validate_records(task: Task, raw: Sequence[Any], limits: Limits) -> list[Rec
 def _row(task: Task, rec: Record, key_id: str, created_at) -> tuple:
     """A row for :func:`bulk.write_rows` without its id (``bulk.COLUMNS[1:]``)."""
     p = rec.payload
-    arr = getattr(p, _ARRAY_FIELD[p.mechanism])
+    arr = getattr(p, p.array_field)
     lab = rec.label
     if isinstance(lab, list):
         label, soft = None, np.asarray(lab, dtype=_SOFT_DTYPE).tobytes()
@@ -351,7 +350,7 @@ def label_counts(db: Database, task: str | Task) -> dict[str, int]:
 
 
 def _record(row) -> Record:
-    field = _ARRAY_FIELD[row.mechanism]
+    field = PAYLOAD_CLASSES[row.mechanism].array_field
     obj: dict[str, Any] = {"version": 1, "mechanism": row.mechanism, "params": row.params,
                            "bundle_id": row.bundle_id,
                            field: {"dtype": row.dtype, "shape": row.shape,

@@ -267,7 +267,7 @@ def test_payload_bytes_round_trip_exactly(db, tiny_bundle, kind):
         row = conn.execute(select(records_table.c.payload, records_table.c.dtype,
                                   records_table.c.shape).where(records_table.c.id == ids[0])
                            ).one()
-    arr = getattr(payloads[0], store._ARRAY_FIELD[mech])
+    arr = getattr(payloads[0], payloads[0].array_field)
     assert isinstance(row.payload, bytes) and row.payload == b64decode(arr.data)
     assert row.dtype == arr.dtype and list(row.shape) == list(arr.shape)
 
