@@ -17,10 +17,9 @@ import os
 import sys
 import threading
 import time
-from pathlib import Path
 
 from cloud_api.jobs.files import EXIT_CANCELLED, AttemptFiles, ProgressWriter, write_json_atomically
-from cloud_api.jobs.run import EXIT_FAILED, PARENT_ENV, describe, watch_parent
+from cloud_api.jobs.run import EXIT_FAILED, describe, start_child
 
 log = logging.getLogger("cloud_api.jobs.compare")
 
@@ -59,15 +58,10 @@ def watch_cancel(files: AttemptFiles, every_s: float = 0.2) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    argv = sys.argv[1:] if argv is None else argv
-    if len(argv) != 2:
-        print("usage: python -m cloud_api.jobs.compare ATTEMPT_DIR VERSION", file=sys.stderr)
+    started = start_child("cloud_api.jobs.compare", argv, "VERSION")
+    if started is None:
         return 2
-    files, version = AttemptFiles(Path(argv[0])), argv[1]
-    logging.basicConfig(level=logging.INFO, stream=sys.stderr,
-                        format="%(asctime)s %(levelname)s %(message)s")
-    if os.environ.get(PARENT_ENV):
-        watch_parent(int(os.environ[PARENT_ENV]))
+    files, (version,) = started
     watch_cancel(files)
     progress = ProgressWriter(files)
     progress.state.update(files.read_progress() or {})

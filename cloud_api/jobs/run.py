@@ -70,17 +70,30 @@ def watch_parent(pid: int) -> None:
     threading.Thread(target=watch, name="parent-watch", daemon=True).start()
 
 
-def main(argv: list[str] | None = None) -> int:
+def start_child(module: str, argv: list[str] | None, *extra: str
+                ) -> tuple[AttemptFiles, list[str]] | None:
+    """The set-up of a job's child process (``jobs.run``, ``jobs.compare``): the arguments
+    ``ATTEMPT_DIR *extra``, logging to stderr (the attempt's log), and the watch on the
+    worker process. Returns (the attempt's files, the arguments after ATTEMPT_DIR), or
+    None after printing the usage when the arguments do not fit."""
     argv = sys.argv[1:] if argv is None else argv
-    if len(argv) != 1:
-        print("usage: python -m cloud_api.jobs.run ATTEMPT_DIR", file=sys.stderr)
-        return 2
-    files = AttemptFiles(Path(argv[0]))
+    if len(argv) != 1 + len(extra):
+        print(f"usage: python -m {module} {' '.join(('ATTEMPT_DIR', *extra))}",
+              file=sys.stderr)
+        return None
     rank = os.environ.get("RANK")
     logging.basicConfig(level=logging.INFO, stream=sys.stderr, format=(
         "%(asctime)s %(levelname)s " + (f"rank {rank} " if rank else "") + "%(message)s"))
     if os.environ.get(PARENT_ENV):
         watch_parent(int(os.environ[PARENT_ENV]))
+    return AttemptFiles(Path(argv[0])), argv[1:]
+
+
+def main(argv: list[str] | None = None) -> int:
+    started = start_child("cloud_api.jobs.run", argv)
+    if started is None:
+        return 2
+    files, _ = started
     job = files.read_job()
     ctx = None
     try:
