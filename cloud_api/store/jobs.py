@@ -50,7 +50,7 @@ from sqlalchemy.exc import IntegrityError
 
 from cloud_api.errors import Conflict, NotFound
 from cloud_api.store.db import Database
-from cloud_api.store.tables import BigId, metadata
+from cloud_api.store.tables import BigId, as_utc, metadata
 
 KINDS = ("retrain", "pretrain")
 STATES = ("queued", "running", "succeeded", "failed", "cancelled")
@@ -142,19 +142,12 @@ class Beat:
     cancel_requested: bool = False
 
 
-def _utc(t: datetime | None) -> datetime | None:
-    """SQLite hands back naive datetimes; every time we store is UTC."""
-    if t is not None and t.tzinfo is None:
-        return t.replace(tzinfo=UTC)
-    return t
-
-
 def _job(row) -> Job:
     m = row._mapping
     return Job(m["id"], m["kind"], dict(m["spec"]), m["state"], m["attempts"],
-               m["max_attempts"], m["worker_id"], m["created_by"], _utc(m["created_at"]),
-               _utc(m["started_at"]), _utc(m["claimed_at"]), _utc(m["heartbeat_at"]),
-               _utc(m["finished_at"]), m["progress"], m["error"], m["log_tail"], m["result"],
+               m["max_attempts"], m["worker_id"], m["created_by"], as_utc(m["created_at"]),
+               as_utc(m["started_at"]), as_utc(m["claimed_at"]), as_utc(m["heartbeat_at"]),
+               as_utc(m["finished_at"]), m["progress"], m["error"], m["log_tail"], m["result"],
                bool(m["cancel_requested"]), m["watermark"])
 
 

@@ -9,6 +9,8 @@ per kind). A payload's array is kept as its decoded little-endian bytes
 
 from __future__ import annotations
 
+from datetime import UTC, datetime
+
 from sqlalchemy import (
     JSON,
     BigInteger,
@@ -33,6 +35,12 @@ metadata = MetaData(naming_convention={
     "fk": "fk_%(table_name)s_%(column_0_name)s_%(referred_table_name)s",
     "pk": "pk_%(table_name)s",
 })
+
+def as_utc(t: datetime | None) -> datetime | None:
+    """A ``DateTime(timezone=True)`` value as read back: SQLite keeps no zone (hands back a
+    naive datetime), and every time stored here is UTC."""
+    return t.replace(tzinfo=UTC) if t is not None and t.tzinfo is None else t
+
 
 # BIGINT on PostgreSQL; INTEGER on SQLite, where only "INTEGER PRIMARY KEY" is the rowid.
 BigId = BigInteger().with_variant(Integer(), "sqlite")

@@ -24,7 +24,7 @@ from sqlalchemy.exc import IntegrityError
 from cloud_api.errors import Conflict, InvalidRequest, NotFound, WeakPrivacy
 from cloud_api.home import ID_PATTERN, check_id
 from cloud_api.store.db import Database
-from cloud_api.store.tables import records, tasks
+from cloud_api.store.tables import as_utc, records, tasks
 from shared import payload as wire
 
 Mechanism = Literal[wire.MECHANISMS]  # type: ignore[valid-type]
@@ -153,11 +153,8 @@ class Task:
 
 
 def _task(row) -> Task:
-    created = row.created_at
-    if created is not None and created.tzinfo is None:  # SQLite keeps no zone: it is UTC
-        created = created.replace(tzinfo=UTC)
     return Task(row.id, row.name, tuple(row.labels), row.mechanism, dict(row.params),
-                row.bundle_id, created)
+                row.bundle_id, as_utc(row.created_at))
 
 
 def _find(conn, name: str) -> Task | None:
