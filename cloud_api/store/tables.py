@@ -61,7 +61,7 @@ records = Table(
     Column("id", BigId, primary_key=True),
     Column("task_id", Integer, ForeignKey("tasks.id", ondelete="RESTRICT"), nullable=False),
     Column("label", String(64)),                    # class name; NULL for a soft label
-    Column("soft_label", LargeBinary),              # float32 LE, one per class (TextHide k>1)
+    Column("soft_label", LargeBinary),              # float64 LE, one per class (TextHide k>1)
     Column("mechanism", String(32), nullable=False),
     Column("params", JSON, nullable=False),
     Column("bundle_id", String(64), nullable=False),
