@@ -159,9 +159,7 @@ def _now(conn: Connection):
 
 
 def _ago(conn: Connection, seconds: float):
-    if conn.dialect.name == "postgresql":
-        return func.now() - timedelta(seconds=seconds)
-    return datetime.now(UTC) - timedelta(seconds=seconds)
+    return _now(conn) - timedelta(seconds=seconds)
 
 
 def _tail(text: str | None) -> str | None:
