@@ -24,7 +24,8 @@ import time
 import uuid
 from pathlib import Path
 
-PROG = "cloud-api"
+from cloud_api.cli import PROG, _guarded, fail, home_arg, settings_for
+
 DEFAULT_LIMIT = 4000
 DEFAULT_DEV_LIMIT = 1000
 DEFAULT_EPOCHS = 1
@@ -59,19 +60,13 @@ def register(subparsers) -> None:
     p.add_argument("--task", metavar="NAME", help="task name (default: the model id)")
     p.add_argument("--base", metavar="BERT", help="BERT folder (default: the packaged "
                    "MiniLM-L6-H384)")
-    p.add_argument("--home", metavar="DIR", help="model registry folder (default "
-                   "$PRIVBERT_HOME, else ./var)")
+    home_arg(p)
     p.add_argument("--if-missing", action="store_true",
                    help="do nothing when the model already has a promoted version")
     p.add_argument("--allow-weak-privacy", action="store_true",
                    help="train even below the privacy floor (experiments only)")
     _device_args(p)
-    p.set_defaults(func=run)
-
-
-def _fail(message: str) -> int:
-    print(f"{PROG}: error: {' '.join(str(message).split())}", file=sys.stderr)
-    return 2
+    p.set_defaults(func=_guarded(run))
 
 
 def _say(message: str) -> None:
@@ -88,27 +83,14 @@ def _model_id(args) -> str:
 
 
 def run(args) -> int:
-    from cloud_api.errors import ServiceError
-    from shared.bundle import BundleError
-
-    try:
-        return _run(args)
-    except ServiceError as exc:
-        return _fail(exc.detail)
-    except (ValueError, OSError, BundleError, KeyError) as exc:
-        return _fail(str(exc) or type(exc).__name__)
-
-
-def _run(args) -> int:
-    from cloud_api.cli import settings_for
     from cloud_api.home import ModelHome
 
     t0 = time.perf_counter()
     if args.limit < 0 or args.dev_limit < 0:
-        return _fail("--limit and --dev-limit must be >= 0 (0 = the whole file)")
+        return fail("--limit and --dev-limit must be >= 0 (0 = the whole file)")
     for path in (args.data, args.dev):
         if path is not None and not Path(path).is_file():
-            return _fail(f"{path}: no such file")
+            return fail(f"{path}: no such file")
     home = ModelHome(settings_for(args).home).ensure()
     model_id = _model_id(args)
     task = args.task or model_id
@@ -125,7 +107,7 @@ def _run(args) -> int:
     bundle = _bundle(args)
     weak = _check_floor(args, bundle, params)
     if weak is not None:
-        return _fail(weak)
+        return fail(weak)
 
     from cloud_api.serving.bundles import BundleStore
     from models.data import read_labelled_tsv
@@ -231,7 +213,6 @@ def _train_and_register(args, home, model_id: str, task: str, bundle, params: di
 def _declare_task(args, task: str, config: dict) -> None:
     """Declare the model's task in the record store (labels, mechanism, params, bundle), so
     that the edge can send records for it at once; a warning, not a failure, if it cannot."""
-    from cloud_api.cli import settings_for
     from cloud_api.errors import ServiceError
     from cloud_api.store.db import Database
     from cloud_api.store.tasks import ensure_task

@@ -40,22 +40,24 @@ def build_parser() -> argparse.ArgumentParser:
 
 def fail(message: str) -> int:
     """One line ``cloud-api: error: ...`` on stderr; exit code 2."""
-    print(f"{PROG}: error: {message}", file=sys.stderr)
+    print(f"{PROG}: error: {' '.join(str(message).split())}", file=sys.stderr)
     return 2
 
 
 def _guarded(fn):
-    """Expected failures (bad flags, a missing folder, a refused change) as one line, exit 2."""
+    """Expected failures (bad flags, a missing folder, an unusable bundle, a refused change)
+    as one line, exit 2."""
 
     def run(args) -> int:
         from cloud_api.errors import ServiceError
+        from shared.bundle import BundleError
 
         try:
             return fn(args)
         except ServiceError as exc:
             return fail(exc.detail)
-        except (ValueError, OSError) as exc:
-            return fail(" ".join(str(exc).split()) or type(exc).__name__)
+        except (ValueError, OSError, BundleError, KeyError) as exc:
+            return fail(str(exc) or type(exc).__name__)
 
     return run
 

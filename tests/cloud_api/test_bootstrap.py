@@ -56,3 +56,20 @@ def test_serve_refuses_to_start_without_keys(tmp_path):
     assert r.returncode == 2
     assert r.stderr.strip().startswith("cloud-api: error: no API keys configured")
     assert len(r.stderr.strip().splitlines()) == 1
+
+
+def test_register_with_an_unusable_bundle_is_one_line(tmp_path):
+    from models.registry import CONFIG_FILE, FORMAT, FORMAT_VERSION
+
+    model, bundle = tmp_path / "model", tmp_path / "bundle"
+    model.mkdir()
+    bundle.mkdir()
+    (model / CONFIG_FILE).write_text(json.dumps({
+        "format": FORMAT, "format_version": FORMAT_VERSION, "bundle_id": "a" * 64,
+        "mechanism": "dchi-text", "params": {"eta": 5.0}}))
+    (bundle / "bundle.json").write_text("{}")
+    r = cloud_api("models", "register", str(model), "--model-id", "m", "--bundle",
+                  str(bundle), "--home", str(tmp_path / "h"), timeout=60)
+    assert r.returncode == 2 and "Traceback" not in r.stderr
+    assert r.stderr.startswith("cloud-api: error: ") and "bundle.json" in r.stderr
+    assert len(r.stderr.strip().splitlines()) == 1
