@@ -114,14 +114,8 @@ def naive_app(model_dir: str, backend: str, mode: str, threads: int | None = Non
     if backend == "onnx":
         from models.export import OnnxClassifier
 
-        onnx = OnnxClassifier(model_dir)
-        if threads:  # the same session options as the service's onnx backend
-            import onnxruntime as ort
-
-            opts = ort.SessionOptions()
-            opts.intra_op_num_threads, opts.inter_op_num_threads = threads, 1
-            onnx.session = ort.InferenceSession(str(Path(model_dir) / "classifier.onnx"), opts,
-                                                providers=["CPUExecutionProvider"])
+        # the same session options as the service's onnx backend
+        onnx = OnnxClassifier(model_dir, threads=threads or None)
 
         def forward(p) -> np.ndarray:
             return onnx.predict_proba([p])[0]
