@@ -7,6 +7,8 @@ with labelled records made by the edge's own Privatizer, on a SQLite database
 from __future__ import annotations
 
 import shutil
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -14,6 +16,7 @@ import numpy as np
 import pytest
 
 from cloud_api.store.db import Database
+from tests.cloud_api.conftest import ServerProcess, new_keys
 
 ETA = 10.0  # tiny 16-dimensional table: dchi-text keeps many tokens (floor refuses > 12.7)
 POSITIVE = ["good", "great", "fun", "funny", "love"]
@@ -81,6 +84,24 @@ def served_home(tiny_home, root: Path) -> Path:
                     ignore=shutil.ignore_patterns("privbert.db*", "jobs", "emb"))
     shutil.copytree(tiny_home.base, home / "bases" / "tiny")
     return home
+
+
+@contextmanager
+def serve_jobs(tiny_home, tmp_path_factory, name: str,
+               env: dict[str, str] | None = None) -> Iterator[ServerProcess]:
+    """A running ``cloud-api serve`` of a :func:`served_home` in a fresh folder ``name``
+    (``server.root``): no rate limit, CPU, heartbeats every 0.3 s, workers polling every
+    0.2 s, then ``env``; stopped when the block ends."""
+    root = tmp_path_factory.mktemp(name)
+    server = ServerProcess(served_home(tiny_home, root), root / "serve.log", new_keys(), {
+        "PRIVBERT_RATE_LIMIT_PER_KEY": "0", "PRIVBERT_HEARTBEAT_S": "0.3",
+        "PRIVBERT_WORKER_POLL_S": "0.2", "PRIVBERT_DEVICE": "cpu", **(env or {})})
+    server.start()
+    server.root = root
+    try:
+        yield server
+    finally:
+        server.stop()
 
 
 @pytest.fixture(scope="session")

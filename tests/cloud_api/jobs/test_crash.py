@@ -17,8 +17,8 @@ import time
 import httpx
 import pytest
 
-from tests.cloud_api.conftest import ETA, REPO, ServerProcess, cli_env, new_keys, payloads_for
-from tests.cloud_api.jobs.conftest import sentences, served_home
+from tests.cloud_api.conftest import ETA, REPO, cli_env, payloads_for
+from tests.cloud_api.jobs.conftest import sentences, serve_jobs
 from tests.cloud_api.jobs.test_http_jobs import admin, declare, post_records, wait_job
 from tests.cloud_api.jobs.test_worker import children_of, wait_for
 
@@ -27,19 +27,12 @@ HEARTBEAT_TIMEOUT_S, REAPER_INTERVAL_S = 3.0, 0.5
 
 @pytest.fixture(scope="module")
 def crash_server(tiny_home, tmp_path_factory):
-    root = tmp_path_factory.mktemp("jobs-crash")
-    home = served_home(tiny_home, root)
-    server = ServerProcess(home, root / "serve.log", new_keys(), {
-        "PRIVBERT_RATE_LIMIT_PER_KEY": "0", "PRIVBERT_WORKER_IN_SERVE": "0",
-        "PRIVBERT_HEARTBEAT_S": "0.3", "PRIVBERT_HEARTBEAT_TIMEOUT_S": str(HEARTBEAT_TIMEOUT_S),
-        "PRIVBERT_REAPER_INTERVAL_S": str(REAPER_INTERVAL_S), "PRIVBERT_WORKER_POLL_S": "0.2",
-        "PRIVBERT_DEVICE": "cpu", "PRIVBERT_MAX_ATTEMPTS": "2"})
-    server.start()
-    server.root = root
-    try:
+    with serve_jobs(tiny_home, tmp_path_factory, "jobs-crash", {
+            "PRIVBERT_WORKER_IN_SERVE": "0",
+            "PRIVBERT_HEARTBEAT_TIMEOUT_S": str(HEARTBEAT_TIMEOUT_S),
+            "PRIVBERT_REAPER_INTERVAL_S": str(REAPER_INTERVAL_S),
+            "PRIVBERT_MAX_ATTEMPTS": "2"}) as server:
         yield server
-    finally:
-        server.stop()
 
 
 def start_worker(server, name: str) -> subprocess.Popen:

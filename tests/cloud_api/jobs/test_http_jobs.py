@@ -15,8 +15,8 @@ import httpx
 import numpy as np
 import pytest
 
-from tests.cloud_api.conftest import REPO, ServerProcess, cli_env, new_keys
-from tests.cloud_api.jobs.conftest import sentences, served_home
+from tests.cloud_api.conftest import REPO, cli_env
+from tests.cloud_api.jobs.conftest import sentences, serve_jobs
 
 ETA = 10.0
 PROBLEM = "urn:privbert:problem:"
@@ -26,17 +26,8 @@ PROBLEM = "urn:privbert:problem:"
 def jobs_server(tiny_home, tmp_path_factory):
     """A copy of the bootstrapped home (model text, dchi-text eta 5, v1) with the tiny BERT
     as the base ``tiny``, served with the worker thread on."""
-    root = tmp_path_factory.mktemp("jobs-http")
-    home = served_home(tiny_home, root)
-    server = ServerProcess(home, root / "serve.log", new_keys(), {
-        "PRIVBERT_RATE_LIMIT_PER_KEY": "0", "PRIVBERT_HEARTBEAT_S": "0.3",
-        "PRIVBERT_WORKER_POLL_S": "0.2", "PRIVBERT_DEVICE": "cpu"})
-    server.start()
-    server.root = root
-    try:
+    with serve_jobs(tiny_home, tmp_path_factory, "jobs-http") as server:
         yield server
-    finally:
-        server.stop()
 
 
 def admin(server, method: str, path: str, **kw) -> httpx.Response:
