@@ -11,8 +11,9 @@ Everything here is plain files so that several processes (replicas, workers, the
 sharing the folder see each other's changes: a version folder appears by one rename,
 a promotion by one ``os.replace`` of the pointer file. Every promotion holds the model's
 promotion lock (``models/<model_id>/.promote.lock``, ``flock``, plus a lock per process
-for threads), so "read the pointer, decide, write it" (:meth:`ModelHome.promote_if`) is
-atomic across threads, processes and hosts sharing the folder. Nothing here imports torch.
+for threads), so "read the pointer, decide, write it" (the worker's promotion of a job's
+version) is atomic across threads, processes and hosts sharing the folder. Nothing here
+imports torch.
 """
 
 from __future__ import annotations
@@ -24,7 +25,7 @@ import re
 import shutil
 import tempfile
 import threading
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
@@ -173,32 +174,21 @@ class ModelHome:
     def promote(self, model_id: str, version: str) -> Path:
         """Point ``model_id`` at ``version`` (one atomic replace, under the promotion lock);
         returns the version folder."""
-        self._write_pointer(model_id, version, check_only=True)  # no folder for a typo
+        self._complete_version(model_id, version)  # no folder (the lock's) for a typo
         with self.promotion_lock(model_id):
-            return self._write_pointer(model_id, version)
-
-    def promote_if(self, model_id: str, version: str,
-                   decide: Callable[[str | None], tuple[bool, str]]) -> tuple[bool, str]:
-        """Promote ``version`` if ``decide(the promoted version now)`` says so, reading the
-        pointer, deciding and writing it under the promotion lock: no other promotion of
-        ``model_id`` can come between. Returns ``decide``'s ``(promoted, why)``."""
-        with self.promotion_lock(model_id):
-            promote, why = decide(self.promoted(model_id))
-            if promote:
-                self.write_promoted(model_id, version)
-            return promote, why
+            return self.write_promoted(model_id, version)
 
     def write_promoted(self, model_id: str, version: str) -> Path:
         """Point ``model_id`` at ``version`` now; the caller holds :meth:`promotion_lock`
         (and has decided under it). Returns the version folder."""
-        return self._write_pointer(model_id, version)
+        path = self._complete_version(model_id, version)
+        write_atomically(self.model_dir(model_id) / "promoted", version + "\n")
+        return path
 
-    def _write_pointer(self, model_id: str, version: str, check_only: bool = False) -> Path:
+    def _complete_version(self, model_id: str, version: str) -> Path:
         path = self.version_dir(model_id, version)
         if not (path / CONFIG_FILE).is_file():
             raise NotFound(f"model {model_id} has no version {version}")
-        if not check_only:
-            write_atomically(self.model_dir(model_id) / "promoted", version + "\n")
         return path
 
     def reserve_version(self, model_id: str) -> tuple[str, Path]:
