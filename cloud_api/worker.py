@@ -327,7 +327,6 @@ class Worker:
             child.wait()
 
     def _conclude(self, job: queue.Job, files: AttemptFiles, rc: int, outcome: str) -> str:
-        tail = files.log_tail()
         if outcome in ("stopped", "lost"):
             return self._interrupted(job, files, outcome)
         stop = self._stop_before_registering(job, outcome)
@@ -352,7 +351,7 @@ class Worker:
             log.warning("job %s: %s; queued again", job.id, reason)
             _discard(files)
             return "queued"
-        return self._end(job, files, "failed", error=reason, log_tail=tail)
+        return self._end(job, files, "failed", error=reason, log_tail=files.log_tail())
 
     def _stop_before_registering(self, job: queue.Job, outcome: str) -> str | None:
         """"lost" or "cancelled" when the output must not be registered, else None. Still
