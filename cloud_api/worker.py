@@ -61,6 +61,7 @@ from pathlib import Path
 from cloud_api.errors import Conflict, ServiceError
 from cloud_api.home import ModelHome
 from cloud_api.jobs.files import AttemptFiles
+from cloud_api.jobs.run import PARENT_ENV
 from cloud_api.settings import Settings
 from cloud_api.store import jobs as queue
 from cloud_api.store.db import Database
@@ -270,7 +271,7 @@ class Worker:
                     "PRIVBERT_DEVICE": s.device, "PRIVBERT_PRECISION": s.precision,
                     "PRIVBERT_DB_BUSY_TIMEOUT_S": str(s.db_busy_timeout_s),
                     "PRIVBERT_DB_CONNECT_TIMEOUT_S": str(s.db_connect_timeout_s),
-                    "PRIVBERT_JOB_PARENT_PID": str(os.getpid()), "PYTHONUNBUFFERED": "1",
+                    PARENT_ENV: str(os.getpid()), "PYTHONUNBUFFERED": "1",
                     "PYTHONPATH": os.pathsep.join(
                         p for p in (str(PROJECT_ROOT), os.environ.get("PYTHONPATH")) if p)})
         if s.pretrain_corpus is not None:
