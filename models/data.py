@@ -375,6 +375,16 @@ def collate(arrays: Sequence[np.ndarray], segments: Sequence[tuple[int, ...] | N
     return out
 
 
+def collate_payloads(payloads: Sequence, config: dict) -> dict[str, torch.Tensor]:
+    """One padded batch for checked ``shared.payload`` payloads, laid out for the model whose
+    ``config.json`` is ``config`` (its mechanism, special ids and max_length): the one
+    collation of the torch model, the ONNX classifier and the serving backends."""
+    return collate([p.data_array() for p in payloads],
+                   [tuple(s) if (s := getattr(p, "segments", None)) else None
+                    for p in payloads],
+                   config["mechanism"], config["special_ids"], int(config["max_length"]))
+
+
 def collate_dataset(ds: PayloadDataset, idx: Sequence[int], special_ids: dict[str, int],
                     max_length: int) -> dict[str, torch.Tensor]:
     """Collate examples ``idx`` of ``ds``."""

@@ -279,17 +279,13 @@ class OnnxClassifier:
 
     def predict_proba(self, payloads: Sequence) -> np.ndarray:
         """Class probabilities (N, C) for payloads (checked like the torch model's)."""
-        from models.data import collate
+        from models.data import collate_payloads
         from models.registry import ModelVersion
 
         shell = ModelVersion(self.path, self.config, {}, nn.Identity())
         for p in payloads:
             shell.check_payload(p)
-        batch = collate([p.data_array() for p in payloads],
-                        [tuple(s) if (s := getattr(p, "segments", None)) else None
-                         for p in payloads], self.config["mechanism"],
-                        self.config["special_ids"], int(self.config["max_length"]))
-        z = self.logits(batch)
+        z = self.logits(collate_payloads(payloads, self.config))
         z = z - z.max(axis=1, keepdims=True)
         e = np.exp(z)
         return e / e.sum(axis=1, keepdims=True)

@@ -28,7 +28,7 @@ import torch
 from torch import nn
 
 from models.classifiers import architecture, classifier_from_architecture
-from models.data import collate, kind_of
+from models.data import collate_payloads, kind_of
 
 FORMAT = "privbert-model"
 FORMAT_VERSION = 1
@@ -169,9 +169,7 @@ class ModelVersion:
 
     def collate(self, payloads: Sequence) -> dict[str, torch.Tensor]:
         """Padded CPU tensors for ``payloads`` (checked with :meth:`check_payload` first)."""
-        return collate([p.data_array() for p in payloads],
-                       [tuple(s) if (s := getattr(p, "segments", None)) else None
-                        for p in payloads], self.mechanism, self.special_ids, self.max_length)
+        return collate_payloads(payloads, self.config)
 
     @torch.no_grad()
     def predict_proba(self, payloads: Sequence, batch_size: int = 64,

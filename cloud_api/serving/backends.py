@@ -52,11 +52,9 @@ def _softmax(z: np.ndarray) -> np.ndarray:
 
 
 def _collate(config: dict, payloads: Sequence) -> dict:
-    from models.data import collate
+    from models.data import collate_payloads
 
-    return collate([p.data_array() for p in payloads],
-                   [tuple(s) if (s := getattr(p, "segments", None)) else None for p in payloads],
-                   config["mechanism"], config["special_ids"], int(config["max_length"]))
+    return collate_payloads(payloads, config)
 
 
 def warmup_payloads(config: dict, n: int = 2) -> list:
