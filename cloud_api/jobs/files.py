@@ -66,10 +66,7 @@ class AttemptFiles:
         self.cancel_flag.touch()
 
     def read_progress(self) -> dict | None:
-        try:
-            return json.loads(self.progress.read_text())
-        except (FileNotFoundError, json.JSONDecodeError):
-            return None
+        return _read_json(self.progress)
 
     def read_result(self) -> dict | None:
         return _read_json(self.result)
