@@ -85,14 +85,15 @@ def check_retrain(db: Database, home: ModelHome, bundles, settings: Settings,
     task = get_task(db, req.task)  # NotFound (404)
     _check_counts(db, task, settings.min_records_per_label)
     current = home.promoted(req.model_id)
-    if current is not None:
-        _check_model_fits(task, req.model_id, current, home.read_config(req.model_id, current))
+    cfg = home.read_config(req.model_id, current) if current is not None else None
+    if cfg is not None:
+        _check_model_fits(task, req.model_id, current, cfg)
     try:
         bundles.get(task.bundle_id)
     except NotFound:
         raise InvalidRequest(f"the bundle {task.bundle_id[:12]}… of task {task.name} is not "
                              "in this service's home") from None
-    base_path = _retrain_base(home, bundles, task, req, current)
+    base_path = _retrain_base(home, bundles, task, req, cfg)
     return {**req.model_dump(), "base_path": base_path}
 
 
@@ -139,8 +140,9 @@ def _check_model_fits(task: Task, model_id: str, version: str, cfg: dict) -> Non
 
 
 def _retrain_base(home: ModelHome, bundles, task: Task, req: RetrainRequest,
-                  current: str | None) -> str | None:
-    """The BERT folder to start from (None = the default MiniLM)."""
+                  current_cfg: dict | None) -> str | None:
+    """The BERT folder to start from (None = the default MiniLM); ``current_cfg``: the
+    config of the model's promoted version, if any."""
     vector = task.mechanism in VECTOR_MECHANISMS
     if req.base is not None:
         if vector:
@@ -158,9 +160,8 @@ def _retrain_base(home: ModelHome, bundles, task: Task, req: RetrainRequest,
         return str(path)
     if vector or task.bundle_id == bundles.default_bundle_id:
         return None
-    if current is not None:  # the BERT the promoted version was trained from
-        cfg = home.read_config(req.model_id, current)
-        base = cfg.get("base_model")
+    if current_cfg is not None:  # the BERT the promoted version was trained from
+        base = current_cfg.get("base_model")
         if base and Path(base).is_dir() and (Path(base) / "config.json").is_file():
             return str(base)
     raise InvalidRequest(f"task {task.name} uses bundle {task.bundle_id[:12]}…, not the "
