@@ -118,19 +118,14 @@ def direct_main(home: str, out: str, epochs: int) -> None:
     """``--direct``: snapshot, split, ``train_from_records``; one JSON line on stdout."""
     import json
 
-    from cloud_api.jobs.retrain import split_rows
+    from cloud_api.jobs.retrain import load_snapshot, split_rows
     from cloud_api.serving.bundles import BundleStore
     from cloud_api.settings import Settings
-    from cloud_api.store.db import Database
-    from cloud_api.store.records import snapshot
-    from cloud_api.store.tasks import get_task
     from models.experiment import train_from_records
     from models.finetune import TrainConfig
 
     settings = Settings(home=home)
-    db = Database.from_settings(settings)
-    task = get_task(db, "sst2")
-    _, rows = snapshot(db, task)
+    task, rows, _ = load_snapshot(settings, "sst2", None)  # what the job's child reads
     parts = split_rows(rows)
     bundle = BundleStore(settings.home).get(task.bundle_id)
     t = time.perf_counter()
