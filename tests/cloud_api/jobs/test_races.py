@@ -22,20 +22,17 @@ from cloud_api.store.db import Database
 def _after_every_check(monkeypatch, barrier: threading.Barrier) -> None:
     """Let every racer finish its "is the name free?" look-up before any inserts: the
     worst interleaving, every time (a racer left alone goes on after the timeout)."""
-    for name in ("live_holder", "list_jobs"):
-        real = getattr(queue, name, None)
-        if real is None:
-            continue
+    real = queue.live_holder
 
-        def held(*a, _real=real, **kw):
-            out = _real(*a, **kw)
-            try:
-                barrier.wait()
-            except threading.BrokenBarrierError:
-                pass
-            return out
+    def held(*a, **kw):
+        out = real(*a, **kw)
+        try:
+            barrier.wait()
+        except threading.BrokenBarrierError:
+            pass
+        return out
 
-        monkeypatch.setattr(queue, name, held)
+    monkeypatch.setattr(queue, "live_holder", held)
 
 
 def test_two_pretrain_requests_for_one_name_queue_one_job_and_409(db, db_url, tmp_path,
