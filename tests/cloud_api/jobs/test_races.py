@@ -19,10 +19,8 @@ from cloud_api.store import jobs as queue
 from cloud_api.store.db import Database
 
 
-def _after_every_check(monkeypatch, barrier: threading.Barrier) -> None:
-    """Let every racer finish its "is the name free?" look-up before any inserts: the
-    worst interleaving, every time (a racer left alone goes on after the timeout)."""
-    real = queue.live_holder
+def _then_wait(real, barrier: threading.Barrier):
+    """``real``, then a wait at ``barrier`` (a racer left alone goes on after its timeout)."""
 
     def held(*a, **kw):
         out = real(*a, **kw)
@@ -32,7 +30,13 @@ def _after_every_check(monkeypatch, barrier: threading.Barrier) -> None:
             pass
         return out
 
-    monkeypatch.setattr(queue, "live_holder", held)
+    return held
+
+
+def _after_every_check(monkeypatch, barrier: threading.Barrier) -> None:
+    """Let every racer finish its "is the name free?" look-up before any inserts: the
+    worst interleaving, every time."""
+    monkeypatch.setattr(queue, "live_holder", _then_wait(queue.live_holder, barrier))
 
 
 def test_two_pretrain_requests_for_one_name_queue_one_job_and_409(db, db_url, tmp_path,
@@ -116,16 +120,7 @@ def test_two_jobs_finishing_together_promote_one_version_and_say_why(db, tmp_pat
         queue.claim(db, "w")
     together = threading.Barrier(2, timeout=3)
     real = ModelHome.promoted
-
-    def promoted(self, model_id):
-        out = real(self, model_id)
-        try:
-            together.wait()
-        except threading.BrokenBarrierError:
-            pass
-        return out
-
-    monkeypatch.setattr(ModelHome, "promoted", promoted)
+    monkeypatch.setattr(ModelHome, "promoted", _then_wait(real, together))
     result = {"promote": {"requested": True, "decision": True,
                           "reason": "no version was promoted before"},
               "compared_with": {"version": None}, "records": {"test": 10},
