@@ -180,7 +180,10 @@ def test_the_later_of_two_jobs_is_compared_again_with_the_version_the_first_prom
         return real(self, job, files, result)
 
     monkeypatch.setattr(Worker, "_publish", publish)
-    workers = [Worker(job_env.settings(), db, home, worker_id=f"w{i}") for i in (1, 2)]
+    # the job that finishes first sends no heartbeat while it waits at the barrier for the
+    # other to train: a reaper must not take it back meanwhile, however slow the machine
+    settings = job_env.settings(heartbeat_timeout_s=600)
+    workers = [Worker(settings, db, home, worker_id=f"w{i}") for i in (1, 2)]
     threads = [threading.Thread(target=w.run, kwargs={"once": True}) for w in workers]
     for t in threads:
         t.start()
