@@ -392,6 +392,23 @@ def collate_dataset(ds: PayloadDataset, idx: Sequence[int], special_ids: dict[st
                    special_ids, max_length)
 
 
+def collate_originals(ds: PayloadDataset, idx: Sequence[int], special_ids: dict[str, int],
+                      max_length: int) -> torch.Tensor:
+    """(B, T) int64: the original id at each payload position of the batch ``idx`` (laid out
+    as :func:`collate_dataset` lays out the payloads), −100 at [CLS]/[SEP]/padding.
+    ``ds.extra["originals"]`` holds one id array per example (public text only)."""
+    orig = [ds.extra["originals"][i] for i in idx]
+    segs = [ds.segments[i] for i in idx]
+    for i, o in zip(idx, orig, strict=True):
+        if len(o) != len(ds.arrays[i]):
+            raise ValueError(f"example {i}: {len(o)} original ids for {len(ds.arrays[i])} "
+                             "privatized ones")
+    ids = collate(orig, segs, "none", special_ids, max_length)["input_ids"]
+    rows = collate([np.zeros((len(o), 1), np.float32) for o in orig], segs, "dchi-embedding",
+                   special_ids, max_length)["row_mask"]
+    return torch.where(rows, ids, torch.full_like(ids, -100))
+
+
 def length_buckets(lengths: np.ndarray, batch_size: int, rng: np.random.Generator | None,
                    pool: int = 50) -> Iterator[np.ndarray]:
     """Batches of indices with similar lengths (less padding).

@@ -6,6 +6,8 @@ Layout of a version folder::
                        max_length, base model, architecture, privacy guarantee
     model.safetensors  the classifier's weights (frozen word embeddings included)
     metrics.json       dev metrics per epoch and of the kept (best) epoch
+    posterior.npz      optional: the channel posterior the model reads (``models.posterior``),
+                       for retraining from device records
     data.json          fingerprint of the training (and dev) records, counts, hyperparameters
     classifier.onnx    optional, written by ``export_classifier_onnx``
 
@@ -61,8 +63,10 @@ def check_out_dir(out_dir: str | os.PathLike, overwrite: bool = False) -> Path:
 
 
 def save_model_version(out_dir: str | os.PathLike, module: nn.Module, config: dict,
-                       metrics: dict, data_info: dict, overwrite: bool = False) -> Path:
-    """Write a complete version folder atomically: a temporary sibling, then one rename."""
+                       metrics: dict, data_info: dict, overwrite: bool = False,
+                       extra_files: dict[str, bytes] | None = None) -> Path:
+    """Write a complete version folder atomically: a temporary sibling, then one rename.
+    ``extra_files``: more files of the version by name (``posterior.npz``)."""
     out = check_out_dir(out_dir, overwrite)
     out.parent.mkdir(parents=True, exist_ok=True)
     from safetensors.torch import save_file
@@ -76,6 +80,10 @@ def save_model_version(out_dir: str | os.PathLike, module: nn.Module, config: di
         save_file(state, str(tmp / WEIGHTS_FILE), metadata={"format": FORMAT})
         (tmp / METRICS_FILE).write_bytes(_json_bytes(metrics))
         (tmp / DATA_FILE).write_bytes(_json_bytes(data_info))
+        for name, data in (extra_files or {}).items():
+            if name in (CONFIG_FILE, WEIGHTS_FILE, METRICS_FILE, DATA_FILE) or "/" in name:
+                raise ValueError(f"extra file name {name!r} is reserved or not a plain name")
+            (tmp / name).write_bytes(data)
         (tmp / CONFIG_FILE).write_bytes(_json_bytes(cfg))  # last: its presence = complete
         for f in tmp.iterdir():
             os.chmod(f, 0o644)
