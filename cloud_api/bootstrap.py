@@ -34,7 +34,7 @@ DEFAULT_BERT_LR = 1e-4  # one short epoch: 2e-5 (models' default) leaves the BER
 
 
 def register(subparsers) -> None:
-    from models.cli_train import _device_args, _mechanism_args, _positive_int
+    from models.cli_train import _device_args, _mechanism_args, _positive_int, _recipe_args
 
     p = subparsers.add_parser(
         "bootstrap", help="export the bundle, train, register and promote a first model",
@@ -65,6 +65,7 @@ def register(subparsers) -> None:
                    help="do nothing when the model already has a promoted version")
     p.add_argument("--allow-weak-privacy", action="store_true",
                    help="train even below the privacy floor (experiments only)")
+    _recipe_args(p)
     _device_args(p)
     p.set_defaults(func=_guarded(run))
 
@@ -98,9 +99,10 @@ def run(args) -> int:
         print(f"model={model_id} version={v} (already promoted; nothing to do)")
         _declare_task(args, task, home.read_config(model_id, v))  # record store (issue 12)
         return 0
-    from models.cli_train import _check_device, _mechanism_params
+    from models.cli_train import _check_device, _mechanism_params, recipe_from_args
 
     _check_device(args)
+    recipe = recipe_from_args(args, args.mechanism, raw_text=True)
     params = _mechanism_params(args)
     if args.mechanism in ("dchi-text", "dchi-embedding") and params["eta"] is None:
         params["eta"] = DEFAULT_ETA
@@ -122,7 +124,7 @@ def run(args) -> int:
         _say(f"training on all {rows:,} rows of {args.data}")
     if args.dev is None:
         _say("no --dev: no dev accuracy will be measured")
-    return _train_and_register(args, home, model_id, task, bundle, params, rows, t0)
+    return _train_and_register(args, home, model_id, task, bundle, params, rows, t0, recipe)
 
 
 def _bundle(args):
@@ -164,9 +166,9 @@ def _check_floor(args, bundle, params: dict) -> str | None:
 
 
 def _train_and_register(args, home, model_id: str, task: str, bundle, params: dict,
-                        rows: int, t0: float) -> int:
+                        rows: int, t0: float, recipe) -> int:
     from cloud_api.home import write_atomically
-    from models.cli_train import _rng
+    from models.cli_train import _posterior_table, _rng
     from models.data import kind_of
     from models.experiment import train_from_tsv
     from models.finetune import TrainConfig
@@ -185,7 +187,11 @@ def _train_and_register(args, home, model_id: str, task: str, bundle, params: di
         res = train_from_tsv(args.data, work, args.mechanism, params, dev_tsv=args.dev,
                              bundle=bundle, base=args.base, cfg=cfg, limit=args.limit or None,
                              dev_limit=args.dev_limit or None, rng=_rng(args),
-                             allow_weak_privacy=args.allow_weak_privacy)
+                             allow_weak_privacy=args.allow_weak_privacy, recipe=recipe,
+                             teacher=args.teacher,
+                             posterior=(_posterior_table(args.posterior_table)
+                                        if args.posterior_table else None),
+                             posterior_cache=home.posteriors_dir)
         config_path = res.model_dir / CONFIG_FILE
         config = json.loads(config_path.read_text())
         config["task"] = task
@@ -202,6 +208,7 @@ def _train_and_register(args, home, model_id: str, task: str, bundle, params: di
     print(f"mechanism={config['mechanism']} params={json.dumps(config['params'], sort_keys=True)}"
           f" bundle_id={config['bundle_id']}")
     print(f"guarantee: {summary(config['guarantee'])}")
+    print(f"recipe: {', '.join(recipe.levers()) or 'plain fine-tuning'}")
     print(f"train_examples={res.n_train} of {rows} rows; dev_examples={res.n_dev}")
     if dev:
         print(f"dev_accuracy={dev['accuracy']:.4f}")

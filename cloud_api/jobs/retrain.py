@@ -132,12 +132,18 @@ def run(job: dict, files: AttemptFiles, dist_ctx=None) -> dict | None:
         progress.update(force=True, epoch=info["epoch"], loss=info["train_loss"],
                         dev_accuracy=info.get("dev_accuracy"))
 
+    from models.posterior import ChannelPosterior
+    from models.recipe import Recipe
+
+    table = (ChannelPosterior.load(spec["posterior_path"]) if spec.get("posterior_path")
+             else None)
     res = train_from_records(parts["train"], files.output, bundle=bundle,
                              dev_records=parts["dev"] or None, base=spec.get("base_path"),
                              cfg=cfg, label_names=list(task.labels),
                              extra_config={"task": task.name, "job_id": job["job_id"]},
                              should_stop=should_stop, on_progress=on_progress,
-                             dist_ctx=dist_ctx)
+                             dist_ctx=dist_ctx, recipe=Recipe(posterior=table is not None),
+                             posterior=table)
     if not main:
         return None
     if files.cancelled():
