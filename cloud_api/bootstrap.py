@@ -30,6 +30,7 @@ DEFAULT_LIMIT = 4000
 DEFAULT_DEV_LIMIT = 1000
 DEFAULT_EPOCHS = 1
 DEFAULT_ETA = 65.0
+DEFAULT_DEV_DRAWS = 3
 DEFAULT_BERT_LR = 1e-4  # one short epoch: 2e-5 (models' default) leaves the BERT underfit
 
 
@@ -49,6 +50,9 @@ def register(subparsers) -> None:
                    help=f"first N training rows ({DEFAULT_LIMIT}; 0 = the whole file)")
     p.add_argument("--dev-limit", type=int, default=DEFAULT_DEV_LIMIT, metavar="N",
                    help=f"first N dev rows ({DEFAULT_DEV_LIMIT}; 0 = the whole file)")
+    p.add_argument("--dev-draws", type=int, default=DEFAULT_DEV_DRAWS, metavar="N",
+                   help="evaluate the kept model on the dev set privatized afresh N times "
+                        f"(noise the epoch choice never saw; {DEFAULT_DEV_DRAWS}; 0 = skip)")
     p.add_argument("--epochs", type=_positive_int, default=DEFAULT_EPOCHS,
                    help=f"training epochs ({DEFAULT_EPOCHS})")
     p.add_argument("--lr", type=float, help=f"learning rate (default {DEFAULT_BERT_LR:g} for the "
@@ -87,8 +91,9 @@ def run(args) -> int:
     from cloud_api.home import ModelHome
 
     t0 = time.perf_counter()
-    if args.limit < 0 or args.dev_limit < 0:
-        return fail("--limit and --dev-limit must be >= 0 (0 = the whole file)")
+    if args.limit < 0 or args.dev_limit < 0 or args.dev_draws < 0:
+        return fail("--limit, --dev-limit and --dev-draws must be >= 0 (--limit 0 = the "
+                    "whole file)")
     for path in (args.data, args.dev):
         if path is not None and not Path(path).is_file():
             return fail(f"{path}: no such file")
@@ -192,6 +197,7 @@ def _train_and_register(args, home, model_id: str, task: str, bundle, params: di
                              posterior=(_posterior_table(args.posterior_table)
                                         if args.posterior_table else None),
                              posterior_cache=home.posteriors_dir)
+        fresh = _fresh_dev(args, res.model_dir, bundle)
         config_path = res.model_dir / CONFIG_FILE
         config = json.loads(config_path.read_text())
         config["task"] = task
@@ -211,9 +217,40 @@ def _train_and_register(args, home, model_id: str, task: str, bundle, params: di
     print(f"recipe: {', '.join(recipe.levers()) or 'plain fine-tuning'}")
     print(f"train_examples={res.n_train} of {rows} rows; dev_examples={res.n_dev}")
     if dev:
-        print(f"dev_accuracy={dev['accuracy']:.4f}")
+        print(f"dev_accuracy={dev['accuracy']:.4f} (the privatization of the dev set the "
+              "epoch was chosen on)")
+    if fresh:
+        print(f"dev_accuracy_fresh={fresh['fresh_accuracy']:.4f} (mean of "
+              f"{len(fresh['fresh_draws'])} fresh privatizations of the dev set: "
+              f"{', '.join(f'{a:.4f}' for a in fresh['fresh_draws'])})")
     print(f"elapsed={time.perf_counter() - t0:.1f}s")
     return 0
+
+
+def _fresh_dev(args, model_dir: Path, bundle) -> dict | None:
+    """The kept model on the dev set privatized ``--dev-draws`` times afresh, recorded in the
+    version's metrics.json (``dev.fresh_accuracy``, served by GET /v1/models)."""
+    if args.dev is None or not args.dev_draws:
+        return None
+    import numpy as np
+
+    from cloud_api.home import write_atomically
+    from models.experiment import evaluate_tsv
+    from models.registry import METRICS_FILE
+
+    seeds = (np.random.SeedSequence(args.seed).spawn(args.dev_draws)
+             if args.seed is not None else [None] * args.dev_draws)
+    accs = [evaluate_tsv(model_dir, args.dev, bundle=bundle, limit=args.dev_limit or None,
+                         rng=np.random.default_rng(s) if s is not None else None,
+                         device=args.device, precision=args.precision,
+                         progress=False)["accuracy"] for s in seeds]
+    out = {"fresh_accuracy": float(np.mean(accs)), "fresh_draws": accs}
+    path = model_dir / METRICS_FILE
+    metrics = json.loads(path.read_text())
+    metrics.setdefault("dev", {}).update(out)
+    write_atomically(path, json.dumps(metrics, indent=2, sort_keys=True) + "\n",
+                     durable=False)
+    return out
 
 
 # -- record store (issue 12) -----------------------------------------------------------------

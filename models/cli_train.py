@@ -118,8 +118,12 @@ def _recipe_args(p: argparse.ArgumentParser) -> None:
     g.add_argument("--distill", type=float, metavar="ALPHA",
                    help="weight of distillation from a teacher reading the original text "
                         "(0 = off)")
-    g.add_argument("--teacher", metavar="DIR", help="the teacher: a model version of "
-                   "mechanism none (default: one trained on the same text first)")
+    g.add_argument("--warm-start", action=argparse.BooleanOptionalAction, default=None,
+                   help="start from a teacher fine-tuned on the original text, then fine-tune "
+                        "on the privatized text")
+    g.add_argument("--teacher", metavar="DIR", help="the teacher of --distill / --warm-start: a "
+                   "model version of mechanism none (default: one trained on the same text "
+                   "first, one epoch)")
 
 
 def recipe_from_args(args, mechanism: str, raw_text: bool):
@@ -132,9 +136,11 @@ def recipe_from_args(args, mechanism: str, raw_text: bool):
     r = default_recipe(mechanism, raw_text)
     changes = {k: v for k, v in (("fresh_noise", args.fresh_noise),
                                  ("posterior", args.posterior), ("denoise", args.denoise),
-                                 ("distill", args.distill)) if v is not None}
-    if args.teacher is not None and not changes.get("distill", r.distill):
-        raise ValueError("--teacher needs --distill ALPHA > 0")
+                                 ("distill", args.distill),
+                                 ("warm_start", args.warm_start)) if v is not None}
+    if args.teacher is not None and not (changes.get("distill", r.distill)
+                                         or changes.get("warm_start", r.warm_start)):
+        raise ValueError("--teacher needs --distill ALPHA > 0 or --warm-start")
     if args.posterior_table is not None and changes.get("posterior") is False:
         raise ValueError("--posterior-table contradicts --no-posterior")
     if args.posterior_table is not None:
@@ -289,6 +295,7 @@ def run_train(args) -> int:
         dev = (read_records_jsonl(args.dev_records, limit=args.dev_limit)
                if args.dev_records else None)
         mechanism = records[0].payload.mechanism if records else "none"
+        note = None
         explicit = args.posterior is True or args.posterior_table is not None
         recipe = recipe_from_args(args, mechanism, raw_text=False)
         table = None
@@ -297,12 +304,14 @@ def run_train(args) -> int:
             if table is None and explicit:
                 raise ValueError("--posterior with --records needs --posterior-table FILE or "
                                  "a --base model version that has a posterior.npz")
-            if table is None:
-                _info("note: no posterior table for these records (--posterior-table FILE or "
-                      "a --base version with one); training without channel-posterior inputs")
+            if table is None:  # said in the summary, after the checks of the records
+                note = ("no posterior table for these records (--posterior-table FILE or a "
+                        "--base version with one)")
                 recipe = dataclasses.replace(recipe, posterior=False)
         res = train_from_records(records, args.out, bundle=args.bundle, dev_records=dev,
                                  base=args.base, cfg=cfg, recipe=recipe, posterior=table)
+        _print_trained(res, note)
+        return 0
     _print_trained(res)
     return 0
 
@@ -328,7 +337,7 @@ def records_posterior(table_path, base):
     return None
 
 
-def _print_trained(res) -> None:
+def _print_trained(res, note: str | None = None) -> None:
     from models.registry import read_config
     from shared.accounting import summary
 
@@ -340,7 +349,8 @@ def _print_trained(res) -> None:
         print(f"weak privacy (--allow-weak-privacy): {cfg['weak_privacy']}: the training "
               "text was close to the raw text")
     recipe = cfg.get("recipe") or {}
-    print(f"recipe: {', '.join(recipe.get('levers') or []) or 'plain fine-tuning'}")
+    print(f"recipe: {', '.join(recipe.get('levers') or []) or 'plain fine-tuning'}"
+          + (f" ({note})" if note else ""))
     print(f"train_examples={res.n_train} dev_examples={res.n_dev} "
           f"fingerprint={res.fingerprint[:16]}")
     dev = res.metrics.get("dev")

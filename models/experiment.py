@@ -18,7 +18,6 @@ import dataclasses
 import datetime as _dt
 import os
 import platform
-import sys
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -39,6 +38,7 @@ from models.finetune import (
     evaluate_dataset,
     finetune,
 )
+from models.levers import check_teacher, get_teacher, public_posterior
 from models.posterior import POSTERIOR_FILE, ChannelPosterior
 from models.privatize import (
     PublicText,
@@ -161,7 +161,8 @@ def base_pretraining(base, mechanism: str, params: dict) -> dict | None:
 def _train(train: PayloadDataset, dev: PayloadDataset | None, out_dir, bundle: EdgeBundle,
            base, cfg: TrainConfig, extra_config: dict | None, should_stop, on_progress,
            overwrite: bool, dist_ctx=None, *, recipe: Recipe | None = None,
-           posterior: ChannelPosterior | None = None, refresh=None) -> TrainResult:
+           posterior: ChannelPosterior | None = None, refresh=None,
+           teacher_module=None) -> TrainResult:
     check_compatible(train, dev, bundle)
     recipe = recipe or Recipe()
     if base is not None and train.kind == "vector":
@@ -176,6 +177,10 @@ def _train(train: PayloadDataset, dev: PayloadDataset | None, out_dir, bundle: E
               "task's own privatization", file=sys.stderr)
     # checks the base against the bundle, and the posterior against the payloads
     model = build_model(train, bundle, base, cfg, posterior=posterior)
+    if recipe.warm_start:
+        from models.levers import warm_start
+
+        warm_start(model, teacher_module)
     cfg = dataclasses.replace(cfg, denoise=recipe.denoise, denoise_rate=recipe.denoise_rate,
                               distill=recipe.distill,
                               distill_temperature=recipe.distill_temperature)
@@ -245,7 +250,8 @@ def train_from_tsv(train_tsv: str | os.PathLike, out_dir: str | os.PathLike,
     before any work unless ``allow_weak_privacy``; the model's config then records why.
     ``recipe`` (``models.recipe``; None: none of its levers): the text is public, so every
     lever applies. ``teacher``: a model version that reads plain ids (mechanism ``none``)
-    for ``recipe.distill``; None trains one on the same text first (one epoch).
+    for ``recipe.distill`` / ``warm_start``; None trains one on the same text first (one
+    epoch).
     ``posterior``: a prebuilt table for ``recipe.posterior``, else built from the training
     text (kept in ``posterior_cache`` by its inputs' digest when given).
     """
@@ -279,8 +285,8 @@ def train_from_tsv(train_tsv: str | os.PathLike, out_dir: str | os.PathLike,
     weak = privatizer.weak_privacy
     # the backbone, teacher and posterior are checked before the (slow) privatization
     _check_base(mechanism, bundle, base)
-    if recipe.distill and teacher is not None:
-        _check_teacher(teacher, bundle, names)
+    if (recipe.distill or recipe.warm_start) and teacher is not None:
+        check_teacher(teacher, bundle, names)
     if posterior is not None:
         posterior.check_for(mechanism, mech.params, bundle.bundle_id)
     public = PublicText(data, names, privatizer)
@@ -297,9 +303,11 @@ def train_from_tsv(train_tsv: str | os.PathLike, out_dir: str | os.PathLike,
     if recipe.posterior and posterior is None:
         posterior = public_posterior(bundle, mechanism, mech.params, data.texts, recipe, rng,
                                      posterior_cache, progress)
-    if recipe.distill:
-        train.extra["teacher_probs"] = teacher_probabilities(
-            public, bundle, teacher, base, cfg, progress)
+    teacher_module = None
+    if recipe.distill or recipe.warm_start:
+        teacher_module, probs = get_teacher(public, bundle, teacher, base, cfg)
+        if recipe.distill:
+            train.extra["teacher_probs"] = probs
     refresh = None
     if recipe.fresh_noise and cfg.epochs > 1:
         def refresh(epoch: int) -> PayloadDataset:
@@ -312,97 +320,8 @@ def train_from_tsv(train_tsv: str | os.PathLike, out_dir: str | os.PathLike,
     if weak is not None:  # trained with --allow-weak-privacy: say so next to the guarantee
         extra["weak_privacy"] = weak
     return _train(train, dev, out_dir, bundle, base, cfg, extra, None, None, overwrite,
-                  recipe=recipe, posterior=posterior, refresh=refresh)
-
-
-def public_posterior(bundle: EdgeBundle, mechanism: str, params: dict, texts: list[str],
-                     recipe: Recipe, rng: np.random.Generator | None = None,
-                     cache: str | os.PathLike | None = None,
-                     progress: bool = False) -> ChannelPosterior:
-    """The channel posterior of the mechanism from public ``texts`` (``models.posterior``),
-    read from / written to ``cache`` (a folder) under a digest of everything it depends on."""
-    import hashlib
-    import json
-
-    from models.posterior import build_posterior
-
-    key = hashlib.sha256(json.dumps(
-        {"bundle": bundle.bundle_id, "mechanism": mechanism, "eta": params.get("eta"),
-         "passes": recipe.posterior_passes, "min_draws": recipe.posterior_min_draws,
-         "texts": hashlib.sha256("\n".join(texts).encode()).hexdigest()},
-        sort_keys=True).encode()).hexdigest()[:20]
-    path = Path(cache) / f"{mechanism}-{key}.npz" if cache is not None else None
-    if path is not None and path.is_file():
-        try:
-            table = ChannelPosterior.load(path)
-            table.check_for(mechanism, params, bundle.bundle_id)
-            return table
-        except ValueError:
-            pass  # unreadable or for something else: build it again
-    bar = _Progress(progress, "posterior")
-    table = build_posterior(bundle, mechanism, float(params["eta"]), texts,
-                            passes=recipe.posterior_passes,
-                            min_draws=recipe.posterior_min_draws, rng=rng,
-                            source={"digest": key}, on_progress=bar.update)
-    bar.close()
-    if path is not None:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        table.save(path)
-    return table
-
-
-class _Progress:
-    """A tqdm bar fed (done, total) pairs."""
-
-    def __init__(self, enabled: bool, desc: str):
-        from tqdm.auto import tqdm
-
-        self.bar = tqdm(disable=not enabled, unit="run", desc=desc, mininterval=1.0,
-                        file=sys.stderr)
-
-    def update(self, done: int, total: int) -> None:
-        self.bar.total = total
-        self.bar.update(done - self.bar.n)
-
-    def close(self) -> None:
-        self.bar.close()
-
-
-def _check_teacher(teacher, bundle: EdgeBundle, names: list[str]) -> None:
-    from models.registry import read_config
-
-    cfg = read_config(teacher)
-    if cfg["mechanism"] != "none":
-        raise ValueError(f"{teacher}: a teacher must read the original text (mechanism none),"
-                         f" not {cfg['mechanism']}")
-    if cfg["bundle_id"] != bundle.bundle_id:
-        raise ValueError(f"{teacher}: the teacher was trained for bundle "
-                         f"{cfg['bundle_id'][:12]}…, not {bundle.bundle_id[:12]}…")
-    if list(cfg["labels"]) != list(names):
-        raise ValueError(f"{teacher}: the teacher's labels {cfg['labels']} are not {names}")
-
-
-def teacher_probabilities(public: PublicText, bundle: EdgeBundle, teacher, base,
-                          cfg: TrainConfig, progress: bool) -> np.ndarray:
-    """(N, C) probabilities of a teacher reading the original ids of ``public``'s texts
-    (Hinton et al. 2015): the model version ``teacher``, else one trained here on them for
-    one epoch from ``base``."""
-    from models.finetune import predict_dataset
-    from models.privatize import make_privatizer as _mp
-
-    plain = PublicText.__new__(PublicText)  # the same tokenized items, read as plain ids
-    plain.privatizer = _mp(bundle, "none", cfg.max_length)
-    plain.label_names, plain.items, plain.labels = public.label_names, public.items, \
-        public.labels
-    ds = plain.dataset(None, progress=False, where="teacher input")
-    if teacher is not None:
-        module = load_model(teacher).module
-    else:
-        tcfg = dataclasses.replace(cfg, epochs=1, denoise=0.0, distill=0.0)
-        module = finetune(ds, None, bundle, base, tcfg).module
-    probs, _ = predict_dataset(module, ds, bundle.special_ids, cfg.max_length,
-                               batch_size=cfg.eval_batch_size)
-    return probs
+                  recipe=recipe, posterior=posterior, refresh=refresh,
+                  teacher_module=teacher_module)
 
 
 def _check_base(mechanism: str, bundle: EdgeBundle, base) -> None:

@@ -10,6 +10,8 @@ Levers (issue 17; measured in ``bench/utility.py --ablation``):
   Needs the original tokens: raw public text.
 * ``distill`` (α): soft targets of a teacher that read the original text. Needs the raw
   public text and a teacher.
+* ``warm_start``: start from that teacher's weights (fine-tuned on the clean text first),
+  then fine-tune on the privatized text: a two-stage curriculum. Needs the raw public text.
 * ``posterior``: channel-posterior inputs E[φ(x) | y] (``models.posterior``). Post-processing
   of the payload: works on device records and at prediction time as well, ``dchi-text`` and
   ``dchi-embedding`` only.
@@ -21,7 +23,7 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass, fields, replace
 
-RAW_TEXT_LEVERS = ("fresh_noise", "denoise", "distill")
+RAW_TEXT_LEVERS = ("fresh_noise", "denoise", "distill", "warm_start")
 POSTERIOR_MECHANISMS = ("dchi-text", "dchi-embedding")
 TOKEN_MECHANISMS = ("dchi-text", "dchi-embedding", "none")
 
@@ -34,6 +36,7 @@ class Recipe:
     denoise_rate: float = 0.5
     distill: float = 0.0
     distill_temperature: float = 2.0
+    warm_start: bool = False
     posterior_passes: float = 1.0  # mechanism runs per public-text token for the table
     posterior_min_draws: int = 16
 
@@ -48,6 +51,8 @@ class Recipe:
             on.append("denoise")
         if self.distill:
             on.append("distill")
+        if self.warm_start:
+            on.append("warm_start")
         return on
 
     def check(self, mechanism: str, raw_text: bool) -> None:
@@ -69,19 +74,21 @@ class Recipe:
                              "tokens to denoise")
         if self.denoise and mechanism == "none":
             raise ValueError("--denoise makes no sense for none: its tokens are the originals")
-        if self.distill and mechanism == "none":
-            raise ValueError("--distill makes no sense for none: the model reads the text "
-                             "the teacher reads")
+        if (self.distill or self.warm_start) and mechanism == "none":
+            raise ValueError(f"--{'distill' if self.distill else 'warm-start'} makes no sense "
+                             "for none: the model reads the text the teacher reads")
+        if (self.distill or self.warm_start) and mechanism not in TOKEN_MECHANISMS:
+            raise ValueError(f"--{'distill' if self.distill else 'warm-start'} makes no sense "
+                             f"for {mechanism}: the teacher is a BERT over token ids")
         if not raw_text:
             need = [name for name in RAW_TEXT_LEVERS if name in self.levers()]
             if need:
-                raise ValueError(f"{', '.join(need)} need{'s' if len(need) == 1 else ''} the "
-                                 "raw public text; device records have none (only the "
-                                 "posterior applies to them)")
+                raise ValueError(f"{', '.join(need)} need the raw public text; device records "
+                                 "have none (only the posterior applies to them)")
 
     def for_records(self) -> Recipe:
         """This recipe less the levers that need raw text."""
-        return replace(self, fresh_noise=False, denoise=0.0, distill=0.0)
+        return replace(self, fresh_noise=False, denoise=0.0, distill=0.0, warm_start=False)
 
     def as_dict(self) -> dict:
         return {**asdict(self), "levers": self.levers()}

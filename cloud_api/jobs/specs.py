@@ -53,6 +53,7 @@ class RecipeRequest(BaseModel):
                            description="needs the original tokens: refused unless 0")
     distill: float = Field(0.0, ge=0, allow_inf_nan=False,
                            description="needs the original text: refused unless 0")
+    warm_start: bool = Field(False, description="needs the original text: always refused here")
 
 
 class RetrainRequest(BaseModel):
@@ -127,9 +128,9 @@ def _retrain_posterior(home: ModelHome, task: Task, req: RetrainRequest,
     r = req.recipe or RecipeRequest()
     asked = [name for name in RAW_TEXT_LEVERS if getattr(r, name)]
     if asked:
-        raise InvalidRequest(f"{', '.join(asked)} need{'s' if len(asked) == 1 else ''} the raw "
-                             "public text; a retraining job reads device records, which have "
-                             "none (only recipe.posterior applies)")
+        raise InvalidRequest(f"{', '.join(asked)} need the raw public text; a retraining job "
+                             "reads device records, which have none (only recipe.posterior "
+                             "applies)")
     if r.posterior is False:
         return None
     if task.mechanism not in POSTERIOR_MECHANISMS:

@@ -139,7 +139,7 @@ def test_recipe_bad_input_is_one_line_before_training(case, capsys, tsv, tiny_be
         "teacher not none": ([*text, "--distill", "0.5", "--teacher", str(tiny_bert_dir)],
                              "not a privbert model folder"),
         "teacher without distill": ([*text, "--teacher", str(tmp_path)],
-                                    "--teacher needs --distill"),
+                                    "--teacher needs --distill ALPHA > 0 or --warm-start"),
     }[case]
     out = tmp_path / "out"
     rc, _, err = run(capsys, "train", *argv, "--out", str(out), *FAST)
