@@ -59,6 +59,9 @@ def register(subparsers) -> None:
                    "BERT classifiers: one short epoch; 1e-3 for the vector MLP)")
     p.add_argument("--batch-size", type=_positive_int, default=32)
     p.add_argument("--max-length", type=_positive_int, default=128)
+    p.add_argument("--layers", type=_positive_int, metavar="N",
+                   help="keep the first N transformer layers of the base (smaller and faster "
+                        "to train and serve; default: all)")
     p.add_argument("--model-id", metavar="ID", help="model id (default: the name of the "
                    "folder holding TRAIN.tsv, e.g. sst2, else 'default')")
     p.add_argument("--task", metavar="NAME", help="task name (default: the model id)")
@@ -184,6 +187,7 @@ def _train_and_register(args, home, model_id: str, task: str, bundle, params: di
         else DEFAULT_BERT_LR
     cfg = TrainConfig(epochs=args.epochs, lr=lr, batch_size=args.batch_size,
                       max_length=args.max_length, pooling="mean", seed=args.seed,
+                      layers=args.layers,
                       device=args.device, precision=args.precision,
                       progress=sys.stderr.isatty() and not args.no_progress)
     work = home.model_dir(model_id) / f".bootstrap-{uuid.uuid4().hex[:12]}"
@@ -214,15 +218,14 @@ def _train_and_register(args, home, model_id: str, task: str, bundle, params: di
     print(f"mechanism={config['mechanism']} params={json.dumps(config['params'], sort_keys=True)}"
           f" bundle_id={config['bundle_id']}")
     print(f"guarantee: {summary(config['guarantee'])}")
-    print(f"recipe: {', '.join(recipe.levers()) or 'plain fine-tuning'}")
+    levers = (config.get("recipe") or {}).get("levers") or []
+    print(f"recipe: {', '.join(levers) or 'plain fine-tuning'}")
     print(f"train_examples={res.n_train} of {rows} rows; dev_examples={res.n_dev}")
-    if dev:
-        print(f"dev_accuracy={dev['accuracy']:.4f} (the privatization of the dev set the "
-              "epoch was chosen on)")
-    if fresh:
-        print(f"dev_accuracy_fresh={fresh['fresh_accuracy']:.4f} (mean of "
-              f"{len(fresh['fresh_draws'])} fresh privatizations of the dev set: "
-              f"{', '.join(f'{a:.4f}' for a in fresh['fresh_draws'])})")
+    if dev:  # on the privatization of the dev set the epoch was chosen on
+        print(f"dev_accuracy={dev['accuracy']:.4f}")
+    if fresh:  # the mean over fresh privatizations of the dev set, and each of them
+        print(f"dev_accuracy_fresh={fresh['fresh_accuracy']:.4f} draws="
+              + ",".join(f"{a:.4f}" for a in fresh["fresh_draws"]))
     print(f"elapsed={time.perf_counter() - t0:.1f}s")
     return 0
 

@@ -194,6 +194,9 @@ def register(subparsers) -> None:
     t.add_argument("--max-length", type=_positive_int, default=128)
     t.add_argument("--pooling", choices=("mean", "cls"), default="mean",
                    help="sentence pooling of the BERT classifiers")
+    t.add_argument("--layers", type=_positive_int, metavar="N",
+                   help="keep the first N transformer layers of the base (a smaller, faster "
+                        "model; default: all)")
     t.add_argument("--limit", type=_positive_int, help="first N training rows only")
     t.add_argument("--dev-limit", type=_positive_int, help="first N dev rows only")
     _recipe_args(t)
@@ -264,7 +267,7 @@ def run_train(args) -> int:
     cfg = TrainConfig(epochs=args.epochs, lr=args.lr, batch_size=args.batch_size,
                       max_length=args.max_length, pooling=args.pooling, seed=args.seed,
                       device=args.device, precision=args.precision,
-                      progress=not args.no_progress)
+                      progress=not args.no_progress, layers=args.layers)
     cfg.validate()
     if args.data is not None:
         if args.mechanism is None:

@@ -284,7 +284,7 @@ def train_from_tsv(train_tsv: str | os.PathLike, out_dir: str | os.PathLike,
     privatizer = make_privatizer(bundle, mech, cfg.max_length, allow_weak_privacy)
     weak = privatizer.weak_privacy
     # the backbone, teacher and posterior are checked before the (slow) privatization
-    _check_base(mechanism, bundle, base)
+    _check_base(mechanism, bundle, base, cfg)
     if (recipe.distill or recipe.warm_start) and teacher is not None:
         check_teacher(teacher, bundle, names)
     if posterior is not None:
@@ -308,8 +308,10 @@ def train_from_tsv(train_tsv: str | os.PathLike, out_dir: str | os.PathLike,
         teacher_module, probs = get_teacher(public, bundle, teacher, base, cfg)
         if recipe.distill:
             train.extra["teacher_probs"] = probs
+    if recipe.fresh_noise and cfg.epochs == 1:  # nothing to refresh: recorded as not used
+        recipe = dataclasses.replace(recipe, fresh_noise=False)
     refresh = None
-    if recipe.fresh_noise and cfg.epochs > 1:
+    if recipe.fresh_noise:
         def refresh(epoch: int) -> PayloadDataset:
             ds = public.dataset(rng, originals=recipe.denoise > 0, progress=False,
                                 where=str(train_tsv))
@@ -324,18 +326,22 @@ def train_from_tsv(train_tsv: str | os.PathLike, out_dir: str | os.PathLike,
                   teacher_module=teacher_module)
 
 
-def _check_base(mechanism: str, bundle: EdgeBundle, base) -> None:
+def _check_base(mechanism: str, bundle: EdgeBundle, base, cfg: TrainConfig) -> None:
     from models.data import kind_of
 
     if kind_of(mechanism) == "vector":
-        if base is not None:
-            raise ValueError(f"--base does not apply to {mechanism}: its classifier is an MLP "
-                             "over the sentence vector, not a BERT")
+        for flag, value in (("--base", base), ("--layers", cfg.layers)):
+            if value is not None:
+                raise ValueError(f"{flag} does not apply to {mechanism}: its classifier is an "
+                                 "MLP over the sentence vector, not a BERT")
         return
     from models.backbone import check_same_bundle
-    from models.finetune import load_backbone
+    from models.finetune import keep_layers, load_backbone
 
-    check_same_bundle(load_backbone(base), bundle)
+    bert = load_backbone(base)
+    check_same_bundle(bert, bundle)
+    if cfg.layers is not None:
+        keep_layers(bert, cfg.layers)  # more layers than the base has: an error now
 
 
 # -- evaluation ------------------------------------------------------------------------------

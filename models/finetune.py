@@ -47,6 +47,7 @@ class TrainConfig:
     weight_decay: float = 0.01
     max_grad_norm: float = 1.0
     pooling: str = "mean"
+    layers: int | None = None  # keep the first N transformer layers of the base (None: all)
     hidden: tuple[int, ...] = (768, 768, 768)
     seed: int | None = None  # initialisation and batch order only, never the privatization
     device: str = "auto"
@@ -64,6 +65,8 @@ class TrainConfig:
             raise ValueError(f"epochs must be >= 1, got {self.epochs}")
         if self.batch_size < 1:
             raise ValueError(f"batch size must be >= 1, got {self.batch_size}")
+        if self.layers is not None and self.layers < 1:
+            raise ValueError(f"layers must be >= 1, got {self.layers}")
         if not 4 <= self.max_length <= 4096:
             raise ValueError(f"max length must be in [4, 4096], got {self.max_length}")
         if self.lr is not None and not (0 < self.lr < 1):
@@ -140,6 +143,9 @@ def build_model(train: PayloadDataset, bundle: EdgeBundle, base=None,
         torch.manual_seed(cfg.seed)
     n_labels = len(train.label_names)
     if train.kind == "vector":
+        if cfg.layers is not None:
+            raise ValueError(f"--layers does not apply to {train.mechanism}: its classifier is "
+                             "an MLP over the sentence vector, not a BERT")
         model = build_classifier(train.mechanism, n_labels, feature_dim=train.feature_dim(),
                                  hidden=cfg.hidden)
         x = torch.from_numpy(np.stack([np.asarray(a, np.float32) for a in train.arrays]))
@@ -147,6 +153,8 @@ def build_model(train: PayloadDataset, bundle: EdgeBundle, base=None,
         return model
     bert = load_backbone(base)
     check_same_bundle(bert, bundle)
+    if cfg.layers is not None:
+        keep_layers(bert, cfg.layers)
     if train.kind == "embeddings" and train.feature_dim() != bert.config.hidden_size:
         raise ValueError(f"payload embeddings have dimension {train.feature_dim()}, the "
                          f"backbone {bert.config.hidden_size}")
@@ -156,6 +164,17 @@ def build_model(train: PayloadDataset, bundle: EdgeBundle, base=None,
         posterior.check_for(train.mechanism, train.params, bundle.bundle_id)
     return build_classifier(train.mechanism, n_labels, bert=bert, pooling=cfg.pooling,
                             posterior=posterior, regular_ids=bundle.regular_ids)
+
+
+def keep_layers(bert, n: int) -> None:
+    """Keep the first ``n`` transformer layers of ``bert`` (a smaller, faster model whose
+    lower layers are the pretrained ones; Sajjad et al. 2023 "On the effect of dropping
+    layers of pre-trained transformer models"). ValueError if it has fewer."""
+    have = len(bert.encoder.layer)
+    if not 1 <= n <= have:
+        raise ValueError(f"--layers {n}: the base BERT has {have} layers")
+    bert.encoder.layer = bert.encoder.layer[:n]
+    bert.config.num_hidden_layers = n
 
 
 def check_token_ids(ds: PayloadDataset, bundle: EdgeBundle, where: str) -> None:

@@ -146,3 +146,38 @@ def test_recipe_bad_input_is_one_line_before_training(case, capsys, tsv, tiny_be
     assert rc == 2
     assert expect in one_error_line(err)
     assert not out.exists()
+
+
+def test_layers_keeps_the_first_transformer_layers(capsys, tsv, tiny_bert_dir,
+                                                    tiny_encoder_bundle, tmp_path):
+    """--layers N trains, saves and reloads an N-layer model whose layers are the base's
+    first N; more layers than the base has, or a vector mechanism, is one line."""
+    from safetensors.numpy import load_file
+
+    from models.registry import load_model, read_config
+
+    out = tmp_path / "m"
+    rc, _, err = run(capsys, "train", "--data", str(tsv), "--mechanism", "dchi-text", "--eta",
+                     str(ETA), "--base", str(tiny_bert_dir), "--out", str(out), "--layers", "1",
+                     "--lr", "1e-9", "--epochs", "1", "--batch-size", "8", "--no-progress")
+    assert rc == 0, err
+    assert read_config(out)["architecture"]["bert_config"]["num_hidden_layers"] == 1
+    mv = load_model(out)
+    assert len(mv.module.bert.encoder.layer) == 1
+    base = load_file(str(tiny_bert_dir / "model.safetensors"))
+    got = mv.module.state_dict()
+    key = "encoder.layer.0.attention.self.query.weight"
+    # lr 1e-9: the kept layer is still the base's first layer
+    assert np.allclose(got["bert." + key].numpy(), base[key], atol=1e-6)
+    assert not any(k.startswith("bert.encoder.layer.1.") for k in got)
+    bdir = tmp_path / "bundle"
+    tiny_encoder_bundle.save(bdir)
+    for argv, expect in (
+            (["--mechanism", "dchi-text", "--eta", str(ETA), "--base", str(tiny_bert_dir),
+              "--layers", "3"], "--layers 3: the base BERT has 2 layers"),
+            (["--mechanism", "laplace", "--epsilon", "1", "--bundle", str(bdir), "--layers",
+              "1"], "--layers does not apply to laplace")):
+        rc, _, err = run(capsys, "train", "--data", str(tsv), *argv, "--out",
+                         str(tmp_path / "x"), *FAST)
+        assert rc == 2 and expect in one_error_line(err)
+        assert not (tmp_path / "x").exists()
