@@ -20,6 +20,10 @@ def test_bootstrap_registers_promotes_and_reports(tiny_home):
     assert tiny_home.promoted_at_start["text"] == "v1"
     config = json.loads((models / "versions" / "v1" / "config.json").read_text())
     assert config["task"] == "text" and config["mechanism"] == "dchi-text"
+    # bootstrapped with PRIVBERT_BACKEND=onnx: what the onnx backend serves is there, checked
+    assert "exporting classifier.onnx" in out
+    assert (models / "versions" / "v1" / "classifier.onnx").is_file()
+    assert config["onnx"]["checked_max_abs_diff"] <= 1e-4
     bundle = tiny_home.root / "bundles" / config["bundle_id"] / "bundle.json"
     assert bundle.is_file()  # GET /v1/bundles/{id} can serve it
     assert not [p for p in models.iterdir() if p.name.startswith(".bootstrap-")]
