@@ -62,6 +62,18 @@ def test_serve_refuses_to_start_without_keys(tmp_path):
     assert len(r.stderr.strip().splitlines()) == 1
 
 
+def test_serve_port_from_the_environment_is_checked(tmp_path):
+    """--port defaults to $PRIVBERT_PORT (the serve image's HEALTHCHECK reads it too)."""
+    r = cloud_api("serve", "--home", str(tmp_path / "h"), env={"PRIVBERT_PORT": "80a"},
+                  timeout=60)
+    assert r.returncode == 2
+    assert r.stderr.strip() == "cloud-api: error: PRIVBERT_PORT must be a port number, got '80a'"
+    r = cloud_api("serve", "--home", str(tmp_path / "h"), env={"PRIVBERT_PORT": "70000"},
+                  timeout=60)
+    assert r.returncode == 2
+    assert r.stderr.strip() == "cloud-api: error: --port must be in [0, 65535], got 70000"
+
+
 def test_register_with_an_unusable_bundle_is_one_line(tmp_path):
     from models.registry import CONFIG_FILE, FORMAT, FORMAT_VERSION
 
