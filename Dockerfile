@@ -45,6 +45,7 @@ RUN --mount=type=secret,id=pip_ca \
     && python3 /tmp/build/requirements.py serve --pyproject /tmp/build/pyproject.toml \
         > /tmp/build/requirements.txt \
     && /opt/venv/bin/pip install -q -r /tmp/build/requirements.txt \
+    && /opt/venv/bin/pip uninstall -q -y pip setuptools \
     && rm -rf /tmp/build
 
 FROM train-base AS train-deps
@@ -86,10 +87,11 @@ RUN /opt/wheel-venv/bin/pip wheel -q --no-deps --no-build-isolation -w /wheels /
 # -- the images ------------------------------------------------------------------------------
 FROM serve-base AS serve
 COPY --from=serve-deps /opt/venv /opt/venv
-COPY --from=wheel /wheels /tmp/wheels
-RUN /opt/venv/bin/pip install -q --no-deps --no-index --disable-pip-version-check \
-        /tmp/wheels/*.whl \
-    && rm -rf /tmp/wheels
+# installed by the wheel stage's pip (mounted for this step only): no pip in the image
+RUN --mount=type=bind,from=wheel,source=/opt/wheel-venv,target=/opt/wheel-venv \
+    --mount=type=bind,from=wheel,source=/wheels,target=/tmp/wheels \
+    /opt/wheel-venv/bin/pip --python /opt/venv/bin/python install -q --no-deps --no-index \
+        --disable-pip-version-check /tmp/wheels/*.whl
 # PRIVBERT_HOST, PRIVBERT_PORT: where serve listens; the HEALTHCHECK asks PRIVBERT_PORT (set
 # it, not --port, to move both).
 # No worker thread: jobs need torch, run them with the train image (`cloud-api worker`).
@@ -107,10 +109,10 @@ CMD ["cloud-api", "serve"]
 
 FROM train-base AS train
 COPY --from=train-deps /opt/venv /opt/venv
-COPY --from=wheel /wheels /tmp/wheels
-RUN /opt/venv/bin/pip install -q --no-deps --no-index --disable-pip-version-check \
-        /tmp/wheels/*.whl \
-    && rm -rf /tmp/wheels
+# its own pip (the train base may have another Python than the wheel stage's)
+RUN --mount=type=bind,from=wheel,source=/wheels,target=/tmp/wheels \
+    /opt/venv/bin/pip install -q --no-deps --no-index --disable-pip-version-check \
+        /tmp/wheels/*.whl
 # PRIVBERT_BACKEND=onnx: the versions it trains get classifier.onnx, for the serve image
 ENV PATH=/opt/venv/bin:$PATH PYTHONUNBUFFERED=1 PYTHONDONTWRITEBYTECODE=1 HF_HUB_OFFLINE=1 \
     PRIVBERT_HOME=/var/lib/privbert PRIVBERT_BACKEND=onnx
