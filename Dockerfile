@@ -87,11 +87,15 @@ RUN /opt/wheel-venv/bin/pip wheel -q --no-deps --no-build-isolation -w /wheels /
 # -- the images ------------------------------------------------------------------------------
 FROM serve-base AS serve
 COPY --from=serve-deps /opt/venv /opt/venv
-# installed by the wheel stage's pip (mounted for this step only): no pip in the image
-RUN --mount=type=bind,from=wheel,source=/opt/wheel-venv,target=/opt/wheel-venv \
-    --mount=type=bind,from=wheel,source=/wheels,target=/tmp/wheels \
-    /opt/wheel-venv/bin/pip --python /opt/venv/bin/python install -q --no-deps --no-index \
-        --disable-pip-version-check /tmp/wheels/*.whl
+COPY --from=wheel /wheels /tmp/wheels
+# pip from Python's own ensurepip (offline), installed and removed in this one step: the
+# image has no pip. (No RUN --mount=type=bind,from=wheel: buildah 1.28 cannot bind a stage
+# that came from its cache.)
+RUN /opt/venv/bin/python -m ensurepip -q \
+    && /opt/venv/bin/python -m pip install -q --no-deps --no-index \
+        --disable-pip-version-check /tmp/wheels/*.whl \
+    && /opt/venv/bin/python -m pip uninstall -q -y pip setuptools \
+    && rm -rf /tmp/wheels
 # PRIVBERT_HOST, PRIVBERT_PORT: where serve listens; the HEALTHCHECK asks PRIVBERT_PORT (set
 # it, not --port, to move both).
 # No worker thread: jobs need torch, run them with the train image (`cloud-api worker`).
@@ -109,10 +113,10 @@ CMD ["cloud-api", "serve"]
 
 FROM train-base AS train
 COPY --from=train-deps /opt/venv /opt/venv
-# its own pip (the train base may have another Python than the wheel stage's)
-RUN --mount=type=bind,from=wheel,source=/wheels,target=/tmp/wheels \
-    /opt/venv/bin/pip install -q --no-deps --no-index --disable-pip-version-check \
-        /tmp/wheels/*.whl
+COPY --from=wheel /wheels /tmp/wheels
+RUN /opt/venv/bin/pip install -q --no-deps --no-index --disable-pip-version-check \
+        /tmp/wheels/*.whl \
+    && rm -rf /tmp/wheels
 # PRIVBERT_BACKEND=onnx: the versions it trains get classifier.onnx, for the serve image
 ENV PATH=/opt/venv/bin:$PATH PYTHONUNBUFFERED=1 PYTHONDONTWRITEBYTECODE=1 HF_HUB_OFFLINE=1 \
     PRIVBERT_HOME=/var/lib/privbert PRIVBERT_BACKEND=onnx
