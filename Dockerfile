@@ -91,7 +91,7 @@ COPY --from=wheel /wheels /tmp/wheels
 # pip from Python's own ensurepip (offline), installed and removed in this one step: the
 # image has no pip. (No RUN --mount=type=bind,from=wheel: buildah 1.28 cannot bind a stage
 # that came from its cache.)
-RUN /opt/venv/bin/python -m ensurepip -q \
+RUN /opt/venv/bin/python -m ensurepip >/dev/null \
     && /opt/venv/bin/python -m pip install -q --no-deps --no-index \
         --disable-pip-version-check /tmp/wheels/*.whl \
     && /opt/venv/bin/python -m pip uninstall -q -y pip setuptools \
