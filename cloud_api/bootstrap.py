@@ -9,9 +9,11 @@
    ``--allow-weak-privacy``;
 3. ``models.experiment.train_from_tsv`` privatizes the first ``--limit`` rows as the edge
    does and fine-tunes a classifier (defaults sized to finish in minutes on 2 CPU cores);
-4. the version folder is moved into the home as the model's next version and promoted;
+4. with ``PRIVBERT_BACKEND=onnx``, ``classifier.onnx`` is exported into the version (what the
+   onnx backend serves: the serve image);
+5. the version folder is moved into the home as the model's next version and promoted;
    a running server picks it up without a restart;
-5. prints the version, its dev accuracy and the guarantee (``shared.accounting.summary``).
+6. prints the version, its dev accuracy and the guarantee (``shared.accounting.summary``).
 """
 
 from __future__ import annotations
@@ -202,6 +204,11 @@ def _train_and_register(args, home, model_id: str, task: str, bundle, params: di
                                         if args.posterior_table else None),
                              posterior_cache=home.posteriors_dir)
         fresh = _fresh_dev(args, res.model_dir, bundle)
+        if settings_for(args).backend == "onnx":
+            from models.export import export_classifier_onnx
+
+            _say("exporting classifier.onnx (PRIVBERT_BACKEND=onnx)")
+            export_classifier_onnx(res.model_dir)
         config_path = res.model_dir / CONFIG_FILE
         config = json.loads(config_path.read_text())
         config["task"] = task

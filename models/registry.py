@@ -31,12 +31,16 @@ from torch import nn
 
 from models.classifiers import architecture, classifier_from_architecture
 from models.data import collate_payloads, kind_of
-
-FORMAT = "privbert-model"
-FORMAT_VERSION = 1
-CONFIG_FILE, WEIGHTS_FILE, METRICS_FILE, DATA_FILE = (
-    "config.json", "model.safetensors", "metrics.json", "data.json")
-ONNX_FILE = "classifier.onnx"
+from models.version_folder import (  # noqa: F401  (the names are used from here too)
+    CONFIG_FILE,
+    DATA_FILE,
+    FORMAT,
+    FORMAT_VERSION,
+    METRICS_FILE,
+    ONNX_FILE,
+    WEIGHTS_FILE,
+    read_config,
+)
 
 
 def _json_bytes(obj) -> bytes:
@@ -195,25 +199,6 @@ class ModelVersion:
             logits = self.module(**{k: v.to(dev) for k, v in batch.items()})
             out[idx] = torch.softmax(logits.float(), dim=-1).cpu().numpy()
         return out
-
-
-def read_config(path: str | os.PathLike) -> dict:
-    """config.json of a model version folder; ValueError if it is not one."""
-    p = Path(path)
-    cfg_path = p / CONFIG_FILE
-    if not cfg_path.is_file():
-        raise ValueError(f"{p}: not a model folder (no {CONFIG_FILE})")
-    try:
-        cfg = json.loads(cfg_path.read_text())
-    except json.JSONDecodeError as exc:
-        raise ValueError(f"{cfg_path}: not valid JSON ({exc})") from None
-    if cfg.get("format") != FORMAT:
-        raise ValueError(f"{p}: not a privbert model folder (config format "
-                         f"{cfg.get('format')!r})")
-    if cfg.get("format_version") != FORMAT_VERSION:
-        raise ValueError(f"{p}: model format version {cfg.get('format_version')} is not "
-                         f"{FORMAT_VERSION}")
-    return cfg
 
 
 def load_model(path: str | os.PathLike, device: torch.device | str = "cpu") -> ModelVersion:

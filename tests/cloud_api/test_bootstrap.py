@@ -31,6 +31,10 @@ def test_bootstrap_registers_promotes_and_reports(tiny_home):
     assert (models / "versions" / "v1" / "posterior.npz").is_file()
     metrics = json.loads((models / "versions" / "v1" / "metrics.json").read_text())
     assert metrics["dev"]["fresh_draws"] == draws
+    # bootstrapped with PRIVBERT_BACKEND=onnx: what the onnx backend serves is there, checked
+    assert "exporting classifier.onnx" in out
+    assert (models / "versions" / "v1" / "classifier.onnx").is_file()
+    assert config["onnx"]["checked_max_abs_diff"] <= 1e-4
     bundle = tiny_home.root / "bundles" / config["bundle_id"] / "bundle.json"
     assert bundle.is_file()  # GET /v1/bundles/{id} can serve it
     assert not [p for p in models.iterdir() if p.name.startswith(".bootstrap-")]
@@ -67,6 +71,18 @@ def test_serve_refuses_to_start_without_keys(tmp_path):
     assert r.returncode == 2
     assert r.stderr.strip().startswith("cloud-api: error: no API keys configured")
     assert len(r.stderr.strip().splitlines()) == 1
+
+
+def test_serve_port_from_the_environment_is_checked(tmp_path):
+    """--port defaults to $PRIVBERT_PORT (the serve image's HEALTHCHECK reads it too)."""
+    r = cloud_api("serve", "--home", str(tmp_path / "h"), env={"PRIVBERT_PORT": "80a"},
+                  timeout=60)
+    assert r.returncode == 2
+    assert r.stderr.strip() == "cloud-api: error: PRIVBERT_PORT must be a port number, got '80a'"
+    r = cloud_api("serve", "--home", str(tmp_path / "h"), env={"PRIVBERT_PORT": "70000"},
+                  timeout=60)
+    assert r.returncode == 2
+    assert r.stderr.strip() == "cloud-api: error: --port must be in [0, 65535], got 70000"
 
 
 def test_register_with_an_unusable_bundle_is_one_line(tmp_path):
