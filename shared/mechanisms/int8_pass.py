@@ -97,24 +97,26 @@ def f32_up(x: np.ndarray | float) -> np.ndarray:
     return r.astype(np.float64)
 
 
-def quantize_table(t64: np.ndarray, signed: bool) -> tuple[np.ndarray, np.ndarray]:
-    """(step b_j per row, float32-exact; integers Q as float64) by step 2: for an s8 table
-    the sums of |Q| over adjacent coordinates (2k, 2k+1) are at most 128."""
-    a = np.abs(t64)
+def quantize_table(t: np.ndarray, signed: bool) -> tuple[np.ndarray, np.ndarray]:
+    """(step b_j per row, float32-exact, as float64; integers Q as int8) by step 2: for an
+    s8 table the sums of |Q| over adjacent coordinates (2k, 2k+1) are at most 128.
+    Float32 arithmetic: |t / b| <= 127 up to a few ulps, so round() stays within 127
+    and a pair within 128; checked after."""
+    a = np.abs(np.asarray(t, dtype=np.float32))
     if signed:
         if a.shape[1] % 2:
-            a = np.concatenate([a, np.zeros((a.shape[0], 1))], axis=1)
+            a = np.concatenate([a, np.zeros((a.shape[0], 1), np.float32)], axis=1)
         top = (a[:, 0::2] + a[:, 1::2]).max(axis=1)
     else:
         top = a.max(axis=1)
-    b = f32_up(top / 127.0)
+    b = f32_up(top.astype(np.float64) * (1 + 2.0**-20) / 127.0)  # covers the float32 sums
     b[b == 0] = 1.0  # a zero row quantizes to 0
-    q = np.clip(np.rint(t64 / b[:, None]), -127, 127)
+    q = np.rint(np.asarray(t, dtype=np.float32) / b[:, None].astype(np.float32))
+    q = np.clip(q, -127, 127, out=q).astype(np.int8)
     if signed:
-        qa = np.abs(q)
-        pairs = qa[:, 0 : qa.shape[1] - 1 : 2] + qa[:, 1::2]
-        if pairs.size and pairs.max() > 128:  # cannot happen (step 2); never run past it
-            raise AssertionError("an s8 pair sum exceeds 128")
+        qa = np.abs(q.astype(np.int16))
+        if qa.shape[1] > 1 and int((qa[:, 0 : qa.shape[1] - 1 : 2] + qa[:, 1::2]).max()) > 128:
+            raise AssertionError("an s8 pair sum exceeds 128")  # step 2 rules it out
     return b, q
 
 
@@ -135,7 +137,7 @@ def _model(q: np.ndarray, b_scale: np.ndarray, signed: bool) -> bytes:
     if signed:
         b_op, zp_b = q.T.astype(np.int8), np.array(0, np.int8)
     else:
-        b_op, zp_b = (q.T + 128).astype(np.uint8), np.array(128, np.uint8)
+        b_op, zp_b = (q.T.astype(np.int16) + 128).astype(np.uint8), np.array(128, np.uint8)
     return one_node_model(
         "MatMulIntegerToFloat", "com.microsoft",
         ["A", "B", "a_scale", "b_scale", "a_zp", "b_zp", "bias"], ["O"],
@@ -160,8 +162,7 @@ def probe_operands(signed: bool, dim: int) -> tuple[np.ndarray, np.ndarray]:
         rows = [alt, -alt, alt[::-1].copy(), -alt[::-1]]
     qb = np.concatenate([np.array(rows), rng.integers(-127, 128, size=(70 - len(rows), dim))])
     if signed:  # random rows brought under the pair constraint
-        b, qb_q = quantize_table(qb, True)
-        qb = np.concatenate([np.array(rows), qb_q[len(rows):]])
+        qb = np.concatenate([np.array(rows), quantize_table(qb, True)[1][len(rows):]])
     return qa, qb.astype(np.float64)
 
 
@@ -189,28 +190,33 @@ class Int8CandidatePass:
             raise ValueError(f"the int8 pass needs dim <= {MAX_DIM}, got {t32.shape[1]}")
         self.t32 = t32
         self.dim = t32.shape[1]
-        t64 = t32.astype(np.float64)
-        self.n = np.einsum("ij,ij->i", t64, t64)
+        v = t32.shape[0]
+        self.n, self.that_n, self.fn = np.empty(v), np.empty(v), np.empty(v)
+        b, q = np.empty(v), np.empty((v, self.dim), dtype=np.int8)
+        for s in range(0, v, 2048):  # blocks of rows: the float64 work stays in cache
+            t = t32[s : s + 2048]
+            b[s : s + 2048], q[s : s + 2048] = bb, qq = quantize_table(t, signed)
+            q32 = qq.astype(np.float32)  # exact
+            self.n[s : s + 2048] = np.einsum("ij,ij->i", t, t, dtype=np.float64)
+            self.that_n[s : s + 2048] = bb * np.sqrt(np.einsum("ij,ij->i", q32, q32,
+                                                               dtype=np.float64))
+            f = t.astype(np.float64) - q32 * bb[:, None]  # exact: 24-bit by 8-bit products
+            self.fn[s : s + 2048] = np.sqrt(np.einsum("ij,ij->i", f, f))
         self.tn = np.sqrt(self.n)
         self.n_max = float(self.n.max())
-        b, q = quantize_table(t64, signed)
         self.b_min = float(b.min())
-        self.that_n = b * np.sqrt(np.einsum("ij,ij->i", q, q))
-        f = t64 - q * b[:, None]
-        self.fn = np.sqrt(np.einsum("ij,ij->i", f, f))
         self.signed, self.cap = signed, int(cap)
         self._two_tn = 2 * self.tn
         self._two_fn = 2 * self.fn
         self._g_that = 2 * _GAMMA4 * self.that_n
         self._gamma_d = self.dim * _U / (1 - self.dim * _U)
-        v = t32.shape[0]
         self.padded = -(-v // BLOCK) * BLOCK  # rows padded to a multiple of BLOCK
         self.blocks = self.padded // BLOCK
         pad = self.padded - v
-        q = np.concatenate([q, np.zeros((pad, self.dim))])
+        q = np.concatenate([q, np.zeros((pad, self.dim), dtype=np.int8)])
         b = np.concatenate([b, np.ones(pad)])
         self.session = _session(_model(q, -2.0 * b, signed), 1)  # one thread per chunk
-        self.last_pairs = 0  # candidate pairs after step 5, summed over chunks
+        self.last_pairs = 0  # candidate pairs after step 5, summed since construction
 
     def chunk_bias(self, e_max: float, y_max: float
                    ) -> tuple[np.ndarray, np.ndarray, float, float]:

@@ -30,44 +30,61 @@ def _varint(n: int) -> bytes:
             return bytes(out)
 
 
-def _int(field: int, value: int) -> bytes:
-    return _varint(field << 3) + _varint(value)
+# A message is a list of byte strings (joined once at the end: the table is megabytes).
+Parts = list[bytes]
 
 
-def _bytes(field: int, payload: bytes | str) -> bytes:
+def _int(field: int, value: int) -> Parts:
+    return [_varint(field << 3), _varint(value)]
+
+
+def _len(field: int, payload: Parts | bytes | str) -> Parts:
     if isinstance(payload, str):
         payload = payload.encode()
-    return _varint((field << 3) | 2) + _varint(len(payload)) + payload
+    if isinstance(payload, bytes):
+        payload = [payload]
+    return [_varint((field << 3) | 2), _varint(sum(len(p) for p in payload)), *payload]
 
 
-def tensor(name: str, array: np.ndarray) -> bytes:
+def tensor(name: str, array: np.ndarray) -> Parts:
     """TensorProto: dims (1), data_type (2), name (8), raw_data (9, little-endian)."""
-    a = np.ascontiguousarray(array)
-    return (b"".join(_int(1, d) for d in a.shape) + _int(2, ELEM_TYPE[a.dtype])
-            + _bytes(8, name) + _bytes(9, a.astype(a.dtype.newbyteorder("<"), copy=False)
-                                       .tobytes()))
+    a = np.ascontiguousarray(array, dtype=array.dtype.newbyteorder("<"))
+    out: Parts = []
+    for d in a.shape:
+        out += _int(1, d)
+    return out + _int(2, ELEM_TYPE[np.dtype(a.dtype.type)]) + _len(8, name) + _len(9, a.tobytes())
 
 
-def value_info(name: str, dtype, shape: tuple[int | str, ...] | None) -> bytes:
+def value_info(name: str, dtype, shape: tuple[int | str, ...] | None) -> Parts:
     """ValueInfoProto with a tensor type; a str dimension is symbolic, None a free shape."""
     tt = _int(1, ELEM_TYPE[np.dtype(dtype)])
     if shape is not None:
-        dims = b"".join(_bytes(1, _bytes(2, d) if isinstance(d, str) else _int(1, d))
-                        for d in shape)
-        tt += _bytes(2, dims)
-    return _bytes(1, name) + _bytes(2, _bytes(1, tt))
+        dims: Parts = []
+        for d in shape:
+            dims += _len(1, _len(2, d) if isinstance(d, str) else _int(1, d))
+        tt += _len(2, dims)
+    return _len(1, name) + _len(2, _len(1, tt))
 
 
 def one_node_model(op_type: str, domain: str, inputs: list[str], outputs: list[str],
-                   graph_inputs: list[bytes], graph_outputs: list[bytes],
+                   graph_inputs: list[Parts], graph_outputs: list[Parts],
                    initializers: dict[str, np.ndarray], opsets: dict[str, int]) -> bytes:
     """ModelProto bytes: ir_version (1), graph (7), opset_import (8). An empty string in
     ``inputs`` is an omitted optional input."""
-    node = (b"".join(_bytes(1, i) for i in inputs) + b"".join(_bytes(2, o) for o in outputs)
-            + _bytes(3, op_type.lower()) + _bytes(4, op_type) + _bytes(7, domain))
-    graph = (_bytes(1, node) + _bytes(2, "g")
-             + b"".join(_bytes(5, tensor(k, v)) for k, v in initializers.items())
-             + b"".join(_bytes(11, vi) for vi in graph_inputs)
-             + b"".join(_bytes(12, vi) for vi in graph_outputs))
-    opset = b"".join(_bytes(8, _bytes(1, d) + _int(2, v)) for d, v in opsets.items())
-    return _int(1, IR_VERSION) + _bytes(7, graph) + opset
+    node: Parts = []
+    for i in inputs:
+        node += _len(1, i)
+    for o in outputs:
+        node += _len(2, o)
+    node += _len(3, op_type.lower()) + _len(4, op_type) + _len(7, domain)
+    graph = _len(1, node) + _len(2, "g")
+    for k, v in initializers.items():
+        graph += _len(5, tensor(k, v))
+    for vi in graph_inputs:
+        graph += _len(11, vi)
+    for vi in graph_outputs:
+        graph += _len(12, vi)
+    model = _int(1, IR_VERSION) + _len(7, graph)
+    for d, v in opsets.items():
+        model += _len(8, _len(1, d) + _int(2, v))
+    return b"".join(model)
