@@ -462,8 +462,14 @@ class _PostFailed(Exception):
 
 def _emit(args, priv, client, ready: _Prepared) -> list[bytes]:
     """The output lines of one privatized batch (posting it first with --post)."""
+    from edge_agent.privatizer import TOKEN_KINDS
+
     if not ready.items:
         return []
+    if (not args.post and args.format == "jsonl" and ready.data is not None
+            and priv.name in TOKEN_KINDS):  # the same bytes, one validated template a batch
+        return priv.record_lines(ready.items, ready.data,
+                                 [ln.label for ln in ready.lines] if args.tsv else None)
     objs = _objects(args, priv, ready)
     lines = ready.lines
     if args.post:
