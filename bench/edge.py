@@ -138,6 +138,7 @@ def main() -> None:
     ap.add_argument("--sentences", type=int, default=10_000)
     ap.add_argument("--eta", type=float, default=65.0)
     ap.add_argument("--skip-vector", action="store_true", help="no laplace/ome/texthide")
+    ap.add_argument("--skip-report", action="store_true", help="no edge-agent report runs")
     ap.add_argument("--report-tokens", type=int, default=500)
     ap.add_argument("--report-samples", type=int, default=1000)
     ap.add_argument("--target", type=float, default=0.5, help="target inversion accuracy")
@@ -213,15 +214,25 @@ def main() -> None:
                                       "--texthide-key", secrets.token_hex(16), *b])
 
     sample = str(DATA / "sst2" / "dev.tsv")
-    rep = run_child(["report", "--eta", str(eta), "--tokens", str(args.report_tokens),
-                     "--samples", str(args.report_samples), "--sample", sample, "--json"])
-    rep_json = json.loads(rep["stdout"])
-    queries = args.report_tokens * args.report_samples
-    pd_s = rep_json["timings_s"]["plausible_deniability"]
-    raw_pd_s = queries / max(raw_text_rates)
-    tgt = json.loads(run_child(["report", "--target-inversion", str(args.target), "--tokens",
-                                "50", "--samples", "100", "--sample", sample, "--json"]
-                               )["stdout"])
+    report_rows = []
+    if not args.skip_report:
+        rep = run_child(["report", "--eta", str(eta), "--tokens", str(args.report_tokens),
+                         "--samples", str(args.report_samples), "--sample", sample, "--json"])
+        rep_json = json.loads(rep["stdout"])
+        queries = args.report_tokens * args.report_samples
+        pd_s = rep_json["timings_s"]["plausible_deniability"]
+        raw_pd_s = queries / max(raw_text_rates)
+        tgt = json.loads(run_child(["report", "--target-inversion", str(args.target),
+                                    "--tokens", "50", "--samples", "100", "--sample", sample,
+                                    "--json"])["stdout"])
+        report_rows = [
+            [f"report: {args.report_tokens} tokens x {args.report_samples} perturbations + "
+             "inversion table, eta " + f"{eta:g}", f"{rep['wall']:.1f} s", "< 180 s"],
+            [f"  of which N_w/S_w ({queries:,} exact searches)", f"{pd_s:.1f} s",
+             f"raw DChiText at this run's best rate: {raw_pd_s:.1f} s"],
+            [f"report --target-inversion {args.target:g} (5,000 SST-2 dev tokens)",
+             f"eta={tgt['eta']:.3f} reaches {tgt['inversion']['accuracy']:.4f} "
+             f"(off by {abs(tgt['inversion']['accuracy'] - args.target):.4f})", "within 0.01"]]
     cold_spawn, cold_inside = cold_start(small, eta)
 
     load_after = os.getloadavg()
@@ -235,14 +246,7 @@ def main() -> None:
                  "raw tokens/s", "wall / raw", "streaming / raw", "peak RSS", "output"],
                 results))
     print()
-    print(table(["what", "result", "target"], [
-        [f"report: {args.report_tokens} tokens x {args.report_samples} perturbations + "
-         "inversion table, eta " + f"{eta:g}", f"{rep['wall']:.1f} s", "< 180 s"],
-        [f"  of which N_w/S_w ({queries:,} exact searches)", f"{pd_s:.1f} s",
-         f"raw DChiText at this run's best rate: {raw_pd_s:.1f} s"],
-        [f"report --target-inversion {args.target:g} (5,000 SST-2 dev tokens)",
-         f"eta={tgt['eta']:.3f} reaches {tgt['inversion']['accuracy']:.4f} "
-         f"(off by {abs(tgt['inversion']['accuracy'] - args.target):.4f})", "within 0.01"],
+    print(table(["what", "result", "target"], report_rows + [
         ["cold start: spawn -> first JSONL line (median of 3)", f"{cold_spawn:.2f} s", "< 2 s"],
         ["cold start inside the CLI: start of run -> first record", f"{cold_inside:.2f} s", ""],
     ] + ([["export MiniLM bundle + encoder.onnx (models.export, torch)", f"{export_s:.1f} s",
