@@ -10,6 +10,7 @@ embeddings; both must give the same ids, and a float64 brute force checks a subs
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import json
 import os
 import subprocess
@@ -119,6 +120,9 @@ def main() -> None:
     if args.faiss_child:
         faiss_child(*args.faiss_child)
         return
+    if not args.no_faiss and importlib.util.find_spec("faiss") is None:
+        print("faiss is not installed (pip install faiss-cpu, or the dev extra): no faiss rows")
+        args.no_faiss = True
     print(f"load average at start: {load_avg()}", flush=True)
 
     from shared.bundle import EdgeBundle

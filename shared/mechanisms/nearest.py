@@ -26,7 +26,8 @@ cannot narrow to a few candidates takes the float32 pass above. ``backend="auto"
 onnxruntime is installed and the table is large, checks that the integer kernel
 the machine runs is exact (:func:`~shared.mechanisms.int8_pass.integer_gemm_is_exact`),
 then times the two passes on the first chunks of real queries (both are exact, so
-the timing costs nothing) and keeps the faster one.
+the timing costs nothing; CPU seconds, which a busy machine disturbs less than wall
+time) and keeps the faster one.
 """
 
 from __future__ import annotations
@@ -57,6 +58,7 @@ def _max_norm(y: np.ndarray, top: float) -> float:
 
 
 AUTO_MIN_ROWS = 4096  # smaller tables stay on the float32 pass (no session to build)
+MAX_WORKERS = 8  # each int8 worker holds a (chunk, rows) float32 score buffer
 BACKENDS = ("auto", "int8", "fp32")
 
 
@@ -102,8 +104,9 @@ class ExactNearest:
         self._int8 = None
         self._timings: dict[str, list[float]] = {"int8": [], "fp32": []}
         self.backend = "fp32"  # the pass in use; "probing" while auto times the two
-        self._workers = max(1, len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity")
-                            else os.cpu_count() or 1)
+        cores = (len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity")
+                 else os.cpu_count() or 1)
+        self._workers = max(1, min(cores, MAX_WORKERS))  # int8 chunks run on this many threads
         self._buffers: queue.SimpleQueue = queue.SimpleQueue()
         if backend == "int8":
             if not self._build_int8():
@@ -183,7 +186,7 @@ class ExactNearest:
         for start in range(0, m, unit):
             sel = order[start : start + unit]
             path = self._next_path()
-            t = time.perf_counter()
+            t = time.process_time()
             if path == "fp32":
                 out[sel] = self._fp32_block(y64[sel])
             else:
@@ -191,7 +194,7 @@ class ExactNearest:
             if self.backend == "probing":  # a probe pays its own fallbacks at once
                 self._fallback(y64, sel, out)
                 if sel.size == unit:
-                    self._timings[path].append(time.perf_counter() - t)
+                    self._timings[path].append(time.process_time() - t)
                     self._decide()
         self._fallback(y64, np.arange(m), out)
         return self.ids[out]
@@ -209,7 +212,9 @@ class ExactNearest:
         return "int8" if len(self._timings["int8"]) <= len(self._timings["fp32"]) else "fp32"
 
     def _decide(self, rounds: int = 2) -> None:
-        """After ``rounds`` full units on each pass, keep the faster (best unit of each)."""
+        """After ``rounds`` full units on each pass, keep the faster (best unit of each).
+        Units are timed in CPU seconds of the process (all its threads), which other jobs
+        on the machine disturb far less than wall time; both passes use every core."""
         t8, t32 = self._timings["int8"], self._timings["fp32"]
         if min(len(t8), len(t32)) >= rounds:
             self.backend = "int8" if min(t8) < min(t32) else "fp32"
