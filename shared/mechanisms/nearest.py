@@ -22,7 +22,7 @@ Where it is faster on the machine, the candidate pass is an int8 GEMM instead
 (``shared.mechanisms.int8_pass``: onnxruntime's integer kernels, twice the
 float32 rate on AVX2 and more with VNNI) with its own proven bound; a query it
 cannot narrow to a few candidates takes the float32 pass above. ``backend="auto"``
-(the default) builds it at the first search of at least two chunks when
+(the default) builds it at the first search of at least 8 chunks when
 onnxruntime is installed and the table is large, checks that the integer kernel
 the machine runs is exact (:func:`~shared.mechanisms.int8_pass.integer_gemm_is_exact`),
 then times the two passes on the first chunks of real queries (both are exact, so
@@ -59,6 +59,8 @@ def _max_norm(y: np.ndarray, top: float) -> float:
 
 AUTO_MIN_ROWS = 4096  # smaller tables stay on the float32 pass (no session to build)
 MAX_WORKERS = 8  # each int8 worker holds a (chunk, rows) float32 score buffer
+AUTO_MIN_QUERIES_CHUNKS = 8  # a search this many chunks long builds the int8 pass: short
+# runs (a CLI on a few lines) never pay for building it
 BACKENDS = ("auto", "int8", "fp32")
 
 
@@ -173,7 +175,7 @@ class ExactNearest:
             raise ValueError("queries are too large for the float32 candidate pass (their "
                              "scores would overflow)")
         m = y64.shape[0]
-        if self._pending and m >= 2 * self.chunk:
+        if self._pending and m >= AUTO_MIN_QUERIES_CHUNKS * self.chunk:
             self._pending = False
             self.backend = "probing" if self._build_int8() else "fp32"
         self.last_rerank_count = self.last_fallback_count = 0

@@ -173,7 +173,7 @@ def test_onnx_graph_is_a_valid_model():
 
 
 def test_auto_picks_a_path_by_timing_and_stays_exact():
-    """A large table: the first search of two chunks or more builds the int8 pass and
+    """A large table: the first search of 8 chunks or more builds the int8 pass and
     times both passes on real chunks; either way the ids are the brute force's. A small
     table never builds it."""
     rng = np.random.default_rng(11)
@@ -193,7 +193,7 @@ def test_without_onnxruntime_the_float32_pass_runs(monkeypatch):
     rng = np.random.default_rng(1)
     table = rng.normal(size=(AUTO_MIN_ROWS, 8)).astype(np.float32)
     queries = rng.normal(size=(600, 8))
-    idx = ExactNearest(table, chunk=128)
+    idx = ExactNearest(table, chunk=64)
     np.testing.assert_array_equal(idx.search(queries), brute_force_nearest(table, queries))
     assert idx.backend == "fp32" and "not installed" in idx.kernel_info["int8"]
     with pytest.raises(RuntimeError, match="cannot run"):
