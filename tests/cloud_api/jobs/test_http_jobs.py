@@ -148,6 +148,19 @@ def test_submission_checks_answer_4xx_before_any_job(jobs_server, tiny_bundle_of
         r = retrain(**bad)
         assert r.status_code == 422, (bad, r.text)
         assert r.json()["type"] == PROBLEM + "validation"
+    # the recipe: levers that need raw public text, a posterior table that does not exist
+    for lever in ({"fresh_noise": True}, {"denoise": 0.5}, {"distill": 0.5},
+                  {"warm_start": True}):
+        r = retrain(recipe=lever)
+        assert r.status_code == 422, (lever, r.text)
+        assert "need the raw public text" in r.json()["detail"], r.text
+        assert next(iter(lever)) in r.json()["detail"]
+    for bad in ({"denoise": -1.0}, {"fresh_noise": "yes"}, {"magic": True}):
+        r = retrain(recipe=bad)
+        assert r.status_code == 422 and r.json()["type"] == PROBLEM + "validation", r.text
+    r = retrain(recipe={"posterior": True})
+    assert r.status_code == 422 and "no promoted version with a posterior table" in \
+        r.json()["detail"], r.text
     r = retrain(base="missing")
     assert r.status_code == 422 and "no base named 'missing'" in r.json()["detail"]
     # a base of another bundle (another tiny BERT), and one pretrained for another mechanism
