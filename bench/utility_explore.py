@@ -16,9 +16,10 @@ varied on a subset quickly. It prints one JSON line (and appends it to ``--out``
 
 The subset is ``--n`` rows of ``sst2_sentences/train.tsv`` drawn with seed 11; the epoch is
 chosen on one fixed privatization of the dev set (seed [5, 99]), the reported draws are others.
-``--posterior`` takes a table from ``models.posterior.build_posterior`` (``cloud-api train
---posterior`` caches one under the home); ``--teacher`` / ``--warm`` a model fine-tuned on the
-clean text (``--mech none --save DIR``).
+``--posterior FILE`` reads a table of ``models.posterior.build_posterior``, built first from the
+whole training text (1 pass, 16 draws at least per distinct token, seed 7) when FILE does not
+exist; ``--teacher`` / ``--warm`` take a model fine-tuned on the clean text (``--mech none
+--save DIR``).
 """
 
 from __future__ import annotations
@@ -108,7 +109,16 @@ def main(argv=None) -> int:
 
     train = make(1)
     dev0 = pdv.dataset(np.random.default_rng([5, 99]), progress=False)
-    post = ChannelPosterior.load(a.posterior) if a.posterior else None
+    post = None
+    if a.posterior and Path(a.posterior).exists():
+        post = ChannelPosterior.load(a.posterior)
+    elif a.posterior:  # built from the whole training text, as `cloud-api train` builds one
+        from models.posterior import build_posterior
+
+        whole = read_labelled_tsv(DATA / "sst2_sentences" / "train.tsv")
+        post = build_posterior(b, a.mech, a.eta, whole.texts, passes=1.0, min_draws=16,
+                               rng=np.random.default_rng(7))
+        post.save(a.posterior)
     cfg = TrainConfig(epochs=a.epochs, lr=a.lr, seed=0, progress=False, denoise=a.denoise,
                       denoise_rate=a.denoise_rate, distill=a.distill, batch_size=a.batch)
     model = build_model(train, b, a.warm, cfg, posterior=post)
