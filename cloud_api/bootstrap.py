@@ -28,12 +28,17 @@ from pathlib import Path
 
 from cloud_api.cli import PROG, _guarded, fail, home_arg, settings_for
 
-DEFAULT_LIMIT = 4000
+# The quick start's defaults (bench/RESULTS.md "Utility levers", bootstrap candidates): on
+# sst2_sentences at eta 65, 3 of MiniLM's 6 layers on 12,000 rows for 2 epochs with fresh
+# noise and the posterior beat 6 layers on 12,000 rows for 1 epoch and 3 layers on 24,000
+# rows for 1 epoch at the same compute.
+DEFAULT_LIMIT = 12000
 DEFAULT_DEV_LIMIT = 1000
-DEFAULT_EPOCHS = 1
+DEFAULT_EPOCHS = 2
 DEFAULT_ETA = 65.0
 DEFAULT_DEV_DRAWS = 3
-DEFAULT_BERT_LR = 1e-4  # one short epoch: 2e-5 (models' default) leaves the BERT underfit
+DEFAULT_BERT_LR = 2e-4  # a few short epochs: 2e-5 (models' default) leaves the BERT underfit
+DEFAULT_LAYERS = 3  # of the packaged MiniLM's 6 (a --base keeps all of its layers)
 
 
 def register(subparsers) -> None:
@@ -58,12 +63,13 @@ def register(subparsers) -> None:
     p.add_argument("--epochs", type=_positive_int, default=DEFAULT_EPOCHS,
                    help=f"training epochs ({DEFAULT_EPOCHS})")
     p.add_argument("--lr", type=float, help=f"learning rate (default {DEFAULT_BERT_LR:g} for the "
-                   "BERT classifiers: one short epoch; 1e-3 for the vector MLP)")
+                   "BERT classifiers; 1e-3 for the vector MLP)")
     p.add_argument("--batch-size", type=_positive_int, default=32)
     p.add_argument("--max-length", type=_positive_int, default=128)
     p.add_argument("--layers", type=_positive_int, metavar="N",
                    help="keep the first N transformer layers of the base (smaller and faster "
-                        "to train and serve; default: all)")
+                        f"to train and serve; default: {DEFAULT_LAYERS} of the packaged "
+                        "MiniLM's 6, all of a --base)")
     p.add_argument("--model-id", metavar="ID", help="model id (default: the name of the "
                    "folder holding TRAIN.tsv, e.g. sst2, else 'default')")
     p.add_argument("--task", metavar="NAME", help="task name (default: the model id)")
@@ -189,7 +195,7 @@ def _train_and_register(args, home, model_id: str, task: str, bundle, params: di
         else DEFAULT_BERT_LR
     cfg = TrainConfig(epochs=args.epochs, lr=lr, batch_size=args.batch_size,
                       max_length=args.max_length, pooling="mean", seed=args.seed,
-                      layers=args.layers,
+                      layers=_layers(args),
                       device=args.device, precision=args.precision,
                       progress=sys.stderr.isatty() and not args.no_progress)
     work = home.model_dir(model_id) / f".bootstrap-{uuid.uuid4().hex[:12]}"
@@ -235,6 +241,16 @@ def _train_and_register(args, home, model_id: str, task: str, bundle, params: di
               + ",".join(f"{a:.4f}" for a in fresh["fresh_draws"]))
     print(f"elapsed={time.perf_counter() - t0:.1f}s")
     return 0
+
+
+def _layers(args) -> int | None:
+    """--layers, else the default for the packaged MiniLM's BERT classifiers (a --base and
+    the vector MLPs keep what they have)."""
+    from models.data import kind_of
+
+    if args.layers is not None or args.base is not None or kind_of(args.mechanism) == "vector":
+        return args.layers
+    return DEFAULT_LAYERS
 
 
 def _fresh_dev(args, model_dir: Path, bundle) -> dict | None:

@@ -100,3 +100,20 @@ def test_register_with_an_unusable_bundle_is_one_line(tmp_path):
     assert r.returncode == 2 and "Traceback" not in r.stderr
     assert r.stderr.startswith("cloud-api: error: ") and "bundle.json" in r.stderr
     assert len(r.stderr.strip().splitlines()) == 1
+
+
+def test_bootstrap_keeps_three_layers_of_the_packaged_minilm_only():
+    """The quick start's default: 3 of the packaged MiniLM's 6 layers; a --base keeps all of
+    its layers, the vector MLPs have none, and --layers always wins."""
+    from argparse import Namespace
+
+    from cloud_api.bootstrap import DEFAULT_LAYERS, _layers
+
+    def args(**kw):
+        return Namespace(**{"layers": None, "base": None, "mechanism": "dchi-text", **kw})
+
+    assert DEFAULT_LAYERS == 3
+    assert _layers(args()) == 3 and _layers(args(mechanism="dchi-embedding")) == 3
+    assert _layers(args(base="var/pre/denoise-65")) is None
+    assert _layers(args(mechanism="laplace")) is None
+    assert _layers(args(layers=6)) == 6 and _layers(args(layers=2, base="b")) == 2
