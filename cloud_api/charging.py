@@ -47,8 +47,7 @@ def payloads_cost(mechanism: str, params: dict, payloads: Sequence,
     if ledger.family_of(mechanism) == "dchi" and diameter is None:
         raise Unavailable(f"the payloads of this {mechanism} model cannot be accounted for: "
                           "its bundle is not on this server", retry_after=60)
-    return ledger.total(ledger.payload_cost(p, diameter, mechanism=mechanism, params=params)
-                        for p in payloads)
+    return ledger.batch_cost(payloads, mechanism, params, diameter)
 
 
 def records_cost(task, recs: Sequence, bundle) -> Cost:

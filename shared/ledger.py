@@ -165,6 +165,36 @@ def payload_cost(payload: Any, diameter: float | None = None, *,
     return cost(mech, par, diameter=diameter, **payload_size(payload))
 
 
+def batch_cost(payloads: Iterable[Any], mechanism: str, params: Mapping[str, Any],
+               diameter: float | None = None) -> Cost | None:
+    """The summed cost of ``payloads`` all under ``mechanism`` and ``params`` (a request
+    checked against one task or model); None for no payloads. The same figure as
+    :func:`total` of their :func:`payload_cost` (up to float rounding), in one call per
+    distinct payload size: dχ costs add up linearly in the tokens (η·D·Σn), the vector
+    mechanisms' depend only on r."""
+    sizes: dict[int, int] = {}
+    n = 0
+    if family_of(mechanism) == "dchi":
+        tokens = 0
+        for p in payloads:
+            tokens += int(p.n_tokens)
+            n += 1
+        if n == 0:
+            return None
+        c = cost(mechanism, params, tokens=tokens, diameter=diameter)
+        return Cost(c.family, c.epsilon, c.metric, c.tokens, n, c.eta)
+    for p in payloads:
+        size = payload_size(p).get("dim", 0)
+        sizes[size] = sizes.get(size, 0) + 1
+        n += 1
+    if n == 0:
+        return None
+    if family_of(mechanism) in NO_EPSILON:
+        return Cost(family_of(mechanism), None, sends=n)
+    eps = math.fsum(cost(mechanism, params, dim=r).epsilon * k for r, k in sizes.items())
+    return Cost(family_of(mechanism), _finite(mechanism, eps), sends=n)
+
+
 def bundle_diameter(bundle: Any) -> float:
     """D of a bundle's regular table (:func:`shared.accounting.dchi_diameter_bound`),
     computed once per bundle id."""

@@ -180,3 +180,21 @@ def test_nan_negative_or_infinite_costs_and_caps_are_refused(bad):
         ledger.check_cap(bad)
     with pytest.raises(ValueError):
         ledger.remaining(0.0, bad)
+
+
+@given(lengths=st.lists(st.integers(1, 40), min_size=1, max_size=30),
+       eta=st.floats(min_value=0.5, max_value=500))
+@settings(max_examples=30, deadline=None)
+def test_batch_cost_is_the_sum_of_the_payload_costs(tiny_bundle, lengths, eta):
+    d = ledger.bundle_diameter(tiny_bundle)
+    ps = [make_payload("dchi-text", {"eta": eta}, tiny_bundle.bundle_id,
+                       np.full(n, 9, dtype=np.int32)) for n in lengths]
+    one_by_one = ledger.total(ledger.payload_cost(p, d) for p in ps)
+    batch = ledger.batch_cost(ps, "dchi-text", {"eta": eta}, d)
+    assert batch.epsilon == pytest.approx(one_by_one.epsilon, rel=REL)
+    assert (batch.tokens, batch.sends) == (one_by_one.tokens, one_by_one.sends)
+    vs = [make_payload("laplace", {"epsilon": 2.0, "calibration": "coordinate"},
+                       tiny_bundle.bundle_id, np.zeros(n, dtype=np.float32)) for n in lengths]
+    got = ledger.batch_cost(vs, "laplace", {"epsilon": 2.0, "calibration": "coordinate"})
+    assert got.epsilon == pytest.approx(2.0 * sum(lengths), rel=REL) and got.sends == len(vs)
+    assert ledger.batch_cost([], "laplace", {"epsilon": 1.0}) is None
