@@ -6,7 +6,9 @@ against the raw mechanism on the same tokens in the same run; the privacy report
 * privatize: one subprocess per mechanism (`python -m edge_agent privatize FILE --tsv ...
   -o OUT`), wall clock from spawn to exit, peak RSS of that child (VmHWM polled from
   /proc). "streaming" is the CLI's own tokens/s over its read-privatize-write loop (its
-  summary line), i.e. without interpreter start, imports and bundle load.
+  summary line), i.e. without interpreter start, imports and bundle load; "tokens/CPU s"
+  the same loop per CPU second of the process (all threads), which a machine whose
+  cores go to other jobs disturbs far less than wall time.
 * raw: `DChiText.privatize_ids` / `DChiEmbedding.privatize` alone, one call on all the
   tokens of the same sentences, in a fresh process (`bench/edge.py --raw`), alternating
   with the CLI runs (--repeats, best of each) since other processes share the cores.
@@ -81,11 +83,13 @@ def run_child(argv: list[str], cmd: list[str] = CLI) -> dict:
     return {"wall": wall, "rss_mib": peak, "stdout": stdout, "stderr": stderr}
 
 
-def raw_rate(mech: str, tsv: Path, eta: float) -> float:
-    """tokens/s of the shared mechanism alone, one call on all tokens, in a fresh process."""
+def raw_rate(mech: str, tsv: Path, eta: float) -> tuple[float, float]:
+    """(tokens/s, tokens per CPU second) of the shared mechanism alone, one call on all
+    tokens, in a fresh process."""
     r = run_child(["--raw", mech, str(tsv), "--eta", str(eta)],
                   cmd=[sys.executable, str(Path(__file__).resolve())])
-    return float(r["stdout"].strip())
+    wall, cpu = r["stdout"].split()
+    return float(wall), float(cpu)
 
 
 def raw_main(mech: str, tsv: Path, eta: float) -> None:
@@ -100,16 +104,17 @@ def raw_main(mech: str, tsv: Path, eta: float) -> None:
     ids = np.concatenate([it.ids_a for it in items if it is not None])
     if mech == "dchi-text":
         m = DChiText(bundle, eta)
-        t = time.perf_counter()
+        t, c = time.perf_counter(), time.process_time()
         m.privatize_ids(ids)
-        best = time.perf_counter() - t
+        best, best_cpu = time.perf_counter() - t, time.process_time() - c
     else:
-        m, best = DChiEmbedding(eta), math.inf
+        m, best, best_cpu = DChiEmbedding(eta), math.inf, math.inf
         for _ in range(3):
-            t = time.perf_counter()
+            t, c = time.perf_counter(), time.process_time()
             m.privatize(bundle.embeddings[ids])
             best = min(best, time.perf_counter() - t)
-    print(ids.size / best)
+            best_cpu = min(best_cpu, time.process_time() - c)
+    print(ids.size / best, ids.size / best_cpu)
 
 
 _CHILD = """
@@ -126,6 +131,8 @@ class NoLedger:  # the baseline only: the same run with the ledger's calls taken
         pass
     def charge(self, lines, payloads, jsons):
         return jsons
+    def charge_rows(self, lines, rows):
+        return rows.jsons
     def summary(self):
         return "no ledger"
     def close(self):
@@ -183,6 +190,11 @@ def streaming_rate(stderr: str) -> float:
     return float(m.group(1).replace(",", "")) if m else float("nan")
 
 
+def cpu_rate(stderr: str) -> float:
+    m = re.search(r"([\d,]+) tokens per CPU second", stderr)
+    return float(m.group(1).replace(",", "")) if m else float("nan")
+
+
 def first_record_at(stderr: str) -> float:
     m = re.search(r"first record at ([\d.]+) s", stderr)
     return float(m.group(1)) if m else float("nan")
@@ -210,6 +222,10 @@ def main() -> None:
     ap.add_argument("--sentences", type=int, default=10_000)
     ap.add_argument("--eta", type=float, default=65.0)
     ap.add_argument("--skip-vector", action="store_true", help="no laplace/ome/texthide")
+    ap.add_argument("--skip-report", action="store_true", help="no edge-agent report runs")
+    ap.add_argument("--skip-cold", action="store_true", help="no cold-start runs")
+    ap.add_argument("--only", nargs="+", metavar="MECH", help="run only these dχ rows "
+                    "(dchi-text dchi-embedding dchi-embedding-float16)")
     ap.add_argument("--report-tokens", type=int, default=500)
     ap.add_argument("--report-samples", type=int, default=1000)
     ap.add_argument("--target", type=float, default=0.5, help="target inversion accuracy")
@@ -251,10 +267,12 @@ def main() -> None:
 
     def e2e(name: str, flags: list[str], raw_mech: str | None = None) -> None:
         """CLI and raw alternately, ``repeats`` times each (dχ only); best of each."""
-        runs, raws = [], []
+        runs, raws, raw_cpus = [], [], []
         for _ in range(args.repeats if raw_mech else 1):
             if raw_mech:
-                raws.append(raw_rate(raw_mech, tsv, eta))
+                w, c = raw_rate(raw_mech, tsv, eta)
+                raws.append(w)
+                raw_cpus.append(c)
             fresh = tmp / f"ledger-{len(results)}-{len(runs)}.sqlite3"  # no memoized texts
             runs.append(run_child(["privatize", str(tsv), "--tsv", *flags, "-o", out,
                                    "--ledger", str(fresh)]))
@@ -262,6 +280,8 @@ def main() -> None:
                                                          if raws else ""), file=sys.stderr)
         r = min(runs, key=lambda x: x["wall"])
         raw = max(raws) if raws else None
+        raw_cpu = max(raw_cpus) if raw_cpus else None
+        cli_cpu = max(cpu_rate(x["stderr"]) for x in runs)
         if raw_mech == "dchi-text":
             raw_text_rates.extend(raws)
         stream = max(streaming_rate(x["stderr"]) for x in runs)
@@ -271,14 +291,19 @@ def main() -> None:
             "—" if raw is None else f"{raw:,.0f}",
             "—" if raw is None else f"{tok_s / raw:.0%}",
             "—" if raw is None else f"{stream / raw:.0%}",
+            f"{cli_cpu:,.0f}", "—" if raw_cpu is None else f"{raw_cpu:,.0f}",
+            "—" if raw_cpu is None else f"{cli_cpu / raw_cpu:.0%}",
             f"{max(x['rss_mib'] for x in runs):,.0f} MiB",
             f"{os.path.getsize(out) / 2**20:,.1f} MiB"])
 
-    e2e("dchi-text", ["--mechanism", "dchi-text", "--eta", str(eta)], "dchi-text")
-    e2e("dchi-embedding", ["--mechanism", "dchi-embedding", "--eta", str(eta)],
-        "dchi-embedding")
-    e2e("dchi-embedding --float16",
-        ["--mechanism", "dchi-embedding", "--eta", str(eta), "--float16"], "dchi-embedding")
+    rows_dchi = [("dchi-text", "dchi-text", ["--mechanism", "dchi-text"], "dchi-text"),
+                 ("dchi-embedding", "dchi-embedding", ["--mechanism", "dchi-embedding"],
+                  "dchi-embedding"),
+                 ("dchi-embedding-float16", "dchi-embedding --float16",
+                  ["--mechanism", "dchi-embedding", "--float16"], "dchi-embedding")]
+    for key, name, flags, raw_mech in rows_dchi:
+        if args.only is None or key in args.only:
+            e2e(name, [*flags, "--eta", str(eta)], raw_mech)
     export_s = None
     if not args.skip_vector:
         from models.export import export_bundle
@@ -296,16 +321,26 @@ def main() -> None:
                                       "--texthide-key", secrets.token_hex(16), *b])
 
     sample = str(DATA / "sst2" / "dev.tsv")
-    rep = run_child(["report", "--eta", str(eta), "--tokens", str(args.report_tokens),
-                     "--samples", str(args.report_samples), "--sample", sample, "--json"])
-    rep_json = json.loads(rep["stdout"])
-    queries = args.report_tokens * args.report_samples
-    pd_s = rep_json["timings_s"]["plausible_deniability"]
-    raw_pd_s = queries / max(raw_text_rates)
-    tgt = json.loads(run_child(["report", "--target-inversion", str(args.target), "--tokens",
-                                "50", "--samples", "100", "--sample", sample, "--json"]
-                               )["stdout"])
-    cold_spawn, cold_inside = cold_start(small, eta)
+    report_rows = []
+    if not args.skip_report:
+        rep = run_child(["report", "--eta", str(eta), "--tokens", str(args.report_tokens),
+                         "--samples", str(args.report_samples), "--sample", sample, "--json"])
+        rep_json = json.loads(rep["stdout"])
+        queries = args.report_tokens * args.report_samples
+        pd_s = rep_json["timings_s"]["plausible_deniability"]
+        raw_pd_s = queries / max(raw_text_rates) if raw_text_rates else float("nan")
+        tgt = json.loads(run_child(["report", "--target-inversion", str(args.target),
+                                    "--tokens", "50", "--samples", "100", "--sample", sample,
+                                    "--json"])["stdout"])
+        report_rows = [
+            [f"report: {args.report_tokens} tokens x {args.report_samples} perturbations + "
+             "inversion table, eta " + f"{eta:g}", f"{rep['wall']:.1f} s", "< 180 s"],
+            [f"  of which N_w/S_w ({queries:,} exact searches)", f"{pd_s:.1f} s",
+             f"raw DChiText at this run's best rate: {raw_pd_s:.1f} s"],
+            [f"report --target-inversion {args.target:g} (5,000 SST-2 dev tokens)",
+             f"eta={tgt['eta']:.3f} reaches {tgt['inversion']['accuracy']:.4f} "
+             f"(off by {abs(tgt['inversion']['accuracy'] - args.target):.4f})", "within 0.01"]]
+    cold_spawn, cold_inside = (math.nan, math.nan) if args.skip_cold else cold_start(small, eta)
     ledger = ledger_rows(tsv, eta, out, args.ledger_repeats, tmp)
 
     load_after = os.getloadavg()
@@ -316,17 +351,11 @@ def main() -> None:
           "bundle; raw = the shared mechanism alone (fresh process) on the same tokens; best of "
           f"{args.repeats} alternating runs for dχ")
     print(table(["mechanism", "records/s", "tokens/s (wall)", "tokens/s (streaming)",
-                 "raw tokens/s", "wall / raw", "streaming / raw", "peak RSS", "output"],
+                 "raw tokens/s", "wall / raw", "streaming / raw", "streaming tokens/CPU s",
+                 "raw tokens/CPU s", "CPU: streaming / raw", "peak RSS", "output"],
                 results))
     print()
-    print(table(["what", "result", "target"], [
-        [f"report: {args.report_tokens} tokens x {args.report_samples} perturbations + "
-         "inversion table, eta " + f"{eta:g}", f"{rep['wall']:.1f} s", "< 180 s"],
-        [f"  of which N_w/S_w ({queries:,} exact searches)", f"{pd_s:.1f} s",
-         f"raw DChiText at this run's best rate: {raw_pd_s:.1f} s"],
-        [f"report --target-inversion {args.target:g} (5,000 SST-2 dev tokens)",
-         f"eta={tgt['eta']:.3f} reaches {tgt['inversion']['accuracy']:.4f} "
-         f"(off by {abs(tgt['inversion']['accuracy'] - args.target):.4f})", "within 0.01"],
+    print(table(["what", "result", "target"], report_rows + [
         ["cold start: spawn -> first JSONL line (median of 3)", f"{cold_spawn:.2f} s", "< 2 s"],
         ["cold start inside the CLI: start of run -> first record", f"{cold_inside:.2f} s", ""],
     ] + ([["export MiniLM bundle + encoder.onnx (models.export, torch)", f"{export_s:.1f} s",

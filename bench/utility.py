@@ -1,5 +1,7 @@
 """Qu et al. 2021 Tables 4–7 in small: SST-2 dev accuracy of MiniLM under each privatization.
 
+    python bench/utility.py levers ...   the training recipe's levers on whole sentences
+                                         (bench/utility_levers.py)
     python bench/utility.py [--train 6000] [--dev 2000] [--epochs 2] [--lr 2e-5]
                             [--pretrain-steps 400] [--pretrain-batch 32] [--seed 0]
                             [--only ROW[,ROW]] [--out out/utility] [--table-only]
@@ -543,6 +545,11 @@ def select(rows: list[Row], only: str | None) -> list[Row]:
 
 
 def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    if argv[:1] == ["levers"]:  # the recipe ablation on whole sentences (issue 17)
+        from bench.utility_levers import main as levers
+
+        return levers(argv[1:])
     started = time.perf_counter()
     args = parse_args(argv)
     rows = all_rows()

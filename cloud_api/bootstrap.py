@@ -9,9 +9,11 @@
    ``--allow-weak-privacy``;
 3. ``models.experiment.train_from_tsv`` privatizes the first ``--limit`` rows as the edge
    does and fine-tunes a classifier (defaults sized to finish in minutes on 2 CPU cores);
-4. the version folder is moved into the home as the model's next version and promoted;
+4. with ``PRIVBERT_BACKEND=onnx``, ``classifier.onnx`` is exported into the version (what the
+   onnx backend serves: the serve image);
+5. the version folder is moved into the home as the model's next version and promoted;
    a running server picks it up without a restart;
-5. prints the version, its dev accuracy and the guarantee (``shared.accounting.summary``).
+6. prints the version, its dev accuracy and the guarantee (``shared.accounting.summary``).
 """
 
 from __future__ import annotations
@@ -30,11 +32,12 @@ DEFAULT_LIMIT = 4000
 DEFAULT_DEV_LIMIT = 1000
 DEFAULT_EPOCHS = 1
 DEFAULT_ETA = 65.0
+DEFAULT_DEV_DRAWS = 3
 DEFAULT_BERT_LR = 1e-4  # one short epoch: 2e-5 (models' default) leaves the BERT underfit
 
 
 def register(subparsers) -> None:
-    from models.cli_train import _device_args, _mechanism_args, _positive_int
+    from models.cli_train import _device_args, _mechanism_args, _positive_int, _recipe_args
 
     p = subparsers.add_parser(
         "bootstrap", help="export the bundle, train, register and promote a first model",
@@ -49,12 +52,18 @@ def register(subparsers) -> None:
                    help=f"first N training rows ({DEFAULT_LIMIT}; 0 = the whole file)")
     p.add_argument("--dev-limit", type=int, default=DEFAULT_DEV_LIMIT, metavar="N",
                    help=f"first N dev rows ({DEFAULT_DEV_LIMIT}; 0 = the whole file)")
+    p.add_argument("--dev-draws", type=int, default=DEFAULT_DEV_DRAWS, metavar="N",
+                   help="evaluate the kept model on the dev set privatized afresh N times "
+                        f"(noise the epoch choice never saw; {DEFAULT_DEV_DRAWS}; 0 = skip)")
     p.add_argument("--epochs", type=_positive_int, default=DEFAULT_EPOCHS,
                    help=f"training epochs ({DEFAULT_EPOCHS})")
     p.add_argument("--lr", type=float, help=f"learning rate (default {DEFAULT_BERT_LR:g} for the "
                    "BERT classifiers: one short epoch; 1e-3 for the vector MLP)")
     p.add_argument("--batch-size", type=_positive_int, default=32)
     p.add_argument("--max-length", type=_positive_int, default=128)
+    p.add_argument("--layers", type=_positive_int, metavar="N",
+                   help="keep the first N transformer layers of the base (smaller and faster "
+                        "to train and serve; default: all)")
     p.add_argument("--model-id", metavar="ID", help="model id (default: the name of the "
                    "folder holding TRAIN.tsv, e.g. sst2, else 'default')")
     p.add_argument("--task", metavar="NAME", help="task name (default: the model id)")
@@ -65,6 +74,7 @@ def register(subparsers) -> None:
                    help="do nothing when the model already has a promoted version")
     p.add_argument("--allow-weak-privacy", action="store_true",
                    help="train even below the privacy floor (experiments only)")
+    _recipe_args(p)
     _device_args(p)
     p.set_defaults(func=_guarded(run))
 
@@ -86,8 +96,9 @@ def run(args) -> int:
     from cloud_api.home import ModelHome
 
     t0 = time.perf_counter()
-    if args.limit < 0 or args.dev_limit < 0:
-        return fail("--limit and --dev-limit must be >= 0 (0 = the whole file)")
+    if args.limit < 0 or args.dev_limit < 0 or args.dev_draws < 0:
+        return fail("--limit, --dev-limit and --dev-draws must be >= 0 (--limit 0 = the "
+                    "whole file)")
     for path in (args.data, args.dev):
         if path is not None and not Path(path).is_file():
             return fail(f"{path}: no such file")
@@ -98,9 +109,10 @@ def run(args) -> int:
         print(f"model={model_id} version={v} (already promoted; nothing to do)")
         _declare_task(args, task, home.read_config(model_id, v))  # record store (issue 12)
         return 0
-    from models.cli_train import _check_device, _mechanism_params
+    from models.cli_train import _check_device, _mechanism_params, recipe_from_args
 
     _check_device(args)
+    recipe = recipe_from_args(args, args.mechanism, raw_text=True)
     params = _mechanism_params(args)
     if args.mechanism in ("dchi-text", "dchi-embedding") and params["eta"] is None:
         params["eta"] = DEFAULT_ETA
@@ -122,7 +134,7 @@ def run(args) -> int:
         _say(f"training on all {rows:,} rows of {args.data}")
     if args.dev is None:
         _say("no --dev: no dev accuracy will be measured")
-    return _train_and_register(args, home, model_id, task, bundle, params, rows, t0)
+    return _train_and_register(args, home, model_id, task, bundle, params, rows, t0, recipe)
 
 
 def _bundle(args):
@@ -164,9 +176,9 @@ def _check_floor(args, bundle, params: dict) -> str | None:
 
 
 def _train_and_register(args, home, model_id: str, task: str, bundle, params: dict,
-                        rows: int, t0: float) -> int:
+                        rows: int, t0: float, recipe) -> int:
     from cloud_api.home import write_atomically
-    from models.cli_train import _rng
+    from models.cli_train import _posterior_table, _rng
     from models.data import kind_of
     from models.experiment import train_from_tsv
     from models.finetune import TrainConfig
@@ -177,6 +189,7 @@ def _train_and_register(args, home, model_id: str, task: str, bundle, params: di
         else DEFAULT_BERT_LR
     cfg = TrainConfig(epochs=args.epochs, lr=lr, batch_size=args.batch_size,
                       max_length=args.max_length, pooling="mean", seed=args.seed,
+                      layers=args.layers,
                       device=args.device, precision=args.precision,
                       progress=sys.stderr.isatty() and not args.no_progress)
     work = home.model_dir(model_id) / f".bootstrap-{uuid.uuid4().hex[:12]}"
@@ -185,7 +198,17 @@ def _train_and_register(args, home, model_id: str, task: str, bundle, params: di
         res = train_from_tsv(args.data, work, args.mechanism, params, dev_tsv=args.dev,
                              bundle=bundle, base=args.base, cfg=cfg, limit=args.limit or None,
                              dev_limit=args.dev_limit or None, rng=_rng(args),
-                             allow_weak_privacy=args.allow_weak_privacy)
+                             allow_weak_privacy=args.allow_weak_privacy, recipe=recipe,
+                             teacher=args.teacher,
+                             posterior=(_posterior_table(args.posterior_table)
+                                        if args.posterior_table else None),
+                             posterior_cache=home.posteriors_dir)
+        fresh = _fresh_dev(args, res.model_dir, bundle)
+        if settings_for(args).backend == "onnx":
+            from models.export import export_classifier_onnx
+
+            _say("exporting classifier.onnx (PRIVBERT_BACKEND=onnx)")
+            export_classifier_onnx(res.model_dir)
         config_path = res.model_dir / CONFIG_FILE
         config = json.loads(config_path.read_text())
         config["task"] = task
@@ -202,11 +225,42 @@ def _train_and_register(args, home, model_id: str, task: str, bundle, params: di
     print(f"mechanism={config['mechanism']} params={json.dumps(config['params'], sort_keys=True)}"
           f" bundle_id={config['bundle_id']}")
     print(f"guarantee: {summary(config['guarantee'])}")
+    levers = (config.get("recipe") or {}).get("levers") or []
+    print(f"recipe: {', '.join(levers) or 'plain fine-tuning'}")
     print(f"train_examples={res.n_train} of {rows} rows; dev_examples={res.n_dev}")
-    if dev:
+    if dev:  # on the privatization of the dev set the epoch was chosen on
         print(f"dev_accuracy={dev['accuracy']:.4f}")
+    if fresh:  # the mean over fresh privatizations of the dev set, and each of them
+        print(f"dev_accuracy_fresh={fresh['fresh_accuracy']:.4f} draws="
+              + ",".join(f"{a:.4f}" for a in fresh["fresh_draws"]))
     print(f"elapsed={time.perf_counter() - t0:.1f}s")
     return 0
+
+
+def _fresh_dev(args, model_dir: Path, bundle) -> dict | None:
+    """The kept model on the dev set privatized ``--dev-draws`` times afresh, recorded in the
+    version's metrics.json (``dev.fresh_accuracy``, served by GET /v1/models)."""
+    if args.dev is None or not args.dev_draws:
+        return None
+    import numpy as np
+
+    from cloud_api.home import write_atomically
+    from models.experiment import evaluate_tsv
+    from models.registry import METRICS_FILE
+
+    seeds = (np.random.SeedSequence(args.seed).spawn(args.dev_draws)
+             if args.seed is not None else [None] * args.dev_draws)
+    accs = [evaluate_tsv(model_dir, args.dev, bundle=bundle, limit=args.dev_limit or None,
+                         rng=np.random.default_rng(s) if s is not None else None,
+                         device=args.device, precision=args.precision,
+                         progress=False)["accuracy"] for s in seeds]
+    out = {"fresh_accuracy": float(np.mean(accs)), "fresh_draws": accs}
+    path = model_dir / METRICS_FILE
+    metrics = json.loads(path.read_text())
+    metrics.setdefault("dev", {}).update(out)
+    write_atomically(path, json.dumps(metrics, indent=2, sort_keys=True) + "\n",
+                     durable=False)
+    return out
 
 
 # -- record store (issue 12) -----------------------------------------------------------------

@@ -93,9 +93,10 @@ only, so scrape each or use one worker per replica."""
 def register_serve(sub) -> None:
     p = sub.add_parser("serve", help="run the HTTP service (uvicorn)", description=SERVE_HELP,
                        formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--host", default="127.0.0.1", help="address to bind (127.0.0.1; "
+    p.add_argument("--host", help="address to bind (default $PRIVBERT_HOST, else 127.0.0.1; "
                    "0.0.0.0 for every interface)")
-    p.add_argument("--port", type=int, default=8000, help="port (8000)")
+    p.add_argument("--port", type=int, help="port (default $PRIVBERT_PORT, else 8000; the "
+                   "serve image's HEALTHCHECK asks $PRIVBERT_PORT)")
     p.add_argument("--workers", type=int, default=1, help="uvicorn worker processes (1); "
                    "see above for what N > 1 means")
     p.add_argument("--graceful-timeout", type=int, default=30, metavar="S",
@@ -107,6 +108,14 @@ def register_serve(sub) -> None:
 def run_serve(args) -> int:
     if args.workers < 1:
         return fail(f"--workers must be >= 1, got {args.workers}")
+    if args.host is None:
+        args.host = os.environ.get("PRIVBERT_HOST") or "127.0.0.1"
+    if args.port is None:
+        env = os.environ.get("PRIVBERT_PORT") or "8000"
+        try:
+            args.port = int(env)
+        except ValueError:
+            return fail(f"PRIVBERT_PORT must be a port number, got {env!r}")
     if not 0 <= args.port <= 65535:
         return fail(f"--port must be in [0, 65535], got {args.port}")
     settings = settings_for(args)

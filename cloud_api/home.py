@@ -5,6 +5,8 @@
       models/<model_id>/promoted              the promoted version's name, replaced atomically
       bundles/<bundle_id>/                    edge bundles (EdgeBundle.save)
       bases/<name>/                           pretrained bases (cloud-api pretrain output)
+      posteriors/<mechanism>-<digest>.npz     channel posteriors built from public text
+                                              (models.posterior; a cache, safe to delete)
       jobs/<job_id>/                          a job's work folder and log
 
 Everything here is plain files so that several processes (replicas, workers, the CLI)
@@ -96,6 +98,10 @@ class ModelHome:
     @property
     def bases_dir(self) -> Path:
         return self.root / "bases"
+
+    @property
+    def posteriors_dir(self) -> Path:
+        return self.root / "posteriors"
 
     @property
     def jobs_dir(self) -> Path:

@@ -127,6 +127,23 @@ class RunBudget:
         """Charge one batch (costs read from ``payloads``) before it is written or sent;
         the payload JSON to use for each item (stored ones for memoized texts)."""
         costs = [ledger.payload_cost(p, self.diameter) for p in payloads]
+        return self._charge(lines, costs, jsons)
+
+    def charge_rows(self, lines, rows) -> list[bytes]:
+        """:meth:`charge` for the JSON rows of a token mechanism
+        (``edge_agent.record_lines.TokenRows``): each cost from the mechanism and params of
+        the rows' validated payload and each payload's own token count."""
+        mech = rows.payload.mechanism
+        params = rows.payload.params.model_dump()
+        by_size: dict[int, Cost] = {}
+        costs = []
+        for n in rows.n_tokens:
+            if n not in by_size:
+                by_size[n] = ledger.cost(mech, params, tokens=n, diameter=self.diameter)
+            costs.append(by_size[n])
+        return self._charge(lines, costs, rows.jsons)
+
+    def _charge(self, lines, costs: list[Cost], jsons: list[bytes]) -> list[bytes]:
         got = self.ledger.charge(costs, jsons, self.item_keys(lines),
                                  mechanism=self.priv.name, params=self.priv.params,
                                  bundle_id=self.bundle_id)

@@ -72,27 +72,101 @@ class _BertClassifier(nn.Module):
 
 
 class TokenClassifier(_BertClassifier):
-    """BERT over token ids ``[CLS] ids [SEP] (ids [SEP])``."""
+    """BERT over token ids ``[CLS] ids [SEP] (ids [SEP])``.
+
+    With a channel posterior (``models.posterior``, ``dchi-text``): each id y is read as
+    φ(y) + a ⊙ (E[φ(x) | y] − φ(y)), the posterior-mean embedding mixed in by a learned gate
+    a = sigmoid(g) per dimension (g starts at ``gate_init``). The table is a frozen buffer
+    saved with the weights.
+    """
 
     input_names = ("input_ids", "attention_mask", "token_type_ids")
 
+    def __init__(self, bert, num_labels: int, pooling: str = "mean",
+                 posterior_table=None, gate_init: float = 0.0):
+        super().__init__(bert, num_labels, pooling)
+        self.has_posterior = posterior_table is not None
+        if self.has_posterior:
+            table = torch.as_tensor(posterior_table, dtype=torch.float32)
+            if table.shape != bert.embeddings.word_embeddings.weight.shape:
+                raise ValueError(f"posterior table {tuple(table.shape)} does not match the "
+                                 f"word embeddings {tuple(bert.embeddings.word_embeddings.weight.shape)}")
+            self.register_buffer("posterior_table", table)
+            self.posterior_gate = nn.Parameter(torch.full((table.shape[1],), float(gate_init)))
+
+    def input_embeddings(self, input_ids: torch.Tensor) -> torch.Tensor | None:
+        """The rows BERT reads for ``input_ids`` (None: its own word embeddings)."""
+        if not self.has_posterior:
+            return None
+        own = self.bert.embeddings.word_embeddings(input_ids)
+        post = F.embedding(input_ids, self.posterior_table)
+        return own + torch.sigmoid(self.posterior_gate) * (post - own)
+
+    def encode(self, input_ids, attention_mask, token_type_ids):
+        embeds = self.input_embeddings(input_ids)
+        if embeds is None:
+            return self.bert(input_ids=input_ids, attention_mask=attention_mask,
+                             token_type_ids=token_type_ids)
+        return self.bert(inputs_embeds=embeds, attention_mask=attention_mask,
+                         token_type_ids=token_type_ids)
+
     def forward(self, input_ids, attention_mask, token_type_ids) -> torch.Tensor:
-        out = self.bert(input_ids=input_ids, attention_mask=attention_mask,
-                        token_type_ids=token_type_ids)
-        return self._logits(out, attention_mask)
+        return self._logits(self.encode(input_ids, attention_mask, token_type_ids),
+                            attention_mask)
 
 
 class EmbeddingClassifier(_BertClassifier):
-    """BERT over perturbed token embeddings; special rows from the frozen table."""
+    """BERT over perturbed token embeddings; special rows from the frozen table.
+
+    With a channel prior (``models.posterior``, ``dchi-embedding``): each payload row z is
+    read as z + a ⊙ (E[φ(x) | z] − z), with the exact posterior
+    P(x | z) ∝ P(x)·exp(−η‖z − φ(x)‖) over the regular tokens (Qu et al. §3.2.3's density)
+    and a = sigmoid(g) a learned gate per dimension.
+    """
 
     input_names = ("input_ids", "token_rows", "row_mask", "attention_mask", "token_type_ids")
 
+    def __init__(self, bert, num_labels: int, pooling: str = "mean", log_prior=None,
+                 eta: float | None = None, gate_init: float = 0.0):
+        super().__init__(bert, num_labels, pooling)
+        self.has_posterior = log_prior is not None
+        if self.has_posterior:
+            if eta is None or not eta > 0:
+                raise ValueError("the embedding posterior needs the mechanism's eta")
+            lp = torch.as_tensor(log_prior, dtype=torch.float32)
+            if lp.shape != (bert.embeddings.word_embeddings.weight.shape[0],):
+                raise ValueError("the log prior needs one value per vocabulary id")
+            self.register_buffer("log_prior", lp)
+            self.eta = float(eta)
+            self.posterior_gate = nn.Parameter(torch.full((bert.config.hidden_size,),
+                                                          float(gate_init)))
+
+    def posterior_mean(self, rows: torch.Tensor) -> torch.Tensor:
+        """E[φ(x) | z] for rows z (..., n): the exact posterior over the tokens with a
+        finite log prior, computed in float32 (distances by the expanded square)."""
+        table = self.bert.embeddings.word_embeddings.weight
+        keep = torch.isfinite(self.log_prior)
+        t, lp = table[keep].detach().float(), self.log_prior[keep]
+        z = rows.reshape(-1, rows.shape[-1]).float()
+        d2 = (z * z).sum(-1, keepdim=True) - 2 * z @ t.T + (t * t).sum(-1)
+        logits = lp - self.eta * d2.clamp(min=0).sqrt()
+        mean = torch.softmax(logits, dim=-1) @ t
+        return mean.reshape(rows.shape).to(rows.dtype)
+
+    def encode(self, input_ids, token_rows, row_mask, attention_mask, token_type_ids):
+        table_rows = self.bert.embeddings.word_embeddings(input_ids)
+        rows = token_rows.to(table_rows.dtype)
+        if self.has_posterior:
+            with torch.no_grad():  # nothing to learn in it: the table and prior are frozen
+                post = self.posterior_mean(rows)
+            rows = rows + torch.sigmoid(self.posterior_gate) * (post - rows)
+        embeds = torch.where(row_mask.unsqueeze(-1), rows, table_rows)
+        return self.bert(inputs_embeds=embeds, attention_mask=attention_mask,
+                         token_type_ids=token_type_ids)
+
     def forward(self, input_ids, token_rows, row_mask, attention_mask,
                 token_type_ids) -> torch.Tensor:
-        table_rows = self.bert.embeddings.word_embeddings(input_ids)
-        embeds = torch.where(row_mask.unsqueeze(-1), token_rows.to(table_rows.dtype), table_rows)
-        out = self.bert(inputs_embeds=embeds, attention_mask=attention_mask,
-                        token_type_ids=token_type_ids)
+        out = self.encode(input_ids, token_rows, row_mask, attention_mask, token_type_ids)
         return self._logits(out, attention_mask)
 
 
@@ -140,9 +214,11 @@ class VectorMLP(nn.Module):
 
 def build_classifier(mechanism: str, num_labels: int, *, bert=None, feature_dim: int | None = None,
                      pooling: str = "mean", hidden: Sequence[int] = (768, 768, 768),
-                     dropout: float = 0.1) -> nn.Module:
+                     dropout: float = 0.1, posterior=None, regular_ids=None) -> nn.Module:
     """The classifier for payloads of ``mechanism``: pass ``bert`` (a transformers BertModel)
-    for token kinds, ``feature_dim`` for vector kinds."""
+    for token kinds, ``feature_dim`` for vector kinds. ``posterior``: a
+    ``models.posterior.ChannelPosterior`` of the same mechanism (dχ only), read as input;
+    ``dchi-embedding`` then needs the bundle's ``regular_ids`` (the posterior's support)."""
     kind = kind_of(mechanism)
     if kind == "vector":
         if not feature_dim:
@@ -150,8 +226,18 @@ def build_classifier(mechanism: str, num_labels: int, *, bert=None, feature_dim:
         return VectorMLP(feature_dim, num_labels, hidden, dropout)
     if bert is None:
         raise ValueError(f"{mechanism}: a BERT backbone is needed")
-    cls = TokenClassifier if kind == "tokens" else EmbeddingClassifier
-    return cls(bert, num_labels, pooling)
+    if posterior is not None and posterior.mechanism != mechanism:
+        raise ValueError(f"a {posterior.mechanism} posterior cannot read {mechanism} payloads")
+    if kind == "tokens":
+        table = None if posterior is None else posterior.mean_table(
+            bert.embeddings.word_embeddings.weight.detach().cpu().numpy())
+        return TokenClassifier(bert, num_labels, pooling, posterior_table=table)
+    if posterior is None:
+        return EmbeddingClassifier(bert, num_labels, pooling)
+    if regular_ids is None:
+        raise ValueError("the dchi-embedding posterior needs the bundle's regular token ids")
+    return EmbeddingClassifier(bert, num_labels, pooling, posterior.log_prior(regular_ids),
+                               posterior.eta)
 
 
 def architecture(module: nn.Module) -> dict:
@@ -160,8 +246,11 @@ def architecture(module: nn.Module) -> dict:
         return {"class": "VectorMLP", "in_dim": module.in_dim, "num_labels": module.num_labels,
                 "hidden": module.hidden, "dropout": module.net[2].p if module.hidden else 0.0}
     if isinstance(module, _BertClassifier):
-        return {"class": type(module).__name__, "num_labels": module.num_labels,
+        arch = {"class": type(module).__name__, "num_labels": module.num_labels,
                 "pooling": module.pooling, "bert_config": module.bert.config.to_dict()}
+        if getattr(module, "has_posterior", False):
+            arch["posterior"] = {"eta": getattr(module, "eta", None)}
+        return arch
     raise TypeError(f"not a privbert classifier: {type(module).__name__}")
 
 
@@ -175,6 +264,13 @@ def classifier_from_architecture(arch: dict) -> nn.Module:
 
         config = BertConfig.from_dict(dict(arch["bert_config"]))
         bert = BertModel(config, add_pooling_layer=arch["pooling"] == "cls")
-        cls = TokenClassifier if name == "TokenClassifier" else EmbeddingClassifier
-        return cls(bert, arch["num_labels"], arch["pooling"])
+        post = arch.get("posterior")
+        if name == "TokenClassifier":  # the buffers' values come with the weights
+            table = None if post is None else torch.zeros(
+                config.vocab_size, config.hidden_size)
+            return TokenClassifier(bert, arch["num_labels"], arch["pooling"], table)
+        if post is None:
+            return EmbeddingClassifier(bert, arch["num_labels"], arch["pooling"])
+        return EmbeddingClassifier(bert, arch["num_labels"], arch["pooling"],
+                                   torch.zeros(config.vocab_size), post["eta"])
     raise ValueError(f"unknown classifier class {name!r}")

@@ -13,6 +13,7 @@ Bad input prints one line ``cloud-api: error: ...`` and exits 2 before any train
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import sys
 
@@ -99,6 +100,56 @@ def _mechanism_args(p: argparse.ArgumentParser) -> None:
                    help="reproducible privatization and training (prints a warning)")
 
 
+def _recipe_args(p: argparse.ArgumentParser) -> None:
+    """The training recipe's levers (models.recipe); unset = the default for the mechanism."""
+    g = p.add_argument_group(
+        "recipe (models.recipe; default: the best measured recipe for the mechanism, "
+        "bench/RESULTS.md 'Utility levers')")
+    g.add_argument("--fresh-noise", action=argparse.BooleanOptionalAction, default=None,
+                   help="privatize the public training text afresh in every epoch")
+    g.add_argument("--posterior", action=argparse.BooleanOptionalAction, default=None,
+                   help="read each token through the channel posterior E[phi(x) | y] "
+                        "(dchi-text, dchi-embedding; post-processing: no privacy cost)")
+    g.add_argument("--posterior-table", metavar="FILE",
+                   help="a posterior.npz to read (default: built from the public training "
+                        "text; with --records: the --base version's)")
+    g.add_argument("--denoise", type=float, metavar="LAMBDA",
+                   help="weight of the auxiliary loss predicting the original tokens (0 = off)")
+    g.add_argument("--distill", type=float, metavar="ALPHA",
+                   help="weight of distillation from a teacher reading the original text "
+                        "(0 = off)")
+    g.add_argument("--warm-start", action=argparse.BooleanOptionalAction, default=None,
+                   help="start from a teacher fine-tuned on the original text, then fine-tune "
+                        "on the privatized text")
+    g.add_argument("--teacher", metavar="DIR", help="the teacher of --distill / --warm-start: a "
+                   "model version of mechanism none (default: one trained on the same text "
+                   "first, one epoch)")
+
+
+def recipe_from_args(args, mechanism: str, raw_text: bool):
+    """The default recipe for ``mechanism`` with the flags given applied on top; a lever
+    that makes no sense here is refused (ValueError, one line)."""
+    import dataclasses
+
+    from models.recipe import default_recipe
+
+    r = default_recipe(mechanism, raw_text)
+    changes = {k: v for k, v in (("fresh_noise", args.fresh_noise),
+                                 ("posterior", args.posterior), ("denoise", args.denoise),
+                                 ("distill", args.distill),
+                                 ("warm_start", args.warm_start)) if v is not None}
+    if args.teacher is not None and not (changes.get("distill", r.distill)
+                                         or changes.get("warm_start", r.warm_start)):
+        raise ValueError("--teacher needs --distill ALPHA > 0 or --warm-start")
+    if args.posterior_table is not None and changes.get("posterior") is False:
+        raise ValueError("--posterior-table contradicts --no-posterior")
+    if args.posterior_table is not None:
+        changes["posterior"] = True
+    r = dataclasses.replace(r, **changes)
+    r.check(mechanism, raw_text)
+    return r
+
+
 def _mechanism_params(args) -> dict:
     return {"eta": args.eta, "epsilon": args.epsilon, "calibration": args.calibration,
             "word_dropout": args.word_dropout, "lam": args.lam, "m": args.m, "k": args.k,
@@ -143,8 +194,12 @@ def register(subparsers) -> None:
     t.add_argument("--max-length", type=_positive_int, default=128)
     t.add_argument("--pooling", choices=("mean", "cls"), default="mean",
                    help="sentence pooling of the BERT classifiers")
+    t.add_argument("--layers", type=_positive_int, metavar="N",
+                   help="keep the first N transformer layers of the base (a smaller, faster "
+                        "model; default: all)")
     t.add_argument("--limit", type=_positive_int, help="first N training rows only")
     t.add_argument("--dev-limit", type=_positive_int, help="first N dev rows only")
+    _recipe_args(t)
     _device_args(t)
     t.set_defaults(func=_guarded(run_train))
 
@@ -212,7 +267,7 @@ def run_train(args) -> int:
     cfg = TrainConfig(epochs=args.epochs, lr=args.lr, batch_size=args.batch_size,
                       max_length=args.max_length, pooling=args.pooling, seed=args.seed,
                       device=args.device, precision=args.precision,
-                      progress=not args.no_progress)
+                      progress=not args.no_progress, layers=args.layers)
     cfg.validate()
     if args.data is not None:
         if args.mechanism is None:
@@ -222,11 +277,14 @@ def run_train(args) -> int:
                              "--dev-records")
         from shared.floor import WeakPrivacyError
 
+        recipe = recipe_from_args(args, args.mechanism, raw_text=True)
+        table = _posterior_table(args.posterior_table) if args.posterior_table else None
         try:
             res = train_from_tsv(args.data, args.out, args.mechanism, _mechanism_params(args),
                                  dev_tsv=args.dev, bundle=args.bundle, base=args.base,
                                  cfg=cfg, limit=args.limit, dev_limit=args.dev_limit, rng=rng,
-                                 allow_weak_privacy=args.allow_weak_privacy)
+                                 allow_weak_privacy=args.allow_weak_privacy, recipe=recipe,
+                                 teacher=args.teacher, posterior=table)
         except WeakPrivacyError as exc:
             raise WeakPrivacyError(f"{exc}; --allow-weak-privacy trains on it anyway") from None
     else:
@@ -239,13 +297,50 @@ def run_train(args) -> int:
         records = read_records_jsonl(args.records, limit=args.limit)
         dev = (read_records_jsonl(args.dev_records, limit=args.dev_limit)
                if args.dev_records else None)
+        mechanism = records[0].payload.mechanism if records else "none"
+        note = None
+        explicit = args.posterior is True or args.posterior_table is not None
+        recipe = recipe_from_args(args, mechanism, raw_text=False)
+        table = None
+        if recipe.posterior:
+            table = records_posterior(args.posterior_table, args.base)
+            if table is None and explicit:
+                raise ValueError("--posterior with --records needs --posterior-table FILE or "
+                                 "a --base model version that has a posterior.npz")
+            if table is None:  # said in the summary, after the checks of the records
+                note = ("no posterior table for these records (--posterior-table FILE or a "
+                        "--base version with one)")
+                recipe = dataclasses.replace(recipe, posterior=False)
         res = train_from_records(records, args.out, bundle=args.bundle, dev_records=dev,
-                                 base=args.base, cfg=cfg)
+                                 base=args.base, cfg=cfg, recipe=recipe, posterior=table)
+        _print_trained(res, note)
+        return 0
     _print_trained(res)
     return 0
 
 
-def _print_trained(res) -> None:
+def _posterior_table(path):
+    from models.posterior import ChannelPosterior
+
+    return ChannelPosterior.load(path)
+
+
+def records_posterior(table_path, base):
+    """The posterior table for device records: ``--posterior-table``, else the ``--base``
+    model version's ``posterior.npz``, else None."""
+    from pathlib import Path
+
+    from models.posterior import POSTERIOR_FILE
+    from models.registry import is_model_dir
+
+    if table_path is not None:
+        return _posterior_table(table_path)
+    if base is not None and is_model_dir(base) and (Path(base) / POSTERIOR_FILE).is_file():
+        return _posterior_table(Path(base) / POSTERIOR_FILE)
+    return None
+
+
+def _print_trained(res, note: str | None = None) -> None:
     from models.registry import read_config
     from shared.accounting import summary
 
@@ -256,6 +351,9 @@ def _print_trained(res) -> None:
     if cfg.get("weak_privacy"):
         print(f"weak privacy (--allow-weak-privacy): {cfg['weak_privacy']}: the training "
               "text was close to the raw text")
+    recipe = cfg.get("recipe") or {}
+    print(f"recipe: {', '.join(recipe.get('levers') or []) or 'plain fine-tuning'}"
+          + (f" ({note})" if note else ""))
     print(f"train_examples={res.n_train} dev_examples={res.n_dev} "
           f"fingerprint={res.fingerprint[:16]}")
     dev = res.metrics.get("dev")

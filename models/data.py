@@ -12,6 +12,10 @@ Model input from payloads follows docs/contract §3:
 * ``dchi-embedding``: the same layout, the payload rows in place of the ids and the
   [CLS]/[SEP] rows taken from the frozen table by the model;
 * ``laplace`` / ``texthide``: the vector; ``ome``: the bits as 0/1 floats.
+
+This module imports no torch at import time: the onnx serving backend collates with it
+(``collate_payloads(..., as_numpy=True)``) in an image that has no torch; only
+:func:`collate`'s tensors need it.
 """
 
 from __future__ import annotations
@@ -24,11 +28,14 @@ import sys
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
-import torch
 
 from shared.payload import Limits, Record, parse_record
+
+if TYPE_CHECKING:
+    import torch
 
 TOKEN_KINDS = ("dchi-text", "none")
 EMBEDDING_KINDS = ("dchi-embedding",)
@@ -324,10 +331,10 @@ def _layout(n: int, seg: tuple[int, ...] | None, max_length: int) -> tuple[list[
     return list(range(la)) + list(range(seg[0], seg[0] + lb)), la, lb
 
 
-def collate(arrays: Sequence[np.ndarray], segments: Sequence[tuple[int, ...] | None],
-            mechanism: str, special_ids: dict[str, int], max_length: int = 128
-            ) -> dict[str, torch.Tensor]:
-    """One padded batch (CPU tensors) for the classifier of ``mechanism``.
+def collate_arrays(arrays: Sequence[np.ndarray], segments: Sequence[tuple[int, ...] | None],
+                   mechanism: str, special_ids: dict[str, int], max_length: int = 128
+                   ) -> dict[str, np.ndarray]:
+    """One padded batch (numpy) for the classifier of ``mechanism``.
 
     Token kinds: ``input_ids``, ``attention_mask``, ``token_type_ids`` (B, T) int64.
     Embeddings: the same plus ``token_rows`` (B, T, n) float32 and ``row_mask`` (B, T) bool
@@ -336,8 +343,7 @@ def collate(arrays: Sequence[np.ndarray], segments: Sequence[tuple[int, ...] | N
     """
     kind = kind_of(mechanism)
     if kind == "vector":
-        x = np.stack([np.asarray(a, dtype=np.float32) for a in arrays])
-        return {"features": torch.from_numpy(x)}
+        return {"features": np.stack([np.asarray(a, dtype=np.float32) for a in arrays])}
     if max_length < 4:
         raise ValueError("max_length must be at least 4")
     cls, sep, pad = special_ids["cls"], special_ids["sep"], special_ids["pad"]
@@ -367,22 +373,55 @@ def collate(arrays: Sequence[np.ndarray], segments: Sequence[tuple[int, ...] | N
         else:
             emb[i, pos] = a[keep]
             rows_pos[i, pos] = True
-    out = {"input_ids": torch.from_numpy(ids), "attention_mask": torch.from_numpy(att),
-           "token_type_ids": torch.from_numpy(tt)}
+    out = {"input_ids": ids, "attention_mask": att, "token_type_ids": tt}
     if kind == "embeddings":
-        out["token_rows"] = torch.from_numpy(emb)
-        out["row_mask"] = torch.from_numpy(rows_pos)
+        out["token_rows"] = emb
+        out["row_mask"] = rows_pos
     return out
 
 
-def collate_payloads(payloads: Sequence, config: dict) -> dict[str, torch.Tensor]:
+def collate(arrays: Sequence[np.ndarray], segments: Sequence[tuple[int, ...] | None],
+            mechanism: str, special_ids: dict[str, int], max_length: int = 128
+            ) -> dict[str, torch.Tensor]:
+    """:func:`collate_arrays` as CPU tensors (sharing the arrays' memory)."""
+    import torch
+
+    return {k: torch.from_numpy(v) for k, v in collate_arrays(
+        arrays, segments, mechanism, special_ids, max_length).items()}
+
+
+def collate_payloads(payloads: Sequence, config: dict, as_numpy: bool = False
+                     ) -> dict[str, torch.Tensor] | dict[str, np.ndarray]:
     """One padded batch for checked ``shared.payload`` payloads, laid out for the model whose
     ``config.json`` is ``config`` (its mechanism, special ids and max_length): the one
-    collation of the torch model, the ONNX classifier and the serving backends."""
-    return collate([p.data_array() for p in payloads],
-                   [tuple(s) if (s := getattr(p, "segments", None)) else None
-                    for p in payloads],
-                   config["mechanism"], config["special_ids"], int(config["max_length"]))
+    collation of the torch model, the ONNX classifier and the serving backends.
+    ``as_numpy=True``: numpy arrays (no torch needed), else CPU tensors."""
+    arrays = [p.data_array() for p in payloads]
+    segments = [tuple(s) if (s := getattr(p, "segments", None)) else None for p in payloads]
+    args = (arrays, segments, config["mechanism"], config["special_ids"],
+            int(config["max_length"]))
+    return collate_arrays(*args) if as_numpy else collate(*args)
+
+
+def example_payload_arrays(cfg: dict, rng: np.random.Generator, n: int = 5):
+    """Random payload-shaped arrays for ``cfg``'s mechanism (lengths 1..12; one pair), and
+    their segments: the ONNX export's check and the serving backends' warm-up."""
+    arch = cfg["architecture"]
+    kind_arrays, segments = [], []
+    lo = max(cfg["special_ids"].values()) + 1
+    for i in range(n):
+        length = int(rng.integers(1, 13))
+        if cfg["mechanism"] in TOKEN_KINDS:
+            a = rng.integers(lo, arch["bert_config"]["vocab_size"], size=length)
+        elif cfg["mechanism"] == "dchi-embedding":
+            a = rng.normal(0, 1, (length, arch["bert_config"]["hidden_size"])).astype(np.float32)
+        elif cfg["mechanism"] == "ome":
+            a = rng.integers(0, 2, size=arch["in_dim"]).astype(np.float32)
+        else:
+            a = rng.normal(0, 1, size=arch["in_dim"]).astype(np.float32)
+        kind_arrays.append(a)
+        segments.append((length - length // 2, length // 2) if i == 1 and length > 1 else None)
+    return kind_arrays, segments
 
 
 def collate_dataset(ds: PayloadDataset, idx: Sequence[int], special_ids: dict[str, int],
@@ -390,6 +429,25 @@ def collate_dataset(ds: PayloadDataset, idx: Sequence[int], special_ids: dict[st
     """Collate examples ``idx`` of ``ds``."""
     return collate([ds.arrays[i] for i in idx], [ds.segments[i] for i in idx], ds.mechanism,
                    special_ids, max_length)
+
+
+def collate_originals(ds: PayloadDataset, idx: Sequence[int], special_ids: dict[str, int],
+                      max_length: int) -> torch.Tensor:
+    """(B, T) int64: the original id at each payload position of the batch ``idx`` (laid out
+    as :func:`collate_dataset` lays out the payloads), −100 at [CLS]/[SEP]/padding.
+    ``ds.extra["originals"]`` holds one id array per example (public text only)."""
+    orig = [ds.extra["originals"][i] for i in idx]
+    segs = [ds.segments[i] for i in idx]
+    for i, o in zip(idx, orig, strict=True):
+        if len(o) != len(ds.arrays[i]):
+            raise ValueError(f"example {i}: {len(o)} original ids for {len(ds.arrays[i])} "
+                             "privatized ones")
+    import torch
+
+    ids = collate_arrays(orig, segs, "none", special_ids, max_length)["input_ids"]
+    rows = collate_arrays([np.zeros((len(o), 1), np.float32) for o in orig], segs,
+                          "dchi-embedding", special_ids, max_length)["row_mask"]
+    return torch.from_numpy(np.where(rows, ids, -100).astype(np.int64))
 
 
 def length_buckets(lengths: np.ndarray, batch_size: int, rng: np.random.Generator | None,

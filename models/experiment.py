@@ -14,6 +14,7 @@ folder) runs before any training starts.
 
 from __future__ import annotations
 
+import dataclasses
 import datetime as _dt
 import os
 import platform
@@ -37,13 +38,16 @@ from models.finetune import (
     evaluate_dataset,
     finetune,
 )
+from models.levers import check_teacher, get_teacher, public_posterior
+from models.posterior import POSTERIOR_FILE, ChannelPosterior
 from models.privatize import (
+    PublicText,
     build_mechanism,
     load_bundle,
     make_privatizer,
     mechanism_from_params,
-    privatize_labelled,
 )
+from models.recipe import Recipe
 from models.registry import check_out_dir, load_model, save_model_version
 from shared.bundle import EdgeBundle
 from shared.payload import Record
@@ -102,19 +106,34 @@ def train_from_records(records: Sequence[Record | tuple], out_dir: str | os.Path
                        label_names: Sequence[str] | None = None, extra_config: dict | None = None,
                        should_stop: Callable[[], bool] | None = None,
                        on_progress: Callable[[float, dict], None] | None = None,
-                       overwrite: bool = False, dist_ctx=None) -> TrainResult:
+                       overwrite: bool = False, dist_ctx=None,
+                       recipe: Recipe | None = None,
+                       posterior: ChannelPosterior | None = None) -> TrainResult:
     """Fine-tune on privatized records (edge JSONL or the record store) and write a model
     version folder ``out_dir``. ``dist_ctx`` (``models.distributed``, under torchrun):
-    DDP; only rank 0 writes the folder."""
+    DDP; only rank 0 writes the folder.
+
+    ``recipe``: device records have no raw text, so only its ``posterior`` applies (the
+    others are refused); the table is ``posterior`` (e.g. the base version's
+    ``posterior.npz``), checked against the records' mechanism, η and bundle.
+    """
     cfg = cfg or TrainConfig()
     cfg.validate()
+    recipe = recipe or Recipe()
     check_out_dir(out_dir, overwrite)
     bundle = _as_bundle(bundle, base)
     train = dataset_from_records(records, label_names, where="training records")
+    recipe.check(train.mechanism, raw_text=False)
+    if recipe.posterior and posterior is None:
+        raise ValueError("the recipe asks for channel-posterior inputs but no posterior table "
+                         "was given (device records cannot build one: it comes from public "
+                         "text, e.g. the base version's posterior.npz)")
+    if not recipe.posterior:
+        posterior = None
     dev = (dataset_from_records(dev_records, train.label_names, where="dev records")
            if dev_records else None)
     return _train(train, dev, out_dir, bundle, base, cfg, extra_config, should_stop,
-                  on_progress, overwrite, dist_ctx)
+                  on_progress, overwrite, dist_ctx, recipe=recipe, posterior=posterior)
 
 
 def base_pretraining(base, mechanism: str, params: dict) -> dict | None:
@@ -141,8 +160,11 @@ def base_pretraining(base, mechanism: str, params: dict) -> dict | None:
 
 def _train(train: PayloadDataset, dev: PayloadDataset | None, out_dir, bundle: EdgeBundle,
            base, cfg: TrainConfig, extra_config: dict | None, should_stop, on_progress,
-           overwrite: bool, dist_ctx=None) -> TrainResult:
+           overwrite: bool, dist_ctx=None, *, recipe: Recipe | None = None,
+           posterior: ChannelPosterior | None = None, refresh=None,
+           teacher_module=None) -> TrainResult:
     check_compatible(train, dev, bundle)
+    recipe = recipe or Recipe()
     if base is not None and train.kind == "vector":
         raise ValueError(f"--base does not apply to {train.mechanism}: its classifier is an "
                          "MLP over the sentence vector, not a BERT")
@@ -153,9 +175,17 @@ def _train(train: PayloadDataset, dev: PayloadDataset | None, out_dir, bundle: E
         print(f"warning: {base} was pretrained with {pre['mechanism']} eta={pre['eta']}, the "
               f"task uses {train.mechanism} {train.params}; Qu et al. §3.4 pretrain with the "
               "task's own privatization", file=sys.stderr)
-    model = build_model(train, bundle, base, cfg)  # checks the base against the bundle
+    # checks the base against the bundle, and the posterior against the payloads
+    model = build_model(train, bundle, base, cfg, posterior=posterior)
+    if recipe.warm_start:
+        from models.levers import warm_start
+
+        warm_start(model, teacher_module)
+    cfg = dataclasses.replace(cfg, denoise=recipe.denoise, denoise_rate=recipe.denoise_rate,
+                              distill=recipe.distill,
+                              distill_temperature=recipe.distill_temperature)
     result = finetune(train, dev, bundle, base, cfg, should_stop, on_progress, model=model,
-                      dist_ctx=dist_ctx)
+                      dist_ctx=dist_ctx, refresh=refresh)
     if dist_ctx is not None and not dist_ctx.is_main:  # rank 0 writes the version
         return TrainResult(Path(out_dir), result.metrics, len(train), len(dev) if dev else 0,
                            train.fingerprint)
@@ -170,6 +200,9 @@ def _train(train: PayloadDataset, dev: PayloadDataset | None, out_dir, bundle: E
         "pretraining": pre,
         "pooling": cfg.pooling if train.kind != "vector" else None,
         "guarantee": _guarantee(train.mechanism, train.params, bundle, train.feature_dim()),
+        "recipe": recipe.as_dict(),
+        "posterior": None if posterior is None else {"file": POSTERIOR_FILE,
+                                                     **posterior.describe()},
         "created": _dt.datetime.now(_dt.UTC).isoformat(timespec="seconds"),
         "versions": {"torch": torch.__version__, "transformers": transformers.__version__,
                      "python": platform.python_version()},
@@ -181,8 +214,9 @@ def _train(train: PayloadDataset, dev: PayloadDataset | None, out_dir, bundle: E
                  "dev_fingerprint": dev.fingerprint if dev is not None else None,
                  "dev_examples": len(dev) if dev is not None else 0,
                  "train_config": config_dict(cfg)}
+    files = {} if posterior is None else {POSTERIOR_FILE: posterior.to_bytes()}
     path = save_model_version(out_dir, result.module, config, result.metrics, data_info,
-                              overwrite)
+                              overwrite, extra_files=files)
     return TrainResult(path, result.metrics, len(train), len(dev) if dev else 0,
                        train.fingerprint)
 
@@ -203,7 +237,10 @@ def train_from_tsv(train_tsv: str | os.PathLike, out_dir: str | os.PathLike,
                    limit: int | None = None, dev_limit: int | None = None,
                    rng: np.random.Generator | None = None, overwrite: bool = False,
                    progress: bool | None = None,
-                   allow_weak_privacy: bool = False) -> TrainResult:
+                   allow_weak_privacy: bool = False, recipe: Recipe | None = None,
+                   teacher: str | os.PathLike | None = None,
+                   posterior: ChannelPosterior | None = None,
+                   posterior_cache: str | os.PathLike | None = None) -> TrainResult:
     """Privatize a labelled TSV with the edge's Privatizer and fine-tune on it.
 
     ``params``: the mechanism's arguments as for :func:`models.privatize.build_mechanism`
@@ -211,9 +248,17 @@ def train_from_tsv(train_tsv: str | os.PathLike, out_dir: str | os.PathLike,
     ``texthide_key``). ``rng`` None = fresh OS entropy for the privatization.
     Parameters weaker than the privacy floor (``shared.floor``) raise WeakPrivacyError
     before any work unless ``allow_weak_privacy``; the model's config then records why.
+    ``recipe`` (``models.recipe``; None: none of its levers): the text is public, so every
+    lever applies. ``teacher``: a model version that reads plain ids (mechanism ``none``)
+    for ``recipe.distill`` / ``warm_start``; None trains one on the same text first (one
+    epoch).
+    ``posterior``: a prebuilt table for ``recipe.posterior``, else built from the training
+    text (kept in ``posterior_cache`` by its inputs' digest when given).
     """
     cfg = cfg or TrainConfig()
     cfg.validate()
+    recipe = recipe or Recipe()
+    recipe.check(mechanism, raw_text=True)
     progress = cfg.progress if progress is None else progress
     check_out_dir(out_dir, overwrite)
     data = read_labelled_tsv(train_tsv, limit)
@@ -238,39 +283,65 @@ def train_from_tsv(train_tsv: str | os.PathLike, out_dir: str | os.PathLike,
     # the edge's Privatizer checks the privacy floor (WeakPrivacyError) before any work
     privatizer = make_privatizer(bundle, mech, cfg.max_length, allow_weak_privacy)
     weak = privatizer.weak_privacy
-    # the backbone is checked against the bundle before the (slow) privatization
-    _check_base(mechanism, bundle, base)
-    records = privatize_labelled(data, names, privatizer, rng, progress=progress,
-                                 desc="privatize train")
-    dev_records = None
+    # the backbone, teacher and posterior are checked before the (slow) privatization
+    _check_base(mechanism, bundle, base, cfg)
+    if (recipe.distill or recipe.warm_start) and teacher is not None:
+        check_teacher(teacher, bundle, names)
+    if posterior is not None:
+        posterior.check_for(mechanism, mech.params, bundle.bundle_id)
+    public = PublicText(data, names, privatizer)
+    train = public.dataset(rng, originals=recipe.denoise > 0, progress=progress,
+                           desc="privatize train", where=str(train_tsv))
+    dev = None
     if dev_data is not None:
         dev_priv = privatizer
         if mechanism == "texthide" and getattr(mech, "k", 1) > 1:  # predictions use k = 1
             dev_priv = make_privatizer(bundle, build_mechanism(
                 mechanism, bundle, **{**p, "k": 1}), cfg.max_length, allow_weak_privacy)
-        dev_records = privatize_labelled(dev_data, names, dev_priv, rng, progress=progress,
-                                         desc="privatize dev")
-    train = dataset_from_records(records, names, where=str(train_tsv))
-    dev = dataset_from_records(dev_records, names, where=str(dev_tsv)) if dev_records else None
+        dev = PublicText(dev_data, names, dev_priv).dataset(
+            rng, progress=progress, desc="privatize dev", where=str(dev_tsv))
+    if recipe.posterior and posterior is None:
+        posterior = public_posterior(bundle, mechanism, mech.params, data.texts, recipe, rng,
+                                     posterior_cache, progress)
+    teacher_module = None
+    if recipe.distill or recipe.warm_start:
+        teacher_module, probs = get_teacher(public, bundle, teacher, base, cfg)
+        if recipe.distill:
+            train.extra["teacher_probs"] = probs
+    if recipe.fresh_noise and cfg.epochs == 1:  # nothing to refresh: recorded as not used
+        recipe = dataclasses.replace(recipe, fresh_noise=False)
+    refresh = None
+    if recipe.fresh_noise:
+        def refresh(epoch: int) -> PayloadDataset:
+            ds = public.dataset(rng, originals=recipe.denoise > 0, progress=False,
+                                where=str(train_tsv))
+            ds.extra.update({k: v for k, v in train.extra.items() if k == "teacher_probs"})
+            return ds
     extra = {"source": {"train_rows": len(data), "skipped_empty": data.skipped_empty,
                         "pairs": data.pairs is not None}}
     if weak is not None:  # trained with --allow-weak-privacy: say so next to the guarantee
         extra["weak_privacy"] = weak
-    return _train(train, dev, out_dir, bundle, base, cfg, extra, None, None, overwrite)
+    return _train(train, dev, out_dir, bundle, base, cfg, extra, None, None, overwrite,
+                  recipe=recipe, posterior=posterior, refresh=refresh,
+                  teacher_module=teacher_module)
 
 
-def _check_base(mechanism: str, bundle: EdgeBundle, base) -> None:
+def _check_base(mechanism: str, bundle: EdgeBundle, base, cfg: TrainConfig) -> None:
     from models.data import kind_of
 
     if kind_of(mechanism) == "vector":
-        if base is not None:
-            raise ValueError(f"--base does not apply to {mechanism}: its classifier is an MLP "
-                             "over the sentence vector, not a BERT")
+        for flag, value in (("--base", base), ("--layers", cfg.layers)):
+            if value is not None:
+                raise ValueError(f"{flag} does not apply to {mechanism}: its classifier is an "
+                                 "MLP over the sentence vector, not a BERT")
         return
     from models.backbone import check_same_bundle
-    from models.finetune import load_backbone
+    from models.finetune import keep_layers, load_backbone
 
-    check_same_bundle(load_backbone(base), bundle)
+    bert = load_backbone(base)
+    check_same_bundle(bert, bundle)
+    if cfg.layers is not None:
+        keep_layers(bert, cfg.layers)  # more layers than the base has: an error now
 
 
 # -- evaluation ------------------------------------------------------------------------------
@@ -328,8 +399,8 @@ def evaluate_tsv(model_dir: str | os.PathLike, tsv: str | os.PathLike, *,
     # a model trained with --allow-weak-privacy is evaluated the way it was trained
     privatizer = make_privatizer(bundle, mech, int(cfg["max_length"]),
                              bool(cfg.get("weak_privacy")))
-    records = privatize_labelled(data, cfg["labels"], privatizer, rng, progress=progress,
-                                 desc="privatize test")
+    records = PublicText(data, cfg["labels"], privatizer).records(rng, progress=progress,
+                                                                  desc="privatize test")
     report = evaluate_records(model_dir, records, device=device, precision=precision)
     report["skipped_empty"] = data.skipped_empty
     return report

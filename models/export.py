@@ -29,6 +29,8 @@ from torch import nn
 
 from models.backbone import load_bert, resolve_model_dir
 from models.classifiers import POOLINGS, mean_pool
+from models.data import example_payload_arrays
+from models.onnx_classifier import OnnxClassifier, onnx_session  # noqa: F401  (re-exported)
 from shared.bundle import EdgeBundle, save_atomically
 
 OPSET = 18
@@ -123,24 +125,11 @@ def onnx_bytes(module: nn.Module, example: dict[str, torch.Tensor], output: str,
     return prog.model_proto.SerializeToString()
 
 
-def _session(data: bytes | str, threads: int | None = None):
-    """A CPU onnxruntime session; ``threads``: its intra-op thread count (inter-op 1),
-    None: onnxruntime's default."""
-    import onnxruntime as ort
-
-    opts = ort.SessionOptions()
-    opts.log_severity_level = 3
-    if threads is not None:
-        opts.intra_op_num_threads = threads
-        opts.inter_op_num_threads = 1
-    return ort.InferenceSession(data, opts, providers=["CPUExecutionProvider"])
-
-
 def check_encoder(onnx_data: bytes, encoder: SentenceEncoder, bundle: EdgeBundle,
                   texts: Sequence[str] = CHECK_SENTENCES) -> float:
     """Max |ONNX - torch| over ``texts`` (padded batch in ONNX, one by one in torch) and a
     sentence pair; ValueError above 1e-4."""
-    sess = _session(onnx_data)
+    sess = onnx_session(onnx_data)
     batch = encoder_inputs(bundle, texts)
     got = sess.run([ENCODER_OUTPUT], batch)[0]
     want = []
@@ -192,26 +181,6 @@ def export_bundle(out_dir: str | os.PathLike, model_dir: str | os.PathLike | Non
 
 
 # -- classifiers -----------------------------------------------------------------------------
-def _example_payload_arrays(cfg: dict, rng: np.random.Generator, n: int = 5):
-    """Random payload-shaped arrays for ``cfg``'s mechanism (lengths 1..12; one pair)."""
-    arch = cfg["architecture"]
-    kind_arrays, segments = [], []
-    lo = max(cfg["special_ids"].values()) + 1
-    for i in range(n):
-        length = int(rng.integers(1, 13))
-        if cfg["mechanism"] in ("dchi-text", "none"):
-            a = rng.integers(lo, arch["bert_config"]["vocab_size"], size=length)
-        elif cfg["mechanism"] == "dchi-embedding":
-            a = rng.normal(0, 1, (length, arch["bert_config"]["hidden_size"])).astype(np.float32)
-        elif cfg["mechanism"] == "ome":
-            a = rng.integers(0, 2, size=arch["in_dim"]).astype(np.float32)
-        else:
-            a = rng.normal(0, 1, size=arch["in_dim"]).astype(np.float32)
-        kind_arrays.append(a)
-        segments.append((length - length // 2, length // 2) if i == 1 and length > 1 else None)
-    return kind_arrays, segments
-
-
 def export_classifier_onnx(model_dir: str | os.PathLike, seed: int = 0) -> Path:
     """Write ``classifier.onnx`` into a trained model folder; checked against torch on random
     payload-shaped batches (max |logit difference| <= 1e-4). Returns its path."""
@@ -221,16 +190,16 @@ def export_classifier_onnx(model_dir: str | os.PathLike, seed: int = 0) -> Path:
     mv = load_model(model_dir)
     module = mv.module.float().eval()
     rng = np.random.default_rng(seed)
-    arrays, segs = _example_payload_arrays(mv.config, rng)
+    arrays, segs = example_payload_arrays(mv.config, rng)
     example = collate(arrays, segs, mv.mechanism, mv.special_ids, mv.max_length)
     example = {k: example[k] for k in module.input_names}
     dyn = {k: ({0: "batch", 1: "seq"} if v.ndim >= 2 and k != "features" else {0: "batch"})
            for k, v in example.items()}
     data = onnx_bytes(module, example, "logits", dyn)
-    sess = _session(data)
+    sess = onnx_session(data)
     worst = 0.0
     for n in (1, 3, 7):
-        arrays, segs = _example_payload_arrays(mv.config, rng, n)
+        arrays, segs = example_payload_arrays(mv.config, rng, n)
         batch = collate(arrays, segs, mv.mechanism, mv.special_ids, mv.max_length)
         batch = {k: batch[k] for k in module.input_names}
         got = sess.run(["logits"], {k: v.numpy() for k, v in batch.items()})[0]
@@ -251,41 +220,3 @@ def export_classifier_onnx(model_dir: str | os.PathLike, seed: int = 0) -> Path:
     tmp_cfg.write_text(json.dumps(cfg, indent=2, sort_keys=True) + "\n")
     os.replace(tmp_cfg, cfg_path)
     return path
-
-
-class OnnxClassifier:
-    """A model version served by onnxruntime on CPU (``classifier.onnx``); ``threads``:
-    the session's intra-op thread count (inter-op 1), None: onnxruntime's default (every
-    core)."""
-
-    def __init__(self, model_dir: str | os.PathLike, threads: int | None = None):
-        from models.registry import ONNX_FILE, read_config
-
-        if threads is not None and (not isinstance(threads, int) or threads < 1):
-            raise ValueError(f"threads must be a positive int or None, not {threads!r}")
-        self.path = Path(model_dir)
-        self.config = read_config(self.path)
-        if not (self.path / ONNX_FILE).is_file():
-            raise ValueError(f"{self.path}: no {ONNX_FILE} (run cloud-api export-bundle --onnx "
-                             f"--model {self.path})")
-        self.session = _session(str(self.path / ONNX_FILE), threads)
-        self.input_names = [i.name for i in self.session.get_inputs()]
-
-    def logits(self, batch: dict) -> np.ndarray:
-        """Logits (B, C) for a collated batch (torch tensors or numpy arrays)."""
-        feed = {k: (v.numpy() if isinstance(v, torch.Tensor) else np.asarray(v))
-                for k, v in batch.items() if k in self.input_names}
-        return self.session.run(["logits"], feed)[0]
-
-    def predict_proba(self, payloads: Sequence) -> np.ndarray:
-        """Class probabilities (N, C) for payloads (checked like the torch model's)."""
-        from models.data import collate_payloads
-        from models.registry import ModelVersion
-
-        shell = ModelVersion(self.path, self.config, {}, nn.Identity())
-        for p in payloads:
-            shell.check_payload(p)
-        z = self.logits(collate_payloads(payloads, self.config))
-        z = z - z.max(axis=1, keepdims=True)
-        e = np.exp(z)
-        return e / e.sum(axis=1, keepdims=True)

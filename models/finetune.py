@@ -23,8 +23,9 @@ from torch import nn
 from models import distributed
 from models.backbone import autocast_dtype, check_same_bundle, load_bert, pick_device
 from models.classifiers import build_classifier, classification_loss
-from models.data import PayloadDataset, collate_dataset, length_buckets
+from models.data import PayloadDataset, collate_dataset, collate_originals, length_buckets
 from models.distributed import DistContext
+from models.objectives import Objective, teacher_targets
 from shared.bundle import EdgeBundle
 
 DEFAULT_LR = {"tokens": 2e-5, "embeddings": 2e-5, "vector": 1e-3}
@@ -46,24 +47,38 @@ class TrainConfig:
     weight_decay: float = 0.01
     max_grad_norm: float = 1.0
     pooling: str = "mean"
+    layers: int | None = None  # keep the first N transformer layers of the base (None: all)
     hidden: tuple[int, ...] = (768, 768, 768)
     seed: int | None = None  # initialisation and batch order only, never the privatization
     device: str = "auto"
     precision: str = "auto"
     eval_batch_size: int = 128
     progress: bool = True
+    # levers that need the public text (models.objectives): weights 0 = off
+    denoise: float = 0.0          # λ of the auxiliary denoising loss
+    denoise_rate: float = 0.5     # share of payload positions it scores
+    distill: float = 0.0          # α of distillation from a teacher that read the text
+    distill_temperature: float = 2.0
 
     def validate(self) -> None:
         if self.epochs < 1:
             raise ValueError(f"epochs must be >= 1, got {self.epochs}")
         if self.batch_size < 1:
             raise ValueError(f"batch size must be >= 1, got {self.batch_size}")
+        if self.layers is not None and self.layers < 1:
+            raise ValueError(f"layers must be >= 1, got {self.layers}")
         if not 4 <= self.max_length <= 4096:
             raise ValueError(f"max length must be in [4, 4096], got {self.max_length}")
         if self.lr is not None and not (0 < self.lr < 1):
             raise ValueError(f"learning rate must be in (0, 1), got {self.lr}")
         if not 0 <= self.warmup < 1:
             raise ValueError(f"warm-up fraction must be in [0, 1), got {self.warmup}")
+        if not (0 <= self.denoise < 100 and 0 < self.denoise_rate <= 1):
+            raise ValueError(f"denoise weight must be in [0, 100) and its rate in (0, 1], got "
+                             f"{self.denoise}, {self.denoise_rate}")
+        if not (0 <= self.distill <= 1 and 0 < self.distill_temperature <= 100):
+            raise ValueError(f"distillation weight must be in [0, 1] and its temperature in "
+                             f"(0, 100], got {self.distill}, {self.distill_temperature}")
 
 
 @dataclass
@@ -119,13 +134,18 @@ def load_backbone(base: str | os.PathLike | None):
 
 
 def build_model(train: PayloadDataset, bundle: EdgeBundle, base=None,
-                cfg: TrainConfig | None = None) -> nn.Module:
-    """The classifier for ``train``'s mechanism, its backbone checked against ``bundle``."""
+                cfg: TrainConfig | None = None, posterior=None) -> nn.Module:
+    """The classifier for ``train``'s mechanism, its backbone checked against ``bundle``;
+    ``posterior`` (``models.posterior.ChannelPosterior``): channel-posterior inputs, checked
+    against the payloads' mechanism, η and bundle."""
     cfg = cfg or TrainConfig()
     if cfg.seed is not None:  # the new head's (or MLP's) initial weights
         torch.manual_seed(cfg.seed)
     n_labels = len(train.label_names)
     if train.kind == "vector":
+        if cfg.layers is not None:
+            raise ValueError(f"--layers does not apply to {train.mechanism}: its classifier is "
+                             "an MLP over the sentence vector, not a BERT")
         model = build_classifier(train.mechanism, n_labels, feature_dim=train.feature_dim(),
                                  hidden=cfg.hidden)
         x = torch.from_numpy(np.stack([np.asarray(a, np.float32) for a in train.arrays]))
@@ -133,12 +153,28 @@ def build_model(train: PayloadDataset, bundle: EdgeBundle, base=None,
         return model
     bert = load_backbone(base)
     check_same_bundle(bert, bundle)
+    if cfg.layers is not None:
+        keep_layers(bert, cfg.layers)
     if train.kind == "embeddings" and train.feature_dim() != bert.config.hidden_size:
         raise ValueError(f"payload embeddings have dimension {train.feature_dim()}, the "
                          f"backbone {bert.config.hidden_size}")
     if cfg.pooling == "cls" and getattr(bert, "pooler", None) is None:
         raise ValueError("pooling 'cls' needs a BERT with a pooler layer")
-    return build_classifier(train.mechanism, n_labels, bert=bert, pooling=cfg.pooling)
+    if posterior is not None:
+        posterior.check_for(train.mechanism, train.params, bundle.bundle_id)
+    return build_classifier(train.mechanism, n_labels, bert=bert, pooling=cfg.pooling,
+                            posterior=posterior, regular_ids=bundle.regular_ids)
+
+
+def keep_layers(bert, n: int) -> None:
+    """Keep the first ``n`` transformer layers of ``bert`` (a smaller, faster model whose
+    lower layers are the pretrained ones; Sajjad et al. 2023 "On the effect of dropping
+    layers of pre-trained transformer models"). ValueError if it has fewer."""
+    have = len(bert.encoder.layer)
+    if not 1 <= n <= have:
+        raise ValueError(f"--layers {n}: the base BERT has {have} layers")
+    bert.encoder.layer = bert.encoder.layer[:n]
+    bert.config.num_hidden_layers = n
 
 
 def check_token_ids(ds: PayloadDataset, bundle: EdgeBundle, where: str) -> None:
@@ -256,14 +292,25 @@ def evaluate_dataset(module: nn.Module, ds: PayloadDataset, special_ids: dict[st
 
 
 # -- training --------------------------------------------------------------------------------
-def _param_groups(module: nn.Module, weight_decay: float) -> list[dict]:
-    decay, no_decay = [], []
+GATE_LR_FACTOR = 100.0  # the posterior gate: one scalar per dimension, far from BERT's scale
+
+
+def _param_groups(module: nn.Module, weight_decay: float, lr: float) -> list[dict]:
+    decay, no_decay, gates = [], [], []
     for name, p in module.named_parameters():
         if not p.requires_grad:
             continue
-        (no_decay if p.ndim < 2 or "LayerNorm" in name or "norm" in name else decay).append(p)
-    return [{"params": decay, "weight_decay": weight_decay},
-            {"params": no_decay, "weight_decay": 0.0}]
+        if name.endswith("posterior_gate"):
+            gates.append(p)
+        elif p.ndim < 2 or "LayerNorm" in name or "norm" in name:
+            no_decay.append(p)
+        else:
+            decay.append(p)
+    groups = [{"params": decay, "weight_decay": weight_decay, "lr": lr},
+              {"params": no_decay, "weight_decay": 0.0, "lr": lr}]
+    if gates:
+        groups.append({"params": gates, "weight_decay": 0.0, "lr": lr * GATE_LR_FACTOR})
+    return groups
 
 
 def linear_warmup_decay(step: int, total: int, warmup_steps: int) -> float:
@@ -278,7 +325,8 @@ def finetune(train: PayloadDataset, dev: PayloadDataset | None, bundle: EdgeBund
              should_stop: Callable[[], bool] | None = None,
              on_progress: Callable[[float, dict], None] | None = None,
              model: nn.Module | None = None,
-             dist_ctx: DistContext | None = None) -> FinetuneResult:
+             dist_ctx: DistContext | None = None,
+             refresh: Callable[[int], PayloadDataset] | None = None) -> FinetuneResult:
     """Fine-tune the classifier of ``train``'s mechanism; keep the best dev epoch.
 
     ``should_stop`` is polled every step (raise :class:`TrainingCancelled`);
@@ -287,20 +335,30 @@ def finetune(train: PayloadDataset, dev: PayloadDataset | None, bundle: EdgeBund
     trains on its share of the length buckets; every rank returns the same weights.
     The dev set is sharded too (:func:`evaluate_dataset`): each rank evaluates its share
     of the batches and every rank gets the single-process figures.
+    ``refresh(epoch)``: the training set of epochs 2, 3, ... (the same examples in the same
+    order, privatized afresh: public text only), built in a thread during the epoch before.
+    ``cfg.denoise`` reads ``train.extra["originals"]`` (the original ids of each example),
+    ``cfg.distill`` ``train.extra["teacher_probs"]`` (N, C): see ``models.objectives``.
     """
     cfg = cfg or TrainConfig()
     cfg.validate()
     check_compatible(train, dev, bundle)
+    if cfg.denoise and "originals" not in train.extra:
+        raise ValueError("the denoising loss needs the original tokens (public text only)")
+    if cfg.distill and "teacher_probs" not in train.extra:
+        raise ValueError("distillation needs a teacher's probabilities (public text only)")
     if cfg.seed is not None:
         torch.manual_seed(cfg.seed)
     module = model if model is not None else build_model(train, bundle, base, cfg)
     device = dist_ctx.device if dist_ctx is not None else pick_device(cfg.device)
     amp = autocast_dtype(device, cfg.precision)
     module.to(device)
-    net = distributed.wrap(module, dist_ctx)  # module itself when alone
+    objective = Objective(module, denoise=cfg.denoise, denoise_rate=cfg.denoise_rate,
+                          distill=cfg.distill, temperature=cfg.distill_temperature).to(device)
+    net = distributed.wrap(objective, dist_ctx)  # objective itself when alone
     frozen = _frozen_table(module)
     lr = cfg.lr if cfg.lr is not None else DEFAULT_LR[train.kind]
-    opt = torch.optim.AdamW(_param_groups(module, cfg.weight_decay), lr=lr)
+    opt = torch.optim.AdamW(_param_groups(objective, cfg.weight_decay, lr), lr=lr)
     steps_per_epoch = math.ceil(len(train) / cfg.batch_size)
     if dist_ctx is not None:
         steps_per_epoch //= dist_ctx.world_size  # see distributed.shard
@@ -313,41 +371,53 @@ def finetune(train: PayloadDataset, dev: PayloadDataset | None, bundle: EdgeBund
         seed = distributed.broadcast_object(int(np.random.SeedSequence().entropy % 2**63),
                                             dist_ctx)
     rng = np.random.default_rng(seed)
-    lengths = train.lengths()
     special = bundle.special_ids
     history: list[dict] = []
     best: tuple[float, int, dict] | None = None
     started = time.perf_counter()
+    from concurrent.futures import ThreadPoolExecutor
+
     from tqdm.auto import tqdm
 
     main = dist_ctx is None or dist_ctx.is_main
     bar = tqdm(total=total, disable=not (cfg.progress and main), unit="step", desc="fine-tune",
                dynamic_ncols=True, mininterval=1.0)
+    pool = ThreadPoolExecutor(1, thread_name_prefix="privatize") if refresh else None
+    upcoming = None  # the next epoch's fresh privatization, built during this one
     try:
         for epoch in range(1, cfg.epochs + 1):
+            if upcoming is not None:
+                train = upcoming.result()
+                check_compatible(train, None, bundle)
+            upcoming = (pool.submit(refresh, epoch + 1) if pool is not None
+                        and epoch < cfg.epochs else None)
             net.train()
             run_loss, run_n, seen = torch.zeros((), device=device), 0, 0
-            batches = distributed.shard(list(length_buckets(lengths, cfg.batch_size, rng)),
-                                        dist_ctx)
+            parts_sum: dict[str, torch.Tensor] = {}
+            batches = distributed.shard(list(length_buckets(train.lengths(), cfg.batch_size,
+                                                            rng)), dist_ctx)
             for step, idx in enumerate(batches):
                 if should_stop is not None and distributed.any_rank(should_stop(), dist_ctx):
                     raise TrainingCancelled("training cancelled")
                 batch = {k: v.to(device, non_blocking=True) for k, v in
                          collate_dataset(train, idx, special, cfg.max_length).items()}
                 tgt = torch.from_numpy(train.targets[idx]).to(device, non_blocking=True)
+                extra = _extra_targets(train, idx, cfg, special, device)
                 with torch.autocast(device.type, dtype=amp, enabled=amp is not None):
-                    logits = net(**batch)
-                loss = classification_loss(logits, tgt)
+                    loss, _, parts = net(batch, tgt, **extra)
                 opt.zero_grad(set_to_none=True)
                 scaler.scale(loss).backward()
                 if cfg.max_grad_norm:
                     scaler.unscale_(opt)
                     nn.utils.clip_grad_norm_(
-                        [p for p in module.parameters() if p.requires_grad], cfg.max_grad_norm)
+                        [p for p in objective.parameters() if p.requires_grad],
+                        cfg.max_grad_norm)
                 scaler.step(opt)
                 scaler.update()
                 sched.step()
-                run_loss += loss.detach() * len(idx)
+                run_loss += parts["task"].detach() * len(idx)
+                for k, v in parts.items():
+                    parts_sum[k] = parts_sum.get(k, 0.0) + v.detach() * len(idx)
                 run_n += len(idx)
                 seen += len(idx)
                 bar.update(1)
@@ -358,6 +428,8 @@ def finetune(train: PayloadDataset, dev: PayloadDataset | None, bundle: EdgeBund
                 run_loss, run_n = torch.tensor(loss_sum), int(n)
             record = {"epoch": epoch, "train_loss": float(run_loss) / max(1, run_n),
                       "seconds": round(time.perf_counter() - started, 2)}
+            record.update({f"train_{k}_loss": float(v) / max(1, seen)
+                           for k, v in parts_sum.items() if k != "task"})
             if dev is not None:
                 rep = evaluate_dataset(module, dev, special, cfg.max_length, device, amp,
                                        cfg.eval_batch_size, dist_ctx)
@@ -377,6 +449,8 @@ def finetune(train: PayloadDataset, dev: PayloadDataset | None, bundle: EdgeBund
                 on_progress(epoch / cfg.epochs, dict(record))
     finally:
         bar.close()
+        if pool is not None:
+            pool.shutdown(wait=True, cancel_futures=True)
     assert best is not None
     module.load_state_dict(best[2])
     module.eval()
@@ -391,6 +465,19 @@ def finetune(train: PayloadDataset, dev: PayloadDataset | None, bundle: EdgeBund
         metrics["dev"] = evaluate_dataset(module, dev, special, cfg.max_length, device, amp,
                                           cfg.eval_batch_size, dist_ctx)
     return FinetuneResult(module, metrics, best[1], history)
+
+
+def _extra_targets(ds: PayloadDataset, idx: np.ndarray, cfg: TrainConfig,
+                   special: dict[str, int], device: torch.device) -> dict:
+    """The original ids (denoising) and the teacher's tempered probabilities (distillation)
+    of the batch ``idx``, when the recipe uses them."""
+    out = {}
+    if cfg.denoise:
+        out["originals"] = collate_originals(ds, idx, special, cfg.max_length).to(device)
+    if cfg.distill:
+        out["teacher"] = teacher_targets(ds.extra["teacher_probs"][idx],
+                                         cfg.distill_temperature).to(device)
+    return out
 
 
 def _frozen_table(module: nn.Module) -> torch.Tensor | None:

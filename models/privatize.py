@@ -148,23 +148,7 @@ def privatize_labelled(data: LabelledText, label_names: list[str], privatizer,
     Texts without any word piece are skipped (counted in ``data.skipped_empty``). TextHide
     with k > 1 mixes within each chunk of ``chunk`` examples; the labels become soft.
     """
-    from tqdm.auto import tqdm
-
-    y = label_indices(data.labels, label_names)
-    items = privatizer.tokenize(data.texts, data.pairs, allow_empty=True)
-    keep = [i for i, it in enumerate(items) if it is not None]
-    data.skipped_empty += len(items) - len(keep)
-    if not keep:
-        raise ValueError("empty data set: no text has any token")
-    records: list[Record] = []
-    with tqdm(total=len(keep), disable=not progress, unit="text", desc=desc,
-              mininterval=1.0, file=sys.stderr) as bar:
-        for idx in chunk_indices(keep, chunk, getattr(privatizer.mechanism, "k", 1)):
-            records += privatizer.records_tokenized([items[i] for i in idx],
-                                                    [y[i] for i in idx],
-                                                    num_labels=len(label_names), rng=rng)
-            bar.update(len(idx))
-    return records
+    return PublicText(data, label_names, privatizer).records(rng, chunk, progress, desc)
 
 
 def chunk_indices(items: list[int], size: int, at_least: int) -> list[list[int]]:
@@ -174,3 +158,64 @@ def chunk_indices(items: list[int], size: int, at_least: int) -> list[list[int]]
     if len(out) > 1 and len(out[-1]) < at_least:
         out[-2] += out.pop()
     return out
+
+
+class PublicText:
+    """Labelled public text, tokenized once as the edge does and privatized on request.
+
+    The server holds such text only when an operator trains on a public data set
+    (``cloud-api bootstrap`` / ``train`` from a TSV); it is never a user's. What it allows
+    that device records do not: fresh noise every epoch, the original ids (denoising loss)
+    and the text itself (a teacher for distillation).
+    """
+
+    def __init__(self, data: LabelledText, label_names: list[str], privatizer):
+        self.privatizer = privatizer
+        self.label_names = list(label_names)
+        y = label_indices(data.labels, label_names)
+        items = privatizer.tokenize(data.texts, data.pairs, allow_empty=True)
+        keep = [i for i, it in enumerate(items) if it is not None]
+        data.skipped_empty += len(items) - len(keep)
+        if not keep:
+            raise ValueError("empty data set: no text has any token")
+        self.items = [items[i] for i in keep]
+        self.labels = [y[i] for i in keep]
+
+    def __len__(self) -> int:
+        return len(self.items)
+
+    def originals(self) -> list[np.ndarray]:
+        """The word-piece ids of each kept text (pairs: a then b), as privatized."""
+        return [it.ids_a if it.ids_b is None else np.concatenate([it.ids_a, it.ids_b])
+                for it in self.items]
+
+    def records(self, rng: np.random.Generator | None = None, chunk: int = 256,
+                progress: bool = True, desc: str = "privatize") -> list[Record]:
+        """One record per kept text, privatized afresh (TextHide k > 1 mixes per chunk)."""
+        from tqdm.auto import tqdm
+
+        out: list[Record] = []
+        idxs = chunk_indices(list(range(len(self.items))), chunk,
+                             getattr(self.privatizer.mechanism, "k", 1))
+        with tqdm(total=len(self.items), disable=not progress, unit="text", desc=desc,
+                  mininterval=1.0, file=sys.stderr) as bar:
+            for idx in idxs:
+                out += self.privatizer.records_tokenized(
+                    [self.items[i] for i in idx], [self.labels[i] for i in idx],
+                    num_labels=len(self.label_names), rng=rng)
+                bar.update(len(idx))
+        return out
+
+    def dataset(self, rng: np.random.Generator | None = None, *, originals: bool = False,
+                progress: bool = True, desc: str = "privatize", where: str = "public text"):
+        """A ``models.data.PayloadDataset`` of a fresh privatization; ``originals``: with
+        the original ids in ``extra["originals"]`` (token mechanisms only)."""
+        from models.data import dataset_from_records
+
+        ds = dataset_from_records(self.records(rng, progress=progress, desc=desc),
+                                  self.label_names, where=where)
+        if originals:
+            if ds.kind == "vector":
+                raise ValueError(f"{ds.mechanism} payloads have no tokens to denoise")
+            ds.extra["originals"] = self.originals()
+        return ds

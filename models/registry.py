@@ -6,6 +6,8 @@ Layout of a version folder::
                        max_length, base model, architecture, privacy guarantee
     model.safetensors  the classifier's weights (frozen word embeddings included)
     metrics.json       dev metrics per epoch and of the kept (best) epoch
+    posterior.npz      optional: the channel posterior the model reads (``models.posterior``),
+                       for retraining from device records
     data.json          fingerprint of the training (and dev) records, counts, hyperparameters
     classifier.onnx    optional, written by ``export_classifier_onnx``
 
@@ -29,12 +31,16 @@ from torch import nn
 
 from models.classifiers import architecture, classifier_from_architecture
 from models.data import collate_payloads, kind_of
-
-FORMAT = "privbert-model"
-FORMAT_VERSION = 1
-CONFIG_FILE, WEIGHTS_FILE, METRICS_FILE, DATA_FILE = (
-    "config.json", "model.safetensors", "metrics.json", "data.json")
-ONNX_FILE = "classifier.onnx"
+from models.version_folder import (  # noqa: F401  (the names are used from here too)
+    CONFIG_FILE,
+    DATA_FILE,
+    FORMAT,
+    FORMAT_VERSION,
+    METRICS_FILE,
+    ONNX_FILE,
+    WEIGHTS_FILE,
+    read_config,
+)
 
 
 def _json_bytes(obj) -> bytes:
@@ -61,8 +67,10 @@ def check_out_dir(out_dir: str | os.PathLike, overwrite: bool = False) -> Path:
 
 
 def save_model_version(out_dir: str | os.PathLike, module: nn.Module, config: dict,
-                       metrics: dict, data_info: dict, overwrite: bool = False) -> Path:
-    """Write a complete version folder atomically: a temporary sibling, then one rename."""
+                       metrics: dict, data_info: dict, overwrite: bool = False,
+                       extra_files: dict[str, bytes] | None = None) -> Path:
+    """Write a complete version folder atomically: a temporary sibling, then one rename.
+    ``extra_files``: more files of the version by name (``posterior.npz``)."""
     out = check_out_dir(out_dir, overwrite)
     out.parent.mkdir(parents=True, exist_ok=True)
     from safetensors.torch import save_file
@@ -76,6 +84,10 @@ def save_model_version(out_dir: str | os.PathLike, module: nn.Module, config: di
         save_file(state, str(tmp / WEIGHTS_FILE), metadata={"format": FORMAT})
         (tmp / METRICS_FILE).write_bytes(_json_bytes(metrics))
         (tmp / DATA_FILE).write_bytes(_json_bytes(data_info))
+        for name, data in (extra_files or {}).items():
+            if name in (CONFIG_FILE, WEIGHTS_FILE, METRICS_FILE, DATA_FILE) or "/" in name:
+                raise ValueError(f"extra file name {name!r} is reserved or not a plain name")
+            (tmp / name).write_bytes(data)
         (tmp / CONFIG_FILE).write_bytes(_json_bytes(cfg))  # last: its presence = complete
         for f in tmp.iterdir():
             os.chmod(f, 0o644)
@@ -187,25 +199,6 @@ class ModelVersion:
             logits = self.module(**{k: v.to(dev) for k, v in batch.items()})
             out[idx] = torch.softmax(logits.float(), dim=-1).cpu().numpy()
         return out
-
-
-def read_config(path: str | os.PathLike) -> dict:
-    """config.json of a model version folder; ValueError if it is not one."""
-    p = Path(path)
-    cfg_path = p / CONFIG_FILE
-    if not cfg_path.is_file():
-        raise ValueError(f"{p}: not a model folder (no {CONFIG_FILE})")
-    try:
-        cfg = json.loads(cfg_path.read_text())
-    except json.JSONDecodeError as exc:
-        raise ValueError(f"{cfg_path}: not valid JSON ({exc})") from None
-    if cfg.get("format") != FORMAT:
-        raise ValueError(f"{p}: not a privbert model folder (config format "
-                         f"{cfg.get('format')!r})")
-    if cfg.get("format_version") != FORMAT_VERSION:
-        raise ValueError(f"{p}: model format version {cfg.get('format_version')} is not "
-                         f"{FORMAT_VERSION}")
-    return cfg
 
 
 def load_model(path: str | os.PathLike, device: torch.device | str = "cpu") -> ModelVersion:

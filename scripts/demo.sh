@@ -2,7 +2,9 @@
 # The main job, from a fresh clone with ../shared beside it:
 #   1. set up .venv when missing (scripts/_env.sh);
 #   2. bootstrap a dχ-privacy (nearest-token text, eta 65) SST-2 classifier into
-#      $PRIVBERT_HOME (default ./var) unless one is already promoted;
+#      $PRIVBERT_HOME (default ./var) unless one is already promoted: trained on
+#      ../shared/data/sst2_sentences/train.tsv with the default recipe (fresh noise each epoch,
+#      channel-posterior inputs), its accuracy measured on whole held-out sentences;
 #   3. start `cloud-api serve` on a free loopback port with throwaway keys;
 #   4. privatize a few example sentences on the device with `edge-agent` and get
 #      predictions through the API (only the privatized payloads travel);
@@ -13,7 +15,7 @@
 ensure_venv
 cd "$ROOT"
 
-DATA="$ROOT/../shared/data/sst2"
+DATA="$ROOT/../shared/data/sst2_sentences"
 export PRIVBERT_HOME="${PRIVBERT_HOME:-$ROOT/var}"
 MODEL=sst2
 ETA=65
@@ -82,8 +84,13 @@ url, model, texts, preds = sys.argv[1:5]
 info = httpx.get(f"{url}/v1/models", timeout=10,
                  headers={"Authorization": f"Bearer {os.environ['PRIVBERT_API_KEYS']}"}).json()
 m = next(x for x in info["models"] if x["id"] == model)
+dev = m["metrics"]
+acc = dev.get("fresh_accuracy", dev.get("accuracy", float("nan")))
+how = (f"mean of {len(dev['fresh_draws'])} fresh privatizations" if "fresh_draws" in dev
+       else "the privatization the epoch was chosen on")
 print(f"\nmodel {model} {m['version']}: {m['mechanism']} {json.dumps(m['params'])}, "
-      f"dev accuracy {m['metrics'].get('accuracy', float('nan')):.3f}")
+      f"accuracy {acc:.3f} on {dev.get('n', '?')} held-out whole sentences "
+      f"(sst2_sentences/dev.tsv, {how})")
 print(f"guarantee: {summary(m['guarantee'])}")
 print("(the sentences below never left this machine; the service saw only privatized token ids)\n")
 names = {"0": "negative", "1": "positive"}  # SST-2 labels (../shared/data/README.md)

@@ -205,6 +205,14 @@ def encode_rows(arr: np.ndarray, lengths, dtype: str,
     given ``lengths`` (summing to ``len(arr)``): one cast, one check and, when a row is a
     whole number of base64 groups (3 bytes; 384 float32 or float16 values are), one base64
     encoding for all of them. Not for "bits" (each array is packed on its own)."""
+    values, starts, ends, datas = encoded_rows(arr, lengths, dtype, limits)
+    return [_wrap(dtype, values[a:b], d) for a, b, d in zip(starts, ends, datas, strict=True)]
+
+
+def encoded_rows(arr: np.ndarray, lengths, dtype: str, limits: Limits | None = None
+                 ) -> tuple[np.ndarray, list[int], list[int], list[str]]:
+    """What :func:`encode_rows` wraps: (checked values, row starts, row ends, base64 of
+    each slice), without building an Array per slice."""
     if dtype == "bits":
         raise ValueError("encode_rows does not pack bits: use encode_array per array")
     values = _checked(arr, dtype)
@@ -226,4 +234,4 @@ def encode_rows(arr: np.ndarray, lengths, dtype: str,
         raw = values.data.cast("B")
         datas = [b64encode(raw[a * row: b * row]).decode("ascii")
                  for a, b in zip(starts, ends, strict=True)]
-    return [_wrap(dtype, values[a:b], d) for a, b, d in zip(starts, ends, datas, strict=True)]
+    return values, starts, ends, datas

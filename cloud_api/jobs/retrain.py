@@ -5,8 +5,10 @@
    always lands in the same part, in every job).
 3. Fine-tune with ``models.experiment.train_from_records`` (from the job's base, else the
    bundle's own BERT); the trainer keeps the epoch that is best on dev.
-4. Accuracy on test of the new model, and of the promoted version on the same rows.
-5. Write the version folder (its ``data.json`` names the watermark and the counts) into
+4. With ``PRIVBERT_BACKEND=onnx``, export ``classifier.onnx`` into the version (what the
+   onnx backend serves: the serve image runs no torch).
+5. Accuracy on test of the new model, and of the promoted version on the same rows.
+6. Write the version folder (its ``data.json`` names the watermark and the counts) into
    the attempt's ``output/``; the worker registers it and promotes it when asked and
    :func:`promotion_decision` allows it.
 
@@ -132,16 +134,27 @@ def run(job: dict, files: AttemptFiles, dist_ctx=None) -> dict | None:
         progress.update(force=True, epoch=info["epoch"], loss=info["train_loss"],
                         dev_accuracy=info.get("dev_accuracy"))
 
+    from models.posterior import ChannelPosterior
+    from models.recipe import Recipe
+
+    table = (ChannelPosterior.load(spec["posterior_path"]) if spec.get("posterior_path")
+             else None)
     res = train_from_records(parts["train"], files.output, bundle=bundle,
                              dev_records=parts["dev"] or None, base=spec.get("base_path"),
                              cfg=cfg, label_names=list(task.labels),
                              extra_config={"task": task.name, "job_id": job["job_id"]},
                              should_stop=should_stop, on_progress=on_progress,
-                             dist_ctx=dist_ctx)
+                             dist_ctx=dist_ctx, recipe=Recipe(posterior=table is not None),
+                             posterior=table)
     if not main:
         return None
     if files.cancelled():
         raise TrainingCancelled("cancelled after training")
+    if settings.backend == "onnx":  # what the onnx backend (the serve image) serves
+        from models.export import export_classifier_onnx
+
+        progress.update(force=True, phase="exporting classifier.onnx")
+        export_classifier_onnx(files.output)
     progress.update(force=True, phase="evaluating on test", step=total)
     new_acc = cur_acc = cur_error = None
     current = home.promoted(spec["model_id"])

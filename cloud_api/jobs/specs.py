@@ -39,6 +39,23 @@ Name = Annotated[str, Field(pattern=ID_PATTERN,
 VECTOR_MECHANISMS = ("laplace", "ome", "texthide")
 
 
+class RecipeRequest(BaseModel):
+    """The training recipe of a retraining job (``models.recipe``). Device records carry no
+    raw text, so the levers that need it are refused (422); ``posterior`` reads the channel
+    posterior table of the promoted version (null: use it when there is one)."""
+
+    model_config = ConfigDict(extra="forbid", strict=True)
+    posterior: bool | None = Field(None, description="channel-posterior inputs (dchi-text, "
+                                   "dchi-embedding); null: when the promoted version has a "
+                                   "table")
+    fresh_noise: bool = Field(False, description="needs raw public text: always refused here")
+    denoise: float = Field(0.0, ge=0, allow_inf_nan=False,
+                           description="needs the original tokens: refused unless 0")
+    distill: float = Field(0.0, ge=0, allow_inf_nan=False,
+                           description="needs the original text: refused unless 0")
+    warm_start: bool = Field(False, description="needs the original text: always refused here")
+
+
 class RetrainRequest(BaseModel):
     """Body of ``POST /admin/retrain``. Strict types: ``"promote": "yes"`` or ``"epochs":
     "3"`` is a 422, not a guess."""
@@ -58,6 +75,9 @@ class RetrainRequest(BaseModel):
                           "binomial standard error")
     seed: int | None = Field(None, ge=0, le=2**63 - 1, description="initialisation and "
                              "batch order only (never privatization)")
+    recipe: RecipeRequest | None = Field(None, description="training levers; default: "
+                                         "channel-posterior inputs when the promoted version "
+                                         "has a table")
 
 
 class PretrainRequest(BaseModel):
@@ -94,7 +114,47 @@ def check_retrain(db: Database, home: ModelHome, bundles, settings: Settings,
         raise InvalidRequest(f"the bundle {task.bundle_id[:12]}… of task {task.name} is not "
                              "in this service's home") from None
     base_path = _retrain_base(home, bundles, task, req, cfg)
-    return {**req.model_dump(), "base_path": base_path}
+    posterior_path = _retrain_posterior(home, task, req, current)
+    return {**req.model_dump(), "base_path": base_path, "posterior_path": posterior_path}
+
+
+def _retrain_posterior(home: ModelHome, task: Task, req: RetrainRequest,
+                       current: str | None) -> str | None:
+    """The posterior table the job reads (the promoted version's ``posterior.npz``), or None;
+    InvalidRequest for a lever that needs raw text, or a posterior asked for but absent."""
+    from models.posterior import POSTERIOR_FILE  # numpy only
+    from models.recipe import POSTERIOR_MECHANISMS, RAW_TEXT_LEVERS
+
+    r = req.recipe or RecipeRequest()
+    asked = [name for name in RAW_TEXT_LEVERS if getattr(r, name)]
+    if asked:
+        raise InvalidRequest(f"{', '.join(asked)} need the raw public text; a retraining job "
+                             "reads device records, which have none (only recipe.posterior "
+                             "applies)")
+    if r.posterior is False:
+        return None
+    if task.mechanism not in POSTERIOR_MECHANISMS:
+        if r.posterior:
+            raise InvalidRequest(f"recipe.posterior makes no sense for {task.mechanism}: a "
+                                 "channel posterior exists for dchi-text and dchi-embedding "
+                                 "only")
+        return None
+    path = (home.version_dir(req.model_id, current) / POSTERIOR_FILE
+            if current is not None else None)
+    if path is None or not path.is_file():
+        if r.posterior:
+            raise InvalidRequest(f"recipe.posterior: model {req.model_id} has no promoted "
+                                 "version with a posterior table (posterior.npz) to read")
+        return None
+    from models.posterior import ChannelPosterior
+
+    try:
+        ChannelPosterior.load(path).check_for(task.mechanism, task.params, task.bundle_id)
+    except ValueError as exc:
+        if r.posterior:
+            raise InvalidRequest(f"recipe.posterior: {exc}") from None
+        return None
+    return str(path)
 
 
 def _soft_records(db: Database, task: Task) -> int:

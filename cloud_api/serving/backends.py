@@ -4,8 +4,9 @@ class probabilities (N, C) float32, in input order.
 * :class:`TorchBackend` — ``models.registry.load_model``; CUDA with bf16/fp16 autocast when
   a GPU is present (``models.backbone.pick_device`` / ``autocast_dtype``), CPU otherwise;
   the forward runs under ``torch.inference_mode()``.
-* :class:`OnnxBackend` — ``models.export.OnnxClassifier`` over the version's
-  ``classifier.onnx`` (CPU).
+* :class:`OnnxBackend` — ``models.onnx_classifier.OnnxClassifier`` over the version's
+  ``classifier.onnx`` (CPU). It imports no torch (neither does this module), so that the
+  serve image carries none: torch is imported only when the torch backend is chosen.
 
 Both run one warm-up forward when loaded, so a loaded backend is a warmed one. A backend is
 not safe for concurrent forwards: the batcher calls :meth:`Backend.forward` from one thread
@@ -51,19 +52,19 @@ def _softmax(z: np.ndarray) -> np.ndarray:
     return e / e.sum(axis=1, keepdims=True)
 
 
-def _collate(config: dict, payloads: Sequence) -> dict:
+def _collate(config: dict, payloads: Sequence, as_numpy: bool = False) -> dict:
     from models.data import collate_payloads
 
-    return collate_payloads(payloads, config)
+    return collate_payloads(payloads, config, as_numpy=as_numpy)
 
 
 def warmup_payloads(config: dict, n: int = 2) -> list:
     """Small valid payloads for ``config``'s model (random contents; never user data)."""
-    from models.export import _example_payload_arrays
+    from models.data import example_payload_arrays
     from shared.payload import make_payload
 
     rng = np.random.default_rng(0)
-    arrays, segments = _example_payload_arrays(config, rng, n)
+    arrays, segments = example_payload_arrays(config, rng, n)
     params = dict(config["params"])
     out = []
     for a, seg in zip(arrays, segments, strict=True):
@@ -131,8 +132,8 @@ class OnnxBackend:
     name = "onnx"
 
     def __init__(self, path: str | os.PathLike, settings: Settings):
-        from models.export import OnnxClassifier
-        from models.registry import METRICS_FILE, ONNX_FILE, read_config
+        from models.onnx_classifier import OnnxClassifier
+        from models.version_folder import METRICS_FILE, ONNX_FILE, read_config
 
         self.path = Path(path)
         try:
@@ -157,7 +158,7 @@ class OnnxBackend:
         self.forward(warmup_payloads(self.config))
 
     def forward(self, payloads: Sequence) -> np.ndarray:
-        return _softmax(self.classifier.logits(_collate(self.config, payloads)))
+        return _softmax(self.classifier.logits(_collate(self.config, payloads, as_numpy=True)))
 
     def close(self) -> None:
         self.classifier = None

@@ -321,7 +321,7 @@ class ServingRegistry:
         return served
 
     def _load_sync(self, model_id: str, version: str) -> Served:
-        from models.registry import read_config
+        from models.version_folder import read_config
 
         path = self.home.version_dir(model_id, version)
         try:

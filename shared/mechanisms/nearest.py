@@ -17,11 +17,26 @@ mechanism (recall@1 of 2-48% on noisy queries), so this search is exact:
    the true nearest; all others provably cannot.
 3. Those candidates (almost always exactly one) are re-ranked by ||y - t||^2 in
    float64. Ties go to the smallest row index.
+
+Where it is faster on the machine, the candidate pass is an int8 GEMM instead
+(``shared.mechanisms.int8_pass``: onnxruntime's integer kernels, twice the
+float32 rate on AVX2 and more with VNNI) with its own proven bound; a query it
+cannot narrow to a few candidates takes the float32 pass above. ``backend="auto"``
+(the default) builds it at the first search of at least 8 chunks when
+onnxruntime is installed and the table is large, checks that the integer kernel
+the machine runs is exact (:func:`~shared.mechanisms.int8_pass.integer_gemm_is_exact`),
+then times the two passes on the first chunks of real queries (both are exact, so
+the timing costs nothing; CPU seconds, which a busy machine disturbs less than wall
+time) and keeps the faster one.
 """
 
 from __future__ import annotations
 
 import math
+import os
+import queue
+import time
+from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 
@@ -42,13 +57,23 @@ def _max_norm(y: np.ndarray, top: float) -> float:
     return top * math.sqrt(float(np.einsum("ij,ij->i", z, z).max()))
 
 
+AUTO_MIN_ROWS = 4096  # smaller tables stay on the float32 pass (no session to build)
+MAX_WORKERS = 8  # each int8 worker holds a (chunk, rows) float32 score buffer
+AUTO_MIN_QUERIES_CHUNKS = 8  # a search this many chunks long builds the int8 pass: short
+# runs (a CLI on a few lines) never pay for building it
+BACKENDS = ("auto", "int8", "fp32")
+
+
 class ExactNearest:
     """Exact L2 nearest row of ``table`` for batches of query vectors.
 
     ``ids`` maps table rows to the ids returned (e.g. the regular vocabulary ids).
+    ``backend``: "auto" (the faster exact candidate pass on this machine), "int8"
+    (RuntimeError where the int8 pass cannot run exactly) or "fp32".
     """
 
-    def __init__(self, table: np.ndarray, ids: np.ndarray | None = None, chunk: int = 256):
+    def __init__(self, table: np.ndarray, ids: np.ndarray | None = None, chunk: int = 256,
+                 backend: str = "auto"):
         table = np.asarray(table)
         if table.ndim != 2 or table.shape[0] == 0:
             raise ValueError(f"table must be a non-empty 2-D array, got shape {table.shape}")
@@ -74,6 +99,56 @@ class ExactNearest:
             raise ValueError("ids must have one entry per table row")
         self.chunk = int(chunk)
         self.last_rerank_count = 0  # queries re-ranked in float64 in the last call
+        self.last_fallback_count = 0  # queries the int8 pass handed to the float32 pass
+        if backend not in BACKENDS:
+            raise ValueError(f"backend must be one of {BACKENDS}, got {backend!r}")
+        self.kernel_info: dict = {"requested": backend}
+        self._int8 = None
+        self._timings: dict[str, list[float]] = {"int8": [], "fp32": []}
+        self.backend = "fp32"  # the pass in use; "probing" while auto times the two
+        cores = (len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity")
+                 else os.cpu_count() or 1)
+        self._workers = max(1, min(cores, MAX_WORKERS))  # int8 chunks run on this many threads
+        self._buffers: queue.SimpleQueue = queue.SimpleQueue()
+        if backend == "int8":
+            if not self._build_int8():
+                raise RuntimeError(f"the int8 candidate pass cannot run here: {self.kernel_info}")
+            self.backend = "int8"
+        self._pending = backend == "auto" and table.shape[0] >= AUTO_MIN_ROWS
+
+    def _build_int8(self) -> bool:
+        """Build the int8 pass if onnxruntime is there and its integer GEMM is exact here:
+        u8·s8 operands (MLAS's faster kernels; the table is quantized so that the
+        int16 pair sums of its non-VNNI kernel cannot saturate), else u8·u8; each is
+        checked by a probe on this machine, not assumed from the CPU flags."""
+        from shared.mechanisms import int8_pass
+
+        info = self.kernel_info
+        if self.dim > int8_pass.MAX_DIM:
+            info["int8"] = f"dim {self.dim} > {int8_pass.MAX_DIM}"
+            return False
+        try:
+            import onnxruntime
+        except ImportError:
+            info["int8"] = "onnxruntime is not installed"
+            return False
+        flags = int8_pass.cpu_flags()
+        info.update(onnxruntime=onnxruntime.__version__,
+                    vnni=sorted(flags & int8_pass.VNNI_FLAGS), avx2="avx2" in flags)
+        for signed in (True, False):
+            operands = "u8s8" if signed else "u8u8"
+            exact = int8_pass.integer_gemm_is_exact(signed, self.dim)
+            info[f"{operands}_exact"] = exact
+            if exact:
+                self._int8 = int8_pass.Int8CandidatePass(self._t32, signed=signed)
+                info["int8"] = operands
+                for _ in range(self._workers):
+                    self._buffers.put(self._int8.buffers(self.chunk))
+                # warm-up (first-run allocations) before anything is timed
+                self._int8_rows(np.zeros((min(8, self.chunk), self.dim)))
+                return True
+        info["int8"] = "no exact integer kernel"
+        return False
 
     def score_bound(self, query_norms: np.ndarray) -> np.ndarray:
         """Upper bound on |float32 score - real score| for queries of these norms.
@@ -99,18 +174,91 @@ class ExactNearest:
                 and scores_overflow(_max_norm(y64, top), self._tmax):
             raise ValueError("queries are too large for the float32 candidate pass (their "
                              "scores would overflow)")
+        m = y64.shape[0]
+        if self._pending and m >= AUTO_MIN_QUERIES_CHUNKS * self.chunk:
+            self._pending = False
+            self.backend = "probing" if self._build_int8() else "fp32"
+        self.last_rerank_count = self.last_fallback_count = 0
+        if self.backend == "fp32":
+            return self.ids[self._fp32_block(y64)]
+        # similar query scales share a chunk: the int8 step is set by the chunk's max |y|
+        order = np.argsort(np.abs(y64).max(axis=1), kind="stable")
+        out = np.empty(m, dtype=np.int64)
+        unit = self._workers * self.chunk  # what the workers run at once: the probe's unit
+        for start in range(0, m, unit):
+            sel = order[start : start + unit]
+            path = self._next_path()
+            t = time.process_time()
+            if path == "fp32":
+                out[sel] = self._fp32_block(y64[sel])
+            else:
+                out[sel] = self._int8_rows(y64[sel])
+            if self.backend == "probing":  # a probe pays its own fallbacks at once
+                self._fallback(y64, sel, out)
+                if sel.size == unit:
+                    self._timings[path].append(time.process_time() - t)
+                    self._decide()
+        self._fallback(y64, np.arange(m), out)
+        return self.ids[out]
+
+    def _fallback(self, y64: np.ndarray, sel: np.ndarray, out: np.ndarray) -> None:
+        """The float32 pass, in one go, for the queries the int8 pass handed back (-1)."""
+        back = sel[out[sel] < 0]
+        if back.size:
+            self.last_fallback_count += int(back.size)
+            out[back] = self._fp32_block(y64[back])
+
+    def _next_path(self) -> str:
+        if self.backend != "probing":
+            return self.backend
+        return "int8" if len(self._timings["int8"]) <= len(self._timings["fp32"]) else "fp32"
+
+    def _decide(self, rounds: int = 2) -> None:
+        """After ``rounds`` full units on each pass, keep the faster (best unit of each).
+        Units are timed in CPU seconds of the process (all its threads), which other jobs
+        on the machine disturb far less than wall time; both passes use every core."""
+        t8, t32 = self._timings["int8"], self._timings["fp32"]
+        if min(len(t8), len(t32)) >= rounds:
+            self.backend = "int8" if min(t8) < min(t32) else "fp32"
+            self.kernel_info["probe_s"] = {"int8": min(t8), "fp32": min(t32)}
+
+    def _int8_rows(self, y64: np.ndarray) -> np.ndarray:
+        """Rows of the nearest neighbours by the int8 pass, -1 for the queries it hands
+        back. Chunks run on ``self._workers`` threads (onnxruntime and numpy release the
+        GIL), each with its own score and block-minimum buffers and one onnxruntime thread."""
+        chunks = [np.arange(s, min(s + self.chunk, y64.shape[0]))
+                  for s in range(0, y64.shape[0], self.chunk)]
+
+        def run(sel: np.ndarray) -> tuple[np.ndarray, int]:
+            bufs = self._buffers.get()
+            try:
+                return self._int8.search_chunk(y64[sel], *bufs)
+            finally:
+                self._buffers.put(bufs)
+
+        if len(chunks) > 1 and self._workers > 1:
+            with ThreadPoolExecutor(self._workers) as pool:
+                results = list(pool.map(run, chunks))
+        else:
+            results = [run(sel) for sel in chunks]
+        out = np.empty(y64.shape[0], dtype=np.int64)
+        for sel, (rows, reranked) in zip(chunks, results, strict=True):
+            out[sel] = rows
+            self.last_rerank_count += reranked
+        return out
+
+    def _fp32_block(self, y64: np.ndarray) -> np.ndarray:
+        """Rows of the nearest neighbours by the float32 pass, in chunks."""
         out = np.empty(y64.shape[0], dtype=np.int64)
         buf = np.zeros((min(self.chunk, max(1, y64.shape[0])), self._width), dtype=np.float32)
         buf[:, self.dim] = 1.0
-        reranked = 0
         for start in range(0, y64.shape[0], self.chunk):
             yc = y64[start : start + self.chunk]
             k = yc.shape[0]
             buf[:k, : self.dim] = yc
             out[start : start + k], amb = self._search_chunk(yc, buf[:k])
-            reranked += amb
-        self.last_rerank_count = reranked
-        return self.ids[out]
+            self.last_rerank_count += amb
+        return out
 
     def _search_chunk(self, y64: np.ndarray, y_aug: np.ndarray) -> tuple[np.ndarray, int]:
         scores = y_aug @ self._aug.T

@@ -3,7 +3,8 @@ serve` processes on free loopback ports.
 
 * ``tiny_home`` (session): ``cloud-api bootstrap`` run twice on a tiny random BERT and a few
   dozen synthetic rows: model ``text`` (dchi-text) and model ``emb`` (dchi-embedding), both
-  η = 5 (above the tiny table's privacy floor), each promoted as v1.
+  η = 5 (above the tiny table's privacy floor), each promoted as v1. ``text`` is bootstrapped
+  with PRIVBERT_BACKEND=onnx, so its v1 also has ``classifier.onnx``.
 * ``server`` (session): ``cloud-api serve`` on that home with generous limits and no rate
   limit, and a default privacy budget cap for new keys; its JSON log goes to a file (the
   tripwire reads it).
@@ -93,7 +94,8 @@ def tiny_home(tmp_path_factory) -> TinyHome:
          "--dev", str(home.dev), "--mechanism", "dchi-text", "--eta", str(ETA),
          "--epochs", "1", "--limit", "32", "--base", str(base), "--model-id", "text", "--home", str(home.root),
          "--device", "cpu", "--no-progress"],
-        cwd=REPO, env=cli_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        cwd=REPO, env=cli_env({"PRIVBERT_BACKEND": "onnx"}), stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE, text=True)
     try:
         _train_in_process(home, "emb", "dchi-embedding")
     finally:

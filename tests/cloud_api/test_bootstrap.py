@@ -15,11 +15,26 @@ def test_bootstrap_registers_promotes_and_reports(tiny_home):
     assert "guarantee: dchi-text: published eta=5" in out
     acc = [ln for ln in out.splitlines() if ln.startswith("dev_accuracy=")]
     assert acc and 0.0 <= float(acc[0].split("=")[1]) <= 1.0
+    # the kept model on three fresh privatizations of the dev set, recorded and served
+    fresh = [ln for ln in out.splitlines() if ln.startswith("dev_accuracy_fresh=")]
+    mean, draws = fresh[0].removeprefix("dev_accuracy_fresh=").split(" draws=")
+    draws = [float(x) for x in draws.split(",")]
+    assert len(draws) == 3 and abs(float(mean) - sum(draws) / 3) < 1e-4
+    # the default recipe of dchi-text; fresh noise needs a second epoch, so it is not recorded
+    assert "recipe: posterior" in out
     models = tiny_home.root / "models" / "text"
     # the pointer as bootstrap left it (the session's later tests promote newer versions)
     assert tiny_home.promoted_at_start["text"] == "v1"
     config = json.loads((models / "versions" / "v1" / "config.json").read_text())
     assert config["task"] == "text" and config["mechanism"] == "dchi-text"
+    assert config["recipe"]["levers"] == ["posterior"]
+    assert (models / "versions" / "v1" / "posterior.npz").is_file()
+    metrics = json.loads((models / "versions" / "v1" / "metrics.json").read_text())
+    assert metrics["dev"]["fresh_draws"] == draws
+    # bootstrapped with PRIVBERT_BACKEND=onnx: what the onnx backend serves is there, checked
+    assert "exporting classifier.onnx" in out
+    assert (models / "versions" / "v1" / "classifier.onnx").is_file()
+    assert config["onnx"]["checked_max_abs_diff"] <= 1e-4
     bundle = tiny_home.root / "bundles" / config["bundle_id"] / "bundle.json"
     assert bundle.is_file()  # GET /v1/bundles/{id} can serve it
     assert not [p for p in models.iterdir() if p.name.startswith(".bootstrap-")]
@@ -56,6 +71,18 @@ def test_serve_refuses_to_start_without_keys(tmp_path):
     assert r.returncode == 2
     assert r.stderr.strip().startswith("cloud-api: error: no API keys configured")
     assert len(r.stderr.strip().splitlines()) == 1
+
+
+def test_serve_port_from_the_environment_is_checked(tmp_path):
+    """--port defaults to $PRIVBERT_PORT (the serve image's HEALTHCHECK reads it too)."""
+    r = cloud_api("serve", "--home", str(tmp_path / "h"), env={"PRIVBERT_PORT": "80a"},
+                  timeout=60)
+    assert r.returncode == 2
+    assert r.stderr.strip() == "cloud-api: error: PRIVBERT_PORT must be a port number, got '80a'"
+    r = cloud_api("serve", "--home", str(tmp_path / "h"), env={"PRIVBERT_PORT": "70000"},
+                  timeout=60)
+    assert r.returncode == 2
+    assert r.stderr.strip() == "cloud-api: error: --port must be in [0, 65535], got 70000"
 
 
 def test_register_with_an_unusable_bundle_is_one_line(tmp_path):

@@ -335,10 +335,11 @@ def test_train_refuses_parameters_below_the_floor_before_any_work(
         params, needle, capsys, data, tiny_bert_dir, tmp_path, no_training, monkeypatch):
     """Refused with exit 2 and one line (naming --allow-weak-privacy where it applies),
     before privatization or training; nothing is written."""
-    def no_privatize(*a, **k):
-        raise AssertionError("privatization started")
+    class NoPublicText:
+        def __init__(self, *a, **k):
+            raise AssertionError("tokenization or privatization started")
 
-    monkeypatch.setattr(models.experiment, "privatize_labelled", no_privatize)
+    monkeypatch.setattr(models.experiment, "PublicText", NoPublicText)
     rc, _, err = run(capsys, "train", "--data", str(data["train"]), *params, "--base",
                      str(tiny_bert_dir), "--out", str(tmp_path / "o"), *FAST)
     line = one_error_line(err)

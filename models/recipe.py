@@ -1,0 +1,108 @@
+"""The training recipe: what a classifier is trained with beyond the mechanism and the
+hyperparameters, and where each part applies.
+
+Levers (issue 17; measured in ``bench/utility.py --ablation``):
+
+* ``fresh_noise``: privatize every public training sentence afresh in each epoch (data
+  augmentation with the exact mechanism). Needs the raw public text.
+* ``denoise`` (λ): auxiliary loss predicting each original token from the privatized
+  sequence (``models.objectives``; Qu et al. §3.4's Denoising MLM inside fine-tuning).
+  Needs the original tokens: raw public text.
+* ``distill`` (α): soft targets of a teacher that read the original text. Needs the raw
+  public text and a teacher.
+* ``warm_start``: start from that teacher's weights (fine-tuned on the clean text first),
+  then fine-tune on the privatized text: a two-stage curriculum. Needs the raw public text.
+* ``posterior``: channel-posterior inputs E[φ(x) | y] (``models.posterior``). Post-processing
+  of the payload: works on device records and at prediction time as well, ``dchi-text`` and
+  ``dchi-embedding`` only.
+
+A retraining job from device records has no raw text: only ``posterior`` applies there.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, fields, replace
+
+RAW_TEXT_LEVERS = ("fresh_noise", "denoise", "distill", "warm_start")
+POSTERIOR_MECHANISMS = ("dchi-text", "dchi-embedding")
+TOKEN_MECHANISMS = ("dchi-text", "dchi-embedding", "none")
+
+
+@dataclass(frozen=True)
+class Recipe:
+    fresh_noise: bool = False
+    posterior: bool = False
+    denoise: float = 0.0
+    denoise_rate: float = 0.5
+    distill: float = 0.0
+    distill_temperature: float = 2.0
+    warm_start: bool = False
+    posterior_passes: float = 1.0  # mechanism runs per public-text token for the table
+    posterior_min_draws: int = 16
+
+    def levers(self) -> list[str]:
+        """The levers switched on, by name."""
+        on = []
+        if self.fresh_noise:
+            on.append("fresh_noise")
+        if self.posterior:
+            on.append("posterior")
+        if self.denoise:
+            on.append("denoise")
+        if self.distill:
+            on.append("distill")
+        if self.warm_start:
+            on.append("warm_start")
+        return on
+
+    def check(self, mechanism: str, raw_text: bool) -> None:
+        """ValueError (one line) for a lever that makes no sense for ``mechanism`` or needs
+        raw text the training source does not have (``raw_text`` False: device records)."""
+        if not (0 <= self.denoise < 100 and 0 < self.denoise_rate <= 1):
+            raise ValueError(f"--denoise must be in [0, 100) and --denoise-rate in (0, 1], "
+                             f"got {self.denoise}, {self.denoise_rate}")
+        if not (0 <= self.distill <= 1 and 0 < self.distill_temperature <= 100):
+            raise ValueError(f"--distill must be in [0, 1] and its temperature in (0, 100], "
+                             f"got {self.distill}, {self.distill_temperature}")
+        if not (self.posterior_passes > 0 and self.posterior_min_draws >= 1):
+            raise ValueError("posterior passes must be > 0 and min draws >= 1")
+        if self.posterior and mechanism not in POSTERIOR_MECHANISMS:
+            raise ValueError(f"--posterior makes no sense for {mechanism}: a channel "
+                             "posterior exists for dchi-text and dchi-embedding only")
+        if self.denoise and mechanism not in TOKEN_MECHANISMS:
+            raise ValueError(f"--denoise makes no sense for {mechanism}: its payload has no "
+                             "tokens to denoise")
+        if self.denoise and mechanism == "none":
+            raise ValueError("--denoise makes no sense for none: its tokens are the originals")
+        if (self.distill or self.warm_start) and mechanism == "none":
+            raise ValueError(f"--{'distill' if self.distill else 'warm-start'} makes no sense "
+                             "for none: the model reads the text the teacher reads")
+        if (self.distill or self.warm_start) and mechanism not in TOKEN_MECHANISMS:
+            raise ValueError(f"--{'distill' if self.distill else 'warm-start'} makes no sense "
+                             f"for {mechanism}: the teacher is a BERT over token ids")
+        if not raw_text:
+            need = [name for name in RAW_TEXT_LEVERS if name in self.levers()]
+            if need:
+                raise ValueError(f"{', '.join(need)} need the raw public text; device records "
+                                 "have none (only the posterior applies to them)")
+
+    def for_records(self) -> Recipe:
+        """This recipe less the levers that need raw text."""
+        return replace(self, fresh_noise=False, denoise=0.0, distill=0.0, warm_start=False)
+
+    def as_dict(self) -> dict:
+        return {**asdict(self), "levers": self.levers()}
+
+    @classmethod
+    def from_dict(cls, d: dict | None) -> Recipe:
+        names = {f.name for f in fields(cls)}
+        return cls(**{k: v for k, v in (d or {}).items() if k in names})
+
+
+def default_recipe(mechanism: str, raw_text: bool) -> Recipe:
+    """The recipe ``cloud-api train`` and ``bootstrap`` use unless told otherwise: the
+    winner of the ablation where it applies (bench/RESULTS.md, "Utility levers")."""
+    if mechanism not in POSTERIOR_MECHANISMS:
+        return Recipe()
+    r = Recipe(fresh_noise=True, posterior=True)
+    return r if raw_text else r.for_records()
