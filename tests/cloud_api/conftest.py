@@ -233,8 +233,9 @@ def servers(tiny_home, tmp_path_factory):
     # (jobs) no job worker thread: generated POST /admin/pretrain bodies are valid jobs, and
     # these replicas share the home; the job tests start their own servers and workers
     no_worker = {"PRIVBERT_WORKER_IN_SERVE": "0"}
-    # (budgets) app keys 1-3 are the privacy budget tests' own, with a default cap
-    main = ServerProcess(tiny_home.root, logs / "serve.log", new_keys(app=4),
+    # (budgets) app keys 1-3 are the privacy budget tests' own, with a default cap; key 4
+    # is for tests that lift its cap (a send without an epsilon, texthide, fits no cap)
+    main = ServerProcess(tiny_home.root, logs / "serve.log", new_keys(app=5),
                          {"PRIVBERT_RATE_LIMIT_PER_KEY": "0", **no_worker,
                           "PRIVBERT_DEFAULT_BUDGET": str(DEFAULT_BUDGET)}).launch()
     tight = ServerProcess(tiny_home.root, logs / "serve-tight.log", new_keys(app=8),
