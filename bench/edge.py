@@ -18,6 +18,14 @@ against the raw mechanism on the same tokens in the same run; the privacy report
   and `--target-inversion` (accuracy reached on the fixed draw).
 * cold start: spawn to the first JSONL line on stdout with the default MiniLM bundle
   (median of 3), and the CLI's own "first record at" (from its start, after imports).
+* ledger overhead (issue 19: <= 5%): `edge-agent privatize` dchi-text on the same sentences
+  with its privacy budget ledger (a fresh ledger file: every text charged and memoized; the
+  same file again: every text memoized; a fresh file with a cap: the input costed first),
+  against the same CLI with the ledger's calls taken out (``RunBudget`` replaced by a
+  stand-in in that child process only: the product has no way to turn the ledger off),
+  alternating, best of --ledger-repeats, in wall time and in CPU seconds of the child (the
+  figure the other jobs on shared cores disturb least). ``--ledger-only`` runs just these
+  rows.
 """
 
 from __future__ import annotations
@@ -27,6 +35,7 @@ import json
 import math
 import os
 import re
+import resource
 import secrets
 import statistics
 import subprocess
@@ -58,7 +67,9 @@ def peak_rss_mib(pid: int) -> float | None:
 
 
 def run_child(argv: list[str], cmd: list[str] = CLI) -> dict:
-    """Run a command; wall seconds, peak RSS (MiB, polled every 20 ms), stdout, stderr."""
+    """Run a command; wall seconds, CPU seconds (user + system of the child and what it
+    waited for, all threads), peak RSS (MiB, polled every 20 ms), stdout, stderr."""
+    ru = resource.getrusage(resource.RUSAGE_CHILDREN)
     t = time.perf_counter()
     out_path = Path(tempfile.mkstemp(suffix=".out")[1])
     err_path = Path(tempfile.mkstemp(suffix=".err")[1])
@@ -69,12 +80,14 @@ def run_child(argv: list[str], cmd: list[str] = CLI) -> dict:
             peak = max(peak, peak_rss_mib(proc.pid) or 0.0)
             time.sleep(0.02)
     wall = time.perf_counter() - t
+    ru2 = resource.getrusage(resource.RUSAGE_CHILDREN)
+    cpu = (ru2.ru_utime - ru.ru_utime) + (ru2.ru_stime - ru.ru_stime)
     stdout, stderr = out_path.read_text(), err_path.read_text()
     out_path.unlink()
     err_path.unlink()
     if proc.returncode != 0:
         raise SystemExit(f"{' '.join(argv)} failed:\n{stderr}")
-    return {"wall": wall, "rss_mib": peak, "stdout": stdout, "stderr": stderr}
+    return {"wall": wall, "cpu": cpu, "rss_mib": peak, "stdout": stdout, "stderr": stderr}
 
 
 def raw_rate(mech: str, tsv: Path, eta: float) -> tuple[float, float]:
@@ -109,6 +122,80 @@ def raw_main(mech: str, tsv: Path, eta: float) -> None:
             best = min(best, time.perf_counter() - t)
             best_cpu = min(best_cpu, time.process_time() - c)
     print(ids.size / best, ids.size / best_cpu)
+
+
+_CHILD = """
+import sys
+{patch}
+from edge_agent.cli import main
+sys.exit(main(sys.argv[1:]))
+"""
+_NO_LEDGER = """
+import edge_agent.privatize_run as run
+class NoLedger:  # the baseline only: the same run with the ledger's calls taken out
+    capped = False
+    def __init__(self, opts, priv, bundle):
+        pass
+    def charge(self, lines, payloads, jsons):
+        return jsons
+    def charge_rows(self, lines, rows):
+        return rows.jsons
+    def summary(self):
+        return "no ledger"
+    def close(self):
+        pass
+run.RunBudget = NoLedger
+"""
+
+
+def ledger_rows(tsv: Path, eta: float, out: str, repeats: int, work: Path) -> list[list]:
+    """Rows of the ledger overhead table (see the module docstring)."""
+    variants = {
+        "no ledger (baseline)": (_NO_LEDGER, None, False),
+        "ledger, new texts (charged, memoized)": ("", "fresh", False),
+        "ledger, every text memoized (2nd run)": ("", "same", False),
+        "ledger with a cap (input costed first)": ("", "fresh", True),
+    }
+    walls: dict[str, list[float]] = {k: [] for k in variants}
+    cpus: dict[str, list[float]] = {k: [] for k in variants}
+    stream: dict[str, list[float]] = {k: [] for k in variants}
+    size: dict[str, int] = {}
+    for rep in range(repeats):
+        same = work / f"same-{rep}.sqlite3"
+        for name, (patch, which, cap) in variants.items():
+            argv = ["privatize", str(tsv), "--tsv", "--eta", str(eta), "-o", out]
+            led = None
+            if which == "fresh":
+                led = work / f"fresh-{rep}-{len(walls[name])}-{cap}.sqlite3"
+            elif which == "same":
+                led = same
+                if not same.exists():  # its first run, not timed: charges every text
+                    run_child([*argv, "--ledger", str(same)],
+                              cmd=[sys.executable, "-c", _CHILD.format(patch="")])
+            if led is not None:
+                argv += ["--ledger", str(led)]
+                if cap:
+                    run_child(["budget", "--cap", "1e300", "--ledger", str(led)])
+            r = run_child(argv, cmd=[sys.executable, "-c", _CHILD.format(patch=patch)])
+            walls[name].append(r["wall"])
+            cpus[name].append(r["cpu"])
+            stream[name].append(streaming_rate(r["stderr"]))
+            if led is not None:
+                size[name] = led.stat().st_size
+            print(f"  {name}: {r['wall']:.1f} s, CPU {r['cpu']:.1f} s", file=sys.stderr)
+    base = min(walls["no ledger (baseline)"])
+    base_cpu = min(cpus["no ledger (baseline)"])
+    rows = []
+    for name in variants:
+        best, best_cpu = min(walls[name]), min(cpus[name])
+        first = name.startswith("no ledger")
+        rows.append([name, f"{best:.2f} s", f"{best_cpu:.2f} s", f"{max(stream[name]):,.0f}",
+                     "—" if first else f"{best / base - 1:+.1%}",
+                     "—" if first else f"{best_cpu / base_cpu - 1:+.1%}",
+                     f"{size[name] / 2**20:.1f} MiB" if name in size else "—",
+                     " ".join(f"{w:.1f}" for w in walls[name]),
+                     " ".join(f"{c:.1f}" for c in cpus[name])])
+    return rows
 
 
 def streaming_rate(stderr: str) -> float:
@@ -156,6 +243,9 @@ def main() -> None:
     ap.add_argument("--report-samples", type=int, default=1000)
     ap.add_argument("--target", type=float, default=0.5, help="target inversion accuracy")
     ap.add_argument("--repeats", type=int, default=2, help="alternating raw/CLI runs (dχ)")
+    ap.add_argument("--ledger-repeats", type=int, default=3,
+                    help="alternating runs of each ledger variant (best of them)")
+    ap.add_argument("--ledger-only", action="store_true", help="only the ledger overhead rows")
     ap.add_argument("--raw", nargs=2, metavar=("MECH", "TSV"), help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.raw:
@@ -177,6 +267,12 @@ def main() -> None:
     n_tok = sum(it.n_tokens for it in items if it is not None)
     eta = args.eta
     out = str(tmp / "out.jsonl")
+    ENV["PRIVBERT_LEDGER"] = str(tmp / "ledger.sqlite3")  # never the user's own ledger
+    if args.ledger_only:
+        load_before = os.getloadavg()
+        rows = ledger_rows(tsv, args.eta, out, args.ledger_repeats, tmp)
+        print_ledger(rows, n_rec, n_tok, args, load_before)
+        return
     results = []
     raw_text_rates = []
     load_before = os.getloadavg()
@@ -190,7 +286,9 @@ def main() -> None:
                 w, c = raw_rate(raw_mech, tsv, eta)
                 raws.append(w)
                 raw_cpus.append(c)
-            runs.append(run_child(["privatize", str(tsv), "--tsv", *flags, "-o", out]))
+            fresh = tmp / f"ledger-{len(results)}-{len(runs)}.sqlite3"  # no memoized texts
+            runs.append(run_child(["privatize", str(tsv), "--tsv", *flags, "-o", out,
+                                   "--ledger", str(fresh)]))
             print(f"  {name}: {runs[-1]['wall']:.1f} s" + (f", raw {raws[-1]:,.0f} tokens/s"
                                                          if raws else ""), file=sys.stderr)
         r = min(runs, key=lambda x: x["wall"])
@@ -256,6 +354,7 @@ def main() -> None:
              f"eta={tgt['eta']:.3f} reaches {tgt['inversion']['accuracy']:.4f} "
              f"(off by {abs(tgt['inversion']['accuracy'] - args.target):.4f})", "within 0.01"]]
     cold_spawn, cold_inside = (math.nan, math.nan) if args.skip_cold else cold_start(small, eta)
+    ledger = ledger_rows(tsv, eta, out, args.ledger_repeats, tmp)
 
     load_after = os.getloadavg()
     print(f"machine: {machine()}")
@@ -274,6 +373,21 @@ def main() -> None:
         ["cold start inside the CLI: start of run -> first record", f"{cold_inside:.2f} s", ""],
     ] + ([["export MiniLM bundle + encoder.onnx (models.export, torch)", f"{export_s:.1f} s",
            ""]] if export_s is not None else [])))
+    print()
+    print_ledger(ledger, n_rec, n_tok, args, load_before)
+
+
+def print_ledger(rows: list[list], n_rec: int, n_tok: int, args, load_before) -> None:
+    print(f"ledger overhead: edge-agent privatize, dchi-text eta={args.eta:g}, {n_rec:,} "
+          f"sentences ({n_tok:,} tokens), best of {args.ledger_repeats} alternating runs; "
+          f"load average (1 min) at start {load_before[0]:.2f}, at end {os.getloadavg()[0]:.2f}")
+    print(table(["run", "wall", "CPU", "tokens/s (streaming)", "wall vs no ledger",
+                 "CPU vs no ledger", "ledger file", "every run, wall (s)",
+                 "every run, CPU (s)"], rows))
+    wall, cpu = rows[1][4], rows[1][5]
+    print(f"target ledger overhead <= 5% (new texts, no cap): wall {wall} "
+          f"({'met' if float(wall.rstrip('%')) <= 5 else 'NOT met'}), CPU {cpu} "
+          f"({'met' if float(cpu.rstrip('%')) <= 5 else 'NOT met'})")
 
 
 if __name__ == "__main__":

@@ -6,12 +6,20 @@ the same request bodies are then posted again and again. For each database, in t
 run:
 
 * baseline: the store's own insert called directly in this process
-  (``store.records.add_records`` on records already validated), and the whole
-  non-HTTP path (envelope parse + validation against the task + insert);
+  (``store.records.add_records`` on records already validated), the same insert with the
+  privacy budget charge in its transaction (``charge=``), and the whole non-HTTP path
+  (envelope parse + validation against the task + cost + charge + insert);
+* the check-and-charge alone (issue 19: <= 0.3 ms a request): the cost of a request's 256
+  payloads (``cloud_api.charging.records_cost``) and the conditional UPDATE of
+  ``store.budgets.charge`` timed inside an open write transaction (what it adds to the
+  records transaction), and prediction charges through the group-commit writer
+  (``store.charge_writer``) with 32 requests at once, each answered after its commit;
 * ``cloud-api serve`` as a subprocess on a loopback port with ``PRIVBERT_DATABASE_URL``
   pointing at a fresh database: ``POST /v1/records`` (auth, body limit, envelope, every
-  record checked against its task, one transaction per request), closed loop with 1 and
-  with 4 concurrent clients, each sending its next request when the last is answered.
+  record checked against its task, the sender's ledger charged, one transaction per
+  request), closed loop with 1 and with 4 concurrent clients, each sending its next
+  request when the last is answered (the key has a cap, PRIVBERT_DEFAULT_BUDGET, so every
+  answer carries X-Privacy-Budget-Remaining).
 
 Columns: records/s (wall clock), and records per CPU second of the process that does the
 work (this one for the direct paths, the server for HTTP; the PostgreSQL server's own
@@ -20,7 +28,8 @@ with the other jobs' load, the CPU figure says what one free core would sustain.
 
 SQLite: WAL with ``synchronous = FULL`` (what the server uses). PostgreSQL 15: a throwaway
 cluster (``tests/pg.py``) with its durable defaults (fsync on, synchronous_commit on), or
-``--postgres-url``. Target (issue 12): >= 2,000 records/s into each through HTTP.
+``--postgres-url``. Targets: >= 2,000 records/s into each through HTTP (issue 12, and
+issue 19 with the ledger); check-and-charge <= 0.3 ms a request (issue 19).
 
     python bench/records.py                      # about 2 minutes
     python bench/records.py --requests 20 --databases sqlite
@@ -71,10 +80,11 @@ def body_of(task: str, batch: list[dict]) -> bytes:
 
 # -- baseline: the store called directly --------------------------------------------------
 def direct(url: str, bundle, bodies: list[bytes], requests: int
-           ) -> dict[str, tuple[float, float]]:
-    """{path: (records/s, records per CPU second of this process)}."""
+           ) -> tuple[dict[str, tuple[float, float]], dict[str, float]]:
+    """({path: (records/s, records per CPU second of this process)}, {what: ms a request})."""
+    from cloud_api import charging
+    from cloud_api.store import budgets, tasks
     from cloud_api.store import records as store
-    from cloud_api.store import tasks
     from cloud_api.store.db import Database
     from shared.payload import Limits
 
@@ -85,21 +95,85 @@ def direct(url: str, bundle, bodies: list[bytes], requests: int
     limits = Limits.for_bundle(bundle, labels=task.labels)
     mine = [b.replace(b'"task":"bench"', b'"task":"direct"', 1) for b in bodies]
     valid = [store.validate_records(task, store.parse_body(b).records, limits) for b in mine]
+    costs = [charging.records_cost(task, v, bundle) for v in valid]
+    big = 1e300  # a cap nothing reaches: every charge checks it and goes through
     out = {}
-    t0, c0 = time.perf_counter(), time.process_time()
-    for i in range(requests):
-        store.add_records(db, task, valid[i % len(valid)], "bench")
-    n = requests * BATCH
-    out["insert"] = (n / (time.perf_counter() - t0), n / (time.process_time() - c0))
-    t0, c0 = time.perf_counter(), time.process_time()
-    for i in range(requests):
+
+    def timed(name: str, call) -> None:
+        t0, c0 = time.perf_counter(), time.process_time()
+        for i in range(requests):
+            call(i)
+        n = requests * BATCH
+        out[name] = (n / (time.perf_counter() - t0), n / (time.process_time() - c0))
+
+    timed("insert", lambda i: store.add_records(db, task, valid[i % len(valid)], "bench"))
+    timed("insert + charge", lambda i: store.add_records(
+        db, task, valid[i % len(valid)], "bench",
+        charge=budgets.Charge("bench", "", costs[i % len(costs)], big)))
+
+    def whole(i: int) -> None:
         env = store.parse_body(mine[i % len(mine)])
         recs = store.validate_records(task, env.records, limits)
-        store.add_records(db, task, recs, "bench", f"direct-{i}", store.body_digest(env))
-    out["parse+validate+insert"] = (n / (time.perf_counter() - t0),
-                                    n / (time.process_time() - c0))
+        ch = budgets.Charge("bench", "", charging.records_cost(task, recs, bundle), big)
+        store.add_records(db, task, recs, "bench", f"direct-{i}", store.body_digest(env),
+                          charge=ch)
+
+    timed("parse+validate+cost+charge+insert", whole)
+    ms = check_and_charge(db, task, valid, bundle, requests)
     db.dispose()
-    return out
+    return out, ms
+
+
+def check_and_charge(db, task, valid: list, bundle, requests: int) -> dict[str, float]:
+    """Milliseconds a request: the cost of its payloads, the check-and-charge UPDATE inside
+    an open write transaction (both median over ``requests``), and a prediction charge
+    through the group-commit writer with 32 at once (mean wall time from submit to commit,
+    and wall time per charge)."""
+    import asyncio
+    import statistics
+
+    from cloud_api import charging
+    from cloud_api.store import budgets
+    from cloud_api.store.charge_writer import ChargeWriter
+
+    cost_ms, update_ms = [], []
+    cpu = 0.0
+    for i in range(requests):
+        recs = valid[i % len(valid)]
+        t0, c0 = time.perf_counter(), time.process_time()
+        cost = charging.records_cost(task, recs, bundle)
+        cost_ms.append((time.perf_counter() - t0) * 1e3)
+        cpu += time.process_time() - c0
+        with db.begin(write=True) as conn:
+            t0, c0 = time.perf_counter(), time.process_time()
+            budgets.charge(conn, budgets.Charge("bench-charge", "", cost, 1e300))
+            update_ms.append((time.perf_counter() - t0) * 1e3)
+            cpu += time.process_time() - c0
+    one = charging.records_cost(task, valid[0][:1], bundle)
+
+    async def predictions(n: int, at_once: int = 32) -> tuple[float, float]:
+        writer = ChargeWriter(db)
+        lat: list[float] = []
+
+        async def one_request(i: int) -> None:
+            t0 = time.perf_counter()
+            await writer.charge(budgets.Charge("bench-predict", f"d{i % 8}", one, 1e300))
+            lat.append(time.perf_counter() - t0)
+
+        t0 = time.perf_counter()
+        for s in range(0, n, at_once):
+            await asyncio.gather(*(one_request(i) for i in range(s, min(n, s + at_once))))
+        wall = time.perf_counter() - t0
+        writer.close()
+        return statistics.mean(lat) * 1e3, wall / n * 1e3
+
+    mean_lat, per_charge = asyncio.run(predictions(32 * max(1, requests // 4)))
+    return {"cost of 256 payloads (median)": statistics.median(cost_ms),
+            "check-and-charge UPDATE in the open transaction (median)":
+                statistics.median(update_ms),
+            "CPU of both (mean)": cpu / requests * 1e3,
+            "prediction charge, 32 at once: wall time per charge": per_charge,
+            "prediction charge, 32 at once: mean submit -> committed": mean_lat}
 
 
 # -- the real server ------------------------------------------------------------------------
@@ -108,6 +182,7 @@ def start_server(url: str, home: Path, app_key: str, admin_key: str):
     port = free_port()
     env = {k: v for k, v in os.environ.items() if not k.startswith("PRIVBERT_")}
     env.update({"PRIVBERT_HOME": str(home), "PRIVBERT_DATABASE_URL": url,
+                "PRIVBERT_DEFAULT_BUDGET": "1e300",
                 "PRIVBERT_DB_AUTO_UPGRADE": "1", "PRIVBERT_API_KEYS": app_key,
                 "PRIVBERT_ADMIN_KEYS": admin_key, "PRIVBERT_RATE_LIMIT_PER_KEY": "0",
                 "PRIVBERT_WORKER_IN_SERVE": "0", "PRIVBERT_LOG_LEVEL": "WARNING",
@@ -142,7 +217,8 @@ def through_http(base: str, pid: int, app_key: str, admin_key: str, bundle,
                     return
                 resp = http.post("/v1/records", content=bodies[i % len(bodies)],
                                  headers={"Idempotency-Key": f"c{clients}-{i}"})
-                if resp.status_code != 201 or len(resp.json()["ids"]) != BATCH:
+                if resp.status_code != 201 or len(resp.json()["ids"]) != BATCH \
+                        or "x-privacy-budget-remaining" not in resp.headers:
                     errors.append(f"{resp.status_code} {resp.text[:200]}")
 
     warm = httpx.post(f"{base}/v1/records", content=bodies[0], timeout=60, headers={
@@ -178,6 +254,7 @@ def main() -> int:
     bodies = [body_of("bench", b) for b in batches]
     print(f"request body: {len(bodies[0]):,} bytes for {BATCH} records")
     rows = []
+    charge_rows = []
     work = Path(tempfile.mkdtemp(prefix="privbert-bench-records-"))
     cluster = None
     try:
@@ -192,11 +269,12 @@ def main() -> int:
                 cluster = PgCluster.create(fsync=True)
                 cluster.start()
                 urls = [cluster.create_database("direct"), cluster.create_database("http")]
-            base_rates = direct(urls[0], bundle, bodies, args.requests)
+            base_rates, ms = direct(urls[0], bundle, bodies, args.requests)
             ref = base_rates["insert"][0]
             for what, (rate, per_cpu) in base_rates.items():
                 rows.append([kind, f"direct: {what}", f"{rate:,.0f}", f"{per_cpu:,.0f}",
                              f"{rate / ref:.2f}x"])
+            charge_rows += [[kind, what, f"{v:.3f} ms"] for what, v in ms.items()]
             app_key, admin_key = secrets.token_hex(16), secrets.token_hex(16)
             proc, base = start_server(urls[1], work / "home", app_key, admin_key)
             try:
@@ -207,17 +285,29 @@ def main() -> int:
                                  f"{rate:,.0f}", f"{per_cpu:,.0f}", f"{rate / ref:.2f}x"])
             finally:
                 stop(proc)
-            print(table(HEADERS, rows[-4:]), flush=True)
+            print(table(HEADERS, rows[-5:]), flush=True)
     finally:
         if cluster is not None:
             cluster.destroy()
     print()
     print(table(HEADERS, rows))
+    print()
+    print(table(["database", "privacy budget: what", "time a request"], charge_rows))
     http = [r for r in rows if r[1].startswith("HTTP")]
     worst = min(float(r[2].replace(",", "")) for r in http)
     print(f"load average {os.getloadavg()[0]:.2f} at the end")
-    print(f"target >= 2,000 records/s through HTTP into each database: "
+    print(f"target >= 2,000 records/s through HTTP into each database (with the ledger): "
           f"{'met' if worst >= 2000 else 'NOT met'} (lowest {worst:,.0f})")
+    per_request = {}
+    for kind, what, v in charge_rows:
+        if what.startswith(("cost of", "check-and-charge")):
+            per_request[kind] = per_request.get(kind, 0.0) + float(v.split()[0])
+    worst_charge = max(per_request.values())
+    cpu = {k: float(v.split()[0]) for k, what, v in charge_rows if what.startswith("CPU")}
+    print(f"target check-and-charge (cost + UPDATE, wall medians) <= 0.3 ms a request: "
+          f"{'met' if worst_charge <= 0.3 else 'NOT met'} (highest {worst_charge:.3f} ms: "
+          + ", ".join(f"{k} {v:.3f}" for k, v in per_request.items()) + "; CPU "
+          + ", ".join(f"{k} {v:.3f} ms" for k, v in cpu.items()) + ")")
     return 0
 
 

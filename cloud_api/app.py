@@ -27,7 +27,15 @@ from cloud_api import problems
 from cloud_api.auth import KeyRing
 from cloud_api.home import ModelHome
 from cloud_api.limits import RateLimiter
-from cloud_api.routes import admin_jobs, admin_models, admin_records, health, inference, records
+from cloud_api.routes import (
+    admin_budgets,
+    admin_jobs,
+    admin_models,
+    admin_records,
+    health,
+    inference,
+    records,
+)
 from cloud_api.routes.middleware import ServiceMiddleware
 from cloud_api.settings import Settings
 
@@ -66,11 +74,13 @@ async def start_serving(app: FastAPI, stack: AsyncExitStack) -> None:
     app.state.ready_checks.append(registry.ready)
 
 
-# in order: the job worker thread needs the store (records.start_store: the Database)
+# in order: the job worker thread and the prediction charges need the store
+# (records.start_store: the Database)
 LIFESPAN: list[LifespanStep] = [start_basics, start_serving, records.start_store,
-                                admin_jobs.start_worker]
+                                admin_budgets.start_charges, admin_jobs.start_worker]
 ROUTERS: list[APIRouter] = [health.router, inference.router, admin_models.router,
-                            records.router, admin_records.router, admin_jobs.router]
+                            records.router, admin_records.router, admin_jobs.router,
+                            admin_budgets.router]
 
 
 @asynccontextmanager
@@ -117,7 +127,8 @@ def _openapi(app: FastAPI) -> dict:
     problems.add_schemas(schema, problems.Problem, inference.PredictRequest,
                          admin_models.PromoteRequest, records.RecordsRequest,
                          records.store.DeleteRecords, admin_records.tasks.TaskDeclaration,
-                         admin_jobs.RetrainRequest, admin_jobs.PretrainRequest)
+                         admin_jobs.RetrainRequest, admin_jobs.PretrainRequest,
+                         admin_budgets.CapRequest)
     schema["components"]["securitySchemes"] = {
         "bearer": {"type": "http", "scheme": "bearer",
                    "description": "application key (/v1) or admin key (/admin, /v1)"}}

@@ -72,6 +72,10 @@ class KeyRing:
                              "(or PRIVBERT_AUTH_DISABLED=1 for local development)")
         return cls(entries, disabled=s.auth_disabled and not entries)
 
+    def key_ids(self) -> set[str]:
+        """The ids of the configured keys ("anonymous" when auth is disabled)."""
+        return {kid for _, _, kid in self._entries} | ({"anonymous"} if self.disabled else set())
+
     def verify(self, token: str) -> Caller | None:
         """The caller of ``token``; every entry is compared so the time does not depend
         on which key (if any) matches."""

@@ -23,11 +23,14 @@ class ServiceError(Exception):
     title = "Internal error"
 
     def __init__(self, detail: str, *, retry_after: float | None = None,
-                 errors: list[dict] | None = None):
+                 errors: list[dict] | None = None, headers: dict[str, str] | None = None,
+                 extra: dict | None = None):
         super().__init__(detail)
         self.detail = detail
         self.retry_after = retry_after
         self.errors = errors  # structured validation errors, never with input values
+        self.headers = headers  # extra response headers
+        self.extra = extra  # extension members of the problem (RFC 9457 §3.2)
 
 
 class InvalidRequest(ServiceError):

@@ -43,3 +43,12 @@ LOAD_FAILURES = Counter("privbert_model_load_failure", "Model versions that fail
 RECORDS = Counter("privbert_records_ingested", "Labelled privatized records stored", ["task"])
 JOBS = Counter("privbert_jobs_finished", "Jobs that ended, by kind and state",
                ["kind", "state"])
+
+# -- privacy budget ledgers (cloud_api.store.budgets) ------------------------------------------
+PRIVACY_SPENT = Counter("privbert_privacy_spent_epsilon", "Worst-case epsilon charged to the "
+                        "privacy budget ledgers, by family and route (records, predict)",
+                        ["family", "route"])
+PRIVACY_PAYLOADS = Counter("privbert_privacy_charged_payloads", "Payloads charged to the "
+                           "privacy budget ledgers, by family and route", ["family", "route"])
+BUDGET_EXHAUSTED = Counter("privbert_budget_exhausted", "Requests refused because they would "
+                           "pass a ledger's cap (nothing stored, no prediction)", ["route"])

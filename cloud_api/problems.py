@@ -68,6 +68,8 @@ class Problem(BaseModel):
     detail: str = Field(description="what went wrong in this request (never payload data)")
     instance: str | None = Field(None, description="the request id (X-Request-ID)")
     errors: list[ValidationIssue] | None = Field(None, description="validation errors")
+    remaining: float | None = Field(None, description="budget-exhausted: what the ledger "
+                                    "has left under its cap (worst-case epsilon)")
 
 
 class BodyTooLarge(HTTPException):
@@ -82,13 +84,16 @@ class BodyTooLarge(HTTPException):
 def problem_response(request_id: str | None, status: int, kind: str, title: str, detail: str,
                      *, errors: list[dict] | None = None, retry_after: float | None = None,
                      headers: dict[str, str] | None = None,
-                     state: dict | None = None) -> Response:
-    """A problem+json response; ``state`` (the request's scope state) learns the kind, for
-    the failure metrics and the access log."""
+                     state: dict | None = None, extra: dict | None = None) -> Response:
+    """A problem+json response; ``extra``: extension members (RFC 9457 §3.2); ``state``
+    (the request's scope state) learns the kind, for the failure metrics and the access
+    log."""
     body: dict[str, Any] = {"type": problem_type(kind), "title": title, "status": status,
                             "detail": detail, "instance": request_id}
     if errors is not None:
         body["errors"] = errors
+    for k, v in (extra or {}).items():
+        body.setdefault(k, v)
     hdrs = dict(headers or {})
     if retry_after is not None or status in (429, 503):
         hdrs["Retry-After"] = str(max(1, math.ceil(retry_after or 1)))
@@ -139,10 +144,12 @@ def _state(request: Request) -> dict:
 # -- handlers --------------------------------------------------------------------------------
 async def _service_error(request: Request, exc: ServiceError) -> Response:
     errors = clean_errors(exc.errors) if exc.errors else None
-    headers = {"WWW-Authenticate": "Bearer"} if exc.status == 401 else None
+    headers = dict(exc.headers or {})
+    if exc.status == 401:
+        headers["WWW-Authenticate"] = "Bearer"
     return problem_response(_rid(request), exc.status, exc.kind, exc.title, exc.detail,
                             errors=errors, retry_after=exc.retry_after, headers=headers,
-                            state=_state(request))
+                            state=_state(request), extra=exc.extra)
 
 
 async def _http_error(request: Request, exc: HTTPException) -> Response:

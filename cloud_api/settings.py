@@ -49,6 +49,11 @@ class Settings(BaseSettings):
                                    "'app KEY', 'admin KEY', or 'app sha256:HEX' (only the hash)")
     auth_disabled: bool = Field(False, description="no keys at all: local development only")
 
+    default_budget: float | None = Field(None, ge=0, allow_inf_nan=False, description="the "
+                                         "privacy budget cap (worst-case epsilon) a key gets "
+                                         "when it is first charged; none by default (every "
+                                         "payload is still counted)")
+
     # -- request limits ---------------------------------------------------------------------
     max_body_bytes: int = Field(2_000_000, ge=1024, description="413 above this, enforced "
                                 "while the body is read")

@@ -1,8 +1,10 @@
-"""`edge-agent` command line: privatize, report, bundle fetch|info.
+"""`edge-agent` command line: privatize, budget, report, bundle fetch|info.
 
-Errors print one line ``edge-agent: error: ...`` on stderr (no traceback) and
-exit 2 for usage (bad flags, invalid parameters) or 1 at run time (bad input
-line, bundle, server). Heavy modules load only when a command needs them.
+The flags are parsed here (and in ``cli_privatize``, ``cli_budget``) into typed options
+(``edge_agent.options``); nothing below this layer sees an argparse namespace. Errors print
+one line ``edge-agent: error: ...`` on stderr (no traceback) and exit 2 for usage (bad
+flags, invalid parameters), 3 when the privacy budget refuses a run, or 1 at run time (bad
+input line, bundle, server). Heavy modules load only when a command needs them.
 """
 
 from __future__ import annotations
@@ -11,123 +13,21 @@ import argparse
 import os
 import sys
 
-PROG = "edge-agent"
-MECHANISMS = ("dchi-text", "dchi-embedding", "laplace", "ome", "texthide", "none")
-
-
-class UsageError(Exception):
-    """Bad flags or parameters: exit code 2."""
-
-
-class CliError(Exception):
-    """A run-time failure with a message that says what to do: exit code 1."""
-
-
-class _Parser(argparse.ArgumentParser):
-    def __init__(self, *args, **kwargs):
-        kwargs.setdefault("allow_abbrev", False)  # --et is not --eta: exact flags only
-        super().__init__(*args, **kwargs)
-
-    def error(self, message: str):  # one line, no usage dump
-        print(f"{PROG}: error: {message} (see {self.prog} --help)", file=sys.stderr)
-        sys.exit(2)
-
-
-def _one_line(exc: BaseException) -> str:
-    text = str(exc) or type(exc).__name__
-    lines = [s.strip() for s in text.splitlines() if s.strip()]
-    return "; ".join(lines[:3])
-
-
-def warn(message: str) -> None:
-    print(f"{PROG}: warning: {message}", file=sys.stderr)
-
-
-def info(message: str) -> None:
-    print(f"{PROG}: {message}", file=sys.stderr)
-
-
-# -- bundle from a directory, a server, or the default model --------------------------------
-def add_bundle_args(p: argparse.ArgumentParser) -> None:
-    g = p.add_argument_group("bundle and server")
-    g.add_argument("--bundle", metavar="DIR",
-                     help="edge bundle directory (bundle.json), or a Hugging Face BERT folder; "
-                          "default: the MiniLM-L6-H384 package")
-    g.add_argument("--server", metavar="URL",
-                   help="privbert service: its model's bundle is fetched once, cached and "
-                        "verified (cache: $PRIVBERT_CACHE or ~/.cache/privbert/bundles)")
-    g.add_argument("--model", metavar="ID", help="served model (GET /v1/models) to follow")
-    g.add_argument("--api-key", metavar="KEY",
-                   help="API key (default: $PRIVBERT_API_KEY); sent as Authorization: Bearer")
-    g.add_argument("--timeout", type=float, default=30.0, help="seconds per request (30)")
-    g.add_argument("--retries", type=int, default=5,
-                   help="retries on 429/503/connection errors, exponential backoff (5)")
-
-
-def make_client(args, batch_size: int = 64):
-    from edge_agent.client import PrivbertClient
-
-    if args.timeout <= 0:
-        raise UsageError(f"--timeout must be > 0, got {args.timeout}")
-    if args.retries < 0:
-        raise UsageError(f"--retries must be >= 0, got {args.retries}")
-    try:
-        return PrivbertClient(args.server, args.api_key, timeout=args.timeout,
-                              retries=args.retries, batch_size=batch_size)
-    except ValueError as exc:
-        raise UsageError(str(exc)) from None
-
-
-def resolve_bundle(args, client=None, check_model=None):
-    """(bundle, served model description or None); ``check_model(model)`` runs before any
-    bundle is fetched."""
-    from pathlib import Path
-
-    from shared.bundle import EdgeBundle
-
-    model = None
-    if args.server:
-        from edge_agent.bundle_cache import bundle_for_model
-
-        client = client or make_client(args)
-        model = client.model(args.model)
-        if check_model is not None:
-            check_model(model)
-        if not args.bundle:
-            bundle, model, path, fetched = bundle_for_model(client, model=model)
-            info(f"bundle {bundle.bundle_id[:12]}… of model {model.get('id')} "
-                 f"{'fetched and cached in' if fetched else 'from cache'} {path}")
-            return bundle, model
-    elif args.model:
-        raise UsageError("--model needs --server")
-    if args.bundle:
-        path = Path(args.bundle)
-        if not path.exists():
-            raise CliError(f"{path}: no such bundle directory")
-        if not path.is_dir():
-            raise CliError(f"{path}: not a directory (--bundle takes a bundle directory)")
-        if (path / "bundle.json").is_file():
-            bundle = EdgeBundle.load(path)
-        else:
-            bundle = EdgeBundle.from_model(path)
-    else:
-        bundle = EdgeBundle.from_model()
-    if model is not None and model.get("bundle_id") not in (None, bundle.bundle_id):
-        raise CliError(f"--bundle {args.bundle} is {bundle.bundle_id[:12]}…, but model "
-                       f"{model.get('id')} expects bundle {str(model['bundle_id'])[:12]}…; "
-                       "drop --bundle to fetch the right one")
-    return bundle, model
+from edge_agent.cli_args import Parser, add_bundle_args, server_options
+from edge_agent.connect import make_client, resolve_bundle
+from edge_agent.errors import PROG, BudgetRefused, CliError, UsageError, info, one_line, warn
 
 
 # -- parser -----------------------------------------------------------------------------------
 def build_parser() -> argparse.ArgumentParser:
-    parser = _Parser(prog=PROG, description="privbert on the device: privatize text, post only "
+    parser = Parser(prog=PROG, description="privbert on the device: privatize text, post only "
                      "privatized payloads, choose eta with a privacy report")
-    sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=Parser)
 
-    from edge_agent.privatize_cmd import register as register_privatize
+    from edge_agent import cli_budget, cli_privatize
 
-    register_privatize(sub)
+    cli_privatize.register(sub)
+    cli_budget.register(sub)
 
     p = sub.add_parser("report", help="privacy report for dχ-privacy (Qu et al. §5.3-5.4)",
                        description="Plausible deniability statistics N_w and S_w, token "
@@ -160,7 +60,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     b = sub.add_parser("bundle", help="fetch or inspect an edge bundle")
     b.set_defaults(func=lambda _args: b.print_help(sys.stderr) or 2)
-    bsub = b.add_subparsers(dest="bundle_command", metavar="ACTION", parser_class=_Parser)
+    bsub = b.add_subparsers(dest="bundle_command", metavar="ACTION", parser_class=Parser)
     f = bsub.add_parser("fetch", help="fetch a served model's bundle into the cache")
     f.add_argument("--server", metavar="URL", required=True)
     f.add_argument("--model", metavar="ID", help="served model (default: the only one)")
@@ -209,7 +109,7 @@ def run_report(args) -> int:
         except ImportError:
             raise CliError("--plot needs matplotlib: pip install 'privbert[plot]'") from None
     texts = read_sample(args.sample) if args.sample else None
-    bundle, _ = resolve_bundle(args)
+    bundle, _ = resolve_bundle(server_options(args))
     rng = np.random.default_rng(args.seed)
     rep = build_report(bundle, args.mechanism, eta=args.eta, target=args.target_inversion,
                        texts=texts, tokens=args.tokens, samples=args.samples,
@@ -273,7 +173,7 @@ def read_sample(path: str) -> list[str]:
 def run_bundle_fetch(args) -> int:
     from edge_agent.bundle_cache import bundle_for_model, fetch_bundle
 
-    with make_client(args) as client:
+    with make_client(server_options(args)) as client:
         if args.id:
             if args.model:
                 raise UsageError("give --model or --id, not both")
@@ -319,8 +219,11 @@ def main(argv: list[str] | None = None) -> int:
     try:
         return int(args.func(args) or 0)
     except UsageError as exc:
-        print(f"{PROG}: error: {_one_line(exc)}", file=sys.stderr)
+        print(f"{PROG}: error: {one_line(exc)}", file=sys.stderr)
         return 2
+    except BudgetRefused as exc:
+        print(f"{PROG}: error: {one_line(exc)}", file=sys.stderr)
+        return 3
     except KeyboardInterrupt:
         print(f"{PROG}: interrupted", file=sys.stderr)
         return 130
@@ -343,7 +246,7 @@ def describe(exc: Exception) -> str:
     from shared.bundle import BundleError
 
     if isinstance(exc, (CliError, BundleError)):
-        return _one_line(exc)
+        return one_line(exc)
     if isinstance(exc, UnicodeError):
         return f"text is not valid {getattr(exc, 'encoding', None) or 'UTF-8'} " \
                f"({getattr(exc, 'reason', None) or type(exc).__name__})"
@@ -361,11 +264,9 @@ def describe(exc: Exception) -> str:
     if isinstance(exc, OSError):
         return f"{exc.filename or 'I/O'}: {exc.strerror or exc}"
     if isinstance(exc, ValueError) or type(exc).__name__ == "ApiError":
-        return _one_line(exc)
-    return f"{type(exc).__name__}: {_one_line(exc)} (EDGE_AGENT_DEBUG=1 shows a traceback)"
+        return one_line(exc)
+    return f"{type(exc).__name__}: {one_line(exc)} (EDGE_AGENT_DEBUG=1 shows a traceback)"
 
 
-if __name__ == "__main__":  # the same classes as `edge_agent.cli` (imported by subcommands)
-    from edge_agent.cli import main as _main
-
-    sys.exit(_main())
+if __name__ == "__main__":
+    sys.exit(main())

@@ -263,7 +263,10 @@ class PrivbertClient:
 
 
 def _to_json(obj) -> str:
-    """A payload or record (pydantic model) or a plain dict as JSON text."""
+    """A payload or record (pydantic model), its JSON already serialized (bytes: sent as
+    they are), or a plain dict, as JSON text."""
+    if isinstance(obj, bytes | bytearray):
+        return obj.decode("utf-8")
     if hasattr(obj, "model_dump_json"):
         return obj.model_dump_json(exclude_none=True)
     return json.dumps(obj)

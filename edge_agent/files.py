@@ -13,7 +13,7 @@ import stat
 import sys
 from pathlib import Path
 
-from edge_agent.cli import CliError, UsageError
+from edge_agent.errors import CliError, UsageError
 from edge_agent.lines import FdLines
 
 

@@ -260,11 +260,16 @@ class Privatizer:
                      labels: list | None) -> list[bytes]:
         """JSONL lines of the records around :meth:`privatize_data`'s output for a token
         mechanism (the CLI's output; ``edge_agent.record_lines``)."""
-        from edge_agent.record_lines import token_record_lines
+        return self.token_rows(items, data, labels).lines() if items else []
 
-        return token_record_lines(self.name, self.params, self.bundle.bundle_id, data,
-                                  [it.n_tokens for it in items], [it.segments for it in items],
-                                  labels, float_dtype=self.float_dtype)
+    def token_rows(self, items: list[TokenizedText], data: np.ndarray, labels: list | None):
+        """``edge_agent.record_lines.TokenRows`` (payload JSONs and labels) around
+        :meth:`privatize_data`'s output for a token mechanism."""
+        from edge_agent.record_lines import token_rows
+
+        return token_rows(self.name, self.params, self.bundle.bundle_id, data,
+                          [it.n_tokens for it in items], [it.segments for it in items],
+                          labels, float_dtype=self.float_dtype)
 
     def records_tokenized(self, items: list[TokenizedText], labels: list,
                           num_labels: int | None = None, rng=None) -> list[Record]:

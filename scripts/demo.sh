@@ -72,9 +72,10 @@ a tender and funny portrait of a family
 TXT
 
 echo "demo: privatizing $(wc -l < "$work/examples.txt") sentences on this device (dchi-text, eta $ETA) and asking the service" >&2
+# the demo's own privacy budget ledger: these example sentences are not the user's texts
 PRIVBERT_API_KEY="$PRIVBERT_API_KEYS" edge-agent privatize "$work/examples.txt" \
     --mechanism dchi-text --eta "$ETA" --server "$URL" --model "$MODEL" --post predict \
-    --no-progress -o "$work/predictions.jsonl"
+    --no-progress -o "$work/predictions.jsonl" --ledger "$work/ledger.sqlite3"
 
 python - "$URL" "$MODEL" "$work/examples.txt" "$work/predictions.jsonl" <<'PY'
 import json, os, sys, httpx
@@ -100,3 +101,6 @@ for row in open(preds):
     score = (pred.get("scores") or {}).get(str(label), float("nan"))
     print(f"  {names.get(str(label), label)!s:>8} {score:.2f}  {lines[pred['line'] - 1]}")
 PY
+echo
+echo "what this device has sent, composed (edge-agent budget):"
+edge-agent budget --ledger "$work/ledger.sqlite3"

@@ -54,6 +54,17 @@ def sentence_vector_dim(bundle: EdgeBundle) -> int:
     return int((bundle.meta.get("encoder") or {}).get("output_dim", bundle.dim))
 
 
+def dchi_diameter_bound(embeddings: np.ndarray, rows: np.ndarray | None = None) -> float:
+    """D = 2 max ||phi(x)|| over ``rows`` of the table (default: all): no two of those
+    tokens are further apart, so eta*D bounds the dχ ε between any two of them per token
+    (Qu et al. §3.2)."""
+    emb = np.asarray(embeddings)
+    norms = np.einsum("ij,ij->i", emb, emb)
+    if rows is not None:
+        norms = norms[np.asarray(rows)]
+    return 2.0 * float(np.sqrt(norms.max())) if norms.size else 0.0
+
+
 def dchi_expected_noise_norm(dim: int, eta: float) -> float:
     """E||N|| = n/η (mean of Gamma(n, 1/η), Qu et al. §5.2)."""
     return dim / eta
@@ -86,7 +97,7 @@ def _dchi(mech, bundle: EdgeBundle | None, sample: int) -> dict:
     ks = tuple(k for k in NEIGHBOURS if k < table.shape[0])
     dists = kth_neighbour_distances(table, rows, ks)
     med = {k: float(np.median(v)) for k, v in dists.items()}
-    diameter_bound = 2.0 * float(np.sqrt(np.einsum("ij,ij->i", table, table).max()))
+    diameter_bound = dchi_diameter_bound(table)
     noise = dchi_expected_noise_norm(n, eta)
     wc = g["worst_case"]
     wc["epsilon"] = eta * diameter_bound

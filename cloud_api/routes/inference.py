@@ -17,6 +17,7 @@ from starlette.concurrency import run_in_threadpool
 from starlette.responses import Response
 
 from cloud_api.auth import AppCaller
+from cloud_api.charging import charge_prediction
 from cloud_api.errors import ServiceError
 from cloud_api.problems import responses
 from cloud_api.routes.common import ModelId, json_response
@@ -101,13 +102,17 @@ async def predict(model_id: ModelId, request: Request, caller: AppCaller) -> Res
     settings = request.app.state.settings
     parsed = PredictRequest.model_validate_json(body, context={
         "limits": limits, "max_payloads": settings.max_payloads_per_request})
+    charged = await charge_prediction(request.app.state, caller.key_id,  # 403 over the cap
+                                      request.headers.get("x-device-id"), model_id,
+                                      parsed.payloads)
     pred = await registry.predict(model_id, parsed.payloads,
                                   is_disconnected=request.is_disconnected)
     labels = list(pred.labels)
     best = pred.probs.argmax(axis=1).tolist()
     out = [{"label": labels[b], "scores": dict(zip(labels, row, strict=True))}
            for b, row in zip(best, pred.probs.tolist(), strict=True)]
-    return json_response({"model_id": pred.model_id, "version": pred.version, "predictions": out})
+    return json_response({"model_id": pred.model_id, "version": pred.version, "predictions": out},
+                         headers=charged.headers())
 
 
 @router.get(

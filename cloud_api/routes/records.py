@@ -15,13 +15,15 @@ from pydantic import BaseModel, ConfigDict, Field
 from starlette.concurrency import run_in_threadpool
 from starlette.responses import Response
 
+from cloud_api import charging
 from cloud_api.auth import AppCaller
 from cloud_api.errors import NotFound, Unavailable
 from cloud_api.home import ID_PATTERN
-from cloud_api.metrics import RECORDS
+from cloud_api.metrics import BUDGET_EXHAUSTED, RECORDS
 from cloud_api.problems import responses
 from cloud_api.routes.common import database, json_response
 from cloud_api.routes.inference import TooManyPayloads
+from cloud_api.store import budgets
 from cloud_api.store import records as store
 from cloud_api.store.tasks import Mechanism, TaskName, get_task
 from shared.payload import Limits, Record
@@ -57,8 +59,10 @@ class TaskInfo(BaseModel):
     bundle_id: str
 
 
-def _store(state, env: store.RecordsBody, key_id: str, idem: str | None) -> store.Stored:
-    """Blocking part of POST /v1/records (a worker thread): task, bundle, checks, insert."""
+def _store(state, env: store.RecordsBody, key_id: str, device_id: str,
+           idem: str | None) -> store.Stored:
+    """Blocking part of POST /v1/records (a worker thread): task, bundle, checks, the cost
+    of the payloads, then the charge and the insert in one transaction."""
     task = get_task(state.db, env.task)
     try:
         bundle = state.bundles.get(task.bundle_id)
@@ -70,8 +74,11 @@ def _store(state, env: store.RecordsBody, key_id: str, idem: str | None) -> stor
     limits = Limits.for_bundle(bundle, labels=task.labels,
                                max_tokens=s.max_tokens_per_payload or bundle.max_length)
     recs = store.validate_records(task, env.records, limits)
+    charge = budgets.Charge(key_id, device_id, charging.records_cost(task, recs, bundle),
+                            s.default_budget)
     return store.add_records(state.db, task, recs, key_id, idem,
-                             store.body_digest(env) if idem is not None else None)
+                             store.body_digest(env) if idem is not None else None,
+                             charge=charge)
 
 
 @router.post(
@@ -95,12 +102,18 @@ async def post_records(
     if len(env.records) > limit:
         raise TooManyPayloads(f"{len(env.records)} records in one request; at most {limit} "
                               "(send several requests)")
-    stored = await run_in_threadpool(_store, request.app.state, env, caller.key_id,
-                                     idempotency_key)
+    device = budgets.check_device_id(request.headers.get("x-device-id"))
+    try:
+        stored = await run_in_threadpool(_store, request.app.state, env, caller.key_id,
+                                         device, idempotency_key)
+    except budgets.BudgetExhausted:
+        BUDGET_EXHAUSTED.labels(route="records").inc()
+        raise
     if stored.replayed:
         return json_response({"ids": stored.ids}, 201, {"Idempotent-Replayed": "true"})
     RECORDS.labels(task=env.task).inc(len(stored.ids))
-    return json_response({"ids": stored.ids}, 201)
+    charging.counted(stored.charged.cost, "records")
+    return json_response({"ids": stored.ids}, 201, stored.charged.headers())
 
 
 @router.get("/tasks/{task}", response_model=TaskInfo, summary="What a task accepts",
@@ -115,7 +128,7 @@ async def start_store(app, stack) -> None:
     PostgreSQL only with PRIVBERT_DB_AUTO_UPGRADE=1; otherwise checked to be at head, and
     the server refuses to start if it is behind); its connections closed at shutdown. A
     database that cannot be reached at start is logged; record routes answer 503 until it
-    can (predictions do not need it)."""
+    can, and so do predictions (each one is charged to its key's privacy budget ledger)."""
     from cloud_api.store.db import Database
 
     db = Database.from_settings(app.state.settings)

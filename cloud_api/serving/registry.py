@@ -175,6 +175,15 @@ class ServingRegistry:
         """Limits to parse the request bodies of ``model_id``."""
         return self._get(model_id).checker.limits()
 
+    def info_of(self, model_id: str) -> dict:
+        """The /v1/models entry of the version serving ``model_id`` now (its mechanism,
+        parameters, bundle and guarantee: what its payloads are charged from)."""
+        return self._get(model_id).info
+
+    def check(self, model_id: str, payloads: Sequence) -> None:
+        """PayloadMismatch unless every payload fits the version serving ``model_id``."""
+        self._get(model_id).checker.check(payloads)
+
     def batcher_of(self, model_id: str) -> Batcher:
         """The batcher of the version serving ``model_id`` now (metrics, tests)."""
         served = self._get(model_id)

@@ -3,12 +3,15 @@ honour idempotency keys, erase, and read back a snapshot for retraining.
 
     env = parse_body(body)                                   # the request's JSON
     recs = validate_records(task, env.records, limits)      # nothing written yet
-    stored = add_records(db, task, recs, key_id, idempotency_key, body_digest(env))
+    stored = add_records(db, task, recs, key_id, idempotency_key, body_digest(env),
+                         charge=budgets.Charge(key_id, device_id, cost))  # optional
     stored.ids                                              # in request order
     watermark, rows = snapshot(db, "sst2")                  # (id, shared.payload.Record)
 
 A request's records are inserted in one transaction: ids allocated first, then one
-executemany (SQLite) or COPY (PostgreSQL), see ``store/bulk.py``. With an
+executemany (SQLite) or COPY (PostgreSQL), see ``store/bulk.py``. With a ``charge`` the
+sender's privacy budget ledger is checked and charged in that same transaction
+(``store/budgets.py``): over its cap, nothing is stored; a replay is not charged again. With an
 ``Idempotency-Key`` the (key id, idempotency key) row, holding the ids, is inserted before
 the records in that same transaction under a unique constraint: a retry after the commit
 finds it and gets the same ids; a retry racing the first request waits on the constraint
@@ -44,7 +47,7 @@ from sqlalchemy import and_, delete, func, insert, select, text
 from sqlalchemy.exc import IntegrityError
 
 from cloud_api.errors import Conflict, InvalidRequest, PayloadMismatch
-from cloud_api.store import bulk
+from cloud_api.store import budgets, bulk
 from cloud_api.store.db import Database
 from cloud_api.store.tables import idempotency, records
 from cloud_api.store.tasks import (
@@ -108,6 +111,7 @@ class Stored:
 
     ids: list[int]
     replayed: bool = False
+    charged: budgets.Charged | None = None  # the sender's ledger after this request
 
 
 # -- validation (before anything is written) -------------------------------------------------
@@ -263,9 +267,12 @@ def check_idempotency_key(key: str | None) -> str | None:
 
 
 def add_records(db: Database, task: Task, recs: Sequence[Record], key_id: str,
-                idempotency_key: str | None = None, digest: str | None = None) -> Stored:
+                idempotency_key: str | None = None, digest: str | None = None, *,
+                charge: budgets.Charge | None = None) -> Stored:
     """Store validated records of ``task`` in one transaction; with an idempotency key
-    (and the body's :func:`body_digest`) a repeat gets the first answer."""
+    (and the body's :func:`body_digest`) a repeat gets the first answer, uncharged. With
+    ``charge`` the sender's ledger is charged in the same transaction (BudgetExhausted:
+    nothing stored)."""
     check_idempotency_key(idempotency_key)
     if idempotency_key is not None and digest is None:
         raise ValueError("an idempotency key needs the body digest")
@@ -284,10 +291,11 @@ def add_records(db: Database, task: Task, recs: Sequence[Record], key_id: str,
                 conn.execute(insert(idempotency).values(
                     key_id=key_id, idempotency_key=idempotency_key, body_sha256=digest,
                     record_ids=ids, created_at=now))
+            charged = budgets.charge(conn, charge) if charge is not None else None
             when = bulk.created_at_value(conn, now)
             bulk.write_rows(conn, [(i, *_row(task, r, key_id, when))
                                    for i, r in zip(ids, recs, strict=True)])
-            return Stored(ids)
+            return Stored(ids, charged=charged)
     except IntegrityError:
         if idempotency_key is None:
             raise

@@ -3,7 +3,7 @@
 Alembic migrations in ``migrations/versions/`` create them (``0001_records``: tasks,
 records, idempotency; ``0002_jobs``: jobs, defined in ``store/jobs.py`` on this same
 ``metadata``; ``0003_job_names``: the base name a live pretraining job reserves, unique
-per kind). A payload's array is kept as its decoded little-endian bytes
+per kind; ``0004_budgets``: the privacy budget ledgers). A payload's array is kept as its decoded little-endian bytes
 (``LargeBinary``) with dtype and shape beside it, never as JSON or base64 text.
 """
 
@@ -17,6 +17,7 @@ from sqlalchemy import (
     CheckConstraint,
     Column,
     DateTime,
+    Double,
     ForeignKey,
     Index,
     Integer,
@@ -87,4 +88,34 @@ idempotency = Table(
     Column("record_ids", JSON, nullable=False),     # the answer, in request order
     Column("created_at", DateTime(timezone=True), nullable=False),
     UniqueConstraint("key_id", "idempotency_key"),
+)
+
+
+# The privacy budget ledgers (cloud_api.store.budgets): one row per API key id and device
+# ('' = requests without X-Device-Id). Worst-case epsilon in total and per family
+# (shared.ledger.FAMILIES; "rr" = randomized-response), the dχ metric total and tokens, and
+# sends; the key's cap is copied into each of its rows so that one conditional UPDATE checks
+# and charges.
+BUDGET_FAMILY_COLUMNS = {"dchi": "dchi", "laplace": "laplace", "randomized-response": "rr",
+                         "texthide": "texthide", "none": "none"}
+budgets = Table(
+    "budgets", metadata,
+    Column("id", BigId, primary_key=True),
+    Column("key_id", String(64), nullable=False),
+    Column("device_id", String(64), nullable=False),
+    Column("cap", Double),                           # worst-case epsilon; NULL: no cap
+    Column("spent", Double, nullable=False),         # worst-case epsilon, all families
+    Column("sends", BigInteger, nullable=False),
+    Column("dchi_epsilon", Double, nullable=False),
+    Column("dchi_metric", Double, nullable=False),   # sum of eta * n
+    Column("dchi_tokens", BigInteger, nullable=False),
+    Column("dchi_sends", BigInteger, nullable=False),
+    Column("laplace_epsilon", Double, nullable=False),
+    Column("laplace_sends", BigInteger, nullable=False),
+    Column("rr_epsilon", Double, nullable=False),
+    Column("rr_sends", BigInteger, nullable=False),
+    Column("texthide_sends", BigInteger, nullable=False),
+    Column("none_sends", BigInteger, nullable=False),
+    Column("updated_at", DateTime(timezone=True), nullable=False),
+    UniqueConstraint("key_id", "device_id"),
 )

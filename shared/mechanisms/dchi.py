@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from shared.mechanisms._checks import finite_array, positive, positive_int
+from shared.mechanisms.computable import check_dchi_eta
 from shared.mechanisms.nearest import ExactNearest
 from shared.rng import resolve_rng
 
@@ -94,9 +95,7 @@ class DChiText:
 
     def check_computable(self) -> None:
         """ValueError if η's noise would overflow the float32 nearest-token search
-        (``shared.floor.check_dchi_eta``)."""
-        from shared.floor import check_dchi_eta
-
+        (``shared.mechanisms.computable.check_dchi_eta``)."""
         check_dchi_eta(self.eta, self._embeddings.shape[1], self._t_max)
 
     @property

@@ -6,7 +6,8 @@ serve` processes on free loopback ports.
   η = 5 (above the tiny table's privacy floor), each promoted as v1. ``text`` is bootstrapped
   with PRIVBERT_BACKEND=onnx, so its v1 also has ``classifier.onnx``.
 * ``server`` (session): ``cloud-api serve`` on that home with generous limits and no rate
-  limit; its JSON log goes to a file (the tripwire reads it).
+  limit, and a default privacy budget cap for new keys; its JSON log goes to a file (the
+  tripwire reads it).
 * ``tight_server`` (session): a second replica on the same home with small limits (body,
   payloads, tokens, concurrency, rate), one application key per test that needs its own
   rate bucket.
@@ -30,15 +31,20 @@ import pytest
 
 from tests.conftest import REPO
 
-TIMEOUT = 90.0
+# readiness: only catches hangs (two session servers loading torch models took 97 s to be
+# ready at load 9 on 2 cores; 90 s failed the session fixture)
+TIMEOUT = 300.0
 ETA = 5.0  # the tiny table's floor starts at about eta = 13
 EMB_MAX_LENGTH = 16  # the emb model reads fewer tokens than its bundle allows
+DEFAULT_BUDGET = 1e9  # PRIVBERT_DEFAULT_BUDGET of the main test server
 
 
 def cli_env(extra: dict | None = None) -> dict:
     """The environment of a `cloud-api` / `edge-agent` subprocess: no PRIVBERT_* leaking in
-    from the shell, one torch thread (2 shared cores), this checkout on the path."""
-    env = {k: v for k, v in os.environ.items() if not k.startswith("PRIVBERT_")}
+    from the shell (but the test's own device ledger, tests/conftest.py), one torch thread
+    (2 shared cores), this checkout on the path."""
+    env = {k: v for k, v in os.environ.items()
+           if not k.startswith("PRIVBERT_") or k == "PRIVBERT_LEDGER"}
     env.update({"PYTHONPATH": str(REPO), "PRIVBERT_TORCH_THREADS": "1",
                 "OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false"})
     env.update(extra or {})
@@ -227,8 +233,11 @@ def servers(tiny_home, tmp_path_factory):
     # (jobs) no job worker thread: generated POST /admin/pretrain bodies are valid jobs, and
     # these replicas share the home; the job tests start their own servers and workers
     no_worker = {"PRIVBERT_WORKER_IN_SERVE": "0"}
-    main = ServerProcess(tiny_home.root, logs / "serve.log", new_keys(),
-                         {"PRIVBERT_RATE_LIMIT_PER_KEY": "0", **no_worker}).launch()
+    # (budgets) app keys 1-3 are the privacy budget tests' own, with a default cap; key 4
+    # is for tests that lift its cap (a send without an epsilon, texthide, fits no cap)
+    main = ServerProcess(tiny_home.root, logs / "serve.log", new_keys(app=5),
+                         {"PRIVBERT_RATE_LIMIT_PER_KEY": "0", **no_worker,
+                          "PRIVBERT_DEFAULT_BUDGET": str(DEFAULT_BUDGET)}).launch()
     tight = ServerProcess(tiny_home.root, logs / "serve-tight.log", new_keys(app=8),
                           {**TIGHT, **no_worker}).launch()
     try:

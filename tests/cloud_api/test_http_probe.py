@@ -10,6 +10,7 @@ import httpx
 import numpy as np
 import pytest
 
+from cloud_api.auth import key_id
 from shared.payload import make_payload
 from tests.cloud_api.conftest import ETA, payloads_for
 
@@ -39,10 +40,11 @@ def task_summary(server, name: str) -> dict:
     return next(t for t in r.json()["tasks"] if t["task"] == name)
 
 
-def post_records(server, task: str, payloads: list, labels: list) -> httpx.Response:
+def post_records(server, task: str, payloads: list, labels: list,
+                 key: str | None = None) -> httpx.Response:
     recs = [{"payload": json.loads(p.model_dump_json(exclude_none=True)), "label": y}
             for p, y in zip(payloads, labels, strict=True)]
-    return httpx.post(f"{server.url}/v1/records", headers=server.headers(),
+    return httpx.post(f"{server.url}/v1/records", headers=server.headers(key),
                       json={"task": task, "records": recs}, timeout=60)
 
 
@@ -94,7 +96,15 @@ def test_soft_labels_that_would_break_retraining_are_refused(server, tiny_bundle
     assert task_summary(server, text_task)["records"] == 0
     assert task_summary(server, mix_task)["records"] == 0  # nothing of a refused request
 
+    # the session server gives every key a cap (PRIVBERT_DEFAULT_BUDGET), and TextHide has no
+    # epsilon, so no cap admits it: a key without a cap stores the valid request
     r = post_records(server, mix_task, vectors, [[0.25, 0.75], 1])
+    assert_problem(r, 403, "budget-exhausted")
+    uncapped = server.keys["app"][4]
+    r = httpx.put(f"{server.url}/admin/budgets/{key_id(uncapped)}", json={"cap": None},
+                  headers=server.headers(server.admin_key), timeout=30)
+    assert r.status_code == 200, r.text
+    r = post_records(server, mix_task, vectors, [[0.25, 0.75], 1], key=uncapped)
     assert r.status_code == 201, r.text
     got = task_summary(server, mix_task)
     assert got["records"] == 2 and got["soft"] == 1

@@ -6,9 +6,7 @@ from __future__ import annotations
 
 import json
 import os
-import resource
 import select
-import signal
 import statistics
 import subprocess
 import sys
@@ -71,20 +69,33 @@ def test_allow_weak_privacy_says_the_output_is_close_to_the_raw_text(flags, src,
 
 
 # -- output valid line by line after a write failure -----------------------------------------
-def file_size_limit(limit: int):
-    """preexec_fn: writes past ``limit`` bytes fail with EFBIG (no SIGXFSZ)."""
-    def apply() -> None:
-        signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
-        resource.setrlimit(resource.RLIMIT_FSIZE, (limit, limit))
-    return apply
+# The file size limit (RLIMIT_FSIZE: writes past it fail with EFBIG, no SIGXFSZ) binds every
+# file of the process, the privacy ledger too, which is charged before each batch is
+# written. So the limit is applied when the output is opened (a hook on Output._open, in the
+# real CLI process), after a first run of the same input and seed charged the ledger and
+# memoized every text: the limited run's charges find every text memoized and write nothing
+# to the ledger, and its output is the first run's, byte for byte.
+_LIMITED = """
+import resource, signal, sys
+from edge_agent import files
+from edge_agent.cli import main
+_open = files.Output._open
+def _limited(self):
+    signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
+    resource.setrlimit(resource.RLIMIT_FSIZE, ({limit}, {limit}))
+    return _open(self)
+files.Output._open = _limited
+sys.exit(main(["privatize", *sys.argv[1:]]))
+"""
 
 
-def privatize_limited(args: list[str], limit: int) -> subprocess.CompletedProcess:
+def privatize_limited(args: list[str], limit: int, stdout=None) -> subprocess.CompletedProcess:
     env = {**os.environ, "PYTHONPATH": str(REPO)}
     env.pop("EDGE_AGENT_DEBUG", None)
-    return subprocess.run([sys.executable, "-m", "edge_agent", "privatize", *args],
-                          capture_output=True, text=True, cwd=REPO, env=env, timeout=120,
-                          preexec_fn=file_size_limit(limit))
+    out = {"stdout": stdout, "stderr": subprocess.PIPE} if stdout is not None else \
+        {"capture_output": True}
+    return subprocess.run([sys.executable, "-c", _LIMITED.format(limit=limit), *args],
+                          text=True, cwd=REPO, env=env, timeout=120, **out)
 
 
 @pytest.mark.parametrize("fmt", ["jsonl", "text"])
@@ -127,18 +138,15 @@ def test_write_failure_on_stdout_redirected_to_a_file_keeps_what_was_there(
     out = tmp_path / "out.txt"
     old = b"an earlier run's line\n" * 3
     out.write_bytes(old)
-    env = {**os.environ, "PYTHONPATH": str(REPO)}
-    env.pop("EDGE_AGENT_DEBUG", None)
+    args = [str(src), "--eta", "5", "--seed", "7", "--bundle", str(tiny_enc_dir), "--format",
+            "text"]
+    assert privatize_limited([*args, "-o", os.devnull], 10**9).returncode == 0  # memoized
     # as a shell opens them: `>>` is O_APPEND at offset 0 (Python's "ab" would seek)
     fd = os.open(out, os.O_WRONLY | (os.O_APPEND if mode == "append" else 0))
     try:
         if mode != "append":
             os.lseek(fd, len(old), os.SEEK_SET)
-        proc = subprocess.run(
-            [sys.executable, "-m", "edge_agent", "privatize", str(src), "--eta", "5", "--seed",
-             "7", "--bundle", str(tiny_enc_dir), "--format", "text"], stdout=fd,
-            stderr=subprocess.PIPE, text=True, cwd=REPO, env=env, timeout=120,
-            preexec_fn=file_size_limit(len(old) + 1000))
+        proc = privatize_limited(args, len(old) + 1000, stdout=fd)
     finally:
         os.close(fd)
     line = assert_one_line_error(proc, code=1, contains="stdout: write failed")

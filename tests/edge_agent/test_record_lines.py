@@ -72,3 +72,20 @@ def test_a_batch_breaking_a_rule_raises_the_models_error(tiny_bundle):
     # and the same calls through the models agree that these are errors
     with pytest.raises(ValidationError):
         make_payloads("none", {}, tiny_bundle.bundle_id, data, lengths, [[1], None, None, None])
+
+
+@pytest.mark.parametrize("labels", [None, [1, 0, 1, 1]])
+def test_rows_are_the_models_payloads(tiny_bundle, labels):
+    """What the device ledger charges and stores: each row's payload JSON and token count
+    are the models' payload's, and the lines around stored JSON are the same records."""
+    priv = Privatizer(tiny_bundle, DChiEmbedding(5.0))
+    items = priv.tokenize(TEXTS, TEXTS[::-1])
+    data = priv.privatize_data(items, np.random.default_rng(1))
+    rows = priv.token_rows(items, data, labels)
+    payloads = priv.payloads(items, data)
+    assert rows.jsons == [orjson.dumps(p.model_dump(exclude_none=True)) for p in payloads]
+    assert rows.n_tokens == [p.n_tokens for p in payloads]
+    assert rows.payload.params.model_dump() == priv.params
+    swapped = rows.jsons[::-1]  # the ledger's stored payloads in place of fresh ones
+    assert [parse_record(ln).payload.model_dump() for ln in rows.lines(swapped)] == [
+        p.model_dump() for p in payloads[::-1]]

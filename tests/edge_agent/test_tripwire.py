@@ -7,12 +7,18 @@ laplace, ome and texthide. For dchi-text a marker can only come back when each
 of its word pieces happens to be left unchanged: the test measures each piece's
 unchanged rate in the CLI output against the mechanism's own rate (simulated
 with DChiText directly) and the whole-marker survival against the product of
-those rates, each within 5 binomial standard deviations (+1 count).
+those rates, each within 5 binomial standard deviations (+1 count). These runs draw
+afresh for every line (--no-memo): the same sentence is repeated 100 times.
+
+The device's privacy ledger (and its memo key) may not hold the markers either: it keeps a
+keyed hash of each text and the payload sent for it, never the text.
 """
 
 from __future__ import annotations
 
 import math
+import os
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -31,10 +37,10 @@ def sentences() -> list[str]:
             for i in range(3 * PER_MARKER)]
 
 
-def run_privatize(tmp_path, *flags: str):
+def run_privatize(tmp_path, *flags: str, lines: list[str] | None = None):
     src = tmp_path / "secrets.txt"
-    src.write_text("\n".join(sentences()) + "\n")
-    proc = run_cli("privatize", str(src), *flags)
+    src.write_text("\n".join(lines or sentences()) + "\n")
+    proc = run_cli("privatize", str(src), *(flags if lines else ("--no-memo", *flags)))
     assert proc.returncode == 0, proc.stderr
     return proc, [parse_record(x) for x in proc.stdout.splitlines()]
 
@@ -96,3 +102,28 @@ def test_dchi_text_markers_survive_only_at_the_mechanism_rate(tmp_path, minilm_b
                    for o in window)
         bound = PER_MARKER * survive + 5 * math.sqrt(PER_MARKER * survive * (1 - survive)) + 1
         assert back <= bound, (marker, back, survive)
+
+
+@pytest.mark.parametrize("flags", [
+    ["--mechanism", "dchi-text", "--eta", "5"],
+    ["--mechanism", "laplace", "--epsilon", "1"],
+], ids=["dchi-text", "laplace"])
+def test_the_ledger_holds_no_raw_text(tmp_path, tiny_enc_dir, flags):
+    """Memoized runs (the default): every byte of the ledger's folder (the SQLite file, any
+    WAL, the memo key) is free of the markers and of the sentences' other words, in UTF-8
+    and UTF-16, while the memo holds one entry per distinct sentence. (The tiny bundle: the
+    ledger never sees tokens, only texts' keyed hashes and payloads.)"""
+    import sqlite3
+
+    ledger = Path(os.environ["PRIVBERT_LEDGER"])
+    lines = sentences()[:9]
+    _, records = run_privatize(tmp_path, *flags, "--bundle", str(tiny_enc_dir), lines=lines)
+    assert len(records) == 9
+    with sqlite3.connect(ledger) as db:
+        assert db.execute("SELECT count(*) FROM memo").fetchone()[0] == len(set(lines))
+    blob = b"".join(p.read_bytes() for p in ledger.parent.iterdir() if p.is_file())
+    assert len(blob) > 4096
+    for word in [*MARKERS, "nobody knows", "secret word"]:
+        for w in (word, word.upper(), word.capitalize()):
+            for enc in ("utf-8", "utf-16-le", "utf-16-be"):
+                assert w.encode(enc) not in blob, (word, enc)

@@ -1,7 +1,7 @@
 """Tasks and records through a real `cloud-api serve`, on SQLite and on a real PostgreSQL:
 declarations, validation before write, idempotency (also racing), erasure, the real
 edge CLI uploading records, a tripwire on the stored bytes, and a database outage that
-answers 503 and recovers (predictions keep being answered meanwhile)."""
+answers 503 and recovers (predictions too: each is charged to its key's ledger)."""
 
 from __future__ import annotations
 
@@ -227,21 +227,36 @@ def test_replay_after_erasure_stores_afresh(srv, tiny_bundle_of_home):
 
 
 def test_edge_cli_uploads_records(srv, tiny_bundle_of_home, tiny_home):
+    """The real edge CLI uploads a TSV twice: the second time every text is memoized on the
+    device (charged nothing there), and the server receives and stores the same payloads,
+    byte for byte."""
+    from cloud_api.store import records as store
+    from cloud_api.store.db import Database
+
     name = declare(srv, tiny_bundle_of_home)
-    out = tiny_home.root.parent / f"uploaded-{srv.kind}.jsonl"
-    res = subprocess.run(
-        [sys.executable, "-m", "edge_agent", "privatize", str(tiny_home.data), "--tsv",
-         "--mechanism", "dchi-text", "--eta", str(ETA), "--server", srv.url, "--model", "text",
-         "--post", "records", "--task", name, "--post-batch", "16", "-o", str(out),
-         "--no-progress"],
-        cwd=REPO, env=cli_env({"PRIVBERT_API_KEY": srv.app_key}), capture_output=True,
-        text=True, timeout=120)
-    assert res.returncode == 0, res.stderr
-    lines = [json.loads(x) for x in out.read_text().splitlines()]
     n_rows = len(tiny_home.data.read_text().splitlines()) - 1  # header
-    assert len(lines) == n_rows and len({x["id"] for x in lines}) == n_rows
+    for run in (1, 2):
+        out = tiny_home.root.parent / f"uploaded-{srv.kind}-{run}.jsonl"
+        res = subprocess.run(
+            [sys.executable, "-m", "edge_agent", "privatize", str(tiny_home.data), "--tsv",
+             "--mechanism", "dchi-text", "--eta", str(ETA), "--server", srv.url, "--model",
+             "text", "--post", "records", "--task", name, "--post-batch", "16", "-o",
+             str(out), "--no-progress"],
+            cwd=REPO, env=cli_env({"PRIVBERT_API_KEY": srv.app_key}), capture_output=True,
+            text=True, timeout=120)
+        assert res.returncode == 0, res.stderr
+        lines = [json.loads(x) for x in out.read_text().splitlines()]
+        assert len(lines) == n_rows and len({x["id"] for x in lines}) == n_rows
+    assert "ledger: charged nothing" in res.stderr.splitlines()[-1]
     c = counts(srv, name)
-    assert sum(c.values()) == n_rows and c["neg"] > 0 and c["pos"] > 0
+    assert sum(c.values()) == 2 * n_rows and c["neg"] > 0 and c["pos"] > 0
+    url = f"sqlite:///{srv.db_path}" if srv.kind == "sqlite" else srv.pg.url(srv.dbname)
+    db = Database(url)
+    try:
+        rows = [r.payload.model_dump_json() for _, r in store.snapshot(db, name)[1]]
+    finally:
+        db.dispose()
+    assert rows[:n_rows] == rows[n_rows:]  # the memoized payloads, as first sent
 
 
 def stored_bytes(srv) -> bytes:
@@ -305,9 +320,11 @@ def test_database_outage_is_503_and_recovers(srv, tiny_bundle_of_home):
         if srv.kind == "postgresql":
             assert_problem(call(srv, "GET", "/admin/tasks", srv.admin_key), 503, "unavailable")
             assert_problem(call(srv, "GET", f"/v1/tasks/{name}"), 503, "unavailable")
+        # a prediction is charged to the key's privacy budget ledger before the model runs:
+        # without the database it is refused, never answered uncounted
         r = call(srv, "POST", "/v1/models/text/predict", content=predict,
                  headers={"Content-Type": "application/json"})
-        assert r.status_code == 200, r.text  # predictions do not need the database
+        assert_problem(r, 503, "unavailable")
         assert httpx.get(f"{srv.url}/healthz").status_code == 200
     finally:
         if lock is not None:
@@ -317,6 +334,9 @@ def test_database_outage_is_503_and_recovers(srv, tiny_bundle_of_home):
             srv.pg.start()
     r = post_records(srv, body, idem="outage-1")  # the same request, now stored once
     assert r.status_code == 201, r.text
+    r = call(srv, "POST", "/v1/models/text/predict", content=predict,
+             headers={"Content-Type": "application/json"})
+    assert r.status_code == 200, r.text
     assert "idempotent-replayed" not in r.headers and sum(counts(srv, name).values()) == 4
     assert srv.proc.poll() is None
     assert "Traceback" not in srv.log.read_text()

@@ -1,0 +1,92 @@
+"""What a request costs, recomputed on the server (``shared.ledger``) from the mechanism and
+parameters of its task or model and from the payloads received, never from a figure the
+client sends; and the charge of predictions (``store.charge_writer``) with its metrics.
+
+dχ costs need D, the largest distance on the bundle's table: from the bundle when the server
+has it, else from the model's published guarantee (worst-case ε per token = η·D); when
+neither is known the request cannot be accounted for and is refused (503), never passed
+uncounted.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Sequence
+
+from cloud_api import metrics
+from cloud_api.errors import NotFound, Unavailable
+from cloud_api.store import budgets
+from shared import ledger
+from shared.ledger import Cost
+
+_DIAMETERS: dict[str, float] = {}
+
+
+def _diameter_sync(bundles, bundle_id: str) -> float | None:
+    if bundle_id not in _DIAMETERS:
+        try:
+            _DIAMETERS[bundle_id] = ledger.bundle_diameter(bundles.get(bundle_id))
+        except NotFound:
+            return None
+    return _DIAMETERS[bundle_id]
+
+
+def _from_guarantee(info: dict) -> float | None:
+    """D from a model's worst-case ε per token (η·D) and its η."""
+    wc = (info.get("guarantee") or {}).get("worst_case") or {}
+    eps, eta = wc.get("epsilon"), (info.get("params") or {}).get("eta")
+    if isinstance(eps, int | float) and isinstance(eta, int | float) and eta > 0:
+        return float(eps) / float(eta)
+    return None
+
+
+def payloads_cost(mechanism: str, params: dict, payloads: Sequence,
+                  diameter: float | None) -> Cost:
+    """The summed cost of ``payloads`` under ``mechanism`` and ``params`` (already checked to
+    be the payloads' own)."""
+    if ledger.family_of(mechanism) == "dchi" and diameter is None:
+        raise Unavailable(f"the payloads of this {mechanism} model cannot be accounted for: "
+                          "its bundle is not on this server", retry_after=60)
+    return ledger.batch_cost(payloads, mechanism, params, diameter)
+
+
+def records_cost(task, recs: Sequence, bundle) -> Cost:
+    """The cost of a records request of ``task`` (its payloads, its bundle's D)."""
+    d = None
+    if ledger.family_of(task.mechanism) == "dchi":
+        if task.bundle_id not in _DIAMETERS:
+            _DIAMETERS[task.bundle_id] = ledger.bundle_diameter(bundle)
+        d = _DIAMETERS[task.bundle_id]
+    return payloads_cost(task.mechanism, task.params, [r.payload for r in recs], d)
+
+
+def counted(cost: Cost, route: str) -> None:
+    """Metrics of a charge that went through."""
+    if cost.epsilon is not None:
+        metrics.PRIVACY_SPENT.labels(family=cost.family, route=route).inc(cost.epsilon)
+    metrics.PRIVACY_PAYLOADS.labels(family=cost.family, route=route).inc(cost.sends)
+
+
+async def charge_prediction(state, key_id: str, device_id: str | None, model_id: str,
+                            payloads: Sequence) -> budgets.Charged:
+    """Check ``payloads`` against the model, then charge them (BudgetExhausted: 403, the
+    model does not run); returns once the charge is committed."""
+    device = budgets.check_device_id(device_id)
+    registry = state.registry
+    registry.check(model_id, payloads)  # a mismatched payload is refused, not charged
+    info = registry.info_of(model_id)
+    d = None
+    if ledger.family_of(info["mechanism"]) == "dchi":
+        d = _DIAMETERS.get(info["bundle_id"])
+        if d is None:  # once per bundle: off the event loop (it may load the bundle)
+            d = await asyncio.to_thread(_diameter_sync, state.bundles, info["bundle_id"])
+        d = d if d is not None else _from_guarantee(info)
+    cost = payloads_cost(info["mechanism"], info["params"], payloads, d)
+    try:
+        charged = await state.charges.charge(budgets.Charge(
+            key_id, device, cost, state.settings.default_budget))
+    except budgets.BudgetExhausted:
+        metrics.BUDGET_EXHAUSTED.labels(route="predict").inc()
+        raise
+    counted(cost, "predict")
+    return charged

@@ -1,0 +1,40 @@
+"""The edge agent's errors and one-line messages (no argparse, no heavy imports).
+
+Every module below the command line raises these; ``edge_agent.cli.main`` turns them into
+one line ``edge-agent: error: ...`` on stderr and an exit code: 2 for usage (bad flags or
+parameters), 3 when the privacy budget refuses a run, 1 for any other run-time failure.
+"""
+
+from __future__ import annotations
+
+import sys
+
+PROG = "edge-agent"
+
+
+class UsageError(Exception):
+    """Bad flags or parameters: exit code 2."""
+
+
+class CliError(Exception):
+    """A run-time failure with a message that says what to do: exit code 1."""
+
+
+class BudgetRefused(CliError):
+    """The privacy budget ledger refuses the run (spent + needed would pass the cap):
+    exit code 3."""
+
+
+def one_line(exc: BaseException) -> str:
+    """The first lines of an exception's message joined into one."""
+    text = str(exc) or type(exc).__name__
+    lines = [s.strip() for s in text.splitlines() if s.strip()]
+    return "; ".join(lines[:3])
+
+
+def warn(message: str) -> None:
+    print(f"{PROG}: warning: {message}", file=sys.stderr)
+
+
+def info(message: str) -> None:
+    print(f"{PROG}: {message}", file=sys.stderr)

@@ -1,0 +1,179 @@
+"""What a run of the edge agent is asked to do, as typed objects: the command line parses its
+flags once into these (``edge_agent.cli_privatize``), and the library code below it takes
+them, never an argparse namespace. ``PrivatizeOptions.check()`` refuses contradictory or
+incomplete options (``UsageError``) before any work is done.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field, fields
+
+from edge_agent.errors import UsageError, warn
+from edge_agent.texthide_key import resolve_key
+
+MECHANISMS = ("dchi-text", "dchi-embedding", "laplace", "ome", "texthide", "none")
+# the options that configure each mechanism; any other one given is a usage error
+MECHANISM_FLAGS = {
+    "dchi-text": {"eta"},
+    "dchi-embedding": {"eta", "float16"},
+    "laplace": {"epsilon", "calibration", "word_dropout"},
+    "ome": {"epsilon", "lam"},
+    "texthide": {"m", "k", "texthide_key", "texthide_seed", "num_labels"},
+    "none": {"allow_none"},
+}
+_NEEDED = {"dchi-text": ["eta"], "dchi-embedding": ["eta"], "laplace": ["epsilon"],
+           "ome": ["epsilon", "lam"], "texthide": ["m"], "none": []}
+_PARAMS = {"dchi-text": ["eta"], "dchi-embedding": ["eta"],
+           "laplace": ["epsilon", "calibration", "word_dropout"], "ome": ["epsilon", "lam"],
+           "texthide": ["m", "k"], "none": []}
+_DEFAULTS = {"calibration": "vector", "word_dropout": 0.0, "k": 1}
+
+
+def flag(name: str) -> str:
+    """The command-line spelling of an option: ``word_dropout`` -> ``--word-dropout``."""
+    return "--" + name.replace("_", "-")
+
+
+@dataclass(frozen=True)
+class ServerOptions:
+    """Where the bundle comes from, and the service to talk to."""
+
+    bundle: str | None = None  # a bundle directory or a Hugging Face BERT folder
+    server: str | None = None
+    model: str | None = None
+    api_key: str | None = None
+    timeout: float = 30.0
+    retries: int = 5
+
+
+@dataclass(frozen=True)
+class MechanismOptions:
+    """The mechanism and its parameters (None: not given)."""
+
+    name: str = "dchi-text"
+    eta: float | None = None
+    epsilon: float | None = None
+    calibration: str | None = None
+    word_dropout: float | None = None
+    lam: float | None = None
+    m: int | None = None
+    k: int | None = None
+    texthide_key: str | None = None
+    texthide_seed: str | None = None
+    num_labels: int | None = None
+    float16: bool = False
+    allow_none: bool = False
+    allow_weak_privacy: bool = False
+    seed: int | None = None  # seeds the noise: reproducible, and no protection
+
+    def given(self) -> set[str]:
+        """Mechanism options that were given (``--eta 0`` is given: identity, not truth)."""
+        return {f for f in set().union(*MECHANISM_FLAGS.values())
+                if getattr(self, f) is not None and getattr(self, f) is not False}
+
+    def params(self) -> dict:
+        """The payload parameters these options name (before the mechanism is built)."""
+        return {n: getattr(self, n) if getattr(self, n) is not None else _DEFAULTS.get(n)
+                for n in _PARAMS[self.name]}
+
+    def texthide_seed_value(self, quiet: bool = False) -> int | None:
+        """The mask-pool seed from --texthide-key (or its alias); UsageError for a weak key."""
+        try:
+            seed, note = resolve_key(self.texthide_key, self.texthide_seed)
+        except ValueError as exc:
+            raise UsageError(str(exc)) from None
+        if not quiet:
+            if note:
+                warn(note)
+            if seed is None:
+                warn("texthide without --texthide-key: a new secret mask pool for this run only")
+        return seed
+
+    @property
+    def mixes(self) -> bool:
+        """TextHide with k > 1: records mix k inputs and their labels."""
+        return self.name == "texthide" and (self.k or 1) > 1
+
+
+@dataclass(frozen=True)
+class InputOptions:
+    """How input lines are read and cut."""
+
+    tsv: bool = False
+    header: str = "auto"  # auto | yes | no
+    empty: str = "skip"  # skip | error
+    truncate: str = "first"  # first | error
+    max_length: int | None = None
+    batch_size: int = 256
+    progress: bool = True
+
+
+@dataclass(frozen=True)
+class PostOptions:
+    """Posting to the service: ``mode`` predict | records | None (write only)."""
+
+    mode: str | None = None
+    task: str | None = None
+    batch: int = 64
+
+
+@dataclass(frozen=True)
+class LedgerOptions:
+    """The device's privacy budget ledger."""
+
+    path: str | None = None  # default: $PRIVBERT_LEDGER, else the user's data directory
+    memo: bool = True  # the same text returns the stored payload, at no new cost
+    dry_run: bool = False  # print the cost of the input, spend nothing, write nothing
+
+
+@dataclass(frozen=True)
+class PrivatizeOptions:
+    """``edge-agent privatize FILE``."""
+
+    file: str
+    output: str | None = None
+    format: str = "jsonl"  # jsonl | text
+    mechanism: MechanismOptions = field(default_factory=MechanismOptions)
+    input: InputOptions = field(default_factory=InputOptions)
+    post: PostOptions = field(default_factory=PostOptions)
+    server: ServerOptions = field(default_factory=ServerOptions)
+    ledger: LedgerOptions = field(default_factory=LedgerOptions)
+
+    def check(self) -> None:
+        """Usage errors before any work is done."""
+        m, post = self.mechanism, self.post
+        if m.name not in MECHANISMS:
+            raise UsageError(f"--mechanism must be one of {', '.join(MECHANISMS)}")
+        stray = sorted(m.given() - MECHANISM_FLAGS[m.name])
+        if stray:
+            raise UsageError(f"{', '.join(map(flag, stray))} do(es) not apply to --mechanism "
+                             f"{m.name}")
+        for f in _NEEDED[m.name]:
+            if getattr(m, f) is None:
+                raise UsageError(f"--mechanism {m.name} needs {flag(f)}")
+        if m.name == "none" and not m.allow_none:
+            raise UsageError("--mechanism none sends plain token ids the server can read; "
+                             "add --allow-none for the Null-privacy baseline")
+        if self.format == "text" and (m.name != "dchi-text" or post.mode):
+            raise UsageError("--format text is for --mechanism dchi-text without --post")
+        if self.input.batch_size < 1 or post.batch < 1:
+            raise UsageError("--batch-size and --post-batch must be integers >= 1")
+        if m.mixes and (not self.input.tsv or post.mode == "predict"):
+            raise UsageError("texthide with --k > 1 mixes inputs and labels: only for labelled "
+                             "records (--tsv); predictions use --k 1")
+        if post.mode and not self.server.server:
+            raise UsageError(f"--post {post.mode} needs --server URL")
+        if post.mode == "records" and (not post.task or not self.input.tsv):
+            raise UsageError("--post records needs --task T and labelled input (--tsv)")
+        if post.task and post.mode != "records":
+            raise UsageError("--task goes with --post records")
+        if self.ledger.dry_run and (post.mode or self.output):
+            raise UsageError("--dry-run writes and sends nothing: drop -o and --post")
+        if m.name == "texthide":
+            m.texthide_seed_value(quiet=True)
+
+
+def options_of(cls, values: dict):
+    """``cls(**values)`` keeping only ``cls``'s fields (the CLI's namespace has more)."""
+    names = {f.name for f in fields(cls)}
+    return cls(**{k: v for k, v in values.items() if k in names})

@@ -1,0 +1,90 @@
+"""Setting up a privatize run from its options: the mechanism object, the check against a
+served model, the length limit, the ``Privatizer``."""
+
+from __future__ import annotations
+
+import json
+import math
+
+from edge_agent.errors import CliError, UsageError, warn
+from edge_agent.options import MechanismOptions, PrivatizeOptions
+
+
+def build_mechanism(m: MechanismOptions, bundle):
+    """The shared.mechanisms object for the options (ValueError names a bad parameter)."""
+    from shared import mechanisms as M
+
+    if m.name == "none":
+        return "none"
+    if m.name == "dchi-text":
+        return M.DChiText(bundle, m.eta)
+    if m.name == "dchi-embedding":
+        return M.DChiEmbedding(m.eta)
+    if m.name == "laplace":
+        return M.Laplace(m.epsilon, m.calibration or "vector", m.word_dropout or 0.0)
+    enc = bundle.meta.get("encoder") or {}
+    if bundle.encoder_onnx is None or "output_dim" not in enc:
+        raise UsageError(f"--mechanism {m.name} needs a bundle with the frozen sentence encoder "
+                         "(encoder.onnx); this one has none: use --server or a bundle made "
+                         "by `cloud-api export-bundle`")
+    dim = int(enc["output_dim"])
+    if m.name == "ome":
+        return M.OME(m.epsilon, m.lam, dim)
+    return M.TextHide(m.m, m.k if m.k is not None else 1, dim, seed=m.texthide_seed_value())
+
+
+def check_model(model: dict, name: str, mine: dict) -> None:
+    """Refuse, before sending, a mechanism or parameters the served model does not read."""
+    want, params = model.get("mechanism"), model.get("params")
+    mismatch = want is not None and want != name
+    if not mismatch and isinstance(params, dict):
+        keys = params.keys() & mine.keys()
+        if name == "texthide":  # predictions use k = 1 whatever k the model was trained with
+            keys &= {"m"}
+        for key in keys:
+            a, b = params[key], mine[key]
+            if isinstance(a, (int, float)) and isinstance(b, (int, float)):
+                mismatch |= not math.isclose(a, b, rel_tol=1e-9)
+            else:
+                mismatch |= a != b
+    if mismatch:
+        raise CliError(f"model {model.get('id')} reads {want} {json.dumps(params)}; this run "
+                       f"would send {name} {json.dumps(mine)}: set the same mechanism and "
+                       "parameters")
+
+
+def max_length_for(opts: PrivatizeOptions, bundle, model: dict | None) -> int | None:
+    """--max-length, else for --post predict the served model's own limit (a model trained
+    at 128 refuses longer token payloads; the bundle allows up to 512), else the bundle's.
+    Vector payloads have one size whatever the text's length: the encoder's limit applies."""
+    given = opts.input.max_length
+    if given is not None or model is None or opts.post.mode != "predict" \
+            or opts.mechanism.name not in ("dchi-text", "dchi-embedding", "none"):
+        return given
+    limit = model.get("max_length")
+    if isinstance(limit, int) and not isinstance(limit, bool) and 4 <= limit:
+        return min(limit, bundle.max_length)
+    return None
+
+
+def make_privatizer(opts: PrivatizeOptions, bundle, model: dict | None):
+    """(mechanism object, Privatizer) for the options; UsageError for parameters that are
+    invalid or weaker than the privacy floor (without --allow-weak-privacy)."""
+    from edge_agent.privatizer import Privatizer
+    from shared.floor import WeakPrivacyError
+
+    m = opts.mechanism
+    try:
+        mech = build_mechanism(m, bundle)
+        priv = Privatizer(bundle, mech, max_length=max_length_for(opts, bundle, model),
+                          truncate=opts.input.truncate,
+                          float_dtype="float16" if m.float16 else "float32",
+                          allow_weak_privacy=m.allow_weak_privacy)
+    except WeakPrivacyError as exc:
+        raise UsageError(f"{exc}; --allow-weak-privacy privatizes anyway") from None
+    except ValueError as exc:
+        raise UsageError(str(exc)) from None
+    if priv.weak_privacy:
+        warn(f"{priv.weak_privacy}: the output is close to the raw text "
+             "(--allow-weak-privacy)")
+    return mech, priv

@@ -1,0 +1,308 @@
+"""The privacy budget ledger's arithmetic: what one privatization costs, how costs compose,
+and whether a cost fits a cap. Pure functions, no I/O; the device ledger
+(``edge_agent.device_ledger``) and the server's (``cloud_api.store.budgets``) store what
+these compute.
+
+A cost is computed here from the mechanism, its parameters and the payload (its token
+count, its vector size), never taken from a caller. Each family composes in the units of
+its own guarantee (sequential composition: the losses of adaptively chosen mechanisms
+add up, Dwork & Roth 2014 Thm 3.16; for metric DP η1·d followed by η2·d is (η1+η2)·d,
+Chatzikokolakis et al. 2013):
+
+* ``dchi`` (dchi-text, dchi-embedding): a sentence of n tokens is (η·d)-private per token
+  and the tokens add up (Qu et al. 2021 §3.2): the metric total η·n, and its worst-case
+  ε = η·n·D with D = 2 max||φ|| over the bundle's regular table (no two tokens are further
+  apart; the figure ``shared.accounting`` reports per token).
+* ``laplace``: the whole-vector ε (ε with calibration "vector", r·ε with "coordinate";
+  word dropout only helps sentences that differ in one word, so it is not counted).
+* ``randomized-response`` (ome, and SUE/OUE objects): the worst-case ε summed over the bits
+  (``shared.accounting.bit_flip_epsilon``), not OME's nominal ε.
+* ``texthide``: no differential-privacy guarantee, so no ε: its sends are counted.
+* ``none``: no privatization at all: its sends are counted.
+
+The total across families is the sum of the worst-case ε (each guarantee read as ε between
+any two inputs). The filter (Rogers et al. 2016, "privacy filters"): with spent S and cap
+C, a cost c is admitted iff S + c <= C. A cost without an ε (texthide, none) fits only when
+there is no cap, and a cap of 0 admits nothing. NaN, negative and infinite costs and caps
+are refused with ValueError.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from functools import lru_cache
+from typing import Any
+
+from shared.accounting import bit_flip_epsilon, dchi_diameter_bound, laplace_vector_epsilon
+from shared.mechanisms.binary import OME
+
+FAMILIES = ("dchi", "laplace", "randomized-response", "texthide", "none")
+FAMILY_OF = {"dchi-text": "dchi", "dchi-embedding": "dchi", "laplace": "laplace",
+             "ome": "randomized-response", "sue": "randomized-response",
+             "oue": "randomized-response", "texthide": "texthide", "none": "none"}
+NO_EPSILON = ("texthide", "none")  # families without a differential-privacy ε
+
+
+@dataclass(frozen=True)
+class Cost:
+    """The cost of one privatization (one payload), or of several added up.
+
+    ``epsilon``: worst-case ε (None: the mechanism has no ε to count); ``metric``: the dχ
+    metric total Σ η·n; ``tokens``: dχ tokens; ``sends``: payloads."""
+
+    family: str
+    epsilon: float | None
+    metric: float = 0.0
+    tokens: int = 0
+    sends: int = 1
+    eta: float | None = None  # dχ: the η of this privatization
+
+    def __post_init__(self) -> None:
+        if self.family not in FAMILIES:
+            raise ValueError(f"unknown budget family {self.family!r}")
+        if (self.epsilon is None) != (self.family in NO_EPSILON):
+            what = "has no" if self.epsilon is not None else "needs an"
+            raise ValueError(f"family {self.family} {what} epsilon")
+        if self.epsilon is not None:
+            check_amount("cost", self.epsilon)
+        check_amount("dχ metric total", self.metric)
+
+
+def check_amount(name: str, value: Any) -> float:
+    """``value`` as a float if it is a finite number >= 0, else ValueError naming ``name``
+    (NaN, infinities, negatives, booleans and non-numbers are refused)."""
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        raise ValueError(f"{name} must be a number, got {type(value).__name__}")
+    v = float(value)
+    if math.isnan(v):
+        raise ValueError(f"{name} must be a number, got NaN")
+    if not math.isfinite(v):
+        raise ValueError(f"{name} must be finite, got {v}")
+    if v < 0:
+        raise ValueError(f"{name} must be >= 0, got {v:g}")
+    return v
+
+
+def check_cap(cap: Any) -> float | None:
+    """A cap as stored: None (no cap) or a finite number >= 0 (ValueError otherwise)."""
+    return None if cap is None else check_amount("cap", cap)
+
+
+# -- the cost of one privatization -----------------------------------------------------------
+@lru_cache(maxsize=256)
+def _bits_epsilon(epsilon: float, lam: float, dim: int, int_bits: int, frac_bits: int) -> float:
+    p, q = OME(epsilon, lam, dim, int_bits, frac_bits).bit_probabilities()
+    return bit_flip_epsilon(p, q)
+
+
+def family_of(mechanism: str) -> str:
+    if mechanism not in FAMILY_OF:
+        raise ValueError(f"no budget family for mechanism {mechanism!r}")
+    return FAMILY_OF[mechanism]
+
+
+def cost(mechanism: str, params: Mapping[str, Any], *, tokens: int | None = None,
+         dim: int | None = None, diameter: float | None = None) -> Cost:
+    """The cost of one payload of ``mechanism`` with ``params``: ``tokens`` (dχ: the
+    payload's n), ``dim`` (laplace and ome: the payload's vector size r), ``diameter``
+    (dχ: D of the bundle's table, :func:`bundle_diameter`). ValueError when the worst-case
+    ε is not a finite number (such a privatization cannot be counted)."""
+    fam = family_of(mechanism)
+    if fam in NO_EPSILON:
+        return Cost(fam, None)
+    if fam == "dchi":
+        eta = check_amount("eta", params["eta"])
+        n = _count("tokens", tokens)
+        if diameter is None:
+            raise ValueError("the dχ cost needs the table's diameter D (bundle_diameter)")
+        d = check_amount("table diameter", diameter)
+        return Cost(fam, _finite(mechanism, eta * n * d), metric=_finite(mechanism, eta * n),
+                    tokens=n, eta=eta)
+    r = _count("vector size", dim)
+    if fam == "laplace":
+        eps = laplace_vector_epsilon(float(params["epsilon"]),
+                                     params.get("calibration", "vector"), r)
+    elif mechanism == "ome":
+        eps = _bits_epsilon(float(params["epsilon"]), float(params["lam"]), r,
+                            int(params.get("int_bits", 4)), int(params.get("frac_bits", 5)))
+    else:
+        raise ValueError(f"{mechanism}: pass the mechanism object to mechanism_cost")
+    return Cost(fam, _finite(mechanism, eps))
+
+
+def mechanism_cost(mechanism: Any, *, tokens: int | None = None, dim: int | None = None,
+                   diameter: float | None = None) -> Cost:
+    """:func:`cost` of a ``shared.mechanisms`` object (or "none"); SUE and OUE too."""
+    if isinstance(mechanism, str):
+        return cost(mechanism, {}, tokens=tokens, dim=dim, diameter=diameter)
+    if mechanism.name in ("sue", "oue"):
+        p, q = mechanism.bit_probabilities()
+        return Cost("randomized-response", _finite(mechanism.name, bit_flip_epsilon(p, q)))
+    return cost(mechanism.name, mechanism.params, tokens=tokens,
+                dim=dim if dim is not None else getattr(mechanism, "dim", None),
+                diameter=diameter)
+
+
+def payload_size(payload: Any) -> dict[str, int]:
+    """What a payload's cost depends on, read from its arrays: ``tokens`` (token kinds)
+    or ``dim`` (vector kinds: r values; OME: its bits over 1 + int_bits + frac_bits)."""
+    if hasattr(payload, "n_tokens"):
+        return {"tokens": int(payload.n_tokens)}
+    n = int(getattr(payload, payload.array_field).shape[0])
+    if payload.mechanism == "ome":
+        n //= payload.params.bits_per_value
+    return {"dim": n}
+
+
+def payload_cost(payload: Any, diameter: float | None = None, *,
+                 mechanism: str | None = None, params: Mapping[str, Any] | None = None) -> Cost:
+    """The cost of a ``shared.payload`` payload; ``mechanism`` and ``params`` default to its
+    own (a server passes its task's or model's, which the payload was checked against)."""
+    mech = mechanism if mechanism is not None else payload.mechanism
+    par = params if params is not None else payload.params.model_dump()
+    return cost(mech, par, diameter=diameter, **payload_size(payload))
+
+
+def batch_cost(payloads: Iterable[Any], mechanism: str, params: Mapping[str, Any],
+               diameter: float | None = None) -> Cost | None:
+    """The summed cost of ``payloads`` all under ``mechanism`` and ``params`` (a request
+    checked against one task or model); None for no payloads. The same figure as
+    :func:`total` of their :func:`payload_cost` (up to float rounding), in one call per
+    distinct payload size: dχ costs add up linearly in the tokens (η·D·Σn), the vector
+    mechanisms' depend only on r."""
+    sizes: dict[int, int] = {}
+    n = 0
+    if family_of(mechanism) == "dchi":
+        tokens = 0
+        for p in payloads:
+            tokens += int(p.n_tokens)
+            n += 1
+        if n == 0:
+            return None
+        c = cost(mechanism, params, tokens=tokens, diameter=diameter)
+        return Cost(c.family, c.epsilon, c.metric, c.tokens, n, c.eta)
+    for p in payloads:
+        size = payload_size(p).get("dim", 0)
+        sizes[size] = sizes.get(size, 0) + 1
+        n += 1
+    if n == 0:
+        return None
+    if family_of(mechanism) in NO_EPSILON:
+        return Cost(family_of(mechanism), None, sends=n)
+    eps = math.fsum(cost(mechanism, params, dim=r).epsilon * k for r, k in sizes.items())
+    return Cost(family_of(mechanism), _finite(mechanism, eps), sends=n)
+
+
+def bundle_diameter(bundle: Any) -> float:
+    """D of a bundle's regular table (:func:`shared.accounting.dchi_diameter_bound`),
+    computed once per bundle id."""
+    return _diameter(bundle.bundle_id, bundle)
+
+
+_DIAMETERS: dict[str, float] = {}
+
+
+def _diameter(bundle_id: str, bundle: Any) -> float:
+    if bundle_id not in _DIAMETERS:
+        _DIAMETERS[bundle_id] = dchi_diameter_bound(bundle.embeddings, bundle.regular_ids)
+    return _DIAMETERS[bundle_id]
+
+
+def _count(name: str, n: Any) -> int:
+    if isinstance(n, bool) or not isinstance(n, int) or n < 0:
+        raise ValueError(f"{name} must be an integer >= 0, got {n!r}")
+    return n
+
+
+def _finite(mechanism: str, value: float) -> float:
+    if not math.isfinite(value) or value < 0:
+        raise ValueError(f"{mechanism}: the worst-case epsilon of this privatization is "
+                         f"not finite ({value}); the ledger cannot count it")
+    return float(value)
+
+
+# -- composition ------------------------------------------------------------------------------
+@dataclass
+class FamilySpend:
+    """What one family has spent: worst-case ε (None for the families without one), dχ
+    metric total and tokens, payloads sent."""
+
+    epsilon: float | None = 0.0
+    metric: float = 0.0
+    tokens: int = 0
+    sends: int = 0
+
+
+@dataclass
+class Spend:
+    """Costs composed: per family, and one worst-case ε total across them."""
+
+    families: dict[str, FamilySpend] = field(default_factory=dict)
+
+    @property
+    def total(self) -> float:
+        return math.fsum(f.epsilon for f in self.families.values() if f.epsilon is not None)
+
+    @property
+    def sends(self) -> int:
+        return sum(f.sends for f in self.families.values())
+
+    def add(self, c: Cost) -> Spend:
+        f = self.families.setdefault(c.family, FamilySpend(
+            None if c.family in NO_EPSILON else 0.0))
+        if c.epsilon is not None:
+            f.epsilon = (f.epsilon or 0.0) + c.epsilon
+        f.metric += c.metric
+        f.tokens += c.tokens
+        f.sends += c.sends
+        return self
+
+
+def compose(costs: Iterable[Cost]) -> Spend:
+    """Sequential composition: the sum per family, and :attr:`Spend.total`."""
+    spend = Spend()
+    for c in costs:
+        spend.add(c)
+    return spend
+
+
+def total(costs: Iterable[Cost]) -> Cost | None:
+    """The costs of one batch (one family) added into one :class:`Cost`; None if empty."""
+    costs = list(costs)
+    if not costs:
+        return None
+    fams = {c.family for c in costs}
+    if len(fams) != 1:
+        raise ValueError(f"one family per batch, got {sorted(fams)}")
+    fam = fams.pop()
+    eps = None if fam in NO_EPSILON else math.fsum(c.epsilon for c in costs)
+    etas = {c.eta for c in costs}
+    return Cost(fam, eps, metric=math.fsum(c.metric for c in costs),
+                tokens=sum(c.tokens for c in costs), sends=sum(c.sends for c in costs),
+                eta=etas.pop() if len(etas) == 1 else None)
+
+
+# -- the filter -------------------------------------------------------------------------------
+def fits(spent: float, epsilon: float | None, cap: float | None) -> bool:
+    """The privacy filter: may a cost of ``epsilon`` (None: no ε) be spent on top of
+    ``spent`` under ``cap`` (None: no cap)? Everything fits without a cap; with one, a
+    cost without an ε never does, a cap of 0 admits nothing, and otherwise
+    spent + epsilon <= cap."""
+    spent = check_amount("spent", spent)
+    if epsilon is not None:
+        epsilon = check_amount("cost", epsilon)
+    cap = check_cap(cap)
+    if cap is None:
+        return True
+    if epsilon is None or cap == 0:
+        return False
+    return spent + epsilon <= cap
+
+
+def remaining(spent: float, cap: float | None) -> float | None:
+    """What is left under ``cap`` (None without a cap; never below 0)."""
+    if cap is None:
+        return None
+    return max(0.0, check_amount("cap", cap) - check_amount("spent", spent))

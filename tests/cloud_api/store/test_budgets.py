@@ -1,0 +1,149 @@
+"""The server's privacy budget ledgers on SQLite and a real PostgreSQL: the SQL filter decides
+as shared.ledger.fits does, concurrent charges never pass a cap, a refused records request
+stores nothing, a replay is charged once, devices, caps and resets."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+from sqlalchemy import func, select
+
+from cloud_api.errors import InvalidRequest, NotFound
+from cloud_api.store import budgets
+from cloud_api.store import records as store
+from cloud_api.store.tables import records as records_table
+from shared import ledger
+from shared.mechanisms import DChiText
+from shared.payload import Limits
+from tests.cloud_api.store.conftest import ETA, privatize, race, raw_records
+
+
+def laplace(eps: float) -> ledger.Cost:
+    return ledger.cost("laplace", {"epsilon": eps}, dim=4)  # worst-case epsilon eps
+
+
+def charge(db, key: str, cost: ledger.Cost, device: str = "", default=None):
+    with db.begin(write=True) as conn:
+        return budgets.charge(conn, budgets.Charge(key, device, cost, default))
+
+
+def test_the_sql_filter_decides_as_shared_ledger_fits(db):
+    """A random walk of costs (some hitting the cap exactly) on one capped ledger: every
+    decision and the spent total are those of shared.ledger.fits in Python (exact: the
+    same float64 additions)."""
+    rnd = random.Random(5)
+    cap = 50.0
+    budgets.set_cap(db, "k", cap, {"k"}, None)
+    spent = 0.0
+    for step in range(60):
+        eps = rnd.choice([0.5, 1.25, 3.0, 7.5, cap - spent if spent < cap else 0.5, 100.0])
+        eps = max(eps, 1e-9)
+        want = ledger.fits(spent, eps, cap)
+        try:
+            got = charge(db, "k", laplace(eps))
+        except budgets.BudgetExhausted as exc:
+            assert not want, (step, spent, eps)
+            assert exc.extra["remaining"] == ledger.remaining(spent, cap)
+            assert exc.headers[budgets.REMAINING_HEADER] == repr(ledger.remaining(spent, cap))
+            continue
+        assert want, (step, spent, eps)
+        spent += eps
+        assert got.spent == spent and got.remaining == ledger.remaining(spent, cap)
+    assert spent == pytest.approx(cap) or spent <= cap
+
+
+def test_a_cap_of_zero_refuses_everything_and_no_epsilon_needs_no_cap(db):
+    th = ledger.cost("texthide", {})
+    assert charge(db, "free", th).cap is None  # counted without a cap
+    assert budgets.get_budget(db, "free", set(), None)["families"]["texthide"]["sends"] == 1
+    budgets.set_cap(db, "free", 1e9, set(), None)
+    with pytest.raises(budgets.BudgetExhausted, match="no cap admits"):
+        charge(db, "free", th)
+    budgets.set_cap(db, "zero", 0.0, {"zero"}, None)
+    for c in (laplace(1e-12), laplace(5.0), th):
+        with pytest.raises(budgets.BudgetExhausted):
+            charge(db, "zero", c)
+    view = budgets.get_budget(db, "zero", set(), None)
+    assert (view["spent"], view["sends"], view["remaining"]) == (0.0, 0, 0.0)
+
+
+def test_racing_charges_never_pass_the_cap(db):
+    """Eight charges of 1.5 released at once against a cap of 5.0 (each its own
+    transaction, connection and thread): exactly three get through."""
+    budgets.set_cap(db, "race", 5.0, {"race"}, None)
+    out = race([lambda: charge(db, "race", laplace(1.5)) for _ in range(8)])
+    ok = [o for o in out if isinstance(o, budgets.Charged)]
+    assert len(ok) == 3, out
+    assert all(isinstance(o, budgets.BudgetExhausted) for o in out if o not in ok), out
+    assert budgets.get_budget(db, "race", set(), None)["spent"] == 4.5
+
+
+def test_new_keys_get_the_default_cap_and_devices_the_keys(db):
+    got = charge(db, "new", laplace(1.0), default=10.0)
+    assert (got.spent, got.cap, got.remaining) == (1.0, 10.0, 9.0)
+    assert got.headers() == {budgets.REMAINING_HEADER: "9.0"}
+    dev = charge(db, "new", laplace(2.0), device="phone-1", default=99.0)
+    assert (dev.spent, dev.cap) == (2.0, 10.0)  # the key's cap, its own spend
+    view = budgets.set_cap(db, "new", 3.0, set(), None)
+    assert view["cap"] == 3.0 and view["devices"][0]["cap"] == 3.0
+    assert view["devices"][0]["device_id"] == "phone-1" and view["total"]["spent"] == 3.0
+    with pytest.raises(budgets.BudgetExhausted, match="device phone-1"):
+        charge(db, "new", laplace(1.5), device="phone-1")
+    assert charge(db, "new", laplace(1.5), device="phone-2").spent == 1.5
+    view = budgets.reset(db, "new", set(), None)
+    assert view["total"] == {"spent": 0.0, "sends": 0} and view["cap"] == 3.0
+    with pytest.raises(NotFound):
+        budgets.get_budget(db, "never-seen", {"other"}, None)
+    assert budgets.get_budget(db, "configured", {"configured"}, 7.0)["cap"] == 7.0
+    assert [v["key_id"] for v in budgets.list_budgets(db, {"configured"}, None)] == [
+        "configured", "new"]
+    with pytest.raises(ValueError):
+        budgets.set_cap(db, "new", float("nan"), set(), None)
+    for bad in ("", "a b", "x" * 65, "é"):
+        with pytest.raises(InvalidRequest):
+            budgets.check_device_id(bad)
+
+
+def _records_setup(db, task, tiny_bundle, n=6):
+    limits = Limits.for_bundle(tiny_bundle, labels=task.labels)
+    payloads = privatize(tiny_bundle, DChiText(tiny_bundle, ETA), n)
+    recs = store.validate_records(task, raw_records(payloads), limits)
+    d = ledger.bundle_diameter(tiny_bundle)
+    cost = ledger.total(ledger.payload_cost(r.payload, d, mechanism=task.mechanism,
+                                            params=task.params) for r in recs)
+    return recs, cost
+
+
+def _stored(db) -> int:
+    with db.begin() as conn:
+        return conn.execute(select(func.count()).select_from(records_table)).scalar_one()
+
+
+def test_records_over_the_cap_store_nothing(db, task, tiny_bundle):
+    recs, cost = _records_setup(db, task, tiny_bundle)
+    budgets.set_cap(db, "app", cost.epsilon * 1.5, {"app"}, None)
+    ch = budgets.Charge("app", "", cost)
+    first = store.add_records(db, task, recs, "app", "r-1", "d" * 64, charge=ch)
+    assert first.charged.spent == pytest.approx(cost.epsilon, rel=1e-12)
+    with pytest.raises(budgets.BudgetExhausted):
+        store.add_records(db, task, recs, "app", "r-2", "e" * 64, charge=ch)
+    assert _stored(db) == len(recs)  # the refused request stored nothing
+    budgets.set_cap(db, "app", None, set(), None)  # its idempotency key was not kept either
+    again = store.add_records(db, task, recs, "app", "r-2", "e" * 64, charge=ch)
+    assert not again.replayed and _stored(db) == 2 * len(recs)
+
+
+def test_a_replay_is_charged_once(db, task, tiny_bundle):
+    recs, cost = _records_setup(db, task, tiny_bundle)
+    ch = budgets.Charge("app", "dev", cost)
+    got = [store.add_records(db, task, recs, "app", "same", "f" * 64, charge=ch)
+           for _ in range(3)]
+    assert [g.replayed for g in got] == [False, True, True]
+    # racing twins of one new key: one stores and is charged, the others replay
+    out = race([lambda: store.add_records(db, task, recs, "app", "twin", "a" * 64, charge=ch)
+                for _ in range(4)])
+    assert sum(not o.replayed for o in out) == 1, out
+    view = budgets.get_budget(db, "app", set(), None)
+    assert view["devices"][0]["sends"] == 2 * len(recs)
+    assert view["devices"][0]["spent"] == pytest.approx(2 * cost.epsilon, rel=1e-12)
