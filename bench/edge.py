@@ -25,7 +25,9 @@ against the raw mechanism on the same tokens in the same run; the privacy report
   stand-in in that child process only: the product has no way to turn the ledger off),
   alternating, best of --ledger-repeats, in wall time and in CPU seconds of the child (the
   figure the other jobs on shared cores disturb least). ``--ledger-only`` runs just these
-  rows.
+  rows. The ledger's own calls are also timed alone in one process (CPU seconds of charging
+  every batch of the same run, against a fresh ledger and against one holding every text),
+  a figure that the noise of whole-run comparisons does not swamp.
 """
 
 from __future__ import annotations
@@ -122,6 +124,55 @@ def raw_main(mech: str, tsv: Path, eta: float) -> None:
             best = min(best, time.perf_counter() - t)
             best_cpu = min(best_cpu, time.process_time() - c)
     print(ids.size / best, ids.size / best_cpu)
+
+
+def ledger_calls_main(tsv: Path, eta: float, work: Path) -> None:
+    """Child of :func:`ledger_calls`: the ledger's own calls in one process, in CPU
+    seconds (JSON on stdout). Every batch is read, tokenized and privatized as the CLI
+    does; then timed: its payload JSON and output lines (``token_rows``, ``lines()``: the
+    CLI's work after the mechanism, with or without the ledger), and, on their own, the
+    ledger's calls: opening it and charging every batch (``RunBudget.charge_rows``: costs,
+    memo keys, the SQLite transaction) against a fresh ledger, then the same batches
+    against that ledger (every text memoized)."""
+    from edge_agent.batches import privatized, tokenized
+    from edge_agent.charging import RunBudget
+    from edge_agent.lines import LineReader
+    from edge_agent.options import LedgerOptions, MechanismOptions, PrivatizeOptions
+    from edge_agent.run_setup import make_privatizer
+    from shared.bundle import EdgeBundle
+
+    led = work / f"calls-{os.getpid()}.sqlite3"
+    opts = PrivatizeOptions(str(tsv), mechanism=MechanismOptions(eta=eta),
+                            ledger=LedgerOptions(path=str(led)))
+    bundle = EdgeBundle.from_model()
+    _, priv = make_privatizer(opts, bundle, None)
+    with open(tsv, "rb") as f:
+        reader = LineReader(f, tsv=True)
+        ready = [privatized(opts, priv, tokenized(opts, priv, reader, b), None)
+                 for b in reader.batches(opts.input.batch_size)]
+    ready = [r for r in ready if r.items]
+    labels = [[ln.label for ln in r.lines] for r in ready]
+    cpu: dict[str, float] = {}
+    c = time.process_time()
+    rows = [priv.token_rows(r.items, r.data, lab) for r, lab in zip(ready, labels, strict=True)]
+    for rw in rows:
+        rw.lines()
+    cpu["payload JSON + lines (no ledger)"] = time.process_time() - c
+    for what in ("new texts", "every text memoized"):
+        c = time.process_time()
+        budget = RunBudget(opts, priv, bundle)
+        for r, rw in zip(ready, rows, strict=True):
+            budget.charge_rows(r.lines, rw)
+        budget.close()
+        cpu[f"ledger: open + charge every batch, {what}"] = time.process_time() - c
+    print(json.dumps(cpu))
+
+
+def ledger_calls(tsv: Path, eta: float, work: Path) -> dict[str, float]:
+    """CPU seconds of the ledger's own calls (:func:`ledger_calls_main`, a fresh process)."""
+    r = run_child(["--ledger-calls", str(tsv), str(work), "--eta", str(eta)],
+                  cmd=[sys.executable, str(Path(__file__).resolve())])
+    return json.loads(r["stdout"])
 
 
 _CHILD = """
@@ -247,9 +298,13 @@ def main() -> None:
                     help="alternating runs of each ledger variant (best of them)")
     ap.add_argument("--ledger-only", action="store_true", help="only the ledger overhead rows")
     ap.add_argument("--raw", nargs=2, metavar=("MECH", "TSV"), help=argparse.SUPPRESS)
+    ap.add_argument("--ledger-calls", nargs=2, metavar=("TSV", "DIR"), help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.raw:
         raw_main(args.raw[0], Path(args.raw[1]), args.eta)
+        return
+    if args.ledger_calls:
+        ledger_calls_main(Path(args.ledger_calls[0]), args.eta, Path(args.ledger_calls[1]))
         return
 
     from edge_agent.privatizer import Privatizer
@@ -271,7 +326,8 @@ def main() -> None:
     if args.ledger_only:
         load_before = os.getloadavg()
         rows = ledger_rows(tsv, args.eta, out, args.ledger_repeats, tmp)
-        print_ledger(rows, n_rec, n_tok, args, load_before)
+        calls = ledger_calls(tsv, args.eta, tmp)
+        print_ledger(rows, calls, n_rec, n_tok, args, load_before)
         return
     results = []
     raw_text_rates = []
@@ -355,6 +411,7 @@ def main() -> None:
              f"(off by {abs(tgt['inversion']['accuracy'] - args.target):.4f})", "within 0.01"]]
     cold_spawn, cold_inside = (math.nan, math.nan) if args.skip_cold else cold_start(small, eta)
     ledger = ledger_rows(tsv, eta, out, args.ledger_repeats, tmp)
+    calls = ledger_calls(tsv, eta, tmp)
 
     load_after = os.getloadavg()
     print(f"machine: {machine()}")
@@ -374,16 +431,22 @@ def main() -> None:
     ] + ([["export MiniLM bundle + encoder.onnx (models.export, torch)", f"{export_s:.1f} s",
            ""]] if export_s is not None else [])))
     print()
-    print_ledger(ledger, n_rec, n_tok, args, load_before)
+    print_ledger(ledger, calls, n_rec, n_tok, args, load_before)
 
 
-def print_ledger(rows: list[list], n_rec: int, n_tok: int, args, load_before) -> None:
+def print_ledger(rows: list[list], calls: dict[str, float], n_rec: int, n_tok: int, args,
+                 load_before) -> None:
     print(f"ledger overhead: edge-agent privatize, dchi-text eta={args.eta:g}, {n_rec:,} "
           f"sentences ({n_tok:,} tokens), best of {args.ledger_repeats} alternating runs; "
           f"load average (1 min) at start {load_before[0]:.2f}, at end {os.getloadavg()[0]:.2f}")
     print(table(["run", "wall", "CPU", "tokens/s (streaming)", "wall vs no ledger",
                  "CPU vs no ledger", "ledger file", "every run, wall (s)",
                  "every run, CPU (s)"], rows))
+    base_cpu = float(rows[0][2].split()[0])
+    print(table(["the ledger's own calls, one process (CPU seconds)", "CPU",
+                 "share of the no-ledger CLI run's CPU"],
+                [[what, f"{v:.2f} s", "—" if "no ledger" in what else f"{v / base_cpu:.1%}"]
+                 for what, v in calls.items()]))
     wall, cpu = rows[1][4], rows[1][5]
     print(f"target ledger overhead <= 5% (new texts, no cap): wall {wall} "
           f"({'met' if float(wall.rstrip('%')) <= 5 else 'NOT met'}), CPU {cpu} "
