@@ -133,7 +133,10 @@ def ledger_calls_main(tsv: Path, eta: float, work: Path) -> None:
     CLI's work after the mechanism, with or without the ledger), and, on their own, the
     ledger's calls: opening it and charging every batch (``RunBudget.charge_rows``: costs,
     memo keys, the SQLite transaction) against a fresh ledger, then the same batches
-    against that ledger (every text memoized)."""
+    against that ledger (every text memoized); and the pass a run with a cap makes first
+    (``RunBudget.plan``: the input read, tokenized and costed once more)."""
+    from dataclasses import replace
+
     from edge_agent.batches import privatized, tokenized
     from edge_agent.charging import RunBudget
     from edge_agent.lines import LineReader
@@ -165,6 +168,16 @@ def ledger_calls_main(tsv: Path, eta: float, work: Path) -> None:
             budget.charge_rows(r.lines, rw)
         budget.close()
         cpu[f"ledger: open + charge every batch, {what}"] = time.process_time() - c
+    c = time.process_time()  # a run with a cap first reads, tokenizes and costs its input
+    budget = RunBudget(replace(opts, ledger=LedgerOptions(path=str(led) + "-plan")), priv,
+                       bundle)  # a fresh ledger: every text new
+    with open(tsv, "rb") as f:
+        first = LineReader(f, tsv=True)
+        budget.plan(tokenized(opts, priv, first, b)
+                    for b in first.batches(opts.input.batch_size))
+    budget.close()
+    cpu["ledger with a cap: costing the input first (read, tokenize, memo keys)"] = \
+        time.process_time() - c
     print(json.dumps(cpu))
 
 
