@@ -12,7 +12,9 @@ run:
 * the check-and-charge alone (issue 19: <= 0.3 ms a request): the cost of a request's 256
   payloads (``cloud_api.charging.records_cost``) and the conditional UPDATE of
   ``store.budgets.charge`` timed inside an open write transaction (what it adds to the
-  records transaction), and prediction charges through the group-commit writer
+  records transaction), next to a ``SELECT 1`` in the same transaction (one statement's
+  round trip through SQLAlchemy and the driver, no work: the floor of any UPDATE), and
+  prediction charges through the group-commit writer
   (``store.charge_writer``) with 32 requests at once, each answered after its commit;
 * ``cloud-api serve`` as a subprocess on a loopback port with ``PRIVBERT_DATABASE_URL``
   pointing at a fresh database: ``POST /v1/records`` (auth, body limit, envelope, every
@@ -132,11 +134,13 @@ def check_and_charge(db, task, valid: list, bundle, requests: int) -> dict[str, 
     import asyncio
     import statistics
 
+    from sqlalchemy import text
+
     from cloud_api import charging
     from cloud_api.store import budgets
     from cloud_api.store.charge_writer import ChargeWriter
 
-    cost_ms, update_ms = [], []
+    cost_ms, update_ms, floor_ms = [], [], []
     cpu = 0.0
     for i in range(requests):
         recs = valid[i % len(valid)]
@@ -149,6 +153,9 @@ def check_and_charge(db, task, valid: list, bundle, requests: int) -> dict[str, 
             budgets.charge(conn, budgets.Charge("bench-charge", "", cost, 1e300))
             update_ms.append((time.perf_counter() - t0) * 1e3)
             cpu += time.process_time() - c0
+            t0 = time.perf_counter()  # the floor: one statement's round trip, no work
+            conn.execute(text("SELECT 1")).scalar_one()
+            floor_ms.append((time.perf_counter() - t0) * 1e3)
     one = charging.records_cost(task, valid[0][:1], bundle)
 
     async def predictions(n: int, at_once: int = 32) -> tuple[float, float]:
@@ -172,6 +179,7 @@ def check_and_charge(db, task, valid: list, bundle, requests: int) -> dict[str, 
             "check-and-charge UPDATE in the open transaction (median)":
                 statistics.median(update_ms),
             "CPU of both (mean)": cpu / requests * 1e3,
+            "for scale: SELECT 1 in the same transaction (median)": statistics.median(floor_ms),
             "prediction charge, 32 at once: wall time per charge": per_charge,
             "prediction charge, 32 at once: mean submit -> committed": mean_lat}
 
