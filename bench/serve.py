@@ -35,6 +35,7 @@ import argparse
 import asyncio
 import json
 import os
+import shutil
 import signal
 import socket
 import statistics
@@ -56,14 +57,17 @@ ETA = 65.0
 
 
 # -- set-up: a briefly trained MiniLM classifier, its ONNX export, a home -------------------
-def prepare(work: Path, rows: int) -> tuple[Path, Path]:
-    """The cached model version folder and a home serving it (built on the first run)."""
+def prepare(work: Path, rows: int, model: Path | None = None) -> tuple[Path, Path]:
+    """The cached model version folder (or ``model``) and a home serving it (built on the
+    first run), with its fp32 and int8 ONNX files."""
     from cloud_api.home import ModelHome
     from models.experiment import train_from_tsv
     from models.finetune import TrainConfig
     from models.registry import ONNX_FILE
 
-    model = work / f"model-{rows}"
+    if model is not None:
+        work = work / f"given-{model.resolve().name}"
+    model = model or work / f"model-{rows}"
     if not (model / "config.json").is_file():
         t0 = time.perf_counter()
         train_from_tsv(DATA / "sst2" / "train.tsv", model, "dchi-text", {"eta": ETA},
@@ -75,22 +79,39 @@ def prepare(work: Path, rows: int) -> tuple[Path, Path]:
 
         t0 = time.perf_counter()
         export_classifier_onnx(model)
-        print(f"exported {ONNX_FILE} in {time.perf_counter() - t0:.0f} s", flush=True)
+        print(f"exported {ONNX_FILE} and its int8 version in {time.perf_counter() - t0:.0f} s",
+              flush=True)
+    from models.quantize import has_current_int8, quantize_classifier
+
+    if not has_current_int8(model):
+        t0 = time.perf_counter()
+        quantize_classifier(model)
+        print(f"quantized {ONNX_FILE} in {time.perf_counter() - t0:.0f} s", flush=True)
     home = ModelHome(work / "home").ensure()
+    if home.promoted(MODEL_ID) is not None and not has_current_int8(
+            home.version_dir(MODEL_ID, home.promoted(MODEL_ID))):
+        shutil.rmtree(home.root)  # an older cache: register the model again
+        home = ModelHome(work / "home").ensure()
     if home.promoted(MODEL_ID) is None:
         home.promote(MODEL_ID, home.register(MODEL_ID, model))
     return model, home.root
 
 
-def request_bodies(n: int) -> list[bytes]:
-    """``{"payloads": [one payload]}`` for the first ``n`` SST-2 dev sentences."""
+def request_bodies(n: int, model: Path) -> list[bytes]:
+    """``{"payloads": [one payload]}`` for the first ``n`` SST-2 dev sentences, made with
+    the model's bundle and η (the default MiniLM bundle, or its base BERT folder's)."""
     from edge_agent import Privatizer
+    from models.version_folder import read_config
     from shared.bundle import EdgeBundle
     from shared.mechanisms import DChiText
 
-    bundle = EdgeBundle.from_model()
+    cfg = read_config(model)
+    base = cfg.get("base_model")
+    bundle = EdgeBundle.from_model(base if base and Path(base).is_dir() else None)
+    assert bundle.bundle_id == cfg["bundle_id"], "the model's bundle cannot be rebuilt here"
     texts = [r[0] for r in read_tsv(DATA / "sst2" / "dev.tsv", n)]
-    payloads = Privatizer(bundle, DChiText(bundle, ETA)).privatize(texts)
+    payloads = Privatizer(bundle, DChiText(bundle, float(cfg["params"]["eta"]))).privatize(
+        texts)
     return [b'{"payloads":[' + p.model_dump_json(exclude_none=True).encode() + b"]}"
             for p in payloads]
 
@@ -111,11 +132,11 @@ def naive_app(model_dir: str, backend: str, mode: str, threads: int | None = Non
         payloads: list[Payload]
 
     mv = load_model(model_dir)
-    if backend == "onnx":
-        from models.export import OnnxClassifier
+    if backend in ("onnx", "onnx-int8"):
+        from models.onnx_classifier import OnnxClassifier
 
-        # the same session options as the service's onnx backend
-        onnx = OnnxClassifier(model_dir, threads=threads or None)
+        # the same session options and file as the service's onnx backends
+        onnx = OnnxClassifier(model_dir, threads=threads or None, int8=backend == "onnx-int8")
 
         def forward(p) -> np.ndarray:
             return onnx.predict_proba([p])[0]
@@ -139,7 +160,7 @@ def naive_app(model_dir: str, backend: str, mode: str, threads: int | None = Non
                           "scores": dict(zip(labels, probs.tolist(), strict=True))})
         return orjson.dumps({"model_id": MODEL_ID, "version": "v1", "predictions": preds})
 
-    app = FastAPI()
+    app = FastAPI(telemetry={"tracing": False, "metrics": False, "logs": False})  # as ours
 
     @app.post("/v1/models/{model_id}/predict")
     async def predict(model_id: str, request: Request) -> Response:
@@ -161,7 +182,7 @@ def run_naive(args) -> None:
         import torch
 
         torch.set_num_threads(args.threads)
-    app = naive_app(args.model, args.backend, args.naive, args.threads)
+    app = naive_app(args.naive_model, args.backend, args.naive, args.threads)
     uvicorn.run(app, host="127.0.0.1", port=args.port, log_level="warning", access_log=False)
 
 
@@ -415,6 +436,8 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--work", type=Path, default=REPO / "var" / "bench" / "serve")
     ap.add_argument("--rows", type=int, default=300, help="SST-2 rows to train on (300)")
+    ap.add_argument("--model", type=Path, help="serve this model version folder instead "
+                    "(exported and quantized here when its files are missing)")
     ap.add_argument("--requests", type=int, default=512, help="distinct request bodies")
     ap.add_argument("--backends", nargs="+", default=["torch", "onnx"])
     ap.add_argument("--concurrency", nargs="+", type=int, default=[1, 8, 32])
@@ -433,7 +456,7 @@ def main() -> int:
                     "dedicated inference thread with asyncio.to_thread's shared pool")
     # internal: run the naive server
     ap.add_argument("--naive", choices=["serial", "threads"], help=argparse.SUPPRESS)
-    ap.add_argument("--model", help=argparse.SUPPRESS)
+    ap.add_argument("--naive-model", help=argparse.SUPPRESS)
     ap.add_argument("--backend", help=argparse.SUPPRESS)
     ap.add_argument("--port", type=int, help=argparse.SUPPRESS)
     args = ap.parse_args()
@@ -445,8 +468,8 @@ def main() -> int:
     print(f"machine: {machine()}", flush=True)
     print(f"load average at start: {os.getloadavg()[0]:.2f}; torch/onnxruntime threads "
           f"{args.threads or 'default'}, inference workers {args.workers}", flush=True)
-    model, home = prepare(args.work, args.rows)
-    bodies = request_bodies(args.requests)
+    model, home = prepare(args.work, args.rows, args.model)
+    bodies = request_bodies(args.requests, model)
     lengths = [json.loads(b)["payloads"][0]["token_ids"]["shape"][0] for b in bodies]
     print(f"{len(bodies)} requests of one dchi-text payload (eta {ETA:g}), "
           f"{statistics.mean(lengths):.1f} tokens on average (max {max(lengths)}); closed "
@@ -497,7 +520,7 @@ def run_backend(args, backend: str, model: Path, home: Path, bodies: list[bytes]
         procs[SERVE] = (start(serve_cmd(home, port), env, port), port)
         for flavour in args.naive_flavours:
             port = free_port()
-            cmd = [sys.executable, __file__, "--naive", flavour, "--model", str(model),
+            cmd = [sys.executable, __file__, "--naive", flavour, "--naive-model", str(model),
                    "--backend", backend, "--port", str(port)]
             if args.threads:
                 cmd += ["--threads", str(args.threads)]

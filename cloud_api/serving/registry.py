@@ -187,7 +187,8 @@ class ServingRegistry:
             return served
         failed = self._failed.get(model_id)
         if failed is not None and not self._stopping:
-            raise Unavailable(f"model {model_id} is not loaded ({failed[0]} failed to load)",
+            raise Unavailable(f"model {model_id} is not loaded ({failed[0]} failed to load: "
+                              f"{failed[1]})",
                               retry_after=max(1.0, self.settings.reload_interval_s))
         if self._stopping:
             raise Unavailable("the server is shutting down", retry_after=1)
