@@ -69,6 +69,9 @@ class Settings(BaseSettings):
                                 "(full -> 429)")
     queue_timeout_s: float = Field(30.0, gt=0, description="a payload that waited this long "
                                    "gets 503")
+    inline_when_idle: bool = Field(True, description="a lone one-payload request runs its "
+                                   "forward on the event loop when nothing else is queued or "
+                                   "running (no thread hand-off; cloud_api/serving/batcher.py)")
 
     # -- inference backend ------------------------------------------------------------------
     backend: Literal["torch", "onnx", "onnx-int8"] = Field(

@@ -42,6 +42,7 @@ class Backend(Protocol):
     config: dict
     metrics: dict
     path: Path
+    overhead_tokens: float  # a forward's fixed cost in padded tokens (the batcher's split)
 
     def forward(self, payloads: Sequence) -> np.ndarray:
         """Probabilities (N, C) float32 for checked payloads, in input order."""
@@ -84,6 +85,7 @@ class TorchBackend:
     """A version folder served by torch."""
 
     name = "torch"
+    overhead_tokens = 32.0  # MiniLM, one thread (bench/serve.py --padding)
 
     def __init__(self, path: str | os.PathLike, settings: Settings):
         import torch
@@ -146,6 +148,7 @@ class OnnxBackend:
 
         self.path = Path(path)
         self.name = "onnx-int8" if int8 else "onnx"
+        self.overhead_tokens = 6.0 if int8 else 8.0  # MiniLM, one thread (--padding)
         try:
             read_config(self.path)
         except ValueError as exc:
