@@ -79,13 +79,14 @@ class Calibration:
     """``CalibrationDataReader`` over privatized public text (training rows the model did not
     train on), batches of 16 collated as the classifier reads them."""
 
-    def __init__(self, model: Path, texts: list[str], seed: int):
+    def __init__(self, model: Path, texts: list[str], seed: int, names: list[str]):
         from models.data import collate_payloads
         from models.version_folder import read_config
 
         cfg = read_config(model)
         ps = privatized(model, texts, seed)
-        self.feeds = [collate_payloads(ps[i:i + 16], cfg, as_numpy=True)
+        self.feeds = [{k: v for k, v in collate_payloads(ps[i:i + 16], cfg,
+                                                         as_numpy=True).items() if k in names}
                       for i in range(0, len(ps), 16)]
         self.i = 0
 
@@ -143,13 +144,14 @@ def main() -> int:
           f"{statistics.mean(p.n_tokens for p in payloads):.1f} tokens on average", flush=True)
 
     schemes = {
-        "dynamic s8 7-bit (default)": QuantScheme(),
-        "dynamic s8 7-bit per channel": QuantScheme(per_channel=True),
-        "dynamic u8 weights": QuantScheme(weights="u8", reduce_range=False),
-        "dynamic s8 8-bit": QuantScheme(reduce_range=False),
+        "dynamic s8 7-bit per column (default)": QuantScheme(),
+        "dynamic s8 7-bit per tensor": QuantScheme(per_channel=False),
+        "dynamic s8 7-bit per column, fp32 embeddings": QuantScheme(embeddings=False),
+        "dynamic u8 weights per column": QuantScheme(weights="u8", reduce_range=False),
+        "dynamic s8 8-bit per column": QuantScheme(reduce_range=False),
     }
     if args.static:
-        schemes["static s8 7-bit"] = QuantScheme(method="static")
+        schemes["static s8 7-bit per column"] = QuantScheme(method="static")
     files = {"fp32": model / ONNX_FILE}
     qdir = args.work / "variants"
     qdir.mkdir(parents=True, exist_ok=True)
@@ -159,7 +161,8 @@ def main() -> int:
         if not dst.is_file() or dst.stat().st_mtime < (model / ONNX_FILE).stat().st_mtime:
             if scheme.method == "static" and calib is None:
                 train_rows = read_tsv(SENTENCES / "train.tsv", args.rows + 512)[args.rows:]
-                calib = Calibration(model, [r[0] for r in train_rows], args.seed + 1)
+                names = [i.name for i in onnx_session(str(model / ONNX_FILE)).get_inputs()]
+                calib = Calibration(model, [r[0] for r in train_rows], args.seed + 1, names)
             t0 = time.perf_counter()
             quantize_onnx(model / ONNX_FILE, dst, scheme, calib if scheme.method == "static"
                           else None)
@@ -206,30 +209,36 @@ def main() -> int:
         bcpu[n] = (time.thread_time() - t0) / len(srt)
 
     fp32_ms = statistics.median(times["fp32"]) * 1e3
+    fp32_p10 = float(np.percentile(times["fp32"], 10)) * 1e3
     out = []
     for n in sessions:
         k = kernels[n]
         med = statistics.median(times[n]) * 1e3
+        p10 = float(np.percentile(times[n], 10)) * 1e3
         flips = int((pred[n] != pred["fp32"]).sum())
         out.append([n, f"{files[n].stat().st_size / 2**20:.1f}", f"{acc[n] * 100:.2f}",
                     f"{(acc[n] - acc['fp32']) * 100:+.2f}", flips,
                     f"{float(np.abs(logits[n] - logits['fp32']).max()):.3f}",
-                    f"{med:.2f}", f"{fp32_ms / med:.2f}x", f"{bcpu[n] * 1e3:.2f}",
+                    f"{med:.2f}", f"{fp32_ms / med:.2f}x", f"{p10:.2f}",
+                    f"{fp32_p10 / p10:.2f}x", f"{bcpu[n] * 1e3:.2f}",
                     "" if k is None else ("exact" if k["exact"] else "SATURATES")])
     print()
     print(table(["file", "MiB", "accuracy %", "vs fp32", "flips", "max |dlogit|",
-                 "1-payload p50 ms", "speed-up", "batch-32 CPU ms/payload",
-                 "kernel on this CPU"], out))
+                 "1-payload p50 ms", "speed-up p50", "p10 ms", "speed-up p10",
+                 "batch-32 CPU ms/payload", "kernel on this CPU"], out))
     print()
-    d = "dynamic s8 7-bit (default)"
+    d = "dynamic s8 7-bit per column (default)"
     ratio = fp32_ms / (statistics.median(times[d]) * 1e3)
+    ratio10 = fp32_p10 / (float(np.percentile(times[d], 10)) * 1e3)
     gap = (acc[d] - acc["fp32"]) * 100
-    print(f"target int8 forward vs fp32 onnx forward of one payload >= 1.8x: {ratio:.2f}x "
-          f"({'met' if ratio >= 1.8 else 'NOT met'}) [{load()}]")
+    moved = abs(int((pred[d] == labels).sum()) - int((pred["fp32"] == labels).sum()))
+    print(f"target int8 forward vs fp32 onnx forward of one payload >= 1.8x: {ratio:.2f}x on "
+          f"medians, {ratio10:.2f}x on the 10th percentiles (the least disturbed by other "
+          f"jobs) ({'met' if ratio >= 1.8 else 'NOT met'} on medians) [{load()}]")
     print(f"target int8 accuracy within 0.5 point of fp32: {acc[d] * 100:.2f}% against "
           f"{acc['fp32'] * 100:.2f}% ({gap:+.2f} points, {int((pred[d] != pred['fp32']).sum())} "
           f"of {len(payloads)} predictions differ; "
-          f"{'met' if abs(gap) <= 0.5 else 'NOT met'})")
+          f"{'met' if moved * 200 <= len(labels) else 'NOT met'})")  # 0.5 point, exactly
     print(f"{load()} at end; wall clock {time.perf_counter() - t_all:.0f} s")
     return 0
 

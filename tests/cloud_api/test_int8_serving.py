@@ -98,15 +98,20 @@ def test_int8_version_is_served_by_its_int8_file(int8_server, tiny_bundle_of_hom
     labels = model["labels"]
     got = np.array([[p["scores"][lab] for lab in labels] for p in r.json()["predictions"]])
 
-    def probs(int8: bool) -> np.ndarray:
+    def probs(int8: bool, group) -> np.ndarray:
         clf = OnnxClassifier(home.version_dir("text", "v1"), int8=int8)
-        z = clf.logits(collate_payloads(payloads, clf.config, as_numpy=True)).astype(float)
+        z = clf.logits(collate_payloads(group, clf.config, as_numpy=True)).astype(float)
         e = np.exp(z - z.max(axis=1, keepdims=True))
         return e / e.sum(axis=1, keepdims=True)
 
-    # one payload alone or three in one forward: the int8 file's answers either way
-    assert np.abs(got - probs(True)).max() <= 1e-4
-    assert np.abs(got - probs(False)).max() <= FP32_TOLERANCE
+    # Dynamic quantization takes each activation's scale from the whole batch it runs in, so
+    # an int8 answer moves a little (a few 1e-4 here) with the batch the batcher cut: each
+    # answer must be the int8 file's, run alone or with the other two payloads.
+    together = probs(True, payloads)
+    for i, p in enumerate(payloads):
+        alone = probs(True, [p])[0]
+        assert min(np.abs(got[i] - alone).max(), np.abs(got[i] - together[i]).max()) <= 1e-5
+    assert np.abs(got - probs(False, payloads)).max() <= FP32_TOLERANCE
 
 
 def test_versions_without_a_matching_int8_file_are_refused(int8_server, tiny_bundle_of_home):
@@ -161,4 +166,5 @@ def test_register_builds_the_int8_file(tiny_home, tmp_path, capsys):
     version = ModelHome(tmp_path / "home").version_dir("m", "v1")
     assert has_current_int8(version)
     assert json.loads((version / "config.json").read_text())["onnx_int8"]["scheme"] == {
-        "method": "dynamic", "per_channel": False, "reduce_range": True, "weights": "s8"}
+        "embeddings": True, "method": "dynamic", "per_channel": True, "reduce_range": True,
+        "weights": "s8"}
