@@ -101,7 +101,7 @@ RUN /opt/venv/bin/python -m ensurepip >/dev/null \
 # No worker thread: jobs need torch, run them with the train image (`cloud-api worker`).
 ENV PATH=/opt/venv/bin:$PATH PYTHONUNBUFFERED=1 PYTHONDONTWRITEBYTECODE=1 HF_HUB_OFFLINE=1 \
     PRIVBERT_HOME=/var/lib/privbert PRIVBERT_HOST=0.0.0.0 PRIVBERT_PORT=8000 \
-    PRIVBERT_BACKEND=onnx \
+    PRIVBERT_BACKEND=onnx-int8 \
     PRIVBERT_WORKER_IN_SERVE=0
 USER 10001:10001
 WORKDIR /var/lib/privbert
@@ -117,7 +117,8 @@ COPY --from=wheel /wheels /tmp/wheels
 RUN /opt/venv/bin/pip install -q --no-deps --no-index --disable-pip-version-check \
         /tmp/wheels/*.whl \
     && rm -rf /tmp/wheels
-# PRIVBERT_BACKEND=onnx: the versions it trains get classifier.onnx, for the serve image
+# PRIVBERT_BACKEND=onnx: the versions it trains get classifier.onnx and classifier.int8.onnx,
+# for the serve image
 ENV PATH=/opt/venv/bin:$PATH PYTHONUNBUFFERED=1 PYTHONDONTWRITEBYTECODE=1 HF_HUB_OFFLINE=1 \
     PRIVBERT_HOME=/var/lib/privbert PRIVBERT_BACKEND=onnx
 USER 10001:10001

@@ -96,14 +96,18 @@ async def lifespan(app: FastAPI):
 def create_app(settings: Settings | None = None) -> FastAPI:
     """The service for ``settings`` (default: from the environment, PRIVBERT_*)."""
     settings = settings or Settings()
+    # FastAPI's native OpenTelemetry is off: it asks the global providers on every request,
+    # and the service's metrics are Prometheus (/metrics)
     app = FastAPI(title="privbert", version="1", description=DESCRIPTION, lifespan=lifespan,
-                  docs_url="/docs", redoc_url=None, openapi_url="/openapi.json")
+                  docs_url="/docs", redoc_url=None, openapi_url="/openapi.json",
+                  telemetry={"tracing": False, "metrics": False, "logs": False})
     app.state.settings = settings
     problems.install(app)
     for router in ROUTERS:
         app.include_router(router)
     app.add_middleware(ServiceMiddleware, max_body_bytes=settings.max_body_bytes,
-                       max_concurrent=settings.max_concurrent_requests)
+                       max_concurrent=settings.max_concurrent_requests,
+                       fast_route=inference.predict_route)
     app.openapi = lambda: _openapi(app)  # type: ignore[method-assign]
     return app
 

@@ -109,30 +109,38 @@ def _read_keys_file(path: Path) -> list[tuple[bytes, Role, str]]:
     return out
 
 
-def _bearer(request: Request) -> str | None:
-    header = request.headers.get("authorization", "")
+def _bearer(header: str) -> str | None:
     scheme, _, token = header.partition(" ")
     if scheme.lower() != "bearer" or not token.strip():
         return None
     return token.strip()
 
 
-def _caller(request: Request, need: Role) -> Caller:
-    ring: KeyRing = request.app.state.keys
+def authenticate(app_state, authorization: str | None, need: Role, state: dict) -> Caller:
+    """The caller of an ``Authorization`` header value for a route that needs ``need``,
+    after the per-key rate limit; ``state`` (the request's scope state) learns its key id.
+    Unauthorized, Forbidden or RateLimited otherwise. The one check of every route: the
+    FastAPI dependencies below and the predict fast path call it."""
+    ring: KeyRing = app_state.keys
     if ring.disabled:
         caller = Caller("admin", "anonymous")
     else:
-        token = _bearer(request)
+        token = _bearer(authorization or "")
         caller = ring.verify(token) if token else None
         if caller is None:
             raise Unauthorized("send 'Authorization: Bearer <key>' with a valid key")
         if need == "admin" and caller.role != "admin":
             raise Forbidden("an application key may not call /admin")
-    request.state.key_id = caller.key_id
-    wait = request.app.state.rate_limiter.acquire(caller.key_id)
+    state["key_id"] = caller.key_id
+    wait = app_state.rate_limiter.acquire(caller.key_id)
     if wait > 0:
         raise RateLimited(f"key {caller.key_id} is over its rate limit", retry_after=wait)
     return caller
+
+
+def _caller(request: Request, need: Role) -> Caller:
+    return authenticate(request.app.state, request.headers.get("authorization"), need,
+                        request.scope.setdefault("state", {}))
 
 
 # async: no I/O here, and a plain def would cost a thread-pool round trip per request

@@ -210,10 +210,11 @@ def _train_and_register(args, home, model_id: str, task: str, bundle, params: di
                                         if args.posterior_table else None),
                              posterior_cache=home.posteriors_dir)
         fresh = _fresh_dev(args, res.model_dir, bundle)
-        if settings_for(args).backend == "onnx":
+        if (backend := settings_for(args).backend) in ("onnx", "onnx-int8"):
             from models.export import export_classifier_onnx
 
-            _say("exporting classifier.onnx (PRIVBERT_BACKEND=onnx)")
+            _say(f"exporting classifier.onnx and classifier.int8.onnx "
+                 f"(PRIVBERT_BACKEND={backend})")
             export_classifier_onnx(res.model_dir)
         config_path = res.model_dir / CONFIG_FILE
         config = json.loads(config_path.read_text())

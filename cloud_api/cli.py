@@ -72,9 +72,12 @@ def settings_for(args):
     worker processes see it)."""
     if getattr(args, "home", None):
         os.environ["PRIVBERT_HOME"] = str(args.home)
-    from cloud_api.settings import Settings
+    from cloud_api.settings import Settings, settings_error
 
-    return Settings()
+    try:
+        return Settings()
+    except ValueError as exc:  # pydantic's ValidationError: one line naming the variables
+        raise ValueError(settings_error(exc)) from None
 
 
 # -- serve -----------------------------------------------------------------------------------
@@ -233,7 +236,7 @@ def run_models_register(args) -> int:
             return fail(f"--bundle is {bundle.bundle_id[:12]}…, the model was trained with "
                         f"{cfg['bundle_id'][:12]}…")
         BundleStore(home).add(bundle)
-    version = home.register(args.model_id, args.dir)
+    version = home.register(args.model_id, args.dir, prepare=_int8_for_register)
     print(f"registered {args.model_id} {version} ({cfg['mechanism']} "
           f"{json.dumps(cfg['params'], sort_keys=True)})")
     if args.promote:
@@ -247,6 +250,25 @@ def run_models_register(args) -> int:
                   "it with --bundle DIR, or the server cannot serve this model",
                   file=sys.stderr)
     return 0
+
+
+def _int8_for_register(folder) -> None:
+    """Quantize the version's classifier.onnx (onnx-int8 backend) unless its int8 file is
+    current; without the quantizer (the serve image has no ``onnx``), say so and go on."""
+    from models.version_folder import INT8_FILE, ONNX_FILE
+
+    if not (folder / ONNX_FILE).is_file():
+        return
+    try:
+        from models.quantize import has_current_int8, quantize_classifier
+    except ImportError as exc:
+        print(f"{PROG}: warning: {INT8_FILE} not built ({exc.name} is not installed: the "
+              "train extra has it); PRIVBERT_BACKEND=onnx-int8 will not find it",
+              file=sys.stderr)
+        return
+    if not has_current_int8(folder):
+        quantize_classifier(folder)
+        print(f"quantized {ONNX_FILE} into {INT8_FILE}")
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -27,7 +27,7 @@ import re
 import shutil
 import tempfile
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
@@ -213,12 +213,17 @@ class ModelHome:
                 continue
             return version, vdir / version
 
-    def register(self, model_id: str, src: str | os.PathLike, *, move: bool = False) -> str:
+    def register(self, model_id: str, src: str | os.PathLike, *, move: bool = False,
+                 prepare: Callable[[Path], object] | None = None) -> str:
         """Add a complete model folder as the next version (copied, or moved when on the same
-        file system and ``move``). Returns the version name."""
+        file system and ``move``). ``prepare(folder)`` runs on the copy (or, with ``move``,
+        on ``src``) before it becomes the version: files a server must find at once (the
+        int8 classifier). Returns the version name."""
         src = Path(src)
         if not (src / CONFIG_FILE).is_file():
             raise InvalidRequest(f"{src} is not a model version folder (no {CONFIG_FILE})")
+        if move and prepare is not None:
+            prepare(src)
         version, dest = self.reserve_version(model_id)
         try:
             if move:
@@ -227,6 +232,12 @@ class ModelHome:
                 tmp = Path(tempfile.mkdtemp(prefix=f".{version}.tmp-", dir=dest.parent))
                 shutil.copytree(src, tmp, dirs_exist_ok=True)
                 os.chmod(tmp, 0o755)
+                if prepare is not None:
+                    try:
+                        prepare(tmp)
+                    except BaseException:
+                        shutil.rmtree(tmp, ignore_errors=True)
+                        raise
                 os.replace(tmp, dest)
         except BaseException:
             shutil.rmtree(dest, ignore_errors=True)

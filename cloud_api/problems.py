@@ -124,13 +124,30 @@ def _cut(text: str) -> str:
 
 
 def validation_problem(request: Request, errors: list[dict], where: str = "body") -> Response:
+    return validation_response(_rid(request), _state(request), errors, where)
+
+
+def validation_response(request_id: str | None, state: dict, errors: list[dict],
+                        where: str = "body") -> Response:
+    """422 ``validation`` listing pydantic ``errors`` (without their input values)."""
     issues = clean_errors(errors)
     first = issues[0] if issues else {"loc": [], "msg": "invalid"}
     at = ".".join(str(x) for x in first["loc"]) or where
     more = f" (and {len(issues) - 1} more)" if len(issues) > 1 else ""
-    return problem_response(_rid(request), 422, "validation", "Invalid request",
-                            f"{at}: {first['msg']}{more}", errors=issues,
-                            state=_state(request))
+    return problem_response(request_id, 422, "validation", "Invalid request",
+                            f"{at}: {first['msg']}{more}", errors=issues, state=state)
+
+
+def service_error_response(request_id: str | None, state: dict, exc: ServiceError
+                           ) -> Response:
+    """The problem answer of a :class:`ServiceError` (401 adds ``WWW-Authenticate``)."""
+    errors = clean_errors(exc.errors) if exc.errors else None
+    headers = dict(exc.headers or {})
+    if exc.status == 401:
+        headers["WWW-Authenticate"] = "Bearer"
+    return problem_response(request_id, exc.status, exc.kind, exc.title, exc.detail,
+                            errors=errors, retry_after=exc.retry_after, headers=headers,
+                            state=state, extra=exc.extra)
 
 
 def _rid(request: Request) -> str | None:
@@ -143,13 +160,7 @@ def _state(request: Request) -> dict:
 
 # -- handlers --------------------------------------------------------------------------------
 async def _service_error(request: Request, exc: ServiceError) -> Response:
-    errors = clean_errors(exc.errors) if exc.errors else None
-    headers = dict(exc.headers or {})
-    if exc.status == 401:
-        headers["WWW-Authenticate"] = "Bearer"
-    return problem_response(_rid(request), exc.status, exc.kind, exc.title, exc.detail,
-                            errors=errors, retry_after=exc.retry_after, headers=headers,
-                            state=_state(request), extra=exc.extra)
+    return service_error_response(_rid(request), _state(request), exc)
 
 
 async def _http_error(request: Request, exc: HTTPException) -> Response:

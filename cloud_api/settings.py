@@ -74,9 +74,17 @@ class Settings(BaseSettings):
                                 "(full -> 429)")
     queue_timeout_s: float = Field(30.0, gt=0, description="a payload that waited this long "
                                    "gets 503")
+    inline_when_idle: bool = Field(True, description="a lone one-payload request runs its "
+                                   "forward on the event loop when nothing else is queued or "
+                                   "running (no thread hand-off; cloud_api/serving/batcher.py)")
 
     # -- inference backend ------------------------------------------------------------------
-    backend: Literal["torch", "onnx"] = "torch"
+    backend: Literal["torch", "onnx", "onnx-int8"] = Field(
+        "torch", description="torch | onnx (classifier.onnx, fp32) | onnx-int8 "
+        "(classifier.int8.onnx, built by export and register; see int8_fallback)")
+    int8_fallback: Literal["fp32", "refuse"] = Field(
+        "fp32", description="onnx-int8, for a version without an int8 file this CPU can "
+        "serve: fp32 = serve its classifier.onnx, refuse = do not load it (predictions 503)")
     device: str = Field("auto", description="auto | cpu | cuda | cuda:N")
     precision: Literal["auto", "fp32", "bf16", "fp16"] = "auto"
     torch_threads: int | None = Field(None, ge=1)
@@ -125,3 +133,17 @@ class Settings(BaseSettings):
         if self.database_url:
             return self.database_url
         return f"sqlite:///{(self.home / 'privbert.db').resolve()}"
+
+
+def settings_error(exc: ValueError) -> str:
+    """One line for a pydantic ValidationError of :class:`Settings`: each variable and what
+    is wrong with it (the value is repeated, except for keys)."""
+    errors = getattr(exc, "errors", None)
+    if errors is None:
+        return str(exc)
+    parts = []
+    for e in errors():
+        field = "_".join(str(x) for x in e.get("loc", ())) or "settings"
+        got = "" if "key" in field or "input" not in e else f" (got {e['input']!r})"
+        parts.append(f"PRIVBERT_{field.upper()}: {e.get('msg', 'invalid')}{got}")
+    return "invalid settings: " + "; ".join(parts)

@@ -442,12 +442,14 @@ def run_attack(args) -> int:
 # -- export ----------------------------------------------------------------------------------
 def run_export(args) -> int:
     from models.export import export_bundle, export_classifier_onnx
+    from models.version_folder import INT8_FILE
 
     if args.onnx:
         if args.model is None:
             raise ValueError("--onnx needs --model DIR (a trained model version)")
         path = export_classifier_onnx(args.model)
         print(f"classifier={path}")
+        print(f"classifier_int8={path.with_name(INT8_FILE)}")
         return 0
     if args.out is None:
         raise ValueError("export-bundle needs --out DIR (or --onnx --model DIR)")

@@ -9,7 +9,8 @@ difference <= 1e-4), each sentence alone in torch and padded in a batch in ONNX.
 
 Classifier: the ``forward`` of the trained module, inputs named as the keys of
 :func:`models.data.collate`, output ``logits`` [batch, C], written as ``classifier.onnx``
-into the model folder; :class:`OnnxClassifier` serves it on CPU.
+into the model folder, and its int8 version ``classifier.int8.onnx`` (``models.quantize``);
+:class:`OnnxClassifier` serves either on CPU.
 """
 
 from __future__ import annotations
@@ -181,9 +182,12 @@ def export_bundle(out_dir: str | os.PathLike, model_dir: str | os.PathLike | Non
 
 
 # -- classifiers -----------------------------------------------------------------------------
-def export_classifier_onnx(model_dir: str | os.PathLike, seed: int = 0) -> Path:
+def export_classifier_onnx(model_dir: str | os.PathLike, seed: int = 0, int8: bool = True
+                           ) -> Path:
     """Write ``classifier.onnx`` into a trained model folder; checked against torch on random
-    payload-shaped batches (max |logit difference| <= 1e-4). Returns its path."""
+    payload-shaped batches (max |logit difference| <= 1e-4); with ``int8`` also
+    ``classifier.int8.onnx`` (``models.quantize.quantize_classifier``). Returns the fp32
+    file's path."""
     from models.data import collate
     from models.registry import CONFIG_FILE, ONNX_FILE, load_model
 
@@ -219,4 +223,8 @@ def export_classifier_onnx(model_dir: str | os.PathLike, seed: int = 0) -> Path:
     tmp_cfg = cfg_path.with_name(f".{CONFIG_FILE}.tmp")
     tmp_cfg.write_text(json.dumps(cfg, indent=2, sort_keys=True) + "\n")
     os.replace(tmp_cfg, cfg_path)
+    if int8:
+        from models.quantize import quantize_classifier
+
+        quantize_classifier(model_dir)
     return path

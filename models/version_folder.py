@@ -16,6 +16,7 @@ FORMAT_VERSION = 1
 CONFIG_FILE, WEIGHTS_FILE, METRICS_FILE, DATA_FILE = (
     "config.json", "model.safetensors", "metrics.json", "data.json")
 ONNX_FILE = "classifier.onnx"
+INT8_FILE = "classifier.int8.onnx"  # models.quantize
 
 
 def read_config(path: str | os.PathLike) -> dict:

@@ -150,10 +150,10 @@ def run(job: dict, files: AttemptFiles, dist_ctx=None) -> dict | None:
         return None
     if files.cancelled():
         raise TrainingCancelled("cancelled after training")
-    if settings.backend == "onnx":  # what the onnx backend (the serve image) serves
+    if settings.backend in ("onnx", "onnx-int8"):  # what the serve image serves
         from models.export import export_classifier_onnx
 
-        progress.update(force=True, phase="exporting classifier.onnx")
+        progress.update(force=True, phase="exporting classifier.onnx and its int8 version")
         export_classifier_onnx(files.output)
     progress.update(force=True, phase="evaluating on test", step=total)
     new_acc = cur_acc = cur_error = None

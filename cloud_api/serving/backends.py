@@ -7,6 +7,11 @@ class probabilities (N, C) float32, in input order.
 * :class:`OnnxBackend` — ``models.onnx_classifier.OnnxClassifier`` over the version's
   ``classifier.onnx`` (CPU). It imports no torch (neither does this module), so that the
   serve image carries none: torch is imported only when the torch backend is chosen.
+* ``onnx-int8`` — the same over ``classifier.int8.onnx`` (``models.quantize``), loaded only
+  when it was made from this version's ``classifier.onnx`` and this CPU's integer kernel
+  is exact on its weights (``OnnxClassifier``'s checks). A version without such a file is
+  served by its ``classifier.onnx`` or refused, as ``PRIVBERT_INT8_FALLBACK`` says; a file
+  made from another version's ONNX file is always refused.
 
 Both run one warm-up forward when loaded, so a loaded backend is a warmed one. A backend is
 not safe for concurrent forwards: the batcher calls :meth:`Backend.forward` from one thread
@@ -37,6 +42,7 @@ class Backend(Protocol):
     config: dict
     metrics: dict
     path: Path
+    overhead_tokens: float  # a forward's fixed cost in padded tokens (the batcher's split)
 
     def forward(self, payloads: Sequence) -> np.ndarray:
         """Probabilities (N, C) float32 for checked payloads, in input order."""
@@ -79,6 +85,7 @@ class TorchBackend:
     """A version folder served by torch."""
 
     name = "torch"
+    overhead_tokens = 32.0  # MiniLM, one thread (bench/serve.py --padding)
 
     def __init__(self, path: str | os.PathLike, settings: Settings):
         import torch
@@ -126,30 +133,47 @@ class TorchBackend:
             self._torch.cuda.empty_cache()
 
 
+class Int8Unavailable(BackendError):
+    """No int8 file this CPU can serve for a version (missing, or its weights would
+    saturate this CPU's kernel): PRIVBERT_INT8_FALLBACK decides."""
+
+
 class OnnxBackend:
-    """A version folder served by onnxruntime (its ``classifier.onnx``, CPU)."""
+    """A version folder served by onnxruntime (its ``classifier.onnx``, or with ``int8``
+    its ``classifier.int8.onnx``; CPU)."""
 
-    name = "onnx"
-
-    def __init__(self, path: str | os.PathLike, settings: Settings):
-        from models.onnx_classifier import OnnxClassifier
-        from models.version_folder import METRICS_FILE, ONNX_FILE, read_config
+    def __init__(self, path: str | os.PathLike, settings: Settings, int8: bool = False):
+        from models.onnx_classifier import Int8Refused, OnnxClassifier
+        from models.version_folder import INT8_FILE, METRICS_FILE, ONNX_FILE, read_config
 
         self.path = Path(path)
+        self.name = "onnx-int8" if int8 else "onnx"
+        self.overhead_tokens = 6.0 if int8 else 8.0  # MiniLM, one thread (--padding)
         try:
             read_config(self.path)
         except ValueError as exc:
             raise BackendError(str(exc)) from None
-        if not (self.path / ONNX_FILE).is_file():
+        file = self.path / (INT8_FILE if int8 else ONNX_FILE)
+        if int8 and not file.is_file():
+            raise Int8Unavailable(f"version {self.path.name} has no {INT8_FILE} for the "
+                                  f"onnx-int8 backend (cloud-api export-bundle --onnx --model "
+                                  f"DIR, or cloud-api models register, builds it)")
+        if not file.is_file():
             raise BackendError(f"{self.path}: no {ONNX_FILE} for the onnx backend (export it "
                                f"with models.export.export_classifier_onnx, or serve with "
                                f"PRIVBERT_BACKEND=torch)")
         try:
             # one session, built with the thread count (PRIVBERT_TORCH_THREADS) if set
-            self.classifier = OnnxClassifier(self.path, threads=settings.torch_threads)
+            self.classifier = OnnxClassifier(self.path, threads=settings.torch_threads,
+                                             int8=int8)
+        except Int8Refused as exc:
+            if "saturates" in str(exc):
+                raise Int8Unavailable(str(exc)) from None
+            raise BackendError(str(exc)) from None
         except Exception as exc:  # onnxruntime raises its own exception types
-            raise BackendError(f"{self.path / ONNX_FILE}: cannot be loaded "
-                               f"({type(exc).__name__}: {exc})") from None
+            raise BackendError(f"{file}: cannot be loaded ({type(exc).__name__}: "
+                               f"{exc})") from None
+        self.kernel = self.classifier.kernel  # the int8 kernel check (None for fp32)
         self.config = self.classifier.config
         mpath = self.path / METRICS_FILE
         import json
@@ -168,6 +192,14 @@ def load_backend(path: str | os.PathLike, settings: Settings) -> Backend:
     """The backend ``settings.backend`` over the version folder ``path`` (loaded and warmed).
 
     BackendError says why a folder cannot be served."""
+    if settings.backend == "onnx-int8":
+        try:
+            return OnnxBackend(path, settings, int8=True)
+        except Int8Unavailable as exc:
+            if settings.int8_fallback != "fp32":
+                raise BackendError(f"{exc} (PRIVBERT_INT8_FALLBACK=refuse)") from None
+            log.warning("serving %s with the fp32 onnx backend: %s", path, exc)
+            return OnnxBackend(path, settings)
     if settings.backend == "onnx":
         return OnnxBackend(path, settings)
     return TorchBackend(path, settings)

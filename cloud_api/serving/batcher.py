@@ -23,6 +23,15 @@ event loop:
 A full queue refuses a request with :class:`~cloud_api.errors.Overloaded` (429). A request
 of several payloads resolves when all of them are done, in input order. :meth:`drain`
 finishes everything queued, then stops the collector and the thread.
+
+Idle (``inline_when_idle``): a one-payload request that finds nothing queued, nothing
+running and no recent load runs its forward at once on the event loop's thread, as a
+serial server would: the hand-off to an inference thread and back cost a lone client more
+than all of the service's checks (``bench/serve.py``, bench/RESULTS.md). The loop is
+blocked for that one forward, so a client arriving meanwhile is read when it ends; to see
+such company, every :data:`INLINE_PROBE_EVERY`-th idle request goes through the queue and
+the thread all the same (the loop stays free during its forward): a request arriving then
+raises the recent load, and the batcher stays on the thread until the load has decayed.
 """
 
 from __future__ import annotations
@@ -91,6 +100,7 @@ Forward = Callable[[Sequence], np.ndarray]
 
 
 FORWARD_OVERHEAD_TOKENS = 32
+INLINE_PROBE_EVERY = 16  # one idle request in this many takes the thread (module docstring)
 
 
 def best_groups(lengths: Sequence[int], max_size: int, max_tokens: int,
@@ -102,10 +112,11 @@ def best_groups(lengths: Sequence[int], max_size: int, max_tokens: int,
 
     On CPU the padded tokens dominate: on the MiniLM classifier (one thread) 16 SST-2
     payloads in arrival order pad to 35 tokens each and cost 11.3 CPU ms per payload, 16
-    neighbours in length pad to 15 and cost 5.0 ms; a forward's fixed cost is about 34
-    padded tokens with torch and 4 with onnxruntime (``python bench/serve.py --padding
-    --threads 1``, bench/RESULTS.md). So a long payload waits for its own batch rather
-    than pad many short ones, and short ones still share a forward."""
+    neighbours in length pad to 15 and cost 5.0 ms; a forward's fixed cost is about 32
+    padded tokens with torch, 8 with onnxruntime fp32 and 6 int8 (each backend's
+    ``overhead_tokens``; ``python bench/serve.py --padding --threads 1``,
+    bench/RESULTS.md). So a long payload waits for its own batch rather than pad many
+    short ones, and short ones still share a forward."""
     k = len(lengths)
     best = [0.0] + [math.inf] * k
     cut = [0] * (k + 1)
@@ -135,7 +146,9 @@ class Batcher:
     def __init__(self, forward: Forward | Sequence[Forward], *, model_id: str,
                  version: str, max_batch_size: int = 32, max_batch_tokens: int = 16384,
                  max_wait_ms: float = 5.0, max_queue_size: int = 2048,
-                 queue_timeout_s: float = 30.0, executor: ThreadPoolExecutor | None = None):
+                 queue_timeout_s: float = 30.0, executor: ThreadPoolExecutor | None = None,
+                 inline_when_idle: bool = False,
+                 overhead_tokens: float = FORWARD_OVERHEAD_TOKENS):
         self._forwards: list[Forward] = list(forward) if isinstance(forward, list | tuple) \
             else [forward]
         self.model_id, self.version = model_id, version
@@ -144,6 +157,10 @@ class Batcher:
         self.max_wait = max(0.0, float(max_wait_ms)) / 1000.0
         self.max_queue_size = max(1, int(max_queue_size))
         self.queue_timeout = float(queue_timeout_s)
+        self.inline_when_idle = inline_when_idle
+        self.overhead_tokens = float(overhead_tokens)  # a forward's fixed cost (best_groups)
+        self._inline_run = 0  # idle requests run inline in a row (the probe's counter)
+        self.inline = 0  # forwards run inline (tests and logs)
         self._own_executor = executor is None
         self._executors = [executor or ThreadPoolExecutor(
             max_workers=1, thread_name_prefix=f"infer-{model_id}-{version}-{w}")
@@ -235,6 +252,8 @@ class Batcher:
         only place a queue timeout happens); one already in a batch gets its answer.
         Cancelling the caller cancels the request's future at once, so a batch formed
         afterwards leaves it out."""
+        if self._idle_for(payloads):
+            return self._run_inline(payloads)
         req = self._submit(payloads, is_disconnected)
         timer = asyncio.get_running_loop().call_later(self.queue_timeout, self._time_out, req)
         try:
@@ -246,6 +265,48 @@ class Batcher:
             timer.cancel()
 
     # -- internals --------------------------------------------------------------------------
+    def _idle_for(self, payloads: Sequence) -> bool:
+        """Whether ``payloads`` run inline (module docstring): one payload, nothing queued or
+        running (``_in_forward`` counts a batch from its dispatch until its forward has
+        returned, so no replica is in use), the recent load about one, and not the
+        probe's turn."""
+        if not (self.inline_when_idle and len(payloads) == 1 and not self._items
+                and not self._in_forward and not self._closing and self._load < 1.5):
+            self._inline_run = 0
+            return False
+        self._inline_run += 1
+        if self._inline_run >= INLINE_PROBE_EVERY:
+            self._inline_run = 0
+            return False
+        return True
+
+    def _run_inline(self, payloads: Sequence) -> np.ndarray:
+        """One forward of ``payloads`` on this thread (worker 0's replica; every worker is
+        free and the loop runs nothing else meanwhile)."""
+        self._load = max(1.0, 0.8 * self._load)
+        self._queue_seconds.observe(0.0)
+        t0 = time.perf_counter()
+        try:
+            probs = self._forwards[0](payloads)
+        except Exception as exc:
+            log.exception("inference failed for model %s %s (batch of %d)", self.model_id,
+                          self.version, len(payloads))
+            raise InferenceFailed(f"model {self.model_id} {self.version} failed on a batch "
+                                  f"({type(exc).__name__})") from None
+        self._finished(payloads, time.perf_counter() - t0,
+                       max(payload_length(p) for p in payloads))
+        self.inline += 1
+        return np.asarray(probs, dtype=np.float32)
+
+    def _finished(self, batch: Sequence, took: float, longest: int) -> None:
+        """Counters and metrics of one forward of ``batch`` that took ``took`` seconds."""
+        self._per_payload_s = 0.8 * self._per_payload_s + 0.2 * took / len(batch)
+        self.batches += 1
+        self.largest_batch = max(self.largest_batch, len(batch))
+        self._forward_seconds.observe(took)
+        self._batch_size.observe(len(batch))
+        self._batch_tokens.observe(len(batch) * longest)
+
     def _timeout_error(self) -> Unavailable:
         return Unavailable(f"model {self.model_id} is busy: the request waited "
                            f"{self.queue_timeout:g} s in the queue",
@@ -296,7 +357,7 @@ class Batcher:
         window = min(len(items), 2 * self.max_batch_size)
         order = sorted(range(window), key=lambda i: items[i].length)
         groups = best_groups([items[i].length for i in order], self.max_batch_size,
-                             self.max_batch_tokens)
+                             self.max_batch_tokens, self.overhead_tokens)
         pos = order.index(0)
         i, j = next((i, j) for i, j in groups if i <= pos < j)
         chosen = order[i:j]
@@ -350,6 +411,7 @@ class Batcher:
                     continue
                 for it in batch:
                     it.request.started = True  # too late to time out from here on
+                self._in_forward += len(batch)  # now, not when the task starts: _idle_for
                 task = asyncio.get_running_loop().create_task(self._run_batch(worker, batch))
                 self._running.add(task)
                 task.add_done_callback(functools.partial(self._batch_done, worker))
@@ -368,13 +430,12 @@ class Batcher:
 
     async def _run_batch(self, worker: int, batch: list[_Item]) -> None:
         loop = asyncio.get_running_loop()
-        now = time.monotonic()
-        for it in batch:
-            self._queue_seconds.observe(now - it.request.enqueued)
-        payloads = [it.payload for it in batch]
-        t0 = time.perf_counter()
-        self._in_forward += len(batch)
         try:
+            now = time.monotonic()
+            for it in batch:
+                self._queue_seconds.observe(now - it.request.enqueued)
+            payloads = [it.payload for it in batch]
+            t0 = time.perf_counter()
             probs = await loop.run_in_executor(self._executors[worker], self._forwards[worker],
                                                payloads)
         except Exception as exc:
@@ -388,13 +449,7 @@ class Batcher:
             return
         finally:
             self._in_forward -= len(batch)
-        took = time.perf_counter() - t0
-        self._per_payload_s = 0.8 * self._per_payload_s + 0.2 * took / len(batch)
-        self.batches += 1
-        self.largest_batch = max(self.largest_batch, len(batch))
-        self._forward_seconds.observe(took)
-        self._batch_size.observe(len(batch))
-        self._batch_tokens.observe(len(batch) * max(it.length for it in batch))
+        self._finished(batch, time.perf_counter() - t0, max(it.length for it in batch))
         for row, it in zip(probs, batch, strict=True):
             req = it.request
             if req.future.done():

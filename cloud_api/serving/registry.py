@@ -196,7 +196,8 @@ class ServingRegistry:
             return served
         failed = self._failed.get(model_id)
         if failed is not None and not self._stopping:
-            raise Unavailable(f"model {model_id} is not loaded ({failed[0]} failed to load)",
+            raise Unavailable(f"model {model_id} is not loaded ({failed[0]} failed to load: "
+                              f"{failed[1]})",
                               retry_after=max(1.0, self.settings.reload_interval_s))
         if self._stopping:
             raise Unavailable("the server is shutting down", retry_after=1)
@@ -317,7 +318,8 @@ class ServingRegistry:
             [b.forward for b in served.backends], model_id=model_id, version=version,
             max_batch_size=s.max_batch_size, max_batch_tokens=s.max_batch_tokens,
             max_wait_ms=s.max_wait_ms, max_queue_size=s.max_queue_size,
-            queue_timeout_s=s.queue_timeout_s).start()
+            queue_timeout_s=s.queue_timeout_s, inline_when_idle=s.inline_when_idle,
+            overhead_tokens=served.backend.overhead_tokens).start()
         return served
 
     def _load_sync(self, model_id: str, version: str) -> Served:

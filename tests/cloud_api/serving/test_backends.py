@@ -77,3 +77,44 @@ def test_a_folder_that_is_not_a_model_is_a_backend_error(tmp_path):
     (tmp_path / "v1").mkdir()
     with pytest.raises(BackendError, match="not a model folder"):
         load_backend(tmp_path / "v1", settings_for(ModelHome(tmp_path)))
+
+
+# -- onnx-int8 --------------------------------------------------------------------------------
+def test_int8_backend_and_its_fallback(onnx_version, records, tmp_path):
+    """The export wrote the int8 file: served as onnx-int8, near the fp32 answers; without
+    it, PRIVBERT_INT8_FALLBACK=fp32 serves classifier.onnx and =refuse does not load."""
+    home = ModelHome(tmp_path)
+    payloads = [r.payload for r in records[:8]]
+    int8 = load_backend(onnx_version, settings_for(home, backend="onnx-int8", torch_threads=1))
+    fp32 = load_backend(onnx_version, settings_for(home, backend="onnx", torch_threads=1))
+    assert (int8.name, fp32.name) == ("onnx-int8", "onnx")
+    assert int8.kernel["exact"] and int8.kernel["scheme"]["reduce_range"]
+    # tolerance: 7-bit weights on the tiny model move probabilities by about 1e-3
+    assert float(np.abs(int8.forward(payloads) - fp32.forward(payloads)).max()) <= 0.05
+    bare = tmp_path / "bare"
+    shutil.copytree(onnx_version, bare)
+    (bare / "classifier.int8.onnx").unlink()
+    assert load_backend(bare, settings_for(home, backend="onnx-int8")).name == "onnx"
+    with pytest.raises(BackendError, match="has no classifier.int8.onnx.*INT8_FALLBACK=refuse"):
+        load_backend(bare, settings_for(home, backend="onnx-int8", int8_fallback="refuse"))
+
+
+def test_int8_file_with_8_bit_weights_loads_only_where_the_kernel_is_exact(onnx_version,
+                                                                            tmp_path):
+    """Which integer kernel runs is probed, not assumed: 8-bit s8 weights saturate MLAS's
+    u8 x s8 kernel on x86 without VNNI, and such a file is then not served."""
+    from models.onnx_classifier import int8_kernel_check
+    from models.quantize import QuantScheme, quantize_classifier
+
+    home = ModelHome(tmp_path)
+    folder = tmp_path / "v8"
+    shutil.copytree(onnx_version, folder)
+    quantize_classifier(folder, QuantScheme(reduce_range=False))
+    exact = int8_kernel_check("s8", 127)["exact"]
+    refuse = settings_for(home, backend="onnx-int8", int8_fallback="refuse")
+    if exact:
+        assert load_backend(folder, refuse).kernel["weight_max"] == 127
+    else:
+        with pytest.raises(BackendError, match="saturates on its weights"):
+            load_backend(folder, refuse)
+        assert load_backend(folder, settings_for(home, backend="onnx-int8")).name == "onnx"

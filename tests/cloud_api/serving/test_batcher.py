@@ -1,5 +1,6 @@
 """The micro-batcher over a real tiny model's forward, gated where a test needs the model
-busy: queue bound, queue timeout, dropped clients, length buckets, token budget, order."""
+busy: queue bound, queue timeout, dropped clients, length buckets, token budget and the
+backend's forward overhead, order, idle requests run inline."""
 
 from __future__ import annotations
 
@@ -301,3 +302,114 @@ def test_a_failing_forward_fails_its_requests_not_the_batcher(backend, records):
     assert err.status == 500 and "RuntimeError" in err.detail and "memory" not in err.detail
     assert left == 0 and calls == [2, 1]
     assert ok.shape == (1, 2)
+
+
+# -- idle requests inline, and the backend's forward overhead -----------------------------------
+class Recording:
+    """The real forward; records which thread ran each batch and its size."""
+
+    def __init__(self, backend: TorchBackend):
+        self.backend = backend
+        self.calls: list[tuple[str, int]] = []
+
+    def __call__(self, payloads):
+        self.calls.append((threading.current_thread().name, len(payloads)))
+        return self.backend.forward(payloads)
+
+
+def test_lone_requests_run_inline_and_every_16th_probes_the_thread(backend, records):
+    from cloud_api.serving.batcher import INLINE_PROBE_EVERY
+
+    rec = Recording(backend)
+
+    async def main():
+        b = make(rec, inline_when_idle=True)
+        got = [await b.run([r.payload]) for r in records[:2 * INLINE_PROBE_EVERY]]
+        several = await b.run([r.payload for r in records[:3]])  # never inline
+        await b.drain()
+        return b, np.concatenate(got), several
+
+    b, got, several = run(main())
+    loop_thread = threading.current_thread().name
+    on_loop = [i for i, (t, _) in enumerate(rec.calls) if t == loop_thread]
+    assert b.inline == len(on_loop) == 2 * (INLINE_PROBE_EVERY - 1)
+    assert [i for i in range(2 * INLINE_PROBE_EVERY) if i not in on_loop] == [
+        INLINE_PROBE_EVERY - 1, 2 * INLINE_PROBE_EVERY - 1]  # the probes took the thread
+    assert rec.calls[-1][0] != loop_thread and rec.calls[-1][1] == 3
+    want = np.concatenate([backend.forward([r.payload]) for r in records[:2 * INLINE_PROBE_EVERY]])
+    np.testing.assert_allclose(got, want, atol=1e-5)
+    np.testing.assert_allclose(several, backend.forward([r.payload for r in records[:3]]),
+                               atol=1e-5)
+
+
+def test_company_seen_by_a_probe_keeps_requests_on_the_thread(backend, records):
+    """A request arriving while a probe's forward runs on the thread raises the recent
+    load: the requests after it are batched on the thread, until the load decays."""
+    from cloud_api.serving.batcher import INLINE_PROBE_EVERY
+
+    gated = Gated(backend)
+    gated.gate.set()
+
+    async def main():
+        b = make(gated, inline_when_idle=True)
+        for r in records[:INLINE_PROBE_EVERY - 1]:
+            await b.run([r.payload])
+        inline_before = b.inline
+        gated.gate.clear()
+        probe = asyncio.create_task(b.run([records[0].payload]))
+        await gated.busy()
+        company = [asyncio.create_task(b.run([r.payload])) for r in records[1:5]]
+        await until(lambda: b.queued == 4, "company queued")
+        gated.gate.set()
+        await asyncio.gather(probe, *company)
+        after = b.inline
+        for r in records[5:9]:  # the load (5 at its peak) decays by a fifth a batch
+            await b.run([r.payload])
+        await b.drain()
+        return inline_before, after, b.inline
+
+    inline_before, after, last = run(main())
+    assert inline_before == INLINE_PROBE_EVERY - 1 and after == inline_before
+    assert last - after < 4  # some of the next lone requests still took the thread
+
+
+def test_a_failing_inline_forward_is_inference_failed(backend, records):
+    from cloud_api.errors import InferenceFailed
+
+    def broken(payloads):
+        raise RuntimeError("bad input shape")
+
+    async def main():
+        b = make(broken, inline_when_idle=True)
+        with pytest.raises(InferenceFailed, match="RuntimeError"):
+            await b.run([records[0].payload])
+        await b.drain()
+        return b.inline
+
+    assert run(main()) == 0
+
+
+def test_the_forward_overhead_sets_how_finely_lengths_are_split(backend, bundle):
+    """A token budget per forward and the backend's fixed cost per forward: with torch's
+    (32 padded tokens) the short and middling payloads share one forward; with the int8
+    backend's (6) the short ones go without the padding the middling ones would add."""
+    from cloud_api.serving.batcher import best_groups
+
+    lengths = [6, 6, 7, 7, 12, 13]
+    assert best_groups(lengths, 32, 16384, 32.0) == [(0, 6)]
+    assert best_groups(lengths, 32, 16384, 6.0) == [(0, 4), (4, 6)]
+    gated = Gated(backend)
+
+    async def main():
+        b = make(gated, overhead_tokens=6.0)
+        first = asyncio.create_task(b.run([payload_of_length(bundle, 10)]))
+        await gated.busy()
+        tasks = [asyncio.create_task(b.run([payload_of_length(bundle, n - 2)]))
+                 for n in lengths]
+        await until(lambda: b.queued == len(lengths), "every payload queued")
+        gated.gate.set()
+        await asyncio.gather(first, *tasks)
+        await b.drain()
+
+    run(main())
+    assert gated.batches[1:] == [[6, 6, 7, 7], [12, 13]]

@@ -1,0 +1,184 @@
+"""Where a predict's CPU goes outside the forward: the service's ASGI app driven in this
+process (no HTTP server, no sockets), one request at a time or 32 at once, against the naive
+app of ``bench/serve.py`` on the same model, payloads and requests, with the service's
+hot-path changes of issue 18 switched off one at a time:
+
+* ``fast path off``: predict through FastAPI's router and dependency solving again;
+* ``inline off``: a lone request's forward handed to the inference thread and back;
+* ``python-json-logger``: the access line formatted by python-json-logger, as before.
+
+Each variant's CPU per request (``getrusage``: every thread of this process) is the median
+of ``--rounds`` turns of ``--requests`` requests, the variants taking turns, so the other
+jobs of a shared machine weigh on all alike. CPU time, unlike wall time, hardly moves with
+the machine's load.
+
+    python bench/predict_cpu.py [--model DIR] [--concurrency 1 32]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import resource
+import statistics
+import sys
+from contextlib import AsyncExitStack, contextmanager
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from bench.common import REPO, machine, table  # noqa: E402
+from bench.serve import API_KEY, MODEL_ID, naive_app, prepare, request_bodies  # noqa: E402
+
+
+def cpu() -> float:
+    r = resource.getrusage(resource.RUSAGE_SELF)
+    return r.ru_utime + r.ru_stime
+
+
+async def drive(app, bodies: list[bytes], n: int, concurrency: int) -> float:
+    """CPU seconds per request of ``n`` predict requests, ``concurrency`` at a time."""
+    path = f"/v1/models/{MODEL_ID}/predict"
+
+    class Cycle:  # what uvicorn's request cycle offers: the body, then a disconnect flag
+        def __init__(self, body: bytes):
+            self.body, self.sent, self.disconnected = body, False, False
+
+        async def receive(self):
+            if not self.sent:
+                self.sent = True
+                return {"type": "http.request", "body": self.body, "more_body": False}
+            await asyncio.Event().wait()
+
+    async def one(body: bytes) -> None:
+        scope = {"type": "http", "asgi": {"version": "3.0"}, "http_version": "1.1",
+                 "method": "POST", "scheme": "http", "path": path, "raw_path": path.encode(),
+                 "query_string": b"", "root_path": "", "server": ("127.0.0.1", 8000),
+                 "client": ("127.0.0.1", 5000), "headers": [
+                     (b"host", b"127.0.0.1:8000"),
+                     (b"authorization", f"Bearer {API_KEY}".encode()),
+                     (b"content-type", b"application/json"),
+                     (b"content-length", str(len(body)).encode())]}
+        status = []
+
+        async def send(message):
+            if message["type"] == "http.response.start":
+                status.append(message["status"])
+
+        await app(scope, Cycle(body).receive, send)
+        assert status == [200], status
+
+    async def client(k: int) -> None:
+        for i in range(k, n, concurrency):
+            await one(bodies[i % len(bodies)])
+
+    c0 = cpu()
+    await asyncio.gather(*(client(k) for k in range(concurrency)))
+    return (cpu() - c0) / n
+
+
+@contextmanager
+def no_fast_path(on: bool):
+    """Build the app with predict through FastAPI's router (``on``)."""
+    from cloud_api.routes import inference
+
+    saved = inference.predict_route
+    if on:
+        inference.predict_route = lambda scope: None
+    try:
+        yield
+    finally:
+        inference.predict_route = saved
+
+
+def formatter(name: str):
+    """The access log's formatter of variant ``name``: python-json-logger's (as before
+    issue 18) or the service's own."""
+    from cloud_api import logs
+
+    if name != "python-json-logger":
+        return logs.json_formatter()
+    from pythonjsonlogger.json import JsonFormatter
+
+    return JsonFormatter("%(asctime)s %(levelname)s %(name)s %(message)s", timestamp=False,
+                         rename_fields={"asctime": "time", "levelname": "level",
+                                        "name": "logger"}, datefmt=logs.DATEFMT)
+
+
+async def main_async(args, model: Path, home: Path, bodies: list[bytes]) -> list[list]:
+    import logging
+
+    from cloud_api import logs
+    from cloud_api.app import create_app
+    from cloud_api.settings import Settings
+
+    names = ["cloud-api serve", "fast path off", "inline off", "python-json-logger",
+             "naive (serial)"]
+    try:
+        import pythonjsonlogger  # noqa: F401  (no longer a dependency of the service)
+    except ImportError:
+        names.remove("python-json-logger")
+    logs.configure("INFO", True)  # the service's access log (INFO), written to /dev/null
+    handler = logging.getLogger().handlers[0]
+    sink = open(os.devnull, "w")  # noqa: SIM115 (closed below)
+    handler.setStream(sink)
+    apps = {}
+    async with AsyncExitStack() as stack:
+        stack.callback(sink.close)
+        for name in names:
+            if name.startswith("naive"):
+                apps[name] = naive_app(str(model), args.backend, "serial", args.threads)
+                continue
+            with no_fast_path(name == "fast path off"):
+                app = create_app(Settings(
+                    home=home, api_keys=API_KEY, admin_keys=API_KEY + "-admin",
+                    backend=args.backend, torch_threads=args.threads, worker_in_serve=False,
+                    rate_limit_per_key=0, inline_when_idle=name != "inline off"))
+            await stack.enter_async_context(app.router.lifespan_context(app))
+            apps[name] = app
+        rows = []
+        for c in args.concurrency:
+            got: dict[str, list[float]] = {n: [] for n in names}
+            for name in names:  # warm-up
+                handler.setFormatter(formatter(name))
+                await drive(apps[name], bodies, 32, c)
+            for rnd in range(args.rounds):
+                for name in names[rnd % len(names):] + names[: rnd % len(names)]:
+                    handler.setFormatter(formatter(name))
+                    got[name].append(await drive(apps[name], bodies, args.requests, c))
+            base = statistics.median(got["naive (serial)"])
+            for name in names:
+                med = statistics.median(got[name])
+                rows.append([c, name, f"{med * 1e3:.3f}", f"{(med - base) * 1e3:+.3f}"])
+                print(f"  c={c:<3d} {name:20s} {med * 1e3:7.3f} CPU ms/request "
+                      f"({(med - base) * 1e3:+.3f} against naive serial) load "
+                      f"{os.getloadavg()[0]:.2f}", flush=True)
+    return rows
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--work", type=Path, default=REPO / "var" / "bench" / "serve")
+    ap.add_argument("--rows", type=int, default=300)
+    ap.add_argument("--model", type=Path)
+    ap.add_argument("--backend", default="onnx-int8")
+    ap.add_argument("--threads", type=int, default=1)
+    ap.add_argument("--concurrency", nargs="+", type=int, default=[1, 32])
+    ap.add_argument("--requests", type=int, default=200, help="requests per turn")
+    ap.add_argument("--rounds", type=int, default=7)
+    args = ap.parse_args()
+    print(f"machine: {machine()}", flush=True)
+    print(f"load average at start: {os.getloadavg()[0]:.2f}; backend {args.backend}, "
+          f"threads {args.threads}", flush=True)
+    model, home = prepare(args.work, args.rows, args.model)
+    bodies = request_bodies(512, model)
+    rows = asyncio.run(main_async(args, model, home, bodies))
+    print()
+    print(table(["conc.", "app", "CPU ms/request", "vs naive serial"], rows))
+    print(f"load average at end: {os.getloadavg()[0]:.2f}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
