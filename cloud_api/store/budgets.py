@@ -25,10 +25,11 @@ import re
 from dataclasses import dataclass
 from datetime import UTC, datetime
 
-from sqlalchemy import Connection, and_, bindparam, or_, select, update
+from sqlalchemy import Connection, and_, bindparam, func, or_, select, true, update
 from sqlalchemy.dialects import postgresql, sqlite
 
 from cloud_api.errors import InvalidRequest, NotFound, ServiceError
+from cloud_api.store import bulk
 from cloud_api.store.db import Database
 from cloud_api.store.tables import BUDGET_FAMILY_COLUMNS, budgets
 from shared import ledger
@@ -124,6 +125,20 @@ def _update(family: str):
 _UPDATES = {family: _update(family) for family in BUDGET_FAMILY_COLUMNS}
 
 
+def _update_with_ids(family: str):
+    """PostgreSQL: ``family``'s check-and-charge as a data-modifying CTE beside ``n`` new
+    record ids (bound parameter n), one row per id: ``spent`` and ``cap`` of the charged
+    ledger, or NULL spent when the UPDATE matched nothing (over the cap, or no row yet)."""
+    charged = _UPDATES[family].cte("charged")
+    series = func.generate_series(1, bindparam("n")).table_valued("i").alias("series")
+    new_id = func.nextval(func.pg_get_serial_sequence("records", "id"))
+    return (select(new_id.label("id"), charged.c.spent, charged.c.cap)
+            .select_from(series.outerjoin(charged, true())))
+
+
+_UPDATES_WITH_IDS = {family: _update_with_ids(family) for family in BUDGET_FAMILY_COLUMNS}
+
+
 def _row_of(key_id: str, device_id: str):
     return and_(budgets.c.key_id == key_id, budgets.c.device_id == device_id)
 
@@ -168,6 +183,28 @@ def charge(conn: Connection, ch: Charge) -> Charged:
         if row is None:
             raise BudgetExhausted(c.epsilon, have.spent, have.cap, ch.key_id, ch.device_id)
     return Charged(row.spent, row.cap, c)
+
+
+def charge_taking_ids(conn: Connection, ch: Charge, n: int) -> tuple[Charged, list[int]]:
+    """:func:`charge` and ``n`` new record ids (:func:`cloud_api.store.bulk.allocate_ids`)
+    in the caller's write transaction. On PostgreSQL the UPDATE rides in the statement that
+    takes the ids, so a charged records request makes no round trip more than an uncharged
+    one (issue 19: the check-and-charge's cost is then its share of that statement).
+
+    Lock order: every records transaction takes its ledger row here, before its
+    Idempotency-Key row, so two twins cannot wait on each other."""
+    if conn.dialect.name != "postgresql" or n == 0:
+        ids = bulk.allocate_ids(conn, n)
+        return charge(conn, ch), ids
+    c = ch.cost
+    conn.execute(bulk.PG_LOCK)  # what allocate_ids takes first, see there
+    rows = conn.execute(_UPDATES_WITH_IDS[c.family], {
+        "k": ch.key_id, "d": ch.device_id, "eps": c.epsilon, "metric": c.metric,
+        "tokens": c.tokens, "sends": c.sends, "now": datetime.now(UTC), "n": n}).all()
+    ids = [int(r.id) for r in rows]
+    if rows[0].spent is None:  # not charged: the first charge of this ledger, or refused
+        return charge(conn, ch), ids
+    return Charged(rows[0].spent, rows[0].cap, c), ids
 
 
 # -- reading and administration ----------------------------------------------------------------

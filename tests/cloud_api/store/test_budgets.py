@@ -147,3 +147,26 @@ def test_a_replay_is_charged_once(db, task, tiny_bundle):
     view = budgets.get_budget(db, "app", set(), None)
     assert view["devices"][0]["sends"] == 2 * len(recs)
     assert view["devices"][0]["spent"] == pytest.approx(2 * cost.epsilon, rel=1e-12)
+
+
+def test_racing_records_requests_never_pass_the_cap(db, task, tiny_bundle):
+    """Six records requests released at once against a cap that admits two: the charge
+    rides in the statement that takes the record ids (PostgreSQL), so exactly two store
+    their rows, under the ids they answered, and the ledger holds exactly their cost."""
+    recs, cost = _records_setup(db, task, tiny_bundle, n=3)
+    budgets.set_cap(db, "racer", cost.epsilon * 2.5, {"racer"}, None)
+    ch = budgets.Charge("racer", "", cost)
+    out = race([lambda: store.add_records(db, task, recs, "racer", charge=ch)
+                for _ in range(6)])
+    ok = [o for o in out if isinstance(o, store.Stored)]
+    assert len(ok) == 2, out
+    assert all(isinstance(o, budgets.BudgetExhausted) for o in out if o not in ok), out
+    assert sorted(o.charged.spent for o in ok) == pytest.approx([cost.epsilon,
+                                                                 2 * cost.epsilon])
+    with db.begin() as conn:
+        stored = sorted(conn.execute(select(records_table.c.id)
+                                     .where(records_table.c.key_id == "racer")).scalars())
+    assert stored == sorted(i for o in ok for i in o.ids)
+    view = budgets.get_budget(db, "racer", set(), None)
+    assert view["spent"] == pytest.approx(2 * cost.epsilon, rel=1e-12)
+    assert view["sends"] == 2 * len(recs)
