@@ -317,6 +317,12 @@ async def closed_loop(port: int, bodies: list[bytes], concurrency: int, seconds:
     return {"lat": lat, "errors": errors, "done": done[0]}
 
 
+def cpu_seconds(pid: int) -> float:
+    """User + system CPU time of process ``pid`` (all its threads) so far."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
 def session_cpu(sid: int) -> float:
     """User + system CPU time so far of every process of session ``sid`` (a server started
     with ``start_new_session``: uvicorn's one process, or Ray's driver, GCS, raylet, proxy

@@ -67,13 +67,13 @@ def counted(cost: Cost, route: str) -> None:
     metrics.PRIVACY_PAYLOADS.labels(family=cost.family, route=route).inc(cost.sends)
 
 
-async def charge_prediction(state, key_id: str, device_id: str | None, model_id: str,
-                            payloads: Sequence) -> budgets.Charged:
-    """Check ``payloads`` against the model, then charge them (BudgetExhausted: 403, the
-    model does not run); returns once the charge is committed."""
+async def price_prediction(state, key_id: str, device_id: str | None, model_id: str,
+                           payloads: Sequence) -> budgets.Charge:
+    """Check ``payloads`` against the model (a mismatched payload is refused, not charged),
+    then price them: the charge to make (422 for a malformed X-Device-Id)."""
     device = budgets.check_device_id(device_id)
     registry = state.registry
-    registry.check(model_id, payloads)  # a mismatched payload is refused, not charged
+    registry.check(model_id, payloads)
     info = registry.info_of(model_id)
     d = None
     if ledger.family_of(info["mechanism"]) == "dchi":
@@ -82,11 +82,24 @@ async def charge_prediction(state, key_id: str, device_id: str | None, model_id:
             d = await asyncio.to_thread(_diameter_sync, state.bundles, info["bundle_id"])
         d = d if d is not None else _from_guarantee(info)
     cost = payloads_cost(info["mechanism"], info["params"], payloads, d)
+    return budgets.Charge(key_id, device, cost, state.settings.default_budget)
+
+
+async def settle_prediction(pending: asyncio.Future, cost: Cost) -> budgets.Charged:
+    """The committed charge of :meth:`ChargeWriter.submit`'s future, with its metrics
+    (BudgetExhausted: 403)."""
     try:
-        charged = await state.charges.charge(budgets.Charge(
-            key_id, device, cost, state.settings.default_budget))
+        charged = await pending
     except budgets.BudgetExhausted:
         metrics.BUDGET_EXHAUSTED.labels(route="predict").inc()
         raise
     counted(cost, "predict")
     return charged
+
+
+async def charge_prediction(state, key_id: str, device_id: str | None, model_id: str,
+                            payloads: Sequence) -> budgets.Charged:
+    """Check ``payloads`` against the model, then charge them (BudgetExhausted: 403);
+    returns once the charge is committed."""
+    ch = await price_prediction(state, key_id, device_id, model_id, payloads)
+    return await settle_prediction(state.charges.submit(ch), ch.cost)

@@ -14,8 +14,8 @@ same order as the FastAPI route declared below (which documents it in OpenAPI an
 it where the middleware is not installed): the key and its rate limit
 (:func:`cloud_api.auth.authenticate`), the model (404), the body (size limit enforced by the
 middleware while it is read), the payload count, each payload, the model's contract, the
-caller's privacy budget (charged before the model runs, :mod:`cloud_api.charging`); its
-errors are the same problem+json answers.
+caller's privacy budget (committed while the model runs, before any answer,
+:mod:`cloud_api.charging`); its errors are the same problem+json answers.
 """
 
 from __future__ import annotations
@@ -33,7 +33,7 @@ from starlette.responses import Response
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from cloud_api.auth import AppCaller, authenticate
-from cloud_api.charging import charge_prediction
+from cloud_api.charging import price_prediction, settle_prediction
 from cloud_api.errors import ServiceError
 from cloud_api.home import ID_PATTERN
 from cloud_api.problems import responses, service_error_response, validation_response
@@ -130,15 +130,32 @@ async def _predict(app_state, key_id: str, device_id: str | None, model_id: str,
     parsed = PredictRequest.model_validate_json(body, context={
         "limits": registry.limits_for(model_id),
         "max_payloads": app_state.settings.max_payloads_per_request})
-    charged = await charge_prediction(app_state, key_id, device_id,  # 403 over the cap
-                                      model_id, parsed.payloads)
-    pred = await registry.predict(model_id, parsed.payloads, is_disconnected=is_disconnected)
+    # The charge commits on the charge writer's thread while the model runs; the answer
+    # waits for both, and a refused charge (403) throws the forward's result away: nothing
+    # over the cap is answered, and a lone request does not wait for a flush and then for
+    # the model (bench/serve.py).
+    ch = await price_prediction(app_state, key_id, device_id, model_id, parsed.payloads)
+    pending = app_state.charges.submit(ch)
+    pending.add_done_callback(_retrieved)
+    try:
+        pred = await registry.predict(model_id, parsed.payloads,
+                                      is_disconnected=is_disconnected)
+    except Exception:
+        await settle_prediction(pending, ch.cost)  # over the cap: that is the answer
+        raise
+    charged = await settle_prediction(pending, ch.cost)
     labels = list(pred.labels)
     best = pred.probs.argmax(axis=1).tolist()
     out = [{"label": labels[b], "scores": dict(zip(labels, row, strict=True))}
            for b, row in zip(best, pred.probs.tolist(), strict=True)]
     return ({"model_id": pred.model_id, "version": pred.version, "predictions": out},
             charged.headers())
+
+
+def _retrieved(fut) -> None:
+    """Marks a charge's outcome as seen when its request went away before awaiting it."""
+    if not fut.cancelled():
+        fut.exception()
 
 
 # -- the fast path ---------------------------------------------------------------------------

@@ -36,7 +36,7 @@ _SQLITE_INSERT = (f"INSERT INTO records ({_COLS}) VALUES "
 _PG_COPY = f"COPY records ({_COLS}) FROM STDIN"
 _SQLITE_NEXT = text("SELECT max(coalesce((SELECT seq FROM sqlite_sequence WHERE name = "
                     "'records'), 0), coalesce((SELECT max(id) FROM records), 0))")
-PG_LOCK = text("LOCK TABLE records IN ROW EXCLUSIVE MODE")
+_PG_LOCK = text("LOCK TABLE records IN ROW EXCLUSIVE MODE")
 _PG_NEXT = text("SELECT nextval(pg_get_serial_sequence('records', 'id')) "
                 "FROM generate_series(1, :n)")
 
@@ -54,7 +54,7 @@ def allocate_ids(conn: Connection, n: int) -> list[int]:
     if conn.dialect.name == "sqlite":
         top = int(conn.execute(_SQLITE_NEXT).scalar_one())
         return list(range(top + 1, top + n + 1))
-    conn.execute(PG_LOCK)  # held to the commit: a watermark waits for these ids
+    conn.execute(_PG_LOCK)  # held to the commit: a watermark waits for these ids
     return [int(i) for i in conn.execute(_PG_NEXT, {"n": n}).scalars()]
 
 

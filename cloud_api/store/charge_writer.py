@@ -6,7 +6,8 @@ busy handler makes concurrent writers sleep in steps of milliseconds. So one thr
 every charge waiting at the time and applies them in one transaction, each with its own
 check (``budgets.charge``: a refused one changes nothing and gets its BudgetExhausted), and
 commits once: the requests of a group share one flush. A request is answered only after
-its group is committed (durable before the model runs on its payloads).
+its group is committed (durable before its answer is sent; the route runs the model
+meanwhile, see ``cloud_api.routes.inference``).
 
     writer = ChargeWriter(db)
     charged = await writer.charge(Charge(key_id, device_id, cost, default_cap))
@@ -38,14 +39,19 @@ class ChargeWriter:
         self._lock = threading.Lock()
         self.groups = 0  # committed groups (tests, metrics)
 
-    async def charge(self, ch: budgets.Charge) -> budgets.Charged:
-        """Charge ``ch``; returns once its group is committed. BudgetExhausted, or
-        Unavailable when the database cannot be written."""
+    def submit(self, ch: budgets.Charge) -> asyncio.Future:
+        """Queue ``ch`` now (from the event loop's thread); the future is settled once its
+        group is committed: the Charged, or BudgetExhausted, or Unavailable when the
+        database cannot be written. A caller may do other work before awaiting it."""
         loop = asyncio.get_running_loop()
         fut = loop.create_future()
         self._start()
         self._queue.put((ch, loop, fut))
-        return await fut
+        return fut
+
+    async def charge(self, ch: budgets.Charge) -> budgets.Charged:
+        """Charge ``ch``; returns once its group is committed (see :meth:`submit`)."""
+        return await self.submit(ch)
 
     def _start(self) -> None:
         with self._lock:

@@ -286,15 +286,12 @@ def add_records(db: Database, task: Task, recs: Sequence[Record], key_id: str,
                     conn.execute(delete(idempotency).where(idempotency.c.id == prior.id))
                 elif prior is not None:
                     return _replay(prior, digest)
-            charged = None
-            if charge is None:
-                ids = bulk.allocate_ids(conn, len(recs))
-            else:  # PostgreSQL: in one statement (BudgetExhausted: nothing stored)
-                charged, ids = budgets.charge_taking_ids(conn, charge, len(recs))
+            ids = bulk.allocate_ids(conn, len(recs))
             if idempotency_key is not None:  # a racing twin waits here (PostgreSQL)
                 conn.execute(insert(idempotency).values(
                     key_id=key_id, idempotency_key=idempotency_key, body_sha256=digest,
                     record_ids=ids, created_at=now))
+            charged = budgets.charge(conn, charge) if charge is not None else None
             when = bulk.created_at_value(conn, now)
             bulk.write_rows(conn, [(i, *_row(task, r, key_id, when))
                                    for i, r in zip(ids, recs, strict=True)])

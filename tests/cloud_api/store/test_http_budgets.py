@@ -98,7 +98,7 @@ def test_records_are_charged_and_over_the_cap_nothing_is_stored(bsrv, tiny_bundl
     assert_problem(post(bsrv, key, body, device="bad id!"), 422, "validation")
 
 
-def test_predictions_are_charged_before_the_model_runs(bsrv, tiny_bundle_of_home):
+def test_predictions_are_charged_before_they_are_answered(bsrv, tiny_bundle_of_home):
     b, key = tiny_bundle_of_home, bsrv.keys["app"][2]
     model = bsrv.model("text")
     payloads = payloads_for(model, ["a good film", "the plot was dull"], b)
