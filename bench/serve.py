@@ -254,9 +254,10 @@ def serve_cmd(home: Path, port: int) -> list[str]:
     return [str(exe), "serve", "--host", "127.0.0.1", "--port", str(port), "--home", str(home)]
 
 
-def serve_env(backend: str, threads: int | None, workers: int = 1) -> dict:
-    env = dict(os.environ)
-    env["PRIVBERT_INFERENCE_WORKERS"] = str(workers)
+def serve_env(backend: str, threads: int | None, workers: int | None = None) -> dict:
+    env = {k: v for k, v in os.environ.items() if k != "PRIVBERT_INFERENCE_WORKERS"}
+    if workers is not None:  # else the server's default (Settings.workers)
+        env["PRIVBERT_INFERENCE_WORKERS"] = str(workers)
     env.update({"PRIVBERT_API_KEYS": API_KEY, "PRIVBERT_ADMIN_KEYS": API_KEY + "-admin",
                 "PRIVBERT_BACKEND": backend, "PRIVBERT_RATE_LIMIT_PER_KEY": "0",
                 "PRIVBERT_LOG_LEVEL": "WARNING", "PRIVBERT_WORKER_IN_SERVE": "0"})
@@ -513,7 +514,8 @@ def main() -> int:
     ap.add_argument("--rounds", type=int, default=3, help="turns of each server per level")
     ap.add_argument("--threads", type=int, help="PRIVBERT_TORCH_THREADS, also for the naive "
                     "servers and the bare forward (default: torch's, one per core)")
-    ap.add_argument("--workers", type=int, default=1, help="PRIVBERT_INFERENCE_WORKERS (1)")
+    ap.add_argument("--workers", type=int, help="PRIVBERT_INFERENCE_WORKERS (default: the "
+                    "server's own, one per --threads of the cores for onnx, 1 for torch)")
     ap.add_argument("--max-wait-ms", type=float, help="PRIVBERT_MAX_WAIT_MS (default: "
                     "the setting's)")
     ap.add_argument("--naive-flavours", nargs="+", default=["serial", "threads"])
@@ -549,7 +551,7 @@ def main() -> int:
     t_all = time.perf_counter()
     print(f"machine: {machine()}", flush=True)
     print(f"load average at start: {os.getloadavg()[0]:.2f}; torch/onnxruntime threads "
-          f"{args.threads or 'default'}, inference workers {args.workers}", flush=True)
+          f"{args.threads or 'default'}, inference workers {args.workers or 'the server default'}", flush=True)
     model, home = prepare(args.work, args.rows, args.model)
     bodies = request_bodies(args.requests, model)
     lengths = [json.loads(b)["payloads"][0]["token_ids"]["shape"][0] for b in bodies]

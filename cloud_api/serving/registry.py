@@ -336,7 +336,7 @@ class ServingRegistry:
         bundle = self._bundle_for(config)
         backends: list[Backend] = []
         try:
-            for _ in range(self.settings.inference_workers):
+            for _ in range(self.settings.workers()):
                 backends.append(load_backend(path, self.settings))
         except BaseException:
             for b in backends:
