@@ -5,7 +5,10 @@ hot-path changes of issue 18 switched off one at a time:
 
 * ``fast path off``: predict through FastAPI's router and dependency solving again;
 * ``inline off``: a lone request's forward handed to the inference thread and back;
-* ``python-json-logger``: the access line formatted by python-json-logger, as before.
+* ``python-json-logger``: the access line formatted by python-json-logger, as before;
+* ``charge not committed``: attribution only, never a way to run the service: the
+  prediction's privacy budget charge answered at once instead of by the charge writer's
+  SQLite transaction (what the durable ledger costs a request).
 
 Each variant's CPU per request (``getrusage``: every thread of this process) is the median
 of ``--rounds`` turns of ``--requests`` requests, the variants taking turns, so the other
@@ -23,6 +26,7 @@ import os
 import resource
 import statistics
 import sys
+import time
 from contextlib import AsyncExitStack, contextmanager
 from pathlib import Path
 
@@ -37,8 +41,9 @@ def cpu() -> float:
     return r.ru_utime + r.ru_stime
 
 
-async def drive(app, bodies: list[bytes], n: int, concurrency: int) -> float:
-    """CPU seconds per request of ``n`` predict requests, ``concurrency`` at a time."""
+async def drive(app, bodies: list[bytes], n: int, concurrency: int) -> tuple[float, float]:
+    """CPU seconds per request of ``n`` predict requests, ``concurrency`` at a time, and
+    wall seconds per request (at concurrency 1: a request's mean latency)."""
     path = f"/v1/models/{MODEL_ID}/predict"
 
     class Cycle:  # what uvicorn's request cycle offers: the body, then a disconnect flag
@@ -73,9 +78,21 @@ async def drive(app, bodies: list[bytes], n: int, concurrency: int) -> float:
         for i in range(k, n, concurrency):
             await one(bodies[i % len(bodies)])
 
-    c0 = cpu()
+    c0, t0 = cpu(), time.perf_counter()
     await asyncio.gather(*(client(k) for k in range(concurrency)))
-    return (cpu() - c0) / n
+    return (cpu() - c0) / n, (time.perf_counter() - t0) / n
+
+
+class UncommittedCharges:
+    """The ``charge not committed`` variant's stand-in for the charge writer (attribution
+    only): every charge is answered at once, as if committed, without the database."""
+
+    def submit(self, ch):
+        from cloud_api.store import budgets
+
+        fut = asyncio.get_running_loop().create_future()
+        fut.set_result(budgets.Charged(0.0, None, ch.cost))
+        return fut
 
 
 @contextmanager
@@ -114,7 +131,7 @@ async def main_async(args, model: Path, home: Path, bodies: list[bytes]) -> list
     from cloud_api.settings import Settings
 
     names = ["cloud-api serve", "fast path off", "inline off", "python-json-logger",
-             "naive (serial)"]
+             "charge not committed", "naive (serial)"]
     try:
         import pythonjsonlogger  # noqa: F401  (no longer a dependency of the service)
     except ImportError:
@@ -136,23 +153,31 @@ async def main_async(args, model: Path, home: Path, bodies: list[bytes]) -> list
                     backend=args.backend, torch_threads=args.threads, worker_in_serve=False,
                     rate_limit_per_key=0, inline_when_idle=name != "inline off"))
             await stack.enter_async_context(app.router.lifespan_context(app))
+            if name == "charge not committed":
+                app.state.charges = UncommittedCharges()
             apps[name] = app
         rows = []
         for c in args.concurrency:
             got: dict[str, list[float]] = {n: [] for n in names}
+            wall: dict[str, list[float]] = {n: [] for n in names}
             for name in names:  # warm-up
                 handler.setFormatter(formatter(name))
                 await drive(apps[name], bodies, 32, c)
             for rnd in range(args.rounds):
                 for name in names[rnd % len(names):] + names[: rnd % len(names)]:
                     handler.setFormatter(formatter(name))
-                    got[name].append(await drive(apps[name], bodies, args.requests, c))
+                    c_s, w_s = await drive(apps[name], bodies, args.requests, c)
+                    got[name].append(c_s)
+                    wall[name].append(w_s)
             base = statistics.median(got["naive (serial)"])
+            wbase = statistics.median(wall["naive (serial)"])
             for name in names:
-                med = statistics.median(got[name])
-                rows.append([c, name, f"{med * 1e3:.3f}", f"{(med - base) * 1e3:+.3f}"])
+                med, wmed = statistics.median(got[name]), statistics.median(wall[name])
+                rows.append([c, name, f"{med * 1e3:.3f}", f"{(med - base) * 1e3:+.3f}",
+                             f"{wmed * 1e3:.3f}", f"{(wmed - wbase) * 1e3:+.3f}"])
                 print(f"  c={c:<3d} {name:20s} {med * 1e3:7.3f} CPU ms/request "
-                      f"({(med - base) * 1e3:+.3f} against naive serial) load "
+                      f"({(med - base) * 1e3:+.3f} against naive serial), wall "
+                      f"{wmed * 1e3:7.3f} ms/request ({(wmed - wbase) * 1e3:+.3f}) load "
                       f"{os.getloadavg()[0]:.2f}", flush=True)
     return rows
 
@@ -175,7 +200,8 @@ def main() -> int:
     bodies = request_bodies(512, model)
     rows = asyncio.run(main_async(args, model, home, bodies))
     print()
-    print(table(["conc.", "app", "CPU ms/request", "vs naive serial"], rows))
+    print(table(["conc.", "app", "CPU ms/request", "vs naive serial", "wall ms/request",
+                 "vs naive serial"], rows))
     print(f"load average at end: {os.getloadavg()[0]:.2f}")
     return 0
 

@@ -108,6 +108,13 @@ class Database:
         with self.outage_as_unavailable(), engine.begin() as conn:
             yield conn
 
+    def write_connection(self) -> Connection:
+        """A Core connection of its own for a writer that keeps it across transactions
+        (``with conn.begin():`` takes SQLite's write lock at BEGIN, as :meth:`begin` with
+        ``write=True``); the caller closes it."""
+        with self.outage_as_unavailable():
+            return self._writer.connect()
+
     @contextmanager
     def session(self, *, write: bool = False) -> Iterator[Session]:
         """An ORM :class:`Session` in one transaction (see :meth:`begin`)."""

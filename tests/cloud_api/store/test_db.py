@@ -224,6 +224,35 @@ def test_postgres_outage_is_unavailable_then_heals(pg_cluster, fresh_postgres_ur
     db.dispose()
 
 
+def test_the_charge_writer_survives_a_postgres_restart(pg_cluster, fresh_postgres_url):
+    """The prediction charge writer keeps one connection between groups; after the server
+    restarts, that connection is dead: the next group is applied on a new one (nothing of
+    the failed attempt was committed), not answered 503, and charged once."""
+    import asyncio
+
+    from cloud_api.store import budgets
+    from cloud_api.store.charge_writer import ChargeWriter
+    from shared import ledger
+
+    db = Database(fresh_postgres_url, connect_timeout_s=1)
+    db.upgrade()
+    writer = ChargeWriter(db)
+    cost = ledger.cost("laplace", {"epsilon": 1.0}, dim=4)
+
+    async def charge() -> budgets.Charged:
+        return await writer.charge(budgets.Charge("k", "", cost))
+
+    try:
+        assert asyncio.run(charge()).spent == 1.0
+        pg_cluster.stop()
+        pg_cluster.start()
+        assert asyncio.run(charge()).spent == 2.0
+        assert budgets.get_budget(db, "k", set(), None)["sends"] == 2
+    finally:
+        writer.close()
+        db.dispose()
+
+
 def test_logs_drop_the_rows_postgresql_puts_in_its_error_details(fresh_postgres_url, capsys):
     """PostgreSQL's NOT NULL error carries "DETAIL: Failing row contains (...)" with every
     column, bytes as hex; a unique violation "Key (...)=(...)". The service's formatters
