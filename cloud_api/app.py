@@ -17,13 +17,14 @@ the models are unloaded.
 from __future__ import annotations
 
 import logging
+import os
 from collections.abc import Awaitable, Callable
 from contextlib import AsyncExitStack, asynccontextmanager
 
 from fastapi import APIRouter, FastAPI
 from fastapi.openapi.utils import get_openapi
 
-from cloud_api import problems
+from cloud_api import metrics, problems
 from cloud_api.auth import KeyRing
 from cloud_api.home import ModelHome
 from cloud_api.limits import RateLimiter
@@ -52,6 +53,14 @@ keys for ``/v1``, admin keys for ``/admin`` and ``/v1``; ``/healthz``, ``/readyz
 ``type`` (``urn:privbert:problem:<kind>``)."""
 
 
+async def start_metrics(app: FastAPI, stack: AsyncExitStack) -> None:
+    """With ``--workers N`` (multiprocess metrics): when this worker exits, after every
+    other step has stopped, its live gauges (in flight, queues, models loaded) leave the
+    server's sums; its counters stay."""
+    if metrics.multiprocess_dir() is not None:
+        stack.callback(metrics.forget_process, os.getpid())
+
+
 async def start_basics(app: FastAPI, stack: AsyncExitStack) -> None:
     """The home folders, the key ring (refuses to start without keys), the rate limiter."""
     s: Settings = app.state.settings
@@ -75,8 +84,8 @@ async def start_serving(app: FastAPI, stack: AsyncExitStack) -> None:
 
 
 # in order: the job worker thread and the prediction charges need the store
-# (records.start_store: the Database)
-LIFESPAN: list[LifespanStep] = [start_basics, start_serving, records.start_store,
+# (records.start_store: the Database); start_metrics first, so that its exit runs last
+LIFESPAN: list[LifespanStep] = [start_metrics, start_basics, start_serving, records.start_store,
                                 admin_budgets.start_charges, admin_jobs.start_worker]
 ROUTERS: list[APIRouter] = [health.router, inference.router, admin_models.router,
                             records.router, admin_records.router, admin_jobs.router,

@@ -11,10 +11,14 @@ a subcommand runs.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import importlib
 import json
 import os
+import shutil
 import sys
+import tempfile
+from collections.abc import Iterator
 
 PROG = "cloud-api"
 
@@ -81,16 +85,23 @@ def settings_for(args):
 
 
 # -- serve -----------------------------------------------------------------------------------
+# prometheus-client's multiprocess switch (cloud_api.metrics.MULTIPROC_ENV) and its old name;
+# spelled here so that the parent of N workers never imports prometheus_client
+MULTIPROC_ENVS = ("PROMETHEUS_MULTIPROC_DIR", "prometheus_multiproc_dir")
 SERVE_HELP = """Run the HTTP service with uvicorn. Every knob is a PRIVBERT_* environment
 variable (cloud_api/settings.py): keys (PRIVBERT_API_KEYS, PRIVBERT_ADMIN_KEYS or
 PRIVBERT_KEYS_FILE), limits, batching, backend, device. SIGTERM or Ctrl-C: stop accepting,
 finish the requests in flight and drain the batch queues, then exit.
 
 --workers N > 1 starts N uvicorn worker processes sharing the port. Each loads every
-promoted model and has its own batch queues, its own concurrency and rate limits, its own
-in-process job worker thread (with PRIVBERT_WORKER_IN_SERVE=1; prefer 0 and separate
-`cloud-api worker` processes) and its own /metrics counters: a scrape sees one process
-only, so scrape each or use one worker per replica."""
+promoted model and has its own batch queues, its own concurrency limit
+(PRIVBERT_MAX_CONCURRENT_REQUESTS) and per-key rate limit (PRIVBERT_RATE_LIMIT_PER_KEY):
+a key may get up to N times its rate across the workers. Privacy budgets are kept in the
+database and hold across workers and replicas. Each also runs its own in-process job
+worker thread (with PRIVBERT_WORKER_IN_SERVE=1; prefer 0 and separate `cloud-api worker`
+processes). /metrics shows the whole server whichever worker answers (prometheus-client's
+multiprocess mode, in a private directory made at start and removed at exit). Several
+replicas behind a load balancer: README, "Several workers and replicas"."""
 
 
 def register_serve(sub) -> None:
@@ -131,15 +142,38 @@ def run_serve(args) -> int:
     common = dict(host=args.host, port=args.port, access_log=False, server_header=False,
                   log_config=logs.logging_config(settings.log_level, settings.log_json),
                   timeout_graceful_shutdown=args.graceful_timeout, lifespan="on")
-    if args.workers == 1:
-        from cloud_api.app import create_app
+    with multiprocess_metrics(args.workers):
+        if args.workers == 1:
+            from cloud_api.app import create_app
 
-        logs.configure(settings.log_level, settings.log_json)
-        uvicorn.run(create_app(settings), **common)
-    else:
-        uvicorn.run("cloud_api.app:create_app_from_env", factory=True, workers=args.workers,
-                    **common)
+            logs.configure(settings.log_level, settings.log_json)
+            uvicorn.run(create_app(settings), **common)
+        else:
+            uvicorn.run("cloud_api.app:create_app_from_env", factory=True,
+                        workers=args.workers, **common)
     return 0
+
+
+@contextlib.contextmanager
+def multiprocess_metrics(workers: int) -> Iterator[str | None]:
+    """For N > 1 workers: a fresh private directory (mode 0700, so no stale file of an
+    earlier run, and nobody else's) named in PROMETHEUS_MULTIPROC_DIR for the workers to
+    inherit (cloud_api/metrics.py), removed with everything in it at exit. An inherited
+    value is never used: with one process the variable is dropped (the default registry
+    serves), with N it is replaced. Runs before this process imports prometheus_client,
+    which picks its mode from the variable once, at import."""
+    for name in MULTIPROC_ENVS:
+        os.environ.pop(name, None)
+    if workers == 1:
+        yield None
+        return
+    path = tempfile.mkdtemp(prefix="privbert-metrics-")
+    os.environ[MULTIPROC_ENVS[0]] = path
+    try:
+        yield path
+    finally:
+        os.environ.pop(MULTIPROC_ENVS[0], None)
+        shutil.rmtree(path, ignore_errors=True)
 
 
 # -- models ----------------------------------------------------------------------------------

@@ -2,11 +2,32 @@
 ``te_*`` set with a ``privbert_`` prefix, so dashboards and alerts operators already
 have carry over. One place for every metric of the service; labels never carry
 payload data or keys (a key appears only as its short id, and not here at all).
+
+``cloud-api serve --workers N`` (N > 1) runs prometheus-client's multiprocess mode: the
+parent makes a private directory and names it in ``PROMETHEUS_MULTIPROC_DIR`` before the
+workers start; each worker keeps its values in files there, and :func:`exposition` adds up
+the files of every worker, so a scrape shows the whole server whichever worker answers it.
+Only counters, histograms and gauges are used (``Summary`` has no quantiles, ``Info`` and
+``Enum`` do not work in that mode); every gauge says how its workers' values combine.
+Without the variable (one process) the default registry serves, as before.
 """
 
 from __future__ import annotations
 
-from prometheus_client import Counter, Gauge, Histogram
+import glob
+import os
+
+from prometheus_client import (
+    REGISTRY,
+    CollectorRegistry,
+    Counter,
+    Gauge,
+    Histogram,
+    generate_latest,
+)
+from prometheus_client.multiprocess import MultiProcessCollector, mark_process_dead
+
+MULTIPROC_ENV = "PROMETHEUS_MULTIPROC_DIR"
 
 _LATENCY = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0,
             30.0, 60.0)
@@ -21,11 +42,14 @@ FAILURES = Counter("privbert_request_failure", "Failed requests by kind of error
                    "forbidden, not-found, unavailable, inference, too-large, ...)", ["err"])
 REQUEST_DURATION = Histogram("privbert_request_duration_seconds", "Whole request time",
                              ["route"], buckets=_LATENCY)
-IN_FLIGHT = Gauge("privbert_requests_in_flight", "Requests being handled now")
+# gauges: "livesum" adds up what each live worker has now (a worker that exits leaves it);
+# "livemax" for 0/1 flags: 1 while at least one live worker holds it
+IN_FLIGHT = Gauge("privbert_requests_in_flight", "Requests being handled now",
+                  multiprocess_mode="livesum")
 
 # -- batching and inference (te_queue_size, te_batch_*, te_request_inference_duration) -------
 QUEUE_SIZE = Gauge("privbert_queue_size", "Payloads waiting in a version's batch queue",
-                   ["model", "version"])
+                   ["model", "version"], multiprocess_mode="livesum")
 QUEUE_DURATION = Histogram("privbert_request_queue_duration_seconds", "Time a payload waited "
                            "in the queue before its batch ran", ["model"], buckets=_LATENCY)
 INFERENCE_DURATION = Histogram("privbert_batch_inference_duration_seconds", "Model forward "
@@ -34,8 +58,13 @@ BATCH_SIZE = Histogram("privbert_batch_size", "Payloads per model forward", ["mo
                        buckets=_BATCH)
 BATCH_TOKENS = Histogram("privbert_batch_tokens", "Padded tokens per model forward",
                          ["model"], buckets=_TOKENS)
+# livemax, not livesum: the value stays the 0/1 that alerts test (== 1) whatever N is, and
+# is 1 while any worker serves the version, as during a promotion, when the workers switch
+# one after the other within PRIVBERT_RELOAD_INTERVAL_S (an old version still answers
+# some requests until the last worker has let it go); not liveall, whose pid label would
+# make N series of one version
 LOADED = Gauge("privbert_model_loaded", "1 for each model version loaded and serving",
-               ["model", "version"])
+               ["model", "version"], multiprocess_mode="livemax")
 LOAD_FAILURES = Counter("privbert_model_load_failure", "Model versions that failed to load",
                         ["model"])
 
@@ -52,3 +81,59 @@ PRIVACY_PAYLOADS = Counter("privbert_privacy_charged_payloads", "Payloads charge
                            "privacy budget ledgers, by family and route", ["family", "route"])
 BUDGET_EXHAUSTED = Counter("privbert_budget_exhausted", "Requests refused because they would "
                            "pass a ledger's cap (nothing stored, no prediction)", ["route"])
+
+
+def multiprocess_dir() -> str | None:
+    """The directory of multiprocess mode (``--workers N``), None with one process."""
+    return os.environ.get(MULTIPROC_ENV) or None
+
+
+def exposition(path: str | None = None) -> bytes:
+    """The text of ``/metrics``: the default registry with one process; with a multiprocess
+    directory (``path``, default :func:`multiprocess_dir`), the sum over every worker's
+    files, counters and histograms of exited workers included (a counter never goes back),
+    gauges of live workers only."""
+    path = path or multiprocess_dir()
+    if path is None:
+        return generate_latest(REGISTRY)
+    _forget_dead_workers(path)
+    registry = CollectorRegistry()
+    MultiProcessCollector(registry, path)
+    return generate_latest(registry)
+
+
+def _forget_dead_workers(path: str) -> None:
+    """Drop the live gauges of workers that are gone without :func:`mark_process_dead`
+    (killed: OOM, or uvicorn's supervisor killing a hung worker)."""
+    for file in glob.glob(os.path.join(path, "gauge_live*_*.db")):
+        pid = file.rsplit("_", 1)[-1][:-3]
+        if pid.isdigit() and not _alive(int(pid)):
+            mark_process_dead(int(pid), path)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)  # signal 0: only asks whether the process exists
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # someone else's process: it exists
+        pass
+    return True
+
+
+def forget_process(pid: int | None = None) -> None:
+    """At a worker's exit (multiprocess mode): its live gauges leave the sums; its
+    counters and histograms stay."""
+    path = multiprocess_dir()
+    if path is not None:
+        mark_process_dead(os.getpid() if pid is None else pid, path)
+
+
+def drop_series(gauge: Gauge, *labelvalues: str) -> None:
+    """Remove one labelled series of ``gauge`` (a version unloaded). Multiprocess mode
+    cannot remove a series from a worker's file, so there it is set to 0 instead (and
+    stays listed with 0)."""
+    if multiprocess_dir() is not None:
+        gauge.labels(*labelvalues).set(0)
+    else:
+        gauge.remove(*labelvalues)

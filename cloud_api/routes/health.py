@@ -6,10 +6,11 @@ from __future__ import annotations
 import inspect
 
 from fastapi import APIRouter, Request
-from prometheus_client import CONTENT_TYPE_LATEST, REGISTRY, generate_latest
+from prometheus_client import CONTENT_TYPE_LATEST
 from pydantic import BaseModel, Field
 from starlette.responses import Response
 
+from cloud_api import metrics
 from cloud_api.errors import Unavailable
 from cloud_api.problems import responses
 
@@ -53,4 +54,5 @@ async def readyz(request: Request) -> Health:
             responses={200: {"content": {CONTENT_TYPE_LATEST: {"schema": {"type": "string"}}},
                              "description": "Prometheus exposition format"}})
 async def metrics_text() -> Response:
-    return Response(generate_latest(REGISTRY), media_type=CONTENT_TYPE_LATEST)
+    """The whole server's metrics, whichever worker answers (``cloud_api.metrics``)."""
+    return Response(metrics.exposition(), media_type=CONTENT_TYPE_LATEST)

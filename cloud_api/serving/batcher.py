@@ -213,10 +213,7 @@ class Batcher:
         if self._own_executor:
             for ex in self._executors:
                 ex.shutdown(wait=True)
-        try:
-            metrics.QUEUE_SIZE.remove(self.model_id, self.version)
-        except KeyError:
-            pass
+        metrics.drop_series(metrics.QUEUE_SIZE, self.model_id, self.version)
 
     # -- requests ---------------------------------------------------------------------------
     def retry_after(self) -> float:

@@ -420,8 +420,5 @@ class ServingRegistry:
             await served.batcher.drain()
         for b in served.backends:
             await asyncio.to_thread(b.close)
-        try:
-            metrics.LOADED.remove(served.model_id, served.version)
-        except KeyError:
-            pass
+        metrics.drop_series(metrics.LOADED, served.model_id, served.version)
         log.info("released model %s %s", served.model_id, served.version)

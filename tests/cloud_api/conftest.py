@@ -18,6 +18,7 @@ from __future__ import annotations
 import json
 import os
 import secrets
+import shutil
 import signal
 import socket
 import subprocess
@@ -128,8 +129,8 @@ class ServerProcess:
     """A `cloud-api serve` subprocess on a free loopback port, its log in a file."""
 
     def __init__(self, home: Path, log: Path, keys: dict[str, list[str]],
-                 env: dict | None = None):
-        self.home, self.log, self.keys = home, log, keys
+                 env: dict | None = None, serve_args: tuple[str, ...] = ()):
+        self.home, self.log, self.keys, self.serve_args = home, log, keys, serve_args
         self.env = {"PRIVBERT_HOME": str(home), "PRIVBERT_API_KEYS": ",".join(keys["app"]),
                     "PRIVBERT_ADMIN_KEYS": ",".join(keys["admin"]),
                     "PRIVBERT_RELOAD_INTERVAL_S": "0.2", **(env or {})}
@@ -154,7 +155,7 @@ class ServerProcess:
         with open(self.log, "ab") as fh:
             self.proc = subprocess.Popen(
                 [sys.executable, "-m", "cloud_api.cli", "serve", "--host", "127.0.0.1",
-                 "--port", str(port), "--graceful-timeout", "20"],
+                 "--port", str(port), "--graceful-timeout", "20", *self.serve_args],
                 cwd=REPO, env=cli_env(self.env), stdout=fh, stderr=subprocess.STDOUT)
         return self
 
@@ -214,6 +215,35 @@ class ServerProcess:
         r = httpx.get(f"{self.url}/v1/models", headers=self.headers(), timeout=10)
         r.raise_for_status()
         return next(m for m in r.json()["models"] if m["id"] == model_id)
+
+
+def onnx_home(tiny_home, root):
+    """A home serving only ``text`` at its bootstrapped v1, with the bundle and the task."""
+    from cloud_api.home import ModelHome
+    from cloud_api.serving.bundles import BundleStore
+    from cloud_api.store.db import Database
+    from cloud_api.store.tasks import ensure_task
+    from shared.bundle import EdgeBundle
+
+    src = ModelHome(tiny_home.root)
+    v1 = tiny_home.promoted_at_start["text"]
+    config = src.read_config("text", v1)
+    assert (src.version_dir("text", v1) / "classifier.onnx").is_file()
+    home = ModelHome(root).ensure()
+    copy = root.parent / "text-v1"
+    shutil.copytree(src.version_dir("text", v1), copy)
+    home.promote("text", home.register("text", copy, move=True))
+    bundle = EdgeBundle.from_model(tiny_home.base)
+    assert bundle.bundle_id == config["bundle_id"]
+    BundleStore(home).add(bundle)
+    db = Database(f"sqlite:///{root / 'privbert.db'}")
+    try:
+        db.upgrade()
+        ensure_task(db, "text", config["labels"], config["mechanism"], config["params"],
+                    config["bundle_id"])
+    finally:
+        db.dispose()
+    return home, bundle
 
 
 def new_keys(app: int = 1, admin: int = 1) -> dict[str, list[str]]:

@@ -12,7 +12,6 @@ and never tried to import either package.
 from __future__ import annotations
 
 import json
-import shutil
 import subprocess
 import sys
 
@@ -20,7 +19,13 @@ import httpx
 import numpy as np
 import pytest
 
-from tests.cloud_api.conftest import ServerProcess, cli_env, new_keys, payloads_for
+from tests.cloud_api.conftest import (
+    ServerProcess,
+    cli_env,
+    new_keys,
+    onnx_home,
+    payloads_for,
+)
 from tests.conftest import REPO
 
 BLOCKED = ("torch", "transformers")
@@ -56,41 +61,12 @@ def test_onnx_serving_modules_import_without_torch(no_torch):
     assert not list(marker.iterdir())
 
 
-def _onnx_home(tiny_home, root):
-    """A home serving only ``text`` at its bootstrapped v1, with the bundle and the task."""
-    from cloud_api.home import ModelHome
-    from cloud_api.serving.bundles import BundleStore
-    from cloud_api.store.db import Database
-    from cloud_api.store.tasks import ensure_task
-    from shared.bundle import EdgeBundle
-
-    src = ModelHome(tiny_home.root)
-    v1 = tiny_home.promoted_at_start["text"]
-    config = src.read_config("text", v1)
-    assert (src.version_dir("text", v1) / "classifier.onnx").is_file()
-    home = ModelHome(root).ensure()
-    copy = root.parent / "text-v1"
-    shutil.copytree(src.version_dir("text", v1), copy)
-    home.promote("text", home.register("text", copy, move=True))
-    bundle = EdgeBundle.from_model(tiny_home.base)
-    assert bundle.bundle_id == config["bundle_id"]
-    BundleStore(home).add(bundle)
-    db = Database(f"sqlite:///{root / 'privbert.db'}")
-    try:
-        db.upgrade()
-        ensure_task(db, "text", config["labels"], config["mechanism"], config["params"],
-                    config["bundle_id"])
-    finally:
-        db.dispose()
-    return home, bundle
-
-
 def test_serve_on_onnx_never_imports_torch(tiny_home, no_torch, tmp_path):
     from models.data import collate_payloads
     from models.onnx_classifier import OnnxClassifier
 
     blocker, marker = no_torch
-    home, bundle = _onnx_home(tiny_home, tmp_path / "home")
+    home, bundle = onnx_home(tiny_home, tmp_path / "home")
     srv = ServerProcess(home.root, tmp_path / "serve.log", new_keys(), env={
         "PYTHONPATH": f"{blocker}:{REPO}", "PRIVBERT_BACKEND": "onnx",
         "PRIVBERT_WORKER_IN_SERVE": "0", "PRIVBERT_MIN_RECORDS_PER_LABEL": "1"})
