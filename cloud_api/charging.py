@@ -68,12 +68,13 @@ def counted(cost: Cost, route: str) -> None:
 
 
 async def price_prediction(state, key_id: str, device_id: str | None, model_id: str,
-                           payloads: Sequence) -> budgets.Charge:
+                           payloads: Sequence) -> tuple[budgets.Charge, object]:
     """Check ``payloads`` against the model (a mismatched payload is refused, not charged),
-    then price them: the charge to make (422 for a malformed X-Device-Id)."""
+    then price them: the charge to make (422 for a malformed X-Device-Id), and the token of
+    the version that checked them (``registry.predict``'s ``checked``)."""
     device = budgets.check_device_id(device_id)
     registry = state.registry
-    registry.check(model_id, payloads)
+    checked = registry.check(model_id, payloads)
     info = registry.info_of(model_id)
     d = None
     if ledger.family_of(info["mechanism"]) == "dchi":
@@ -82,7 +83,7 @@ async def price_prediction(state, key_id: str, device_id: str | None, model_id: 
             d = await asyncio.to_thread(_diameter_sync, state.bundles, info["bundle_id"])
         d = d if d is not None else _from_guarantee(info)
     cost = payloads_cost(info["mechanism"], info["params"], payloads, d)
-    return budgets.Charge(key_id, device, cost, state.settings.default_budget)
+    return budgets.Charge(key_id, device, cost, state.settings.default_budget), checked
 
 
 async def settle_prediction(pending: asyncio.Future, cost: Cost) -> budgets.Charged:
@@ -101,5 +102,5 @@ async def charge_prediction(state, key_id: str, device_id: str | None, model_id:
                             payloads: Sequence) -> budgets.Charged:
     """Check ``payloads`` against the model, then charge them (BudgetExhausted: 403);
     returns once the charge is committed."""
-    ch = await price_prediction(state, key_id, device_id, model_id, payloads)
+    ch, _ = await price_prediction(state, key_id, device_id, model_id, payloads)
     return await settle_prediction(state.charges.submit(ch), ch.cost)

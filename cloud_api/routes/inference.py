@@ -134,12 +134,13 @@ async def _predict(app_state, key_id: str, device_id: str | None, model_id: str,
     # waits for both, and a refused charge (403) throws the forward's result away: nothing
     # over the cap is answered, and a lone request does not wait for a flush and then for
     # the model (bench/serve.py).
-    ch = await price_prediction(app_state, key_id, device_id, model_id, parsed.payloads)
+    ch, checked = await price_prediction(app_state, key_id, device_id, model_id,
+                                         parsed.payloads)
     pending = app_state.charges.submit(ch)
     pending.add_done_callback(_retrieved)
     try:
         pred = await registry.predict(model_id, parsed.payloads,
-                                      is_disconnected=is_disconnected)
+                                      is_disconnected=is_disconnected, checked=checked)
     except Exception:
         await settle_prediction(pending, ch.cost)  # over the cap: that is the answer
         raise

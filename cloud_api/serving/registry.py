@@ -180,9 +180,12 @@ class ServingRegistry:
         parameters, bundle and guarantee: what its payloads are charged from)."""
         return self._get(model_id).info
 
-    def check(self, model_id: str, payloads: Sequence) -> None:
-        """PayloadMismatch unless every payload fits the version serving ``model_id``."""
-        self._get(model_id).checker.check(payloads)
+    def check(self, model_id: str, payloads: Sequence) -> object:
+        """PayloadMismatch unless every payload fits the version serving ``model_id``;
+        returns a token of that version, for :meth:`predict`'s ``checked``."""
+        checker = self._get(model_id).checker
+        checker.check(payloads)
+        return checker
 
     def batcher_of(self, model_id: str) -> Batcher:
         """The batcher of the version serving ``model_id`` now (metrics, tests)."""
@@ -205,13 +208,17 @@ class ServingRegistry:
 
     # -- inference --------------------------------------------------------------------------
     async def predict(self, model_id: str, payloads: Sequence,
-                      is_disconnected: Disconnected | None = None) -> Prediction:
+                      is_disconnected: Disconnected | None = None,
+                      checked: object = None) -> Prediction:
         """Check ``payloads`` against the served version (PayloadMismatch), queue them, and
-        return their probabilities and the version that answered."""
+        return their probabilities and the version that answered. ``checked``: what
+        :meth:`check` returned for these payloads; when the same version still serves,
+        they are not checked twice."""
         served = self._get(model_id)
         if not payloads:
             raise InvalidRequest("payloads: at least one payload is needed")
-        served.checker.check(payloads)
+        if checked is not served.checker:  # another version was promoted meanwhile
+            served.checker.check(payloads)
         batcher = served.batcher
         assert batcher is not None
         # no await between choosing the version and queueing on it (see module docstring)
