@@ -80,9 +80,12 @@ class Settings(BaseSettings):
                                    "running (no thread hand-off; cloud_api/serving/batcher.py)")
 
     # -- inference backend ------------------------------------------------------------------
-    backend: Literal["torch", "onnx", "onnx-int8"] = Field(
-        "torch", description="torch | onnx (classifier.onnx, fp32) | onnx-int8 "
-        "(classifier.int8.onnx, built by export and register; see int8_fallback)")
+    backend: Literal["auto", "torch", "onnx", "onnx-int8"] = Field(
+        "auto", description="auto (per version, the fastest of its files that keeps the "
+        "accuracy: torch on a GPU, else classifier.int8.onnx, else classifier.onnx, else "
+        "torch on the CPU) "
+        "| torch | onnx (classifier.onnx, fp32) | onnx-int8 (classifier.int8.onnx, built by "
+        "export and register; see int8_fallback)")
     int8_fallback: Literal["fp32", "refuse"] = Field(
         "fp32", description="onnx-int8, for a version without an int8 file this CPU can "
         "serve: fp32 = serve its classifier.onnx, refuse = do not load it (predictions 503)")
@@ -95,12 +98,27 @@ class Settings(BaseSettings):
         "usable cores / torch_threads (on 2 cores with 1 thread each, c=32 rose from 222 "
         "to 298 req/s, bench/RESULTS.md), torch gets 1")
 
+    def wants_gpu(self) -> bool:
+        """Whether the torch backend would run on a GPU here: ``device`` cuda, or auto with
+        an NVIDIA device node present and torch seeing it (torch is imported only then)."""
+        if self.device.startswith("cuda"):
+            return True
+        if self.device != "auto" or not any(Path("/dev").glob("nvidia[0-9]*")):
+            return False
+        try:
+            import torch
+        except ImportError:
+            return False
+        return bool(torch.cuda.is_available())
+
     def workers(self) -> int:
         """The inference workers to run (``inference_workers``, or its default)."""
         if self.inference_workers is not None:
             return self.inference_workers
         if self.backend == "torch" or self.torch_threads is None:
             return 1  # torch: one replica (a second one cost the tail); onnx: all cores
+        if self.backend == "auto" and self.wants_gpu():
+            return 1  # auto serves with torch on the GPU
         return max(1, len(os.sched_getaffinity(0)) // self.torch_threads)
     allow_none: bool = Field(False, description="serve models of mechanism 'none' (plain "
                              "token ids: the Null-privacy baseline only)")

@@ -26,8 +26,11 @@ is what ``bench/int8.py`` measures).
 from __future__ import annotations
 
 import json
+import logging
 import os
 import tempfile
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
@@ -76,6 +79,26 @@ class QuantScheme:
 DEFAULT_SCHEME = QuantScheme()
 
 
+class _QuantizerChatter(logging.Filter):
+    """Drops onnxruntime.quantization's INFO lines (one per tensor, logged on the root
+    logger), which would fill a retraining job's log tail."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return record.levelno >= logging.WARNING or "onnxruntime" not in record.pathname
+
+
+@contextmanager
+def _quiet_quantizer() -> Iterator[None]:
+    chatter, handlers = _QuantizerChatter(), list(logging.getLogger().handlers)
+    for h in handlers:
+        h.addFilter(chatter)
+    try:
+        yield
+    finally:
+        for h in handlers:
+            h.removeFilter(chatter)
+
+
 def quantize_onnx(src: str | os.PathLike, dst: str | os.PathLike,
                   scheme: QuantScheme = DEFAULT_SCHEME, calibration=None,
                   metadata: dict[str, str] | None = None) -> None:
@@ -86,7 +109,7 @@ def quantize_onnx(src: str | os.PathLike, dst: str | os.PathLike,
     from onnxruntime.quantization.shape_inference import quant_pre_process
 
     wtype = QuantType.QInt8 if scheme.weights == "s8" else QuantType.QUInt8
-    with tempfile.TemporaryDirectory(prefix="privbert-quant-") as tmp:
+    with tempfile.TemporaryDirectory(prefix="privbert-quant-") as tmp, _quiet_quantizer():
         pre = Path(tmp) / "pre.onnx"
         # ONNX shape inference + ONNX Runtime's basic graph optimizations (constant
         # folding, the exporter's Reshape/Transpose chains): what the quantizer expects

@@ -7,6 +7,8 @@ class probabilities (N, C) float32, in input order.
 * :class:`OnnxBackend` — ``models.onnx_classifier.OnnxClassifier`` over the version's
   ``classifier.onnx`` (CPU). It imports no torch (neither does this module), so that the
   serve image carries none: torch is imported only when the torch backend is chosen.
+* ``auto`` (the default) — per version, the fastest of these that keeps the accuracy:
+  torch on a GPU, else ``onnx-int8``, else ``onnx``, else torch on the CPU.
 * ``onnx-int8`` — the same over ``classifier.int8.onnx`` (``models.quantize``), loaded only
   when it was made from this version's ``classifier.onnx`` and this CPU's integer kernel
   is exact on its weights (``OnnxClassifier``'s checks). A version without such a file is
@@ -192,6 +194,8 @@ def load_backend(path: str | os.PathLike, settings: Settings) -> Backend:
     """The backend ``settings.backend`` over the version folder ``path`` (loaded and warmed).
 
     BackendError says why a folder cannot be served."""
+    if settings.backend == "auto":
+        return _fastest(Path(path), settings)
     if settings.backend == "onnx-int8":
         try:
             return OnnxBackend(path, settings, int8=True)
@@ -201,5 +205,24 @@ def load_backend(path: str | os.PathLike, settings: Settings) -> Backend:
             log.warning("serving %s with the fp32 onnx backend: %s", path, exc)
             return OnnxBackend(path, settings)
     if settings.backend == "onnx":
+        return OnnxBackend(path, settings)
+    return TorchBackend(path, settings)
+
+
+def _fastest(path: Path, settings: Settings) -> Backend:
+    """``PRIVBERT_BACKEND=auto``: the fastest backend this version and machine offer that
+    keeps the accuracy (bench/RESULTS.md, issue 18: int8 within 0.1 point of fp32, its
+    forward 1.8x faster on CPU): torch on a GPU; else the version's int8 file where this
+    CPU computes it exactly; else its fp32 ``classifier.onnx``; else torch on the CPU."""
+    from models.version_folder import INT8_FILE, ONNX_FILE
+
+    if settings.wants_gpu() and (path / "model.safetensors").is_file():
+        return TorchBackend(path, settings)
+    if (path / INT8_FILE).is_file():
+        try:
+            return OnnxBackend(path, settings, int8=True)
+        except Int8Unavailable as exc:
+            log.warning("serving %s without its int8 file: %s", path, exc)
+    if (path / ONNX_FILE).is_file():
         return OnnxBackend(path, settings)
     return TorchBackend(path, settings)

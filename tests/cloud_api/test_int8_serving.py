@@ -137,7 +137,7 @@ def test_versions_without_a_matching_int8_file_are_refused(int8_server, tiny_bun
 
 
 @pytest.mark.parametrize("variable, value, allowed", [
-    ("PRIVBERT_BACKEND", "int8", "'torch', 'onnx' or 'onnx-int8'"),
+    ("PRIVBERT_BACKEND", "int8", "'auto', 'torch', 'onnx' or 'onnx-int8'"),
     ("PRIVBERT_INT8_FALLBACK", "maybe", "'fp32' or 'refuse'"),
 ])
 def test_bad_backend_settings_stop_serve_with_one_line(tmp_path, monkeypatch, capsys,

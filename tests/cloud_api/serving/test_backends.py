@@ -28,7 +28,7 @@ def onnx_version(trained, tmp_path_factory):
 def test_onnx_gives_the_torch_probabilities(onnx_version, records, tmp_path):
     settings = settings_for(ModelHome(tmp_path), backend="onnx", torch_threads=1)
     onnx = load_backend(onnx_version, settings)
-    torch_ = load_backend(onnx_version, settings_for(ModelHome(tmp_path)))
+    torch_ = load_backend(onnx_version, settings_for(ModelHome(tmp_path), backend="torch"))
     assert isinstance(onnx, OnnxBackend) and isinstance(torch_, TorchBackend)
     payloads = [r.payload for r in records]  # 3..7 tokens: padded batches
     got, want = onnx.forward(payloads), torch_.forward(payloads)
@@ -118,3 +118,18 @@ def test_int8_file_with_8_bit_weights_loads_only_where_the_kernel_is_exact(onnx_
         with pytest.raises(BackendError, match="saturates on its weights"):
             load_backend(folder, refuse)
         assert load_backend(folder, settings_for(home, backend="onnx-int8")).name == "onnx"
+
+
+def test_auto_serves_the_fastest_file_a_version_has(onnx_version, trained, tmp_path):
+    """PRIVBERT_BACKEND=auto (the default) on a CPU: the int8 file where there is one, else
+    classifier.onnx, else the torch weights; an int8 file this CPU cannot compute exactly
+    falls to fp32 (checked in the int8 tests below through the kernel probe)."""
+    home = ModelHome(tmp_path)
+    settings = settings_for(home, torch_threads=1)
+    assert settings.backend == "auto" and not settings.wants_gpu()
+    assert load_backend(onnx_version, settings).name == "onnx-int8"
+    fp32_only = tmp_path / "fp32"
+    shutil.copytree(onnx_version, fp32_only)
+    (fp32_only / "classifier.int8.onnx").unlink()
+    assert load_backend(fp32_only, settings).name == "onnx"
+    assert isinstance(load_backend(trained["a"], settings), TorchBackend)
