@@ -96,11 +96,3 @@ async def settle_prediction(pending: asyncio.Future, cost: Cost) -> budgets.Char
         raise
     counted(cost, "predict")
     return charged
-
-
-async def charge_prediction(state, key_id: str, device_id: str | None, model_id: str,
-                            payloads: Sequence) -> budgets.Charged:
-    """Check ``payloads`` against the model, then charge them (BudgetExhausted: 403);
-    returns once the charge is committed."""
-    ch, _ = await price_prediction(state, key_id, device_id, model_id, payloads)
-    return await settle_prediction(state.charges.submit(ch), ch.cost)

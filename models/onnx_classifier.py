@@ -24,11 +24,11 @@ import numpy as np
 
 from models.data import collate_payloads
 from models.version_folder import INT8_FILE, ONNX_FILE, read_config
+from shared.mechanisms.int8_pass import VNNI_FLAGS, cpu_flags
 
 META_SOURCE = "privbert.source_sha256"  # the int8 file's metadata (models.quantize)
 META_SCHEME = "privbert.int8_scheme"
 META_BUNDLE = "privbert.bundle_id"
-VNNI_FLAGS = ("avx512_vnni", "avx_vnni", "amx_int8")
 
 
 class Int8Refused(ValueError):
@@ -46,18 +46,6 @@ def onnx_session(data: bytes | str, threads: int | None = None):
         opts.intra_op_num_threads = threads
         opts.inter_op_num_threads = 1
     return ort.InferenceSession(data, opts, providers=["CPUExecutionProvider"])
-
-
-def cpu_flags() -> set[str]:
-    """The CPU feature flags the kernel reports (Linux /proc/cpuinfo); empty elsewhere."""
-    try:
-        with open("/proc/cpuinfo", encoding="ascii", errors="replace") as f:
-            for line in f:
-                if line.startswith(("flags", "Features")):
-                    return set(line.split(":", 1)[1].split())
-    except OSError:
-        pass
-    return set()
 
 
 def file_sha256(path: str | os.PathLike) -> str:
@@ -100,7 +88,7 @@ def int8_kernel_check(weights: str = "s8", weight_max: int = 127, dim: int = 64)
         got.append(float(np.abs(out - dim).max()))
     isa = sorted(f for f in flags if f in ("avx2", "avx512f", "avx512bw", *VNNI_FLAGS,
                                            "asimddp", "i8mm"))
-    return {"exact": max(got) <= 1e-3 * dim, "vnni": bool(flags & set(VNNI_FLAGS)),
+    return {"exact": max(got) <= 1e-3 * dim, "vnni": bool(flags & VNNI_FLAGS),
             "isa": isa, "weights": weights, "weight_max": weight_max,
             "max_abs_error": max(got)}
 
