@@ -60,6 +60,12 @@ def records_cost(task, recs: Sequence, bundle) -> Cost:
     return payloads_cost(task.mechanism, task.params, [r.payload for r in recs], d)
 
 
+def charge_of(settings, key_id: str, device_id: str, cost: Cost) -> budgets.Charge:
+    """The charge of ``cost`` to the key's ledger and its device's, with the default caps."""
+    return budgets.Charge(key_id, device_id, cost, settings.default_budget,
+                          settings.default_device_budget)
+
+
 def counted(cost: Cost, route: str) -> None:
     """Metrics of a charge that went through."""
     if cost.epsilon is not None:
@@ -83,7 +89,7 @@ async def price_prediction(state, key_id: str, device_id: str | None, model_id: 
             d = await asyncio.to_thread(_diameter_sync, state.bundles, info["bundle_id"])
         d = d if d is not None else _from_guarantee(info)
     cost = payloads_cost(info["mechanism"], info["params"], payloads, d)
-    return budgets.Charge(key_id, device, cost, state.settings.default_budget), checked
+    return charge_of(state.settings, key_id, device, cost), checked
 
 
 async def settle_prediction(pending: asyncio.Future, cost: Cost) -> budgets.Charged:

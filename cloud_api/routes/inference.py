@@ -109,7 +109,7 @@ async def list_models(request: Request, caller: AppCaller) -> Response:
 @router.post(
     "/models/{model_id}/predict", response_model=None, summary="Predict from payloads",
     responses={200: {"model": PredictResponse},
-               **responses(401, 403, 404, 413, 422, 429, 500, 503)},
+               **responses(401, 403, 404, 413, 422, 429, 500, 503, 507)},
     openapi_extra={"requestBody": {"required": True, "content": {"application/json": {
         "schema": {"$ref": "#/components/schemas/PredictRequest"}}}}})
 async def predict(model_id: ModelId, request: Request, caller: AppCaller) -> Response:

@@ -74,8 +74,7 @@ def _store(state, env: store.RecordsBody, key_id: str, device_id: str,
     limits = Limits.for_bundle(bundle, labels=task.labels,
                                max_tokens=s.max_tokens_per_payload or bundle.max_length)
     recs = store.validate_records(task, env.records, limits)
-    charge = budgets.Charge(key_id, device_id, charging.records_cost(task, recs, bundle),
-                            s.default_budget)
+    charge = charging.charge_of(s, key_id, device_id, charging.records_cost(task, recs, bundle))
     return store.add_records(state.db, task, recs, key_id, idem,
                              store.body_digest(env) if idem is not None else None,
                              charge=charge)
@@ -86,7 +85,7 @@ def _store(state, env: store.RecordsBody, key_id: str, device_id: str,
     responses={201: {"model": RecordsResponse, "headers": {"Idempotent-Replayed": {
         "description": "true when an earlier request with this Idempotency-Key stored them",
         "schema": {"type": "string"}}}},
-        **responses(401, 403, 404, 413, 422, 429, 503)},
+        **responses(401, 403, 404, 413, 422, 429, 503, 507)},
     openapi_extra={"requestBody": {"required": True, "content": {"application/json": {
         "schema": {"$ref": "#/components/schemas/RecordsRequest"}}}}})
 async def post_records(
