@@ -137,7 +137,10 @@ def _stream(opts, priv, client, budget, model_id, stream, size, out, rng, minimu
             except _PostFailed as exc:  # keep what the server answered before the failure
                 out.write(exc.lines)
                 n_records += len(exc.lines)
-                raise CliError(f"{exc}; {n_records} record(s) before it were "
+                # the server's ledger refused: exit 3, as the device's own cap does
+                refused = getattr(exc.error, "type", None) == "urn:privbert:problem:" \
+                    "budget-exhausted"
+                raise (BudgetRefused if refused else CliError)(f"{exc}; {n_records} record(s) before it were "
                                + ("uploaded and written" if post == "records"
                                   else "written")) from None
             try:
@@ -192,6 +195,7 @@ class _PostFailed(Exception):
 
     def __init__(self, error: Exception, lines: list[bytes]):
         super().__init__(str(error))
+        self.error = error
         self.lines = lines
 
 
