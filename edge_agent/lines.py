@@ -50,7 +50,7 @@ class Batch:
 HEADER = Line(0, "")  # the TSV header line: not a record
 
 
-LABEL_BOUND = 2**31  # integer labels travel as int32 (DESIGN.md "Payloads")
+LABEL_BOUND = 2**31  # integer labels travel as int32 (ARCHITECTURE.md "Payloads")
 
 
 def parse_label(raw: str, number: int) -> int | str:
