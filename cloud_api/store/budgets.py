@@ -1,5 +1,5 @@
 """The server's privacy budget ledgers: one per API key id, and one per ``X-Device-Id`` under
-it (DESIGN.md "Privacy budget"). What a request costs comes from ``shared.ledger`` (the
+it (docs/ledger.md, "On the server"). What a request costs comes from ``shared.ledger`` (the
 caller computes it from its task's or model's mechanism and the payloads received).
 
     ch = Charge(key_id, device_id, cost, default_cap, default_device_cap)
