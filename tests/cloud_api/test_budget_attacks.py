@@ -103,6 +103,8 @@ def test_rotating_device_ids_never_pass_the_keys_cap(srv, tiny_bundle_of_home):
         if g.status_code == 403:
             assert g.json()["type"] == problem_type("budget-exhausted")
     view = key_view(srv, key)
+    print(f"\nrotating device ids: {codes.count(200)} of 100 answered; the key's spend "
+          f"{view['spent']:.6g} = {view['spent'] / cap:.3f} of its cap C")
     assert view["spent"] <= cap and view["spent"] == pytest.approx(10 * c, rel=1e-9)
     assert sum(d["spent"] for d in view["devices"]) == pytest.approx(view["spent"], rel=1e-9)
     r = admin(srv, "PUT", f"/admin/budgets/{key_id(key)}/devices/dev-1", json={"cap": cap * 2})
@@ -132,6 +134,9 @@ def test_overload_charges_only_what_is_answered(srv, tiny_bundle_of_home):
     answered = codes.count(200)
     assert answered >= 1 and all(REMAINING in g.headers for g in got if g.status_code == 200)
     view = key_view(srv, key)
+    print(f"\noverload: {answered} x 200, {codes.count(429)} x 429, 1 x 413; payloads "
+          f"charged {view['sends']}, answered {4 * answered}, charged without an answer "
+          f"{view['sends'] - 4 * answered}")
     assert view["sends"] == 4 * answered, (view["sends"], answered, codes.count(429))
     assert view["spent"] == pytest.approx(answered * cost_of(four, b), rel=1e-9)
 
@@ -182,10 +187,12 @@ def test_records_and_predict_give_one_verdict_on_a_malformed_corpus(srv, tiny_bu
         assert pr.status_code in (200, 422) and rr.status_code in (201, 422), (name, pr.text,
                                                                                rr.text)
         verdicts[name] = (pr.status_code == 200, rr.status_code == 201)
-    assert verdicts["valid"] == (True, True)
-    assert all(p == r for p, r in verdicts.values()), verdicts
     tasks = admin(srv, "GET", "/admin/tasks").json()["tasks"]
     stored = next(t for t in tasks if t["task"] == task)["records"]
+    print(f"\nmalformed corpus: {len(verdicts) - 1} malformed cases, verdicts (predict, "
+          f"records) {verdicts}; stored {stored}, of them malformed {stored - 1}")
+    assert verdicts["valid"] == (True, True)
+    assert all(p == r for p, r in verdicts.values()), verdicts
     assert stored == sum(r for _, r in verdicts.values()) == 1
 
 

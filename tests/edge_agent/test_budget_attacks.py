@@ -64,6 +64,8 @@ def test_twelve_spellings_of_one_line_cost_one_payload(mech, minilm_enc_dir, tmp
     again = privatize(many, led, *args)
     assert again.returncode == 0, again.stderr
     after = status(led)
+    print(f"\n{mech[1] if mech[0] == '--mechanism' else 'dchi-text'}: 12 variants after the "
+          f"line: {after['sends'] - spent['sends']} extra charges")
     assert (after["sends"], after["spent"]) == (spent["sends"], spent["spent"]) == (
         1, spent["spent"]), after
     payloads = {json.dumps(json.loads(ln)["payload"], sort_keys=True)
@@ -113,6 +115,8 @@ def test_the_per_day_cap_holds_when_the_clock_moves(tiny_enc_dir, tmp_path):
                       str(tmp_path / "o2"))
     assert_one_line_error(ahead, 3, "clock")
     st = status(led)
+    print(f"\nclock moved back and forth: spent in the last 24 h {st['per_day']['spent_last_24h']:.6g}"
+          f" = {st['per_day']['spent_last_24h'] / (1.5 * cost):.3f} of the per-day cap")
     assert st["per_day"]["spent_last_24h"] <= 1.5 * cost
     assert st["spent"] == pytest.approx(cost, rel=1e-4)  # the dry run prints 5 digits
 
