@@ -214,3 +214,39 @@ def test_racing_records_requests_never_pass_the_cap(db, task, tiny_bundle):
     view = budgets.get_budget(db, "racer", set(), None)
     assert view["spent"] == pytest.approx(2 * cost.epsilon, rel=1e-12)
     assert view["sends"] == 2 * len(recs)
+
+
+def test_a_prediction_without_an_answer_is_refunded_once_its_charge_commits(db):
+    """The predict path's refund (cloud_api.charging.unanswered) through the real charge
+    writer: a client gone, then a cancelled request; each charge is taken back after it
+    committed, with its audit row, so a charge that fits only after both refunds goes
+    through; a refused charge is the 403 and is not refunded."""
+    import asyncio
+
+    from cloud_api.charging import unanswered
+    from cloud_api.serving.batcher import ClientGone
+    from cloud_api.store.charge_writer import ChargeWriter
+    from cloud_api.store.tables import budget_refunds
+
+    budgets.set_cap(db, "gone", 5.0, {"gone"}, None)
+    ch = budgets.Charge("gone", "dev", laplace(2.0))
+
+    async def run():
+        writer = ChargeWriter(db)
+        try:
+            await unanswered(writer, writer.submit(ch), ch, ClientGone("went away"))
+            pending = writer.submit(ch)
+            await unanswered(writer, pending, ch, asyncio.CancelledError())
+            await pending
+            with pytest.raises(budgets.BudgetExhausted):
+                big = budgets.Charge("gone", "dev", laplace(9.0))
+                await unanswered(writer, writer.submit(big), big, ClientGone("went away"))
+            return await writer.charge(budgets.Charge("gone", "dev", laplace(5.0)))
+        finally:
+            writer.close()
+
+    got = asyncio.run(run())
+    assert (got.spent, got.device_spent) == (5.0, 5.0)
+    with db.begin() as conn:
+        reasons = sorted(r.reason for r in conn.execute(select(budget_refunds)))
+    assert reasons == ["cancelled", "client-gone"]

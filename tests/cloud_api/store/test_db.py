@@ -102,7 +102,8 @@ def test_task_declarations_are_immutable(db, tiny_bundle):
                          "calibration coordinate sent, task has calibration vector"),
                         ({"mechanism": "ome", "params": {"epsilon": 1, "lam": 1}},
                          "mechanism ome sent"),
-                        ({"bundle_id": "0" * 64}, "bundle 000000000000")]:
+                        ({"bundle_id": "0" * 64}, "bundle 000000000000"),
+                        ({"pairs": True}, "pairs true sent, task has false")]:
         args = {"name": "lap", "labels": ["a", "b", "c"], "mechanism": "laplace",
                 "params": {"epsilon": 2}, "bundle_id": bid, **change}
         with pytest.raises(Conflict, match=msg):
@@ -116,7 +117,7 @@ def test_task_declarations_are_immutable(db, tiny_bundle):
     assert tasks.get_task(db, "lap").public() == {
         "task": "lap", "labels": ["a", "b", "c"], "mechanism": "laplace",
         "params": {"epsilon": 2.0, "calibration": "vector", "word_dropout": 0.0},
-        "bundle_id": bid}
+        "bundle_id": bid, "pairs": False}
 
 
 def test_racing_declarations_create_one_task(db, tiny_bundle):
