@@ -12,7 +12,6 @@ tests/edge_agent/test_budget_attacks.py."""
 
 from __future__ import annotations
 
-import json
 import subprocess
 import sys
 import uuid
