@@ -111,20 +111,23 @@ class ChargeWriter:
     def _apply(self, group: list) -> list:
         """The group's charges in one transaction on the writer's own connection, kept open
         between groups (a pool checkout with its ping costs a lone request more CPU than
-        the UPDATE). Results in group order."""
+        the UPDATE). Applied in key order (stable: a key's charges keep their order), so two
+        writers (``serve --workers N``) lock the rows of their groups in one order and never
+        deadlock; results in group order."""
         if self._conn is None:
             self._conn = self.db.write_connection()
-        results: list = []
+        results: list = [None] * len(group)
+        order = sorted(range(len(group)), key=lambda i: _key_of(group[i][0]))
         with self._conn.begin():
-            for ch, _, _ in group:
+            for i in order:
+                ch = group[i][0]
                 if isinstance(ch, _Refund):
                     budgets.refund(self._conn, ch.charge, ch.reason)
-                    results.append(None)
                     continue
                 try:
-                    results.append(budgets.charge(self._conn, ch))
+                    results[i] = budgets.charge(self._conn, ch)
                 except budgets.BudgetExhausted as exc:  # this one changed nothing
-                    results.append(exc)
+                    results[i] = exc
         return results
 
     def _drop_connection(self) -> None:
@@ -164,6 +167,10 @@ class ChargeWriter:
                 loop.call_soon_threadsafe(_settle, fut, res)
             except RuntimeError:  # its event loop is closed: nobody waits any more
                 pass
+
+
+def _key_of(item) -> str:
+    return item.charge.key_id if isinstance(item, _Refund) else item.key_id
 
 
 @dataclass(frozen=True)
