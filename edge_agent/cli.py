@@ -25,6 +25,7 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=Parser)
 
     from edge_agent import cli_budget, cli_privatize
+    from edge_agent.report import REPORT_MECHANISMS
 
     cli_privatize.register(sub)
     cli_budget.register(sub)
@@ -33,7 +34,7 @@ def build_parser() -> argparse.ArgumentParser:
                        description="Plausible deniability statistics N_w and S_w, token "
                        "embedding inversion accuracy, a table eta -> accuracy, and the honest "
                        "guarantee; with --target-inversion the eta that reaches it.")
-    p.add_argument("--mechanism", choices=("dchi-text", "dchi-embedding"), default="dchi-text")
+    p.add_argument("--mechanism", choices=REPORT_MECHANISMS, default=REPORT_MECHANISMS[0])
     how = p.add_mutually_exclusive_group(required=True)
     how.add_argument("--eta", type=float, help="privacy parameter eta > 0")
     how.add_argument("--target-inversion", type=float, metavar="P",

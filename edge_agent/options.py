@@ -10,23 +10,31 @@ from dataclasses import dataclass, field, fields
 
 from edge_agent.errors import UsageError, warn
 from edge_agent.texthide_key import resolve_key
+from shared.mechanisms import registry
 
-MECHANISMS = ("dchi-text", "dchi-embedding", "laplace", "ome", "texthide", "none")
-# the options that configure each mechanism; any other one given is a usage error
-MECHANISM_FLAGS = {
-    "dchi-text": {"eta"},
-    "dchi-embedding": {"eta", "float16"},
-    "laplace": {"epsilon", "calibration", "word_dropout"},
-    "ome": {"epsilon", "lam"},
-    "texthide": {"m", "k", "texthide_key", "texthide_seed", "num_labels"},
-    "none": {"allow_none"},
-}
-_NEEDED = {"dchi-text": ["eta"], "dchi-embedding": ["eta"], "laplace": ["epsilon"],
-           "ome": ["epsilon", "lam"], "texthide": ["m"], "none": []}
-_PARAMS = {"dchi-text": ["eta"], "dchi-embedding": ["eta"],
-           "laplace": ["epsilon", "calibration", "word_dropout"], "ome": ["epsilon", "lam"],
-           "texthide": ["m", "k"], "none": []}
 _DEFAULTS = {"calibration": "vector", "word_dropout": 0.0, "k": 1}
+_SETTINGS = ("eta", "epsilon", "calibration", "word_dropout", "lam", "m", "k")  # as flags
+
+
+def _params_of(name: str) -> list[str]:
+    """The mechanism's parameters that are edge options (OME's bit layout is not)."""
+    return [p for p in registry.get(name).param_names() if p in _SETTINGS]
+
+
+# the registered mechanisms, the private ones first (the order of --mechanism's choices)
+MECHANISMS = tuple(c.name for c in sorted(registry.mechanisms(), key=lambda c: not c.private))
+# the options that configure each mechanism; any other one given is a usage error
+MECHANISM_FLAGS = {name: set(_params_of(name)) | registry.get(name).edge_options
+                   for name in MECHANISMS}
+
+
+def _writes_text(cls) -> bool:
+    """A private mechanism whose payloads are token ids of the vocabulary can be written
+    back as text (``--format text``)."""
+    return cls.private and cls.payload_kind is registry.PayloadKind.TOKENS
+
+
+TEXT_MECHANISMS = tuple(n for n in MECHANISMS if _writes_text(registry.get(n)))
 
 
 def flag(name: str) -> str:
@@ -74,7 +82,7 @@ class MechanismOptions:
     def params(self) -> dict:
         """The payload parameters these options name (before the mechanism is built)."""
         return {n: getattr(self, n) if getattr(self, n) is not None else _DEFAULTS.get(n)
-                for n in _PARAMS[self.name]}
+                for n in _params_of(self.name)}
 
     def texthide_seed_value(self, quiet: bool = False) -> int | None:
         """The mask-pool seed from --texthide-key (or its alias); UsageError for a weak key."""
@@ -92,7 +100,7 @@ class MechanismOptions:
     @property
     def mixes(self) -> bool:
         """TextHide with k > 1: records mix k inputs and their labels."""
-        return self.name == "texthide" and (self.k or 1) > 1
+        return registry.get(self.name).mixes_inputs(self.params())
 
 
 @dataclass(frozen=True)
@@ -148,14 +156,16 @@ class PrivatizeOptions:
         if stray:
             raise UsageError(f"{', '.join(map(flag, stray))} do(es) not apply to --mechanism "
                              f"{m.name}")
-        for f in _NEEDED[m.name]:
-            if getattr(m, f) is None:
+        cls = registry.get(m.name)
+        for f in cls.required_params():
+            if f in _SETTINGS and f not in _DEFAULTS and getattr(m, f) is None:
                 raise UsageError(f"--mechanism {m.name} needs {flag(f)}")
-        if m.name == "none" and not m.allow_none:
-            raise UsageError("--mechanism none sends plain token ids the server can read; "
+        if not cls.private and not m.allow_none:
+            raise UsageError(f"--mechanism {m.name} sends plain token ids the server can read; "
                              "add --allow-none for the Null-privacy baseline")
-        if self.format == "text" and (m.name != "dchi-text" or post.mode):
-            raise UsageError("--format text is for --mechanism dchi-text without --post")
+        if self.format == "text" and (not _writes_text(cls) or post.mode):
+            raise UsageError(f"--format text is for --mechanism {' or '.join(TEXT_MECHANISMS)} "
+                             "without --post")
         if self.input.batch_size < 1 or post.batch < 1:
             raise UsageError("--batch-size and --post-batch must be integers >= 1")
         if m.mixes and (not self.input.tsv or post.mode == "predict"):
@@ -169,7 +179,7 @@ class PrivatizeOptions:
             raise UsageError("--task goes with --post records")
         if self.ledger.dry_run and (post.mode or self.output):
             raise UsageError("--dry-run writes and sends nothing: drop -o and --post")
-        if m.name == "texthide":
+        if "texthide_key" in cls.edge_options:
             m.texthide_seed_value(quiet=True)
 
 
