@@ -7,6 +7,7 @@ import argparse
 
 from edge_agent.cli_args import add_bundle_args, add_ledger_arg, server_options
 from edge_agent.options import (
+    DEFAULT_MECHANISM,
     MECHANISMS,
     InputOptions,
     LedgerOptions,
@@ -51,7 +52,7 @@ def register(sub) -> None:
     p.add_argument("--format", choices=("jsonl", "text"), default="jsonl",
                    help="jsonl records (default) or, for dchi-text, the privatized text")
     m = p.add_argument_group("mechanism")
-    m.add_argument("--mechanism", choices=MECHANISMS, default="dchi-text",
+    m.add_argument("--mechanism", choices=MECHANISMS, default=DEFAULT_MECHANISM,
                    help="default dchi-text; none sends plain token ids (needs --allow-none)")
     m.add_argument("--eta", type=float, help="dχ-privacy eta > 0 (dchi-text, dchi-embedding)")
     m.add_argument("--epsilon", type=float, help="epsilon > 0 (laplace, ome)")

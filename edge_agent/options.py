@@ -10,8 +10,9 @@ from dataclasses import dataclass, field, fields
 
 from edge_agent.errors import UsageError, warn
 from edge_agent.texthide_key import resolve_key
-from shared.mechanisms import registry
+from shared.mechanisms import DChiText, registry
 
+DEFAULT_MECHANISM = DChiText.name
 _DEFAULTS = {"calibration": "vector", "word_dropout": 0.0, "k": 1}
 _SETTINGS = ("eta", "epsilon", "calibration", "word_dropout", "lam", "m", "k")  # as flags
 
@@ -58,7 +59,7 @@ class ServerOptions:
 class MechanismOptions:
     """The mechanism and its parameters (None: not given)."""
 
-    name: str = "dchi-text"
+    name: str = DEFAULT_MECHANISM
     eta: float | None = None
     epsilon: float | None = None
     calibration: str | None = None

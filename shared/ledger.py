@@ -196,9 +196,9 @@ def batch_cost(payloads: Iterable[Any], mechanism: str, params: Mapping[str, Any
     """The summed cost of ``payloads`` all under ``mechanism`` and ``params`` (a request
     checked against one task or model); None for no payloads. The same figure as
     :func:`total` of their :func:`payload_cost` (up to float rounding), in one call per
-    distinct payload size: dχ costs add up linearly in the tokens (η·D·Σn), the vector
-    mechanisms' depend only on r."""
-    sizes: dict[int, int] = {}
+    distinct payload size: dχ costs add up linearly in the tokens (η·D·Σn), the others
+    depend only on the payload's size (r for the vector mechanisms)."""
+    sizes: dict[tuple, int] = {}
     n = 0
     if family_of(mechanism) == "dchi":
         # each payload's n_tokens, read without the property (a third of the time of a
@@ -210,15 +210,17 @@ def batch_cost(payloads: Iterable[Any], mechanism: str, params: Mapping[str, Any
                  diameter=diameter)
         return Cost(c.family, c.epsilon, c.metric, c.tokens, len(shapes), c.eta)
     for p in payloads:
-        size = payload_size(p).get("dim", 0)
+        size = tuple(payload_size(p).items())  # (("dim", r),) or (("tokens", n),)
         sizes[size] = sizes.get(size, 0) + 1
         n += 1
     if n == 0:
         return None
     if family_of(mechanism) in NO_EPSILON:
         return Cost(family_of(mechanism), None, sends=n)
-    eps = math.fsum(cost(mechanism, params, dim=r).epsilon * k for r, k in sizes.items())
-    return Cost(family_of(mechanism), _finite(mechanism, eps), sends=n)
+    each = [(cost(mechanism, params, **dict(size)), k) for size, k in sizes.items()]
+    eps = math.fsum(c.epsilon * k for c, k in each)
+    return Cost(family_of(mechanism), _finite(mechanism, eps), sends=n,
+                tokens=sum(c.tokens * k for c, k in each))
 
 
 def bundle_diameter(bundle: Any) -> float:

@@ -33,6 +33,7 @@ class NoPrivacy(BaseMechanism):
     payload_kind = PayloadKind.TOKENS
     family = "none"
     private = False
+    has_epsilon = False
     edge_options = frozenset({"allow_none"})
 
     @property

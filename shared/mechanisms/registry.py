@@ -130,6 +130,7 @@ class Mechanism(Protocol):
     payload_kind: ClassVar[PayloadKind]
     family: ClassVar[str]
     private: ClassVar[bool]
+    has_epsilon: ClassVar[bool]
 
     @property
     def params(self) -> dict: ...
@@ -153,8 +154,9 @@ class BaseMechanism:
 
     Class attributes: ``name`` (the wire's ``mechanism``), ``Params`` (the wire's params
     model), ``payload_kind``, ``family`` (the ledger's budget family), ``private`` (False
-    only for the named Null-privacy baseline), ``edge_options`` (edge settings besides the
-    parameters that apply to it, e.g. TextHide's key).
+    only for the named Null-privacy baseline), ``has_epsilon`` (False where there is no
+    differential-privacy ε to count or to judge: TextHide, none), ``edge_options`` (edge
+    settings besides the parameters that apply to it, e.g. TextHide's key).
     """
 
     name: ClassVar[str] = ""
@@ -162,6 +164,7 @@ class BaseMechanism:
     payload_kind: ClassVar[PayloadKind]
     family: ClassVar[str]
     private: ClassVar[bool] = True
+    has_epsilon: ClassVar[bool] = True
     edge_options: ClassVar[frozenset[str]] = frozenset()
 
     @property
@@ -196,6 +199,11 @@ class BaseMechanism:
     @classmethod
     def compared_params(cls, params: Mapping[str, Any]) -> dict:
         """The parameters a payload must share with the model or task it is sent to."""
+        return dict(params)
+
+    @classmethod
+    def prediction_params(cls, params: Mapping[str, Any]) -> dict:
+        """The parameters predictions are made with, for a model trained with ``params``."""
         return dict(params)
 
     @classmethod

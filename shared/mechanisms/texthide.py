@@ -68,6 +68,7 @@ class TextHide(BaseMechanism):
     Params = TextHideParams
     payload_kind = PayloadKind.VECTOR
     family = "texthide"
+    has_epsilon = False
     edge_options = frozenset({"texthide_key", "texthide_seed", "num_labels"})
 
     def __init__(
@@ -109,6 +110,11 @@ class TextHide(BaseMechanism):
         """Only the mask pool m: k is how many inputs a payload mixes (predictions use
         k = 1, whatever k trained the model)."""
         return {"m": params.get("m")}
+
+    @classmethod
+    def prediction_params(cls, params) -> dict:
+        """k = 1: a prediction hides one input, whatever k trained the model."""
+        return {**params, "k": 1}
 
     @classmethod
     def mixes_inputs(cls, params) -> bool:
