@@ -81,9 +81,10 @@ class MissingParameter(ValueError):
 class NoEncoder(ValueError):
     """The mechanism works on sentence vectors and the bundle has no frozen encoder."""
 
-    def __init__(self, mechanism: str, bundle_id: str):
+    def __init__(self, mechanism: str, bundle_id: str | None):
+        where = f"bundle {bundle_id[:12]}… has none" if bundle_id else "no bundle was given"
         super().__init__(f"{mechanism} needs a bundle with the frozen sentence encoder "
-                         f"(encoder.onnx); bundle {bundle_id[:12]}… has none")
+                         f"(encoder.onnx) or the sentence-vector size; {where}")
         self.mechanism, self.bundle_id = mechanism, bundle_id
 
 
@@ -349,7 +350,7 @@ def encoder_dim(mechanism: str, bundle: EdgeBundle | None, dim: int | None = Non
         return int(dim)
     enc = (bundle.meta.get("encoder") or {}) if bundle is not None else {}
     if bundle is None or bundle.encoder_onnx is None or "output_dim" not in enc:
-        raise NoEncoder(mechanism, bundle.bundle_id if bundle is not None else "(none)")
+        raise NoEncoder(mechanism, bundle.bundle_id if bundle is not None else None)
     return int(enc["output_dim"])
 
 
