@@ -7,35 +7,52 @@ incomplete options (``UsageError``) before any work is done.
 from __future__ import annotations
 
 from dataclasses import dataclass, field, fields
+from functools import cache
 
 from edge_agent.errors import UsageError, warn
 from edge_agent.texthide_key import resolve_key
-from shared.mechanisms import DChiText, registry
 
-DEFAULT_MECHANISM = DChiText.name
+DEFAULT_MECHANISM = "dchi-text"
 _DEFAULTS = {"calibration": "vector", "word_dropout": 0.0, "k": 1}
 _SETTINGS = ("eta", "epsilon", "calibration", "word_dropout", "lam", "m", "k")  # as flags
 
 
-def _params_of(name: str) -> list[str]:
+# The mechanisms come from the registry (``shared.mechanisms``), imported on first use: the
+# parser is built without numpy (``edge-agent --help`` stays light).
+def _registry():
+    from shared.mechanisms import registry
+
+    return registry
+
+
+@cache
+def mechanisms() -> tuple[str, ...]:
+    """The registered mechanisms, the private ones first (the order of --mechanism's
+    choices)."""
+    classes = _registry().mechanisms()
+    return tuple(c.name for c in sorted(classes, key=lambda c: not c.private))
+
+
+def params_of(name: str) -> list[str]:
     """The mechanism's parameters that are edge options (OME's bit layout is not)."""
-    return [p for p in registry.get(name).param_names() if p in _SETTINGS]
+    return [p for p in _registry().get(name).param_names() if p in _SETTINGS]
 
 
-# the registered mechanisms, the private ones first (the order of --mechanism's choices)
-MECHANISMS = tuple(c.name for c in sorted(registry.mechanisms(), key=lambda c: not c.private))
-# the options that configure each mechanism; any other one given is a usage error
-MECHANISM_FLAGS = {name: set(_params_of(name)) | registry.get(name).edge_options
-                   for name in MECHANISMS}
+@cache
+def mechanism_flags() -> dict[str, frozenset[str]]:
+    """The options that configure each mechanism; any other one given is a usage error."""
+    reg = _registry()
+    return {n: frozenset(params_of(n)) | reg.get(n).edge_options for n in mechanisms()}
 
 
 def _writes_text(cls) -> bool:
     """A private mechanism whose payloads are token ids of the vocabulary can be written
     back as text (``--format text``)."""
-    return cls.private and cls.payload_kind is registry.PayloadKind.TOKENS
+    return cls.private and cls.payload_kind is _registry().PayloadKind.TOKENS
 
 
-TEXT_MECHANISMS = tuple(n for n in MECHANISMS if _writes_text(registry.get(n)))
+def text_mechanisms() -> tuple[str, ...]:
+    return tuple(n for n in mechanisms() if _writes_text(_registry().get(n)))
 
 
 def flag(name: str) -> str:
@@ -77,13 +94,13 @@ class MechanismOptions:
 
     def given(self) -> set[str]:
         """Mechanism options that were given (``--eta 0`` is given: identity, not truth)."""
-        return {f for f in set().union(*MECHANISM_FLAGS.values())
+        return {f for f in set().union(*mechanism_flags().values())
                 if getattr(self, f) is not None and getattr(self, f) is not False}
 
     def params(self) -> dict:
         """The payload parameters these options name (before the mechanism is built)."""
         return {n: getattr(self, n) if getattr(self, n) is not None else _DEFAULTS.get(n)
-                for n in _params_of(self.name)}
+                for n in params_of(self.name)}
 
     def texthide_seed_value(self, quiet: bool = False) -> int | None:
         """The mask-pool seed from --texthide-key (or its alias); UsageError for a weak key."""
@@ -101,7 +118,7 @@ class MechanismOptions:
     @property
     def mixes(self) -> bool:
         """TextHide with k > 1: records mix k inputs and their labels."""
-        return registry.get(self.name).mixes_inputs(self.params())
+        return _registry().get(self.name).mixes_inputs(self.params())
 
 
 @dataclass(frozen=True)
@@ -151,13 +168,13 @@ class PrivatizeOptions:
     def check(self) -> None:
         """Usage errors before any work is done."""
         m, post = self.mechanism, self.post
-        if m.name not in MECHANISMS:
-            raise UsageError(f"--mechanism must be one of {', '.join(MECHANISMS)}")
-        stray = sorted(m.given() - MECHANISM_FLAGS[m.name])
+        if m.name not in mechanisms():
+            raise UsageError(f"--mechanism must be one of {', '.join(mechanisms())}")
+        stray = sorted(m.given() - mechanism_flags()[m.name])
         if stray:
             raise UsageError(f"{', '.join(map(flag, stray))} do(es) not apply to --mechanism "
                              f"{m.name}")
-        cls = registry.get(m.name)
+        cls = _registry().get(m.name)
         for f in cls.required_params():
             if f in _SETTINGS and f not in _DEFAULTS and getattr(m, f) is None:
                 raise UsageError(f"--mechanism {m.name} needs {flag(f)}")
@@ -165,7 +182,7 @@ class PrivatizeOptions:
             raise UsageError(f"--mechanism {m.name} sends plain token ids the server can read; "
                              "add --allow-none for the Null-privacy baseline")
         if self.format == "text" and (not _writes_text(cls) or post.mode):
-            raise UsageError(f"--format text is for --mechanism {' or '.join(TEXT_MECHANISMS)} "
+            raise UsageError(f"--format text is for --mechanism {' or '.join(text_mechanisms())} "
                              "without --post")
         if self.input.batch_size < 1 or post.batch < 1:
             raise UsageError("--batch-size and --post-batch must be integers >= 1")

@@ -26,10 +26,12 @@ functions, or override the methods.
 
 Plugins: an installed distribution may add mechanisms through the entry-point group
 ``privbert.mechanisms`` (each entry point names a mechanism class; loading it registers
-it). Only installed packages are read -- never a path from the environment or a request --
-so this is as trusted as the installed code itself. The tests use it to add a toy mechanism
-to the real edge CLI and server. A plugin must not import ``shared.payload`` (the payload
-union is built from the registry, after the plugins are loaded).
+it). Entry points are read from the distributions on ``sys.path`` -- what is installed, or
+what ``PYTHONPATH`` adds, which decides what code runs anyway -- never from a request, a
+model folder or any file the service reads, so a plugin is exactly as trusted as the
+installed code. The tests use it to add a toy mechanism to the real edge CLI and server. A
+plugin must not import ``shared.payload`` (the payload union is built from the registry,
+after the plugins are loaded).
 """
 
 from __future__ import annotations
@@ -294,8 +296,15 @@ def load_plugins() -> None:
     from importlib.metadata import entry_points
 
     for ep in entry_points(group=PLUGIN_GROUP):
-        cls = ep.load()
-        if isinstance(cls, type) and issubclass(cls, BaseMechanism) and cls.name not in _REGISTRY:
+        try:
+            cls = ep.load()
+        except Exception as exc:  # a broken install: say which one
+            raise RuntimeError(f"mechanism plugin {ep.name} ({ep.value}) failed to load: "
+                               f"{exc}") from exc
+        if not (isinstance(cls, type) and issubclass(cls, BaseMechanism)):
+            raise RuntimeError(f"mechanism plugin {ep.name} ({ep.value}) is not a "
+                               "BaseMechanism subclass")
+        if _REGISTRY.get(cls.name) is not cls:
             register(cls)
 
 
