@@ -10,7 +10,7 @@ from edge_agent.errors import CliError, UsageError, warn
 from edge_agent.options import MechanismOptions, PrivatizeOptions
 
 
-def build_mechanism(m: MechanismOptions, bundle):
+def mechanism_for(m: MechanismOptions, bundle):
     """The shared.mechanisms object for the options, from the one factory
     (``shared.mechanisms.create``); ValueError names a bad parameter, UsageError a bundle
     without the encoder a vector mechanism needs."""
@@ -71,7 +71,7 @@ def make_privatizer(opts: PrivatizeOptions, bundle, model: dict | None):
 
     m = opts.mechanism
     try:
-        mech = build_mechanism(m, bundle)
+        mech = mechanism_for(m, bundle)
         priv = Privatizer(bundle, mech, max_length=max_length_for(opts, bundle, model),
                           truncate=opts.input.truncate,
                           float_dtype="float16" if m.float16 else "float32",
