@@ -101,6 +101,21 @@ const OPTIONS = {
 type Values = ReturnType<typeof parseArgs<{ options: typeof OPTIONS; allowPositionals: true }>>["values"];
 
 function parse(argv: string[]): { command: string | undefined; positionals: string[]; v: Values } {
+  // "--eta -1": a negative number is the flag's value, as argparse reads it (then refused)
+  const args: string[] = [];
+  for (let i = 0; i < argv.length; i++) {
+    const a = argv[i]!;
+    const name = a.startsWith("--") ? a.slice(2) : null;
+    const next = argv[i + 1];
+    if (name !== null && name in OPTIONS && (OPTIONS as Record<string, { type: string }>)[name]!.type === "string"
+        && next !== undefined && /^-(\d|\.\d|inf|nan)/i.test(next)) {
+      args.push(`${a}=${next}`);
+      i++;
+    } else {
+      args.push(a);
+    }
+  }
+  argv = args;
   try {
     const { values, positionals } = parseArgs({ args: argv, options: OPTIONS, allowPositionals: true, strict: true });
     return { command: positionals[0], positionals: positionals.slice(1), v: values };
