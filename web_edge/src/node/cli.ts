@@ -39,7 +39,9 @@ class ArgError extends UsageError {}
 /** A run-time failure with a message that says what to do: exit code 1. */
 class CliError extends Error {}
 
-const USAGE = `usage: ${PROG} privatize FILE [--mechanism dchi-text|dchi-embedding] --eta ETA
+const USAGE = `usage: ${PROG} privatize FILE ([--mechanism dchi-text|dchi-embedding] --eta ETA
+         | --mechanism laplace --epsilon EPS [--calibration vector|coordinate] [--word-dropout MU]
+         | --mechanism ome --epsilon EPS --lam LAM)
          (--bundle DIR | --server URL [--model ID] [--api-key KEY]) [-o OUT.jsonl]
          [--post predict|records [--task T]] [--tsv] [--header auto|yes|no]
          [--ledger FILE] [--cap EPS] [--no-memo] [--empty skip|error] [--truncate first|error]
