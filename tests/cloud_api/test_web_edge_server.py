@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import io
 import json
+import os
+import subprocess
 import tarfile
 import threading
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -24,8 +26,6 @@ MARKERS = ["quetzalfrond", "zyxomantic"]
 def _needs_node():
     why = _node_ready()
     if why is not None:
-        import os
-
         if os.environ.get("CI"):
             pytest.fail(why)
         pytest.skip(why)
@@ -186,14 +186,12 @@ await s.close();
 
 def test_edge_session_privatizes_charges_and_predicts(server, tmp_path, tiny_bundle_of_home):
     """The library's one-call API for pages and scripts (EdgeSession), in Node."""
-    import subprocess
-
     from shared.ledger import bundle_diameter, payload_cost
     from shared.payload import parse_payload
     from tests.conftest import REPO
 
     p = subprocess.run(["node", "--input-type=module", "-e", SESSION_SCRIPT], cwd=REPO,
-                       env={"PATH": __import__("os").environ["PATH"], "URL": server.url,
+                       env={"PATH": os.environ["PATH"], "URL": server.url,
                             "KEY": server.app_key}, capture_output=True, text=True, timeout=180)
     assert p.returncode == 0, p.stderr
     out = json.loads(p.stdout)
