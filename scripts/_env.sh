@@ -44,3 +44,38 @@ ensure_postgres() {
              "(need root and apt-get); the PostgreSQL tests will be skipped" >&2
     fi
 }
+
+# Debian's chromium for the browser test (never a browser downloaded by npm)
+ensure_chromium() {
+    if [ -x /usr/bin/chromium ]; then
+        return 0
+    fi
+    if [ "$(id -u)" -eq 0 ] && command -v apt-get >/dev/null 2>&1; then
+        echo "installing Chromium (Debian package chromium)" >&2
+        DEBIAN_FRONTEND=noninteractive apt-get install -y -q chromium >/dev/null \
+            || { apt-get update -q >/dev/null && \
+                 DEBIAN_FRONTEND=noninteractive apt-get install -y -q chromium >/dev/null; }
+    else
+        echo "warning: /usr/bin/chromium not found and cannot be installed here (need root" \
+             "and apt-get); the browser test will be skipped" >&2
+    fi
+}
+
+# The web edge and its page: npm ci in web_edge and web_edge/demo (from the lock files),
+# then the library's and the page's builds (web_edge/demo/dist, served at /demo). Skips
+# npm ci where node_modules is newer than the lock file.
+ensure_web() {
+    if ! command -v npm >/dev/null 2>&1; then
+        echo "warning: npm not found (Node >= 20.19 is needed for the web edge and its page);" \
+             "the web tests will be skipped" >&2
+        return 0
+    fi
+    local dir
+    for dir in "$ROOT/web_edge" "$ROOT/web_edge/demo"; do
+        [ -f "$dir/package-lock.json" ] || continue
+        if [ ! -d "$dir/node_modules" ] || [ "$dir/package-lock.json" -nt "$dir/node_modules" ]; then
+            (cd "$dir" && npm ci --no-audit --no-fund --loglevel=error >&2 && touch node_modules)
+        fi
+        (cd "$dir" && npm run --silent build >&2)
+    done
+}
