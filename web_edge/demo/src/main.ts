@@ -5,9 +5,11 @@
  * send) and shows what happened, or one visible message and nothing sent.
  */
 
-import { ApiClient, readConfig, type ModelInfo } from "./api.js";
-import { Edge, type Privatized } from "./edge.js";
-import { notes, summaryLine } from "./guarantee.js";
+import { guarantee, summary, type ModelInfo, type PrivbertClient } from "@privbert/edge";
+
+import { readConfig } from "./api.js";
+import { Edge, explain, type Privatized } from "./edge.js";
+import { notes } from "./guarantee.js";
 
 const $ = <T extends HTMLElement>(id: string): T => {
   const el = document.getElementById(id);
@@ -42,11 +44,12 @@ const ui = {
   setCap: $<HTMLButtonElement>("set-cap"),
 };
 
-let api: ApiClient;
+let client: PrivbertClient;
 let models: ModelInfo[] = [];
 let edge: Edge | null = null;
 let busy = false;
 let inversionRun = 0;
+let measuredEta: number | null = null;
 
 function status(text: string): void {
   ui.status.textContent = text;
@@ -54,8 +57,7 @@ function status(text: string): void {
 
 /** One visible message; the caller has sent nothing (or says what was). */
 function fail(err: unknown): void {
-  const msg = err instanceof Error ? err.message : String(err);
-  ui.error.textContent = msg;
+  ui.error.textContent = explain(err);
   ui.error.hidden = false;
   status("");
 }
@@ -77,23 +79,26 @@ async function start(): Promise<void> {
   const t0 = performance.now();
   status("connecting to the service…");
   const config = await readConfig();
-  api = new ApiClient(config.api_base, config.api_key);
   if (!config.api_key) {
     ui.keyRow.hidden = false;
     ui.key.addEventListener("change", () => {
-      api.key = ui.key.value.trim() || null;
+      clearError();
+      client = Edge.client(ui.key.value.trim() || null);
       void loadModels(t0).catch(fail);
     });
     status("enter an application key to start");
     return;
   }
+  client = Edge.client(config.api_key);
   await loadModels(t0);
 }
 
 async function loadModels(t0: number): Promise<void> {
-  models = (await api.models()).filter((m) => m.mechanism === "dchi-text");
+  models = (await client.models()).filter((m) => m.mechanism === "dchi-text");
   if (models.length === 0) throw new Error("the service serves no dchi-text model: nothing to explore");
   ui.model.replaceChildren(...models.map((m) => new Option(`${m.id} (${m.version ?? "?"}, η = ${m.params.eta})`, m.id)));
+  const wanted = new URLSearchParams(location.search).get("model");
+  if (wanted && models.some((m) => m.id === wanted)) ui.model.value = wanted;
   ui.model.disabled = false;
   await selectModel(t0);
 }
@@ -105,13 +110,12 @@ async function selectModel(t0: number = performance.now()): Promise<void> {
   setEta(Number(m.params.eta));
   status(`fetching bundle ${m.bundle_id.slice(0, 12)}… and checking its SHA-256`);
   edge = null;
-  edge = await Edge.open(api, m, window.indexedDB);
+  edge = await Edge.open(client, m);
   status(`bundle ${m.bundle_id.slice(0, 12)}… verified (${edge.vocabSize.toLocaleString("en-US")} tokens × ${edge.dim}), ` +
     `loaded in ${Math.round(performance.now() - t0)} ms`);
   document.body.dataset.bundleMs = String(performance.now() - t0);
   ui.go.disabled = ui.preview.disabled = false;
   await showLedger();
-  refreshInversion();
 }
 
 function setEta(v: number): void {
@@ -121,34 +125,37 @@ function setEta(v: number): void {
 
 async function showLedger(): Promise<void> {
   if (!edge) return;
-  const s = await edge.ledgerState();
+  const s = await edge.ledgerStatus();
   ui.spent.textContent = s.spent.toFixed(1);
   ui.cap.textContent = s.cap === null ? "none" : s.cap.toFixed(1);
   ui.remaining.textContent = s.cap === null ? "–" : Math.max(0, s.cap - s.spent).toFixed(1);
   ui.sends.textContent = String(s.sends);
 }
 
-function showPrivatized(p: Privatized, m: ModelInfo): void {
-  ui.tokens.replaceChildren(...p.tokens.map((tok, i) => {
+function showTokens(tokens: string[], unchanged: boolean[]): void {
+  ui.tokens.replaceChildren(...tokens.map((tok, i) => {
     const li = document.createElement("li");
     li.textContent = tok;
-    if (p.unchanged[i]) {
+    if (unchanged[i]) {
       li.className = "same";
       li.title = "unchanged by the noise in this draw";
     }
     return li;
   }));
+}
+
+function showPrivatized(p: Privatized): void {
+  showTokens(p.tokens, p.unchanged);
   ui.payload.textContent = p.payloadJson;
   ui.timing.textContent = p.ms.toFixed(1);
   document.body.dataset.privatizeMs = String(p.ms);
-  const g = { mechanism: "dchi-text", eta: p.eta, worstPerToken: p.eta * edge!.diameter, tokens: p.tokens.length };
-  ui.guarantee.textContent = summaryLine(g);
-  ui.guaranteeNotes.replaceChildren(...notes(g, edge!.dim).map((n) => {
+  const g = guarantee("dchi-text", p.eta, edge!.diameter, edge!.dim);
+  ui.guarantee.textContent = summary(g, p.tokens.length);
+  ui.guaranteeNotes.replaceChildren(...notes(g).map((n) => {
     const li = document.createElement("li");
     li.textContent = n;
     return li;
   }));
-  void m;
 }
 
 async function run(send: boolean): Promise<void> {
@@ -161,7 +168,7 @@ async function run(send: boolean): Promise<void> {
     const e = eta();
     // the text policy and the floor first: a refusal leaves nothing charged and nothing sent
     const p = await edge.privatize(ui.text.value, e);
-    showPrivatized(p, m);
+    showPrivatized(p);
     if (!send) {
       ui.sentNote.textContent = "Privatized in this page only: nothing was sent and nothing charged.";
       status("");
@@ -173,19 +180,26 @@ async function run(send: boolean): Promise<void> {
         "nothing was sent (set η to the model's to ask it)");
     }
     status("charging the device ledger, then sending the payload…");
+    ui.sentNote.textContent = "Charged to the device ledger; sending…";
     const answer = await edge.send(p);  // charged (committed) before the request leaves
+    if (answer.payloadJson !== p.payloadJson) {  // a memoized repeat: the stored payload left
+      ui.payload.textContent = answer.payloadJson;
+      showTokens(edge.tokensOf(answer.payloadJson), []);
+    }
     ui.sentNote.textContent = answer.repeat
       ? "Sent again: a repeat of an earlier sentence sends the same payload and costs nothing."
       : "Sent: only these token ids (and the mechanism, η and bundle id).";
     const best = answer.prediction;
     ui.prediction.textContent = `${best.label} (` + Object.entries(best.scores)
-      .map(([k, v]) => `${k} ${(v * 100).toFixed(1)}%`).join(", ") + `) — model ${answer.modelId} ${answer.version}`;
+      .map(([k, v]) => `${k} ${(v * 100).toFixed(1)}%`).join(", ") + `) — model ${answer.modelId}`;
     status("");
   } catch (err) {
     fail(err);
   } finally {
     busy = false;
     await showLedger().catch(fail);
+    if (!ui.error.hidden || measuredEta === eta()) return;
+    refreshInversion();
   }
 }
 
@@ -194,6 +208,7 @@ function refreshInversion(): void {
   if (!edge) return;
   const e = eta();
   const run = ++inversionRun;
+  measuredEta = e;
   ui.inversion.textContent = "measuring…";
   edge.inversionRate(e).then((r) => {
     if (run !== inversionRun) return;
@@ -209,11 +224,9 @@ ui.preview.addEventListener("click", () => void run(false));
 ui.model.addEventListener("change", () => void selectModel().catch(fail));
 ui.eta.addEventListener("change", () => {
   ui.etaRange.value = ui.eta.value;
-  refreshInversion();
 });
 ui.etaRange.addEventListener("change", () => {
   ui.eta.value = ui.etaRange.value;
-  refreshInversion();
 });
 ui.setCap.addEventListener("click", () => {
   if (!edge) return;

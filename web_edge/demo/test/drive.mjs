@@ -64,6 +64,7 @@ async function click(page, id) {
     document.querySelector("#tokens").replaceChildren();
     document.body.dataset.done = "";
   });
+  if (await page.locator(`#${id}`).isDisabled()) return;  // the page refused before: its message stands
   await page.click(`#${id}`);
   const want = id === "go" ? "prediction" : "tokens";
   await page.waitForFunction((w) => !document.querySelector("#error").hidden
@@ -90,7 +91,7 @@ const SCENARIOS = {
     await p.page.fill("#text", args.sentence);
     await click(p.page, "go");
     const first = await state(p.page);
-    await p.page.waitForFunction(() => !/measuring/.test(document.querySelector("#inversion").textContent));
+    await p.page.waitForFunction(() => /random regular tokens|not measured/.test(document.querySelector("#inversion").textContent));
     first.inversion = await text(p.page, "inversion");
     first.guaranteeNotes = await p.page.locator("#guarantee-notes li").allTextContents();
     await click(p.page, "go");
@@ -140,7 +141,14 @@ const SCENARIOS = {
     await p.page.route("**/v1/bundles/**", async (route) => {
       const r = await route.fetch();
       const body = Buffer.from(await r.body());
-      body[body.length >> 1] ^= 0x01;  // one bit of the tarball flipped
+      // one bit flipped inside embeddings.npy's data (past its header): the tar still reads,
+      // the file's SHA-256 no longer matches bundle.json
+      let at = -1;
+      for (let h = 0; h + 512 <= body.length; h += 512) {
+        if (body.subarray(h, h + 15).toString("latin1") === "embeddings.npy\0") { at = h + 512 + 256; break; }
+      }
+      if (at < 0) throw new Error("no embeddings.npy in the bundle tarball");
+      body[at] ^= 0x01;
       await route.fulfill({ response: r, body });
     });
     await ready(p.page);
