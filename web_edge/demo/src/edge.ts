@@ -26,8 +26,16 @@ const OPTIONAL_FLOOR_CACHE: FloorCache = {
 const BUNDLES = new CacheApiBundleCache();
 const OPTIONAL_BUNDLE_CACHE: BundleCache = {
   get: (id) => BUNDLES.get(id).catch(() => null),
-  put: (id, tar) => BUNDLES.put(id, tar).catch(() => undefined),
+  // stored in the background: the page does not wait for 50 MB to be written to use them
+  put: (id, tar) => {
+    void BUNDLES.put(id, tar).catch(() => undefined);
+    return Promise.resolve();
+  },
 };
+
+/** WebAssembly threads for the nearest-token search: more than one needs cross-origin
+ * isolation (cloud-api serve sends COOP/COEP with /demo). */
+const THREADS = globalThis.crossOriginIsolated ? Math.min(4, navigator.hardwareConcurrency || 1) : 1;
 
 export interface Privatized {
   eta: number;
@@ -62,6 +70,8 @@ export function explain(err: unknown): string {
 export class Edge {
   private readonly privatizers = new Map<number, Promise<Privatizer>>();
   private readonly vocab: string[];
+  /** how long opening took: the bundle (fetched and verified, or from the cache), the rest */
+  phases: Record<string, number | boolean> = {};
 
   private constructor(readonly client: PrivbertClient, readonly model: ModelInfo, readonly bundle: EdgeBundle,
                       readonly ledger: Ledger, readonly diameter: number, readonly maxLength: number) {
@@ -77,12 +87,17 @@ export class Edge {
 
   /** The model's bundle (verified, cached) and the privatizer at the model's η. */
   static async open(client: PrivbertClient, model: ModelInfo): Promise<Edge> {
-    const { bundle } = await client.bundle(model.bundle_id, OPTIONAL_BUNDLE_CACHE);
+    const t0 = performance.now();
+    const { bundle, fetched } = await client.bundle(model.bundle_id, OPTIONAL_BUNDLE_CACHE);
+    const t1 = performance.now();
     const limit = typeof model.max_length === "number" && model.max_length >= 4
       ? Math.min(model.max_length, bundle.maxLength) : bundle.maxLength;
     const ledger = new Ledger(new IndexedDbLedgerStore());
     const edge = new Edge(client, model, bundle, ledger, diameter(bundle.embeddings, bundle.dim, bundle.regularIds), limit);
+    const t2 = performance.now();
     await edge.privatizer(Number(model.params.eta));
+    edge.phases = { bundleMs: t1 - t0, fetched, setupMs: t2 - t1, privatizerMs: performance.now() - t2,
+      threads: THREADS };
     return edge;
   }
 
@@ -100,7 +115,7 @@ export class Edge {
     if (!p) {
       p = Privatizer.create(this.bundle, {
         mechanism: "dchi-text", eta, maxLength: this.maxLength, truncate: "error",
-        floorCache: OPTIONAL_FLOOR_CACHE,
+        floorCache: OPTIONAL_FLOOR_CACHE, threads: THREADS,
       });
       this.privatizers.set(eta, p);
       p.catch(() => this.privatizers.delete(eta));

@@ -114,6 +114,7 @@ async function selectModel(t0: number = performance.now()): Promise<void> {
   status(`bundle ${m.bundle_id.slice(0, 12)}… verified (${edge.vocabSize.toLocaleString("en-US")} tokens × ${edge.dim}), ` +
     `loaded in ${Math.round(performance.now() - t0)} ms`);
   document.body.dataset.bundleMs = String(performance.now() - t0);
+  document.body.dataset.phases = JSON.stringify(edge.phases);
   ui.go.disabled = ui.preview.disabled = false;
   await showLedger();
 }

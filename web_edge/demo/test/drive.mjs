@@ -184,7 +184,8 @@ const SCENARIOS = {
       await click(p.page, "preview");
       warm.push((await state(p.page)).privatizeMs);
     }
-    return { firstMs, first, warm, bundleMs: Number(await p.page.evaluate(() => document.body.dataset.bundleMs)) };
+    return { firstMs, first, warm, bundleMs: Number(await p.page.evaluate(() => document.body.dataset.bundleMs)),
+      phases: JSON.parse(await p.page.evaluate(() => document.body.dataset.phases || "{}")) };
   },
 };
 
