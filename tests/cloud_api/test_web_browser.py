@@ -99,6 +99,7 @@ def test_a_sentence_typed_into_the_page_gets_a_prediction(report, page_server):
     scene = report["scenarios"]["predict"]
     first, repeat = scene["result"]["first"], scene["result"]["repeat"]
     assert first["error"] is None, (first, scene["console"])
+    assert not first["keyFieldShown"]  # the demo key came from config.json
     label = first["prediction"].split(" ", 1)[0]
     assert label in model["labels"], first["prediction"]
     assert first["tokens"] and first["privatizeMs"] > 0

@@ -81,6 +81,7 @@ async function state(page) {
     ledger: { spent: await text(page, "ledger-spent"), cap: await text(page, "ledger-cap"),
       remaining: await text(page, "ledger-remaining"), sends: await text(page, "ledger-sends") },
     privatizeMs: Number(await page.evaluate(() => document.body.dataset.privatizeMs)),
+    keyFieldShown: await page.locator("#key").isVisible(),
   };
 }
 
