@@ -18,6 +18,7 @@
 from __future__ import annotations
 
 from pathlib import Path
+from types import SimpleNamespace
 
 import orjson
 from starlette.datastructures import Headers, MutableHeaders
@@ -55,6 +56,7 @@ PAGE_HEADERS = {
     "X-Content-Type-Options": "nosniff",
     "Referrer-Policy": "no-referrer",
 }
+_DEMO_ROUTE = SimpleNamespace(path="/demo/{path}")  # the access log's and metrics' route label
 BUILD_HINT = "bash scripts/build_web.sh (npm ci and npm run build in web_edge/demo)"
 
 
@@ -125,6 +127,7 @@ class DemoPage:
                     headers[k] = v
             await send(message)
 
+        scope["route"] = _DEMO_ROUTE  # the router's scope: the service middleware reads it
         if scope["type"] == "http" and _route_path(scope) == "/config.json":
             answer = Response(self.config, media_type="application/json",
                               headers={"Cache-Control": "no-store"})

@@ -152,6 +152,10 @@ def test_demo_page_is_served_under_a_strict_csp(web_servers):
     js = httpx.get(f"{on.url}/demo/assets/page.js")
     assert js.headers["content-type"].startswith("text/javascript")
     assert httpx.get(f"{on.url}/demo/assets/nope.js").status_code == 404
+    # the access log names the route, never the path
+    lines = [ln for ln in on.log_lines() if ln.get("message") == "request"]
+    demo = [ln for ln in lines if ln.get("route") == "/demo/{path}"]
+    assert demo and not any("page.js" in str(ln) or "ort.wasm" in str(ln) for ln in lines)
 
 
 def test_demo_config_hands_out_the_demo_key_which_is_an_app_key_only(web_servers):
