@@ -61,21 +61,48 @@ ensure_chromium() {
     fi
 }
 
-# The web edge and its page: npm ci in web_edge and web_edge/demo (from the lock files),
-# then the library's and the page's builds (web_edge/demo/dist, served at /demo). Skips
-# npm ci where node_modules is newer than the lock file.
-ensure_web() {
+# The web edge (web_edge/, npm package @privbert/edge): its node_modules installed by `npm ci`
+# from package-lock.json when missing or when the lock changed (a stamp file), and its dist/
+# rebuilt when a source changed (`npm ci` builds it too: the package's prepare script).
+ensure_web_edge() {
+    local dir="$ROOT/web_edge" stamp want built
     if ! command -v npm >/dev/null 2>&1; then
-        echo "warning: npm not found (Node >= 20.19 is needed for the web edge and its page);" \
-             "the web tests will be skipped" >&2
-        return 0
+        echo "tests: npm not found: the web edge needs Node >= 20 and npm" >&2
+        return 1
     fi
-    local dir
-    for dir in "$ROOT/web_edge" "$ROOT/web_edge/demo"; do
-        [ -f "$dir/package-lock.json" ] || continue
-        if [ ! -d "$dir/node_modules" ] || [ "$dir/package-lock.json" -nt "$dir/node_modules" ]; then
-            (cd "$dir" && npm ci --no-audit --no-fund --loglevel=error >&2 && touch node_modules)
-        fi
+    stamp="$dir/node_modules/.privbert-installed"
+    want="$(cat "$dir/package.json" "$dir/package-lock.json" | sha256sum | cut -c1-64)"
+    if [ "$(cat "$stamp" 2>/dev/null)" != "$want" ]; then
+        echo "web_edge: npm ci" >&2
+        (cd "$dir" && npm ci --no-audit --no-fund --loglevel=error >&2)
+        echo "$want" > "$stamp"
+    fi
+    built="$(cat "$dir"/tsconfig*.json $(find "$dir/src" -name '*.ts' | sort) | sha256sum | cut -c1-64)"
+    if [ "$(cat "$dir/dist/.privbert-built" 2>/dev/null)" != "$built" ]; then
         (cd "$dir" && npm run --silent build >&2)
-    done
+        echo "$built" > "$dir/dist/.privbert-built"
+    fi
+}
+
+# The privacy explorer page (web_edge/demo, served at /demo): its node_modules installed by
+# `npm ci` when missing or when its lock changed, and dist/ built (`npm run build`: tsc, Vite)
+# when a source of the page or the library's build changed (stamp files). After
+# ensure_web_edge: the page depends on the library through file:..
+ensure_web_demo() {
+    local dir="$ROOT/web_edge/demo" stamp want built
+    command -v npm >/dev/null 2>&1 || return 1
+    stamp="$dir/node_modules/.privbert-installed"
+    want="$(cat "$dir/package.json" "$dir/package-lock.json" | sha256sum | cut -c1-64)"
+    if [ "$(cat "$stamp" 2>/dev/null)" != "$want" ]; then
+        echo "web_edge/demo: npm ci" >&2
+        (cd "$dir" && npm ci --no-audit --no-fund --loglevel=error >&2)
+        echo "$want" > "$stamp"
+    fi
+    built="$(cat "$dir"/index.html "$dir"/vite.config.ts "$dir"/tsconfig.json \
+             "$ROOT/web_edge/dist/.privbert-built" $(find "$dir/src" -type f | sort) \
+             | sha256sum | cut -c1-64)"
+    if [ "$(cat "$dir/dist/.privbert-built" 2>/dev/null)" != "$built" ]; then
+        (cd "$dir" && npm run --silent build >&2)
+        echo "$built" > "$dir/dist/.privbert-built"
+    fi
 }

@@ -7,7 +7,8 @@
 # Extra arguments go to `cloud-api bootstrap`.
 . "$(dirname "$0")/_env.sh"
 ensure_venv
-ensure_web
+ensure_web_edge
+ensure_web_demo
 cd "$ROOT"
 
 DATA="$ROOT/../shared/data/sst2_sentences"

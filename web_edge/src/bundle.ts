@@ -87,6 +87,11 @@ export class EdgeBundle {
         ? (data.buffer as ArrayBuffer)
         : (data.buffer as ArrayBuffer).slice(data.byteOffset, data.byteOffset + data.byteLength);
     const files = new Map<string, Uint8Array>();
+    // a tar archive ends with two zero blocks: without them the download was cut short
+    const tail = new Uint8Array(buf, Math.max(0, buf.byteLength - 1024));
+    if (buf.byteLength < 1536 || buf.byteLength % 512 !== 0 || tail.some((b) => b !== 0)) {
+      throw new BundleError("bundle tarball: truncated or not a tar archive (no end-of-archive marker)");
+    }
     try {
       for (const item of parseTar(buf)) {
         if ((item.type === "file" || item.type === undefined) && item.size >= 0) {

@@ -273,7 +273,8 @@ export function requireDchiFloor(name: "dchi-text" | "dchi-embedding", eta: numb
   return why;
 }
 
-/** What a floor cache keeps per bundle (the exit distances, a few KB). */
+/** What a floor cache keeps per bundle (the exit distances, a few KB; keys are the bundle id,
+ * or the bundle id and ".bound2048" for the cheap upper bound's). */
 export interface FloorCache {
   get(bundleId: string): Promise<Float64Array | null>;
   put(bundleId: string, exit: Float64Array): Promise<void>;
@@ -315,21 +316,27 @@ export async function checkDchiFloor(name: "dchi-text" | "dchi-embedding", eta: 
                                      options: { cache?: FloorCache | null; allowWeak?: boolean;
                                        makeIndex?: (table: Float32Array, rows: number) => Promise<ExactNearest> } = {}
 ): Promise<string | null> {
-  const cached = options.cache ? await options.cache.get(bundle.bundleId) : null;
+  const cache = options.cache ?? null;
+  const cached = cache ? await cache.get(bundle.bundleId) : null;
   if (!(cached && cached.length === FLOOR_TOKENS) && options.makeIndex
       && Number.isFinite(eta * 2 * regularTMax(bundle)) && bundle.regularIds.length > BOUND_ROWS) {
-    const reg = bundle.regularIds;
-    const pick = choiceWithoutReplacement(new Pcg64Source(1), reg.length, BOUND_ROWS).sort();
-    const table = bundle.rows(reg);
-    const sub = new Float32Array(BOUND_ROWS * bundle.dim);
-    for (let j = 0; j < BOUND_ROWS; j++) sub.set(table.subarray(pick[j]! * bundle.dim, (pick[j]! + 1) * bundle.dim), j * bundle.dim);
-    const small = await options.makeIndex(sub, BOUND_ROWS);
-    try {
-      const bound = await DChiFloor.compute(table, reg.length, bundle.dim, small, FLOOR_TOKENS, 0, 256, pick);
-      if (bound.unchanged(eta * BOUND_SLACK) <= THRESHOLD) return null;
-    } finally {
-      await small.release();
+    const boundKey = `${bundle.bundleId}.bound${BOUND_ROWS}`;
+    let exit = cache ? await cache.get(boundKey) : null;
+    if (!(exit && exit.length === FLOOR_TOKENS)) {
+      const reg = bundle.regularIds;
+      const pick = choiceWithoutReplacement(new Pcg64Source(1), reg.length, BOUND_ROWS).sort();
+      const table = bundle.rows(reg);
+      const sub = new Float32Array(BOUND_ROWS * bundle.dim);
+      for (let j = 0; j < BOUND_ROWS; j++) sub.set(table.subarray(pick[j]! * bundle.dim, (pick[j]! + 1) * bundle.dim), j * bundle.dim);
+      const small = await options.makeIndex(sub, BOUND_ROWS);
+      try {
+        exit = (await DChiFloor.compute(table, reg.length, bundle.dim, small, FLOOR_TOKENS, 0, 256, pick)).exit;
+      } finally {
+        await small.release();
+      }
+      if (cache) await cache.put(boundKey, exit);
     }
+    if (new DChiFloor(bundle.dim, exit, 0).unchanged(eta * BOUND_SLACK) <= THRESHOLD) return null;
   }
   const floor = await bundleFloor(bundle, index, options.cache);
   return requireDchiFloor(name, eta, floor, options.allowWeak ?? false);

@@ -77,9 +77,9 @@ export class DirBundleCache implements BundleCache {
 export class DirFloorCache implements FloorCache {
   constructor(readonly root: string = cacheRoot()) {}
 
-  private file(bundleId: string): string {
-    if (!BUNDLE_ID.test(bundleId)) throw new BundleError(`not a bundle id (64 hex digits): ${JSON.stringify(bundleId)}`);
-    return join(this.root, ".floors", `${bundleId}.f64`);
+  private file(key: string): string {
+    if (!/^[0-9a-f]{64}(\.bound\d+)?$/.test(key)) throw new BundleError(`not a floor key: ${JSON.stringify(key)}`);
+    return join(this.root, ".floors", `${key}.f64`);
   }
 
   async get(bundleId: string): Promise<Float64Array | null> {

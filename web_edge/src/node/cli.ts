@@ -24,6 +24,7 @@ import { Ledger, dchiCost, diameter, fmtEps, total, type Cost, type MemoKeys } f
 import { recordLine } from "../payload.js";
 import { Pcg64Source } from "../pcg64.js";
 import { Privatizer, nTokens, type TokenizedText } from "../privatizer.js";
+import { TextTokenizer } from "../tokenizer.js";
 import { DirBundleCache, DirFloorCache, loadBundleDir } from "./caches.js";
 import { FileLedgerStore, defaultLedgerPath } from "./file_ledger.js";
 import { batches, InputError, type Batch, type Line } from "./input.js";
@@ -44,6 +45,7 @@ const USAGE = `usage: ${PROG} privatize FILE [--mechanism dchi-text|dchi-embeddi
          [--max-length N] [--batch-size N] [--post-batch N] [--float16] [--seed N]
          [--allow-weak-privacy] [--timeout S] [--retries N]
        ${PROG} budget [--ledger FILE] [--cap EPS|none]
+       ${PROG} tokenize FILE --bundle DIR   (word-piece ids per line, as JSON; nothing is sent)
 
 input: one record per line (UTF-8); with --tsv: text<TAB>label or text_a<TAB>text_b<TAB>label.
 output: one JSON record per line, {"payload": {...}, "label": ...}, as edge-agent writes them.
@@ -99,6 +101,21 @@ const OPTIONS = {
 type Values = ReturnType<typeof parseArgs<{ options: typeof OPTIONS; allowPositionals: true }>>["values"];
 
 function parse(argv: string[]): { command: string | undefined; positionals: string[]; v: Values } {
+  // "--eta -1": a negative number is the flag's value, as argparse reads it (then refused)
+  const args: string[] = [];
+  for (let i = 0; i < argv.length; i++) {
+    const a = argv[i]!;
+    const name = a.startsWith("--") ? a.slice(2) : null;
+    const next = argv[i + 1];
+    if (name !== null && name in OPTIONS && (OPTIONS as Record<string, { type: string }>)[name]!.type === "string"
+        && next !== undefined && /^-(\d|\.\d|inf|nan)/i.test(next)) {
+      args.push(`${a}=${next}`);
+      i++;
+    } else {
+      args.push(a);
+    }
+  }
+  argv = args;
   try {
     const { values, positionals } = parseArgs({ args: argv, options: OPTIONS, allowPositionals: true, strict: true });
     return { command: positionals[0], positionals: positionals.slice(1), v: values };
@@ -468,6 +485,22 @@ async function runPrivatize(positionals: string[], v: Values): Promise<number> {
   }
 }
 
+// -- tokenize (the conformance check of the tokenizer) ----------------------------------------
+async function runTokenize(positionals: string[], v: Values): Promise<number> {
+  if (positionals.length !== 1) throw new UsageError("tokenize takes one FILE (- for stdin)");
+  if (!v.bundle) throw new UsageError("tokenize needs --bundle DIR");
+  const data = readInput(positionals[0]!);
+  const bundle = await loadBundleDir(v.bundle);
+  const tok = new TextTokenizer(bundle.tokenizerJson);
+  const out: string[] = [];
+  for (const b of batches(data, { tsv: v.tsv ?? false, header: "auto", batchSize: 256 })) {
+    for (const ln of b.lines) out.push(JSON.stringify({ line: ln.number, ids: tok.encode(ln.text) }) + "\n");
+    if (b.error) throw new CliError(b.error.message);
+  }
+  process.stdout.write(out.join(""));
+  return 0;
+}
+
 // -- entry point -------------------------------------------------------------------------------
 function describe(exc: unknown): string {
   const e = exc as Error;
@@ -484,7 +517,8 @@ export async function main(argv: string[]): Promise<number> {
     }
     if (command === "privatize") return await runPrivatize(positionals, v);
     if (command === "budget") return await runBudget(v);
-    throw new ArgError(`argument COMMAND: invalid choice: '${command}' (choose from 'privatize', 'budget')`);
+    if (command === "tokenize") return await runTokenize(positionals, v);
+    throw new ArgError(`argument COMMAND: invalid choice: '${command}' (choose from 'privatize', 'budget', 'tokenize')`);
   } catch (exc) {
     if (exc instanceof UsageError) {
       const hint = exc instanceof ArgError ? ` (see ${PROG} --help)` : "";

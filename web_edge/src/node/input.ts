@@ -24,10 +24,23 @@ export interface Batch {
 }
 
 const INT = /^[+-]?\d+$/;
+// Python's str.isspace characters (str.strip() removes them): JS's trim() differs (\x1c-\x1f,
+// \x85 are Python whitespace; \ufeff is not)
+const PY_SPACE = /^[\t\n\x0b\x0c\r\x1c-\x1f \x85\xa0\u1680\u2000-\u200a\u2028\u2029\u202f\u205f\u3000]*$/;
+
+/** Whether Python's ``not text.strip()`` holds. */
+export function isBlank(text: string): boolean {
+  return PY_SPACE.test(text);
+}
+
+/** ``text.strip()`` as Python strips. */
+function pyStrip(text: string): string {
+  return text.replace(/^[\t\n\x0b\x0c\r\x1c-\x1f \x85\xa0\u1680\u2000-\u200a\u2028\u2029\u202f\u205f\u3000]+|[\t\n\x0b\x0c\r\x1c-\x1f \x85\xa0\u1680\u2000-\u200a\u2028\u2029\u202f\u205f\u3000]+$/g, "");
+}
 const LABEL = /^[A-Za-z0-9_.:-]{1,64}$/;
 
 export function parseLabel(raw: string, n: number): number | string {
-  const r = raw.trim();
+  const r = pyStrip(raw);
   if (INT.test(r)) {
     const digits = r.replace(/^[+-]/, "");
     if (digits.replace(/^0+/, "").length <= 10 && Math.abs(Number(r)) < 2 ** 31) return Number(r);
@@ -75,10 +88,10 @@ export function* batches(data: Uint8Array, opts: { tsv: boolean; header: "auto" 
     let line: Line | null = null;
     try {
       if (!opts.tsv) {
-        line = text.trim() ? { number: n, text, textB: null, label: null } : null;
-      } else if (text.trim()) {
+        line = isBlank(text) ? null : { number: n, text, textB: null, label: null };
+      } else if (!isBlank(text)) {
         const cols = text.split("\t");
-        const header = n === 1 && (opts.header === "yes" || (opts.header === "auto" && cols[cols.length - 1]!.trim().toLowerCase() === "label"));
+        const header = n === 1 && (opts.header === "yes" || (opts.header === "auto" && pyStrip(cols[cols.length - 1]!).toLowerCase() === "label"));
         if (header) continue;
         if (cols.length !== 2 && cols.length !== 3) {
           throw new InputError(`line ${n}: expected text<TAB>label or text_a<TAB>text_b<TAB>label, found ${cols.length} column(s)`);
@@ -86,7 +99,7 @@ export function* batches(data: Uint8Array, opts: { tsv: boolean; header: "auto" 
         if (columns === null) columns = cols.length;
         else if (cols.length !== columns) throw new InputError(`line ${n}: ${cols.length} columns where earlier lines have ${columns}`);
         const label = parseLabel(cols[cols.length - 1]!, n);
-        if (cols[0]!.trim() && (cols.length === 2 || cols[1]!.trim())) {
+        if (!isBlank(cols[0]!) && (cols.length === 2 || !isBlank(cols[1]!))) {
           line = { number: n, text: cols[0]!, textB: cols.length === 3 ? cols[1]! : null, label };
         }
       }
