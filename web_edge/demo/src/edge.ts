@@ -35,7 +35,14 @@ const OPTIONAL_BUNDLE_CACHE: BundleCache = {
 
 /** WebAssembly threads for the nearest-token search: more than one needs cross-origin
  * isolation (cloud-api serve sends COOP/COEP with /demo). */
-const THREADS = globalThis.crossOriginIsolated ? Math.min(4, navigator.hardwareConcurrency || 1) : 1;
+const THREADS = threadsFor(new URLSearchParams(location.search).get("threads"));
+
+/** ``?threads=N`` (benchmarks) or up to 4 when isolated; 1 without cross-origin isolation. */
+function threadsFor(asked: string | null): number {
+  if (!globalThis.crossOriginIsolated) return 1;
+  const n = Number(asked);
+  return Number.isInteger(n) && n >= 1 ? Math.min(n, 16) : Math.min(4, navigator.hardwareConcurrency || 1);
+}
 
 export interface Privatized {
   eta: number;
