@@ -163,3 +163,16 @@ def test_bad_input_shows_a_message_and_sends_nothing(report, scenario, message):
     if scenario == "server_down":  # it was tried and refused by the (simulated) network only
         assert scene["result"]["prediction"] == "–"
     assert scene["result"]["prediction"] == "–"
+
+
+MATH_RANDOM = re.compile(r"\bMath\s*\.\s*random\b|\bMath\s*\[\s*[\"']random[\"']\s*\]")
+
+
+def test_the_page_draws_no_math_random():
+    """The page's own code (its inversion-rate draws included) takes randomness from the
+    library's CryptoSource (crypto.getRandomValues) only."""
+    files = sorted((DEMO / "src").rglob("*.ts"))
+    assert len(files) >= 4 and any("CryptoSource" in f.read_text() for f in files)
+    hits = [f.name for f in files if MATH_RANDOM.search(f.read_text())]
+    assert hits == []
+    assert MATH_RANDOM.search("const u = Math.random();")  # the check itself can fail
