@@ -30,7 +30,8 @@ CHROMIUM = os.environ.get("PRIVBERT_CHROMIUM", "/usr/bin/chromium")
 SENTENCE = "secret marker , great funny movie but boring story !"
 WORDS = sorted({w for w in re.findall(r"[a-z]+", SENTENCE) if len(w) >= 3})
 WEAK_ETA = 1000  # far past the tiny table's privacy floor (about 13)
-SCENARIOS = ["predict", "empty", "too_long", "weak_eta", "over_cap", "ledger_unwritable",
+OTHER_ETA = 3  # under the floor, and not the model's η (5)
+SCENARIOS = ["predict", "other_eta", "empty", "too_long", "weak_eta", "over_cap", "ledger_unwritable",
              "wrong_hash", "truncated", "server_down", "server_down_at_start"]
 
 
@@ -68,7 +69,7 @@ def page_server(tiny_home, tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def report(page_server) -> dict:
-    args = {"url": f"{page_server.url}/demo/", "sentence": SENTENCE, "weakEta": WEAK_ETA,
+    args = {"url": f"{page_server.url}/demo/", "sentence": SENTENCE, "weakEta": WEAK_ETA, "otherEta": OTHER_ETA,
             "scenarios": SCENARIOS}
     r = subprocess.run(["node", "test/drive.mjs", json.dumps(args)], cwd=DEMO,
                        capture_output=True, text=True, timeout=180)
@@ -120,6 +121,17 @@ def test_a_sentence_typed_into_the_page_gets_a_prediction(report, page_server):
     assert len(calls) == 2 and calls[0]["body"] == calls[1]["body"]
     bundle = [r for r in scene["requests"] if "/v1/bundles/" in r["url"]]
     assert bundle and bundle[0]["url"].endswith(f"/v1/bundles/{model['bundle_id']}")
+
+
+def test_another_eta_is_privatized_and_shown_but_never_sent(report):
+    scene = report["scenarios"]["other_eta"]
+    res = scene["result"]
+    assert res["error"] is None and res["tokens"], res
+    assert res["sentNote"].startswith("Not sent") and f"η = {OTHER_ETA}" in res["sentNote"]
+    assert f'"eta":{OTHER_ETA:.1f}' in res["payload"]  # what it would have sent
+    assert res["guarantee"].startswith(f"dchi-text: published eta={OTHER_ETA}; ")
+    assert res["inversion"].endswith(f"at η = {OTHER_ETA}") and res["ledger"]["sends"] == "0"
+    assert predicts(scene["requests"]) == []
 
 
 def test_no_request_of_the_page_holds_a_word_of_the_sentence(report):

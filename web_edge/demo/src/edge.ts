@@ -116,10 +116,17 @@ export class Edge {
     return this.bundle.vocabSize;
   }
 
-  /** The privatizer at ``eta`` (WeakPrivacyError past the floor); one per η, kept. */
+  /** The privatizer at ``eta`` (WeakPrivacyError past the floor); the model's η and the
+   * last other η explored are kept (each holds a search over the whole table). */
   privatizer(eta: number): Promise<Privatizer> {
     let p = this.privatizers.get(eta);
     if (!p) {
+      const keep = Number(this.model.params.eta);
+      for (const [old, q] of this.privatizers) {
+        if (old === keep) continue;
+        this.privatizers.delete(old);
+        void q.then((x) => x.release()).catch(() => undefined);
+      }
       p = Privatizer.create(this.bundle, {
         mechanism: "dchi-text", eta, maxLength: this.maxLength, truncate: "error",
         floorCache: OPTIONAL_FLOOR_CACHE, threads: THREADS,

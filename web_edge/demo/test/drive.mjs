@@ -66,10 +66,7 @@ async function click(page, id) {
   });
   if (await page.locator(`#${id}`).isDisabled()) return;  // the page refused before: its message stands
   await page.click(`#${id}`);
-  const want = id === "go" ? "prediction" : "tokens";
-  await page.waitForFunction((w) => !document.querySelector("#error").hidden
-    || (w === "prediction" ? document.querySelector("#prediction").textContent !== "–"
-      : document.querySelector("#tokens").children.length > 0), want);
+  await page.waitForFunction(() => document.body.dataset.done === "1");
 }
 
 async function state(page) {
@@ -116,6 +113,15 @@ const SCENARIOS = {
     await p.page.fill("#eta", String(args.weakEta));
     await click(p.page, "go");
     return state(p.page);
+  },
+  // another η than the model's: privatized and shown, never sent, its inversion rate measured
+  async other_eta(p) {
+    await ready(p.page);
+    await p.page.fill("#text", args.sentence);
+    await p.page.fill("#eta", String(args.otherEta));
+    await click(p.page, "go");
+    await p.page.waitForFunction(() => /random regular tokens|not measured/.test(document.querySelector("#inversion").textContent));
+    return { ...(await state(p.page)), inversion: await text(p.page, "inversion") };
   },
   async over_cap(p) {
     await ready(p.page);
