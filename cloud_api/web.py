@@ -117,7 +117,7 @@ class DemoPage:
 
     def __init__(self, directory: Path, api_key: str | None):
         self.files = StaticFiles(directory=directory, html=True)
-        self.config = orjson.dumps({"api_key": api_key, "api_base": "/v1"})
+        self.config = orjson.dumps({"api_key": api_key})
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         async def send_with_headers(message: Message) -> None:

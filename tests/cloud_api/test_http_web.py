@@ -163,7 +163,7 @@ def test_demo_config_hands_out_the_demo_key_which_is_an_app_key_only(web_servers
     r = httpx.get(f"{on.url}/demo/config.json")
     assert r.status_code == 200 and r.headers["cache-control"] == "no-store"
     cfg = r.json()
-    assert cfg == {"api_key": on.demo_key, "api_base": "/v1"}
+    assert cfg == {"api_key": on.demo_key}
     demo = {"Authorization": f"Bearer {on.demo_key}"}
     assert httpx.get(f"{on.url}/v1/models", headers=demo).status_code == 200
     r = httpx.get(f"{on.url}/admin/budgets", headers=demo)

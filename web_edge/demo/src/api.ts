@@ -4,8 +4,8 @@
  */
 
 export interface PageConfig {
+  /** the operator's demo key (PRIVBERT_DEMO_KEY), or null: the page asks for one */
   api_key: string | null;
-  api_base: string;
 }
 
 /** `config.json` beside the page; without one (a page served elsewhere) the defaults. */
@@ -16,7 +16,7 @@ export async function readConfig(): Promise<PageConfig> {
   } catch (err) {
     throw unreachable(err);
   }
-  if (!r.ok) return { api_key: null, api_base: "/v1" };
+  if (!r.ok) return { api_key: null };
   return (await r.json()) as PageConfig;
 }
 

@@ -182,6 +182,13 @@ export class Edge {
     return { payloadJson, repeat: charged.cost === null, prediction: prediction!, modelId: this.model.id };
   }
 
+  /** Release every search this page built (another model was chosen). */
+  async close(): Promise<void> {
+    const all = [...this.privatizers.values()];
+    this.privatizers.clear();
+    await Promise.all(all.map((p) => p.then((x) => x.release()).catch(() => undefined)));
+  }
+
   async ledgerStatus(): Promise<Status> {
     try {
       return await this.ledger.status();

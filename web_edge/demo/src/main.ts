@@ -109,7 +109,9 @@ async function selectModel(t0: number = performance.now()): Promise<void> {
   ui.go.disabled = ui.preview.disabled = true;
   setEta(Number(m.params.eta));
   status(`fetching bundle ${m.bundle_id.slice(0, 12)}… and checking its SHA-256`);
+  const previous = edge;
   edge = null;
+  await previous?.close();
   edge = await Edge.open(client, m);
   status(`bundle ${m.bundle_id.slice(0, 12)}… verified (${edge.vocabSize.toLocaleString("en-US")} tokens × ${edge.dim}), ` +
     `loaded in ${Math.round(performance.now() - t0)} ms`);
