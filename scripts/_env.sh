@@ -65,7 +65,7 @@ ensure_chromium() {
 # from package-lock.json when missing or when the lock changed (a stamp file), and its dist/
 # rebuilt when a source changed (`npm ci` builds it too: the package's prepare script).
 ensure_web_edge() {
-    local dir="$ROOT/web_edge" stamp want built
+    local dir="$ROOT/web_edge" stamp want built installed=0
     if ! command -v npm >/dev/null 2>&1; then
         echo "tests: npm not found: the web edge needs Node >= 20 and npm" >&2
         return 1
@@ -74,14 +74,15 @@ ensure_web_edge() {
     want="$(cat "$dir/package.json" "$dir/package-lock.json" | sha256sum | cut -c1-64)"
     if [ "$(cat "$stamp" 2>/dev/null)" != "$want" ]; then
         echo "web_edge: npm ci" >&2
-        (cd "$dir" && npm ci --no-audit --no-fund --loglevel=error >&2)
+        (cd "$dir" && npm ci --no-audit --no-fund --loglevel=error >&2)  # builds dist/ too
         echo "$want" > "$stamp"
+        installed=1
     fi
     built="$(cat "$dir"/tsconfig*.json $(find "$dir/src" -name '*.ts' | sort) | sha256sum | cut -c1-64)"
-    if [ "$(cat "$dir/dist/.privbert-built" 2>/dev/null)" != "$built" ]; then
+    if [ "$installed" -eq 0 ] && [ "$(cat "$dir/dist/.privbert-built" 2>/dev/null)" != "$built" ]; then
         (cd "$dir" && npm run --silent build >&2)
-        echo "$built" > "$dir/dist/.privbert-built"
     fi
+    echo "$built" > "$dir/dist/.privbert-built"
 }
 
 # The privacy explorer page (web_edge/demo, served at /demo): its node_modules installed by

@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import io
 import json
+import os
+import subprocess
 import tarfile
 import threading
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -24,8 +26,6 @@ MARKERS = ["quetzalfrond", "zyxomantic"]
 def _needs_node():
     why = _node_ready()
     if why is not None:
-        import os
-
         if os.environ.get("CI"):
             pytest.fail(why)
         pytest.skip(why)
@@ -169,3 +169,41 @@ def test_a_bundle_that_fails_verification_is_refused_and_nothing_is_sent(
     assert _Stub.posts == []
     assert not (tmp_path / "cache" / tiny_bundle_of_home.bundle_id).exists()
     assert not (tmp_path / "js-ledger.json").exists()
+
+
+SESSION_SCRIPT = """
+import { EdgeSession, MemoryLedgerStore } from "./web_edge/dist/index.js";
+const s = await EdgeSession.open({ server: process.env.URL, apiKey: process.env.KEY, model: "text",
+  ledger: new MemoryLedgerStore() });
+const texts = ["a good film", "the plot was dull", "a good film"];
+const { sent, predictions } = await s.predict(texts);
+const st = await s.status();
+console.log(JSON.stringify({ sent, predictions, spent: st.spent, memoized: st.memoized,
+  guarantee: s.guarantee }));
+await s.close();
+"""
+
+
+def test_edge_session_privatizes_charges_and_predicts(server, tmp_path, tiny_bundle_of_home):
+    """The library's one-call API for pages and scripts (EdgeSession), in Node."""
+    from shared.ledger import bundle_diameter, payload_cost
+    from shared.payload import parse_payload
+    from tests.conftest import REPO
+
+    p = subprocess.run(["node", "--input-type=module", "-e", SESSION_SCRIPT], cwd=REPO,
+                       env={"PATH": os.environ["PATH"], "URL": server.url,
+                            "KEY": server.app_key}, capture_output=True, text=True, timeout=180)
+    assert p.returncode == 0, p.stderr
+    out = json.loads(p.stdout)
+    labels = server.model("text")["labels"]
+    assert len(out["predictions"]) == 3 and all(x["label"] in labels for x in out["predictions"])
+    sent = out["sent"]
+    assert sent[0]["payload"] == sent[2]["payload"]  # the repeat is memoized: same payload
+    assert sent[0]["cost"] is not None and sent[2]["cost"] is None  # and free
+    assert all("good" not in s["payload"] and "film" not in s["payload"] for s in sent)
+    d = bundle_diameter(tiny_bundle_of_home)
+    want = sum(payload_cost(parse_payload(s["payload"]), d).epsilon for s in sent[:2])
+    assert out["spent"] == pytest.approx(want, rel=1e-6)
+    assert out["memoized"] == 2
+    assert out["guarantee"]["worst_case"]["epsilon"] == pytest.approx(5.0 * d, rel=1e-6)
+    assert all(isinstance(s["privatizedText"], str) and s["privatizedText"] for s in sent)

@@ -267,7 +267,11 @@ def test_a_damaged_bundle_is_refused_and_nothing_is_written(tiny_dir, tmp_path, 
 @pytest.mark.parametrize(("args", "message"), [
     (["--mechanism", "texthide", "--m", "4"], None),
     (["--mechanism", "texthide"], "texthide stays in the Python edge"),
-    (["--mechanism", "laplace", "--epsilon", "1"], None),
+    (["--mechanism", "laplace", "--epsilon", "1"], "has no encoder.onnx; laplace, ome and texthide "
+     "need a bundle with the frozen sentence encoder"),
+    (["--mechanism", "laplace", "--epsilon", "1", "--lam", "2"],
+     "--lam do(es) not apply to --mechanism laplace"),
+    (["--mechanism", "ome", "--epsilon", "1"], "--mechanism ome needs --lam"),
     ([], "--mechanism dchi-text needs --eta"),
     (["--eta", "abc"], "argument --eta: invalid float value: 'abc'"),
     (["--eta", "5", "--post", "predict"], "--post predict needs --server URL"),

@@ -16,7 +16,7 @@ export { ExactNearest, type NearestOptions } from "./nearest.js";
 export { recordLine, tokenPayloadJson, type FloatDtype } from "./payload.js";
 export { Pcg64Source } from "./pcg64.js";
 export {
-  Privatizer, nTokens, segments, trimPair, type PrivatizerOptions, type TokenizedText,
+  MECHANISMS, Privatizer, nTokens, segments, trimPair, type Mechanism, type PrivatizerOptions, type TokenizedText,
 } from "./privatizer.js";
 export { BitSource, CryptoSource } from "./random.js";
 export { sampleDchiNoise, standardGamma, standardNormal } from "./samplers.js";
@@ -24,3 +24,4 @@ export { TextTokenizer } from "./tokenizer.js";
 export { CacheApiBundleCache, IndexedDbFloorCache, IndexedDbLedgerStore } from "./browser_stores.js";
 export { guarantee, summary, type Guarantee } from "./accounting.js";
 export { EdgeSession, type SessionOptions } from "./session.js";
+export { Laplace, OME, SentenceEncoder, bitFlipEpsilon } from "./vector.js";

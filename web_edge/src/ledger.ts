@@ -79,6 +79,15 @@ export function dchiCost(mechanism: string, eta: number, tokens: number, diam: n
   return { family: fam, epsilon: eps, metric: eta * tokens, tokens, sends: 1, eta };
 }
 
+/** The cost of one sentence-vector payload: ``epsilon`` its worst-case ε (laplace: the whole
+ * vector's; ome: summed over the bits). */
+export function vectorCost(mechanism: "laplace" | "ome", epsilon: number): Cost {
+  if (!Number.isFinite(epsilon) || epsilon < 0) {
+    throw new RangeError(`${mechanism}: the worst-case epsilon of this privatization is not finite (${epsilon}); the ledger cannot count it`);
+  }
+  return { family: familyOf(mechanism), epsilon, metric: 0, tokens: 0, sends: 1, eta: null };
+}
+
 /** Costs of one family added into one (shared.ledger.total); null for none. */
 export function total(costs: Cost[]): Cost | null {
   if (costs.length === 0) return null;

@@ -75,11 +75,24 @@ function shortestFixed(x: number): string {
   return `${neg ? "-" : ""}0.${"0".repeat(-exp - 1)}${digits}`;
 }
 
-/** JSON of a params object as the Python edge writes it (η is a float: 65 is "65.0"). */
+/** Parameters that are integers on the wire (OME's bit layout); every other number is a float
+ * (η = 65 is "65.0"). */
+const INT_PARAMS = new Set(["int_bits", "frac_bits", "m", "k"]);
+
+/** JSON of a params object as the Python edge writes it, in the order given. */
 export function paramsJson(params: Record<string, number | string>): string {
   const parts = Object.entries(params).map(([k, v]) =>
-    `${JSON.stringify(k)}:${typeof v === "number" ? orjsonFloat(v) : JSON.stringify(v)}`);
+    `${JSON.stringify(k)}:${typeof v === "number" ? (INT_PARAMS.has(k) ? String(v) : orjsonFloat(v)) : JSON.stringify(v)}`);
   return `{${parts.join(",")}}`;
+}
+
+/** The JSON of one vector payload: laplace (float32 (r,)) or ome (bits (r·l,)). */
+export function vectorPayloadJson(mechanism: "laplace" | "ome", params: Record<string, number | string>,
+                                  bundleId: string, data: { dtype: string; shape: number[]; bytes: Uint8Array }): string {
+  const field = mechanism === "ome" ? "bits" : "vector";
+  return `{"version":1,"bundle_id":${JSON.stringify(bundleId)},"mechanism":"${mechanism}",`
+    + `"params":${paramsJson(params)},"${field}":{"dtype":"${data.dtype}",`
+    + `"shape":[${data.shape.join(",")}],"data":"${base64(data.bytes)}"}}`;
 }
 
 /** int32 little-endian bytes of ``ids``. */
@@ -141,7 +154,7 @@ export function floatBytes(values: Float64Array | Float32Array, dtype: FloatDtyp
 
 /** The JSON of one token-mechanism payload (dchi-text: int32 ids; dchi-embedding: a float
  * array of shape (L, n)), fields in the Python edge's order. */
-export function tokenPayloadJson(mechanism: TokenMechanism, params: Record<string, number>, bundleId: string,
+export function tokenPayloadJson(mechanism: TokenMechanism, params: Record<string, number | string>, bundleId: string,
                                  data: { dtype: string; shape: number[]; bytes: Uint8Array },
                                  segments: number[] | null): string {
   const field = mechanism === "dchi-text" ? "token_ids" : "embeddings";

@@ -12,7 +12,7 @@ import type { EdgeBundle } from "./bundle.js";
 import { PrivbertClient, type BundleCache, type ModelInfo } from "./client.js";
 import { TextError } from "./errors.js";
 import type { FloorCache } from "./floor.js";
-import { Ledger, MemoryLedgerStore, dchiCost, diameter, type Cost, type LedgerStore, type Status } from "./ledger.js";
+import { Ledger, MemoryLedgerStore, diameter, type Cost, type LedgerStore, type Status } from "./ledger.js";
 import { Privatizer, nTokens, type TokenizedText } from "./privatizer.js";
 import type { BitSource } from "./random.js";
 
@@ -23,7 +23,8 @@ export interface SessionOptions {
   model?: string | null;
   /** default: the model's η */
   eta?: number;
-  mechanism?: "dchi-text" | "dchi-embedding";
+  /** default: the model's */
+  mechanism?: string;
   ledger?: LedgerStore;
   bundleCache?: BundleCache | null;
   floorCache?: FloorCache | null;
@@ -52,19 +53,28 @@ export class EdgeSession {
     const client = new PrivbertClient(o.server, { apiKey: o.apiKey ?? null });
     const model = await client.model(o.model ?? null);
     const { bundle } = await client.bundle(model.bundle_id, o.bundleCache ?? null);
-    const eta = o.eta ?? Number(model.params.eta);
-    const limit = typeof model.max_length === "number" && model.max_length >= 4
+    const mechanism = o.mechanism ?? model.mechanism;
+    const token = mechanism === "dchi-text" || mechanism === "dchi-embedding";
+    const limit = token && typeof model.max_length === "number" && model.max_length >= 4
       ? Math.min(model.max_length, bundle.maxLength) : null;
+    const mp = model.params as Record<string, unknown>;
     const privatizer = await Privatizer.create(bundle, {
-      mechanism: o.mechanism ?? (model.mechanism as "dchi-text"), eta, maxLength: limit,
+      mechanism, eta: o.eta ?? Number(mp.eta), epsilon: Number(mp.epsilon), lam: Number(mp.lam),
+      calibration: (mp.calibration as "vector" | "coordinate" | undefined) ?? "vector",
+      wordDropout: Number(mp.word_dropout ?? 0), maxLength: limit,
       floorCache: o.floorCache ?? null, threads: o.threads, allowWeakPrivacy: o.allowWeakPrivacy,
     });
     return new EdgeSession(client, model, bundle, privatizer, new Ledger(o.ledger ?? new MemoryLedgerStore()),
       diameter(bundle.embeddings, bundle.dim, bundle.regularIds));
   }
 
-  get guarantee(): Guarantee {
-    return guarantee(this.privatizer.name, this.privatizer.params.eta, this.diameter, this.bundle.dim);
+  /** The published and worst-case guarantee (dχ: per token; laplace, ome: per sentence). */
+  get guarantee(): Guarantee | { mechanism: string; params: Record<string, number | string>; worst_case: { epsilon: number } } {
+    const p = this.privatizer;
+    if (p.name === "dchi-text" || p.name === "dchi-embedding") {
+      return guarantee(p.name, Number(p.params.eta), this.diameter, this.bundle.dim);
+    }
+    return { mechanism: p.name, params: p.params, worst_case: { epsilon: p.cost({ idsA: [], idsB: null, nBefore: 0 }).epsilon! } };
   }
 
   /** Privatize ``texts`` and charge the ledger (BudgetRefused before anything is sent). */
@@ -76,7 +86,7 @@ export class EdgeSession {
     const keys = await this.ledger.memoKeys({ mechanism: p.name, params: p.params, bundle_id: this.bundle.bundleId,
       float_dtype: p.floatDtype, max_length: p.maxLength, truncate: p.truncate });
     const memo = await Promise.all(items.map((it) => keys.keyOf(it.idsA, it.idsB)));
-    const costs = items.map((it) => dchiCost(p.name, p.params.eta, nTokens(it), this.diameter));
+    const costs = items.map((it) => p.cost(it));
     const charged = await this.ledger.charge(costs, fresh, memo,
       { mechanism: p.name, params: p.params, bundleId: this.bundle.bundleId });
     const seen = new Set<string>();

@@ -19,8 +19,8 @@ export interface TableProduct {
   release(): Promise<void>;
 }
 
-/** The plain-loop product: fine for small tables; a 30k-row table takes about a second per 20
- * queries, which is why pages and the CLI use {@link OrtTableProduct}. */
+/** The plain-loop product: for small tables (a vocabulary-sized table is the WebAssembly
+ * MatMul's work: {@link OrtTableProduct}; bench/web_edge.py times it). */
 export class LoopTableProduct implements TableProduct {
   constructor(private readonly table: Float32Array, readonly rows: number, readonly width: number) {}
 

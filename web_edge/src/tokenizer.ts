@@ -32,9 +32,17 @@ export class TextTokenizer {
     return this.tok.encode(text, { add_special_tokens: false }).ids;
   }
 
-  /** Word pieces of ``text`` (for word dropout and display). */
-  tokens(text: string): string[] {
-    return this.tok.encode(text, { add_special_tokens: false }).tokens;
+  /** Word-piece ids of ``text`` and the word of each piece (0, 1, … : a piece that does not
+   * start with "##" starts a word, as the BERT pre-tokenizer's word ids), for word dropout. */
+  encodeWords(text: string): { ids: number[]; words: number[] } {
+    const enc = this.tok.encode(text, { add_special_tokens: false });
+    const words: number[] = [];
+    let w = -1;
+    for (const t of enc.tokens) {
+      if (!t.startsWith("##") || w < 0) w++;
+      words.push(w);
+    }
+    return { ids: enc.ids, words };
   }
 
   /** Text of ``ids`` (the privatized text of a dχ-text payload, for display). */

@@ -20,7 +20,8 @@ import type { EdgeBundle } from "../bundle.js";
 import { PrivbertClient, type ModelInfo } from "../client.js";
 import { guarantee, summary } from "../accounting.js";
 import { ApiError, BudgetRefused, BundleError, TextError, WeakPrivacyError } from "../errors.js";
-import { Ledger, dchiCost, diameter, fmtEps, total, type Cost, type MemoKeys } from "../ledger.js";
+import { fmtG } from "../dchi.js";
+import { Ledger, diameter, fmtEps, total, type Cost, type MemoKeys } from "../ledger.js";
 import { recordLine } from "../payload.js";
 import { Pcg64Source } from "../pcg64.js";
 import { Privatizer, nTokens, type TokenizedText } from "../privatizer.js";
@@ -38,7 +39,9 @@ class ArgError extends UsageError {}
 /** A run-time failure with a message that says what to do: exit code 1. */
 class CliError extends Error {}
 
-const USAGE = `usage: ${PROG} privatize FILE [--mechanism dchi-text|dchi-embedding] --eta ETA
+const USAGE = `usage: ${PROG} privatize FILE ([--mechanism dchi-text|dchi-embedding] --eta ETA
+         | --mechanism laplace --epsilon EPS [--calibration vector|coordinate] [--word-dropout MU]
+         | --mechanism ome --epsilon EPS --lam LAM)
          (--bundle DIR | --server URL [--model ID] [--api-key KEY]) [-o OUT.jsonl]
          [--post predict|records [--task T]] [--tsv] [--header auto|yes|no]
          [--ledger FILE] [--cap EPS] [--no-memo] [--empty skip|error] [--truncate first|error]
@@ -87,7 +90,9 @@ function warn(msg: string): void {
 }
 
 const OPTIONS = {
-  mechanism: { type: "string" }, eta: { type: "string" }, bundle: { type: "string" },
+  mechanism: { type: "string" }, eta: { type: "string" }, epsilon: { type: "string" },
+  calibration: { type: "string" }, "word-dropout": { type: "string" }, lam: { type: "string" },
+  bundle: { type: "string" },
   server: { type: "string" }, model: { type: "string" }, "api-key": { type: "string" },
   output: { type: "string", short: "o" }, post: { type: "string" }, task: { type: "string" },
   tsv: { type: "boolean" }, header: { type: "string" }, ledger: { type: "string" },
@@ -159,8 +164,12 @@ async function runBudget(v: Values): Promise<number> {
 // -- privatize --------------------------------------------------------------------------------
 interface Options {
   file: string;
-  mechanism: "dchi-text" | "dchi-embedding";
-  eta: number;
+  mechanism: "dchi-text" | "dchi-embedding" | "laplace" | "ome";
+  eta?: number;
+  epsilon?: number;
+  calibration?: "vector" | "coordinate";
+  wordDropout?: number;
+  lam?: number;
   output: string | null;
   post: "predict" | "records" | null;
   task: string | null;
@@ -176,22 +185,40 @@ interface Options {
   memo: boolean;
 }
 
-const PYTHON_ONLY = ["laplace", "ome", "texthide", "none"];
+// the flags that configure each mechanism (edge_agent.options.MECHANISM_FLAGS); any other given is a usage error
+const MECHANISM_FLAGS: Record<string, string[]> = {
+  "dchi-text": ["eta"], "dchi-embedding": ["eta", "float16"],
+  laplace: ["epsilon", "calibration", "word-dropout"], ome: ["epsilon", "lam"],
+};
+const NEEDED: Record<string, string[]> = {
+  "dchi-text": ["eta"], "dchi-embedding": ["eta"], laplace: ["epsilon"], ome: ["epsilon", "lam"],
+};
 
 function options(positionals: string[], v: Values): Options {
   if (positionals.length !== 1) throw new UsageError("privatize takes one FILE (- for stdin)");
   const mech = v.mechanism ?? "dchi-text";
-  if (PYTHON_ONLY.includes(mech)) {
+  if (mech === "texthide" || mech === "none") {
     throw new UsageError(mech === "texthide"
       ? "--mechanism texthide stays in the Python edge (no differential-privacy guarantee, a secret mask pool): use edge-agent privatize"
-      : `--mechanism ${mech} is not in the web edge yet: use edge-agent privatize`);
+      : "--mechanism none sends plain token ids the server can read: the web edge does not send them; use edge-agent privatize --allow-none");
   }
-  const mechanism = choice("mechanism", mech, ["dchi-text", "dchi-embedding"] as const, "dchi-text");
+  const mechanism = choice("mechanism", mech, ["dchi-text", "dchi-embedding", "laplace", "ome"] as const, "dchi-text");
+  const given = ["eta", "epsilon", "calibration", "word-dropout", "lam", "float16"].filter(
+    (f) => (v as Record<string, unknown>)[f] !== undefined && (v as Record<string, unknown>)[f] !== false);
+  const stray = given.filter((f) => !MECHANISM_FLAGS[mechanism]!.includes(f))
+    .sort((a, b) => (a.replace("-", "_") < b.replace("-", "_") ? -1 : 1));
+  if (stray.length) {
+    throw new UsageError(`${stray.map((f) => `--${f}`).join(", ")} do(es) not apply to --mechanism ${mechanism}`);
+  }
+  for (const f of NEEDED[mechanism]!) {
+    if ((v as Record<string, unknown>)[f] === undefined) throw new UsageError(`--mechanism ${mechanism} needs --${f}`);
+  }
   const eta = num("eta", v.eta);
-  if (eta === undefined) throw new UsageError(`--mechanism ${mechanism} needs --eta`);
-  if (v.float16 && mechanism !== "dchi-embedding") throw new UsageError("--float16 do(es) not apply to --mechanism dchi-text");
   const o: Options = {
-    file: positionals[0]!, mechanism, eta,
+    file: positionals[0]!, mechanism, eta, epsilon: num("epsilon", v.epsilon), lam: num("lam", v.lam),
+    wordDropout: num("word-dropout", v["word-dropout"]),
+    calibration: v.calibration === undefined ? undefined
+      : choice("calibration", v.calibration, ["vector", "coordinate"] as const, "vector"),
     output: v.output ?? null,
     post: v.post === undefined ? null : choice("post", v.post, ["predict", "records"] as const, "predict"),
     task: v.task ?? null,
@@ -230,7 +257,13 @@ function readInput(file: string): Uint8Array {
 }
 
 /** Refuse, before sending, a mechanism or parameters the served model does not read. */
-function checkModel(model: ModelInfo, name: string, mine: Record<string, number>): void {
+function mineParams(o: Options): Record<string, number | string> {
+  if (o.mechanism === "laplace") return { epsilon: o.epsilon!, calibration: o.calibration ?? "vector", word_dropout: o.wordDropout ?? 0 };
+  if (o.mechanism === "ome") return { epsilon: o.epsilon!, lam: o.lam! };
+  return { eta: o.eta! };
+}
+
+function checkModel(model: ModelInfo, name: string, mine: Record<string, number | string>): void {
   const want = model.mechanism;
   let mismatch = want !== undefined && want !== null && want !== name;
   const params = model.params;
@@ -239,7 +272,8 @@ function checkModel(model: ModelInfo, name: string, mine: Record<string, number>
       if (!(k in params)) continue;
       const a = params[k];
       const b = mine[k]!;
-      mismatch ||= typeof a === "number" ? Math.abs(a - b) > 1e-9 * Math.max(Math.abs(a), Math.abs(b)) : a !== b;
+      mismatch ||= typeof a === "number" && typeof b === "number"
+        ? Math.abs(a - b) > 1e-9 * Math.max(Math.abs(a), Math.abs(b)) : a !== b;
     }
   }
   if (mismatch) {
@@ -336,7 +370,7 @@ async function runPrivatize(positionals: string[], v: Values): Promise<number> {
       throw new UsageError((exc as Error).message);
     }
     model = await client.model(v.model ?? null);
-    if (o.post === "predict") checkModel(model, o.mechanism, { eta: o.eta });
+    if (o.post === "predict") checkModel(model, o.mechanism, mineParams(o));
   }
   if (v.bundle) {
     if (!existsSync(v.bundle)) throw new CliError(`${v.bundle}: no such bundle directory`);
@@ -357,14 +391,16 @@ async function runPrivatize(positionals: string[], v: Values): Promise<number> {
     info(`bundle ${bundle.bundleId.slice(0, 12)}… of model ${model!.id} ${got.fetched ? "fetched and cached in" : "from cache"} ${cache.path(bundle.bundleId)}`);
   }
   let maxLength = o.maxLength;
-  if (maxLength === null && model && o.post === "predict" && Number.isInteger(model.max_length) && model.max_length! >= 4) {
+  if (maxLength === null && model && o.post === "predict" && (o.mechanism === "dchi-text" || o.mechanism === "dchi-embedding")
+      && Number.isInteger(model.max_length) && model.max_length! >= 4) {
     maxLength = Math.min(model.max_length!, bundle.maxLength);
   }
   const ledger = openLedger(v.ledger);
   await setCap(ledger, v.cap);
   let priv: Privatizer;
   try {
-    priv = await Privatizer.create(bundle, { mechanism: o.mechanism, eta: o.eta, maxLength, truncate: o.truncate,
+    priv = await Privatizer.create(bundle, { mechanism: o.mechanism, eta: o.eta, epsilon: o.epsilon, lam: o.lam,
+      calibration: o.calibration, wordDropout: o.wordDropout, maxLength, truncate: o.truncate,
       floatDtype: o.float16 ? "float16" : "float32", allowWeakPrivacy: v["allow-weak-privacy"] ?? false,
       floorCache: new DirFloorCache(), threads: 1 });
   } catch (exc) {
@@ -374,13 +410,13 @@ async function runPrivatize(positionals: string[], v: Values): Promise<number> {
   }
   try {
     if (priv.weakPrivacy) warn(`${priv.weakPrivacy}: the output is close to the raw text (--allow-weak-privacy)`);
-    const diam = diameter(bundle.embeddings, bundle.dim, bundle.regularIds);
+    const diam = priv.name.startsWith("dchi") ? diameter(bundle.embeddings, bundle.dim, bundle.regularIds) : 0;
     const info_ = { mechanism: priv.name, params: priv.params, bundleId: bundle.bundleId };
     const keys = o.memo ? await ledger.memoKeys({ mechanism: priv.name, params: priv.params, bundle_id: bundle.bundleId,
       float_dtype: priv.floatDtype, max_length: priv.maxLength, truncate: priv.truncate }) : null;
     const keyOf = (items: TokenizedText[]): Promise<(string | null)[]> =>
       keys === null ? Promise.resolve(items.map(() => null)) : Promise.all(items.map((it) => (keys as MemoKeys).keyOf(it.idsA, it.idsB)));
-    const costOf = (it: TokenizedText): Cost => dchiCost(priv.name, priv.params.eta, nTokens(it), diam);
+    const costOf = (it: TokenizedText): Cost => priv.cost(it);
     const opts = { tsv: o.tsv, header: o.header, batchSize: o.batchSize };
 
     // the plan: with a cap, the whole input's cost (memoized texts free) before anything is sent
@@ -469,13 +505,13 @@ async function runPrivatize(positionals: string[], v: Values): Promise<number> {
     }
     const elapsed = (performance.now() - t0) / 1000;
     const streaming = (performance.now() - tLoop) / 1000;
-    const g = guarantee(priv.name, priv.params.eta, diam, bundle.dim);
+    const line = guaranteeLine(priv, diam, bundle.dim, nRecords ? nTok / nRecords : null);
     const c = total(charged);
     const after = await ledger.status();
     const spent = c === null ? "charged nothing" : `charged worst-case epsilon ${fmtEps(c.epsilon)} for ${c.sends} payload(s)`;
     info(`${nRecords} records, ${nTok} tokens in ${elapsed.toFixed(2)} s (setup ${((tLoop - t0) / 1000).toFixed(2)} s, `
       + `${Math.round(nTok / Math.max(streaming, 1e-9)).toLocaleString("en-US")} tokens/s streaming); `
-      + `${nSkipped} empty line(s) skipped; ${nTrunc} truncated; ${summary(g, nRecords ? nTok / nRecords : null)}; `
+      + `${nSkipped} empty line(s) skipped; ${nTrunc} truncated; ${line}; `
       + `ledger: ${spent}${keys ? `, ${memoized} memoized (free)` : ""}; spent ${fmtEps(after.spent)}, `
       + `${after.cap === null ? "no cap" : `cap ${fmtEps(after.cap)}`}`
       + (priv.weakPrivacy ? "; WEAK PRIVACY (--allow-weak-privacy): the output is close to the raw text" : ""));
@@ -483,6 +519,22 @@ async function runPrivatize(positionals: string[], v: Values): Promise<number> {
   } finally {
     await priv.release();
   }
+}
+
+/** The guarantee in one line, as shared.accounting.summary writes it. */
+function guaranteeLine(priv: Privatizer, diam: number, dim: number, meanTokens: number | null): string {
+  const p = priv.params;
+  if (priv.name === "dchi-text" || priv.name === "dchi-embedding") {
+    return summary(guarantee(priv.name, Number(p.eta), diam, dim), meanTokens);
+  }
+  const eps = Number(p.epsilon);
+  const worst = priv.cost({ idsA: [], idsB: null, nBefore: 0 }).epsilon!;
+  let published = eps;
+  if (priv.name === "laplace" && Number(p.word_dropout) > 0) {
+    const mu = Number(p.word_dropout);
+    published = eps + Math.log((1 - mu) + mu * Math.exp(-eps)); // Lyu et al. 2020, Theorem 2
+  }
+  return `${priv.name}: published eps=${fmtG(published, 4)}; holds eps=${fmtG(worst, 4)}`;
 }
 
 // -- tokenize (the conformance check of the tokenizer) ----------------------------------------
