@@ -1,11 +1,13 @@
 #!/usr/bin/env bash
-# The tests, from a fresh clone: set up .venv, PostgreSQL and the web edge's node_modules
-# when missing, then run README's test command and the web edge's JS tests (both must pass).
-# Extra arguments go to pytest.
+# The tests, from a fresh clone: set up .venv, PostgreSQL, Chromium, the web edge's
+# node_modules and the privacy explorer page (web_edge/demo) when missing, then run README's
+# test command and the web edge's JS tests (both must pass). Extra arguments go to pytest.
 . "$(dirname "$0")/_env.sh"
 ensure_postgres
+ensure_chromium
 ensure_venv
 ensure_web_edge
+ensure_web_demo
 cd "$ROOT"
 set +e
 (cd web_edge && npm test --silent)
