@@ -2,7 +2,7 @@
 
     PRIVBERT_HOME=/srv/privbert PRIVBERT_DATABASE_URL=postgresql+psycopg://... cloud-api worker
 
-Claims jobs from the job table (``cloud_api/store/jobs.py``) and runs each in a child
+Claims jobs from the job table (``cloud_api/jobs/queue.py``) and runs each in a child
 process (``python -m cloud_api.jobs.run``), or with ``--torchrun N`` (or
 ``PRIVBERT_TORCHRUN_NPROC``) as ``torchrun --nproc-per-node N [PRIVBERT_TORCHRUN_ARGS] -m
 cloud_api.jobs.run`` (PyTorch DDP: gloo on CPU, nccl on GPU). Start as many workers as

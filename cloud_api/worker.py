@@ -7,7 +7,7 @@
 
 ``cloud-api worker`` runs the same loop in the foreground; any number of workers on any
 hosts sharing the database and ``$PRIVBERT_HOME`` may run at once (claims are atomic,
-``store/jobs.py``).
+``jobs/queue.py``).
 
 Protocol of one job:
 
@@ -41,7 +41,7 @@ Protocol of one job:
    again while attempts are left; an error fails the job with its one-line reason.
 5. Every ``reaper_interval_s`` (also while a job runs) the worker reaps jobs whose
    heartbeat is older than ``heartbeat_timeout_s``: queued again or failed, never left
-   running (``store.jobs.reap``).
+   running (``jobs.queue.reap``).
 """
 
 from __future__ import annotations
@@ -60,10 +60,10 @@ from pathlib import Path
 
 from cloud_api.errors import Conflict, ServiceError
 from cloud_api.home import ModelHome
+from cloud_api.jobs import queue
 from cloud_api.jobs.files import AttemptFiles
 from cloud_api.jobs.run import PARENT_ENV
 from cloud_api.settings import Settings
-from cloud_api.store import jobs as queue
 from cloud_api.store.db import Database
 
 log = logging.getLogger("cloud_api.worker")

@@ -17,10 +17,10 @@ from pydantic import BaseModel, Field
 from starlette.responses import Response
 
 from cloud_api.auth import AdminCaller
+from cloud_api.jobs import queue
 from cloud_api.jobs.specs import PretrainRequest, RetrainRequest, check_retrain, submit_pretrain
 from cloud_api.problems import responses
 from cloud_api.routes.common import database, json_response
-from cloud_api.store import jobs as queue
 
 router = APIRouter(prefix="/admin", tags=["admin: jobs"])
 

@@ -8,7 +8,7 @@ import threading
 import pytest
 
 from cloud_api.errors import Conflict, NotFound
-from cloud_api.store import jobs as queue
+from cloud_api.jobs import queue
 from cloud_api.store.db import Database
 
 

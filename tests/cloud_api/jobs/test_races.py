@@ -13,9 +13,8 @@ import pytest
 
 from cloud_api.errors import Conflict
 from cloud_api.home import ModelHome
-from cloud_api.jobs import specs
+from cloud_api.jobs import queue, specs
 from cloud_api.settings import Settings
-from cloud_api.store import jobs as queue
 from cloud_api.store.db import Database
 
 

@@ -16,9 +16,9 @@ from pathlib import Path
 import pytest
 
 from cloud_api.home import ModelHome
+from cloud_api.jobs import queue
 from cloud_api.jobs.specs import PretrainRequest, RetrainRequest, check_pretrain, check_retrain
 from cloud_api.serving.bundles import BundleStore
-from cloud_api.store import jobs as queue
 from cloud_api.worker import Worker
 
 
