@@ -146,7 +146,7 @@ async def start_worker(app, stack) -> None:
     app.state.worker = None
     if not s.worker_in_serve or getattr(app.state, "db", None) is None:
         return
-    from cloud_api.worker import Worker
+    from cloud_api.jobs.supervisor import Worker
 
     worker = Worker(s, app.state.db, app.state.home)
     worker.start()

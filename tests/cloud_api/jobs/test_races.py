@@ -111,7 +111,7 @@ def test_two_jobs_finishing_together_promote_one_version_and_say_why(db, tmp_pat
     with the winner fails: these fake versions have no weights and their jobs no task)."""
     from types import SimpleNamespace
 
-    from cloud_api.worker import Worker
+    from cloud_api.jobs.supervisor import Worker
 
     home = ModelHome(tmp_path / "home").ensure()
     for _ in (1, 2):
@@ -164,7 +164,7 @@ def test_the_later_of_two_jobs_is_compared_again_with_the_version_the_first_prom
     child measures the version the first promoted on the second's test rows, and the job's
     rule decides. Its result names that version and both accuracies."""
     from cloud_api.jobs.retrain import promotion_decision
-    from cloud_api.worker import Worker
+    from cloud_api.jobs.supervisor import Worker
     from models.experiment import evaluate_records
     from tests.cloud_api.jobs.test_worker import submit
 
@@ -217,8 +217,8 @@ def test_a_comparison_that_cannot_be_made_promotes_nothing_and_says_why(job_env,
     record of the job was erased (the same test rows no longer exist). The comparison
     child fails; the pointer stays where the admin put it and the result says why."""
     from cloud_api.jobs.retrain import split_of
+    from cloud_api.jobs.supervisor import Worker
     from cloud_api.store.records import delete_records
-    from cloud_api.worker import Worker
     from tests.cloud_api.jobs.test_worker import submit
 
     db, home = job_env.database(), ModelHome(job_env.home)
@@ -308,7 +308,7 @@ def test_a_torchrun_rank_killed_by_a_signal_is_retried_one_that_fails_is_not(
     """A real 2-process gloo torchrun (through the worker's launcher) whose rank 1 SIGKILLs
     itself: torchrun exits 1, yet the job is queued again like a single process killed by
     a signal, and says which rank died of what. Rank 1 failing with an error fails it."""
-    import cloud_api.worker as worker_mod
+    import cloud_api.jobs.supervisor as worker_mod
 
     script = tmp_path / "ranks.py"
     script.write_text(RANKS_SCRIPT)

@@ -18,8 +18,8 @@ import pytest
 from cloud_api.home import ModelHome
 from cloud_api.jobs import queue
 from cloud_api.jobs.specs import PretrainRequest, RetrainRequest, check_pretrain, check_retrain
+from cloud_api.jobs.supervisor import Worker
 from cloud_api.serving.bundles import BundleStore
-from cloud_api.worker import Worker
 
 
 def submit(env, **kw) -> int:
@@ -77,6 +77,19 @@ def test_the_output_of_a_job_reaped_meanwhile_is_not_registered(db, tmp_path):
     assert home.versions("m") == [] and home.promoted("m") is None
     assert not files.output.exists()
     assert queue.get(db, job_id).worker_id == "w2"
+
+
+def test_children_import_this_repository_and_never_see_the_keys(tmp_path, monkeypatch):
+    """The child's environment puts the repository first on its path (the worker's own
+    code, wherever the package moved) and leaves out every key variable."""
+    from cloud_api.settings import Settings
+
+    monkeypatch.setenv("PRIVBERT_API_KEYS", "secret-key")
+    home = ModelHome(tmp_path / "home").ensure()
+    env = Worker(Settings(home=home.root), None, home)._child_env()
+    repo = Path(__file__).resolve().parents[3]
+    assert env["PYTHONPATH"].split(os.pathsep)[0] == str(repo)
+    assert "PRIVBERT_API_KEYS" not in env and env["PRIVBERT_HOME"] == str(home.root.resolve())
 
 
 def test_a_killed_child_is_retried_and_a_cancel_registers_nothing(job_env):

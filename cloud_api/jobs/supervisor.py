@@ -72,7 +72,7 @@ CANCEL_GRACE_S = 10.0   # after the cancel flag, before SIGTERM
 KILL_GRACE_S = 5.0      # after SIGTERM, before SIGKILL
 POLL_S = 0.2            # how often the child is checked for having exited
 COMPARE_TIMEOUT_S = 1800.0  # the comparison child holds the promotion lock: not forever
-PROJECT_ROOT = Path(__file__).resolve().parent.parent
+PROJECT_ROOT = Path(__file__).resolve().parents[2]  # the repository (children import from it)
 SECRET_ENV = ("PRIVBERT_API_KEYS", "PRIVBERT_ADMIN_KEYS", "PRIVBERT_KEYS_FILE",
               "PRIVBERT_TEXTHIDE_KEY")
 

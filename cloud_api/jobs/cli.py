@@ -37,8 +37,8 @@ def run_worker(args) -> int:
         return fail(f"--torchrun must be >= 0, got {args.torchrun}")
     settings = settings_for(args)
     from cloud_api import logs
+    from cloud_api.jobs.supervisor import Worker
     from cloud_api.store.db import Database
-    from cloud_api.worker import Worker
 
     logs.configure(settings.log_level, settings.log_json)
     db = Database.from_settings(settings)
