@@ -37,6 +37,7 @@ def run_worker(args) -> int:
         return fail(f"--torchrun must be >= 0, got {args.torchrun}")
     settings = settings_for(args)
     from cloud_api import logs
+    from cloud_api.jobs.states import AttemptEnd
     from cloud_api.jobs.supervisor import Worker
     from cloud_api.store.db import Database
 
@@ -55,5 +56,5 @@ def run_worker(args) -> int:
     finally:
         db.dispose()
     if args.once:
-        return 0 if state in (None, "succeeded") else 1
+        return 0 if state in (None, AttemptEnd.SUCCEEDED) else 1
     return 0

@@ -63,6 +63,7 @@ from cloud_api.home import ModelHome
 from cloud_api.jobs import queue
 from cloud_api.jobs.files import AttemptFiles
 from cloud_api.jobs.run import PARENT_ENV
+from cloud_api.jobs.states import AttemptEnd, ChildExit, JobKind, JobState
 from cloud_api.settings import Settings
 from cloud_api.store.db import Database
 
@@ -165,9 +166,9 @@ class Worker:
     def alive(self) -> bool:
         return self._thread is not None and self._thread.is_alive()
 
-    def run(self, once: bool = False) -> str | None:
-        """The claim loop (foreground). ``once``: run at most one job and return its final
-        state (None when nothing was queued)."""
+    def run(self, once: bool = False) -> AttemptEnd | None:
+        """The claim loop (foreground). ``once``: run at most one job and return how it
+        ended (None when nothing was queued)."""
         log.info("job worker %s started (torchrun %s)", self.id, self.nproc or "off")
         while not self._stop.is_set():
             self.maybe_reap()
@@ -189,13 +190,13 @@ class Worker:
                 state = self.run_job(job)
             except Exception:  # noqa: BLE001
                 log.exception("job %s: the worker failed while running it", job.id)
-                state = "error"
+                state = AttemptEnd.ERROR
             if once:
                 return state
         log.info("job worker %s stopped", self.id)
         return None
 
-    def maybe_reap(self, force: bool = False) -> list[tuple[int, str]]:
+    def maybe_reap(self, force: bool = False) -> list[tuple[int, JobState]]:
         """Reap stale jobs every ``reaper_interval_s``."""
         now = time.monotonic()
         if not force and now < self._next_reap:
@@ -209,7 +210,7 @@ class Worker:
         for job_id, state in reaped:
             log.warning("reaper: job %s had no heartbeat for %g s: now %s", job_id,
                         self.settings.heartbeat_timeout_s, state)
-            if state != "queued":
+            if state != JobState.QUEUED:
                 try:
                     _count(queue.get(self.db, job_id).kind, state)
                 except ServiceError:
@@ -217,27 +218,28 @@ class Worker:
         return reaped
 
     # -- one job ------------------------------------------------------------------------------
-    def run_job(self, job: queue.Job) -> str:
-        """Run a claimed job to its end; returns its final state ("released" when this
-        worker was stopped, "lost" when the job stopped being ours)."""
+    def run_job(self, job: queue.Job) -> AttemptEnd:
+        """Run a claimed job to its end; returns how the attempt ended (``RELEASED`` when
+        this worker was stopped, ``LOST`` when the job stopped being ours)."""
         files = AttemptFiles(self.home.job_dir(job.id) / f"attempt-{job.attempts}")
         log.info("job %s (%s) claimed by %s, attempt %d of %d", job.id, job.kind, self.id,
                  job.attempts, job.max_attempts)
         try:
-            watermark = self._watermark(job) if job.kind == "retrain" else None
+            watermark = self._watermark(job) if job.kind == JobKind.RETRAIN else None
             files.prepare({"job_id": job.id, "kind": job.kind, "spec": job.spec,
                            "attempt": job.attempts, "watermark": watermark,
                            "worker_id": self.id})
         except _Lost:
-            return "lost"
+            return AttemptEnd.LOST
         except (ServiceError, OSError) as exc:
-            return self._end(job, files, "failed", error=f"cannot start: {_one_line(exc)}")
+            return self._end(job, files, JobState.FAILED,
+                             error=f"cannot start: {_one_line(exc)}")
         cmd = child_command(files.dir, self.nproc, self.settings.torchrun_args)
         rc, outcome = self._run_child(job, files, cmd)
         return self._conclude(job, files, rc, outcome)
 
     def _run_child(self, job: queue.Job, files: AttemptFiles, cmd: list[str],
-                   limit_s: float | None = None) -> tuple[int | None, str]:
+                   limit_s: float | None = None) -> tuple[int | None, ChildExit]:
         """Run ``cmd`` in its own process group, its output appended to the attempt's log,
         supervised (heartbeats, cancel, :meth:`_supervise`); returns (exit code, outcome)."""
         with open(files.log, "ab") as logf:
@@ -279,9 +281,9 @@ class Worker:
         return env
 
     def _supervise(self, job: queue.Job, files: AttemptFiles, child: subprocess.Popen,
-                   limit_s: float | None = None) -> str:
-        """Wait for the child, heartbeating; returns "exited", "cancelled", "stopped",
-        "lost" or (after ``limit_s``) "timed out"."""
+                   limit_s: float | None = None) -> ChildExit:
+        """Wait for the child, heartbeating; returns how it ended (``TIMED_OUT`` after
+        ``limit_s``)."""
         beat_every = self.settings.heartbeat_s
         next_beat = time.monotonic() + beat_every
         give_up = None if limit_s is None else time.monotonic() + limit_s
@@ -289,14 +291,14 @@ class Worker:
         while True:
             try:
                 child.wait(timeout=POLL_S)
-                return "cancelled" if cancel_at is not None else "exited"
+                return ChildExit.CANCELLED if cancel_at is not None else ChildExit.EXITED
             except subprocess.TimeoutExpired:
                 pass
             now = time.monotonic()
             if self._stop.is_set():
-                return "stopped"
+                return ChildExit.STOPPED
             if give_up is not None and now > give_up:
-                return "timed out"
+                return ChildExit.TIMED_OUT
             if now >= next_beat:
                 next_beat = now + beat_every
                 try:
@@ -307,7 +309,7 @@ class Worker:
                     log.warning("job %s: heartbeat failed (%s)", job.id, exc.detail)
                     beat = None
                 if beat is not None and not beat.owned:
-                    return "lost"
+                    return ChildExit.LOST
                 if beat is not None and beat.cancel_requested and cancel_at is None:
                     log.info("job %s: cancel requested; stopping at the next step", job.id)
                     files.request_cancel()
@@ -327,8 +329,9 @@ class Worker:
             _signal_group(child.pid, signal.SIGKILL)
             child.wait()
 
-    def _conclude(self, job: queue.Job, files: AttemptFiles, rc: int, outcome: str) -> str:
-        if outcome in ("stopped", "lost"):
+    def _conclude(self, job: queue.Job, files: AttemptFiles, rc: int,
+                  outcome: ChildExit) -> AttemptEnd:
+        if outcome in (ChildExit.STOPPED, ChildExit.LOST):
             return self._interrupted(job, files, outcome)
         stop = self._stop_before_registering(job, outcome)
         if stop is not None:
@@ -340,9 +343,10 @@ class Worker:
             except _Interrupted as exc:  # during the comparison with the promoted version
                 return self._interrupted(job, files, exc.outcome)
             except (ServiceError, OSError, ValueError) as exc:
-                return self._end(job, files, "failed", error=f"cannot register the output: "
+                return self._end(job, files, JobState.FAILED, error=f"cannot register the output: "
                                  f"{_one_line(exc)}", log_tail=files.log_tail())
-            return self._end(job, files, "succeeded", result=result, log_tail=files.log_tail())
+            return self._end(job, files, JobState.SUCCEEDED, result=result,
+                             log_tail=files.log_tail())
         killed = files.killed_rank()  # under torchrun, which exits 1 whatever killed a rank
         reason = (_rank_reason(killed, files.read_error()) if killed else
                   files.read_error() or _exit_reason(rc))
@@ -351,34 +355,35 @@ class Worker:
                           count_attempt=True)
             log.warning("job %s: %s; queued again", job.id, reason)
             _discard(files)
-            return "queued"
-        return self._end(job, files, "failed", error=reason, log_tail=files.log_tail())
+            return AttemptEnd.QUEUED
+        return self._end(job, files, JobState.FAILED, error=reason, log_tail=files.log_tail())
 
-    def _stop_before_registering(self, job: queue.Job, outcome: str) -> str | None:
-        """"lost" or "cancelled" when the output must not be registered, else None. Still
+    def _stop_before_registering(self, job: queue.Job, outcome: ChildExit) -> ChildExit | None:
+        """``LOST`` or ``CANCELLED`` when the output must not be registered, else None. Still
         ours? The reaper may have given the job to another worker while the child ran
         (heartbeats late or the database away): registering this output as well would add
         a second version, perhaps promoted. Cancelled meanwhile: nothing is registered."""
-        beat = queue.Beat(False) if outcome == "lost" else self._last_beat(job)
+        beat = queue.Beat(False) if outcome == ChildExit.LOST else self._last_beat(job)
         if not beat.owned:
-            return "lost"
-        if outcome == "cancelled" or beat.cancel_requested:
-            return "cancelled"
+            return ChildExit.LOST
+        if outcome == ChildExit.CANCELLED or beat.cancel_requested:
+            return ChildExit.CANCELLED
         return None
 
-    def _interrupted(self, job: queue.Job, files: AttemptFiles, outcome: str) -> str:
-        """End an attempt whose output is not registered: the worker "stopped" (queued
-        again), the job "lost" to another worker, or "cancelled"."""
-        if outcome == "stopped":
+    def _interrupted(self, job: queue.Job, files: AttemptFiles,
+                     outcome: ChildExit) -> AttemptEnd:
+        """End an attempt whose output is not registered: the worker ``STOPPED`` (queued
+        again), the job ``LOST`` to another worker, or ``CANCELLED``."""
+        if outcome == ChildExit.STOPPED:
             queue.release(self.db, job.id, self.id, f"worker {self.id} stopped; queued again")
             _discard(files)
-            return "released"
-        if outcome == "lost":
+            return AttemptEnd.RELEASED
+        if outcome == ChildExit.LOST:
             log.warning("job %s is no longer ours (reaped or finished elsewhere)", job.id)
             _discard(files)
-            return "lost"
+            return AttemptEnd.LOST
         step = (files.read_progress() or {}).get("step")
-        return self._end(job, files, "cancelled", log_tail=files.log_tail(),
+        return self._end(job, files, JobState.CANCELLED, log_tail=files.log_tail(),
                          error="cancelled" + (f" at step {step}" if step else "") +
                          "; no version registered")
 
@@ -394,7 +399,7 @@ class Worker:
 
     def _publish(self, job: queue.Job, files: AttemptFiles, result: dict) -> dict:
         """Register the child's output (a model version, or a base), promote when decided."""
-        if job.kind == "pretrain":
+        if job.kind == JobKind.PRETRAIN:
             name = job.spec["name"]
             dest = self.home.base_dir(name)
             dest.parent.mkdir(parents=True, exist_ok=True)
@@ -416,7 +421,7 @@ class Worker:
                 else:  # another job or an admin promoted a version while this job ran
                     result = self._compare_again(job, files, result, now)
                     promoted, reason = _decide_again(result)
-                    stop = self._stop_before_registering(job, "exited")
+                    stop = self._stop_before_registering(job, ChildExit.EXITED)
                     if stop is not None:
                         raise _Interrupted(stop)
                 version = self.home.register(model_id, files.output, move=True)
@@ -440,10 +445,10 @@ class Worker:
             files.comparison.unlink(missing_ok=True)
             rc, outcome = self._run_child(job, files, compare_command(files.dir, now),
                                           COMPARE_TIMEOUT_S)
-            if outcome in ("stopped", "lost", "cancelled"):
+            if outcome.interrupted:
                 raise _Interrupted(outcome)
             out = files.read_comparison() or {}
-            if outcome == "timed out":
+            if outcome == ChildExit.TIMED_OUT:
                 found["error"] = f"no answer within {COMPARE_TIMEOUT_S:g} s"
             elif rc == 0 and out.get("test_records") != n_test:
                 found["error"] = (f"the job's test records changed since it trained ({n_test} "
@@ -454,17 +459,18 @@ class Worker:
                 found["error"] = out.get("error") or _exit_reason(rc, "comparison")
         return {**result, "compared_with": {**found, "at_training": result["compared_with"]}}
 
-    def _end(self, job: queue.Job, files: AttemptFiles, state: str, *, error: str | None = None,
-             result: dict | None = None, log_tail: str | None = None) -> str:
+    def _end(self, job: queue.Job, files: AttemptFiles, state: JobState, *,
+             error: str | None = None, result: dict | None = None,
+             log_tail: str | None = None) -> AttemptEnd:
         ok = queue.finish(self.db, job.id, self.id, state, error=error, result=result,
                           progress=files.read_progress(), log_tail=log_tail)
         _discard(files)
         if not ok:
             log.warning("job %s was no longer ours when it ended (%s)", job.id, state)
-            return "lost"
+            return AttemptEnd.LOST
         _count(job.kind, state)
         log.info("job %s: %s%s", job.id, state, f" ({error})" if error else "")
-        return state
+        return AttemptEnd(state)
 
 
 def _decide_again(result: dict) -> tuple[bool, str]:
@@ -486,10 +492,10 @@ class _Lost(Exception):
 
 
 class _Interrupted(Exception):
-    """The comparison with the promoted version ended early: the job was "cancelled" or
-    "lost", or the worker "stopped"; nothing is registered."""
+    """The comparison with the promoted version ended early: the job was cancelled or
+    lost, or the worker stopped; nothing is registered."""
 
-    def __init__(self, outcome: str):
+    def __init__(self, outcome: ChildExit):
         super().__init__(outcome)
         self.outcome = outcome
 
@@ -504,7 +510,7 @@ def _discard(files: AttemptFiles) -> None:
     shutil.rmtree(files.output, ignore_errors=True)
 
 
-def _count(kind: str, state: str) -> None:
+def _count(kind: JobKind, state: JobState) -> None:
     from cloud_api.metrics import JOBS
 
     JOBS.labels(kind=kind, state=state).inc()
