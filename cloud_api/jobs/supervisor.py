@@ -23,22 +23,12 @@ Protocol of one job:
    finds ``cancel_requested`` creates the cancel flag (the child stops at its next step),
    then after a grace period SIGTERM, then SIGKILL, to the child's process group.
 4. The child exits. A heartbeat checks that the job is still this worker's (else its
-   output is dropped: the reaper gave the job to another). With a result, the worker
-   registers the version (``ModelHome.register``) and promotes it when the child's
-   decision says so, holding the model's promotion lock (``ModelHome.promotion_lock``)
-   from reading the pointer to writing it, so two jobs finishing together never both
-   promote over the same version. If the promoted version is no longer the one the child
-   compared with (another job or an admin promoted one meanwhile), the comparison child
-   ``python -m cloud_api.jobs.compare ATTEMPT_DIR VERSION`` (supervised like the first,
-   heartbeats and cancel included) measures the now-promoted version on the job's test
-   rows, and ``promotion_decision`` decides again; if it fails, nothing is promoted. Then
-   ownership and cancel are checked again before registering. The result's
-   ``compared_with`` names the version finally compared with (``at_training``: the
-   child's), ``promoted`` and ``promotion`` what was decided and why. A pretraining job's
-   output becomes
-   ``bases/<name>``. A cancelled job registers nothing. A child killed by a signal (or,
-   under torchrun, a child one of whose ranks a signal killed: ``ranks.json``) is queued
-   again while attempts are left; an error fails the job with its one-line reason.
+   output is dropped: the reaper gave the job to another). With a result, the publisher
+   (``publisher.py``) makes it a base, or a version promoted when the job's rule allows
+   it; a comparison child it needs runs supervised like the first. A cancelled job
+   registers nothing. A child killed by a signal (or, under torchrun, a child one of
+   whose ranks a signal killed: ``ranks.json``) is queued again while attempts are left;
+   an error fails the job with its one-line reason.
 5. Every ``reaper_interval_s`` (also while a job runs) the worker reaps jobs whose
    heartbeat is older than ``heartbeat_timeout_s``: queued again or failed, never left
    running (``jobs.queue.reap``).
@@ -53,16 +43,14 @@ import shutil
 import signal
 import socket
 import subprocess
-import sys
 import threading
 import time
-from pathlib import Path
 
-from cloud_api.errors import Conflict, ServiceError
+from cloud_api.errors import ServiceError
 from cloud_api.home import ModelHome
-from cloud_api.jobs import queue
+from cloud_api.jobs import children, queue
 from cloud_api.jobs.files import AttemptFiles
-from cloud_api.jobs.run import PARENT_ENV
+from cloud_api.jobs.publisher import Interrupted, Publisher
 from cloud_api.jobs.states import AttemptEnd, ChildExit, JobKind, JobState
 from cloud_api.settings import Settings
 from cloud_api.store.db import Database
@@ -70,58 +58,11 @@ from cloud_api.store.db import Database
 log = logging.getLogger("cloud_api.worker")
 
 CANCEL_GRACE_S = 10.0   # after the cancel flag, before SIGTERM
-KILL_GRACE_S = 5.0      # after SIGTERM, before SIGKILL
 POLL_S = 0.2            # how often the child is checked for having exited
-COMPARE_TIMEOUT_S = 1800.0  # the comparison child holds the promotion lock: not forever
-PROJECT_ROOT = Path(__file__).resolve().parents[2]  # the repository (children import from it)
-SECRET_ENV = ("PRIVBERT_API_KEYS", "PRIVBERT_ADMIN_KEYS", "PRIVBERT_KEYS_FILE",
-              "PRIVBERT_TEXTHIDE_KEY")
 
 
 def default_worker_id() -> str:
     return f"{socket.gethostname()}:{os.getpid()}:{secrets.token_hex(3)}"
-
-
-def child_command(attempt_dir: Path, nproc: int = 0, torchrun_args: str = "") -> list[str]:
-    """The child's command line: one process, or ``torchrun`` with ``nproc`` per node
-    (``--standalone`` unless rendezvous flags are given in ``torchrun_args``)."""
-    import shlex
-
-    run = ["-m", "cloud_api.jobs.run", str(attempt_dir)]
-    if nproc <= 0:
-        return [sys.executable, *run]
-    extra = shlex.split(torchrun_args) or ["--standalone"]
-    return [sys.executable, "-m", "cloud_api.jobs.launch", str(attempt_dir),  # torchrun that
-            "--nproc-per-node", str(nproc), *extra, *run]          # records killed ranks
-
-
-def compare_command(attempt_dir: Path, version: str) -> list[str]:
-    """The comparison child's command line (one process): VERSION on the job's test rows."""
-    return [sys.executable, "-m", "cloud_api.jobs.compare", str(attempt_dir), version]
-
-
-def _signal_group(pid: int, sig: int) -> None:
-    try:
-        os.killpg(pid, sig)
-    except (ProcessLookupError, PermissionError):
-        pass
-
-
-def _exit_reason(rc: int, what: str = "training") -> str:
-    if rc < 0:
-        name = signal.Signals(-rc).name if -rc in signal.Signals._value2member_map_ else -rc
-        hint = " (out of memory?)" if rc == -signal.SIGKILL else ""
-        return f"the {what} process was killed by {name}{hint}"
-    return f"the {what} process exited with code {rc}"
-
-
-def _rank_reason(killed: dict, error: str | None) -> str:
-    """Why a torchrun child failed when a signal killed one of its ranks (the other ranks'
-    errors, e.g. a lost connection to it, are consequences)."""
-    hint = " (out of memory?)" if killed.get("signal") == "SIGKILL" else ""
-    then = f"; then: {error}" if error else ""
-    return (f"torchrun rank {killed.get('rank')} was killed by "
-            f"{killed.get('signal') or killed.get('exitcode')}{hint}{then}")[:1000]
 
 
 class Worker:
@@ -137,6 +78,7 @@ class Worker:
         self._wake = threading.Event()
         self._thread: threading.Thread | None = None
         self._next_reap = 0.0
+        self.publisher = Publisher(self.home)
 
     # -- lifecycle ----------------------------------------------------------------------------
     def start(self) -> None:
@@ -234,7 +176,7 @@ class Worker:
         except (ServiceError, OSError) as exc:
             return self._end(job, files, JobState.FAILED,
                              error=f"cannot start: {_one_line(exc)}")
-        cmd = child_command(files.dir, self.nproc, self.settings.torchrun_args)
+        cmd = children.child_command(files.dir, self.nproc, self.settings.torchrun_args)
         rc, outcome = self._run_child(job, files, cmd)
         return self._conclude(job, files, rc, outcome)
 
@@ -244,14 +186,15 @@ class Worker:
         supervised (heartbeats, cancel, :meth:`_supervise`); returns (exit code, outcome)."""
         with open(files.log, "ab") as logf:
             child = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=logf,
-                                     stderr=subprocess.STDOUT, env=self._child_env(),
+                                     stderr=subprocess.STDOUT,
+                                     env=children.child_env(self.settings, self.home.root),
                                      cwd=str(files.dir), start_new_session=True)
         try:
             outcome = self._supervise(job, files, child, limit_s)
         finally:
             if child.poll() is None:
-                self._kill(child)
-            _signal_group(child.pid, signal.SIGKILL)  # stray torchrun ranks, if any
+                children.kill(child)
+            children.signal_group(child.pid, signal.SIGKILL)  # stray torchrun ranks, if any
         return child.returncode, outcome
 
     def _watermark(self, job: queue.Job) -> int:
@@ -264,21 +207,6 @@ class Worker:
         if kept is None:
             raise _Lost()
         return kept
-
-    def _child_env(self) -> dict[str, str]:
-        s = self.settings
-        env = {k: v for k, v in os.environ.items() if k not in SECRET_ENV}
-        env.update({"PRIVBERT_HOME": str(Path(self.home.root).resolve()),
-                    "PRIVBERT_DATABASE_URL": s.resolved_database_url,
-                    "PRIVBERT_DEVICE": s.device, "PRIVBERT_PRECISION": s.precision,
-                    "PRIVBERT_DB_BUSY_TIMEOUT_S": str(s.db_busy_timeout_s),
-                    "PRIVBERT_DB_CONNECT_TIMEOUT_S": str(s.db_connect_timeout_s),
-                    PARENT_ENV: str(os.getpid()), "PYTHONUNBUFFERED": "1",
-                    "PYTHONPATH": os.pathsep.join(
-                        p for p in (str(PROJECT_ROOT), os.environ.get("PYTHONPATH")) if p)})
-        if s.pretrain_corpus is not None:
-            env["PRIVBERT_PRETRAIN_CORPUS"] = str(Path(s.pretrain_corpus).resolve())
-        return env
 
     def _supervise(self, job: queue.Job, files: AttemptFiles, child: subprocess.Popen,
                    limit_s: float | None = None) -> ChildExit:
@@ -316,18 +244,10 @@ class Worker:
                     cancel_at = now
                 self.maybe_reap()
             if cancel_at is not None and term_at is None and now - cancel_at > CANCEL_GRACE_S:
-                _signal_group(child.pid, signal.SIGTERM)
+                children.signal_group(child.pid, signal.SIGTERM)
                 term_at = now
-            elif term_at is not None and now - term_at > KILL_GRACE_S:
-                _signal_group(child.pid, signal.SIGKILL)
-
-    def _kill(self, child: subprocess.Popen) -> None:
-        _signal_group(child.pid, signal.SIGTERM)
-        try:
-            child.wait(timeout=KILL_GRACE_S)
-        except subprocess.TimeoutExpired:
-            _signal_group(child.pid, signal.SIGKILL)
-            child.wait()
+            elif term_at is not None and now - term_at > children.KILL_GRACE_S:
+                children.signal_group(child.pid, signal.SIGKILL)
 
     def _conclude(self, job: queue.Job, files: AttemptFiles, rc: int,
                   outcome: ChildExit) -> AttemptEnd:
@@ -340,7 +260,7 @@ class Worker:
         if rc == 0 and result is not None:
             try:
                 result = self._publish(job, files, result)
-            except _Interrupted as exc:  # during the comparison with the promoted version
+            except Interrupted as exc:  # during the comparison with the promoted version
                 return self._interrupted(job, files, exc.outcome)
             except (ServiceError, OSError, ValueError) as exc:
                 return self._end(job, files, JobState.FAILED, error=f"cannot register the output: "
@@ -348,8 +268,8 @@ class Worker:
             return self._end(job, files, JobState.SUCCEEDED, result=result,
                              log_tail=files.log_tail())
         killed = files.killed_rank()  # under torchrun, which exits 1 whatever killed a rank
-        reason = (_rank_reason(killed, files.read_error()) if killed else
-                  files.read_error() or _exit_reason(rc))
+        reason = (children.rank_reason(killed, files.read_error()) if killed else
+                  files.read_error() or children.exit_reason(rc))
         if (rc < 0 or killed) and job.attempts < job.max_attempts:
             queue.release(self.db, job.id, self.id, f"{reason}; queued again",
                           count_attempt=True)
@@ -398,66 +318,9 @@ class Worker:
             return queue.Beat(False)
 
     def _publish(self, job: queue.Job, files: AttemptFiles, result: dict) -> dict:
-        """Register the child's output (a model version, or a base), promote when decided."""
-        if job.kind == JobKind.PRETRAIN:
-            name = job.spec["name"]
-            dest = self.home.base_dir(name)
-            dest.parent.mkdir(parents=True, exist_ok=True)
-            try:
-                dest.mkdir()  # reserve the name atomically
-            except FileExistsError:
-                raise Conflict(f"a base named {name!r} appeared meanwhile") from None
-            os.replace(files.output, dest)
-            return {**result, "base": name}
-        model_id = job.spec["model_id"]
-        promoted, reason = False, result["promote"]["reason"]
-        if not result["promote"]["decision"]:
-            version = self.home.register(model_id, files.output, move=True)
-        else:
-            with self.home.promotion_lock(model_id):  # nothing changes the pointer meanwhile
-                now = self.home.promoted(model_id)
-                if now == result["compared_with"]["version"]:
-                    promoted = True
-                else:  # another job or an admin promoted a version while this job ran
-                    result = self._compare_again(job, files, result, now)
-                    promoted, reason = _decide_again(result)
-                    stop = self._stop_before_registering(job, ChildExit.EXITED)
-                    if stop is not None:
-                        raise _Interrupted(stop)
-                version = self.home.register(model_id, files.output, move=True)
-                if promoted:
-                    self.home.write_promoted(model_id, version)
-        log.info("job %s: registered %s %s%s", job.id, model_id, version,
-                 " and promoted it" if promoted else f", not promoted: {reason}")
-        return {**result, "version": version, "promoted": promoted, "promotion": reason}
-
-    def _compare_again(self, job: queue.Job, files: AttemptFiles, result: dict,
-                       now: str | None) -> dict:
-        """``result`` with ``compared_with`` the version promoted ``now``: its accuracy on
-        the job's test rows, measured by the comparison child (``jobs/compare.py``; the
-        caller holds the promotion lock). The child's own comparison moves to
-        ``compared_with.at_training``. Raises :class:`_Interrupted` when the job is
-        cancelled, lost or the worker stopped meanwhile."""
-        n_test = result["records"]["test"]
-        found: dict = {"version": now, "test_accuracy": None, "error": None}
-        if now is not None and n_test and result["metrics"]["test_accuracy"] is not None:
-            log.info("job %s: the promoted version is now %s; comparing with it", job.id, now)
-            files.comparison.unlink(missing_ok=True)
-            rc, outcome = self._run_child(job, files, compare_command(files.dir, now),
-                                          COMPARE_TIMEOUT_S)
-            if outcome.interrupted:
-                raise _Interrupted(outcome)
-            out = files.read_comparison() or {}
-            if outcome == ChildExit.TIMED_OUT:
-                found["error"] = f"no answer within {COMPARE_TIMEOUT_S:g} s"
-            elif rc == 0 and out.get("test_records") != n_test:
-                found["error"] = (f"the job's test records changed since it trained ({n_test} "
-                                  f"then, {out.get('test_records')} now: erased?)")
-            elif rc == 0 and out.get("test_accuracy") is not None:
-                found["test_accuracy"] = out["test_accuracy"]
-            else:
-                found["error"] = out.get("error") or _exit_reason(rc, "comparison")
-        return {**result, "compared_with": {**found, "at_training": result["compared_with"]}}
+        """Hand the child's result to the publisher (:class:`Interrupted` when the job
+        stopped being ours, was cancelled or this worker stopped meanwhile)."""
+        return self.publisher.publish(job, files, result, _Supervised(self, job, files))
 
     def _end(self, job: queue.Job, files: AttemptFiles, state: JobState, *,
              error: str | None = None, result: dict | None = None,
@@ -473,31 +336,24 @@ class Worker:
         return AttemptEnd(state)
 
 
-def _decide_again(result: dict) -> tuple[bool, str]:
-    """``promotion_decision`` (the job's own rule) against the version compared again."""
-    from cloud_api.jobs.retrain import promotion_decision
-
-    now, before = result["compared_with"], result["compared_with"]["at_training"]
-    promote, why = promotion_decision(True, result["metrics"]["test_accuracy"],
-                                      now["version"], now["test_accuracy"],
-                                      result["records"]["test"], now["error"])
-    return promote, (f"{'' if promote else 'not promoted: '}the promoted version "
-                     f"changed while the job ran ({before['version'] or 'none'} -> "
-                     f"{now['version'] or 'none'}, another job or an admin promoted it); "
-                     f"compared again with {now['version'] or 'none'}: {why}")
-
-
 class _Lost(Exception):
     """The job stopped being ours before the child started."""
 
 
-class _Interrupted(Exception):
-    """The comparison with the promoted version ended early: the job was cancelled or
-    lost, or the worker stopped; nothing is registered."""
+class _Supervised:
+    """One attempt, as the publisher sees it: a comparison child runs supervised like the
+    training child (heartbeats, cancel), and it asks whether the output may be
+    registered (still ours, not cancelled)."""
 
-    def __init__(self, outcome: ChildExit):
-        super().__init__(outcome)
-        self.outcome = outcome
+    def __init__(self, worker: Worker, job: queue.Job, files: AttemptFiles):
+        self.worker, self.job, self.files = worker, job, files
+
+    def run_child(self, cmd: list[str], limit_s: float | None = None
+                  ) -> tuple[int | None, ChildExit]:
+        return self.worker._run_child(self.job, self.files, cmd, limit_s)
+
+    def interruption(self) -> ChildExit | None:
+        return self.worker._stop_before_registering(self.job, ChildExit.EXITED)
 
 
 def _one_line(exc: BaseException) -> str:

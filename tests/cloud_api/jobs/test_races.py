@@ -308,25 +308,26 @@ def test_a_torchrun_rank_killed_by_a_signal_is_retried_one_that_fails_is_not(
     """A real 2-process gloo torchrun (through the worker's launcher) whose rank 1 SIGKILLs
     itself: torchrun exits 1, yet the job is queued again like a single process killed by
     a signal, and says which rank died of what. Rank 1 failing with an error fails it."""
-    import cloud_api.jobs.supervisor as worker_mod
+    from cloud_api.jobs import children
+    from cloud_api.jobs.supervisor import Worker
 
     script = tmp_path / "ranks.py"
     script.write_text(RANKS_SCRIPT)
-    real = worker_mod.child_command
+    real = children.child_command
 
     def command(attempt_dir, nproc=0, torchrun_args=""):
         cmd = real(attempt_dir, nproc, torchrun_args)
         assert cmd[-3:] == ["-m", "cloud_api.jobs.run", str(attempt_dir)]
         return [*cmd[:-3], str(script), str(attempt_dir), mode]
 
-    monkeypatch.setattr(worker_mod, "child_command", command)
+    monkeypatch.setattr(children, "child_command", command)
     home = ModelHome(tmp_path / "home").ensure()
     db = Database(f"sqlite:///{tmp_path / 'jobs.db'}")
     db.upgrade()
     try:
         job_id = queue.enqueue(db, "pretrain", {"name": "pre"}, max_attempts=2)
         settings = Settings(home=home.root, heartbeat_s=0.2, device="cpu")
-        worker = worker_mod.Worker(settings, db, home, worker_id="w", torchrun_nproc=2)
+        worker = Worker(settings, db, home, worker_id="w", torchrun_nproc=2)
         state = worker.run_job(queue.claim(db, "w"))
         job = queue.get(db, job_id)
     finally:

@@ -82,11 +82,12 @@ def test_the_output_of_a_job_reaped_meanwhile_is_not_registered(db, tmp_path):
 def test_children_import_this_repository_and_never_see_the_keys(tmp_path, monkeypatch):
     """The child's environment puts the repository first on its path (the worker's own
     code, wherever the package moved) and leaves out every key variable."""
+    from cloud_api.jobs.children import child_env
     from cloud_api.settings import Settings
 
     monkeypatch.setenv("PRIVBERT_API_KEYS", "secret-key")
     home = ModelHome(tmp_path / "home").ensure()
-    env = Worker(Settings(home=home.root), None, home)._child_env()
+    env = child_env(Settings(home=home.root), home.root)
     repo = Path(__file__).resolve().parents[3]
     assert env["PYTHONPATH"].split(os.pathsep)[0] == str(repo)
     assert "PRIVBERT_API_KEYS" not in env and env["PRIVBERT_HOME"] == str(home.root.resolve())

@@ -1,0 +1,140 @@
+"""What a finished job leaves behind: a base, or a model version promoted when the job's
+rule allows it.
+
+    result = Publisher(home).publish(job, files, result, attempt)
+
+A pretraining job's output becomes ``bases/<name>``. A retraining job's output is
+registered as the model's next version (``ModelHome.register``) and promoted when the
+child's decision says so, holding the model's promotion lock (``ModelHome.promotion_lock``)
+from reading the pointer to writing it, so two jobs finishing together never both promote
+over the same version. If the promoted version is no longer the one the child compared
+with (another job or an admin promoted one meanwhile), the comparison child ``python -m
+cloud_api.jobs.compare ATTEMPT_DIR VERSION`` (run by the supervisor like the first,
+heartbeats and cancel included) measures the now-promoted version on the job's test rows,
+and ``promotion_decision`` decides again; if it fails, nothing is promoted. Then
+ownership and cancel are checked again before registering. The result's
+``compared_with`` names the version finally compared with (``at_training``: the
+child's), ``promoted`` and ``promotion`` what was decided and why.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from typing import Protocol
+
+from cloud_api.errors import Conflict
+from cloud_api.home import ModelHome
+from cloud_api.jobs.children import compare_command, exit_reason
+from cloud_api.jobs.files import AttemptFiles
+from cloud_api.jobs.retrain import promotion_decision
+from cloud_api.jobs.states import ChildExit, JobKind
+from cloud_api.jobs.table import Job
+
+log = logging.getLogger("cloud_api.worker")  # the worker's log, as before the split
+
+COMPARE_TIMEOUT_S = 1800.0  # the comparison child holds the promotion lock: not forever
+
+
+class Supervision(Protocol):
+    """What the publisher asks of the worker that supervises the attempt."""
+
+    def run_child(self, cmd: list[str], limit_s: float | None = None
+                  ) -> tuple[int | None, ChildExit]:
+        """Run ``cmd`` supervised like the training child (heartbeats, cancel)."""
+
+    def interruption(self) -> ChildExit | None:
+        """``LOST`` or ``CANCELLED`` when the output must not be registered now, else None."""
+
+
+class Interrupted(Exception):
+    """The comparison with the promoted version ended early: the job was cancelled or
+    lost, or the worker stopped; nothing is registered."""
+
+    def __init__(self, outcome: ChildExit):
+        super().__init__(outcome)
+        self.outcome = outcome
+
+
+class Publisher:
+    """Registers a finished attempt's output and decides its promotion."""
+
+    def __init__(self, home: ModelHome):
+        self.home = home
+
+    def publish(self, job: Job, files: AttemptFiles, result: dict,
+                attempt: Supervision) -> dict:
+        """Register the child's output (a model version, or a base), promote when decided."""
+        if job.kind == JobKind.PRETRAIN:
+            return self._base(job, files, result)
+        model_id = job.spec["model_id"]
+        promoted, reason = False, result["promote"]["reason"]
+        if not result["promote"]["decision"]:
+            version = self.home.register(model_id, files.output, move=True)
+        else:
+            with self.home.promotion_lock(model_id):  # nothing changes the pointer meanwhile
+                now = self.home.promoted(model_id)
+                if now == result["compared_with"]["version"]:
+                    promoted = True
+                else:  # another job or an admin promoted a version while this job ran
+                    result = self._compare_again(job, files, result, now, attempt)
+                    promoted, reason = decide_again(result)
+                    stop = attempt.interruption()
+                    if stop is not None:
+                        raise Interrupted(stop)
+                version = self.home.register(model_id, files.output, move=True)
+                if promoted:
+                    self.home.write_promoted(model_id, version)
+        log.info("job %s: registered %s %s%s", job.id, model_id, version,
+                 " and promoted it" if promoted else f", not promoted: {reason}")
+        return {**result, "version": version, "promoted": promoted, "promotion": reason}
+
+    def _base(self, job: Job, files: AttemptFiles, result: dict) -> dict:
+        name = job.spec["name"]
+        dest = self.home.base_dir(name)
+        dest.parent.mkdir(parents=True, exist_ok=True)
+        try:
+            dest.mkdir()  # reserve the name atomically
+        except FileExistsError:
+            raise Conflict(f"a base named {name!r} appeared meanwhile") from None
+        os.replace(files.output, dest)
+        return {**result, "base": name}
+
+    def _compare_again(self, job: Job, files: AttemptFiles, result: dict, now: str | None,
+                       attempt: Supervision) -> dict:
+        """``result`` with ``compared_with`` the version promoted ``now``: its accuracy on
+        the job's test rows, measured by the comparison child (``jobs/compare.py``; the
+        caller holds the promotion lock). The child's own comparison moves to
+        ``compared_with.at_training``. Raises :class:`Interrupted` when the job is
+        cancelled, lost or the worker stopped meanwhile."""
+        n_test = result["records"]["test"]
+        found: dict = {"version": now, "test_accuracy": None, "error": None}
+        if now is not None and n_test and result["metrics"]["test_accuracy"] is not None:
+            log.info("job %s: the promoted version is now %s; comparing with it", job.id, now)
+            files.comparison.unlink(missing_ok=True)
+            rc, outcome = attempt.run_child(compare_command(files.dir, now), COMPARE_TIMEOUT_S)
+            if outcome.interrupted:
+                raise Interrupted(outcome)
+            out = files.read_comparison() or {}
+            if outcome == ChildExit.TIMED_OUT:
+                found["error"] = f"no answer within {COMPARE_TIMEOUT_S:g} s"
+            elif rc == 0 and out.get("test_records") != n_test:
+                found["error"] = (f"the job's test records changed since it trained ({n_test} "
+                                  f"then, {out.get('test_records')} now: erased?)")
+            elif rc == 0 and out.get("test_accuracy") is not None:
+                found["test_accuracy"] = out["test_accuracy"]
+            else:
+                found["error"] = out.get("error") or exit_reason(rc, "comparison")
+        return {**result, "compared_with": {**found, "at_training": result["compared_with"]}}
+
+
+def decide_again(result: dict) -> tuple[bool, str]:
+    """``promotion_decision`` (the job's own rule) against the version compared again."""
+    now, before = result["compared_with"], result["compared_with"]["at_training"]
+    promote, why = promotion_decision(True, result["metrics"]["test_accuracy"],
+                                      now["version"], now["test_accuracy"],
+                                      result["records"]["test"], now["error"])
+    return promote, (f"{'' if promote else 'not promoted: '}the promoted version "
+                     f"changed while the job ran ({before['version'] or 'none'} -> "
+                     f"{now['version'] or 'none'}, another job or an admin promoted it); "
+                     f"compared again with {now['version'] or 'none'}: {why}")
