@@ -1,7 +1,7 @@
 """What a finished job leaves behind: a base, or a model version promoted when the job's
 rule allows it.
 
-    result = Publisher(home).publish(job, files, result, attempt)
+    result = Publisher(home).publish(attempt, result)   # attempt: attempt.Attempt
 
 A pretraining job's output becomes ``bases/<name>``. A retraining job's output is
 registered as the model's next version (``ModelHome.register``) and promoted when the
@@ -36,8 +36,11 @@ log = logging.getLogger("cloud_api.worker")  # the worker's log, as before the s
 COMPARE_TIMEOUT_S = 1800.0  # the comparison child holds the promotion lock: not forever
 
 
-class Supervision(Protocol):
-    """What the publisher asks of the worker that supervises the attempt."""
+class Supervised(Protocol):
+    """The attempt being published, as the worker that supervises it offers it."""
+
+    job: Job
+    files: AttemptFiles
 
     def run_child(self, cmd: list[str], limit_s: float | None = None
                   ) -> tuple[int | None, ChildExit]:
@@ -62,9 +65,9 @@ class Publisher:
     def __init__(self, home: ModelHome):
         self.home = home
 
-    def publish(self, job: Job, files: AttemptFiles, result: dict,
-                attempt: Supervision) -> dict:
+    def publish(self, attempt: Supervised, result: dict) -> dict:
         """Register the child's output (a model version, or a base), promote when decided."""
+        job, files = attempt.job, attempt.files
         if job.kind == JobKind.PRETRAIN:
             return self._base(job, files, result)
         model_id = job.spec["model_id"]
@@ -77,7 +80,7 @@ class Publisher:
                 if now == result["compared_with"]["version"]:
                     promoted = True
                 else:  # another job or an admin promoted a version while this job ran
-                    result = self._compare_again(job, files, result, now, attempt)
+                    result = self._compare_again(attempt, result, now)
                     promoted, reason = decide_again(result)
                     stop = attempt.interruption()
                     if stop is not None:
@@ -100,13 +103,13 @@ class Publisher:
         os.replace(files.output, dest)
         return {**result, "base": name}
 
-    def _compare_again(self, job: Job, files: AttemptFiles, result: dict, now: str | None,
-                       attempt: Supervision) -> dict:
+    def _compare_again(self, attempt: Supervised, result: dict, now: str | None) -> dict:
         """``result`` with ``compared_with`` the version promoted ``now``: its accuracy on
         the job's test rows, measured by the comparison child (``jobs/compare.py``; the
         caller holds the promotion lock). The child's own comparison moves to
         ``compared_with.at_training``. Raises :class:`Interrupted` when the job is
         cancelled, lost or the worker stopped meanwhile."""
+        job, files = attempt.job, attempt.files
         n_test = result["records"]["test"]
         found: dict = {"version": now, "test_accuracy": None, "error": None}
         if now is not None and n_test and result["metrics"]["test_accuracy"] is not None:

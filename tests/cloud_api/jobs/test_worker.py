@@ -58,7 +58,9 @@ def test_the_output_of_a_job_reaped_meanwhile_is_not_registered(db, tmp_path):
     """The child finished while the reaper gave its job to another worker (late heartbeats,
     the database away): registering its output too would add a second version, here
     promoted."""
+    from cloud_api.jobs.attempt import Attempt
     from cloud_api.jobs.files import AttemptFiles
+    from cloud_api.jobs.states import AttemptEnd, ChildExit
     from cloud_api.settings import Settings
 
     home = ModelHome(tmp_path / "home").ensure()
@@ -73,7 +75,7 @@ def test_the_output_of_a_job_reaped_meanwhile_is_not_registered(db, tmp_path):
     assert queue.reap(db, timeout_s=0) == [(job_id, "queued")]
     assert queue.claim(db, "w2").attempts == 2
     worker = Worker(Settings(home=home.root), db, home, worker_id="w1")
-    assert worker._conclude(job, files, 0, "exited") == "lost"
+    assert Attempt(worker, job).conclude(0, ChildExit.EXITED) == AttemptEnd.LOST
     assert home.versions("m") == [] and home.promoted("m") is None
     assert not files.output.exists()
     assert queue.get(db, job_id).worker_id == "w2"
