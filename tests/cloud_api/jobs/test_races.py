@@ -1,7 +1,8 @@
 """Races of the job queue closed in issue 12: two pretraining requests for one base name
 (one job and one 409, on SQLite and PostgreSQL), two retraining jobs promoting the same
-model at once (one promotes; the other is compared again, under the promotion lock, with
-the version the first promoted, and promoted or not by the job's rule; a comparison that
+model at once (one promotes; the other finds the pointer moved when it holds the promotion
+lock, is compared again with the version the first promoted, and promoted or not by the
+job's rule; a comparison that
 cannot be made promotes nothing and says why), and a torchrun rank killed by a signal
 (retried like a single process killed by one)."""
 
