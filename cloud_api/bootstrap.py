@@ -28,10 +28,9 @@ from pathlib import Path
 
 from cloud_api.cli import PROG, _guarded, fail, home_arg, settings_for
 
-# The quick start's defaults (bench/RESULTS.md "Utility levers", bootstrap candidates): on
-# sst2_sentences at eta 65, 3 of MiniLM's 6 layers on 12,000 rows for 2 epochs with fresh
-# noise and the posterior beat 6 layers on 12,000 rows for 1 epoch and 3 layers on 24,000
-# rows for 1 epoch at the same compute.
+# The quick start's defaults: at about the same compute, half of MiniLM's layers over more
+# epochs of fresh noise read privatized text better than the whole model over one epoch
+# (the candidates and their figures: bench/RESULTS.md, "Utility levers").
 DEFAULT_LIMIT = 12000
 DEFAULT_DEV_LIMIT = 1000
 DEFAULT_EPOCHS = 2
@@ -113,7 +112,7 @@ def run(args) -> int:
     task = args.task or model_id
     if args.if_missing and (v := home.promoted(model_id)):
         print(f"model={model_id} version={v} (already promoted; nothing to do)")
-        _declare_task(args, task, home.read_config(model_id, v))  # record store (issue 12)
+        _declare_task(args, task, home.read_config(model_id, v))  # so records can be uploaded
         return 0
     from models.cli_train import _check_device, _mechanism_params, recipe_from_args
 
@@ -227,7 +226,7 @@ def _train_and_register(args, home, model_id: str, task: str, bundle, params: di
     home.promote(model_id, version)
     dev = (res.metrics or {}).get("dev") or {}
     print(f"model={model_id} version={version} promoted task={task}")
-    _declare_task(args, task, config)  # record store (issue 12)
+    _declare_task(args, task, config)  # so records can be uploaded
     print(f"home={home.root.resolve()}")
     print(f"mechanism={config['mechanism']} params={json.dumps(config['params'], sort_keys=True)}"
           f" bundle_id={config['bundle_id']}")
@@ -280,7 +279,7 @@ def _fresh_dev(args, model_dir: Path, bundle) -> dict | None:
     return out
 
 
-# -- record store (issue 12) -----------------------------------------------------------------
+# -- the task in the record store -----------------------------------------------------
 def _declare_task(args, task: str, config: dict) -> None:
     """Declare the model's task in the record store (labels, mechanism, params, bundle), so
     that the edge can send records for it at once; a warning, not a failure, if it cannot."""

@@ -101,7 +101,7 @@ database and hold across workers and replicas. Each also runs its own in-process
 worker thread (with PRIVBERT_WORKER_IN_SERVE=1; prefer 0 and separate `cloud-api worker`
 processes). /metrics shows the whole server whichever worker answers (prometheus-client's
 multiprocess mode, in a private directory made at start and removed at exit). Several
-replicas behind a load balancer: README, "Several workers and replicas"."""
+replicas behind a load balancer: docs/serving.md, "Several workers and replicas"."""
 
 
 def register_serve(sub) -> None:

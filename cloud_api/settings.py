@@ -95,8 +95,8 @@ class Settings(BaseSettings):
     inference_workers: int | None = Field(
         None, ge=1, le=64, description="model replicas per version, each running its own "
         "batches in its own thread; unset: the onnx backends with torch_threads set get "
-        "usable cores / torch_threads (on 2 cores with 1 thread each, c=32 rose from 222 "
-        "to 297.5 req/s, bench/RESULTS.md), torch gets 1")
+        "usable cores / torch_threads (one replica per core keeps every core busy with "
+        "small batches), torch gets 1")
 
     def wants_gpu(self) -> bool:
         """Whether the torch backend would run on a GPU here: ``device`` cuda, or auto with

@@ -1,4 +1,4 @@
-"""HTTP client for the privbert API (DESIGN.md "HTTP API"), with httpx.
+"""HTTP client for the privbert API (docs/http-api.md), with httpx.
 
 Many payloads per request (``batch_size``), retries with exponential backoff on
 429/503 and connection errors (honouring ``Retry-After``), timeouts, the

@@ -208,8 +208,8 @@ def _emit(opts, priv, client, budget: RunBudget, model_id, ready: Prepared) -> l
                                [ln.label for ln in ready.lines] if opts.input.tsv else None)
         return rows.lines(budget.charge_rows(ready.lines, rows))  # charged before written
     payloads, labels = _payloads(opts, priv, ready)
-    # orjson on the model's plain-Python dump: the same JSON as model_dump_json, 5x faster
-    # on the large base64 strings of dchi-embedding (tests/edge_agent check they agree)
+    # orjson on the model's plain-Python dump: the same JSON as model_dump_json, several
+    # times faster on the large base64 strings of dchi-embedding (tests/edge_agent check they agree)
     fresh = [orjson.dumps(p.model_dump(exclude_none=True)) for p in payloads]
     sent = budget.charge(ready.lines, payloads, fresh)  # committed before anything leaves
     labels = labels if labels is not None else [None] * len(sent)

@@ -1,4 +1,4 @@
-"""Texts -> privatized payloads, on the device (DESIGN.md "Payloads" and "Python API").
+"""Texts -> privatized payloads, on the device (ARCHITECTURE.md "Payloads"; docs/python-api.md).
 
 Token kinds (``dchi-text``, ``dchi-embedding``, ``none``): word pieces of the
 bundle's tokenizer without [CLS]/[SEP] (the server adds them), then the dχ

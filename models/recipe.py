@@ -1,8 +1,8 @@
 """The training recipe: what a classifier is trained with beyond the mechanism and the
 hyperparameters, and where each part applies.
 
-Levers (issue 17; measured with ``bench/utility_explore.py`` and ``bench/utility.py levers``,
-bench/RESULTS.md "Utility levers"):
+Levers (each measured alone and combined by ``bench/utility.py``; figures in the bench
+results, "Utility levers"):
 
 * ``fresh_noise``: privatize every public training sentence afresh in each epoch (data
   augmentation with the exact mechanism). Needs the raw public text.

@@ -7,7 +7,7 @@
      "worst_case": {"epsilon": float | None, ...},   # what holds for any two inputs
      "notes": [plain-words sentences]}
 
-See DESIGN.md "Honest accounting". The formulas are pure functions below.
+See ARCHITECTURE.md "Honest accounting". The formulas are pure functions below.
 """
 
 from __future__ import annotations

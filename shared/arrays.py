@@ -1,4 +1,4 @@
-"""Arrays on the wire: dtype, shape and base64 of little-endian bytes (DESIGN.md
+"""Arrays on the wire: dtype, shape and base64 of little-endian bytes (ARCHITECTURE.md
 "Payloads"), and the size :class:`Limits` a payload must respect.
 
 Arrays built here from checked numpy values keep that array as their decoded view,

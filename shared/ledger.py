@@ -175,8 +175,8 @@ def batch_cost(payloads: Iterable[Any], mechanism: str, params: Mapping[str, Any
     sizes: dict[int, int] = {}
     n = 0
     if family_of(mechanism) == "dchi":
-        # each payload's n_tokens, read without the property (a third of the time of a
-        # request's 256: bench/records.py)
+        # each payload's n_tokens, read without the property (the property dominated the
+        # pricing of a large request in bench/records.py)
         shapes = [getattr(p, p.array_field).shape for p in payloads]
         if not shapes:
             return None

@@ -31,7 +31,7 @@ from cloud_api.jobs.table import Job
 if TYPE_CHECKING:
     from cloud_api.jobs.supervisor import Worker
 
-log = logging.getLogger("cloud_api.worker")  # the worker's log, as before the split
+log = logging.getLogger("cloud_api.worker")  # one logger name for the whole worker
 
 CANCEL_GRACE_S = 10.0   # after the cancel flag, before SIGTERM
 POLL_S = 0.2            # how often the child is checked for having exited

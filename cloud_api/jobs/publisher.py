@@ -47,7 +47,7 @@ from cloud_api.jobs.retrain import promotion_decision
 from cloud_api.jobs.states import ChildExit, JobKind
 from cloud_api.jobs.table import Job
 
-log = logging.getLogger("cloud_api.worker")  # the worker's log, as before the split
+log = logging.getLogger("cloud_api.worker")  # one logger name for the whole worker
 
 COMPARE_TIMEOUT_S = 1800.0  # a comparison that never answers promotes nothing
 MAX_COMPARISONS = 3  # with the pointer still moving after these, the job does not promote

@@ -9,7 +9,7 @@ and bundle id and answers 422 naming the difference.
 Predict is the hot path: :func:`predict_route` hands ``POST /v1/models/{id}/predict`` (a
 valid id) to :func:`predict_asgi` straight from the service middleware, past FastAPI's
 router, dependency solving and exception middlewares, which cost more CPU than the rest of
-a request together (``bench/serve.py``, bench/RESULTS.md). It runs the same checks in the
+a request together (``bench/serve.py`` measures it). It runs the same checks in the
 same order as the FastAPI route declared below (which documents it in OpenAPI and serves
 it where the middleware is not installed): the key and its rate limit
 (:func:`cloud_api.auth.authenticate`), the model (404), the body (size limit enforced by the

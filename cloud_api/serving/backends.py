@@ -211,9 +211,9 @@ def load_backend(path: str | os.PathLike, settings: Settings) -> Backend:
 
 def _fastest(path: Path, settings: Settings) -> Backend:
     """``PRIVBERT_BACKEND=auto``: the fastest backend this version and machine offer that
-    keeps the accuracy (bench/RESULTS.md, issue 18: int8 within 0.1 point of fp32, its
-    forward 1.7-1.9x faster on a 2-core CPU): torch on a GPU; else the version's int8 file where this
-    CPU computes it exactly; else its fp32 ``classifier.onnx``; else torch on the CPU."""
+    keeps the accuracy (int8 against fp32: ``bench/int8.py``): torch on a GPU; else the
+    version's int8 file where this CPU computes it exactly; else its fp32
+    ``classifier.onnx``; else torch on the CPU."""
     from models.version_folder import INT8_FILE, ONNX_FILE
 
     if settings.wants_gpu() and (path / "model.safetensors").is_file():

@@ -27,7 +27,7 @@ finishes everything queued, then stops the collector and the thread.
 Idle (``inline_when_idle``): a one-payload request that finds nothing queued, nothing
 running and no recent load runs its forward at once on the event loop's thread, as a
 serial server would: the hand-off to an inference thread and back cost a lone client more
-than all of the service's checks (``bench/serve.py``, bench/RESULTS.md). The loop is
+than all of the service's checks (``bench/serve.py`` measures both). The loop is
 blocked for that one forward, so a client arriving meanwhile is read when it ends; to see
 such company, every :data:`INLINE_PROBE_EVERY`-th idle request goes through the queue and
 the thread all the same (the loop stays free during its forward): a request arriving then
@@ -110,13 +110,11 @@ def best_groups(lengths: Sequence[int], max_size: int, max_tokens: int,
     with at most ``max_size`` per group and ``max_tokens`` padded tokens (a single payload
     always fits). Dynamic programming, O(len x max_size).
 
-    On CPU the padded tokens dominate: on the MiniLM classifier (one thread) 16 SST-2
-    payloads in arrival order pad to 35 tokens each and cost 11.3 CPU ms per payload, 16
-    neighbours in length pad to 15 and cost 5.0 ms; a forward's fixed cost is about 32
-    padded tokens with torch, 8 with onnxruntime fp32 and 6 int8 (each backend's
-    ``overhead_tokens``; ``python bench/serve.py --padding --threads 1``,
-    bench/RESULTS.md). So a long payload waits for its own batch rather than pad many
-    short ones, and short ones still share a forward."""
+    On CPU the padded tokens dominate the cost of a forward, so SST-2 payloads grouped by
+    length cost about half as much per payload as in arrival order; a forward's fixed cost,
+    in padded tokens, is each backend's ``overhead_tokens`` (measured with
+    ``python bench/serve.py --padding --threads 1``). So a long payload waits for its own
+    batch rather than pad many short ones, and short ones still share a forward."""
     k = len(lengths)
     best = [0.0] + [math.inf] * k
     cut = [0] * (k + 1)

@@ -1,5 +1,5 @@
 """The server's privacy budget ledgers: one per API key id, and per ``X-Device-Id`` under it
-(DESIGN.md "Privacy budget"). What a request costs comes from ``shared.ledger`` (the
+(docs/ledger.md, "On the server"). What a request costs comes from ``shared.ledger`` (the
 caller computes it from its task's or model's mechanism and the payloads received).
 
     ch = Charge(key_id, device_id, cost, default_cap)
@@ -101,7 +101,7 @@ def check_device_id(value: str | None) -> str:
 def _update(family: str):
     """The check-and-charge statement of ``family`` with bound parameters k (key id), d
     (device id), eps, metric, tokens, sends and now: built once per family and reused, so
-    SQLAlchemy compiles it once (building it per request cost about 1 ms of CPU)."""
+    SQLAlchemy compiles it once (building it per request is a visible share of a request's CPU)."""
     col = budgets.c
     slug = BUDGET_FAMILY_COLUMNS[family]
     sends, eps = bindparam("sends"), bindparam("eps")

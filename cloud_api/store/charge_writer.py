@@ -1,7 +1,7 @@
 """Charges of prediction requests, committed in groups (group commit).
 
 A prediction stores nothing, so its charge is a transaction of its own; a durable commit
-costs a disk flush (about 3 ms here with SQLite's ``synchronous = FULL``), and SQLite's
+costs a disk flush (milliseconds with SQLite's ``synchronous = FULL``), and SQLite's
 busy handler makes concurrent writers sleep in steps of milliseconds. So one thread takes
 every charge waiting at the time and applies them in one transaction, each with its own
 check (``budgets.charge``: a refused one changes nothing and gets its BudgetExhausted), and

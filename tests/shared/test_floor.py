@@ -39,7 +39,7 @@ from shared.mechanisms.nearest import ExactNearest, brute_force_nearest
 
 @pytest.fixture(autouse=True)
 def numpy_warnings_are_errors():
-    """No RuntimeWarning may leave any code path here (issue 13: no warnings on stderr)."""
+    """No RuntimeWarning may leave any code path here (no warnings on stderr)."""
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         yield

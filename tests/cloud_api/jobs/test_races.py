@@ -1,4 +1,4 @@
-"""Races of the job queue closed in issue 12: two pretraining requests for one base name
+"""Races of the job queue: two pretraining requests for one base name
 (one job and one 409, on SQLite and PostgreSQL), two retraining jobs promoting the same
 model at once (one promotes; the other finds the pointer moved when it holds the promotion
 lock, is compared again with the version the first promoted, and promoted or not by the

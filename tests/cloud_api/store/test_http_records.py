@@ -272,7 +272,7 @@ def _home_bytes(root) -> bytes:
 
 def test_tripwire_no_marker_word_in_the_database(srv, tiny_bundle_of_home, tiny_home):
     """Marker words of dchi-embedding records: nowhere in the database, the server's
-    $PRIVBERT_HOME or its log (issue 12 item 7)."""
+    $PRIVBERT_HOME or its log."""
     from base64 import b64decode
 
     from edge_agent import Privatizer
