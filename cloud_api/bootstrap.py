@@ -27,6 +27,7 @@ import uuid
 from pathlib import Path
 
 from cloud_api.cli import PROG, _guarded, fail, home_arg, settings_for
+from shared.mechanisms import DChiText, registry
 
 # The quick start's defaults: at about the same compute, half of MiniLM's layers over more
 # epochs of fresh noise read privatized text better than the whole model over one epoch
@@ -51,7 +52,7 @@ def register(subparsers) -> None:
     p.add_argument("--dev", metavar="DEV.tsv", help="dev set (privatized the same way): the "
                    "dev accuracy printed at the end and the epoch kept")
     _mechanism_args(p)
-    p.set_defaults(mechanism="dchi-text")
+    p.set_defaults(mechanism=DChiText.name)
     p.add_argument("--limit", type=int, default=DEFAULT_LIMIT, metavar="N",
                    help=f"first N training rows ({DEFAULT_LIMIT}; 0 = the whole file)")
     p.add_argument("--dev-limit", type=int, default=DEFAULT_DEV_LIMIT, metavar="N",
@@ -119,8 +120,8 @@ def run(args) -> int:
     _check_device(args)
     recipe = recipe_from_args(args, args.mechanism, raw_text=True)
     params = _mechanism_params(args)
-    if args.mechanism in ("dchi-text", "dchi-embedding") and params["eta"] is None:
-        params["eta"] = DEFAULT_ETA
+    if "eta" in registry.get(args.mechanism).param_names() and params["eta"] is None:
+        params["eta"] = DEFAULT_ETA  # the dχ mechanisms
     bundle = _bundle(args)
     weak = _check_floor(args, bundle, params)
     if weak is not None:

@@ -10,6 +10,7 @@ backend, and the retraining worker. ``cloud-api`` flags override the environment
 from __future__ import annotations
 
 import os
+import re
 from pathlib import Path
 from typing import Annotated, Literal
 
@@ -17,6 +18,8 @@ from pydantic import Field, SecretStr, field_validator
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
 KeyList = Annotated[list[SecretStr], NoDecode]
+OriginList = Annotated[list[str], NoDecode]
+_ORIGIN = re.compile(r"^https?://[A-Za-z0-9.\[\]:-]+$")
 
 
 class Settings(BaseSettings):
@@ -49,6 +52,20 @@ class Settings(BaseSettings):
     keys_file: Path | None = Field(None, description="file of keys, one per line: "
                                    "'app KEY', 'admin KEY', or 'app sha256:HEX' (only the hash)")
     auth_disabled: bool = Field(False, description="no keys at all: local development only")
+
+    # -- browsers (cloud_api/web.py) -------------------------------------------------------
+    cors_origins: OriginList = Field(default_factory=list, description="origins whose pages "
+                                     "may call /v1 (comma-separated, e.g. "
+                                     "https://app.example.com; * for any); none by default. "
+                                     "Never /admin")
+    demo: bool = Field(False, description="serve the privacy explorer page at /demo (same "
+                       "origin; build it first: scripts/build_web.sh)")
+    demo_dir: Path | None = Field(None, description="the built page (default "
+                                  "web_edge/demo/dist beside the cloud_api package)")
+    demo_key: SecretStr | None = Field(None, description="an application key handed to the "
+                                       "/demo page (anyone who opens it can read it: a "
+                                       "throwaway key with a small PRIVBERT_DEFAULT_BUDGET, "
+                                       "never a production key); unset, the page asks for one")
 
     default_budget: float | None = Field(None, ge=0, allow_inf_nan=False, description="the "
                                          "privacy budget cap (worst-case epsilon) a key gets "
@@ -155,6 +172,23 @@ class Settings(BaseSettings):
     def _split(cls, v):
         if isinstance(v, str):
             return [k.strip() for k in v.split(",") if k.strip()]
+        return v
+
+    @field_validator("cors_origins", mode="before")
+    @classmethod
+    def _split_origins(cls, v):
+        if isinstance(v, str):
+            v = [o.strip() for o in v.split(",") if o.strip()]
+        return v
+
+    @field_validator("cors_origins")
+    @classmethod
+    def _origins(cls, v: list[str]) -> list[str]:
+        """Each origin as a browser sends it: scheme://host[:port], no path, or ``*``."""
+        for o in v:
+            if o != "*" and not _ORIGIN.match(o):
+                raise ValueError(f"{o!r} is not an origin (scheme://host[:port], no path "
+                                 "and no trailing slash)")
         return v
 
     @property

@@ -289,6 +289,7 @@ def run_train(args) -> int:
             raise WeakPrivacyError(f"{exc}; --allow-weak-privacy trains on it anyway") from None
     else:
         from models.data import read_records_jsonl
+        from shared.mechanisms import NoPrivacy
 
         if args.dev is not None:
             raise ValueError("--records takes --dev-records (JSONL), not --dev")
@@ -297,7 +298,7 @@ def run_train(args) -> int:
         records = read_records_jsonl(args.records, limit=args.limit)
         dev = (read_records_jsonl(args.dev_records, limit=args.dev_limit)
                if args.dev_records else None)
-        mechanism = records[0].payload.mechanism if records else "none"
+        mechanism = records[0].payload.mechanism if records else NoPrivacy.name
         note = None
         explicit = args.posterior is True or args.posterior_table is not None
         recipe = recipe_from_args(args, mechanism, raw_text=False)
@@ -396,6 +397,7 @@ def run_attack(args) -> int:
     from models import attack
     from models.privatize import load_bundle, mechanism_from_params
     from models.registry import read_config
+    from shared.mechanisms import registry
 
     if args.data is None:
         raise ValueError("--attack needs --data (a TSV or text file of sentences)")
@@ -411,7 +413,8 @@ def run_attack(args) -> int:
         name, params = args.mechanism, None
         bundle = load_bundle(bundle_dir=args.bundle)
     texts = attack.read_sentences(args.data, args.limit)
-    if name in ("dchi-text", "dchi-embedding"):
+    cls = registry.get(name)
+    if cls.family == "dchi":  # token by token: the dχ report
         eta = params["eta"] if params else args.eta
         if (eta is None) == (args.target_inversion is None):
             raise ValueError("give either --eta or --target-inversion")
@@ -424,8 +427,8 @@ def run_attack(args) -> int:
         print(json.dumps(attack.token_report_json(rep), indent=2) if args.json
               else attack.format_token_report(rep))
         return 0
-    if name == "none":
-        raise ValueError("mechanism none sends the text's ids: there is nothing to attack")
+    if not cls.private:
+        raise ValueError(f"mechanism {name} sends the text's ids: there is nothing to attack")
     if params is not None:
         mech = mechanism_from_params(name, params, bundle, args.texthide_key)
     else:

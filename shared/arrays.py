@@ -73,6 +73,8 @@ def _limits(info: ValidationInfo) -> Limits:
 
 
 NonNegInt = Annotated[int, Field(strict=True, ge=0, le=2**31 - 1)]
+PosInt = Annotated[int, Field(strict=True, ge=1, le=2**31 - 1)]
+PosFloat = Annotated[float, Field(strict=True, gt=0, allow_inf_nan=False)]
 _STRICT = ConfigDict(extra="forbid", frozen=True)
 
 

@@ -34,10 +34,12 @@ from cloud_api.store.tasks import (
     get_task,
     privacy_floor_refusal,
 )
+from shared.mechanisms.registry import mechanisms
 
 Name = Annotated[str, Field(pattern=ID_PATTERN,
                             description="1-64 letters, digits, '_', '.', '-'")]
-VECTOR_MECHANISMS = ("laplace", "ome", "texthide")
+VECTOR_MECHANISMS = tuple(c.name for c in mechanisms() if not c.payload_kind.reads_tokens)
+PRETRAIN_MECHANISMS = tuple(c.name for c in mechanisms() if c.family == "dchi")
 
 
 class RecipeRequest(BaseModel):
@@ -87,7 +89,7 @@ class PretrainRequest(BaseModel):
 
     model_config = ConfigDict(extra="forbid", strict=True)
     objective: Literal["vanilla", "prob", "denoising"]
-    mechanism: Literal["dchi-text", "dchi-embedding"]
+    mechanism: Literal[PRETRAIN_MECHANISMS]  # type: ignore[valid-type]
     params: dict = Field(description='the mechanism\'s parameters, e.g. {"eta": 65}')
     steps: int = Field(ge=1, le=10_000_000)
     name: Name = Field(description="the base's name in $PRIVBERT_HOME/bases (new)")

@@ -23,6 +23,7 @@ from cloud_api.routes.common import database, json_response
 from cloud_api.routes.records import TaskInfo
 from cloud_api.store import records as store
 from cloud_api.store import tasks
+from shared.mechanisms import registry
 
 router = APIRouter(prefix="/admin", tags=["admin"])
 
@@ -43,9 +44,9 @@ class Deleted(BaseModel):
 
 
 def _declare(state, decl: tasks.TaskDeclaration) -> tuple[tasks.Task, bool]:
-    if decl.mechanism == "none" and not state.settings.allow_none:
-        raise InvalidRequest("mechanism 'none' (no privatization) is refused unless the "
-                             "server allows it (PRIVBERT_ALLOW_NONE)")
+    if not registry.get(decl.mechanism).private and not state.settings.allow_none:
+        raise InvalidRequest(f"mechanism '{decl.mechanism}' (no privatization) is refused "
+                             "unless the server allows it (PRIVBERT_ALLOW_NONE)")
     try:
         bundle = state.bundles.get(decl.bundle_id)
     except NotFound:

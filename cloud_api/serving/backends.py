@@ -69,14 +69,16 @@ def _collate(config: dict, payloads: Sequence, as_numpy: bool = False) -> dict:
 def warmup_payloads(config: dict, n: int = 2) -> list:
     """Small valid payloads for ``config``'s model (random contents; never user data)."""
     from models.data import example_payload_arrays
+    from shared.mechanisms import registry
     from shared.payload import make_payload
 
     rng = np.random.default_rng(0)
     arrays, segments = example_payload_arrays(config, rng, n)
     params = dict(config["params"])
+    bits = registry.get(config["mechanism"]).payload_kind is registry.PayloadKind.BITS
     out = []
     for a, seg in zip(arrays, segments, strict=True):
-        if config["mechanism"] == "ome":
+        if bits:
             a = a.astype(np.uint8)
         out.append(make_payload(config["mechanism"], params, config["bundle_id"], a,
                                 list(seg) if seg else None))

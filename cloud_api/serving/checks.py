@@ -19,6 +19,7 @@ import numpy as np
 
 from cloud_api.errors import PayloadMismatch
 from models.data import kind_of
+from shared.mechanisms import registry
 from shared.payload import Limits
 
 
@@ -43,7 +44,11 @@ class PayloadChecker:
     def __init__(self, config: dict, bundle=None, max_tokens_setting: int | None = None):
         self.mechanism: str = config["mechanism"]
         self.kind = kind_of(self.mechanism)
+        mech = registry.get(self.mechanism)
+        self._compared = mech.compared_params  # TextHide: m only, predictions use k = 1
         self.params: dict = dict(config["params"])
+        self._want = self._compared(self.params)
+        self._bits = mech.payload_kind is registry.PayloadKind.BITS
         self.bundle_id: str = config["bundle_id"]
         self.max_length = int(config["max_length"])
         self.pairs: bool | None = (config.get("source") or {}).get("pairs")
@@ -55,9 +60,7 @@ class PayloadChecker:
         self.max_tokens = max(1, self.max_length - 2)
         if max_tokens_setting is not None:
             self.max_tokens = min(self.max_tokens, int(max_tokens_setting))
-        self.bits_per_value = (1 + int(self.params.get("int_bits", 4))
-                               + int(self.params.get("frac_bits", 5))
-                               if self.mechanism == "ome" else 1)
+        self.bits_per_value = mech.values_per_dim(self.params)  # OME: l bits a value
         vector_dim = None
         if self.kind == "vector" and self.in_dim is not None:
             vector_dim = self.in_dim // self.bits_per_value
@@ -68,7 +71,7 @@ class PayloadChecker:
         if self.kind == "tokens" and self.vocab_size is not None:
             mask = np.zeros(self.vocab_size, dtype=bool)
             special = dict(config.get("special_ids") or {})
-            if self.mechanism == "none":  # plain text may hold unknown words
+            if not mech.private:  # plain text may hold unknown words
                 special.pop("unk", None)
             mask[[i for i in special.values() if 0 <= i < self.vocab_size]] = True
             if bundle is not None:
@@ -100,9 +103,7 @@ class PayloadChecker:
         if p.bundle_id != self.bundle_id:
             return (f"bundle {p.bundle_id[:12]}… sent, model serves {self.bundle_id[:12]}… "
                     f"(fetch GET /v1/bundles/{self.bundle_id})")
-        got, want = p.params.model_dump(), dict(self.params)
-        if self.mechanism == "texthide":  # predictions use k = 1, whatever k trained the model
-            got, want = {"m": got.get("m")}, {"m": want.get("m")}
+        got, want = self._compared(p.params.model_dump()), self._want
         if got != want:  # equal is the common case; else compare with a tolerance
             diffs = [f"{k} {_fmt(got.get(k))} sent, model serves {k} {_fmt(want.get(k))}"
                      for k in sorted(set(got) | set(want)) if not _same(got.get(k), want.get(k))]
@@ -143,7 +144,7 @@ class PayloadChecker:
             return None
         if width == self.in_dim:
             return None
-        if self.mechanism == "ome":
+        if self._bits:
             return (f"{width} bits sent, model serves {self.in_dim} bits "
                     f"(dimension {self.in_dim // self.bits_per_value} x {self.bits_per_value})")
         return f"dimension {width} sent, model serves {self.in_dim}"

@@ -36,6 +36,7 @@ from cloud_api.serving.batcher import Batcher, Disconnected
 from cloud_api.serving.bundles import BundleStore
 from cloud_api.serving.checks import PayloadChecker
 from cloud_api.settings import Settings
+from shared.mechanisms import registry as mechanisms
 from shared.payload import Limits
 
 log = logging.getLogger(__name__)
@@ -337,9 +338,13 @@ class ServingRegistry:
             config = read_config(path)
         except ValueError as exc:
             raise BackendError(str(exc)) from None
-        if config.get("mechanism") == "none" and not self.settings.allow_none:
-            raise BackendError("mechanism 'none' (plain token ids, the Null-privacy baseline) "
-                               "is served only with PRIVBERT_ALLOW_NONE=1")
+        try:
+            mech = mechanisms.get(config.get("mechanism"))
+        except mechanisms.UnknownMechanism as exc:
+            raise BackendError(str(exc)) from None
+        if not mech.private and not self.settings.allow_none:
+            raise BackendError(f"mechanism '{mech.name}' (plain token ids, the Null-privacy "
+                               "baseline) is served only with PRIVBERT_ALLOW_NONE=1")
         bundle = self._bundle_for(config)
         backends: list[Backend] = []
         try:

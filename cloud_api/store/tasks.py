@@ -26,6 +26,8 @@ from cloud_api.home import ID_PATTERN, check_id
 from cloud_api.store.db import Database
 from cloud_api.store.tables import as_utc, records, tasks
 from shared import payload as wire
+from shared.floor import THRESHOLD
+from shared.mechanisms import registry
 
 Mechanism = Literal[wire.MECHANISMS]  # type: ignore[valid-type]
 LabelName = Annotated[str, Field(pattern=r"^[A-Za-z0-9_.:-]{1,64}$")]
@@ -33,18 +35,13 @@ TaskName = Annotated[str, Field(pattern=ID_PATTERN,
                                 description="1-64 letters, digits, '_', '.', '-'")]
 
 # mechanism -> its payload class (params model, array field)
-PAYLOAD_CLASSES: dict[str, type] = {
-    cls.model_fields["mechanism"].annotation.__args__[0]: cls
-    for cls in (wire.DChiEmbeddingPayload, wire.DChiTextPayload, wire.LaplacePayload,
-                wire.OMEPayload, wire.TextHidePayload, wire.NonePayload)
-}
+PAYLOAD_CLASSES: dict[str, type] = wire.PAYLOAD_CLASSES
 
 
 def canonical_params(mechanism: str, params: dict) -> dict:
     """``params`` validated by the mechanism's params model, every field present."""
-    model = PAYLOAD_CLASSES[mechanism].model_fields["params"].annotation
     try:
-        return model.model_validate(params).model_dump()
+        return registry.get(mechanism).canonical_params(params)
     except ValidationError as exc:
         raise InvalidRequest(f"params are not valid for {mechanism}",
                              errors=[{**e, "loc": ["params", *e["loc"]]} for e in
@@ -58,25 +55,18 @@ def privacy_floor_refusal(mechanism: str, params: dict, bundle, allow_weak: bool
     Laplace or OME noise that rounds away), unless ``allow_weak``; the edge refuses to
     make such payloads without ``--allow-weak-privacy``, and the server does not invite
     them. Uncomputable parameters (an η whose noise overflows) are refused too."""
-    if mechanism in ("none", "texthide"):  # none: PRIVBERT_ALLOW_NONE; TextHide: no ε
+    if not registry.get(mechanism).has_epsilon:  # none: PRIVBERT_ALLOW_NONE; TextHide: no ε
         return
-    from shared.floor import check_computable, weak_privacy_reason
-    from shared.mechanisms import OME, DChiEmbedding, DChiText, Laplace
-
     p = canonical_params(mechanism, params)
     # r, the sentence-vector size: the encoder's output, else BERT's hidden size (= the
     # word-embedding size), which a bundle without encoder.onnx is declared for
     dim = int((bundle.meta.get("encoder") or {}).get("output_dim") or bundle.dim)
     try:
-        mech = {"dchi-text": lambda: DChiText(bundle, p["eta"]),
-                "dchi-embedding": lambda: DChiEmbedding(p["eta"]),
-                "laplace": lambda: Laplace(p["epsilon"], p["calibration"], p["word_dropout"]),
-                "ome": lambda: OME(p["epsilon"], p["lam"], dim, p["int_bits"], p["frac_bits"]),
-                }[mechanism]()
-        check_computable(mech, bundle, dim=dim)
+        mech = registry.create(mechanism, p, bundle, dim=dim)
+        mech.check_computable(bundle, dim=dim)
     except ValueError as exc:
         raise InvalidRequest(f"params cannot be used: {exc}") from None
-    reason = weak_privacy_reason(mech, bundle, dim=dim)
+    reason = mech.weak_privacy_reason(bundle, threshold=THRESHOLD, dim=dim)
     if reason is not None and not allow_weak:
         raise WeakPrivacy(f"{reason}; such payloads are close to the raw text, so the task "
                           "is refused (PRIVBERT_ALLOW_WEAK_PRIVACY=1 accepts it, for "
@@ -86,7 +76,7 @@ def privacy_floor_refusal(mechanism: str, params: dict, bundle, allow_weak: bool
 def compared_params(mechanism: str, params: dict) -> dict:
     """The parameters a record must share with its task (TextHide: only the mask pool m;
     k is how many inputs each record mixes, as ``ModelVersion.check_payload`` allows)."""
-    return {"m": params["m"]} if mechanism == "texthide" else dict(params)
+    return registry.get(mechanism).compared_params(params)
 
 
 def _show(value: Any) -> str:
