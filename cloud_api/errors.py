@@ -1,6 +1,6 @@
 """The service's errors, free of the web framework.
 
-Modules below the HTTP layer (``serving/``, ``store/``, ``worker.py``) raise these;
+Modules below the HTTP layer (``serving/``, ``store/``, ``jobs/``) raise these;
 ``cloud_api.problems`` turns each into an RFC 9457 problem+json answer whose ``type``
 is the stable URI of its ``kind``. A ``detail`` never repeats payload data or keys.
 """

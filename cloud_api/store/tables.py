@@ -1,7 +1,7 @@
 """The store's tables (SQLAlchemy Core) on one :data:`metadata`.
 
 Alembic migrations in ``migrations/versions/`` create them (``0001_records``: tasks,
-records, idempotency; ``0002_jobs``: jobs, defined in ``store/jobs.py`` on this same
+records, idempotency; ``0002_jobs``: jobs, defined in ``cloud_api/jobs/table.py`` on this same
 ``metadata``; ``0003_job_names``: the base name a live pretraining job reserves, unique
 per kind; ``0004_budgets``: the privacy budget ledgers;
 ``0005_key_caps``: a key's ledger counts all its devices, device caps, refunds, a task's

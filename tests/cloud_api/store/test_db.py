@@ -305,8 +305,8 @@ def test_upgrade_to_0003_reserves_the_names_of_live_pretraining_jobs(db_url):
     submission of a held name is then refused (409)."""
     from datetime import UTC, datetime
 
-    from cloud_api.store import jobs as queue
-    from cloud_api.store.jobs import jobs as jobs_table
+    from cloud_api.jobs import queue
+    from cloud_api.jobs.table import jobs as jobs_table
 
     db = Database(db_url)
     try:
