@@ -73,5 +73,18 @@ class Unavailable(ServiceError):
     status, kind, title = 503, "unavailable", "Service unavailable"
 
 
+class InsufficientStorage(ServiceError):
+    """The database (or the disk under it) is full: nothing of the request was stored (507,
+    RFC 4918 §11.5). Not an outage: retrying soon will not help until space is freed."""
+
+    status, kind, title = 507, "insufficient-storage", "Insufficient storage"
+
+
+class TooManyPayloads(ServiceError):
+    """More payloads in one request than a limit allows (413); the detail names it."""
+
+    status, kind, title = 413, "too-many-payloads", "Too many payloads in one request"
+
+
 class InferenceFailed(ServiceError):
     status, kind, title = 500, "inference", "Inference failed"
