@@ -27,6 +27,7 @@ from cloud_api.jobs.files import AttemptFiles
 from cloud_api.jobs.publisher import Interrupted
 from cloud_api.jobs.states import AttemptEnd, ChildExit, JobKind, JobState
 from cloud_api.jobs.table import Job
+from edge_agent.errors import one_line
 
 if TYPE_CHECKING:
     from cloud_api.jobs.supervisor import Worker
@@ -59,7 +60,7 @@ class Attempt:
         except _Lost:
             return AttemptEnd.LOST
         except (ServiceError, OSError) as exc:
-            return self._end(JobState.FAILED, error=f"cannot start: {_one_line(exc)}")
+            return self._end(JobState.FAILED, error=f"cannot start: {one_line(exc, 500)}")
         cmd = children.child_command(files.dir, w.nproc, w.settings.torchrun_args)
         rc, outcome = self.run_child(cmd)
         return self.conclude(rc, outcome)
@@ -156,7 +157,7 @@ class Attempt:
                 return self._interrupted(exc.outcome)
             except (ServiceError, OSError, ValueError) as exc:
                 return self._end(JobState.FAILED, log_tail=files.log_tail(),
-                                 error=f"cannot register the output: {_one_line(exc)}")
+                                 error=f"cannot register the output: {one_line(exc, 500)}")
             return self._end(JobState.SUCCEEDED, result=result, log_tail=files.log_tail())
         killed = files.killed_rank()  # under torchrun, which exits 1 whatever killed a rank
         reason = (children.rank_reason(killed, files.read_error()) if killed else
@@ -230,11 +231,6 @@ def count_ended(kind: JobKind, state: JobState) -> None:
     from cloud_api.metrics import JOBS
 
     JOBS.labels(kind=kind, state=state).inc()
-
-
-def _one_line(exc: BaseException) -> str:
-    msg = exc.detail if isinstance(exc, ServiceError) else str(exc)
-    return " ".join(msg.split())[:500] or type(exc).__name__
 
 
 def _discard(files: AttemptFiles) -> None:
