@@ -27,11 +27,10 @@ class BudgetRefused(CliError):
 
 def one_line(exc: BaseException, limit: int | None = None) -> str:
     """The first lines of an exception's message joined into one, for every command line
-    and job error of the project: a problem's ``detail`` when it has one, a missing key
-    named as such, at most ``limit`` characters."""
-    detail = getattr(exc, "detail", None)
-    text = detail if isinstance(detail, str) and detail else str(exc)
-    text = text or type(exc).__name__
+    and job error of the project: a missing key named as such, at most ``limit``
+    characters. The message is the whole ``str(exc)`` (a server error's status and title
+    are part of it)."""
+    text = str(exc) or type(exc).__name__
     if isinstance(exc, KeyError):
         text = f"missing key {text}"
     lines = [s.strip() for s in text.splitlines() if s.strip()]
