@@ -124,6 +124,21 @@ def _recipe_args(p: argparse.ArgumentParser) -> None:
     g.add_argument("--teacher", metavar="DIR", help="the teacher of --distill / --warm-start: a "
                    "model version of mechanism none (default: one trained on the same text "
                    "first, one epoch)")
+    g.add_argument("--denoiser", action=argparse.BooleanOptionalAction, default=None,
+                   help="read each token through a contextual denoiser E[phi(x) | y, context] "
+                        "trained on public text (dchi-text; post-processing: no privacy cost)")
+    g.add_argument("--denoiser-file", metavar="FILE",
+                   help="a trained denoiser.safetensors to read (default: trained on the public "
+                        "training text; with --records: the --base version's)")
+    g.add_argument("--denoiser-corpus", metavar="FILE",
+                   help="more public text (one per line) to train the denoiser on")
+    g.add_argument("--denoiser-layers", type=_positive_int, metavar="N",
+                   help="transformer layers of the denoiser (default 2)")
+    g.add_argument("--denoiser-candidates", type=_positive_int, metavar="N",
+                   help="most frequent public-text tokens it scores, besides the output "
+                        "itself (default 8192)")
+    g.add_argument("--denoiser-epochs", type=_positive_int, metavar="N",
+                   help="passes over the public text, privatized afresh each (default 1)")
 
 
 def recipe_from_args(args, mechanism: str, raw_text: bool):
@@ -145,9 +160,51 @@ def recipe_from_args(args, mechanism: str, raw_text: bool):
         raise ValueError("--posterior-table contradicts --no-posterior")
     if args.posterior_table is not None:
         changes["posterior"] = True
-    r = dataclasses.replace(r, **changes)
+    den = {f"denoiser_{k}": getattr(args, f"denoiser_{k}") for k in
+           ("layers", "candidates", "epochs", "corpus")
+           if getattr(args, f"denoiser_{k}", None) is not None}
+    if args.denoiser is False and (den or args.denoiser_file is not None):
+        raise ValueError("--denoiser-* options contradict --no-denoiser")
+    if args.denoiser_file is not None and den:
+        raise ValueError("--denoiser-file is trained already: --denoiser-layers, -candidates, "
+                         "-epochs and -corpus do not apply to it")
+    if args.denoiser is not None:
+        changes["denoiser"] = args.denoiser
+    if den or args.denoiser_file is not None:
+        changes["denoiser"] = True
+    if "denoiser_corpus" in den:
+        from models.denoiser_train import read_corpus
+
+        read_corpus(den["denoiser_corpus"])  # a missing or empty file: an error now
+        den["denoiser_corpus"] = str(den["denoiser_corpus"])
+    r = dataclasses.replace(r, **changes, **den)
+    if not raw_text and r.denoiser_corpus:
+        raise ValueError("--denoiser-corpus trains a denoiser: device records read an "
+                         "existing one (--denoiser-file or the --base version's)")
     r.check(mechanism, raw_text)
     return r
+
+
+def _denoiser_file(path, bundle_dir=None):
+    """A trained denoiser file, its word table from ``bundle_dir`` (None: MiniLM's)."""
+    from models.denoiser import Denoiser
+    from models.privatize import load_bundle
+
+    return Denoiser.load(path, load_bundle(bundle_dir=bundle_dir).embeddings)
+
+
+def records_denoiser(file, base, bundle_dir=None):
+    """The denoiser for device records: ``--denoiser-file``, else the ``--base`` model
+    version's ``denoiser.safetensors``, else None."""
+    from pathlib import Path
+
+    from models.registry import DENOISER_FILE, is_model_dir
+
+    if file is not None:
+        return _denoiser_file(file, bundle_dir)
+    if base is not None and is_model_dir(base) and (Path(base) / DENOISER_FILE).is_file():
+        return _denoiser_file(Path(base) / DENOISER_FILE, bundle_dir)
+    return None
 
 
 def _mechanism_params(args) -> dict:
@@ -279,12 +336,14 @@ def run_train(args) -> int:
 
         recipe = recipe_from_args(args, args.mechanism, raw_text=True)
         table = _posterior_table(args.posterior_table) if args.posterior_table else None
+        den = (_denoiser_file(args.denoiser_file, args.bundle) if args.denoiser_file
+               else None)
         try:
             res = train_from_tsv(args.data, args.out, args.mechanism, _mechanism_params(args),
                                  dev_tsv=args.dev, bundle=args.bundle, base=args.base,
                                  cfg=cfg, limit=args.limit, dev_limit=args.dev_limit, rng=rng,
                                  allow_weak_privacy=args.allow_weak_privacy, recipe=recipe,
-                                 teacher=args.teacher, posterior=table)
+                                 teacher=args.teacher, posterior=table, denoiser=den)
         except WeakPrivacyError as exc:
             raise WeakPrivacyError(f"{exc}; --allow-weak-privacy trains on it anyway") from None
     else:
@@ -311,8 +370,16 @@ def run_train(args) -> int:
                 note = ("no posterior table for these records (--posterior-table FILE or a "
                         "--base version with one)")
                 recipe = dataclasses.replace(recipe, posterior=False)
+        den = None
+        if recipe.denoiser:
+            den = records_denoiser(args.denoiser_file, args.base, args.bundle)
+            if den is None:
+                raise ValueError("--denoiser with --records needs --denoiser-file FILE or a "
+                                 "--base model version that has a denoiser.safetensors "
+                                 "(records cannot train one: it comes from public text)")
         res = train_from_records(records, args.out, bundle=args.bundle, dev_records=dev,
-                                 base=args.base, cfg=cfg, recipe=recipe, posterior=table)
+                                 base=args.base, cfg=cfg, recipe=recipe, posterior=table,
+                                 denoiser=den)
         _print_trained(res, note)
         return 0
     _print_trained(res)

@@ -37,9 +37,10 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-DENOISER_FILE = "denoiser.safetensors"
-FORMAT = "privbert-denoiser"
-FORMAT_VERSION = 1
+from models.version_folder import DENOISER_FILE, check_denoiser_meta, denoiser_header
+from models.version_folder import DENOISER_FORMAT as FORMAT
+from models.version_folder import DENOISER_FORMAT_VERSION as FORMAT_VERSION
+
 MECHANISMS = ("dchi-text",)
 MAX_SUPPORT = 64  # observed context-free pairs kept per output y (the MC table has ≤ 60 at η 65)
 NEG = -1e4  # "impossible" logit (finite: fp16/ONNX-safe)
@@ -144,16 +145,7 @@ class Denoiser(nn.Module):
     # -- identity ------------------------------------------------------------------------------
     def check_for(self, mechanism: str, params: dict, bundle_id: str) -> None:
         """ValueError (one line) unless trained for exactly this mechanism, η and bundle."""
-        m = self.meta
-        eta = (params or {}).get("eta")
-        if mechanism != m["mechanism"]:
-            raise ValueError(f"the denoiser was trained for {m['mechanism']}, not {mechanism}")
-        if eta is None or abs(float(eta) - float(m["eta"])) > 1e-9 * float(m["eta"]):
-            raise ValueError(f"the denoiser was trained for eta={float(m['eta']):g}, the "
-                             f"payloads use eta={eta}")
-        if bundle_id != m["bundle_id"]:
-            raise ValueError(f"the denoiser was trained for bundle {m['bundle_id'][:12]}…, "
-                             f"the payloads use {bundle_id[:12]}…")
+        check_denoiser_meta(self.meta, mechanism, params, bundle_id)
 
     def describe(self) -> dict:
         """What it reads and was trained on (recorded in a model version's config)."""
@@ -165,6 +157,10 @@ class Denoiser(nn.Module):
         return super().train(mode and not getattr(self, "frozen", False))
 
     # -- scores --------------------------------------------------------------------------------
+    def is_text(self, input_ids) -> torch.Tensor:
+        """(B, T) bool: positions holding a regular token (what the mechanism outputs)."""
+        return self.copy[input_ids] > NEG / 2
+
     def logits(self, input_ids, attention_mask, token_type_ids=None) -> torch.Tensor:
         """(B, T, N + 1): log-scores of the N candidates (y's own slot masked) and of x = y."""
         if token_type_ids is None:
@@ -252,13 +248,11 @@ class Denoiser(nn.Module):
         from safetensors.torch import load
         from transformers import BertConfig, BertModel
 
+        header = denoiser_header(data, where)
         try:
             state = load(data)
-            header = json.loads(_metadata(data).get("privbert", "{}"))
-        except (SafetensorError, ValueError, json.JSONDecodeError) as exc:
+        except (SafetensorError, ValueError) as exc:
             raise ValueError(f"{where}: not a denoiser file ({exc})") from None
-        if header.get("format") != FORMAT or header.get("format_version") != FORMAT_VERSION:
-            raise ValueError(f"{where}: not a privbert denoiser of format {FORMAT_VERSION}")
         bert = BertModel(BertConfig.from_dict(header["bert_config"]), add_pooling_layer=False)
         if isinstance(word_embeddings, nn.Embedding):
             if word_embeddings.weight.shape != bert.embeddings.word_embeddings.weight.shape:
@@ -280,16 +274,6 @@ class Denoiser(nn.Module):
             raise ValueError(f"{where}: weights do not fit (missing {missing[:3]}, "
                              f"unexpected {unexpected[:3]})")
         return module.eval()
-
-
-def _metadata(data: bytes) -> dict:
-    """The ``__metadata__`` of a safetensors blob."""
-    if len(data) < 8:
-        raise ValueError("too short")
-    n = int.from_bytes(data[:8], "little")
-    if not 0 < n <= len(data) - 8:
-        raise ValueError("bad header length")
-    return json.loads(data[8:8 + n]).get("__metadata__") or {}
 
 
 def _jsonable(x):

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import math
 import os
 import sys
 import time
@@ -160,7 +159,7 @@ def train_denoiser(bundle, posterior, texts: Sequence[str], cfg: DenoiserConfig 
                 sched.step()
                 valid = tgt >= 0
                 k = int(valid.sum())
-                tot += float(loss) * k
+                tot += float(loss.detach()) * k
                 n += k
                 hit += int(((logits.argmax(-1) == tgt) & valid).sum())
                 if cfg.progress and step % 200 == 0:
