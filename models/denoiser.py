@@ -259,7 +259,7 @@ class Denoiser(nn.Module):
                 raise ValueError(f"{where}: the denoiser's vocabulary does not match the table")
             bert.embeddings.word_embeddings = word_embeddings
         else:
-            w = torch.as_tensor(np.asarray(word_embeddings, dtype=np.float32))
+            w = torch.tensor(np.asarray(word_embeddings, dtype=np.float32))
             if w.shape != bert.embeddings.word_embeddings.weight.shape:
                 raise ValueError(f"{where}: the denoiser's vocabulary does not match the table")
             bert.embeddings.word_embeddings.weight.data.copy_(w)

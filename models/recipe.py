@@ -1,7 +1,7 @@
 """The training recipe: what a classifier is trained with beyond the mechanism and the
 hyperparameters, and where each part applies.
 
-Levers (issue 17; measured with ``bench/utility_explore.py`` and ``bench/utility.py levers``,
+Levers (measured with ``python -m bench.utility explore`` and ``levers``,
 bench/RESULTS.md "Utility levers"):
 
 * ``fresh_noise``: privatize every public training sentence afresh in each epoch (data

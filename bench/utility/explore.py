@@ -1,11 +1,11 @@
 """One training recipe on a seeded subset of whole sentences: the exploration behind issue 17.
 
-    python bench/utility_explore.py --name NAME [--n 10000] [--epochs 1] [--lr 1e-4]
+    python -m bench.utility explore --name NAME [--n 10000] [--epochs 1] [--lr 1e-4]
         [--fresh] [--denoise LAMBDA] [--posterior TABLE.npz] [--distill ALPHA --teacher DIR]
         [--warm DIR] [--layers N] [--eta 64.35] [--mech dchi-text] [--save DIR]
         [--out out/exp/results.jsonl]
 
-Lower-level than ``bench/utility.py levers`` (which goes through ``train_from_tsv``, the path of
+Lower-level than ``python -m bench.utility levers`` (which goes through ``train_from_tsv``, the path of
 ``cloud-api train``): it drives ``models.finetune`` directly, so that one lever at a time can be
 varied on a subset quickly. It prints one JSON line (and appends it to ``--out``):
 
@@ -26,19 +26,17 @@ from __future__ import annotations
 
 import argparse
 import json
-import sys
 import time
 from pathlib import Path
 
 import numpy as np
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-
-from bench.common import DATA  # noqa: E402
+from bench.common import DATA
 
 
 def parse_args(argv=None) -> argparse.Namespace:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap = argparse.ArgumentParser(prog="python -m bench.utility explore",
+                                 description=__doc__.split("\n\n")[0])
     ap.add_argument("--name", required=True)
     ap.add_argument("--n", type=int, default=10000, help="training rows (0 = all)")
     ap.add_argument("--epochs", type=int, default=1)
@@ -147,7 +145,3 @@ def main(argv=None) -> int:
                                        "special_ids": b.special_ids, "labels": names,
                                        "max_length": 128}, {}, {}, overwrite=True)
     return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())
