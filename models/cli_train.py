@@ -136,7 +136,7 @@ def _recipe_args(p: argparse.ArgumentParser) -> None:
                    help="transformer layers of the denoiser (default 2)")
     g.add_argument("--denoiser-candidates", type=_positive_int, metavar="N",
                    help="most frequent public-text tokens it scores, besides the output "
-                        "itself (default 8192)")
+                        "itself (default 4096)")
     g.add_argument("--denoiser-epochs", type=_positive_int, metavar="N",
                    help="passes over the public text, privatized afresh each (default 1)")
 
@@ -282,6 +282,11 @@ def register(subparsers) -> None:
                    help="dchi: perturbations per token for N_w/S_w (1000, Qu et al. §5.3)")
     a.add_argument("--inversion-tokens", type=_positive_int, default=20000, metavar="M",
                    help="dchi: token occurrences of the data for the inversion attack")
+    a.add_argument("--denoiser", metavar="VERSION|FILE",
+                   help="dchi-text: also the contextual attack, with this model version's "
+                        "denoiser (or a denoiser.safetensors) trained on public text")
+    a.add_argument("--draws", type=_positive_int, default=3, metavar="D",
+                   help="dchi-text with --denoiser: fresh privatizations of the data (3)")
     a.add_argument("--words", type=_positive_int, default=30, metavar="W",
                    help="vector kinds: most frequent content words to recover (30)")
     a.add_argument("--max-length", type=_positive_int, default=128)
@@ -477,19 +482,33 @@ def run_attack(args) -> int:
             raise ValueError("--attack needs --mechanism (and its parameters) or --model")
         name, params = args.mechanism, None
         bundle = load_bundle(bundle_dir=args.bundle)
+    if args.denoiser is not None and name != "dchi-text":
+        raise ValueError(f"--denoiser makes no sense for {name}: a contextual denoiser "
+                         "exists for dchi-text only")
     texts = attack.read_sentences(args.data, args.limit)
     if name in ("dchi-text", "dchi-embedding"):
         eta = params["eta"] if params else args.eta
         if (eta is None) == (args.target_inversion is None):
             raise ValueError("give either --eta or --target-inversion")
+        if args.denoiser is not None and eta is None:
+            raise ValueError("--denoiser attacks at the eta it was trained for: give --eta, "
+                             "not --target-inversion")
+        denoiser = (attack.load_denoiser(args.denoiser, bundle, name, eta)
+                    if args.denoiser is not None else None)  # refused before any work
         tokens = None if args.tokens is None else (
             "all" if args.tokens == "all" else _positive_int(args.tokens))
         rep = attack.token_privacy(bundle, name, eta=eta, target=args.target_inversion,
                                    texts=texts, tokens=tokens, samples=args.samples,
                                    inversion_tokens=args.inversion_tokens, rng=rng,
                                    device=args.device)
-        print(json.dumps(attack.token_report_json(rep), indent=2) if args.json
-              else attack.format_token_report(rep))
+        ctx = (attack.contextual_attack(denoiser, bundle, texts, draws=args.draws, rng=rng,
+                                        source=args.denoiser)
+               if denoiser is not None else None)
+        if args.json:
+            print(json.dumps({**attack.token_report_json(rep), "contextual_attack": ctx},
+                             indent=2))
+        else:
+            print(attack.format_token_report(rep, ctx))
         return 0
     if name == "none":
         raise ValueError("mechanism none sends the text's ids: there is nothing to attack")

@@ -182,6 +182,19 @@ class Denoiser(nn.Module):
         copy = (u * emb_y).sum(-1) + self.copy[input_ids] + self.token_bias[input_ids]
         return torch.cat([scores, copy.unsqueeze(-1)], dim=-1)
 
+    def context_free_ids(self, input_ids) -> torch.Tensor:
+        """(B, T) the argmax of the smoothed context-free posterior alone (the bias, no
+        sentence): what a server reading each token by itself would guess."""
+        n = self.candidates.numel()
+        scores = self.base.expand(*input_ids.shape, n).scatter_add(
+            -1, self.sparse_slot[input_ids], self.sparse_val[input_ids])
+        own = self.slot_of[input_ids].unsqueeze(-1)
+        at = own.clamp(min=0)
+        scores = scores.scatter(-1, at, torch.where(own >= 0, torch.full_like(
+            scores[..., :1], NEG), scores.gather(-1, at)))
+        best, arg = scores.max(-1)
+        return torch.where(self.copy[input_ids] >= best, input_ids, self.candidates[arg])
+
     def soft_embedding(self, input_ids, attention_mask, token_type_ids=None) -> torch.Tensor:
         """(B, T, n): E[φ(x) | y, context] at every position (BERT reads it for the ids)."""
         p = torch.softmax(self.logits(input_ids, attention_mask, token_type_ids).float(), -1)
@@ -284,7 +297,7 @@ def _jsonable(x):
     raise TypeError(f"not JSON serialisable: {type(x).__name__}")
 
 
-def new_denoiser(posterior, bundle, *, layers: int = 3, candidates: int = 8192, base=None,
+def new_denoiser(posterior, bundle, *, layers: int = 2, candidates: int = 4096, base=None,
                  meta: dict | None = None) -> Denoiser:
     """An untrained denoiser (= the context-free posterior of ``posterior``) whose encoder
     is the first ``layers`` layers of ``base`` (None: MiniLM), checked against ``bundle``."""

@@ -28,15 +28,16 @@ from models.denoiser import Denoiser, new_denoiser
 
 @dataclass(frozen=True)
 class DenoiserConfig:
-    layers: int = 3
-    candidates: int = 8192
+    layers: int = 2
+    candidates: int = 4096
     epochs: int = 2
-    lr: float = 2e-4
+    lr: float = 3e-4
     batch_size: int = 64
     max_length: int = 128
     warmup: float = 0.05
     weight_decay: float = 0.01
     seed: int | None = None  # initialisation and batch order only
+    precision: str = "auto"  # bf16 autocast where the CPU multiplies bf16 natively, else fp32
     progress: bool = True
 
     def validate(self) -> None:
@@ -47,10 +48,24 @@ class DenoiserConfig:
         if not (0 < self.lr < 1 and 0 <= self.warmup < 1):
             raise ValueError(f"denoiser: lr must be in (0, 1) and warm-up in [0, 1), got "
                              f"{self.lr}, {self.warmup}")
+        if self.precision not in ("auto", "fp32", "bf16"):
+            raise ValueError(f"denoiser: precision must be auto, fp32 or bf16, got "
+                             f"{self.precision!r}")
+
+    def autocast(self) -> torch.dtype | None:
+        """The autocast dtype of training on the CPU (None: fp32)."""
+        if self.precision == "fp32":
+            return None
+        if self.precision == "bf16":
+            return torch.bfloat16
+        from shared.mechanisms.int8_pass import cpu_flags
+
+        return torch.bfloat16 if cpu_flags() & {"avx512_bf16", "amx_bf16"} else None
 
     def as_dict(self) -> dict:
         d = asdict(self)
         d.pop("progress")
+        d["precision"] = "bf16" if self.autocast() is not None else "fp32"
         return d
 
 
@@ -132,6 +147,7 @@ def train_denoiser(bundle, posterior, texts: Sequence[str], cfg: DenoiserConfig 
     sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: linear_warmup_decay(s, steps, warm))
     say = log or (lambda m: print(m, file=sys.stderr, flush=True))
     special = bundle.special_ids
+    amp = cfg.autocast()
     model.train()
     started = time.perf_counter()
     history = []
@@ -148,7 +164,8 @@ def train_denoiser(bundle, posterior, texts: Sequence[str], cfg: DenoiserConfig 
 
                     raise TrainingCancelled("training cancelled")
                 b = collate([ys[i] for i in idx], [seqs[i] for i in idx], special)
-                logits = model.logits(b["input_ids"], b["attention_mask"])
+                with torch.autocast("cpu", dtype=amp or torch.bfloat16, enabled=amp is not None):
+                    logits = model.logits(b["input_ids"], b["attention_mask"]).float()
                 tgt = model.targets(b["input_ids"], b["originals"].clamp(min=0))
                 tgt = torch.where(b["originals"] < 0, torch.full_like(tgt, -100), tgt)
                 loss = F.cross_entropy(logits.flatten(0, 1), tgt.flatten(), ignore_index=-100)
@@ -179,16 +196,21 @@ def recovery(denoiser: Denoiser | None, posterior, bundle, texts: Sequence[str],
              draws: int = 3, rng: np.random.Generator | None = None, max_length: int = 128,
              batch_size: int = 128) -> dict:
     """Shares of the original tokens of ``texts`` that (i) survive the mechanism unchanged,
-    (ii) the context-free posterior's argmax recovers (``posterior.map_ids``), (iii) the
-    contextual denoiser recovers (when given); mean and each of ``draws`` fresh draws, and
-    the share within reach of the denoiser (a candidate or the output itself)."""
+    (ii) the context-free posterior's argmax recovers (``context_free``: the Monte Carlo
+    table's, ``posterior.map_ids``, when a table is given; ``context_free_smoothed``: the
+    denoiser's own bias), (iii) the contextual denoiser recovers (when given); mean and each
+    of ``draws`` fresh draws, and the share within the denoiser's reach (a candidate or the
+    output itself)."""
     from shared.mechanisms import DChiText
 
+    if denoiser is None and posterior is None:
+        raise ValueError("recovery needs a posterior table or a denoiser")
     seqs = token_sequences(bundle, texts, max_length)
     if not seqs:
         raise ValueError("no tokens to measure recovery on")
-    mech = DChiText(bundle, posterior.eta)
-    map_ids = posterior.map_ids()
+    eta = posterior.eta if posterior is not None else float(denoiser.meta["eta"])
+    mech = DChiText(bundle, eta)
+    map_ids = posterior.map_ids() if posterior is not None else None
     x = np.concatenate(seqs)
     in_cand = None
     if denoiser is not None:
@@ -196,25 +218,28 @@ def recovery(denoiser: Denoiser | None, posterior, bundle, texts: Sequence[str],
         in_cand = np.zeros(bundle.vocab_size, dtype=bool)
         in_cand[denoiser.candidates.numpy()] = True
     res: dict[str, list[float]] = {"survive": [], "context_free": [], "contextual": [],
-                                   "reachable": []}
+                                   "context_free_smoothed": [], "reachable": []}
     lengths = np.array([len(q) for q in seqs])
     for _ in range(draws):
         ys = privatize_sequences(mech, seqs, rng)
         y = np.concatenate(ys)
         res["survive"].append(float((y == x).mean()))
-        res["context_free"].append(float((map_ids[y] == x).mean()))
+        if map_ids is not None:
+            res["context_free"].append(float((map_ids[y] == x).mean()))
         if denoiser is None:
             continue
         res["reachable"].append(float(((y == x) | in_cand[x]).mean()))
-        pred = [None] * len(seqs)
+        pred, free = [None] * len(seqs), [None] * len(seqs)
         for idx in _batches(lengths, batch_size, None):
             b = collate([ys[i] for i in idx], None, bundle.special_ids)
             p = denoiser.predict_ids(b["input_ids"], b["attention_mask"]).numpy()
+            f = denoiser.context_free_ids(b["input_ids"]).numpy()
             for j, i in enumerate(idx):
-                pred[i] = p[j, 1:len(ys[i]) + 1]
+                pred[i], free[i] = p[j, 1:len(ys[i]) + 1], f[j, 1:len(ys[i]) + 1]
         res["contextual"].append(float((np.concatenate(pred) == x).mean()))
+        res["context_free_smoothed"].append(float((np.concatenate(free) == x).mean()))
     out = {"tokens": int(len(x)), "texts": len(seqs), "draws": draws,
-           "mechanism": posterior.mechanism, "eta": posterior.eta}
+           "mechanism": "dchi-text", "eta": eta}
     for k, v in res.items():
         if v:
             out[k] = float(np.mean(v))

@@ -48,7 +48,7 @@ class Recipe:
     posterior_min_draws: int = 16
     denoiser: bool = False
     denoiser_layers: int = 2
-    denoiser_candidates: int = 8192
+    denoiser_candidates: int = 4096
     denoiser_epochs: int = 1
     denoiser_corpus: str | None = None  # more public text (one per line) to train it on
 

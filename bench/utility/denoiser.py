@@ -1,7 +1,7 @@
 """The contextual denoiser (``models.denoiser``): how many original tokens a server recovers.
 
     python -m bench.utility denoiser [--eta 65] [--train 0] [--corpus FILE] [--layers 2]
-        [--candidates 8192] [--epochs 1] [--draws 3] [--out out/denoiser]
+        [--candidates 4096] [--epochs 1] [--draws 3] [--out out/denoiser]
         [--posterior-cache DIR] [--measure-only]
 
 On ``sst2_sentences/dev.tsv`` (1,000 held-out sentences) privatized afresh ``--draws`` times
@@ -163,7 +163,7 @@ def parse_args(argv):
     ap.add_argument("--corpus", action="append", default=[], metavar="FILE",
                     help="more public text, one per line (repeatable)")
     ap.add_argument("--layers", type=int, default=2)
-    ap.add_argument("--candidates", type=int, default=8192)
+    ap.add_argument("--candidates", type=int, default=4096)
     ap.add_argument("--epochs", type=int, default=1)
     ap.add_argument("--lr", type=float, default=3e-4)
     ap.add_argument("--batch-size", type=int, default=64)

@@ -74,6 +74,11 @@ def test_untrained_it_is_the_smoothed_context_free_posterior(tiny_bert_bundle, t
     assert torch.allclose(logits[0, 1], logits[1, 3], atol=1e-5)
     assert d.is_text(batch["input_ids"]).tolist()[0] == [False, True, True, True, False,
                                                          False, False]
+    # the context-free guess from the bias alone is the untrained denoiser's argmax
+    text = d.is_text(batch["input_ids"])
+    with torch.no_grad():
+        assert torch.equal(d.context_free_ids(batch["input_ids"])[text],
+                           d.predict_ids(batch["input_ids"], batch["attention_mask"])[text])
 
 
 def test_trained_on_public_text_it_reads_the_context(tiny_bert_bundle, tiny_bert_dir, table):
