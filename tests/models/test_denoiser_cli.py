@@ -103,8 +103,8 @@ def test_train_with_a_denoiser_then_retrain_from_records(capsys, files, tiny_ber
     assert rc == 2 and "device records read an existing one" in one_error_line(err)
 
 
-def test_denoiser_flags_refused_where_they_make_no_sense(capsys, files, no_training, tmp_path,
-                                                        tiny_bert_dir):
+@pytest.mark.usefixtures("no_training")
+def test_denoiser_flags_refused_where_they_make_no_sense(capsys, files, tmp_path, tiny_bert_dir):
     base = ["train", "--data", str(files["train"]), "--bundle", str(files["bundle"]), "--out",
             str(tmp_path / "x"), "--base", str(tiny_bert_dir), *FAST]
     for extra, word in (
