@@ -1,7 +1,8 @@
 """One training recipe on a seeded subset of whole sentences: the exploration behind issue 17.
 
     python -m bench.utility explore --name NAME [--n 10000] [--epochs 1] [--lr 1e-4]
-        [--fresh] [--denoise LAMBDA] [--posterior TABLE.npz] [--distill ALPHA --teacher DIR]
+        [--fresh] [--denoise LAMBDA] [--posterior TABLE.npz] [--denoiser FILE]
+        [--distill ALPHA --teacher DIR]
         [--warm DIR] [--layers N] [--eta 64.35] [--mech dchi-text] [--save DIR]
         [--out out/exp/results.jsonl]
 
@@ -26,12 +27,13 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import time
 from pathlib import Path
 
 import numpy as np
 
-from bench.common import DATA
+from bench.common import DATA, machine
 
 
 def parse_args(argv=None) -> argparse.Namespace:
@@ -45,6 +47,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     ap.add_argument("--denoise", type=float, default=0.0)
     ap.add_argument("--denoise-rate", type=float, default=0.5)
     ap.add_argument("--posterior", help="channel-posterior table (.npz)")
+    ap.add_argument("--denoiser", help="a trained contextual denoiser (models.denoiser), read "
+                    "in place of the posterior table (python -m bench.utility denoiser)")
     ap.add_argument("--distill", type=float, default=0.0)
     ap.add_argument("--teacher", help="clean-text model for --distill")
     ap.add_argument("--warm", help="start from this clean-text model's weights")
@@ -119,7 +123,12 @@ def main(argv=None) -> int:
         post.save(a.posterior)
     cfg = TrainConfig(epochs=a.epochs, lr=a.lr, seed=0, progress=False, denoise=a.denoise,
                       denoise_rate=a.denoise_rate, distill=a.distill, batch_size=a.batch)
-    model = build_model(train, b, a.warm, cfg, posterior=post)
+    den = None
+    if a.denoiser:
+        from models.denoiser import Denoiser
+
+        den = Denoiser.load(a.denoiser, b.embeddings)
+    model = build_model(train, b, a.warm, cfg, posterior=post, denoiser=den)
     if a.layers:
         keep_layers(model.bert, a.layers)
     t1 = time.time()
@@ -132,8 +141,9 @@ def main(argv=None) -> int:
                            b.special_ids, 128)["accuracy"]
     out = {"name": a.name, "args": vars(a), "history": res.history,
            "best_epoch": res.best_epoch, "sent_draws": accs, "sent_mean": float(np.mean(accs)),
-           "phrase2000": pha, "train_s": t2 - t1, "total_s": time.time() - t0}
-    if post is not None and hasattr(m, "posterior_gate"):
+           "phrase2000": pha, "train_s": t2 - t1, "total_s": time.time() - t0,
+           "machine": machine(), "load": os.getloadavg()}
+    if (post is not None or den is not None) and hasattr(m, "posterior_gate"):
         out["gate"] = float(torch.sigmoid(m.posterior_gate).mean())
     print(json.dumps(out), flush=True)
     Path(a.out).parent.mkdir(parents=True, exist_ok=True)
