@@ -2,7 +2,7 @@
 
     python -m bench.utility denoiser [--eta 65] [--train 0] [--corpus FILE] [--layers 2]
         [--candidates 4096] [--epochs 1] [--draws 3] [--out out/denoiser]
-        [--posterior-cache DIR] [--measure-only]
+        [--posterior-cache DIR] [--measure-only] [--latency]
 
 On ``sst2_sentences/dev.tsv`` (1,000 held-out sentences) privatized afresh ``--draws`` times
 with ``dchi-text`` at ``--eta``, the share of original tokens that
@@ -116,6 +116,50 @@ def reach_by_frequency(posterior, bundle, dev_texts: list[str]) -> dict:
     return out
 
 
+def latency(out: Path, bundle, posterior, denoiser, dev_texts: list[str], batches=(1, 32),
+            reps: int = 20) -> dict:
+    """CPU milliseconds per request of the exported classifier (fp32 and int8 ONNX, one
+    thread) of MiniLM reading the context-free table and of MiniLM reading ``denoiser``
+    inside the graph, on privatized dev sentences: process time, so other jobs on the
+    machine weigh less than on wall-clock. The heads are untrained: the cost is the same."""
+    from models.backbone import load_bert
+    from models.classifiers import build_classifier
+    from models.data import collate_payloads
+    from models.export import export_classifier_onnx
+    from models.onnx_classifier import OnnxClassifier
+    from models.privatize import make_privatizer
+    from models.registry import save_model_version
+    from shared.mechanisms import DChiText
+
+    cfg = {"kind": "tokens", "mechanism": "dchi-text", "params": {"eta": posterior.eta},
+           "bundle_id": bundle.bundle_id, "special_ids": bundle.special_ids,
+           "labels": ["0", "1"], "max_length": 128}
+    priv = make_privatizer(bundle, DChiText(bundle, posterior.eta), 128)
+    items = priv.tokenize(dev_texts)
+    payloads = [r.payload for r in priv.records_tokenized(items, [0] * len(items),
+                                                          num_labels=2)]
+    res = {}
+    for name, kw in (("table", {"posterior": posterior}), ("denoiser", {"denoiser": denoiser})):
+        path = out / "latency" / name
+        if not (path / "classifier.int8.onnx").is_file():
+            model = build_classifier("dchi-text", 2, bert=load_bert(None), **kw)
+            save_model_version(path, model, cfg, {}, {}, overwrite=True)
+            export_classifier_onnx(path)
+        for int8 in (False, True):
+            clf = OnnxClassifier(path, threads=1, int8=int8)
+            for b in batches:
+                n = min(reps, len(payloads) // b)
+                feeds = [collate_payloads(payloads[i:i + b], clf.config, as_numpy=True)
+                         for i in range(0, b * n, b)]
+                clf.logits(feeds[0])
+                t0 = time.process_time()
+                for f in feeds:
+                    clf.logits(f)
+                res[f"{name}/{'int8' if int8 else 'fp32'}/batch{b}"] = \
+                    1000 * (time.process_time() - t0) / (b * n)
+    return res
+
+
 def render(res: dict, args) -> str:
     cf = res["context_free"]
     pct = "{:.2%}".format
@@ -149,6 +193,17 @@ def render(res: dict, args) -> str:
                      f"({tr['tokens']:,} tokens), lr {tr['lr']:g}, batch {tr['batch_size']}; "
                      f"trained in {tr['history'][-1]['seconds']:.0f} s" if tr.get("history")
                      else "denoiser: from the cache")
+    lat = res.get("latency")
+    if lat:
+        rows = []
+        for fmt in ("fp32", "int8"):
+            for b in (1, 32):
+                t, d = lat[f"table/{fmt}/batch{b}"], lat[f"denoiser/{fmt}/batch{b}"]
+                rows.append([fmt, b, f"{t:.2f}", f"{d:.2f}", f"{t / d:.2f}"])
+        lines += ["exported classifier (MiniLM-L6), CPU ms per request on one thread "
+                  "(process time), privatized dev sentences:",
+                  table(["onnx", "batch", "context-free table", "denoiser in the graph",
+                         "ratio (req/s with / without)"], rows)]
     lines.append("command: python -m bench.utility " + shlex.join(sys.argv[1:]))
     lines.append(f"machine: {machine()}; load average at the end "
                  f"{' '.join(f'{v:.2f}' for v in os.getloadavg())}")
@@ -174,6 +229,9 @@ def parse_args(argv):
                     help="where context-free tables are kept (default OUT/posteriors)")
     ap.add_argument("--measure-only", action="store_true",
                     help="the context-free figures only (no denoiser)")
+    ap.add_argument("--latency", action="store_true",
+                    help="also the exported classifier's CPU time with and without the "
+                         "denoiser in its graph")
     return ap.parse_args(argv)
 
 
@@ -209,6 +267,8 @@ def main(argv: list[str]) -> int:
         rec["training"] = {**d.meta["training"], "layers": args.layers,
                            "candidates": args.candidates}
         res["contextual"] = rec
+        if args.latency:
+            res["latency"] = latency(out, bundle, post, d, dev)
     res["seconds"] = time.perf_counter() - t0
     res["args"] = vars(args)
     write_json(out / "results" / f"eta{args.eta:g}-{int(time.time())}.json", res)
