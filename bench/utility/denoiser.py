@@ -174,6 +174,9 @@ def render(res: dict, args) -> str:
     if den:
         rows.append([f"within the denoiser's reach ({args.candidates} most frequent public "
                      "tokens, or the output)", pct(den["reachable"]), ""])
+        rows.append(["its context-free part alone (the smoothed posterior it starts from)",
+                     pct(den["context_free_smoothed"]),
+                     " ".join(f"{v:.4f}" for v in den["context_free_smoothed_draws"])])
         rows.append(["**contextual denoiser**", f"**{pct(den['contextual'])}**",
                      " ".join(f"{v:.4f}" for v in den["contextual_draws"])])
     lines = [
