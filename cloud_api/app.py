@@ -24,7 +24,7 @@ from contextlib import AsyncExitStack, asynccontextmanager
 from fastapi import APIRouter, FastAPI
 from fastapi.openapi.utils import get_openapi
 
-from cloud_api import metrics, problems
+from cloud_api import metrics, problems, web
 from cloud_api.auth import KeyRing
 from cloud_api.home import ModelHome
 from cloud_api.limits import RateLimiter
@@ -117,6 +117,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     app.add_middleware(ServiceMiddleware, max_body_bytes=settings.max_body_bytes,
                        max_concurrent=settings.max_concurrent_requests,
                        fast_route=inference.predict_route)
+    web.install(app, settings)  # last: its CORS layer wraps the service middleware
     app.openapi = lambda: _openapi(app)  # type: ignore[method-assign]
     return app
 

@@ -66,6 +66,13 @@ class KeyRing:
                 entries.append((key_hash(raw), role, key_id(raw)))
         if s.keys_file is not None:
             entries += _read_keys_file(s.keys_file)
+        if s.demo and s.demo_key is not None:  # the /demo page's key (cloud_api/web.py)
+            raw = s.demo_key.get_secret_value()
+            if any(role == "admin" and hmac.compare_digest(d, key_hash(raw))
+                   for d, role, _ in entries):
+                raise ValueError("PRIVBERT_DEMO_KEY is an admin key: the demo page hands its "
+                                 "key to anyone who opens it; use a throwaway application key")
+            entries.append((key_hash(raw), "app", key_id(raw)))
         if not entries and not s.auth_disabled:
             raise ValueError("no API keys configured: set PRIVBERT_API_KEYS and "
                              "PRIVBERT_ADMIN_KEYS (comma-separated) or PRIVBERT_KEYS_FILE "

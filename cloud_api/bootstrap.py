@@ -27,11 +27,11 @@ import uuid
 from pathlib import Path
 
 from cloud_api.cli import PROG, _guarded, fail, home_arg, settings_for
+from shared.mechanisms import DChiText, registry
 
-# The quick start's defaults (bench/RESULTS.md "Utility levers", bootstrap candidates): on
-# sst2_sentences at eta 65, 3 of MiniLM's 6 layers on 12,000 rows for 2 epochs with fresh
-# noise and the posterior beat 6 layers on 12,000 rows for 1 epoch and 3 layers on 24,000
-# rows for 1 epoch at the same compute.
+# The quick start's defaults: at about the same compute, half of MiniLM's layers over more
+# epochs of fresh noise read privatized text better than the whole model over one epoch
+# (the candidates and their figures: bench/RESULTS.md, "Utility levers").
 DEFAULT_LIMIT = 12000
 DEFAULT_DEV_LIMIT = 1000
 DEFAULT_EPOCHS = 2
@@ -52,7 +52,7 @@ def register(subparsers) -> None:
     p.add_argument("--dev", metavar="DEV.tsv", help="dev set (privatized the same way): the "
                    "dev accuracy printed at the end and the epoch kept")
     _mechanism_args(p)
-    p.set_defaults(mechanism="dchi-text")
+    p.set_defaults(mechanism=DChiText.name)
     p.add_argument("--limit", type=int, default=DEFAULT_LIMIT, metavar="N",
                    help=f"first N training rows ({DEFAULT_LIMIT}; 0 = the whole file)")
     p.add_argument("--dev-limit", type=int, default=DEFAULT_DEV_LIMIT, metavar="N",
@@ -113,15 +113,15 @@ def run(args) -> int:
     task = args.task or model_id
     if args.if_missing and (v := home.promoted(model_id)):
         print(f"model={model_id} version={v} (already promoted; nothing to do)")
-        _declare_task(args, task, home.read_config(model_id, v))  # record store (issue 12)
+        _declare_task(args, task, home.read_config(model_id, v))  # so records can be uploaded
         return 0
     from models.cli_train import _check_device, _mechanism_params, recipe_from_args
 
     _check_device(args)
     recipe = recipe_from_args(args, args.mechanism, raw_text=True)
     params = _mechanism_params(args)
-    if args.mechanism in ("dchi-text", "dchi-embedding") and params["eta"] is None:
-        params["eta"] = DEFAULT_ETA
+    if "eta" in registry.get(args.mechanism).param_names() and params["eta"] is None:
+        params["eta"] = DEFAULT_ETA  # the dχ mechanisms
     bundle = _bundle(args)
     weak = _check_floor(args, bundle, params)
     if weak is not None:
@@ -230,7 +230,7 @@ def _train_and_register(args, home, model_id: str, task: str, bundle, params: di
     home.promote(model_id, version)
     dev = (res.metrics or {}).get("dev") or {}
     print(f"model={model_id} version={version} promoted task={task}")
-    _declare_task(args, task, config)  # record store (issue 12)
+    _declare_task(args, task, config)  # so records can be uploaded
     print(f"home={home.root.resolve()}")
     print(f"mechanism={config['mechanism']} params={json.dumps(config['params'], sort_keys=True)}"
           f" bundle_id={config['bundle_id']}")
@@ -283,7 +283,7 @@ def _fresh_dev(args, model_dir: Path, bundle) -> dict | None:
     return out
 
 
-# -- record store (issue 12) -----------------------------------------------------------------
+# -- the task in the record store -----------------------------------------------------
 def _declare_task(args, task: str, config: dict) -> None:
     """Declare the model's task in the record store (labels, mechanism, params, bundle), so
     that the edge can send records for it at once; a warning, not a failure, if it cannot."""
@@ -297,7 +297,8 @@ def _declare_task(args, task: str, config: dict) -> None:
         if db.auto_upgrade:
             db.upgrade()
         _, created = ensure_task(db, task, config["labels"], config["mechanism"],
-                                 config["params"], config["bundle_id"])
+                                 config["params"], config["bundle_id"],
+                                 (config.get("source") or {}).get("pairs"))
         print(f"task={task} {'declared' if created else 'already declared'} "
               f"(POST /v1/records accepts its records)")
     except ServiceError as exc:

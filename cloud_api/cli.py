@@ -28,7 +28,7 @@ _COMMANDS = [
     "models.cli_pretrain",   # pretrain
     "cloud_api.bootstrap",   # bootstrap
     "cloud_api.cli_db",      # db upgrade | current (the record store's schema)
-    "cloud_api.cli_worker",  # worker
+    "cloud_api.jobs.cli",    # worker
 ]
 
 
@@ -101,7 +101,7 @@ database and hold across workers and replicas. Each also runs its own in-process
 worker thread (with PRIVBERT_WORKER_IN_SERVE=1; prefer 0 and separate `cloud-api worker`
 processes). /metrics shows the whole server whichever worker answers (prometheus-client's
 multiprocess mode, in a private directory made at start and removed at exit). Several
-replicas behind a load balancer: README, "Several workers and replicas"."""
+replicas behind a load balancer: docs/serving.md, "Several workers and replicas"."""
 
 
 def register_serve(sub) -> None:
@@ -137,6 +137,9 @@ def run_serve(args) -> int:
     from cloud_api.auth import KeyRing
 
     KeyRing.from_settings(settings)  # refuse to start without keys: ValueError, one line
+    from cloud_api.web import check_demo
+
+    check_demo(settings)  # PRIVBERT_DEMO=1 without a built page: ValueError, one line
     import uvicorn
 
     common = dict(host=args.host, port=args.port, access_log=False, server_header=False,

@@ -7,9 +7,9 @@ string or a key. uvicorn's own access log is off (its lines carry the raw path);
 log goes through the same formatter. ``--workers N`` applies the same configuration in
 every worker process.
 
-The JSON formatter is ours (orjson, about 4x less CPU than python-json-logger's, which
-wrote the same fields): every predict writes an access line, and the formatter was a
-quarter of the service's own CPU per request (``bench/serve.py``, bench/RESULTS.md).
+The JSON formatter is ours (orjson; python-json-logger's, which wrote the same fields,
+cost several times the CPU): every predict writes an access line, so the formatter is on
+the hot path (``bench/serve.py`` measures it).
 """
 
 from __future__ import annotations

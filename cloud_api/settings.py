@@ -10,6 +10,7 @@ backend, and the retraining worker. ``cloud-api`` flags override the environment
 from __future__ import annotations
 
 import os
+import re
 from pathlib import Path
 from typing import Annotated, Literal
 
@@ -17,6 +18,8 @@ from pydantic import Field, SecretStr, field_validator
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
 KeyList = Annotated[list[SecretStr], NoDecode]
+OriginList = Annotated[list[str], NoDecode]
+_ORIGIN = re.compile(r"^https?://[A-Za-z0-9.\[\]:-]+$")
 
 
 class Settings(BaseSettings):
@@ -50,10 +53,28 @@ class Settings(BaseSettings):
                                    "'app KEY', 'admin KEY', or 'app sha256:HEX' (only the hash)")
     auth_disabled: bool = Field(False, description="no keys at all: local development only")
 
+    # -- browsers (cloud_api/web.py) -------------------------------------------------------
+    cors_origins: OriginList = Field(default_factory=list, description="origins whose pages "
+                                     "may call /v1 (comma-separated, e.g. "
+                                     "https://app.example.com; * for any); none by default. "
+                                     "Never /admin")
+    demo: bool = Field(False, description="serve the privacy explorer page at /demo (same "
+                       "origin; build it first: scripts/build_web.sh)")
+    demo_dir: Path | None = Field(None, description="the built page (default "
+                                  "web_edge/demo/dist beside the cloud_api package)")
+    demo_key: SecretStr | None = Field(None, description="an application key handed to the "
+                                       "/demo page (anyone who opens it can read it: a "
+                                       "throwaway key with a small PRIVBERT_DEFAULT_BUDGET, "
+                                       "never a production key); unset, the page asks for one")
+
     default_budget: float | None = Field(None, ge=0, allow_inf_nan=False, description="the "
                                          "privacy budget cap (worst-case epsilon) a key gets "
                                          "when it is first charged; none by default (every "
                                          "payload is still counted)")
+    default_device_budget: float | None = Field(
+        None, ge=0, allow_inf_nan=False, description="the cap (worst-case epsilon) of a "
+        "device's own ledger (X-Device-Id) when it is first charged, never above its key's; "
+        "none by default (a device is then bounded by its key's cap alone)")
 
     # -- request limits ---------------------------------------------------------------------
     max_body_bytes: int = Field(2_000_000, ge=1024, description="413 above this, enforced "
@@ -95,8 +116,8 @@ class Settings(BaseSettings):
     inference_workers: int | None = Field(
         None, ge=1, le=64, description="model replicas per version, each running its own "
         "batches in its own thread; unset: the onnx backends with torch_threads set get "
-        "usable cores / torch_threads (on 2 cores with 1 thread each, c=32 rose from 222 "
-        "to 297.5 req/s, bench/RESULTS.md), torch gets 1")
+        "usable cores / torch_threads (one replica per core keeps every core busy with "
+        "small batches), torch gets 1")
 
     def wants_gpu(self) -> bool:
         """Whether the torch backend would run on a GPU here: ``device`` cuda, or auto with
@@ -155,6 +176,23 @@ class Settings(BaseSettings):
     def _split(cls, v):
         if isinstance(v, str):
             return [k.strip() for k in v.split(",") if k.strip()]
+        return v
+
+    @field_validator("cors_origins", mode="before")
+    @classmethod
+    def _split_origins(cls, v):
+        if isinstance(v, str):
+            v = [o.strip() for o in v.split(",") if o.strip()]
+        return v
+
+    @field_validator("cors_origins")
+    @classmethod
+    def _origins(cls, v: list[str]) -> list[str]:
+        """Each origin as a browser sends it: scheme://host[:port], no path, or ``*``."""
+        for o in v:
+            if o != "*" and not _ORIGIN.match(o):
+                raise ValueError(f"{o!r} is not an origin (scheme://host[:port], no path "
+                                 "and no trailing slash)")
         return v
 
     @property

@@ -16,15 +16,23 @@ import sys
 from edge_agent.cli_args import Parser, add_bundle_args, server_options
 from edge_agent.connect import make_client, resolve_bundle
 from edge_agent.errors import PROG, BudgetRefused, CliError, UsageError, info, one_line, warn
+from edge_agent.options import DEFAULT_MECHANISM
 
 
 # -- parser -----------------------------------------------------------------------------------
+def _report_mechanisms() -> tuple[str, ...]:
+    from edge_agent.report import REPORT_MECHANISMS
+
+    return REPORT_MECHANISMS
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = Parser(prog=PROG, description="privbert on the device: privatize text, post only "
                      "privatized payloads, choose eta with a privacy report")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=Parser)
 
     from edge_agent import cli_budget, cli_privatize
+    from edge_agent.cli_args import LazyChoices
 
     cli_privatize.register(sub)
     cli_budget.register(sub)
@@ -33,7 +41,9 @@ def build_parser() -> argparse.ArgumentParser:
                        description="Plausible deniability statistics N_w and S_w, token "
                        "embedding inversion accuracy, a table eta -> accuracy, and the honest "
                        "guarantee; with --target-inversion the eta that reaches it.")
-    p.add_argument("--mechanism", choices=("dchi-text", "dchi-embedding"), default="dchi-text")
+    p.add_argument("--mechanism", choices=LazyChoices(_report_mechanisms),
+                   default=DEFAULT_MECHANISM, metavar="NAME", help="%(choices)s; default "
+                   "%(default)s")
     how = p.add_mutually_exclusive_group(required=True)
     how.add_argument("--eta", type=float, help="privacy parameter eta > 0")
     how.add_argument("--target-inversion", type=float, metavar="P",

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+from collections.abc import Callable, Iterator, Sequence
 
 from edge_agent.errors import PROG
 from edge_agent.options import ServerOptions
@@ -18,6 +19,28 @@ class Parser(argparse.ArgumentParser):
     def error(self, message: str):  # one line, no usage dump
         print(f"{PROG}: error: {message} (see {self.prog} --help)", file=sys.stderr)
         sys.exit(2)
+
+
+class LazyChoices(Sequence[str]):
+    """argparse ``choices`` read when argparse first asks (to check a value or print the
+    subcommand's help), not when the parser is built: the mechanism names come from the
+    registry, which imports numpy. Give the argument a ``metavar`` (argparse formats the
+    choices of one without it when it is added)."""
+
+    def __init__(self, names: Callable[[], Sequence[str]]):
+        self._names = names
+
+    def __getitem__(self, i):
+        return tuple(self._names())[i]
+
+    def __len__(self) -> int:
+        return len(self._names())
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._names())
+
+    def __contains__(self, value: object) -> bool:
+        return value in self._names()
 
 
 def add_bundle_args(p: argparse.ArgumentParser) -> None:

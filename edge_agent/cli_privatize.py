@@ -5,14 +5,15 @@ from __future__ import annotations
 
 import argparse
 
-from edge_agent.cli_args import add_bundle_args, add_ledger_arg, server_options
+from edge_agent.cli_args import LazyChoices, add_bundle_args, add_ledger_arg, server_options
 from edge_agent.options import (
-    MECHANISMS,
+    DEFAULT_MECHANISM,
     InputOptions,
     LedgerOptions,
     MechanismOptions,
     PostOptions,
     PrivatizeOptions,
+    mechanisms,
     options_of,
 )
 from edge_agent.texthide_key import KEY_ENV, MAKE_ONE
@@ -51,8 +52,9 @@ def register(sub) -> None:
     p.add_argument("--format", choices=("jsonl", "text"), default="jsonl",
                    help="jsonl records (default) or, for dchi-text, the privatized text")
     m = p.add_argument_group("mechanism")
-    m.add_argument("--mechanism", choices=MECHANISMS, default="dchi-text",
-                   help="default dchi-text; none sends plain token ids (needs --allow-none)")
+    m.add_argument("--mechanism", choices=LazyChoices(mechanisms), default=DEFAULT_MECHANISM,
+                   metavar="NAME", help="%(choices)s; default dchi-text; none sends plain "
+                   "token ids (needs --allow-none)")
     m.add_argument("--eta", type=float, help="dχ-privacy eta > 0 (dchi-text, dchi-embedding)")
     m.add_argument("--epsilon", type=float, help="epsilon > 0 (laplace, ome)")
     m.add_argument("--calibration", choices=("vector", "coordinate"),

@@ -1,6 +1,6 @@
 """The frozen sentence encoder of the bundle (``encoder.onnx``) run with onnxruntime.
 
-Contract (DESIGN.md "The edge bundle"): inputs ``input_ids``, ``attention_mask``,
+Contract (ARCHITECTURE.md "The edge bundle"): inputs ``input_ids``, ``attention_mask``,
 ``token_type_ids`` int64 [batch, seq] padded with the [PAD] id (attention 0);
 output ``sentence_embedding`` float32 [batch, r]. DPNR, OME and TextHide
 privatize these vectors (Lyu et al. 2020; Huang et al. 2020). No torch here.

@@ -50,7 +50,7 @@ class Batch:
 HEADER = Line(0, "")  # the TSV header line: not a record
 
 
-LABEL_BOUND = 2**31  # integer labels travel as int32 (DESIGN.md "Payloads")
+LABEL_BOUND = 2**31  # integer labels travel as int32 (ARCHITECTURE.md "Payloads")
 
 
 def parse_label(raw: str, number: int) -> int | str:
@@ -85,8 +85,8 @@ def batch_sizes(largest: int, first: int = 16) -> Iterator[int]:
 
 
 IDLE = b""  # yielded by FdLines when a pipe has been idle after some lines (never a line)
-IDLE_SECONDS = 0.03  # the issue asked for about 50 ms; the search of one token on MiniLM takes
-# 30-60 ms on a busy 2-core machine, so 30 ms keeps a record within 100 ms of its line
+IDLE_SECONDS = 0.03  # a record should follow its line within about 100 ms; the search of one
+# token on MiniLM takes tens of ms on a busy 2-core machine, so the idle wait is kept short
 
 
 def _readable(fd: int, timeout: float) -> bool:

@@ -7,26 +7,52 @@ incomplete options (``UsageError``) before any work is done.
 from __future__ import annotations
 
 from dataclasses import dataclass, field, fields
+from functools import cache
 
 from edge_agent.errors import UsageError, warn
 from edge_agent.texthide_key import resolve_key
 
-MECHANISMS = ("dchi-text", "dchi-embedding", "laplace", "ome", "texthide", "none")
-# the options that configure each mechanism; any other one given is a usage error
-MECHANISM_FLAGS = {
-    "dchi-text": {"eta"},
-    "dchi-embedding": {"eta", "float16"},
-    "laplace": {"epsilon", "calibration", "word_dropout"},
-    "ome": {"epsilon", "lam"},
-    "texthide": {"m", "k", "texthide_key", "texthide_seed", "num_labels"},
-    "none": {"allow_none"},
-}
-_NEEDED = {"dchi-text": ["eta"], "dchi-embedding": ["eta"], "laplace": ["epsilon"],
-           "ome": ["epsilon", "lam"], "texthide": ["m"], "none": []}
-_PARAMS = {"dchi-text": ["eta"], "dchi-embedding": ["eta"],
-           "laplace": ["epsilon", "calibration", "word_dropout"], "ome": ["epsilon", "lam"],
-           "texthide": ["m", "k"], "none": []}
+DEFAULT_MECHANISM = "dchi-text"
 _DEFAULTS = {"calibration": "vector", "word_dropout": 0.0, "k": 1}
+_SETTINGS = ("eta", "epsilon", "calibration", "word_dropout", "lam", "m", "k")  # as flags
+
+
+# The mechanisms come from the registry (``shared.mechanisms``), imported on first use: the
+# parser is built without numpy (``edge-agent --help`` stays light).
+def _registry():
+    from shared.mechanisms import registry
+
+    return registry
+
+
+@cache
+def mechanisms() -> tuple[str, ...]:
+    """The registered mechanisms, the private ones first (the order of --mechanism's
+    choices)."""
+    classes = _registry().mechanisms()
+    return tuple(c.name for c in sorted(classes, key=lambda c: not c.private))
+
+
+def params_of(name: str) -> list[str]:
+    """The mechanism's parameters that are edge options (OME's bit layout is not)."""
+    return [p for p in _registry().get(name).param_names() if p in _SETTINGS]
+
+
+@cache
+def mechanism_flags() -> dict[str, frozenset[str]]:
+    """The options that configure each mechanism; any other one given is a usage error."""
+    reg = _registry()
+    return {n: frozenset(params_of(n)) | reg.get(n).edge_options for n in mechanisms()}
+
+
+def _writes_text(cls) -> bool:
+    """A private mechanism whose payloads are token ids of the vocabulary can be written
+    back as text (``--format text``)."""
+    return cls.private and cls.payload_kind is _registry().PayloadKind.TOKENS
+
+
+def text_mechanisms() -> tuple[str, ...]:
+    return tuple(n for n in mechanisms() if _writes_text(_registry().get(n)))
 
 
 def flag(name: str) -> str:
@@ -50,7 +76,7 @@ class ServerOptions:
 class MechanismOptions:
     """The mechanism and its parameters (None: not given)."""
 
-    name: str = "dchi-text"
+    name: str = DEFAULT_MECHANISM
     eta: float | None = None
     epsilon: float | None = None
     calibration: str | None = None
@@ -68,13 +94,13 @@ class MechanismOptions:
 
     def given(self) -> set[str]:
         """Mechanism options that were given (``--eta 0`` is given: identity, not truth)."""
-        return {f for f in set().union(*MECHANISM_FLAGS.values())
+        return {f for f in set().union(*mechanism_flags().values())
                 if getattr(self, f) is not None and getattr(self, f) is not False}
 
     def params(self) -> dict:
         """The payload parameters these options name (before the mechanism is built)."""
         return {n: getattr(self, n) if getattr(self, n) is not None else _DEFAULTS.get(n)
-                for n in _PARAMS[self.name]}
+                for n in params_of(self.name)}
 
     def texthide_seed_value(self, quiet: bool = False) -> int | None:
         """The mask-pool seed from --texthide-key (or its alias); UsageError for a weak key."""
@@ -92,7 +118,7 @@ class MechanismOptions:
     @property
     def mixes(self) -> bool:
         """TextHide with k > 1: records mix k inputs and their labels."""
-        return self.name == "texthide" and (self.k or 1) > 1
+        return _registry().get(self.name).mixes_inputs(self.params())
 
 
 @dataclass(frozen=True)
@@ -142,20 +168,22 @@ class PrivatizeOptions:
     def check(self) -> None:
         """Usage errors before any work is done."""
         m, post = self.mechanism, self.post
-        if m.name not in MECHANISMS:
-            raise UsageError(f"--mechanism must be one of {', '.join(MECHANISMS)}")
-        stray = sorted(m.given() - MECHANISM_FLAGS[m.name])
+        if m.name not in mechanisms():
+            raise UsageError(f"--mechanism must be one of {', '.join(mechanisms())}")
+        stray = sorted(m.given() - mechanism_flags()[m.name])
         if stray:
             raise UsageError(f"{', '.join(map(flag, stray))} do(es) not apply to --mechanism "
                              f"{m.name}")
-        for f in _NEEDED[m.name]:
-            if getattr(m, f) is None:
+        cls = _registry().get(m.name)
+        for f in cls.required_params():
+            if f in _SETTINGS and f not in _DEFAULTS and getattr(m, f) is None:
                 raise UsageError(f"--mechanism {m.name} needs {flag(f)}")
-        if m.name == "none" and not m.allow_none:
-            raise UsageError("--mechanism none sends plain token ids the server can read; "
+        if not cls.private and not m.allow_none:
+            raise UsageError(f"--mechanism {m.name} sends plain token ids the server can read; "
                              "add --allow-none for the Null-privacy baseline")
-        if self.format == "text" and (m.name != "dchi-text" or post.mode):
-            raise UsageError("--format text is for --mechanism dchi-text without --post")
+        if self.format == "text" and (not _writes_text(cls) or post.mode):
+            raise UsageError(f"--format text is for --mechanism {' or '.join(text_mechanisms())} "
+                             "without --post")
         if self.input.batch_size < 1 or post.batch < 1:
             raise UsageError("--batch-size and --post-batch must be integers >= 1")
         if m.mixes and (not self.input.tsv or post.mode == "predict"):
@@ -169,7 +197,7 @@ class PrivatizeOptions:
             raise UsageError("--task goes with --post records")
         if self.ledger.dry_run and (post.mode or self.output):
             raise UsageError("--dry-run writes and sends nothing: drop -o and --post")
-        if m.name == "texthide":
+        if "texthide_key" in cls.edge_options:
             m.texthide_seed_value(quiet=True)
 
 

@@ -53,7 +53,7 @@ def _run(opts: PrivatizeOptions, stream, size, out: Output | None, t0: float) ->
     import numpy as np
 
     from edge_agent.lines import LineReader
-    from shared.accounting import guarantee, summary
+    from shared.accounting import summary
 
     m = opts.mechanism
     client = make_client(opts.server, opts.post.batch) if opts.server.server else None
@@ -91,7 +91,7 @@ def _run(opts: PrivatizeOptions, stream, size, out: Output | None, t0: float) ->
         t_end = time.perf_counter()
         elapsed, setup, streaming = t_end - t0, t_loop - t0, t_end - t_loop
         # the one-line summary needs eta and the table's worst case, not neighbour medians
-        g = guarantee(mech, bundle, sample=100) if mech != "none" else guarantee("none")
+        g = mech.guarantee(bundle, sample=100)
         info(f"{n_records} records, {n_tokens} tokens in {elapsed:.2f} s (setup {setup:.2f} s, "
              + (f"first record at {t_first:.2f} s, " if t_first is not None else "")
              + f"{n_tokens / max(streaming, 1e-9):,.0f} tokens/s streaming, "
@@ -137,7 +137,10 @@ def _stream(opts, priv, client, budget, model_id, stream, size, out, rng, minimu
             except _PostFailed as exc:  # keep what the server answered before the failure
                 out.write(exc.lines)
                 n_records += len(exc.lines)
-                raise CliError(f"{exc}; {n_records} record(s) before it were "
+                # the server's ledger refused: exit 3, as the device's own cap does
+                refused = getattr(exc.error, "type", None) == "urn:privbert:problem:" \
+                    "budget-exhausted"
+                raise (BudgetRefused if refused else CliError)(f"{exc}; {n_records} record(s) before it were "
                                + ("uploaded and written" if post == "records"
                                   else "written")) from None
             try:
@@ -192,26 +195,25 @@ class _PostFailed(Exception):
 
     def __init__(self, error: Exception, lines: list[bytes]):
         super().__init__(str(error))
+        self.error = error
         self.lines = lines
 
 
 def _emit(opts, priv, client, budget: RunBudget, model_id, ready: Prepared) -> list[bytes]:
     """The output lines of one privatized batch: charged first (memoized texts get their
     stored payload), then posted with --post."""
-    from edge_agent.privatizer import TOKEN_KINDS
-
     if not ready.items:
         return []
     if (not opts.post.mode and opts.format == "jsonl" and ready.data is not None
-            and priv.name in TOKEN_KINDS):  # the same bytes, one validated template a batch
+            and priv.tokens):  # the same bytes, one validated template a batch
         rows = priv.token_rows(ready.items, ready.data,
                                [ln.label for ln in ready.lines] if opts.input.tsv else None)
-        return rows.lines(budget.charge_rows(ready.lines, rows))  # charged before written
+        return rows.lines(budget.charge_rows(ready.lines, ready.items, rows))  # charged before written
     payloads, labels = _payloads(opts, priv, ready)
-    # orjson on the model's plain-Python dump: the same JSON as model_dump_json, 5x faster
-    # on the large base64 strings of dchi-embedding (tests/edge_agent check they agree)
+    # orjson on the model's plain-Python dump: the same JSON as model_dump_json, several
+    # times faster on the large base64 strings of dchi-embedding (tests/edge_agent check they agree)
     fresh = [orjson.dumps(p.model_dump(exclude_none=True)) for p in payloads]
-    sent = budget.charge(ready.lines, payloads, fresh)  # committed before anything leaves
+    sent = budget.charge(ready.lines, ready.items, payloads, fresh)  # committed before anything leaves
     labels = labels if labels is not None else [None] * len(sent)
     lines = ready.lines
     if opts.post.mode:

@@ -1,4 +1,4 @@
-"""Texts -> privatized payloads, on the device (DESIGN.md "Payloads" and "Python API").
+"""Texts -> privatized payloads, on the device (ARCHITECTURE.md "Payloads"; docs/python-api.md).
 
 Token kinds (``dchi-text``, ``dchi-embedding``, ``none``): word pieces of the
 bundle's tokenizer without [CLS]/[SEP] (the server adds them), then the dχ
@@ -23,14 +23,13 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from shared.mechanisms.registry import as_mechanism
 from shared.payload import Record, make_payload, make_payloads
 from shared.rng import resolve_rng
 
 if TYPE_CHECKING:
     from shared.bundle import EdgeBundle
 
-TOKEN_KINDS = ("dchi-text", "dchi-embedding", "none")
-VECTOR_KINDS = ("laplace", "ome", "texthide")
 TRUNCATE_POLICIES = ("first", "error")
 
 
@@ -93,11 +92,6 @@ def word_index(word_ids: list[int | None]) -> np.ndarray:
     return np.cumsum(starts) - 1
 
 
-def mechanism_name(mechanism: Any) -> str:
-    """The payload mechanism string of a shared.mechanisms object or "none"."""
-    return "none" if isinstance(mechanism, str) and mechanism == "none" else mechanism.name
-
-
 class Privatizer:
     """``Privatizer(bundle, mechanism)``: texts -> payloads of that mechanism and bundle."""
 
@@ -106,31 +100,29 @@ class Privatizer:
                  allow_weak_privacy: bool = False):
         """Parameters the float arithmetic cannot carry raise ValueError, and parameters
         weaker than the privacy floor (``shared.floor``) raise ``WeakPrivacyError`` unless
-        ``allow_weak_privacy``; then :attr:`weak_privacy` holds the reason. ``"none"``
-        is the explicitly named Null-privacy baseline and is not judged."""
-        if isinstance(mechanism, str) and mechanism != "none":
-            raise ValueError(f"mechanism must be a shared.mechanisms object or 'none', "
-                             f"got {mechanism!r}")
-        name = mechanism_name(mechanism)
-        if name not in TOKEN_KINDS + VECTOR_KINDS:
-            raise ValueError(f"no payload format for mechanism {name!r}; one of "
-                             f"{TOKEN_KINDS + VECTOR_KINDS}")
+        ``allow_weak_privacy``; then :attr:`weak_privacy` holds the reason. ``NoPrivacy``
+        (or the name "none") is the explicitly named Null-privacy baseline and is not
+        judged."""
+        mechanism = as_mechanism(mechanism)
+        name = mechanism.name
         if truncate not in TRUNCATE_POLICIES:
             raise ValueError(f"truncate must be one of {TRUNCATE_POLICIES}, got {truncate!r}")
         if float_dtype not in ("float16", "float32"):
             raise ValueError(f"float_dtype must be float16 or float32, got {float_dtype!r}")
-        if name == "dchi-text" and mechanism.bundle.bundle_id != bundle.bundle_id:
-            raise ValueError("the DChiText mechanism was built for another bundle")
+        if getattr(mechanism, "bundle", bundle).bundle_id != bundle.bundle_id:  # DChiText's
+            raise ValueError(f"the {type(mechanism).__name__} mechanism was built for another "
+                             "bundle")
         self.bundle = bundle
         self.mechanism = mechanism
         self.name = name
-        self.params = {} if name == "none" else dict(mechanism.params)
+        self.tokens = mechanism.payload_kind.reads_tokens  # else sentence vectors
+        self.params = dict(mechanism.params)
         self.truncate = truncate
         self.float_dtype = float_dtype
         self.word_dropout = float(getattr(mechanism, "word_dropout", 0.0) or 0.0)
         self.encoder = None
         limit = bundle.max_length
-        if name in VECTOR_KINDS:
+        if not self.tokens:
             if encoder is None:
                 from edge_agent.encoder import SentenceEncoder
 
@@ -142,12 +134,12 @@ class Privatizer:
             if dim is not None and out_dim is not None and dim != out_dim:
                 raise ValueError(f"{name} was built for dim={dim} but the encoder returns "
                                  f"{out_dim} values")
-        from shared.floor import check_computable, require_privacy_floor
+        from shared.floor import require_privacy_floor
 
         vec_dim = getattr(self.encoder, "output_dim", None) if self.encoder is not None else None
-        check_computable(mechanism, bundle, dim=vec_dim, float_dtype=float_dtype)
-        self.weak_privacy: str | None = None if name == "none" else require_privacy_floor(
-            mechanism, bundle, allow_weak=allow_weak_privacy, dim=vec_dim)
+        mechanism.check_computable(bundle, dim=vec_dim, float_dtype=float_dtype)
+        self.weak_privacy: str | None = None if not mechanism.private else \
+            require_privacy_floor(mechanism, bundle, allow_weak=allow_weak_privacy, dim=vec_dim)
         if max_length is None:
             max_length = limit
         if not isinstance(max_length, int) or not 4 <= max_length <= limit:
@@ -232,25 +224,18 @@ class Privatizer:
             return self._privatize_data(items, resolve_rng(rng))
 
     def _privatize_data(self, items: list[TokenizedText], rng) -> np.ndarray:
-        if self.name in TOKEN_KINDS:
+        if self.tokens:
             parts = [p for it in items for p in ((it.ids_a,) if it.ids_b is None
                                                    else (it.ids_a, it.ids_b))]
-            ids = np.concatenate(parts)
-            if self.name == "dchi-text":
-                return self.mechanism.privatize_ids(ids, rng)  # one exact search per batch
-            if self.name == "dchi-embedding":
-                return self.mechanism.privatize(self.bundle.embeddings[ids], rng)
-            return ids
-        if self.name == "texthide" and self.mechanism.k > 1:
-            raise ValueError("TextHide with k > 1 mixes the inputs and their labels: use "
-                             "privatize_records(...) for training records; predictions use k=1")
+            # all tokens of the batch at once (dχ-text: one exact search per batch)
+            return self.mechanism.privatize_tokens(np.concatenate(parts), self.bundle, rng)
         return self._mechanism_on_vectors(items, None, rng)[0]
 
     def payloads(self, items: list[TokenizedText], data: np.ndarray) -> list:
         """One payload per item around :meth:`privatize_data`'s output."""
         if not items:
             return []
-        if self.name not in TOKEN_KINDS:
+        if not self.tokens:
             return self._vector_payloads(items, data)
         return make_payloads(self.name, self.params, self.bundle.bundle_id, data,
                              [it.n_tokens for it in items], [it.segments for it in items],
@@ -280,7 +265,7 @@ class Privatizer:
         if not items:
             return []
         rng = resolve_rng(rng)
-        if self.name == "texthide" and self.mechanism.k > 1:
+        if self.mechanism.mixes:
             if len(items) < self.mechanism.k:
                 raise ValueError(f"TextHide k={self.mechanism.k} mixes {self.mechanism.k} "
                                  f"labelled texts; got only {len(items)}")
@@ -327,10 +312,7 @@ class Privatizer:
     def _mechanism_on_vectors(self, items: list[TokenizedText], onehot: np.ndarray | None,
                               rng) -> tuple[np.ndarray, np.ndarray | None]:
         seqs, types = self.sequences(items, rng)
-        vecs = self.encoder.encode(seqs, types)
-        if self.name == "texthide":
-            return self.mechanism.encrypt(vecs, onehot, rng)
-        return self.mechanism.privatize(vecs, rng), None
+        return self.mechanism.privatize_vectors(self.encoder.encode(seqs, types), onehot, rng)
 
 
 @contextmanager

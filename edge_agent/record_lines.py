@@ -7,8 +7,8 @@ through the pydantic models in full, every label through ``Record`` (once per di
 label), and the rest is checked here with the models' per-record rules (token count,
 segment sums, token-id range). A batch where a check fails takes the models' path, which
 raises their error; otherwise the bytes are the same as the models' (tests check it), at a
-fraction of the cost (dchi-embedding's 22 KB of base64 per record made the per-record
-model work the CLI's bottleneck: bench/edge.py). :func:`token_rows` keeps the payloads'
+fraction of the cost (dchi-embedding's large base64 arrays made the per-record model work
+the CLI's bottleneck: ``bench/edge.py`` measures it). :func:`token_rows` keeps the payloads'
 JSON apart from the labels, so that the device ledger can charge them (and swap in the
 stored payload of a memoized text) before the lines are made.
 """

@@ -28,9 +28,11 @@ import numpy as np
 
 from shared.bundle import EdgeBundle
 from shared.floor import THRESHOLD, dchi_floor
-from shared.mechanisms import DChiText, sample_dchi_noise
+from shared.mechanisms import DChiText, registry, sample_dchi_noise
 
 PAPER_ETAS = (50, 75, 100, 125, 150, 175)  # Qu et al. Table 3, BERT-base (n = 768)
+# the mechanisms the report is about: dχ-privacy, token by token
+REPORT_MECHANISMS = tuple(n for n in registry.names() if registry.get(n).family == "dchi")
 GEOMETRY_KS = (1, 2, 3, 4, 5, 10, 20, 50, 100, 200, 500, 1000, 5000, 10000)  # Fig. 3
 
 
@@ -219,13 +221,11 @@ def build_report(bundle: EdgeBundle, mechanism: str, *, eta: float | None = None
     ``mech`` lets a caller pass a ``DChiText`` whose search runs elsewhere (the server's
     torch index on a GPU); its η is set here. ``max_queries`` bounds one search call.
     """
-    from shared.accounting import guarantee
-    from shared.mechanisms import DChiEmbedding
-
     if (eta is None) == (target is None):
         raise ValueError("give either eta or a target inversion accuracy")
-    if mechanism not in ("dchi-text", "dchi-embedding"):
-        raise ValueError(f"the report covers dchi-text and dchi-embedding, got {mechanism!r}")
+    if mechanism not in REPORT_MECHANISMS:
+        raise ValueError(f"the report covers {' and '.join(REPORT_MECHANISMS)}, got "
+                         f"{mechanism!r}")
     if not isinstance(tokens, int) or tokens < 1:
         raise ValueError(f"tokens N must be an integer >= 1, got {tokens!r}")
     if not isinstance(inversion_tokens, int) or inversion_tokens < 1:
@@ -264,7 +264,8 @@ def build_report(bundle: EdgeBundle, mechanism: str, *, eta: float | None = None
     geo = None
     if geometry:
         geo = embedding_geometry(bundle, rng, grid)
-    g = guarantee(mech if mechanism == "dchi-text" else DChiEmbedding(eta), bundle)
+    g = (mech if mech.name == mechanism else registry.create(mechanism, {"eta": eta})
+         ).guarantee(bundle)
     t3 = time.perf_counter()
     fl = dchi_floor(bundle)
     floor = {"threshold": THRESHOLD, "eta": fl.floor_eta(THRESHOLD),

@@ -10,37 +10,31 @@ from edge_agent.errors import CliError, UsageError, warn
 from edge_agent.options import MechanismOptions, PrivatizeOptions
 
 
-def build_mechanism(m: MechanismOptions, bundle):
-    """The shared.mechanisms object for the options (ValueError names a bad parameter)."""
-    from shared import mechanisms as M
+def mechanism_for(m: MechanismOptions, bundle):
+    """The shared.mechanisms object for the options, from the one factory
+    (``shared.mechanisms.create``); ValueError names a bad parameter, UsageError a bundle
+    without the encoder a vector mechanism needs."""
+    from shared.mechanisms import registry
 
-    if m.name == "none":
-        return "none"
-    if m.name == "dchi-text":
-        return M.DChiText(bundle, m.eta)
-    if m.name == "dchi-embedding":
-        return M.DChiEmbedding(m.eta)
-    if m.name == "laplace":
-        return M.Laplace(m.epsilon, m.calibration or "vector", m.word_dropout or 0.0)
-    enc = bundle.meta.get("encoder") or {}
-    if bundle.encoder_onnx is None or "output_dim" not in enc:
-        raise UsageError(f"--mechanism {m.name} needs a bundle with the frozen sentence encoder "
-                         "(encoder.onnx); this one has none: use --server or a bundle made "
-                         "by `cloud-api export-bundle`")
-    dim = int(enc["output_dim"])
-    if m.name == "ome":
-        return M.OME(m.epsilon, m.lam, dim)
-    return M.TextHide(m.m, m.k if m.k is not None else 1, dim, seed=m.texthide_seed_value())
+    cls = registry.get(m.name)
+    secret = m.texthide_seed_value() if "texthide_key" in cls.edge_options else None
+    try:
+        return cls.from_params(m.params(), bundle, secret=secret)
+    except registry.NoEncoder:
+        raise UsageError(f"--mechanism {m.name} needs a bundle with the frozen sentence "
+                         "encoder (encoder.onnx); this one has none: use --server or a bundle "
+                         "made by `cloud-api export-bundle`") from None
 
 
 def check_model(model: dict, name: str, mine: dict) -> None:
     """Refuse, before sending, a mechanism or parameters the served model does not read."""
+    from shared.mechanisms import registry
+
     want, params = model.get("mechanism"), model.get("params")
     mismatch = want is not None and want != name
     if not mismatch and isinstance(params, dict):
-        keys = params.keys() & mine.keys()
-        if name == "texthide":  # predictions use k = 1 whatever k the model was trained with
-            keys &= {"m"}
+        # the parameters a payload must share with its model (TextHide: m, not k)
+        keys = params.keys() & registry.get(name).compared_params(mine).keys()
         for key in keys:
             a, b = params[key], mine[key]
             if isinstance(a, (int, float)) and isinstance(b, (int, float)):
@@ -58,8 +52,10 @@ def max_length_for(opts: PrivatizeOptions, bundle, model: dict | None) -> int | 
     at 128 refuses longer token payloads; the bundle allows up to 512), else the bundle's.
     Vector payloads have one size whatever the text's length: the encoder's limit applies."""
     given = opts.input.max_length
+    from shared.mechanisms import registry
+
     if given is not None or model is None or opts.post.mode != "predict" \
-            or opts.mechanism.name not in ("dchi-text", "dchi-embedding", "none"):
+            or not registry.get(opts.mechanism.name).payload_kind.reads_tokens:
         return given
     limit = model.get("max_length")
     if isinstance(limit, int) and not isinstance(limit, bool) and 4 <= limit:
@@ -75,7 +71,7 @@ def make_privatizer(opts: PrivatizeOptions, bundle, model: dict | None):
 
     m = opts.mechanism
     try:
-        mech = build_mechanism(m, bundle)
+        mech = mechanism_for(m, bundle)
         priv = Privatizer(bundle, mech, max_length=max_length_for(opts, bundle, model),
                           truncate=opts.input.truncate,
                           float_dtype="float16" if m.float16 else "float32",

@@ -318,12 +318,16 @@ def vector_attack(bundle: EdgeBundle, mechanism, texts: list[str], *, n_words: i
                   device: str = "auto", max_length: int = 128, progress: bool = True,
                   reference: bool = True, epochs: int = 30) -> dict:
     """Attacker MLP recovering the presence of the ``n_words`` most frequent content words
-    from payloads of ``mechanism`` (laplace, ome, texthide), on held-out sentences."""
+    from payloads of ``mechanism`` (a sentence-vector one: laplace, ome, texthide), on
+    held-out sentences."""
     from models.privatize import chunk_indices, make_privatizer
+    from shared.mechanisms import registry
 
     name = getattr(mechanism, "name", str(mechanism))
-    if name not in ("laplace", "ome", "texthide"):
-        raise ValueError(f"the attacker MLP is for laplace, ome and texthide, got {name!r}")
+    vectors = [c.name for c in registry.mechanisms() if not c.payload_kind.reads_tokens]
+    if name not in vectors:
+        raise ValueError(f"the attacker MLP is for {', '.join(vectors[:-1])} and "
+                         f"{vectors[-1]}, got {name!r}")
     if not 0 < test_fraction < 1:
         raise ValueError("test_fraction must be in (0, 1)")
     rng = rng if rng is not None else np.random.default_rng()

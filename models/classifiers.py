@@ -1,4 +1,4 @@
-"""One classifier per payload kind (DESIGN.md "Models"; Qu et al. 2021 §3.3).
+"""One classifier per payload kind (ARCHITECTURE.md "Models"; Qu et al. 2021 §3.3).
 
 * :class:`TokenClassifier`: BERT over privatized token ids (``dchi-text``, ``none``).
 * :class:`EmbeddingClassifier`: BERT over perturbed ``inputs_embeds`` (``dchi-embedding``):

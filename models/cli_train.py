@@ -17,20 +17,14 @@ import dataclasses
 import json
 import sys
 
+from edge_agent.errors import one_line
+
 PROG = "cloud-api"
 
 
 def _error(message: str) -> None:
     print(f"{PROG}: error: {message}", file=sys.stderr)
     sys.exit(2)
-
-
-def _one_line(exc: BaseException) -> str:
-    text = str(exc) or type(exc).__name__
-    if isinstance(exc, KeyError):
-        text = f"missing key {text}"
-    lines = [s.strip() for s in text.splitlines() if s.strip()]
-    return "; ".join(lines[:3])
 
 
 def _guarded(fn):
@@ -43,7 +37,7 @@ def _guarded(fn):
             return fn(args)
         except (ValueError, FileNotFoundError, NotADirectoryError, PermissionError,
                 BundleError, KeyError) as exc:
-            print(f"{PROG}: error: {_one_line(exc)}", file=sys.stderr)
+            print(f"{PROG}: error: {one_line(exc)}", file=sys.stderr)
             return 2
 
     return run
@@ -353,6 +347,7 @@ def run_train(args) -> int:
             raise WeakPrivacyError(f"{exc}; --allow-weak-privacy trains on it anyway") from None
     else:
         from models.data import read_records_jsonl
+        from shared.mechanisms import NoPrivacy
 
         if args.dev is not None:
             raise ValueError("--records takes --dev-records (JSONL), not --dev")
@@ -361,7 +356,7 @@ def run_train(args) -> int:
         records = read_records_jsonl(args.records, limit=args.limit)
         dev = (read_records_jsonl(args.dev_records, limit=args.dev_limit)
                if args.dev_records else None)
-        mechanism = records[0].payload.mechanism if records else "none"
+        mechanism = records[0].payload.mechanism if records else NoPrivacy.name
         note = None
         explicit = args.posterior is True or args.posterior_table is not None
         recipe = recipe_from_args(args, mechanism, raw_text=False)
@@ -468,6 +463,7 @@ def run_attack(args) -> int:
     from models import attack
     from models.privatize import load_bundle, mechanism_from_params
     from models.registry import read_config
+    from shared.mechanisms import registry
 
     if args.data is None:
         raise ValueError("--attack needs --data (a TSV or text file of sentences)")
@@ -486,7 +482,8 @@ def run_attack(args) -> int:
         raise ValueError(f"--denoiser makes no sense for {name}: a contextual denoiser "
                          "exists for dchi-text only")
     texts = attack.read_sentences(args.data, args.limit)
-    if name in ("dchi-text", "dchi-embedding"):
+    cls = registry.get(name)
+    if cls.family == "dchi":  # token by token: the dχ report
         eta = params["eta"] if params else args.eta
         if (eta is None) == (args.target_inversion is None):
             raise ValueError("give either --eta or --target-inversion")
@@ -510,8 +507,8 @@ def run_attack(args) -> int:
         else:
             print(attack.format_token_report(rep, ctx))
         return 0
-    if name == "none":
-        raise ValueError("mechanism none sends the text's ids: there is nothing to attack")
+    if not cls.private:
+        raise ValueError(f"mechanism {name} sends the text's ids: there is nothing to attack")
     if params is not None:
         mech = mechanism_from_params(name, params, bundle, args.texthide_key)
     else:

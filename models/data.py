@@ -32,26 +32,20 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
+from shared.mechanisms import registry
 from shared.payload import Limits, Record, parse_record
 
 if TYPE_CHECKING:
     import torch
 
-TOKEN_KINDS = ("dchi-text", "none")
-EMBEDDING_KINDS = ("dchi-embedding",)
-VECTOR_KINDS = ("laplace", "texthide", "ome")
-MECHANISMS = TOKEN_KINDS + EMBEDDING_KINDS + VECTOR_KINDS
-
-
 def kind_of(mechanism: str) -> str:
-    """"tokens", "embeddings" or "vector": which classifier reads this payload mechanism."""
-    if mechanism in TOKEN_KINDS:
-        return "tokens"
-    if mechanism in EMBEDDING_KINDS:
-        return "embeddings"
-    if mechanism in VECTOR_KINDS:
-        return "vector"
-    raise ValueError(f"unknown mechanism {mechanism!r}; expected one of {', '.join(MECHANISMS)}")
+    """"tokens", "embeddings" or "vector": which classifier reads this payload mechanism
+    (its registered ``payload_kind``)."""
+    try:
+        return registry.get(mechanism).payload_kind.classifier
+    except registry.UnknownMechanism:
+        raise ValueError(f"unknown mechanism {mechanism!r}; expected one of "
+                         f"{', '.join(registry.names())}") from None
 
 
 # -- labelled text (TSV) ---------------------------------------------------------------------
@@ -252,17 +246,15 @@ def dataset_from_records(records: Iterable[Record | tuple], label_names: Sequenc
         label_names = _infer_label_names([r.label for r in recs], where)
     names = list(label_names)
     arrays, segments, targets, digests = [], [], [], []
+    # the parameters records must share (TextHide: the pool m, not k)
+    compared = registry.get(mech).compared_params
+    base = compared(params)
     for i, r in enumerate(recs):
         p = r.payload
         if p.mechanism != mech or p.bundle_id != bid:
             raise ValueError(f"{where}[{i}]: mixes {p.mechanism}/{p.bundle_id[:12]} with "
                              f"{mech}/{bid[:12]} (one model per mechanism and bundle)")
-        pp = p.params.model_dump()
-        if mech == "texthide":
-            pp, base = {"m": pp["m"]}, {"m": params["m"]}
-        else:
-            base = params
-        if pp != base:
+        if compared(p.params.model_dump()) != base:
             raise ValueError(f"{where}[{i}]: parameters {p.params.model_dump()} differ from "
                              f"{params} of the first record")
         if r.label is None and allow_unlabelled:
@@ -341,7 +333,13 @@ def collate_arrays(arrays: Sequence[np.ndarray], segments: Sequence[tuple[int, .
     (True where a payload row replaces the id's embedding).
     Vectors: ``features`` (B, d) float32.
     """
-    kind = kind_of(mechanism)
+    return collate_kind(arrays, segments, kind_of(mechanism), special_ids, max_length)
+
+
+def collate_kind(arrays: Sequence[np.ndarray], segments: Sequence[tuple[int, ...] | None],
+                 kind: str, special_ids: dict[str, int], max_length: int = 128
+                 ) -> dict[str, np.ndarray]:
+    """:func:`collate_arrays` for a classifier kind ("tokens", "embeddings", "vector")."""
     if kind == "vector":
         return {"features": np.stack([np.asarray(a, dtype=np.float32) for a in arrays])}
     if max_length < 4:
@@ -408,14 +406,15 @@ def example_payload_arrays(cfg: dict, rng: np.random.Generator, n: int = 5):
     their segments: the ONNX export's check and the serving backends' warm-up."""
     arch = cfg["architecture"]
     kind_arrays, segments = [], []
+    kind = registry.get(cfg["mechanism"]).payload_kind
     lo = max(cfg["special_ids"].values()) + 1
     for i in range(n):
         length = int(rng.integers(1, 13))
-        if cfg["mechanism"] in TOKEN_KINDS:
+        if kind is registry.PayloadKind.TOKENS:
             a = rng.integers(lo, arch["bert_config"]["vocab_size"], size=length)
-        elif cfg["mechanism"] == "dchi-embedding":
+        elif kind is registry.PayloadKind.EMBEDDINGS:
             a = rng.normal(0, 1, (length, arch["bert_config"]["hidden_size"])).astype(np.float32)
-        elif cfg["mechanism"] == "ome":
+        elif kind is registry.PayloadKind.BITS:
             a = rng.integers(0, 2, size=arch["in_dim"]).astype(np.float32)
         else:
             a = rng.normal(0, 1, size=arch["in_dim"]).astype(np.float32)
@@ -444,9 +443,9 @@ def collate_originals(ds: PayloadDataset, idx: Sequence[int], special_ids: dict[
                              "privatized ones")
     import torch
 
-    ids = collate_arrays(orig, segs, "none", special_ids, max_length)["input_ids"]
-    rows = collate_arrays([np.zeros((len(o), 1), np.float32) for o in orig], segs,
-                          "dchi-embedding", special_ids, max_length)["row_mask"]
+    ids = collate_kind(orig, segs, "tokens", special_ids, max_length)["input_ids"]
+    rows = collate_kind([np.zeros((len(o), 1), np.float32) for o in orig], segs,
+                        "embeddings", special_ids, max_length)["row_mask"]
     return torch.from_numpy(np.where(rows, ids, -100).astype(np.int64))
 
 

@@ -82,21 +82,15 @@ def _as_bundle(bundle: EdgeBundle | str | os.PathLike | None, base=None) -> Edge
 
 def _guarantee(name: str, params: dict, bundle: EdgeBundle, feature_dim: int) -> dict:
     """The published and worst-case guarantee of the training payloads (shared.accounting).
-    Vector kinds take their dimension from the payloads (no encoder or secret needed)."""
-    from shared.accounting import guarantee
-    from shared.mechanisms import OME, Laplace, TextHide
+    Vector kinds take their dimension from the payloads (no encoder or secret needed: the
+    accounting of TextHide reads (m, k) only, any mask pool will do)."""
+    from shared.mechanisms import registry
 
-    p = dict(params)
-    if name == "laplace":
-        mech = Laplace(p["epsilon"], p.get("calibration", "vector"), p.get("word_dropout", 0.0))
-        return guarantee(mech, dim=feature_dim)
-    if name == "ome":
-        per = 1 + p.get("int_bits", 4) + p.get("frac_bits", 5)
-        return guarantee(OME(p["epsilon"], p["lam"], feature_dim // per, p.get("int_bits", 4),
-                             p.get("frac_bits", 5)))
-    if name == "texthide":  # accounting reads (m, k) only; the secret pool is not needed
-        return guarantee(TextHide(p["m"], p["k"], feature_dim, seed=0))
-    return guarantee(mechanism_from_params(name, params, bundle), bundle)
+    cls = registry.get(name)
+    if cls.payload_kind.reads_tokens:
+        return mechanism_from_params(name, params, bundle).guarantee(bundle)
+    dim = feature_dim // cls.values_per_dim(params)
+    return cls.from_params(params, dim=dim, secret=0).guarantee(dim=dim)
 
 
 def train_from_records(records: Sequence[Record | tuple], out_dir: str | os.PathLike, *,
@@ -316,9 +310,10 @@ def train_from_tsv(train_tsv: str | os.PathLike, out_dir: str | os.PathLike,
     dev = None
     if dev_data is not None:
         dev_priv = privatizer
-        if mechanism == "texthide" and getattr(mech, "k", 1) > 1:  # predictions use k = 1
+        if mech.mixes:  # predictions hide one input each (TextHide: k = 1)
             dev_priv = make_privatizer(bundle, build_mechanism(
-                mechanism, bundle, **{**p, "k": 1}), cfg.max_length, allow_weak_privacy)
+                mechanism, bundle, **type(mech).prediction_params(p)), cfg.max_length,
+                allow_weak_privacy)
         dev = PublicText(dev_data, names, dev_priv).dataset(
             rng, progress=progress, desc="privatize dev", where=str(dev_tsv))
     if (recipe.posterior or (recipe.denoiser and denoiser is None)) and posterior is None:

@@ -27,6 +27,7 @@ from models.data import PayloadDataset, collate_dataset, collate_originals, leng
 from models.distributed import DistContext
 from models.objectives import Objective, teacher_targets
 from shared.bundle import EdgeBundle
+from shared.mechanisms import registry
 
 DEFAULT_LR = {"tokens": 2e-5, "embeddings": 2e-5, "vector": 1e-3}
 
@@ -184,18 +185,18 @@ def keep_layers(bert, n: int) -> None:
 
 def check_token_ids(ds: PayloadDataset, bundle: EdgeBundle, where: str) -> None:
     """ValueError unless every token id of a token-kind dataset is in the vocabulary
-    (``dchi-text``: a regular token, the only ids the mechanism can output)."""
+    (a private mechanism's: a regular token, the only ids it can output)."""
     if ds.kind != "tokens" or not len(ds):
         return
     ids = np.concatenate([np.asarray(a).ravel() for a in ds.arrays])
     if ids.size and (ids.min() < 0 or ids.max() >= bundle.vocab_size):
         raise ValueError(f"{where} payloads hold token id {int(ids.max())} outside the "
                          f"vocabulary of the bundle [0, {bundle.vocab_size})")
-    if ds.mechanism == "dchi-text" and ids.size:
+    if registry.get(ds.mechanism).private and ids.size:  # privatized to regular tokens only
         bad = ~np.isin(ids, bundle.regular_ids)
         if bad.any():
             raise ValueError(f"{where} payloads hold token id {int(ids[bad][0])}, not a regular "
-                             "token of the bundle: dchi-text outputs only regular tokens")
+                             f"token of the bundle: {ds.mechanism} outputs only regular tokens")
 
 
 def check_compatible(train: PayloadDataset, dev: PayloadDataset | None,

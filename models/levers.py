@@ -19,6 +19,7 @@ from models.posterior import ChannelPosterior, build_posterior
 from models.privatize import PublicText, make_privatizer
 from models.recipe import Recipe
 from shared.bundle import EdgeBundle
+from shared.mechanisms import NoPrivacy, registry
 
 
 def public_posterior(bundle: EdgeBundle, mechanism: str, params: dict, texts: list[str],
@@ -88,7 +89,7 @@ def check_teacher(teacher, bundle: EdgeBundle, names: list[str]) -> None:
     from models.registry import read_config
 
     cfg = read_config(teacher)
-    if cfg["mechanism"] != "none":
+    if registry.get(cfg["mechanism"]).private:
         raise ValueError(f"{teacher}: a teacher must read the original text (mechanism none),"
                          f" not {cfg['mechanism']}")
     if cfg["bundle_id"] != bundle.bundle_id:
@@ -101,7 +102,7 @@ def check_teacher(teacher, bundle: EdgeBundle, names: list[str]) -> None:
 def plain_dataset(public: PublicText, bundle: EdgeBundle, max_length: int):
     """``public``'s texts as plain ids (mechanism none): what the teacher reads."""
     plain = PublicText.__new__(PublicText)  # the same tokenized items, no privatization
-    plain.privatizer = make_privatizer(bundle, "none", max_length)
+    plain.privatizer = make_privatizer(bundle, NoPrivacy(), max_length)
     plain.label_names, plain.items, plain.labels = (public.label_names, public.items,
                                                     public.labels)
     return plain.dataset(None, progress=False, where="teacher input")

@@ -27,11 +27,19 @@ from pathlib import Path
 
 import numpy as np
 
+from shared.mechanisms import registry
+
 POSTERIOR_FILE = "posterior.npz"
-MECHANISMS = ("dchi-text", "dchi-embedding")
+# the dχ mechanisms, which privatize tokens one by one
+MECHANISMS = tuple(c.name for c in registry.mechanisms() if c.family == "dchi")
 FORMAT = "privbert-posterior"
 FORMAT_VERSION = 1
 PRIOR_SMOOTHING = 0.5  # add-½ counts on every regular token for the embedding prior
+
+
+def _sends_ids(mechanism: str) -> bool:
+    """dχ-text sends token ids (a channel x -> y to count); dχ-embedding noisy rows."""
+    return registry.get(mechanism).payload_kind is registry.PayloadKind.TOKENS
 
 
 @dataclass
@@ -98,7 +106,7 @@ class ChannelPosterior:
     # -- dchi-text: P(x | y) -------------------------------------------------------------------
     def pairs(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """(x, y, P(x | y)) for every observed pair (the posterior's support)."""
-        if self.mechanism != "dchi-text" or not len(self.pair_x):
+        if not _sends_ids(self.mechanism) or not len(self.pair_x):
             raise ValueError("no channel counts: the table is not a dchi-text one")
         x, y = self.pair_x.astype(np.int64), self.pair_y.astype(np.int64)
         joint = self.prior_counts[x] * self.pair_n / self.draws[x]  # ∝ P(x) P̂(y | x)
@@ -232,7 +240,7 @@ def build_posterior(bundle, mechanism: str, eta: float, texts: Sequence[str], *,
     if counts.sum() == 0:
         raise ValueError("the public text has no tokens: no posterior can be built")
     src = {"texts": len(texts), "passes": passes, "min_draws": min_draws, **(source or {})}
-    if mechanism == "dchi-embedding":
+    if not _sends_ids(mechanism):  # noisy embeddings: the prior only
         return ChannelPosterior(mechanism, float(eta), bundle.bundle_id, bundle.vocab_size,
                                 counts, source=src)
     from shared.mechanisms import DChiText

@@ -31,7 +31,7 @@ from models.mlm import (
 from shared.bundle import EdgeBundle
 from shared.mechanisms import DChiEmbedding, DChiText
 
-MECHANISMS = ("dchi-text", "dchi-embedding")
+MECHANISMS = (DChiText.name, DChiEmbedding.name)  # pretraining simulates these two
 DATA = Path(__file__).resolve().parent.parent.parent / "shared" / "data"
 
 
@@ -125,7 +125,12 @@ class BatchPrivatizer:
 
     @property
     def mechanism_object(self) -> DChiText | DChiEmbedding:
-        return self.text if self.mechanism == "dchi-text" else self.embedding
+        return self.text if self.sends_ids else self.embedding
+
+    @property
+    def sends_ids(self) -> bool:
+        """The edge sends token ids (dχ-text), else noisy embeddings (dχ-embedding)."""
+        return self.mechanism == self.text.name
 
     def privatize_ids(self, ids: np.ndarray, rng: np.random.Generator) -> np.ndarray:
         """DChiText.privatize_ids: nearest regular token to phi(x) + N (§3.2.4)."""
@@ -145,7 +150,7 @@ class BatchPrivatizer:
 
     def privatize_content(self, ids: np.ndarray, rng: np.random.Generator) -> np.ndarray:
         """What the edge sends for these content ids: ids (dchi-text) or rows (dchi-embedding)."""
-        if self.mechanism == "dchi-text":
+        if self.sends_ids:
             return self.privatize_ids(ids, rng)
         return self.perturb(ids, rng)
 
@@ -189,7 +194,7 @@ def build_batch(seqs: list[np.ndarray], privatizer: BatchPrivatizer, objective: 
 
     input_ids = orig.copy().ravel()
     embeds = embed_pos = None
-    if privatizer.mechanism == "dchi-text":
+    if privatizer.sends_ids:
         input_ids[content_flat] = private
         input_ids[masked_pos[replacement == REPLACE_MASK]] = sp["mask"]
         input_ids[masked_pos[replacement == REPLACE_RANDOM]] = random_ids

@@ -16,7 +16,6 @@ import numpy as np
 
 from models.data import LabelledText, label_indices
 from shared.bundle import EdgeBundle
-from shared.payload import MECHANISMS as MECHANISM_CHOICES
 from shared.payload import Record
 
 SEED_WARNING = ("warning: --seed makes the privatization noise predictable; anyone who knows "
@@ -32,13 +31,20 @@ class MechanismSpec:
     texthide_key: int | None = None  # the client's secret mask-pool seed (never stored)
 
 
+def _needing_an_encoder() -> str:
+    from shared.mechanisms import registry
+
+    names = [c.name for c in registry.mechanisms() if not c.payload_kind.reads_tokens]
+    return ", ".join(names[:-1]) + " and " + names[-1] if len(names) > 1 else names[0]
+
+
 def encoder_dim(bundle: EdgeBundle) -> int:
     """r, the sentence-vector dimension of the bundle's encoder; ValueError if it has none."""
     desc = bundle.meta.get("encoder")
     if bundle.encoder_onnx is None or not desc:
-        raise ValueError(f"bundle {bundle.bundle_id[:12]}… has no encoder.onnx: laplace, ome "
-                         "and texthide need one (cloud-api export-bundle --out DIR, then "
-                         "--bundle DIR)")
+        raise ValueError(f"bundle {bundle.bundle_id[:12]}… has no encoder.onnx: "
+                         f"{_needing_an_encoder()} need one (cloud-api export-bundle --out "
+                         "DIR, then --bundle DIR)")
     return int(desc["output_dim"])
 
 
@@ -47,49 +53,39 @@ def build_mechanism(name: str, bundle: EdgeBundle, *, eta: float | None = None,
                     word_dropout: float = 0.0, lam: float | None = None, m: int | None = None,
                     k: int | None = None, texthide_key: int | None = None,
                     int_bits: int = 4, frac_bits: int = 5):
-    """The ``shared.mechanisms`` object for ``name`` (or "none"); ValueError names a missing
-    or invalid parameter."""
-    from shared.mechanisms import OME, DChiEmbedding, DChiText, Laplace, TextHide
+    """The ``shared.mechanisms`` object for ``name`` from the command line's settings;
+    ValueError names a missing or invalid parameter."""
+    from shared.mechanisms import registry
 
-    def need(value, flag: str):
-        if value is None:
-            raise ValueError(f"{name} needs {flag}")
-        return value
-
-    if name == "none":
-        return "none"
-    if name == "dchi-text":
-        return DChiText(bundle, need(eta, "--eta"))
-    if name == "dchi-embedding":
-        return DChiEmbedding(need(eta, "--eta"))
-    if name == "laplace":
-        encoder_dim(bundle)
-        return Laplace(need(epsilon, "--epsilon"), calibration, word_dropout)
-    if name == "ome":
-        return OME(need(epsilon, "--epsilon"), need(lam, "--lam"), encoder_dim(bundle),
-                   int_bits, frac_bits)
-    if name == "texthide":
-        return TextHide(need(m, "--m"), need(k, "--k"), encoder_dim(bundle),
-                        seed=need(texthide_key, "--texthide-key (the client's secret mask "
-                                  "pool seed; the same key is needed to evaluate)"))
-    raise ValueError(f"unknown mechanism {name!r}; one of {', '.join(MECHANISM_CHOICES)}")
+    cls = registry.get(name)
+    given = {"eta": eta, "epsilon": epsilon, "calibration": calibration,
+             "word_dropout": word_dropout, "lam": lam, "m": m, "k": k,
+             "int_bits": int_bits, "frac_bits": frac_bits}
+    params = {p: given[p] for p in cls.param_names() if p in given}
+    return mechanism_from_params(name, params, bundle, texthide_key=texthide_key)
 
 
 def mechanism_from_params(name: str, params: dict, bundle: EdgeBundle,
                           texthide_key: int | None = None, texthide_k: int | None = None):
-    """Rebuild the mechanism a model was trained with (from its config.json)."""
+    """Rebuild the mechanism a model was trained with (from its config.json), with the one
+    factory (``shared.mechanisms.create``); ``texthide_k`` overrides TextHide's k (k = 1 to
+    evaluate)."""
+    from shared.mechanisms import registry
+
+    cls = registry.get(name)
     p = dict(params)
-    if name == "texthide":
-        return build_mechanism(name, bundle, m=p["m"], k=texthide_k or p["k"],
-                               texthide_key=texthide_key)
-    return build_mechanism(name, bundle, eta=p.get("eta"), epsilon=p.get("epsilon"),
-                           calibration=p.get("calibration", "vector"),
-                           word_dropout=p.get("word_dropout", 0.0), lam=p.get("lam"),
-                           int_bits=p.get("int_bits", 4), frac_bits=p.get("frac_bits", 5))
-
-
-def mechanism_params(mechanism) -> dict:
-    return {} if isinstance(mechanism, str) else dict(mechanism.params)
+    if texthide_k and "k" in p:
+        p["k"] = texthide_k
+    if "texthide_key" in cls.edge_options and texthide_key is None:
+        raise ValueError(f"{name} needs --texthide-key (the client's secret mask pool seed; "
+                         "the same key is needed to evaluate)")
+    try:
+        return cls.from_params(p, bundle, secret=texthide_key)
+    except registry.MissingParameter as exc:
+        raise ValueError(f"{name} needs --{exc.param.replace('_', '-')}") from None
+    except registry.NoEncoder:
+        encoder_dim(bundle)  # the message of this surface
+        raise
 
 
 def load_bundle(bundle_dir: str | os.PathLike | None = None,

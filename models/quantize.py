@@ -5,9 +5,9 @@ train extra; serving the result needs only onnxruntime, :mod:`models.onnx_classi
 Scheme (``DEFAULT_SCHEME``, chosen by ``python bench/int8.py``, bench/RESULTS.md):
 dynamic quantization of every MatMul and Gather (weights int8 with one scale per output
 column, activations uint8 quantized per call from their own range), weights on 7 bits
-(``reduce_range``). One scale per tensor cost 1.8 points of SST-2 accuracy on the same
-privatized inputs; one per column, none. Static quantization (activation scales
-calibrated on privatized public text) cost 2.7 points and was no faster: not used.
+(``reduce_range``). One scale per tensor lost SST-2 accuracy on the same privatized
+inputs where one per column did not; static quantization (activation scales calibrated on
+privatized public text) lost more and was no faster: not used (``bench/int8.py``).
 Why 7 bits: MLAS multiplies uint8 activations by int8 weights with ``vpmaddubsw`` on x86
 CPUs without VNNI (AVX2, AVX-512 without VNNI), which adds the products of two adjacent
 coordinates in int16 with saturation: 255 x 127 x 2 = 64,770 > 32,767 gives wrong

@@ -1,8 +1,8 @@
 """The training recipe: what a classifier is trained with beyond the mechanism and the
 hyperparameters, and where each part applies.
 
-Levers (measured with ``python -m bench.utility explore`` and ``levers``,
-bench/RESULTS.md "Utility levers"):
+Levers (each measured alone and combined by ``python -m bench.utility explore`` and
+``levers``; figures in the bench results, "Utility levers"):
 
 * ``fresh_noise``: privatize every public training sentence afresh in each epoch (data
   augmentation with the exact mechanism). Needs the raw public text.
@@ -29,10 +29,19 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass, fields, replace
 
+from shared.mechanisms import registry
+
 RAW_TEXT_LEVERS = ("fresh_noise", "denoise", "distill", "warm_start")
-POSTERIOR_MECHANISMS = ("dchi-text", "dchi-embedding")
-DENOISER_MECHANISMS = ("dchi-text",)
-TOKEN_MECHANISMS = ("dchi-text", "dchi-embedding", "none")
+# a channel posterior: mechanisms that privatize token by token with dχ-privacy
+POSTERIOR_MECHANISMS = tuple(c.name for c in registry.mechanisms() if c.family == "dchi")
+# a contextual denoiser (models.denoiser): dχ mechanisms whose payload is token ids
+DENOISER_MECHANISMS = tuple(c.name for c in registry.mechanisms() if c.family == "dchi"
+                            and c.payload_kind is registry.PayloadKind.TOKENS)
+# payloads of word pieces (a BERT over token ids reads them)
+TOKEN_MECHANISMS = tuple(c.name for c in registry.mechanisms()
+                         if c.payload_kind.reads_tokens)
+# the named Null-privacy baseline: its tokens are the originals
+PLAIN_MECHANISMS = tuple(c.name for c in registry.mechanisms() if not c.private)
 
 
 @dataclass(frozen=True)
@@ -86,18 +95,19 @@ class Recipe:
                              "--denoiser-epochs >= 1")
         if self.denoiser and mechanism not in DENOISER_MECHANISMS:
             raise ValueError(f"--denoiser makes no sense for {mechanism}: a contextual "
-                             "denoiser exists for dchi-text only")
+                             f"denoiser exists for {' and '.join(DENOISER_MECHANISMS)} only")
         if self.posterior and mechanism not in POSTERIOR_MECHANISMS:
             raise ValueError(f"--posterior makes no sense for {mechanism}: a channel "
-                             "posterior exists for dchi-text and dchi-embedding only")
+                             f"posterior exists for {' and '.join(POSTERIOR_MECHANISMS)} only")
         if self.denoise and mechanism not in TOKEN_MECHANISMS:
             raise ValueError(f"--denoise makes no sense for {mechanism}: its payload has no "
                              "tokens to denoise")
-        if self.denoise and mechanism == "none":
-            raise ValueError("--denoise makes no sense for none: its tokens are the originals")
-        if (self.distill or self.warm_start) and mechanism == "none":
+        if self.denoise and mechanism in PLAIN_MECHANISMS:
+            raise ValueError(f"--denoise makes no sense for {mechanism}: its tokens are the "
+                             "originals")
+        if (self.distill or self.warm_start) and mechanism in PLAIN_MECHANISMS:
             raise ValueError(f"--{'distill' if self.distill else 'warm-start'} makes no sense "
-                             "for none: the model reads the text the teacher reads")
+                             f"for {mechanism}: the model reads the text the teacher reads")
         if (self.distill or self.warm_start) and mechanism not in TOKEN_MECHANISMS:
             raise ValueError(f"--{'distill' if self.distill else 'warm-start'} makes no sense "
                              f"for {mechanism}: the teacher is a BERT over token ids")

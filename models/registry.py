@@ -44,6 +44,7 @@ from models.version_folder import (  # noqa: F401  (the names are used from here
     WEIGHTS_FILE,
     read_config,
 )
+from shared.mechanisms import registry
 
 
 def _json_bytes(obj) -> bytes:
@@ -170,9 +171,8 @@ class ModelVersion:
         if payload.bundle_id != self.bundle_id:
             raise ValueError(f"payload bundle {payload.bundle_id[:12]}… is not the model's "
                              f"{self.bundle_id[:12]}… (fetch the model's bundle)")
-        got, want = payload.params.model_dump(), dict(self.params)
-        if self.mechanism == "texthide":
-            got, want = {"m": got["m"]}, {"m": want["m"]}
+        compared = registry.get(self.mechanism).compared_params  # TextHide: m, not k
+        got, want = compared(payload.params.model_dump()), compared(self.params)
         if got != want:
             raise ValueError(f"payload parameters {got} do not match the model's {want}")
         arch = self.config["architecture"]

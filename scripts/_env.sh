@@ -44,3 +44,66 @@ ensure_postgres() {
              "(need root and apt-get); the PostgreSQL tests will be skipped" >&2
     fi
 }
+
+# Debian's chromium for the browser test (never a browser downloaded by npm)
+ensure_chromium() {
+    if [ -x /usr/bin/chromium ]; then
+        return 0
+    fi
+    if [ "$(id -u)" -eq 0 ] && command -v apt-get >/dev/null 2>&1; then
+        echo "installing Chromium (Debian package chromium)" >&2
+        DEBIAN_FRONTEND=noninteractive apt-get install -y -q chromium >/dev/null \
+            || { apt-get update -q >/dev/null && \
+                 DEBIAN_FRONTEND=noninteractive apt-get install -y -q chromium >/dev/null; }
+    else
+        echo "warning: /usr/bin/chromium not found and cannot be installed here (need root" \
+             "and apt-get); the browser test will be skipped" >&2
+    fi
+}
+
+# The web edge (web_edge/, npm package @privbert/edge): its node_modules installed by `npm ci`
+# from package-lock.json when missing or when the lock changed (a stamp file), and its dist/
+# rebuilt when a source changed (`npm ci` builds it too: the package's prepare script).
+ensure_web_edge() {
+    local dir="$ROOT/web_edge" stamp want built installed=0
+    if ! command -v npm >/dev/null 2>&1; then
+        echo "tests: npm not found: the web edge needs Node >= 20 and npm" >&2
+        return 1
+    fi
+    stamp="$dir/node_modules/.privbert-installed"
+    want="$(cat "$dir/package.json" "$dir/package-lock.json" | sha256sum | cut -c1-64)"
+    if [ "$(cat "$stamp" 2>/dev/null)" != "$want" ]; then
+        echo "web_edge: npm ci" >&2
+        (cd "$dir" && npm ci --no-audit --no-fund --loglevel=error >&2)  # builds dist/ too
+        echo "$want" > "$stamp"
+        installed=1
+    fi
+    built="$(cat "$dir"/tsconfig*.json $(find "$dir/src" -name '*.ts' | sort) | sha256sum | cut -c1-64)"
+    if [ "$installed" -eq 0 ] && [ "$(cat "$dir/dist/.privbert-built" 2>/dev/null)" != "$built" ]; then
+        (cd "$dir" && npm run --silent build >&2)
+    fi
+    echo "$built" > "$dir/dist/.privbert-built"
+}
+
+# The privacy explorer page (web_edge/demo, served at /demo): its node_modules installed by
+# `npm ci` when missing or when its lock changed, and dist/ built (`npm run build`: tsc, Vite)
+# when a source of the page or the library's build changed (stamp files). After
+# ensure_web_edge: the page depends on the library through file:..
+ensure_web_demo() {
+    local dir="$ROOT/web_edge/demo" stamp want built
+    command -v npm >/dev/null 2>&1 || return 1
+    stamp="$dir/node_modules/.privbert-installed"
+    want="$(cat "$dir/package.json" "$dir/package-lock.json" | sha256sum | cut -c1-64)"
+    if [ "$(cat "$stamp" 2>/dev/null)" != "$want" ]; then
+        echo "web_edge/demo: npm ci" >&2
+        (cd "$dir" && npm ci --no-audit --no-fund --loglevel=error >&2)
+        echo "$want" > "$stamp"
+    fi
+    built="$(cat "$dir"/index.html "$dir"/vite.config.ts "$dir"/tsconfig.json \
+             "$ROOT/web_edge/dist/.privbert-built" $(find "$dir/src" -type f | sort) \
+             | sha256sum | cut -c1-64)"
+    if [ "$(cat "$dir/dist/.privbert-built" 2>/dev/null)" != "$built" ]; then
+        (cd "$dir" && npm run --silent build >&2)
+        echo "$built" > "$dir/dist/.privbert-built"
+    fi
+}

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# privbert's container images (Dockerfile, README "Deployment"):
+# privbert's container images (Dockerfile, docs/deployment.md):
 #
 #   scripts/image.sh build    the serve and train images, tagged only when a build succeeds
 #   scripts/image.sh smoke    build (cached layers), then run them end to end; `smoke: ok`

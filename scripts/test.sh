@@ -1,14 +1,24 @@
 #!/usr/bin/env bash
-# The tests, from a fresh clone: set up .venv and PostgreSQL when missing, then run
-# README's test command. Extra arguments go to pytest.
+# The tests, from a fresh clone: set up .venv, PostgreSQL, Chromium, the web edge's
+# node_modules and the privacy explorer page (web_edge/demo) when missing, then run README's
+# test command and the web edge's JS tests (both must pass). Extra arguments go to pytest.
 . "$(dirname "$0")/_env.sh"
 ensure_postgres
+ensure_chromium
 ensure_venv
+ensure_web_edge
+ensure_web_demo
 cd "$ROOT"
 set +e
+(cd web_edge && npm test --silent)
+js_rc=$?
 python -m pytest -m "not slow" -q "$@"
 rc=$?
 set -e
+if [ "$js_rc" -ne 0 ]; then
+    echo "tests: the web edge's JS tests failed (cd web_edge && npm test)" >&2
+    exit 1
+fi
 if [ "$rc" -eq 5 ]; then
     echo "tests: pytest collected no tests (exit code 5); that is a failure here" >&2
     exit 1

@@ -7,7 +7,7 @@
      "worst_case": {"epsilon": float | None, ...},   # what holds for any two inputs
      "notes": [plain-words sentences]}
 
-See DESIGN.md "Honest accounting". The formulas are pure functions below.
+See ARCHITECTURE.md "Honest accounting". The formulas are pure functions below.
 """
 
 from __future__ import annotations
@@ -17,10 +17,12 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from shared.mechanisms.binary import OME, OUE, SUE, _FixedPointBits
+from shared.mechanisms.binary import OME, _FixedPointBits
 from shared.mechanisms.dchi import DChiEmbedding, DChiText
 from shared.mechanisms.laplace import Laplace, dropout_epsilon
 from shared.mechanisms.nearest import kth_neighbour_distances
+from shared.mechanisms.plain import NoPrivacy
+from shared.mechanisms.registry import GUARANTEE, as_mechanism
 from shared.mechanisms.texthide import TextHide
 
 if TYPE_CHECKING:
@@ -70,8 +72,12 @@ def dchi_expected_noise_norm(dim: int, eta: float) -> float:
     return dim / eta
 
 
-# -- per mechanism --------------------------------------------------------------------------
-def _dchi(mech, bundle: EdgeBundle | None, sample: int) -> dict:
+# -- per mechanism (registered: ``mechanism.guarantee(...)`` finds them) ------------------------
+@GUARANTEE.register(DChiEmbedding, DChiText)
+def _dchi(mech: DChiEmbedding | DChiText, bundle: EdgeBundle | None, *, dim: int | None,
+          sample: int) -> dict:
+    if bundle is None and isinstance(mech, DChiText):
+        bundle = mech.bundle
     eta = mech.eta
     g = {
         "nominal": {"eta": eta, "epsilon": None,
@@ -85,7 +91,7 @@ def _dchi(mech, bundle: EdgeBundle | None, sample: int) -> dict:
             "close ones.",
         ],
     }
-    if mech.name == "dchi-text":
+    if isinstance(mech, DChiText):
         g["notes"].append("The nearest-token step is post-processing and keeps the guarantee.")
     if bundle is None:
         g["notes"].append("Pass the bundle to see what eta means on its embedding table.")
@@ -120,13 +126,17 @@ def _dchi(mech, bundle: EdgeBundle | None, sample: int) -> dict:
     return g
 
 
-def _laplace(mech: Laplace, dim: int | None) -> dict:
+@GUARANTEE.register(Laplace)
+def _laplace(mech: Laplace, bundle: EdgeBundle | None, *, dim: int | None,
+             sample: int) -> dict:
     """DPNR (Lyu et al. 2020): ε' of Theorem 2 is what is published with word dropout.
 
     Dropout amplifies only for inputs that differ in one dropped unit (the edge drops
     whole words, each with all its word pieces, independently with probability μ); two
     arbitrary sentences get the whole-vector figure.
     """
+    if dim is None and bundle is not None:
+        dim = sentence_vector_dim(bundle)
     eps, mu = mech.epsilon, mech.word_dropout
     nominal = dropout_epsilon(eps, mu) if mu else eps
     g = {"nominal": {"epsilon": nominal,
@@ -163,7 +173,9 @@ def _laplace(mech: Laplace, dim: int | None) -> dict:
     return g
 
 
-def _bits(mech: _FixedPointBits) -> dict:
+@GUARANTEE.register(_FixedPointBits)
+def _bits(mech: _FixedPointBits, bundle: EdgeBundle | None, *, dim: int | None,
+          sample: int) -> dict:
     p, q = mech.bit_probabilities()
     worst = bit_flip_epsilon(p, q)
     g = {"nominal": {"epsilon": mech.epsilon},
@@ -183,33 +195,28 @@ def _bits(mech: _FixedPointBits) -> dict:
     return g
 
 
+@GUARANTEE.register(TextHide)
+def _texthide(mech: TextHide, bundle: EdgeBundle | None, *, dim: int | None,
+              sample: int) -> dict:
+    return {"nominal": {"epsilon": None}, "worst_case": {"epsilon": None},
+            "notes": [f"No differential-privacy guarantee. (m, k) = ({mech.m}, {mech.k}): k "
+                      "inputs mixed, masks from a pool of m; security rests on a conjectured "
+                      "computational hardness (Huang et al. 2020)."]}
+
+
+@GUARANTEE.register(NoPrivacy)
+def _none(mech: NoPrivacy, bundle: EdgeBundle | None, *, dim: int | None,
+          sample: int) -> dict:
+    return {"nominal": {"epsilon": math.inf}, "worst_case": {"epsilon": math.inf},
+            "notes": ["No privatization: the server can read the text (Null-privacy "
+                      "baseline only)."]}
+
+
 def guarantee(mechanism, bundle: EdgeBundle | None = None, *, dim: int | None = None,
               sample: int = 2000) -> dict:
-    """Published and worst-case guarantee of ``mechanism`` (an object of shared.mechanisms,
-    or the string "none" for plain token ids)."""
-    if mechanism == "none":
-        return {"mechanism": "none", "params": {},
-                "nominal": {"epsilon": math.inf}, "worst_case": {"epsilon": math.inf},
-                "notes": ["No privatization: the server can read the text (Null-privacy "
-                          "baseline only)."]}
-    if isinstance(mechanism, (DChiEmbedding, DChiText)):
-        if isinstance(mechanism, DChiText) and bundle is None:
-            bundle = mechanism.bundle
-        g = _dchi(mechanism, bundle, sample)
-    elif isinstance(mechanism, Laplace):
-        if dim is None and bundle is not None:
-            dim = sentence_vector_dim(bundle)
-        g = _laplace(mechanism, dim)
-    elif isinstance(mechanism, (OME, SUE, OUE)):
-        g = _bits(mechanism)
-    elif isinstance(mechanism, TextHide):
-        g = {"nominal": {"epsilon": None}, "worst_case": {"epsilon": None},
-             "notes": [f"No differential-privacy guarantee. (m, k) = ({mechanism.m}, "
-                       f"{mechanism.k}): k inputs mixed, masks from a pool of m; security "
-                       "rests on a conjectured computational hardness (Huang et al. 2020)."]}
-    else:
-        raise TypeError(f"no accounting for {type(mechanism).__name__}")
-    return {"mechanism": mechanism.name, "params": dict(mechanism.params), **g}
+    """Published and worst-case guarantee of ``mechanism`` (a ``shared.mechanisms`` object,
+    or the name "none"): ``mechanism.guarantee(...)``."""
+    return as_mechanism(mechanism).guarantee(bundle, dim=dim, sample=sample)
 
 
 def sentence_epsilon(g: dict, n_tokens: float) -> float | None:

@@ -1,4 +1,4 @@
-"""Arrays on the wire: dtype, shape and base64 of little-endian bytes (DESIGN.md
+"""Arrays on the wire: dtype, shape and base64 of little-endian bytes (ARCHITECTURE.md
 "Payloads"), and the size :class:`Limits` a payload must respect.
 
 Arrays built here from checked numpy values keep that array as their decoded view,
@@ -73,6 +73,8 @@ def _limits(info: ValidationInfo) -> Limits:
 
 
 NonNegInt = Annotated[int, Field(strict=True, ge=0, le=2**31 - 1)]
+PosInt = Annotated[int, Field(strict=True, ge=1, le=2**31 - 1)]
+PosFloat = Annotated[float, Field(strict=True, gt=0, allow_inf_nan=False)]
 _STRICT = ConfigDict(extra="forbid", frozen=True)
 
 

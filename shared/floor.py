@@ -45,6 +45,8 @@ from shared.mechanisms.computable import (  # noqa: F401 (part of this module's 
 )
 from shared.mechanisms.dchi import DChiEmbedding, DChiText
 from shared.mechanisms.laplace import Laplace
+from shared.mechanisms.plain import NoPrivacy
+from shared.mechanisms.registry import COMPUTABLE, FLOOR, as_mechanism
 from shared.mechanisms.texthide import TextHide
 
 if TYPE_CHECKING:
@@ -195,8 +197,10 @@ def _pct(p: float) -> str:
     return "100%" if p >= 1.0 else f"{100 * p:.2f}%"
 
 
-def _dchi_reason(mech: DChiEmbedding | DChiText, bundle: EdgeBundle | None,
-                 threshold: float) -> str | None:
+# -- each mechanism's floor (registered: ``mechanism.weak_privacy_reason(...)`` finds them) ----
+@FLOOR.register(DChiEmbedding, DChiText)
+def _dchi_reason(mech: DChiEmbedding | DChiText, bundle: EdgeBundle | None, *,
+                 threshold: float, dim: int | None) -> str | None:
     if bundle is None and isinstance(mech, DChiText):
         bundle = mech.bundle
     if bundle is None:
@@ -209,13 +213,16 @@ def _dchi_reason(mech: DChiEmbedding | DChiText, bundle: EdgeBundle | None,
     p = floor.unchanged(mech.eta)
     if p <= threshold:
         return None
-    what = "come back unchanged" if mech.name == "dchi-text" else \
+    what = "come back unchanged" if isinstance(mech, DChiText) else \
         "are their own nearest token after the noise"
     return (f"{head}: {_pct(p)} of tokens {what} (floor {_pct(threshold)}; on this bundle "
             f"it starts at eta={floor.floor_eta(threshold):.4g})")
 
 
-def _laplace_reason(mech: Laplace, dim: int, threshold: float) -> str | None:
+@FLOOR.register(Laplace)
+def _laplace_reason(mech: Laplace, bundle: EdgeBundle | None, *, threshold: float,
+                    dim: int | None) -> str | None:
+    dim = _vector_dim(mech, bundle, dim)
     eps = mech.epsilon
     head = f"laplace epsilon={eps:g} is weaker than the privacy floor"
     if not math.isfinite(laplace_vector_epsilon(eps, mech.calibration, dim)):
@@ -230,7 +237,9 @@ def _laplace_reason(mech: Laplace, dim: int, threshold: float) -> str | None:
             f"(floor {_pct(threshold)})")
 
 
-def _bits_reason(mech: _FixedPointBits, threshold: float) -> str | None:
+@FLOOR.register(_FixedPointBits)
+def _bits_reason(mech: _FixedPointBits, bundle: EdgeBundle | None, *, threshold: float,
+                 dim: int | None) -> str | None:
     p, q = mech.bit_probabilities()
     params = ", ".join(f"{k}={v:g}" for k, v in mech.params.items() if k in ("epsilon", "lam"))
     head = f"{mech.name} {params} is weaker than the privacy floor"
@@ -245,27 +254,26 @@ def _bits_reason(mech: _FixedPointBits, threshold: float) -> str | None:
             f"fixed function of the input bit (floor {_pct(threshold)})")
 
 
+@FLOOR.register(TextHide)
+def _texthide_reason(mech: TextHide, bundle: EdgeBundle | None, *, threshold: float,
+                     dim: int | None) -> str | None:
+    return None  # no differential-privacy guarantee to fall below (shared.accounting)
+
+
+@FLOOR.register(NoPrivacy)
+def _none_reason(mech: NoPrivacy, bundle: EdgeBundle | None, *, threshold: float,
+                 dim: int | None) -> str | None:
+    return "mechanism none sends plain token ids: there is no privatization at all"
+
+
 def weak_privacy_reason(mechanism: Any, bundle: EdgeBundle | None = None, *,
                         threshold: float = THRESHOLD, dim: int | None = None) -> str | None:
-    """None if ``mechanism`` (a ``shared.mechanisms`` object or "none") passes the floor on
-    ``bundle``, else one line saying why. ``dim``: the sentence-vector size r for Laplace
-    when no bundle is given."""
+    """None if ``mechanism`` (a ``shared.mechanisms`` object, or the name "none") passes the
+    floor on ``bundle``, else one line saying why: ``mechanism.weak_privacy_reason(...)``.
+    ``dim``: the sentence-vector size r for Laplace when no bundle is given."""
     if not (isinstance(threshold, (int, float)) and 0.0 < threshold < 1.0):
         raise ValueError(f"threshold must be in (0, 1), got {threshold!r}")
-    if isinstance(mechanism, str):
-        if mechanism == "none":
-            return "mechanism none sends plain token ids: there is no privatization at all"
-        raise ValueError(f"mechanism must be a shared.mechanisms object or 'none', "
-                         f"got {mechanism!r}")
-    if isinstance(mechanism, (DChiEmbedding, DChiText)):
-        return _dchi_reason(mechanism, bundle, threshold)
-    if isinstance(mechanism, Laplace):
-        return _laplace_reason(mechanism, _vector_dim(mechanism, bundle, dim), threshold)
-    if isinstance(mechanism, _FixedPointBits):
-        return _bits_reason(mechanism, threshold)
-    if isinstance(mechanism, TextHide):
-        return None  # no differential-privacy guarantee to fall below (shared.accounting)
-    raise TypeError(f"no privacy floor for {type(mechanism).__name__}")
+    return as_mechanism(mechanism).weak_privacy_reason(bundle, threshold=threshold, dim=dim)
 
 
 def require_privacy_floor(mechanism: Any, bundle: EdgeBundle | None = None, *,
@@ -285,21 +293,24 @@ def check_computable(mechanism: Any, bundle: EdgeBundle | None = None, *,
                      dim: int | None = None, float_dtype: str = "float32") -> None:
     """ValueError (one line naming the parameter) if ``mechanism``'s parameters make the
     noise or the output non-finite in the arithmetic the edge uses. ``float_dtype``: the
-    dtype of dχ-embedding payloads."""
-    if isinstance(mechanism, str):
-        return
-    if isinstance(mechanism, DChiText):
-        mechanism.check_computable()
-        return
-    if isinstance(mechanism, DChiEmbedding):
-        if bundle is None:
-            raise ValueError("dchi-embedding: pass the bundle to check eta against its table")
-        emb = bundle.embeddings
-        t_max = float(np.abs(emb).max()) if emb.size else 0.0
-        check_dchi_eta(mechanism.eta, bundle.dim, t_max, float_dtype, search=False)
-        return
-    if isinstance(mechanism, Laplace):
-        b = mechanism.scale(_vector_dim(mechanism, bundle, dim))  # inf if r/ε overflows
-        if not math.isfinite(b) or 1.0 + b * TAIL > _F32_MAX / 4.0:
-            raise ValueError(f"epsilon={mechanism.epsilon:g} is too small to compute: the "
-                             f"Laplace noise (scale {b:.3g}) overflows float32")
+    dtype of dχ-embedding payloads. ``mechanism.check_computable(...)``."""
+    as_mechanism(mechanism).check_computable(bundle, dim=dim, float_dtype=float_dtype)
+
+
+@COMPUTABLE.register(DChiEmbedding)
+def _dchi_embedding_computable(mech: DChiEmbedding, bundle: EdgeBundle | None, *,
+                               dim: int | None, float_dtype: str) -> None:
+    if bundle is None:
+        raise ValueError("dchi-embedding: pass the bundle to check eta against its table")
+    emb = bundle.embeddings
+    t_max = float(np.abs(emb).max()) if emb.size else 0.0
+    check_dchi_eta(mech.eta, bundle.dim, t_max, float_dtype, search=False)
+
+
+@COMPUTABLE.register(Laplace)
+def _laplace_computable(mech: Laplace, bundle: EdgeBundle | None, *, dim: int | None,
+                        float_dtype: str) -> None:
+    b = mech.scale(_vector_dim(mech, bundle, dim))  # inf if r/ε overflows
+    if not math.isfinite(b) or 1.0 + b * TAIL > _F32_MAX / 4.0:
+        raise ValueError(f"epsilon={mech.epsilon:g} is too small to compute: the "
+                         f"Laplace noise (scale {b:.3g}) overflows float32")

@@ -36,12 +36,15 @@ from functools import lru_cache
 from typing import Any
 
 from shared.accounting import bit_flip_epsilon, dchi_diameter_bound, laplace_vector_epsilon
-from shared.mechanisms.binary import OME
+from shared.mechanisms import registry
+from shared.mechanisms.binary import OME, _FixedPointBits
+from shared.mechanisms.dchi import DChiEmbedding, DChiText
+from shared.mechanisms.laplace import Laplace
+from shared.mechanisms.plain import NoPrivacy
+from shared.mechanisms.registry import COST, as_mechanism
+from shared.mechanisms.texthide import TextHide
 
 FAMILIES = ("dchi", "laplace", "randomized-response", "texthide", "none")
-FAMILY_OF = {"dchi-text": "dchi", "dchi-embedding": "dchi", "laplace": "laplace",
-             "ome": "randomized-response", "sue": "randomized-response",
-             "oue": "randomized-response", "texthide": "texthide", "none": "none"}
 NO_EPSILON = ("texthide", "none")  # families without a differential-privacy ε
 
 
@@ -98,9 +101,14 @@ def _bits_epsilon(epsilon: float, lam: float, dim: int, int_bits: int, frac_bits
 
 
 def family_of(mechanism: str) -> str:
-    if mechanism not in FAMILY_OF:
-        raise ValueError(f"no budget family for mechanism {mechanism!r}")
-    return FAMILY_OF[mechanism]
+    """The budget family of the mechanism named ``mechanism`` (its class's ``family``)."""
+    try:
+        fam = registry.get(mechanism).family
+    except registry.UnknownMechanism:
+        raise ValueError(f"no budget family for mechanism {mechanism!r}") from None
+    if fam not in FAMILIES:
+        raise ValueError(f"mechanism {mechanism}: unknown budget family {fam!r}")
+    return fam
 
 
 def cost(mechanism: str, params: Mapping[str, Any], *, tokens: int | None = None,
@@ -109,40 +117,60 @@ def cost(mechanism: str, params: Mapping[str, Any], *, tokens: int | None = None
     payload's n), ``dim`` (laplace and ome: the payload's vector size r), ``diameter``
     (dχ: D of the bundle's table, :func:`bundle_diameter`). ValueError when the worst-case
     ε is not a finite number (such a privatization cannot be counted)."""
-    fam = family_of(mechanism)
-    if fam in NO_EPSILON:
-        return Cost(fam, None)
-    if fam == "dchi":
-        eta = check_amount("eta", params["eta"])
-        n = _count("tokens", tokens)
-        if diameter is None:
-            raise ValueError("the dχ cost needs the table's diameter D (bundle_diameter)")
-        d = check_amount("table diameter", diameter)
-        return Cost(fam, _finite(mechanism, eta * n * d), metric=_finite(mechanism, eta * n),
-                    tokens=n, eta=eta)
+    family_of(mechanism)
+    return registry.get(mechanism).cost_of(params, tokens=tokens, dim=dim, diameter=diameter)
+
+
+# -- the cost of each mechanism (registered: ``mechanism.cost(...)`` finds them) --------------
+@COST.register(TextHide, NoPrivacy)
+def _counted(cls: type, params: Mapping[str, Any], **size: Any) -> Cost:
+    return Cost(cls.family, None)
+
+
+@COST.register(DChiText, DChiEmbedding)
+def _dchi_cost(cls: type, params: Mapping[str, Any], *, tokens: int | None,
+               dim: int | None, diameter: float | None) -> Cost:
+    eta = check_amount("eta", params["eta"])
+    n = _count("tokens", tokens)
+    if diameter is None:
+        raise ValueError("the dχ cost needs the table's diameter D (bundle_diameter)")
+    d = check_amount("table diameter", diameter)
+    return Cost(cls.family, _finite(cls.name, eta * n * d), metric=_finite(cls.name, eta * n),
+                tokens=n, eta=eta)
+
+
+@COST.register(Laplace)
+def _laplace_cost(cls: type, params: Mapping[str, Any], *, dim: int | None, **size: Any
+                  ) -> Cost:
     r = _count("vector size", dim)
-    if fam == "laplace":
-        eps = laplace_vector_epsilon(float(params["epsilon"]),
-                                     params.get("calibration", "vector"), r)
-    elif mechanism == "ome":
-        eps = _bits_epsilon(float(params["epsilon"]), float(params["lam"]), r,
-                            int(params.get("int_bits", 4)), int(params.get("frac_bits", 5)))
-    else:
-        raise ValueError(f"{mechanism}: pass the mechanism object to mechanism_cost")
-    return Cost(fam, _finite(mechanism, eps))
+    eps = laplace_vector_epsilon(float(params["epsilon"]), params.get("calibration", "vector"),
+                                 r)
+    return Cost(cls.family, _finite(cls.name, eps))
+
+
+@COST.register(OME)
+def _ome_cost(cls: type, params: Mapping[str, Any], *, dim: int | None, **size: Any) -> Cost:
+    r = _count("vector size", dim)
+    eps = _bits_epsilon(float(params["epsilon"]), float(params["lam"]), r,
+                        int(params.get("int_bits", 4)), int(params.get("frac_bits", 5)))
+    return Cost(cls.family, _finite(cls.name, eps))
+
+
+@COST.register(_FixedPointBits)
+def _bits_cost(cls: type, params: Mapping[str, Any], *, dim: int | None, **size: Any
+               ) -> Cost:
+    """SUE, OUE: the worst case over their bits (objects only: they have no payload)."""
+    mech = cls(float(params["epsilon"]), _count("vector size", dim),
+               int(params.get("int_bits", 4)), int(params.get("frac_bits", 5)))
+    p, q = mech.bit_probabilities()
+    return Cost(cls.family, _finite(cls.name, bit_flip_epsilon(p, q)))
 
 
 def mechanism_cost(mechanism: Any, *, tokens: int | None = None, dim: int | None = None,
                    diameter: float | None = None) -> Cost:
-    """:func:`cost` of a ``shared.mechanisms`` object (or "none"); SUE and OUE too."""
-    if isinstance(mechanism, str):
-        return cost(mechanism, {}, tokens=tokens, dim=dim, diameter=diameter)
-    if mechanism.name in ("sue", "oue"):
-        p, q = mechanism.bit_probabilities()
-        return Cost("randomized-response", _finite(mechanism.name, bit_flip_epsilon(p, q)))
-    return cost(mechanism.name, mechanism.params, tokens=tokens,
-                dim=dim if dim is not None else getattr(mechanism, "dim", None),
-                diameter=diameter)
+    """:func:`cost` of a ``shared.mechanisms`` object (or the name "none"), SUE and OUE
+    too: ``mechanism.cost(...)``."""
+    return as_mechanism(mechanism).cost(tokens=tokens, dim=dim, diameter=diameter)
 
 
 def payload_size(payload: Any) -> dict[str, int]:
@@ -151,9 +179,7 @@ def payload_size(payload: Any) -> dict[str, int]:
     if hasattr(payload, "n_tokens"):
         return {"tokens": int(payload.n_tokens)}
     n = int(getattr(payload, payload.array_field).shape[0])
-    if payload.mechanism == "ome":
-        n //= payload.params.bits_per_value
-    return {"dim": n}
+    return {"dim": n // getattr(payload.params, "bits_per_value", 1)}  # OME: l bits a value
 
 
 def payload_cost(payload: Any, diameter: float | None = None, *,
@@ -170,13 +196,13 @@ def batch_cost(payloads: Iterable[Any], mechanism: str, params: Mapping[str, Any
     """The summed cost of ``payloads`` all under ``mechanism`` and ``params`` (a request
     checked against one task or model); None for no payloads. The same figure as
     :func:`total` of their :func:`payload_cost` (up to float rounding), in one call per
-    distinct payload size: dχ costs add up linearly in the tokens (η·D·Σn), the vector
-    mechanisms' depend only on r."""
-    sizes: dict[int, int] = {}
+    distinct payload size: dχ costs add up linearly in the tokens (η·D·Σn), the others
+    depend only on the payload's size (r for the vector mechanisms)."""
+    sizes: dict[tuple, int] = {}
     n = 0
     if family_of(mechanism) == "dchi":
-        # each payload's n_tokens, read without the property (a third of the time of a
-        # request's 256: bench/records.py)
+        # each payload's n_tokens, read without the property (the property dominated the
+        # pricing of a large request in bench/records.py)
         shapes = [getattr(p, p.array_field).shape for p in payloads]
         if not shapes:
             return None
@@ -184,15 +210,17 @@ def batch_cost(payloads: Iterable[Any], mechanism: str, params: Mapping[str, Any
                  diameter=diameter)
         return Cost(c.family, c.epsilon, c.metric, c.tokens, len(shapes), c.eta)
     for p in payloads:
-        size = payload_size(p).get("dim", 0)
+        size = tuple(payload_size(p).items())  # (("dim", r),) or (("tokens", n),)
         sizes[size] = sizes.get(size, 0) + 1
         n += 1
     if n == 0:
         return None
     if family_of(mechanism) in NO_EPSILON:
         return Cost(family_of(mechanism), None, sends=n)
-    eps = math.fsum(cost(mechanism, params, dim=r).epsilon * k for r, k in sizes.items())
-    return Cost(family_of(mechanism), _finite(mechanism, eps), sends=n)
+    each = [(cost(mechanism, params, **dict(size)), k) for size, k in sizes.items()]
+    eps = math.fsum(c.epsilon * k for c, k in each)
+    return Cost(family_of(mechanism), _finite(mechanism, eps), sends=n,
+                tokens=sum(c.tokens * k for c, k in each))
 
 
 def bundle_diameter(bundle: Any) -> float:

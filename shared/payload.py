@@ -13,7 +13,7 @@ Size limits come from a :class:`Limits` in pydantic's validation context::
 
 from __future__ import annotations
 
-from typing import Annotated, Any, ClassVar, Literal
+from typing import Annotated, Any, ClassVar, Literal, Union
 
 import numpy as np
 from pydantic import (
@@ -21,6 +21,7 @@ from pydantic import (
     Field,
     TypeAdapter,
     ValidationInfo,
+    create_model,
     model_validator,
 )
 
@@ -33,15 +34,21 @@ from shared.arrays import (  # noqa: F401 (part of this module's API)
     Array,
     Limits,
     NonNegInt,
+    PosFloat,
+    PosInt,
     _limits,
     encode_array,
     encode_rows,
 )
+from shared.mechanisms import registry
+from shared.mechanisms.binary import OMEParams
+from shared.mechanisms.dchi import DChiParams
+from shared.mechanisms.laplace import LaplaceParams
+from shared.mechanisms.plain import NoneParams
+from shared.mechanisms.texthide import TextHideParams
 
 _HEX64 = r"^[0-9a-f]{64}$"
 _LABEL = r"^[A-Za-z0-9_.:-]{1,64}$"
-PosFloat = Annotated[float, Field(strict=True, gt=0, allow_inf_nan=False)]
-PosInt = Annotated[int, Field(strict=True, ge=1, le=2**31 - 1)]
 BundleId = Annotated[str, Field(pattern=_HEX64)]
 
 
@@ -53,57 +60,6 @@ def _in_range(name: str, value: int, hi: int) -> None:
 def _expect(name: str, value: int, want: int | None) -> None:
     if want is not None and value != want:
         raise ValueError(f"{name} must be {want} for this bundle, got {value}")
-
-
-class DChiParams(BaseModel):
-    """dχ-privacy: η > 0."""
-
-    model_config = _STRICT
-    eta: PosFloat
-
-
-class LaplaceParams(BaseModel):
-    """DPNR: ε > 0, calibration, word dropout μ in [0, 1)."""
-
-    model_config = _STRICT
-    epsilon: PosFloat
-    calibration: Literal["vector", "coordinate"] = "vector"
-    word_dropout: Annotated[float, Field(strict=True, ge=0, lt=1)] = 0.0
-
-
-class OMEParams(BaseModel):
-    """OME: ε > 0, λ > 0, fixed-point layout (1 sign + int_bits + frac_bits)."""
-
-    model_config = _STRICT
-    epsilon: PosFloat
-    lam: PosFloat
-    int_bits: Annotated[int, Field(strict=True, ge=0, le=29)] = 4
-    frac_bits: Annotated[int, Field(strict=True, ge=0, le=29)] = 5
-
-    @model_validator(mode="after")
-    def _total(self) -> OMEParams:
-        if not 1 <= self.int_bits + self.frac_bits <= 30:
-            raise ValueError("int_bits + frac_bits must be between 1 and 30")
-        return self
-
-    @property
-    def bits_per_value(self) -> int:
-        """l = 1 + int_bits + frac_bits."""
-        return 1 + self.int_bits + self.frac_bits
-
-
-class TextHideParams(BaseModel):
-    """TextHide: pool of m masks, k examples mixed."""
-
-    model_config = _STRICT
-    m: PosInt
-    k: PosInt
-
-
-class NoneParams(BaseModel):
-    """No privatization (Null-privacy baseline): no parameters."""
-
-    model_config = _STRICT
 
 
 class _Base(BaseModel):
@@ -227,11 +183,34 @@ class OMEPayload(_Base):
         _expect("vector dimension r", n // per, lim.vector_dim)
 
 
-Payload = Annotated[
-    DChiEmbeddingPayload | DChiTextPayload | LaplacePayload | OMEPayload | TextHidePayload
-    | NonePayload,
-    Field(discriminator="mechanism"),
-]
+def _plugin_payload(mech: type) -> type[_Base]:
+    """The payload class of a mechanism added by a plugin (``shared.mechanisms.registry``):
+    token ids or one float32 vector, with the mechanism's own params model."""
+    kind = mech.payload_kind
+    if kind is registry.PayloadKind.TOKENS:
+        base, field = _TokenBase, "token_ids"
+    elif kind is registry.PayloadKind.VECTOR:
+        base, field = _Base, "vector"
+    else:
+        raise ValueError(f"mechanism {mech.name}: a plugin's payload carries tokens or a "
+                         f"vector, not {kind}")
+    cls = create_model(f"{mech.__name__}Payload", __base__=base, __module__=__name__,
+                       mechanism=(Literal[mech.name], ...), params=(mech.Params, ...),
+                       **{field: (Array, ...)})
+    cls.array_field = field
+    return cls
+
+
+# the built-in mechanisms' payloads (their order is the order of the discriminator's tags in
+# error messages), then those of plugins
+_BUILT_IN = (DChiEmbeddingPayload, DChiTextPayload, LaplacePayload, OMEPayload,
+             TextHidePayload, NonePayload)
+PAYLOAD_CLASSES: dict[str, type[_Base]] = {
+    cls.model_fields["mechanism"].annotation.__args__[0]: cls for cls in _BUILT_IN}
+PAYLOAD_CLASSES.update({m.name: _plugin_payload(m) for m in registry.mechanisms()
+                        if m.name not in PAYLOAD_CLASSES})
+Payload = Annotated[Union[tuple(PAYLOAD_CLASSES.values())],  # noqa: UP007 (built from a tuple)
+                    Field(discriminator="mechanism")]
 PAYLOAD_ADAPTER: TypeAdapter[Payload] = TypeAdapter(Payload)
 SoftLabel = Annotated[
     list[Annotated[float, Field(strict=True, allow_inf_nan=False)]],
@@ -265,15 +244,10 @@ class Record(BaseModel):
 
 
 # every mechanism name a payload may carry, in the order the CLIs list them
-MECHANISMS = ("none", "dchi-text", "dchi-embedding", "laplace", "ome", "texthide")
+MECHANISMS = registry.names()
 _KINDS = {  # mechanism -> (array field, array dtype; None = float_dtype)
-    "dchi-embedding": ("embeddings", None),
-    "dchi-text": ("token_ids", "int32"),
-    "none": ("token_ids", "int32"),
-    "laplace": ("vector", "float32"),
-    "texthide": ("vector", "float32"),
-    "ome": ("bits", "bits"),
-}
+    name: (cls.array_field, cls.array_dtypes[0] if len(cls.array_dtypes) == 1 else None)
+    for name, cls in PAYLOAD_CLASSES.items()}
 
 
 def make_payload(mechanism: str, params: dict, bundle_id: str, data: np.ndarray,
@@ -298,7 +272,7 @@ def make_payloads(mechanism: str, params: dict, bundle_id: str, data: np.ndarray
     """Payloads of a token mechanism around consecutive rows of ``data`` (``lengths[i]``
     rows each): :func:`make_payload` with one cast, check and base64 pass for the batch
     (:func:`shared.arrays.encode_rows`)."""
-    if mechanism not in ("dchi-embedding", "dchi-text", "none"):
+    if mechanism not in _KINDS or not registry.get(mechanism).payload_kind.reads_tokens:
         raise ValueError(f"make_payloads is for token mechanisms, got {mechanism!r}")
     if float_dtype not in FLOAT_DTYPES:
         raise ValueError(f"float_dtype must be one of {FLOAT_DTYPES}, got {float_dtype!r}")

@@ -4,7 +4,7 @@ serves the same payloads as the task, the base was made for the task's bundle an
 mechanism, epochs and learning rate are in range (pydantic).
 
     spec = check_retrain(db, home, bundles, settings, RetrainRequest(task="sst2", ...))
-    job_id = store.jobs.enqueue(db, "retrain", spec)
+    job_id = queue.enqueue(db, JobKind.RETRAIN, spec)
 
 FastAPI-free: the admin routes and tests call these directly.
 """
@@ -21,8 +21,9 @@ from sqlalchemy import func, select
 
 from cloud_api.errors import Conflict, InvalidRequest, NotFound, Unavailable
 from cloud_api.home import ID_PATTERN, ModelHome
+from cloud_api.jobs import queue
+from cloud_api.jobs.states import JobKind
 from cloud_api.settings import Settings
-from cloud_api.store import jobs as queue
 from cloud_api.store.db import Database
 from cloud_api.store.records import label_counts
 from cloud_api.store.tables import records
@@ -33,10 +34,12 @@ from cloud_api.store.tasks import (
     get_task,
     privacy_floor_refusal,
 )
+from shared.mechanisms.registry import mechanisms
 
 Name = Annotated[str, Field(pattern=ID_PATTERN,
                             description="1-64 letters, digits, '_', '.', '-'")]
-VECTOR_MECHANISMS = ("laplace", "ome", "texthide")
+VECTOR_MECHANISMS = tuple(c.name for c in mechanisms() if not c.payload_kind.reads_tokens)
+PRETRAIN_MECHANISMS = tuple(c.name for c in mechanisms() if c.family == "dchi")
 
 
 class RecipeRequest(BaseModel):
@@ -90,7 +93,7 @@ class PretrainRequest(BaseModel):
 
     model_config = ConfigDict(extra="forbid", strict=True)
     objective: Literal["vanilla", "prob", "denoising"]
-    mechanism: Literal["dchi-text", "dchi-embedding"]
+    mechanism: Literal[PRETRAIN_MECHANISMS]  # type: ignore[valid-type]
     params: dict = Field(description='the mechanism\'s parameters, e.g. {"eta": 65}')
     steps: int = Field(ge=1, le=10_000_000)
     name: Name = Field(description="the base's name in $PRIVBERT_HOME/bases (new)")
@@ -313,7 +316,7 @@ def check_pretrain(db: Database, home: ModelHome, settings: Settings,
     params = canonical_params(req.mechanism, req.params)
     if home.base_dir(req.name).exists():
         raise Conflict(f"a base named {req.name!r} exists already; choose another name")
-    holder = queue.live_holder(db, "pretrain", req.name)  # the early, friendly answer; the
+    holder = queue.live_holder(db, JobKind.PRETRAIN, req.name)  # the early, friendly answer; the
     if holder is not None:                                # insert decides (submit_pretrain)
         raise Conflict(f"job {holder.id} ({holder.state}) already pretrains a base named "
                        f"{req.name!r}")
@@ -337,8 +340,8 @@ def check_pretrain(db: Database, home: ModelHome, settings: Settings,
 def submit_pretrain(db: Database, home: ModelHome, settings: Settings, req: PretrainRequest,
                     *, created_by: str | None = None) -> int:
     """Check and queue a pretraining job; returns its id. The base name is reserved by the
-    insert itself (a unique index over live jobs, ``store.jobs.enqueue``), so of two
+    insert itself (a unique index over live jobs, ``jobs.queue.enqueue``), so of two
     concurrent requests for one name exactly one is queued and the other gets 409."""
     spec = check_pretrain(db, home, settings, req)
-    return queue.enqueue(db, "pretrain", spec, max_attempts=settings.max_attempts,
+    return queue.enqueue(db, JobKind.PRETRAIN, spec, max_attempts=settings.max_attempts,
                          created_by=created_by, reserve=req.name)

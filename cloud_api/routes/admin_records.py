@@ -23,6 +23,7 @@ from cloud_api.routes.common import database, json_response
 from cloud_api.routes.records import TaskInfo
 from cloud_api.store import records as store
 from cloud_api.store import tasks
+from shared.mechanisms import registry
 
 router = APIRouter(prefix="/admin", tags=["admin"])
 
@@ -43,9 +44,9 @@ class Deleted(BaseModel):
 
 
 def _declare(state, decl: tasks.TaskDeclaration) -> tuple[tasks.Task, bool]:
-    if decl.mechanism == "none" and not state.settings.allow_none:
-        raise InvalidRequest("mechanism 'none' (no privatization) is refused unless the "
-                             "server allows it (PRIVBERT_ALLOW_NONE)")
+    if not registry.get(decl.mechanism).private and not state.settings.allow_none:
+        raise InvalidRequest(f"mechanism '{decl.mechanism}' (no privatization) is refused "
+                             "unless the server allows it (PRIVBERT_ALLOW_NONE)")
     try:
         bundle = state.bundles.get(decl.bundle_id)
     except NotFound:
@@ -55,7 +56,7 @@ def _declare(state, decl: tasks.TaskDeclaration) -> tuple[tasks.Task, bool]:
     tasks.privacy_floor_refusal(decl.mechanism, decl.params, bundle,
                                 state.settings.allow_weak_privacy)
     return tasks.ensure_task(state.db, decl.task, decl.labels, decl.mechanism, decl.params,
-                             decl.bundle_id)
+                             decl.bundle_id, decl.pairs)
 
 
 @router.post("/tasks", response_model=None, status_code=201, summary="Declare a task",

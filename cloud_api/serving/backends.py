@@ -69,14 +69,16 @@ def _collate(config: dict, payloads: Sequence, as_numpy: bool = False) -> dict:
 def warmup_payloads(config: dict, n: int = 2) -> list:
     """Small valid payloads for ``config``'s model (random contents; never user data)."""
     from models.data import example_payload_arrays
+    from shared.mechanisms import registry
     from shared.payload import make_payload
 
     rng = np.random.default_rng(0)
     arrays, segments = example_payload_arrays(config, rng, n)
     params = dict(config["params"])
+    bits = registry.get(config["mechanism"]).payload_kind is registry.PayloadKind.BITS
     out = []
     for a, seg in zip(arrays, segments, strict=True):
-        if config["mechanism"] == "ome":
+        if bits:
             a = a.astype(np.uint8)
         out.append(make_payload(config["mechanism"], params, config["bundle_id"], a,
                                 list(seg) if seg else None))
@@ -222,9 +224,9 @@ def load_backend(path: str | os.PathLike, settings: Settings) -> Backend:
 
 def _fastest(path: Path, settings: Settings) -> Backend:
     """``PRIVBERT_BACKEND=auto``: the fastest backend this version and machine offer that
-    keeps the accuracy (bench/RESULTS.md, issue 18: int8 within 0.1 point of fp32, its
-    forward 1.7-1.9x faster on a 2-core CPU): torch on a GPU; else the version's int8 file where this
-    CPU computes it exactly; else its fp32 ``classifier.onnx``; else torch on the CPU."""
+    keeps the accuracy (int8 against fp32: ``bench/int8.py``): torch on a GPU; else the
+    version's int8 file where this CPU computes it exactly; else its fp32
+    ``classifier.onnx``; else torch on the CPU."""
     from models.version_folder import INT8_FILE, ONNX_FILE
 
     if settings.wants_gpu() and (path / "model.safetensors").is_file():

@@ -19,6 +19,7 @@ import numpy as np
 
 from cloud_api.errors import PayloadMismatch
 from models.data import kind_of
+from shared.mechanisms import registry
 from shared.payload import Limits
 
 
@@ -40,10 +41,16 @@ class PayloadChecker:
     """The payload contract of one model version (its ``config.json``), with the regular ids
     of its bundle when the bundle is known."""
 
-    def __init__(self, config: dict, bundle=None, max_tokens_setting: int | None = None):
+    def __init__(self, config: dict, bundle=None, max_tokens_setting: int | None = None,
+                 serves: str = "model serves"):
+        self.serves = serves  # how refusals name the other side: "model serves", "task accepts"
         self.mechanism: str = config["mechanism"]
         self.kind = kind_of(self.mechanism)
+        mech = registry.get(self.mechanism)
+        self._compared = mech.compared_params  # TextHide: m only, predictions use k = 1
         self.params: dict = dict(config["params"])
+        self._want = self._compared(self.params)
+        self._bits = mech.payload_kind is registry.PayloadKind.BITS
         self.bundle_id: str = config["bundle_id"]
         self.max_length = int(config["max_length"])
         self.pairs: bool | None = (config.get("source") or {}).get("pairs")
@@ -55,9 +62,7 @@ class PayloadChecker:
         self.max_tokens = max(1, self.max_length - 2)
         if max_tokens_setting is not None:
             self.max_tokens = min(self.max_tokens, int(max_tokens_setting))
-        self.bits_per_value = (1 + int(self.params.get("int_bits", 4))
-                               + int(self.params.get("frac_bits", 5))
-                               if self.mechanism == "ome" else 1)
+        self.bits_per_value = mech.values_per_dim(self.params)  # OME: l bits a value
         vector_dim = None
         if self.kind == "vector" and self.in_dim is not None:
             vector_dim = self.in_dim // self.bits_per_value
@@ -68,13 +73,33 @@ class PayloadChecker:
         if self.kind == "tokens" and self.vocab_size is not None:
             mask = np.zeros(self.vocab_size, dtype=bool)
             special = dict(config.get("special_ids") or {})
-            if self.mechanism == "none":  # plain text may hold unknown words
+            if not mech.private:  # plain text may hold unknown words
                 special.pop("unk", None)
             mask[[i for i in special.values() if 0 <= i < self.vocab_size]] = True
             if bundle is not None:
                 unused = [i for i in bundle.meta.get("unused_ids", []) if 0 <= i < self.vocab_size]
                 mask[unused] = True
             self._irregular = mask
+
+    @classmethod
+    def for_task(cls, task, bundle, max_tokens_setting: int | None = None) -> PayloadChecker:
+        """The same checks for the records of a task (``store.tasks.Task``) made with
+        ``bundle``: the task's mechanism, parameters and bundle, sentence pairs or single
+        sentences as the task says, the bundle's vocabulary, special and [unused] ids,
+        dimensions and ``max_length`` (less [CLS]/[SEP]), as a model trained from them reads
+        them. Records and predictions are held to one contract."""
+        kind = kind_of(task.mechanism)
+        enc = bundle.meta.get("encoder") or {}
+        arch: dict = {"bert_config": {"vocab_size": bundle.vocab_size,
+                                      "hidden_size": bundle.dim}}
+        r = enc.get("output_dim")
+        if kind == "vector" and r is not None:
+            arch["in_dim"] = int(r) * registry.get(task.mechanism).values_per_dim(task.params)
+        config = {"mechanism": task.mechanism, "params": dict(task.params),
+                  "bundle_id": task.bundle_id, "max_length": bundle.max_length,
+                  "source": {"pairs": bool(task.pairs)}, "architecture": arch,
+                  "special_ids": dict(bundle.special_ids)}
+        return cls(config, bundle, max_tokens_setting, serves="task accepts")
 
     # -- limits for parsing -----------------------------------------------------------------
     def limits(self) -> Limits:
@@ -84,27 +109,29 @@ class PayloadChecker:
     # -- checks -----------------------------------------------------------------------------
     def check(self, payloads: Sequence) -> None:
         """PayloadMismatch naming the first payload that does not fit and what differs."""
+        found = self.first_problem(payloads)
+        if found is not None:
+            raise PayloadMismatch(f"payloads[{found[0]}]: {found[1]}")
+
+    def first_problem(self, payloads: Sequence) -> tuple[int, str] | None:
+        """(index, what differs) of the first payload that does not fit, or None."""
         found = next(((i, why) for i, p in enumerate(payloads)
                       if (why := self.problem(p)) is not None), None)
         # the token ids of the payloads before it, in one numpy pass for the whole request
-        found = self._first_bad_ids(payloads[:found[0] if found else len(payloads)]) or found
-        if found is not None:
-            raise PayloadMismatch(f"payloads[{found[0]}]: {found[1]}")
+        return self._first_bad_ids(payloads[:found[0] if found else len(payloads)]) or found
 
     def problem(self, p) -> str | None:
         """What differs between payload ``p`` and the model, or None; token ids aside
         (:meth:`check` reads them). Shapes come from the payload's array fields: nothing
         is decoded or copied here."""
         if p.mechanism != self.mechanism:
-            return f"mechanism {p.mechanism} sent, model serves {self.mechanism}"
+            return f"mechanism {p.mechanism} sent, {self.serves} {self.mechanism}"
         if p.bundle_id != self.bundle_id:
-            return (f"bundle {p.bundle_id[:12]}… sent, model serves {self.bundle_id[:12]}… "
+            return (f"bundle {p.bundle_id[:12]}… sent, {self.serves} {self.bundle_id[:12]}… "
                     f"(fetch GET /v1/bundles/{self.bundle_id})")
-        got, want = p.params.model_dump(), dict(self.params)
-        if self.mechanism == "texthide":  # predictions use k = 1, whatever k trained the model
-            got, want = {"m": got.get("m")}, {"m": want.get("m")}
+        got, want = self._compared(p.params.model_dump()), self._want
         if got != want:  # equal is the common case; else compare with a tolerance
-            diffs = [f"{k} {_fmt(got.get(k))} sent, model serves {k} {_fmt(want.get(k))}"
+            diffs = [f"{k} {_fmt(got.get(k))} sent, {self.serves} {k} {_fmt(want.get(k))}"
                      for k in sorted(set(got) | set(want)) if not _same(got.get(k), want.get(k))]
             if diffs:
                 return "; ".join(diffs)
@@ -115,16 +142,17 @@ class PayloadChecker:
         segs = getattr(p, "segments", None)
         pair = segs is not None and len(segs) == 2
         if self.pairs is not None and pair != self.pairs:
-            return ("a sentence pair sent, model reads single sentences" if pair else
-                    "a single sentence sent, model reads sentence pairs")
+            who = self.serves.split()[0]  # "model" or "task"
+            return (f"a sentence pair sent, {who} reads single sentences" if pair else
+                    f"a single sentence sent, {who} reads sentence pairs")
         budget = self.max_tokens if not pair else min(self.max_tokens, self.max_length - 3)
         if n > budget:
             why = (f"max_length {self.max_length} less [CLS] and [SEP]" if budget ==
                    self.max_length - (3 if pair else 2) else "the server's tokens-per-payload "
                    "limit")
-            return f"{n} tokens sent, model serves at most {budget} ({why})"
+            return f"{n} tokens sent, {self.serves} at most {budget} ({why})"
         if self.kind == "embeddings" and self.hidden is not None and shape[1] != self.hidden:
-            return f"dimension {shape[1]} sent, model serves {self.hidden}"
+            return f"dimension {shape[1]} sent, {self.serves} {self.hidden}"
         return None
 
     def _first_bad_ids(self, payloads: Sequence) -> tuple[int, str] | None:
@@ -143,10 +171,10 @@ class PayloadChecker:
             return None
         if width == self.in_dim:
             return None
-        if self.mechanism == "ome":
-            return (f"{width} bits sent, model serves {self.in_dim} bits "
+        if self._bits:
+            return (f"{width} bits sent, {self.serves} {self.in_dim} bits "
                     f"(dimension {self.in_dim // self.bits_per_value} x {self.bits_per_value})")
-        return f"dimension {width} sent, model serves {self.in_dim}"
+        return f"dimension {width} sent, {self.serves} {self.in_dim}"
 
     def _ids(self, ids: np.ndarray) -> str | None:
         if ids.size == 0 or self.vocab_size is None:

@@ -3,8 +3,7 @@
 
 Why not ``insert(...).returning(id)`` with many rows: SQLAlchemy renders it as one
 INSERT with thousands of placeholders, which psycopg re-parses on every request (too long
-for its statement cache; the largest item in a profile of the insert, see
-bench/RESULTS.md "bench/records.py").
+for its statement cache; the largest item in a profile of the insert, ``bench/records.py``).
 With the ids known before the insert, ``ids[i]`` is row ``i``'s id by construction:
 
 * SQLite: inside ``BEGIN IMMEDIATE`` (the write lock is ours) the next ids follow the

@@ -58,6 +58,7 @@ from cloud_api.store.tasks import (
     get_task,
     params_difference,
 )
+from shared.mechanisms import registry
 from shared.payload import PAYLOAD_ADAPTER, Limits, Record
 
 try:  # SIMD base64 where installed (a cloud dependency); the standard library otherwise
@@ -157,7 +158,7 @@ def _soft_label_problem(task: Task, label: Any) -> str | None:
     every later retraining of the task."""
     if not isinstance(label, list):
         return None
-    if not (task.mechanism == "texthide" and int(task.params.get("k", 1)) > 1):
+    if not registry.get(task.mechanism).mixes_inputs(task.params):
         return (f"a soft label is only for TextHide tasks with k > 1; task {task.name!r} "
                 "takes a class name or an index")
     if not all(math.isfinite(v) and 0 <= v <= 1 for v in label) \

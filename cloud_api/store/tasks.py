@@ -26,6 +26,8 @@ from cloud_api.home import ID_PATTERN, check_id
 from cloud_api.store.db import Database
 from cloud_api.store.tables import as_utc, records, tasks
 from shared import payload as wire
+from shared.floor import THRESHOLD
+from shared.mechanisms import registry
 
 Mechanism = Literal[wire.MECHANISMS]  # type: ignore[valid-type]
 LabelName = Annotated[str, Field(pattern=r"^[A-Za-z0-9_.:-]{1,64}$")]
@@ -33,18 +35,13 @@ TaskName = Annotated[str, Field(pattern=ID_PATTERN,
                                 description="1-64 letters, digits, '_', '.', '-'")]
 
 # mechanism -> its payload class (params model, array field)
-PAYLOAD_CLASSES: dict[str, type] = {
-    cls.model_fields["mechanism"].annotation.__args__[0]: cls
-    for cls in (wire.DChiEmbeddingPayload, wire.DChiTextPayload, wire.LaplacePayload,
-                wire.OMEPayload, wire.TextHidePayload, wire.NonePayload)
-}
+PAYLOAD_CLASSES: dict[str, type] = wire.PAYLOAD_CLASSES
 
 
 def canonical_params(mechanism: str, params: dict) -> dict:
     """``params`` validated by the mechanism's params model, every field present."""
-    model = PAYLOAD_CLASSES[mechanism].model_fields["params"].annotation
     try:
-        return model.model_validate(params).model_dump()
+        return registry.get(mechanism).canonical_params(params)
     except ValidationError as exc:
         raise InvalidRequest(f"params are not valid for {mechanism}",
                              errors=[{**e, "loc": ["params", *e["loc"]]} for e in
@@ -58,25 +55,18 @@ def privacy_floor_refusal(mechanism: str, params: dict, bundle, allow_weak: bool
     Laplace or OME noise that rounds away), unless ``allow_weak``; the edge refuses to
     make such payloads without ``--allow-weak-privacy``, and the server does not invite
     them. Uncomputable parameters (an η whose noise overflows) are refused too."""
-    if mechanism in ("none", "texthide"):  # none: PRIVBERT_ALLOW_NONE; TextHide: no ε
+    if not registry.get(mechanism).has_epsilon:  # none: PRIVBERT_ALLOW_NONE; TextHide: no ε
         return
-    from shared.floor import check_computable, weak_privacy_reason
-    from shared.mechanisms import OME, DChiEmbedding, DChiText, Laplace
-
     p = canonical_params(mechanism, params)
     # r, the sentence-vector size: the encoder's output, else BERT's hidden size (= the
     # word-embedding size), which a bundle without encoder.onnx is declared for
     dim = int((bundle.meta.get("encoder") or {}).get("output_dim") or bundle.dim)
     try:
-        mech = {"dchi-text": lambda: DChiText(bundle, p["eta"]),
-                "dchi-embedding": lambda: DChiEmbedding(p["eta"]),
-                "laplace": lambda: Laplace(p["epsilon"], p["calibration"], p["word_dropout"]),
-                "ome": lambda: OME(p["epsilon"], p["lam"], dim, p["int_bits"], p["frac_bits"]),
-                }[mechanism]()
-        check_computable(mech, bundle, dim=dim)
+        mech = registry.create(mechanism, p, bundle, dim=dim)
+        mech.check_computable(bundle, dim=dim)
     except ValueError as exc:
         raise InvalidRequest(f"params cannot be used: {exc}") from None
-    reason = weak_privacy_reason(mech, bundle, dim=dim)
+    reason = mech.weak_privacy_reason(bundle, threshold=THRESHOLD, dim=dim)
     if reason is not None and not allow_weak:
         raise WeakPrivacy(f"{reason}; such payloads are close to the raw text, so the task "
                           "is refused (PRIVBERT_ALLOW_WEAK_PRIVACY=1 accepts it, for "
@@ -86,7 +76,7 @@ def privacy_floor_refusal(mechanism: str, params: dict, bundle, allow_weak: bool
 def compared_params(mechanism: str, params: dict) -> dict:
     """The parameters a record must share with its task (TextHide: only the mask pool m;
     k is how many inputs each record mixes, as ``ModelVersion.check_payload`` allows)."""
-    return {"m": params["m"]} if mechanism == "texthide" else dict(params)
+    return registry.get(mechanism).compared_params(params)
 
 
 def _show(value: Any) -> str:
@@ -114,6 +104,9 @@ class TaskDeclaration(BaseModel):
     params: dict[str, Any] = Field(default_factory=dict, description="the mechanism's "
                                    "parameters, e.g. {\"eta\": 65}")
     bundle_id: Annotated[str, Field(pattern=r"^[0-9a-f]{64}$")]
+    pairs: bool | None = Field(None, description="token tasks: records are sentence pairs "
+                               "(segments [a, b]); false (the default for a new task): single "
+                               "sentences")
 
     @field_validator("labels")
     @classmethod
@@ -134,11 +127,13 @@ class Task:
     params: dict
     bundle_id: str
     created_at: datetime | None = None
+    pairs: bool = False  # token tasks: sentence pairs, else single sentences
 
     def public(self) -> dict:
         """What the edge needs: ``GET /v1/tasks/{task}``."""
         return {"task": self.name, "labels": list(self.labels), "mechanism": self.mechanism,
-                "params": dict(self.params), "bundle_id": self.bundle_id}
+                "params": dict(self.params), "bundle_id": self.bundle_id,
+                "pairs": self.pairs}
 
     def difference(self, other: Task) -> str | None:
         """What differs between two declarations of one task, or None."""
@@ -149,12 +144,16 @@ class Task:
         if self.bundle_id != other.bundle_id:
             return (f"bundle {other.bundle_id[:12]}… sent, task has "
                     f"{self.bundle_id[:12]}…")
-        return params_difference(other.params, self.params, "task has")
+        diff = params_difference(other.params, self.params, "task has")
+        if diff is None and self.pairs != other.pairs:
+            return (f"pairs {str(other.pairs).lower()} sent, task has "
+                    f"{str(self.pairs).lower()}")
+        return diff
 
 
 def _task(row) -> Task:
     return Task(row.id, row.name, tuple(row.labels), row.mechanism, dict(row.params),
-                row.bundle_id, as_utc(row.created_at))
+                row.bundle_id, as_utc(row.created_at), bool(row.pairs))
 
 
 def _find(conn, name: str) -> Task | None:
@@ -173,17 +172,19 @@ def get_task(db: Database, name: str) -> Task:
 
 
 def ensure_task(db: Database, name: str, labels, mechanism: str, params: dict,
-                bundle_id: str) -> tuple[Task, bool]:
+                bundle_id: str, pairs: bool | None = None) -> tuple[Task, bool]:
     """Declare the task (``True``: created now) or find the same declaration (``False``);
-    :class:`Conflict` if the task exists with another declaration."""
+    :class:`Conflict` if the task exists with another declaration. ``pairs`` None: not
+    said (false for a new task, whatever an existing one has)."""
     try:
         decl = TaskDeclaration(task=name, labels=list(labels), mechanism=mechanism,
-                               params=dict(params), bundle_id=bundle_id)
+                               params=dict(params), bundle_id=bundle_id, pairs=pairs)
     except ValidationError as exc:
         raise InvalidRequest("invalid task declaration",
                              errors=exc.errors(include_input=False, include_url=False)) from None
     want = Task(0, decl.task, tuple(decl.labels), decl.mechanism,
-                canonical_params(decl.mechanism, decl.params), decl.bundle_id)
+                canonical_params(decl.mechanism, decl.params), decl.bundle_id,
+                pairs=bool(decl.pairs))
     for _ in range(2):
         try:
             with db.begin(write=True) as conn:
@@ -193,11 +194,14 @@ def ensure_task(db: Database, name: str, labels, mechanism: str, params: dict,
                     new_id = conn.execute(insert(tasks).values(
                         name=want.name, labels=list(want.labels), mechanism=want.mechanism,
                         params=want.params, bundle_id=want.bundle_id, created_at=now,
-                    ).returning(tasks.c.id)).scalar_one()
+                        pairs=want.pairs).returning(tasks.c.id)).scalar_one()
                     return Task(new_id, want.name, want.labels, want.mechanism, want.params,
-                                want.bundle_id, now), True
+                                want.bundle_id, now, want.pairs), True
         except IntegrityError:
             continue  # declared concurrently by another request: compare with it
+        if decl.pairs is None:  # not said: whatever the task has
+            want = Task(0, want.name, want.labels, want.mechanism, want.params,
+                        want.bundle_id, pairs=have.pairs)
         diff = have.difference(want)
         if diff:
             raise Conflict(f"task {name!r} is declared differently: {diff}")

@@ -20,10 +20,14 @@ between two inputs, so ε/Δ is spent per bit and the whole vector is ε-LDP.
 from __future__ import annotations
 
 import math
+from typing import Annotated
 
 import numpy as np
+from pydantic import BaseModel, Field, model_validator
 
+from shared.arrays import _STRICT, PosFloat
 from shared.mechanisms._checks import finite_array, positive, positive_int
+from shared.mechanisms.registry import BaseMechanism, PayloadKind, encoder_dim, need
 from shared.rng import resolve_rng
 
 
@@ -43,10 +47,42 @@ def z_score(vec: np.ndarray) -> np.ndarray:
     return np.where(sd > 0, (v - mu) / np.where(sd > 0, sd, 1.0), 0.0)
 
 
-class _FixedPointBits:
+class OMEParams(BaseModel):
+    """OME: ε > 0, λ > 0, fixed-point layout (1 sign + int_bits + frac_bits)."""
+
+    model_config = _STRICT
+    epsilon: PosFloat
+    lam: PosFloat
+    int_bits: Annotated[int, Field(strict=True, ge=0, le=29)] = 4
+    frac_bits: Annotated[int, Field(strict=True, ge=0, le=29)] = 5
+
+    @model_validator(mode="after")
+    def _total(self) -> OMEParams:
+        if not 1 <= self.int_bits + self.frac_bits <= 30:
+            raise ValueError("int_bits + frac_bits must be between 1 and 30")
+        return self
+
+    @property
+    def bits_per_value(self) -> int:
+        """l = 1 + int_bits + frac_bits."""
+        return 1 + self.int_bits + self.frac_bits
+
+
+class SUEParams(BaseModel):
+    """SUE and OUE (baselines without a payload): ε > 0 and the fixed-point layout."""
+
+    model_config = _STRICT
+    epsilon: PosFloat
+    int_bits: Annotated[int, Field(strict=True, ge=0, le=29)] = 4
+    frac_bits: Annotated[int, Field(strict=True, ge=0, le=29)] = 5
+
+
+class _FixedPointBits(BaseMechanism):
     """Sign + integer + fraction bit encoding shared by OME, SUE and OUE."""
 
     name = ""
+    payload_kind = PayloadKind.BITS
+    family = "randomized-response"
 
     def __init__(self, dim: int, int_bits: int = 4, frac_bits: int = 5):
         self.dim = positive_int("dim", dim)
@@ -103,16 +139,31 @@ class _FixedPointBits:
         """encode then perturb."""
         return self.perturb(self.encode(vec), rng)
 
+    def privatize_vectors(self, vectors, onehot, rng) -> tuple[np.ndarray, None]:
+        return self.privatize(vectors, rng), None
+
 
 class OME(_FixedPointBits):
     """Optimized Multiple Encoding (Theorem 1)."""
 
     name = "ome"
+    Params = OMEParams
 
     def __init__(self, epsilon: float, lam: float, dim: int, int_bits: int = 4, frac_bits: int = 5):
         super().__init__(dim, int_bits, frac_bits)
         self.epsilon = positive("epsilon", epsilon)
         self.lam = positive("lam", lam)
+
+    @classmethod
+    def from_params(cls, params, bundle=None, *, dim=None, secret=None) -> OME:
+        return cls(need(cls.name, params, "epsilon"), need(cls.name, params, "lam"),
+                   encoder_dim(cls.name, bundle, dim), params.get("int_bits", 4),
+                   params.get("frac_bits", 5))
+
+    @classmethod
+    def values_per_dim(cls, params) -> int:
+        """l = 1 + int_bits + frac_bits bits per coordinate."""
+        return 1 + int(params.get("int_bits", 4)) + int(params.get("frac_bits", 5))
 
     @property
     def params(self) -> dict:
@@ -143,6 +194,7 @@ class SUE(_FixedPointBits):
     """Symmetric unary-style randomized response: p = e^a/(1+e^a), q = 1/(1+e^a), a = ε/(r·l)."""
 
     name = "sue"
+    Params = SUEParams
 
     def __init__(self, epsilon: float, dim: int, int_bits: int = 4, frac_bits: int = 5):
         super().__init__(dim, int_bits, frac_bits)

@@ -16,10 +16,13 @@ import math
 from typing import TYPE_CHECKING
 
 import numpy as np
+from pydantic import BaseModel
 
+from shared.arrays import _STRICT, PosFloat
 from shared.mechanisms._checks import finite_array, positive, positive_int
 from shared.mechanisms.computable import check_dchi_eta
 from shared.mechanisms.nearest import ExactNearest
+from shared.mechanisms.registry import BaseMechanism, PayloadKind, need
 from shared.rng import resolve_rng
 
 if TYPE_CHECKING:
@@ -49,10 +52,21 @@ def sample_dchi_noise(
     return direction * radius[:, None]
 
 
-class DChiEmbedding:
+class DChiParams(BaseModel):
+    """dχ-privacy: η > 0."""
+
+    model_config = _STRICT
+    eta: PosFloat
+
+
+class DChiEmbedding(BaseMechanism):
     """Token representation privatization M_rep(x) = x + N (Qu et al. §3.2.3)."""
 
     name = "dchi-embedding"
+    Params = DChiParams
+    payload_kind = PayloadKind.EMBEDDINGS
+    family = "dchi"
+    edge_options = frozenset({"float16"})
 
     def __init__(self, eta: float):
         self.eta = positive("eta", eta)
@@ -60,6 +74,14 @@ class DChiEmbedding:
     @property
     def params(self) -> dict:
         return {"eta": self.eta}
+
+    @classmethod
+    def from_params(cls, params, bundle=None, *, dim=None, secret=None) -> DChiEmbedding:
+        return cls(need(cls.name, params, "eta"))
+
+    def privatize_tokens(self, ids, bundle: EdgeBundle, rng) -> np.ndarray:
+        """The noisy embeddings of the ids' rows of the bundle's table."""
+        return self.privatize(bundle.embeddings[ids], rng)
 
     def privatize(self, embeddings: np.ndarray, rng: np.random.Generator | None = None) -> np.ndarray:
         """Perturb each row of ``embeddings`` (L, n); returns float32 (L, n).
@@ -76,10 +98,13 @@ class DChiEmbedding:
                              "float32") from None
 
 
-class DChiText:
+class DChiText(BaseMechanism):
     """Text-to-text privatization: the exact nearest regular token to x + N (§3.2.4)."""
 
     name = "dchi-text"
+    Params = DChiParams
+    payload_kind = PayloadKind.TOKENS
+    family = "dchi"
 
     def __init__(self, bundle: EdgeBundle, eta: float, chunk: int = 256):
         self.eta = positive("eta", eta)
@@ -93,14 +118,29 @@ class DChiText:
             self._embeddings[bundle.regular_ids], ids=bundle.regular_ids, chunk=chunk
         )
 
-    def check_computable(self) -> None:
+    def check_computable(self, bundle: EdgeBundle | None = None, *, dim: int | None = None,
+                         float_dtype: str = "float32") -> None:
         """ValueError if η's noise would overflow the float32 nearest-token search
-        (``shared.mechanisms.computable.check_dchi_eta``)."""
+        (``shared.mechanisms.computable.check_dchi_eta``; the arguments are the protocol's,
+        this object knows its table)."""
         check_dchi_eta(self.eta, self._embeddings.shape[1], self._t_max)
 
     @property
     def params(self) -> dict:
         return {"eta": self.eta}
+
+    @classmethod
+    def from_params(cls, params, bundle=None, *, dim=None, secret=None) -> DChiText:
+        if bundle is None:
+            raise ValueError(f"{cls.name} needs the bundle (its embedding table)")
+        return cls(bundle, need(cls.name, params, "eta"))
+
+    def privatize_tokens(self, ids, bundle: EdgeBundle, rng) -> np.ndarray:
+        """One exact nearest-token search for the whole batch; ``bundle`` must be the one
+        this object was built on."""
+        if bundle.bundle_id != self.bundle.bundle_id:
+            raise ValueError("the DChiText mechanism was built for another bundle")
+        return self.privatize_ids(ids, rng)
 
     def check_ids(self, ids) -> np.ndarray:
         """``ids`` as a 1-D int64 array inside the vocabulary, or ValueError."""

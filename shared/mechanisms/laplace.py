@@ -17,10 +17,14 @@ it lowers a guarantee ε to ε' = ln((1-μ)e^ε + μ) (Theorem 2).
 from __future__ import annotations
 
 import math
+from typing import Annotated, Literal
 
 import numpy as np
+from pydantic import BaseModel, Field
 
+from shared.arrays import _STRICT, PosFloat
 from shared.mechanisms._checks import finite_array, in_unit_interval, positive
+from shared.mechanisms.registry import BaseMechanism, PayloadKind, encoder_dim, need
 from shared.rng import resolve_rng
 
 CALIBRATIONS = ("vector", "coordinate")
@@ -41,10 +45,22 @@ def dropout_epsilon(epsilon: float, mu: float) -> float:
     return epsilon + math.log((1.0 - mu) + mu * math.exp(-epsilon))
 
 
-class Laplace:
+class LaplaceParams(BaseModel):
+    """DPNR: ε > 0, calibration, word dropout μ in [0, 1)."""
+
+    model_config = _STRICT
+    epsilon: PosFloat
+    calibration: Literal["vector", "coordinate"] = "vector"
+    word_dropout: Annotated[float, Field(strict=True, ge=0, lt=1)] = 0.0
+
+
+class Laplace(BaseMechanism):
     """DPNR sentence-vector mechanism."""
 
     name = "laplace"
+    Params = LaplaceParams
+    payload_kind = PayloadKind.VECTOR
+    family = "laplace"
 
     def __init__(self, epsilon: float, calibration: str = "vector", word_dropout: float = 0.0):
         self.epsilon = positive("epsilon", epsilon)
@@ -60,6 +76,16 @@ class Laplace:
             "calibration": self.calibration,
             "word_dropout": self.word_dropout,
         }
+
+    @classmethod
+    def from_params(cls, params, bundle=None, *, dim=None, secret=None) -> Laplace:
+        """Needs the bundle's encoder (or ``dim``): the vectors come from it."""
+        encoder_dim(cls.name, bundle, dim)
+        return cls(need(cls.name, params, "epsilon"),
+                   params.get("calibration") or "vector", params.get("word_dropout") or 0.0)
+
+    def privatize_vectors(self, vectors, onehot, rng) -> tuple[np.ndarray, None]:
+        return self.privatize(vectors, rng), None
 
     def scale(self, dim: int) -> float:
         """Laplace scale b: r/ε ("vector") or 1/ε ("coordinate")."""

@@ -2,14 +2,15 @@
 
 DChiText (Qu et al. 2021 §3.2.4, after Feyisetan et al. 2020) returns the
 vocabulary token nearest to the noisy embedding. Approximate indexes change the
-mechanism (recall@1 of 2-48% on noisy queries), so this search is exact:
+mechanism (their recall@1 on noisy queries is low: ``bench/mechanisms.py``), so this
+search is exact:
 
 1. Candidate pass in float32 with one GEMM per chunk of queries, scoring
    s(t) = ||t||^2 - 2 y.t (||y||^2 is constant per query). The table is stored
    augmented as [-2t, ||t||^2, 0...] and the queries as [y, 1, 0...], so the
    GEMM produces the scores directly; chunks of a few hundred queries keep the
-   score block in cache. Both make it about twice as fast as one big GEMM over
-   4,096 queries followed by separate passes (bench/mechanisms.py).
+   score block in cache. Both make it faster than one big GEMM over thousands of
+   queries followed by separate passes (``bench/mechanisms.py``).
 2. Every float32 score is within ``delta(y)`` of the real score (standard
    rounding-error bound for a dot product in any summation order, Higham,
    *Accuracy and Stability of Numerical Algorithms*, §3.1: gamma_n = n u / (1 - n u)).

@@ -16,8 +16,11 @@ from __future__ import annotations
 import os
 
 import numpy as np
+from pydantic import BaseModel
 
+from shared.arrays import _STRICT, PosInt
 from shared.mechanisms._checks import finite_array, positive, positive_int
+from shared.mechanisms.registry import BaseMechanism, PayloadKind, encoder_dim, need
 from shared.rng import resolve_rng
 
 WEIGHTINGS = ("abs-normal", "dirichlet", "equal")
@@ -50,10 +53,23 @@ def check_pool_memory(m: int, dim: int) -> None:
                          f"({m} masks x {dim} values), more than {where}")
 
 
-class TextHide:
+class TextHideParams(BaseModel):
+    """TextHide: pool of m masks, k examples mixed."""
+
+    model_config = _STRICT
+    m: PosInt
+    k: PosInt
+
+
+class TextHide(BaseMechanism):
     """Mask pool from ``seed`` (the client's secret key); mixing randomness per call."""
 
     name = "texthide"
+    Params = TextHideParams
+    payload_kind = PayloadKind.VECTOR
+    family = "texthide"
+    has_epsilon = False
+    edge_options = frozenset({"texthide_key", "texthide_seed", "num_labels"})
 
     def __init__(
         self,
@@ -82,6 +98,33 @@ class TextHide:
     @property
     def params(self) -> dict:
         return {"m": self.m, "k": self.k}
+
+    @classmethod
+    def from_params(cls, params, bundle=None, *, dim=None, secret=None) -> TextHide:
+        """``secret``: the mask-pool seed (None: a fresh pool from OS entropy)."""
+        return cls(need(cls.name, params, "m"), need(cls.name, params, "k"),
+                   encoder_dim(cls.name, bundle, dim), seed=secret)
+
+    @classmethod
+    def compared_params(cls, params) -> dict:
+        """Only the mask pool m: k is how many inputs a payload mixes (predictions use
+        k = 1, whatever k trained the model)."""
+        return {"m": params.get("m")}
+
+    @classmethod
+    def prediction_params(cls, params) -> dict:
+        """k = 1: a prediction hides one input, whatever k trained the model."""
+        return {**params, "k": 1}
+
+    @classmethod
+    def mixes_inputs(cls, params) -> bool:
+        return int(params.get("k") or 1) > 1
+
+    def privatize_vectors(self, vectors, onehot, rng):
+        if self.k > 1 and onehot is None:
+            raise ValueError("TextHide with k > 1 mixes the inputs and their labels: use "
+                             "privatize_records(...) for training records; predictions use k=1")
+        return self.encrypt(vectors, onehot, rng)
 
     def mixing_weights(self, b: int, rng: np.random.Generator) -> np.ndarray:
         """(b, k) non-negative weights, each row summing to 1."""

@@ -1,4 +1,4 @@
-"""Issue 13 with the real CLI (a subprocess of `python -m edge_agent`): the privacy floor,
+"""Hardening with the real CLI (a subprocess of `python -m edge_agent`): the privacy floor,
 uncomputable parameters, output valid line by line after a write failure, an idle pipe,
 exact flags, TSV header and label warnings, report --plot checked first."""
 

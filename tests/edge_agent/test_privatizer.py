@@ -213,7 +213,7 @@ def test_word_dropout_on_pairs_and_after_truncation(minilm_enc_bundle):
 
 
 def test_privatize_signature_matches_design(tiny_enc_bundle, tiny_bundle):
-    """DESIGN.md: ``privatize(texts, rng=None)``; pairs only by keyword."""
+    """ARCHITECTURE.md: ``privatize(texts, rng=None)``; pairs only by keyword."""
     p = Privatizer(tiny_bundle, DChiText(tiny_bundle, 5.0))
     a = p.privatize(["good movie", "bad plot"], rng(3))
     b = p.privatize(["good movie", "bad plot"], rng=rng(3))

@@ -120,7 +120,7 @@ def test_sentence_epsilon_sums_the_per_token_bound(tiny_bundle):
     assert sentence_epsilon(guarantee(TextHide(4, 1, 8, seed=2**100)), 12) is None
 
 
-# -- issue 13: OME with λ < 1, where the ratios λ = 100 never needs decide the sum --------------
+# -- OME with λ < 1, where the ratios λ = 100 never needs decide the sum --------------
 def ratios(p: float, q: float) -> dict[str, float]:
     """The four likelihood ratios of one randomized-response bit, by hand."""
     return {"p/q": p / q, "q/p": q / p, "(1-p)/(1-q)": (1 - p) / (1 - q),

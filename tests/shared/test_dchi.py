@@ -199,7 +199,7 @@ def test_exact_search_property(rows, dim, seed, spread):
                                   brute_force_nearest(table, queries))
 
 
-# -- issue 13: tests that notice plausible one-line mistakes ----------------------------------
+# -- tests that notice plausible one-line mistakes ----------------------------------
 def test_dchi_text_draws_its_own_gamma_noise_for_every_token(minilm_bundle):
     """noisy_embeddings(ids) - embeddings[ids]: radius ~ Gamma(n, 1/η) and uniform direction
     token by token, the same token repeated included. One vector drawn for a whole call

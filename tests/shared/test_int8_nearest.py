@@ -1,4 +1,4 @@
-"""The int8 candidate pass of ExactNearest (issue 21): exact on adversarial near-ties,
+"""The int8 candidate pass of ExactNearest: exact on adversarial near-ties,
 duplicate rows and random data; its bound covers the kernel's real error and a bound
 300 times smaller gives wrong ids; the kernel probe catches a saturating kernel; the
 path is chosen by timing and falls back to float32 where it cannot run."""

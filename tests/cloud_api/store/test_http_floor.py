@@ -1,4 +1,4 @@
-"""The privacy floor at the server's door (issue 13, "every entry point"): a task whose
+"""The privacy floor at the server's door (every entry point applies it): a task whose
 parameters make payloads close to the raw text, or whose noise cannot be computed, is
 refused with a 422 problem through a real `cloud-api serve`, and nothing is declared;
 PRIVBERT_ALLOW_WEAK_PRIVACY accepts it (store level: the same function the route calls)."""

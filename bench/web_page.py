@@ -1,0 +1,176 @@
+"""The privacy explorer in headless Chromium against the Python edge, on the same machine.
+
+    python bench/web_page.py [--home DIR] [--repeats 20] [--threads 1 2]
+
+* warm: dχ-text privatization of one 20-token sentence in the page (tokenize, noise, exact
+  nearest regular token; the page's own timer around the library's calls), median of
+  ``--repeats`` clicks of "Privatize only" after the first; beside it the Python edge's
+  ``Privatizer.privatize`` on the same sentence with the same bundle and η, median of as many
+  warm calls in this process. Target: page ≤ 50 ms.
+* first: a fresh browser context (empty cache and IndexedDB) from navigation to the first
+  privatized tokens on screen, the bundle download and its SHA-256 check included, over
+  loopback. Target ≤ 3 s.
+* JS shipped: every script the page loaded, gzip -9, summed (the onnxruntime wasm is not a
+  script and is listed apart). Target ≤ 1 MB.
+
+The service runs a dχ-text (η = 65) model on the MiniLM bundle: ``--home`` names a home with
+one (``scripts/demo.sh`` makes ./var), else a throwaway home gets a quick one-layer model
+(``cloud-api bootstrap --layers 1 --limit 64``): the page's timings do not depend on the
+model, only on the bundle.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import secrets
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+DEMO = REPO / "web_edge" / "demo"
+DATA = REPO.parent / "shared" / "data" / "sst2_sentences"
+SENTENCE = ("the film is a gripping , funny and moving story about two old friends who "
+            "finally meet again after years")
+ETA = 65.0
+
+
+def cli_env(extra: dict) -> dict:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("PRIVBERT_")}
+    env.update({"PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1", "PRIVBERT_TORCH_THREADS": "1",
+                "TOKENIZERS_PARALLELISM": "false", **extra})
+    return env
+
+
+def quick_home(root: Path) -> Path:
+    home = root / "home"
+    cmd = [sys.executable, "-m", "cloud_api.cli", "bootstrap", "--data", str(DATA / "train.tsv"),
+           "--dev", str(DATA / "dev.tsv"), "--mechanism", "dchi-text", "--eta", str(ETA),
+           "--limit", "64", "--dev-limit", "32", "--dev-draws", "0", "--epochs", "1",
+           "--layers", "1", "--model-id", "sst2", "--home", str(home), "--device", "cpu",
+           "--no-progress"]
+    subprocess.run(cmd, cwd=REPO, env=cli_env({}), check=True, capture_output=True)
+    return home
+
+
+def serve(home: Path, log: Path) -> tuple[subprocess.Popen, str]:
+    import socket
+
+    import httpx
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    env = cli_env({"PRIVBERT_HOME": str(home), "PRIVBERT_API_KEYS": secrets.token_hex(16),
+                   "PRIVBERT_ADMIN_KEYS": secrets.token_hex(16), "PRIVBERT_DEMO": "1",
+                   "PRIVBERT_DEMO_KEY": "demo-" + secrets.token_hex(16),
+                   "PRIVBERT_WORKER_IN_SERVE": "0"})
+    proc = subprocess.Popen([sys.executable, "-m", "cloud_api.cli", "serve", "--port", str(port)],
+                            cwd=REPO, env=env, stdout=log.open("wb"), stderr=subprocess.STDOUT)
+    url = f"http://127.0.0.1:{port}"
+    deadline = time.monotonic() + 300
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise SystemExit(f"cloud-api serve exited:\n{log.read_text()[-3000:]}")
+        try:
+            if httpx.get(f"{url}/readyz", timeout=2).status_code == 200:
+                return proc, url
+        except httpx.TransportError:
+            pass
+        time.sleep(0.2)
+    proc.terminate()
+    raise SystemExit("cloud-api serve was not ready in 300 s")
+
+
+def python_edge(home: Path, bundle_id: str, repeats: int) -> tuple[float, int]:
+    """Median warm ms of the Python edge on SENTENCE, and its token count."""
+    from edge_agent import Privatizer
+    from shared.bundle import EdgeBundle
+    from shared.mechanisms import DChiText
+
+    bundle = EdgeBundle.load(home / "bundles" / bundle_id)
+    priv = Privatizer(bundle, DChiText(bundle, ETA))
+    n = priv.tokenize([SENTENCE])[0].n_tokens
+    priv.privatize([SENTENCE])
+    times = []
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        priv.privatize([SENTENCE])
+        times.append((time.perf_counter() - t0) * 1000)
+    return statistics.median(times), n
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--home", type=Path, help="a home serving a dchi-text eta=65 model on the "
+                    "MiniLM bundle (default: a throwaway one with a quick model)")
+    ap.add_argument("--repeats", type=int, default=20)
+    ap.add_argument("--threads", type=int, nargs="+", default=[1, 2], help="WebAssembly "
+                    "threads of the page's search, one page run each (1 2)")
+    args = ap.parse_args()
+    tmp = Path(tempfile.mkdtemp(prefix="bench-web-"))
+    home = args.home or quick_home(tmp)
+    proc, url = serve(home, tmp / "serve.log")
+    try:
+        import httpx
+
+        key = httpx.get(f"{url}/demo/config.json").json()["api_key"]
+        models = httpx.get(f"{url}/v1/models", headers={"Authorization": f"Bearer {key}"}).json()
+        model = next(m for m in models["models"] if m["mechanism"] == "dchi-text")
+        runs = {}
+        for threads in args.threads:  # one fresh browser each, one after the other
+            drive = {"url": f"{url}/demo/?model={model['id']}&threads={threads}",
+                     "sentence": SENTENCE, "scenarios": ["bench"], "repeats": args.repeats}
+            r = subprocess.run(["node", "test/drive.mjs", json.dumps(drive)], cwd=DEMO,
+                               capture_output=True, text=True, timeout=600)
+            if r.returncode != 0:
+                raise SystemExit(r.stderr[-3000:])
+            runs[threads] = json.loads(r.stdout)
+    finally:
+        proc.terminate()
+        proc.wait(30)
+    py_ms, n_tokens = python_edge(home, model["bundle_id"], args.repeats)
+    cpu = next((ln.split(":", 1)[1].strip() for ln in open("/proc/cpuinfo")
+                if ln.startswith("model name")), "?")
+    print(f"cpu: {cpu}; load: {os.getloadavg()[0]:.2f} {os.getloadavg()[1]:.2f} "
+          f"{os.getloadavg()[2]:.2f}; model {model['id']} (bundle {model['bundle_id'][:12]})")
+    print(f"sentence: {n_tokens} word pieces, dchi-text eta={ETA:g}; Python edge "
+          f"{py_ms:.1f} ms per sentence (median of {args.repeats} warm calls)")
+    for threads, report in runs.items():
+        print(f"-- page with {threads} WebAssembly thread(s)")
+        show(report, py_ms)
+    return 0
+
+
+def show(report: dict, py_ms: float) -> None:
+    """The three target lines of one page run."""
+    scene = report["scenarios"]["bench"]
+    if "failed" in scene:
+        raise SystemExit(json.dumps(scene, indent=1)[:4000])
+    res = scene["result"]
+    if res["first"]["error"]:
+        raise SystemExit(f"the page refused: {res['first']['error']}")
+    page_ms = statistics.median(res["warm"])
+    phases = ", ".join(f"{k} {v:.0f}" if isinstance(v, float | int) and not isinstance(v, bool)
+                       else f"{k} {v}" for k, v in res.get("phases", {}).items())
+    js = {u: n for u, n in report["scripts"].items() if not u.endswith(".wasm")}
+    js_total = sum(js.values())
+    print(f"warm privatization, median of {len(res['warm'])}: page {page_ms:.1f} ms "
+          f"(min {min(res['warm']):.1f}, max {max(res['warm']):.1f}) | Python edge "
+          f"{py_ms:.1f} ms | target page <= 50 ms: {'met' if page_ms <= 50 else 'NOT met'}")
+    print(f"first privatization in a fresh page, bundle download included: {res['firstMs']} ms "
+          f"(page ready at {res['bundleMs']:.0f} ms: {phases}) | target <= 3000 "
+          f"ms: {'met' if res['firstMs'] <= 3000 else 'NOT met'}")
+    print(f"JS shipped to the browser: {js_total / 1024:.1f} KiB gzip in {len(js)} scripts | "
+          f"target <= 1024 KiB: {'met' if js_total <= 1024 * 1024 else 'NOT met'}")
+    for u, n in sorted(js.items(), key=lambda kv: -kv[1]):
+        print(f"  {n / 1024:8.1f} KiB  {u.rsplit('/', 1)[-1]}")
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,154 @@
+"""The service and browsers: CORS on ``/v1`` by setting, and the privacy explorer at ``/demo``.
+
+* CORS (``PRIVBERT_CORS_ORIGINS``, none by default): Starlette's ``CORSMiddleware``, installed
+  outermost so that it also wraps the predict fast path of the service middleware, and only
+  for ``/v1/``: a page may never call ``/admin`` (no preflight is answered there, no CORS
+  header is ever sent). Bearer keys, not cookies: no credentials mode. The headers a page
+  reads are exposed (budget left, ``Retry-After``, request id, ``ETag``). A refused
+  preflight is a 400 problem+json naming what was refused.
+* ``/demo`` (``PRIVBERT_DEMO=1``): the page built from ``web_edge/demo`` (Vite), same origin
+  as ``/v1``, under a strict Content-Security-Policy (scripts and connections to this
+  origin only; ``'wasm-unsafe-eval'`` for onnxruntime-web's WebAssembly) and cross-origin
+  isolation (COOP/COEP: WebAssembly threads need ``SharedArrayBuffer``).
+  ``/demo/config.json`` hands the page ``PRIVBERT_DEMO_KEY`` when one is set: a key that
+  anyone who opens the page can read, so a throwaway application key with a small budget,
+  never a production key and never an admin key (refused at start).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from types import SimpleNamespace
+
+import orjson
+from starlette.datastructures import Headers, MutableHeaders
+from starlette.middleware.cors import CORSMiddleware
+from starlette.responses import Response
+from starlette.staticfiles import StaticFiles
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+from cloud_api.problems import problem_response
+from cloud_api.settings import Settings
+
+CORS_PREFIX = "/v1/"
+ALLOW_METHODS = ["GET", "HEAD", "POST"]
+ALLOW_HEADERS = ["Authorization", "Content-Type", "Idempotency-Key", "If-None-Match",
+                 "X-Device-Id", "X-Request-ID"]
+EXPOSE_HEADERS = ["X-Privacy-Budget-Remaining", "Retry-After", "X-Request-ID", "ETag"]
+PREFLIGHT_MAX_AGE_S = 600
+
+CSP = "; ".join([
+    "default-src 'none'",
+    "script-src 'self' 'wasm-unsafe-eval'",
+    "worker-src 'self'",
+    "connect-src 'self'",
+    "style-src 'self'",
+    "img-src 'self' data:",
+    "base-uri 'none'",
+    "form-action 'none'",
+    "frame-ancestors 'none'",
+])
+PAGE_HEADERS = {
+    "Content-Security-Policy": CSP,
+    "Cross-Origin-Opener-Policy": "same-origin",
+    "Cross-Origin-Embedder-Policy": "require-corp",
+    "Cross-Origin-Resource-Policy": "same-origin",
+    "X-Content-Type-Options": "nosniff",
+    "Referrer-Policy": "no-referrer",
+}
+_DEMO_ROUTE = SimpleNamespace(path="/demo/{path}")  # the access log's and metrics' route label
+BUILD_HINT = "bash scripts/build_web.sh (npm ci and npm run build in web_edge/demo)"
+
+
+class _ProblemCORS(CORSMiddleware):
+    """Starlette's CORS with a refused preflight answered as problem+json."""
+
+    def preflight_response(self, request_headers: Headers) -> Response:
+        answer = super().preflight_response(request_headers)
+        if answer.status_code < 400:
+            return answer
+        refused = bytes(answer.body).decode().removeprefix("Disallowed CORS ")
+        headers = {k: v for k, v in answer.headers.items()
+                   if k.lower().startswith("access-control-") or k.lower() == "vary"}
+        return problem_response(
+            None, 400, "cors-refused", "CORS preflight refused",
+            f"this server does not allow the requested {refused} (PRIVBERT_CORS_ORIGINS; "
+            f"methods {', '.join(ALLOW_METHODS)}; headers {', '.join(ALLOW_HEADERS)})",
+            headers=headers)
+
+
+class V1CORS:
+    """CORS for paths under ``/v1/`` only; every other request passes untouched."""
+
+    def __init__(self, app: ASGIApp, *, origins: list[str]):
+        self.app = app
+        self.cors = _ProblemCORS(app, allow_origins=origins, allow_methods=ALLOW_METHODS,
+                                 allow_headers=ALLOW_HEADERS, expose_headers=EXPOSE_HEADERS,
+                                 allow_credentials=False, max_age=PREFLIGHT_MAX_AGE_S)
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] == "http" and scope.get("path", "").startswith(CORS_PREFIX):
+            await self.cors(scope, receive, send)
+        else:
+            await self.app(scope, receive, send)
+
+
+# -- /demo -----------------------------------------------------------------------------------
+def demo_dir(settings: Settings) -> Path:
+    """Where the built page is: ``PRIVBERT_DEMO_DIR``, else ``web_edge/demo/dist`` of this
+    checkout."""
+    if settings.demo_dir is not None:
+        return settings.demo_dir
+    return Path(__file__).resolve().parent.parent / "web_edge" / "demo" / "dist"
+
+
+def check_demo(settings: Settings) -> None:
+    """ValueError (one line) when ``/demo`` is enabled but cannot be served."""
+    if not settings.demo:
+        return
+    index = demo_dir(settings) / "index.html"
+    if not index.is_file():
+        raise ValueError(f"PRIVBERT_DEMO=1 but the demo page is not built ({index} is "
+                         f"missing): build it with {BUILD_HINT}, or set PRIVBERT_DEMO_DIR")
+
+
+class DemoPage:
+    """The built page's files with :data:`PAGE_HEADERS`, and ``config.json``."""
+
+    def __init__(self, directory: Path, api_key: str | None):
+        self.files = StaticFiles(directory=directory, html=True)
+        self.config = orjson.dumps({"api_key": api_key})
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        async def send_with_headers(message: Message) -> None:
+            if message["type"] == "http.response.start":
+                headers = MutableHeaders(scope=message)
+                for k, v in PAGE_HEADERS.items():
+                    headers[k] = v
+            await send(message)
+
+        scope["route"] = _DEMO_ROUTE  # the router's scope: the service middleware reads it
+        if scope["type"] == "http" and _route_path(scope) == "/config.json":
+            answer = Response(self.config, media_type="application/json",
+                              headers={"Cache-Control": "no-store"})
+            await answer(scope, receive, send_with_headers)
+            return
+        await self.files(scope, receive, send_with_headers)
+
+
+def _route_path(scope: Scope) -> str:
+    """The path below the mount point (``/config.json``)."""
+    path, root = scope.get("path", ""), scope.get("root_path", "")
+    return path[len(root):] if root and path.startswith(root) else path
+
+
+def install(app, settings: Settings) -> None:
+    """``/demo`` when enabled (ValueError when not built) and CORS on ``/v1`` when origins
+    are set. Call after every other middleware is added: CORS must be the outermost layer,
+    in front of the service middleware and its predict fast path."""
+    if settings.demo:
+        check_demo(settings)
+        key = settings.demo_key.get_secret_value() if settings.demo_key else None
+        app.mount("/demo", DemoPage(demo_dir(settings), key), name="demo")
+    if settings.cors_origins:
+        app.add_middleware(V1CORS, origins=list(settings.cors_origins))

@@ -1,0 +1,26 @@
+#!/usr/bin/env bash
+# The privacy explorer, from a fresh clone with ../shared beside it: build the page
+# (scripts/build_web.sh), bootstrap the demo's SST-2 model into $PRIVBERT_HOME (default ./var)
+# unless one is promoted there, and serve it with /demo enabled on a loopback port until
+# Ctrl-C. The page gets a throwaway application key of this run only, capped at
+# PRIVBERT_DEFAULT_BUDGET (never a production key: anyone who opens /demo can read it).
+# Extra arguments go to `cloud-api bootstrap`.
+. "$(dirname "$0")/_env.sh"
+ensure_venv
+ensure_web_edge
+ensure_web_demo
+cd "$ROOT"
+
+DATA="$ROOT/../shared/data/sst2_sentences"
+export PRIVBERT_HOME="${PRIVBERT_HOME:-$ROOT/var}"
+[ -f "$DATA/train.tsv" ] || { echo "web_demo: $DATA/train.tsv not found (../shared beside the clone?)" >&2; exit 1; }
+cloud-api bootstrap --data "$DATA/train.tsv" --dev "$DATA/dev.tsv" --mechanism dchi-text \
+    --eta 65 --model-id sst2 --if-missing --no-progress "$@"
+
+key() { python -c 'import secrets; print(secrets.token_urlsafe(24))'; }
+PRIVBERT_API_KEYS="$(key)" PRIVBERT_ADMIN_KEYS="$(key)" PRIVBERT_DEMO_KEY="demo-$(key)"
+export PRIVBERT_API_KEYS PRIVBERT_ADMIN_KEYS PRIVBERT_DEMO_KEY PRIVBERT_DEMO=1
+export PRIVBERT_DEFAULT_BUDGET="${PRIVBERT_DEFAULT_BUDGET:-1000000}" PRIVBERT_WORKER_IN_SERVE=0
+PORT="${PRIVBERT_PORT:-$(python -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')}"
+echo "web_demo: open http://127.0.0.1:$PORT/demo/ (Ctrl-C stops the service)" >&2
+exec cloud-api serve --host 127.0.0.1 --port "$PORT"

@@ -1,0 +1,57 @@
+"""No privatization: the Null-privacy baseline, named explicitly so that it is never the
+result of a missing setting. Its payloads carry the plain word-piece ids, which the
+server can read; the edge sends them only with ``--allow-none`` and the server accepts
+them only with ``PRIVBERT_ALLOW_NONE=1``.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+import numpy as np
+from pydantic import BaseModel
+
+from shared.arrays import _STRICT
+from shared.mechanisms.registry import BaseMechanism, PayloadKind
+
+if TYPE_CHECKING:
+    from shared.bundle import EdgeBundle
+
+
+class NoneParams(BaseModel):
+    """No privatization (Null-privacy baseline): no parameters."""
+
+    model_config = _STRICT
+
+
+class NoPrivacy(BaseMechanism):
+    """The identity on token ids; ``private`` is False (no guarantee, no floor to judge:
+    it is the baseline that the floor compares the others with)."""
+
+    name = "none"
+    Params = NoneParams
+    payload_kind = PayloadKind.TOKENS
+    family = "none"
+    private = False
+    has_epsilon = False
+    edge_options = frozenset({"allow_none"})
+
+    @property
+    def params(self) -> dict:
+        return {}
+
+    @classmethod
+    def from_params(cls, params, bundle=None, *, dim=None, secret=None) -> NoPrivacy:
+        return cls()
+
+    def privatize_tokens(self, ids, bundle: EdgeBundle, rng) -> np.ndarray:
+        return ids
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, NoPrivacy)
+
+    def __hash__(self) -> int:
+        return hash(NoPrivacy)
+
+    def __repr__(self) -> str:
+        return "NoPrivacy()"

@@ -1,0 +1,190 @@
+"""The privacy explorer in a real browser: Debian's headless Chromium, driven by playwright-core
+(web_edge/demo/test/drive.mjs), against a real `cloud-api serve` with /demo enabled.
+
+A sentence typed into the page gets a prediction, and no request the page sends (the bundle
+download included), no line of the server's log and no byte of its database holds a word of
+it. Each kind of bad input shows a visible message and sends nothing to predict: empty text,
+text past the model's length, an η past the privacy floor, a device ledger over its cap or
+that cannot be written, a bundle with a flipped bit or cut short, a service that is down.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import os
+import re
+import shutil
+import subprocess
+import urllib.parse
+from pathlib import Path
+
+import pytest
+
+from tests.cloud_api.conftest import ServerProcess, new_keys, onnx_home
+from tests.conftest import REPO
+
+DEMO = REPO / "web_edge" / "demo"
+CHROMIUM = os.environ.get("PRIVBERT_CHROMIUM", "/usr/bin/chromium")
+# words of the tiny test vocabulary (tests/conftest.py TINY_WORDS), none a JSON key of a payload
+SENTENCE = "secret marker , great funny movie but boring story !"
+WORDS = sorted({w for w in re.findall(r"[a-z]+", SENTENCE) if len(w) >= 3})
+WEAK_ETA = 1000  # far past the tiny table's privacy floor (about 13)
+OTHER_ETA = 3  # under the floor, and not the model's η (5)
+SCENARIOS = ["predict", "other_eta", "empty", "too_long", "weak_eta", "over_cap", "ledger_unwritable",
+             "wrong_hash", "truncated", "server_down", "server_down_at_start"]
+
+
+def _missing() -> str | None:
+    if not Path(CHROMIUM).is_file():
+        return f"{CHROMIUM} is missing (Debian package chromium)"
+    if not (DEMO / "node_modules" / "playwright-core").is_dir():
+        return "web_edge/demo/node_modules is missing (scripts/build_web.sh)"
+    if not (DEMO / "dist" / "index.html").is_file():
+        return "the page is not built (scripts/build_web.sh)"
+    if shutil.which("node") is None:
+        return "node is not installed"
+    return None
+
+
+@pytest.fixture(scope="module")
+def page_server(tiny_home, tmp_path_factory):
+    why = _missing()
+    if why is not None:
+        if os.environ.get("CI"):  # CI installs all of it (scripts/test.sh): a miss is a failure
+            pytest.fail(why)
+        pytest.skip(why)
+    root = tmp_path_factory.mktemp("page")
+    home, _ = onnx_home(tiny_home, root / "home")
+    server = ServerProcess(home.root, root / "serve.log", new_keys(), {
+        "PRIVBERT_DEMO": "1", "PRIVBERT_DEMO_KEY": "demo-" + os.urandom(8).hex(),
+        "PRIVBERT_WORKER_IN_SERVE": "0", "PRIVBERT_BACKEND": "onnx",
+        "PRIVBERT_RATE_LIMIT_PER_KEY": "0", "PRIVBERT_DEFAULT_BUDGET": "1e9",
+        "PRIVBERT_LOG_LEVEL": "DEBUG"}).start()
+    try:
+        yield server
+    finally:
+        server.stop()
+
+
+@pytest.fixture(scope="module")
+def report(page_server) -> dict:
+    args = {"url": f"{page_server.url}/demo/", "sentence": SENTENCE, "weakEta": WEAK_ETA, "otherEta": OTHER_ETA,
+            "scenarios": SCENARIOS}
+    r = subprocess.run(["node", "test/drive.mjs", json.dumps(args)], cwd=DEMO,
+                       capture_output=True, text=True, timeout=180)
+    assert r.returncode == 0, r.stderr[-4000:]
+    out = json.loads(r.stdout)
+    failed = {k: v for k, v in out["scenarios"].items() if "failed" in v}
+    assert not failed, json.dumps(failed, indent=1)[:6000]
+    return out
+
+
+def sent(requests: list[dict]) -> list[tuple[str, str]]:
+    """(URL as sent and decoded, body as text) of every request."""
+    out = []
+    for r in requests:
+        body = base64.b64decode(r["body"]).decode("utf-8", "replace") if r["body"] else ""
+        out.append((r["url"] + " " + urllib.parse.unquote_plus(r["url"]), body))
+    return out
+
+
+def predicts(requests: list[dict]) -> list[dict]:
+    return [r for r in requests if r["method"] == "POST" and r["url"].endswith("/predict")]
+
+
+def test_a_sentence_typed_into_the_page_gets_a_prediction(report, page_server):
+    from shared.payload import parse_payload
+
+    model = page_server.model("text")
+    scene = report["scenarios"]["predict"]
+    first, repeat = scene["result"]["first"], scene["result"]["repeat"]
+    assert first["error"] is None, (first, scene["console"])
+    assert not first["keyFieldShown"]  # the demo key came from config.json
+    label = first["prediction"].split(" ", 1)[0]
+    assert label in model["labels"], first["prediction"]
+    assert first["tokens"] and first["privatizeMs"] > 0
+    # the guarantee as the Python edge prints it, with the worst case
+    assert first["guarantee"].startswith(f"dchi-text: published eta={model['params']['eta']:g}; "
+                                         f"holds eta={model['params']['eta']:g}, worst eps ")
+    worst = model["guarantee"]["worst_case"]["epsilon"]
+    assert f"worst eps {worst:.1f}/token" in first["guarantee"], (first["guarantee"], worst)
+    assert re.search(r"\d+(\.\d)?% ± \d+(\.\d)?% of \d+ random regular tokens", first["inversion"])
+    # what the page shows as sent is a payload the server's schema accepts, and no text
+    payload = parse_payload(first["payload"])
+    assert payload.mechanism == "dchi-text" and payload.bundle_id == model["bundle_id"]
+    # the ledger counted the send; the memoized repeat sent the same payload for nothing
+    assert float(first["ledger"]["spent"]) > 0 and first["ledger"]["sends"] == "1"
+    assert repeat["error"] is None and repeat["ledger"]["spent"] == first["ledger"]["spent"]
+    assert repeat["payload"] == first["payload"] and "costs nothing" in repeat["sentNote"]
+    calls = predicts(scene["requests"])
+    assert len(calls) == 2 and calls[0]["body"] == calls[1]["body"]
+    bundle = [r for r in scene["requests"] if "/v1/bundles/" in r["url"]]
+    assert bundle and bundle[0]["url"].endswith(f"/v1/bundles/{model['bundle_id']}")
+
+
+def test_another_eta_is_privatized_and_shown_but_never_sent(report):
+    scene = report["scenarios"]["other_eta"]
+    res = scene["result"]
+    assert res["error"] is None and res["tokens"], res
+    assert res["sentNote"].startswith("Not sent") and f"η = {OTHER_ETA}" in res["sentNote"]
+    assert f'"eta":{OTHER_ETA:.1f}' in res["payload"]  # what it would have sent
+    assert res["guarantee"].startswith(f"dchi-text: published eta={OTHER_ETA}; ")
+    assert res["inversion"].endswith(f"at η = {OTHER_ETA}") and res["ledger"]["sends"] == "0"
+    assert predicts(scene["requests"]) == []
+
+
+def test_no_request_of_the_page_holds_a_word_of_the_sentence(report):
+    seen = 0
+    for name, scene in report["scenarios"].items():
+        for url, body in sent(scene["requests"]):
+            seen += 1
+            for w in WORDS:
+                assert w not in url and w not in body, (name, w, url, body[:300])
+    assert seen > 20  # the page, its scripts and wasm, config, models, bundle, predictions
+
+
+def test_the_server_log_and_database_hold_no_word_of_the_sentence(report, page_server):
+    assert report["scenarios"]["predict"]["result"]["first"]["prediction"] != "–"
+    log = page_server.log.read_text()
+    assert '"route":"/v1/models/{model_id}/predict"' in log  # the log did record the calls
+    files = [p for p in page_server.home.iterdir() if p.name.startswith("privbert.db")]
+    assert files
+    for w in WORDS:
+        assert w not in log
+        for p in files:
+            assert w.encode() not in p.read_bytes(), (w, p)
+
+
+@pytest.mark.parametrize("scenario, message", [
+    ("empty", r"has no tokens"),
+    ("too_long", r"has \d+ tokens; the model takes at most \d+"),
+    ("weak_eta", r"privacy floor"),
+    ("over_cap", r"(?i)cap"),
+    ("ledger_unwritable", r"(?i)ledger"),
+    ("wrong_hash", r"(?i)sha-?256|hash"),
+    ("truncated", r"(?i)truncated|missing|not a tar"),
+    ("server_down", r"cannot be reached"),
+    ("server_down_at_start", r"cannot be reached"),
+])
+def test_bad_input_shows_a_message_and_sends_nothing(report, scenario, message):
+    scene = report["scenarios"][scenario]
+    shown = scene["result"]["error"]
+    assert shown and re.search(message, shown), (scenario, shown, scene["console"])
+    assert predicts(scene["requests"]) == [] or scenario == "server_down"
+    if scenario == "server_down":  # it was tried and refused by the (simulated) network only
+        assert scene["result"]["prediction"] == "–"
+    assert scene["result"]["prediction"] == "–"
+
+
+MATH_RANDOM = re.compile(r"\bMath\s*\.\s*random\b|\bMath\s*\[\s*[\"']random[\"']\s*\]")
+
+
+def test_the_page_draws_no_math_random():
+    """The page's own code (its inversion-rate draws included) takes randomness from the
+    library's CryptoSource (crypto.getRandomValues) only."""
+    files = sorted((DEMO / "src").rglob("*.ts"))
+    assert len(files) >= 4 and any("CryptoSource" in f.read_text() for f in files)
+    hits = [f.name for f in files if MATH_RANDOM.search(f.read_text())]
+    assert hits == []
+    assert MATH_RANDOM.search("const u = Math.random();")  # the check itself can fail

@@ -1,0 +1,220 @@
+/**
+ * The page's use of `@privbert/edge`: one served dχ-text model, its bundle fetched from the
+ * service, verified (SHA-256 of every file and the bundle id, Web Crypto) and cached (Cache
+ * API), a privatizer per η (each checked against the privacy floor first), and the device
+ * ledger in IndexedDB. Nothing here privatizes, verifies, encodes or counts by itself: it
+ * calls the library in the order the Python edge does, and turns its errors into one line a
+ * person can act on.
+ */
+
+import {
+  ApiError, BudgetRefused, BundleError, CacheApiBundleCache, CryptoSource, DChiText, IndexedDbFloorCache,
+  IndexedDbLedgerStore, Ledger, PrivbertClient, Privatizer, TextError, WeakPrivacyError, dchiCost, diameter,
+  nTokens, type BundleCache, type EdgeBundle, type FloorCache, type ModelInfo, type Status, type TokenizedText,
+} from "@privbert/edge";
+
+/** Regular tokens the inversion rate is measured on (its standard error is at most 3.1%). */
+export const INVERSION_TOKENS = 256;
+
+/** The floor's cache is only a cache: storage the page may not use means computing it again. */
+const FLOORS = new IndexedDbFloorCache();
+const OPTIONAL_FLOOR_CACHE: FloorCache = {
+  get: (id) => FLOORS.get(id).catch(() => null),
+  put: (id, exit) => FLOORS.put(id, exit).catch(() => undefined),
+};
+
+const BUNDLES = new CacheApiBundleCache();
+const OPTIONAL_BUNDLE_CACHE: BundleCache = {
+  get: (id) => BUNDLES.get(id).catch(() => null),
+  // stored in the background: the page does not wait for 50 MB to be written to use them
+  put: (id, tar) => {
+    void BUNDLES.put(id, tar).catch(() => undefined);
+    return Promise.resolve();
+  },
+};
+
+/** WebAssembly threads for the nearest-token search: more than one needs cross-origin
+ * isolation (cloud-api serve sends COOP/COEP with /demo). */
+const THREADS = threadsFor(new URLSearchParams(location.search).get("threads"));
+
+/** ``?threads=N`` (benchmarks) or up to 4 when isolated; 1 without cross-origin isolation. */
+function threadsFor(asked: string | null): number {
+  if (!globalThis.crossOriginIsolated) return 1;
+  const n = Number(asked);
+  return Number.isInteger(n) && n >= 1 ? Math.min(n, 16) : Math.min(4, navigator.hardwareConcurrency || 1);
+}
+
+export interface Privatized {
+  eta: number;
+  item: TokenizedText;
+  /** the privatized word pieces, as the vocabulary spells them */
+  tokens: string[];
+  /** per token: the noise left it unchanged in this draw */
+  unchanged: boolean[];
+  payloadJson: string;
+  /** tokenize, noise and exact nearest token, in this page */
+  ms: number;
+}
+
+export interface Answer {
+  /** what left the device: the fresh payload, or the stored one of a memoized repeat */
+  payloadJson: string;
+  repeat: boolean;
+  prediction: { label: string; scores: Record<string, number> };
+  modelId: string;
+}
+
+/** One line for a person: what went wrong, and that nothing was sent where that holds. */
+export function explain(err: unknown): string {
+  if (err instanceof TextError) return `the text ${err.detail}: nothing was sent`;
+  if (err instanceof WeakPrivacyError) return `${err.message}: nothing was sent`;
+  if (err instanceof BudgetRefused) return err.message.includes("nothing was sent") ? err.message : `${err.message}: nothing was sent`;
+  if (err instanceof BundleError) return `${err.message}: the bundle was refused and nothing was sent`;
+  if (err instanceof ApiError && err.status === null) return `the service cannot be reached: ${err.message}`;
+  return err instanceof Error ? err.message : String(err);
+}
+
+export class Edge {
+  private readonly privatizers = new Map<number, Promise<Privatizer>>();
+  private readonly vocab: string[];
+  /** how long opening took: the bundle (fetched and verified, or from the cache), the rest */
+  phases: Record<string, number | boolean> = {};
+
+  private constructor(readonly client: PrivbertClient, readonly model: ModelInfo, readonly bundle: EdgeBundle,
+                      readonly ledger: Ledger, readonly diameter: number, readonly maxLength: number) {
+    const v = (JSON.parse(bundle.tokenizerJson) as { model: { vocab: Record<string, number> } }).model.vocab;
+    this.vocab = [];
+    for (const [tok, id] of Object.entries(v)) this.vocab[id] = tok;
+  }
+
+  static client(apiKey: string | null): PrivbertClient {
+    // one retry: a page should say "unreachable" in seconds, not after a CLI's back-off
+    return new PrivbertClient(location.origin, { apiKey, retries: 1, backoff: 0.2, timeout: 30 });
+  }
+
+  /** The model's bundle (verified, cached) and the privatizer at the model's η. */
+  static async open(client: PrivbertClient, model: ModelInfo): Promise<Edge> {
+    const t0 = performance.now();
+    const { bundle, fetched } = await client.bundle(model.bundle_id, OPTIONAL_BUNDLE_CACHE);
+    const t1 = performance.now();
+    const limit = typeof model.max_length === "number" && model.max_length >= 4
+      ? Math.min(model.max_length, bundle.maxLength) : bundle.maxLength;
+    const ledger = new Ledger(new IndexedDbLedgerStore());
+    const edge = new Edge(client, model, bundle, ledger, diameter(bundle.embeddings, bundle.dim, bundle.regularIds), limit);
+    const t2 = performance.now();
+    await edge.privatizer(Number(model.params.eta));
+    edge.phases = { bundleMs: t1 - t0, fetched, setupMs: t2 - t1, privatizerMs: performance.now() - t2,
+      threads: THREADS };
+    return edge;
+  }
+
+  get dim(): number {
+    return this.bundle.dim;
+  }
+
+  get vocabSize(): number {
+    return this.bundle.vocabSize;
+  }
+
+  /** The privatizer at ``eta`` (WeakPrivacyError past the floor); the model's η and the
+   * last other η explored are kept (each holds a search over the whole table). */
+  privatizer(eta: number): Promise<Privatizer> {
+    let p = this.privatizers.get(eta);
+    if (!p) {
+      const keep = Number(this.model.params.eta);
+      for (const [old, q] of this.privatizers) {
+        if (old === keep) continue;
+        this.privatizers.delete(old);
+        void q.then((x) => x.release()).catch(() => undefined);
+      }
+      p = Privatizer.create(this.bundle, {
+        mechanism: "dchi-text", eta, maxLength: this.maxLength, truncate: "error",
+        floorCache: OPTIONAL_FLOOR_CACHE, threads: THREADS,
+      });
+      this.privatizers.set(eta, p);
+      p.catch(() => this.privatizers.delete(eta));
+    }
+    return p;
+  }
+
+  /** Privatize ``text`` at ``eta`` in the page; nothing is charged or sent. */
+  async privatize(text: string, eta: number): Promise<Privatized> {
+    if (!(eta > 0) || !Number.isFinite(eta)) throw new RangeError(`η must be a positive number, got ${eta}: nothing was sent`);
+    const priv = await this.privatizer(eta);
+    const t0 = performance.now();
+    const [item] = priv.tokenize([text]) as TokenizedText[];
+    const data = await priv.privatizeData([item!]) as Int32Array;
+    const [payloadJson] = priv.payloads([item!], data);
+    const ms = performance.now() - t0;
+    const ids = [...item!.idsA, ...(item!.idsB ?? [])];
+    return { eta, item: item!, payloadJson: payloadJson!, ms,
+      tokens: Array.from(data, (id) => this.vocab[id] ?? `[${id}]`),
+      unchanged: Array.from(data, (id, i) => id === ids[i]) };
+  }
+
+  /** The privatized tokens of a payload (a memoized repeat sends a stored one). */
+  tokensOf(payloadJson: string): string[] {
+    const b64 = (JSON.parse(payloadJson) as { token_ids: { data: string } }).token_ids.data;
+    const bin = atob(b64);
+    const out: string[] = [];
+    for (let i = 0; i < bin.length; i += 4) {
+      const id = bin.charCodeAt(i) | (bin.charCodeAt(i + 1) << 8) | (bin.charCodeAt(i + 2) << 16) | (bin.charCodeAt(i + 3) << 24);
+      out.push(this.vocab[id] ?? `[${id}]`);
+    }
+    return out;
+  }
+
+  /**
+   * Charge the ledger (committed, or BudgetRefused and nothing sent), then send what it says:
+   * the fresh payload, or the stored payload of a memoized repeat at no cost.
+   */
+  async send(p: Privatized): Promise<Answer> {
+    const priv = await this.privatizer(p.eta);
+    const keys = await this.ledger.memoKeys({ mechanism: priv.name, params: priv.params,
+      bundle_id: this.bundle.bundleId });
+    const memo = await keys.keyOf(p.item.idsA, p.item.idsB);
+    const cost = dchiCost(priv.name, p.eta, nTokens(p.item), this.diameter);
+    const charged = await this.ledger.charge([cost], [p.payloadJson], [memo],
+      { mechanism: priv.name, params: priv.params, bundleId: this.bundle.bundleId }, "this sentence");
+    const payloadJson = charged.payloads[0]!;
+    const [prediction] = await this.client.predict(this.model.id, [payloadJson]);
+    return { payloadJson, repeat: charged.cost === null, prediction: prediction!, modelId: this.model.id };
+  }
+
+  /** Release every search this page built (another model was chosen). */
+  async close(): Promise<void> {
+    const all = [...this.privatizers.values()];
+    this.privatizers.clear();
+    await Promise.all(all.map((p) => p.then((x) => x.release()).catch(() => undefined)));
+  }
+
+  async ledgerStatus(): Promise<Status> {
+    try {
+      return await this.ledger.status();
+    } catch (err) {
+      throw new BudgetRefused(`the device ledger (IndexedDB) cannot be read (${(err as Error).message}): `
+        + "nothing will be sent from this page");
+    }
+  }
+
+  async setCap(cap: number | null): Promise<void> {
+    if (cap !== null && !(cap >= 0 && Number.isFinite(cap))) throw new RangeError(`the cap must be a number >= 0, got ${cap}`);
+    await this.ledger.setCap("cap", cap);
+  }
+
+  /**
+   * The inversion rate at ``eta`` (Qu et al. §5.4): the share of ``tokens`` regular tokens,
+   * drawn uniformly with OS entropy, that the mechanism returns unchanged; ± its standard error.
+   */
+  async inversionRate(eta: number, tokens = INVERSION_TOKENS): Promise<{ rate: number; se: number; tokens: number }> {
+    const priv = await this.privatizer(eta);
+    const reg = this.bundle.regularIds;
+    const src = new CryptoSource();
+    const ids = Int32Array.from({ length: tokens }, () => reg[Math.floor(src.nextDouble() * reg.length)]!);
+    const out = await (priv.mechanism as DChiText).privatizeIds(ids);
+    let same = 0;
+    for (let i = 0; i < tokens; i++) if (out[i] === ids[i]) same++;
+    const rate = same / tokens;
+    return { rate, se: Math.sqrt((rate * (1 - rate)) / tokens), tokens };
+  }
+}

@@ -1,0 +1,244 @@
+/**
+ * The privacy explorer: the page's wiring. Everything that privatizes, verifies, encodes and
+ * counts is the library's (`./edge.ts` adapts it); this file reads the form, calls it in the
+ * order the Python edge does (text policy, privacy floor, ledger charge committed, then the
+ * send) and shows what happened, or one visible message and nothing sent.
+ */
+
+import { guarantee, summary, type ModelInfo, type PrivbertClient } from "@privbert/edge";
+
+import { readConfig } from "./api.js";
+import { Edge, explain, type Privatized } from "./edge.js";
+import { notes } from "./guarantee.js";
+
+const $ = <T extends HTMLElement>(id: string): T => {
+  const el = document.getElementById(id);
+  if (!el) throw new Error(`page element #${id} is missing`);
+  return el as T;
+};
+
+const ui = {
+  text: $<HTMLTextAreaElement>("text"),
+  model: $<HTMLSelectElement>("model"),
+  eta: $<HTMLInputElement>("eta"),
+  etaRange: $<HTMLInputElement>("eta-range"),
+  keyRow: $("key-row"),
+  key: $<HTMLInputElement>("key"),
+  go: $<HTMLButtonElement>("go"),
+  preview: $<HTMLButtonElement>("preview"),
+  status: $("status"),
+  error: $("error"),
+  sentNote: $("sent-note"),
+  tokens: $<HTMLOListElement>("tokens"),
+  payload: $("payload"),
+  timing: $("timing"),
+  guarantee: $("guarantee"),
+  guaranteeNotes: $<HTMLUListElement>("guarantee-notes"),
+  inversion: $("inversion"),
+  prediction: $("prediction"),
+  spent: $("ledger-spent"),
+  cap: $("ledger-cap"),
+  remaining: $("ledger-remaining"),
+  sends: $("ledger-sends"),
+  capInput: $<HTMLInputElement>("cap"),
+  setCap: $<HTMLButtonElement>("set-cap"),
+};
+
+let client: PrivbertClient;
+let models: ModelInfo[] = [];
+let edge: Edge | null = null;
+let busy = false;
+let inversionRun = 0;
+let measuredEta: number | null = null;
+
+function status(text: string): void {
+  ui.status.textContent = text;
+}
+
+/** One visible message; the caller has sent nothing (or says what was). */
+function fail(err: unknown): void {
+  ui.error.textContent = explain(err);
+  ui.error.hidden = false;
+  status("");
+}
+
+function clearError(): void {
+  ui.error.hidden = true;
+  ui.error.textContent = "";
+}
+
+function selected(): ModelInfo | undefined {
+  return models.find((m) => m.id === ui.model.value);
+}
+
+function eta(): number {
+  return Number(ui.eta.value);
+}
+
+async function start(): Promise<void> {
+  const t0 = performance.now();
+  status("connecting to the service…");
+  const config = await readConfig();
+  if (!config.api_key) {
+    ui.keyRow.hidden = false;
+    ui.key.addEventListener("change", () => {
+      clearError();
+      client = Edge.client(ui.key.value.trim() || null);
+      void loadModels(t0).catch(fail);
+    });
+    status("enter an application key to start");
+    return;
+  }
+  client = Edge.client(config.api_key);
+  await loadModels(t0);
+}
+
+async function loadModels(t0: number): Promise<void> {
+  models = (await client.models()).filter((m) => m.mechanism === "dchi-text");
+  if (models.length === 0) throw new Error("the service serves no dchi-text model: nothing to explore");
+  ui.model.replaceChildren(...models.map((m) => new Option(`${m.id} (${m.version ?? "?"}, η = ${m.params.eta})`, m.id)));
+  const wanted = new URLSearchParams(location.search).get("model");
+  if (wanted && models.some((m) => m.id === wanted)) ui.model.value = wanted;
+  ui.model.disabled = false;
+  await selectModel(t0);
+}
+
+async function selectModel(t0: number = performance.now()): Promise<void> {
+  const m = selected();
+  if (!m) return;
+  ui.go.disabled = ui.preview.disabled = true;
+  setEta(Number(m.params.eta));
+  status(`fetching bundle ${m.bundle_id.slice(0, 12)}… and checking its SHA-256`);
+  const previous = edge;
+  edge = null;
+  await previous?.close();
+  edge = await Edge.open(client, m);
+  status(`bundle ${m.bundle_id.slice(0, 12)}… verified (${edge.vocabSize.toLocaleString("en-US")} tokens × ${edge.dim}), ` +
+    `loaded in ${Math.round(performance.now() - t0)} ms`);
+  document.body.dataset.bundleMs = String(performance.now() - t0);
+  document.body.dataset.phases = JSON.stringify(edge.phases);
+  ui.go.disabled = ui.preview.disabled = false;
+  await showLedger();
+}
+
+function setEta(v: number): void {
+  ui.eta.value = String(v);
+  ui.etaRange.value = String(v);
+}
+
+async function showLedger(): Promise<void> {
+  if (!edge) return;
+  const s = await edge.ledgerStatus();
+  ui.spent.textContent = s.spent.toFixed(1);
+  ui.cap.textContent = s.cap === null ? "none" : s.cap.toFixed(1);
+  ui.remaining.textContent = s.cap === null ? "–" : Math.max(0, s.cap - s.spent).toFixed(1);
+  ui.sends.textContent = String(s.sends);
+}
+
+function showTokens(tokens: string[], unchanged: boolean[]): void {
+  ui.tokens.replaceChildren(...tokens.map((tok, i) => {
+    const li = document.createElement("li");
+    li.textContent = tok;
+    if (unchanged[i]) {
+      li.className = "same";
+      li.title = "unchanged by the noise in this draw";
+    }
+    return li;
+  }));
+}
+
+function showPrivatized(p: Privatized): void {
+  showTokens(p.tokens, p.unchanged);
+  ui.payload.textContent = p.payloadJson;
+  ui.timing.textContent = p.ms.toFixed(1);
+  document.body.dataset.privatizeMs = String(p.ms);
+  const g = guarantee("dchi-text", p.eta, edge!.diameter, edge!.dim);
+  ui.guarantee.textContent = summary(g, p.tokens.length);
+  ui.guaranteeNotes.replaceChildren(...notes(g).map((n) => {
+    const li = document.createElement("li");
+    li.textContent = n;
+    return li;
+  }));
+}
+
+async function run(send: boolean): Promise<void> {
+  if (busy || !edge) return;
+  const m = selected()!;
+  busy = true;
+  clearError();
+  ui.prediction.textContent = "–";
+  try {
+    const e = eta();
+    // the text policy and the floor first: a refusal leaves nothing charged and nothing sent
+    const p = await edge.privatize(ui.text.value, e);
+    showPrivatized(p);
+    if (!send) {
+      ui.sentNote.textContent = "Privatized in this page only: nothing was sent and nothing charged.";
+      status("");
+      return;
+    }
+    if (e !== Number(m.params.eta)) {  // exploring another η: shown here, never sent
+      ui.sentNote.textContent = `Not sent: model ${m.id} reads payloads made at η = ${m.params.eta} ` +
+        `(the service refuses any other); this one is at η = ${e}. Nothing was charged.`;
+      status("");
+      return;
+    }
+    status("charging the device ledger, then sending the payload…");
+    ui.sentNote.textContent = "Charged to the device ledger; sending…";
+    const answer = await edge.send(p);  // charged (committed) before the request leaves
+    if (answer.payloadJson !== p.payloadJson) {  // a memoized repeat: the stored payload left
+      ui.payload.textContent = answer.payloadJson;
+      showTokens(edge.tokensOf(answer.payloadJson), []);
+    }
+    ui.sentNote.textContent = answer.repeat
+      ? "Sent again: a repeat of an earlier sentence sends the same payload and costs nothing."
+      : "Sent: only these token ids (and the mechanism, η and bundle id).";
+    const best = answer.prediction;
+    ui.prediction.textContent = `${best.label} (` + Object.entries(best.scores)
+      .map(([k, v]) => `${k} ${(v * 100).toFixed(1)}%`).join(", ") + `) — model ${answer.modelId}`;
+    status("");
+  } catch (err) {
+    fail(err);
+  } finally {
+    busy = false;
+    await showLedger().catch(fail);
+    document.body.dataset.done = "1";  // for the browser test: this click is answered
+    if (!ui.error.hidden || measuredEta === eta()) return;
+    refreshInversion();
+  }
+}
+
+/** The inversion rate at the current η, measured in the page; newer runs supersede older. */
+function refreshInversion(): void {
+  if (!edge) return;
+  const e = eta();
+  const run = ++inversionRun;
+  measuredEta = e;
+  ui.inversion.textContent = "measuring…";
+  edge.inversionRate(e).then((r) => {
+    if (run !== inversionRun) return;
+    ui.inversion.textContent = `${(r.rate * 100).toFixed(1)}% ± ${(r.se * 100).toFixed(1)}% ` +
+      `of ${r.tokens} random regular tokens come out unchanged at η = ${e}`;
+  }).catch((err) => {
+    if (run === inversionRun) ui.inversion.textContent = `not measured: ${(err as Error).message}`;
+  });
+}
+
+ui.go.addEventListener("click", () => void run(true));
+ui.preview.addEventListener("click", () => void run(false));
+ui.model.addEventListener("change", () => void selectModel().catch(fail));
+ui.eta.addEventListener("change", () => {
+  ui.etaRange.value = ui.eta.value;
+});
+ui.etaRange.addEventListener("change", () => {
+  ui.eta.value = ui.etaRange.value;
+});
+ui.setCap.addEventListener("click", () => {
+  if (!edge) return;
+  const raw = ui.capInput.value.trim();
+  const cap = raw === "" ? null : Number(raw);
+  clearError();
+  edge.setCap(cap).then(showLedger).catch(fail);
+});
+
+start().catch(fail);

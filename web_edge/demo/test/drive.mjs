@@ -1,0 +1,231 @@
+// Drives the privacy explorer in Debian's headless Chromium (playwright-core, never a
+// downloaded browser) and prints one JSON report on stdout: what each scenario showed and
+// every request the page sent (URL, method, body as base64). The caller (pytest, or
+// bench/web_page.py) asserts on it; this script only drives and records.
+//
+//   node test/drive.mjs '{"url": "http://127.0.0.1:PORT/demo/", "sentence": "...",
+//                         "scenarios": ["predict", "empty", ...]}'
+
+import { gzipSync } from "node:zlib";
+
+import { chromium } from "playwright-core";
+
+const CHROMIUM = process.env.PRIVBERT_CHROMIUM || "/usr/bin/chromium";
+const FLAGS = ["--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
+  "--disable-background-networking", "--disable-component-update", "--disable-sync"];
+const TIMEOUT = 60_000;
+
+const args = JSON.parse(process.argv[2]);
+const report = { scenarios: {} };
+
+// one browser (its own fresh --user-data-dir, made and removed by playwright), a new
+// context per scenario: each starts with an empty Cache API and IndexedDB
+const browser = await chromium.launch({ executablePath: CHROMIUM, headless: true, args: FLAGS,
+  timeout: TIMEOUT });
+
+async function freshPage(init) {
+  const ctx = await browser.newContext();
+  const page = await ctx.newPage();
+  page.setDefaultTimeout(TIMEOUT);
+  const requests = [];
+  const console_ = [];
+  page.on("console", (m) => console_.push(`${m.type()}: ${m.text()}`));
+  page.on("pageerror", (e) => console_.push(`pageerror: ${e.message}`));
+  page.on("request", (r) => {
+    const body = r.postDataBuffer();
+    requests.push({ url: r.url(), method: r.method(), resource: r.resourceType(),
+      body: body ? body.toString("base64") : null });
+  });
+  if (init) await init(ctx, page);
+  return { ctx, page, requests, console: console_, close: () => ctx.close() };
+}
+
+async function text(page, id) {
+  return (await page.locator(`#${id}`).textContent())?.trim() ?? "";
+}
+
+async function errorShown(page) {
+  return (await page.locator("#error").isVisible()) ? await text(page, "error") : null;
+}
+
+/** Open the page and wait until it can privatize (or shows an error). */
+async function ready(page) {
+  const t0 = Date.now();
+  await page.goto(args.url);
+  await page.waitForFunction(() => !document.querySelector("#go").disabled
+    || !document.querySelector("#error").hidden);
+  return Date.now() - t0;
+}
+
+/** Click a button and wait for the page to finish (a prediction, a token list or an error). */
+async function click(page, id) {
+  await page.evaluate(() => {
+    document.querySelector("#prediction").textContent = "–";
+    document.querySelector("#tokens").replaceChildren();
+    document.body.dataset.done = "";
+  });
+  if (await page.locator(`#${id}`).isDisabled()) return;  // the page refused before: its message stands
+  await page.click(`#${id}`);
+  await page.waitForFunction(() => document.body.dataset.done === "1");
+}
+
+async function state(page) {
+  return {
+    error: await errorShown(page), prediction: await text(page, "prediction"),
+    tokens: await page.locator("#tokens li").allTextContents(),
+    payload: await text(page, "payload"), guarantee: await text(page, "guarantee"),
+    sentNote: await text(page, "sent-note"), status: await text(page, "status"),
+    ledger: { spent: await text(page, "ledger-spent"), cap: await text(page, "ledger-cap"),
+      remaining: await text(page, "ledger-remaining"), sends: await text(page, "ledger-sends") },
+    privatizeMs: Number(await page.evaluate(() => document.body.dataset.privatizeMs)),
+    keyFieldShown: await page.locator("#key").isVisible(),
+  };
+}
+
+const SCENARIOS = {
+  // type a sentence, get a prediction; then the same sentence again (a memoized repeat)
+  async predict(p) {
+    await ready(p.page);
+    await p.page.fill("#text", args.sentence);
+    await click(p.page, "go");
+    const first = await state(p.page);
+    await p.page.waitForFunction(() => /random regular tokens|not measured/.test(document.querySelector("#inversion").textContent));
+    first.inversion = await text(p.page, "inversion");
+    first.guaranteeNotes = await p.page.locator("#guarantee-notes li").allTextContents();
+    await click(p.page, "go");
+    return { first, repeat: await state(p.page) };
+  },
+  async empty(p) {
+    await ready(p.page);
+    await p.page.fill("#text", "   ");
+    await click(p.page, "go");
+    return state(p.page);
+  },
+  async too_long(p) {
+    await ready(p.page);
+    await p.page.fill("#text", Array(400).fill(args.sentence).join(" "));
+    await click(p.page, "go");
+    return state(p.page);
+  },
+  async weak_eta(p) {
+    await ready(p.page);
+    await p.page.fill("#text", args.sentence);
+    await p.page.fill("#eta", String(args.weakEta));
+    await click(p.page, "go");
+    return state(p.page);
+  },
+  // another η than the model's: privatized and shown, never sent, its inversion rate measured
+  async other_eta(p) {
+    await ready(p.page);
+    await p.page.fill("#text", args.sentence);
+    await p.page.fill("#eta", String(args.otherEta));
+    await click(p.page, "go");
+    await p.page.waitForFunction(() => /random regular tokens|not measured/.test(document.querySelector("#inversion").textContent));
+    return { ...(await state(p.page)), inversion: await text(p.page, "inversion") };
+  },
+  async over_cap(p) {
+    await ready(p.page);
+    await p.page.fill("#cap", "0");
+    await p.page.click("#set-cap");
+    await p.page.waitForFunction(() => document.querySelector("#ledger-cap").textContent === "0.0");
+    await p.page.fill("#text", args.sentence);
+    await click(p.page, "go");
+    return state(p.page);
+  },
+  async server_down(p) {
+    await ready(p.page);
+    await p.page.route("**/v1/**", (route) => route.abort("connectionrefused"));
+    await p.page.fill("#text", args.sentence);
+    await click(p.page, "go");
+    return state(p.page);
+  },
+  async server_down_at_start(p) {
+    await p.page.route("**/v1/**", (route) => route.abort("connectionrefused"));
+    await ready(p.page);
+    return state(p.page);
+  },
+  async wrong_hash(p) {
+    await p.page.route("**/v1/bundles/**", async (route) => {
+      const r = await route.fetch();
+      const body = Buffer.from(await r.body());
+      // one bit flipped inside embeddings.npy's data (past its header): the tar still reads,
+      // the file's SHA-256 no longer matches bundle.json
+      let at = -1;
+      for (let h = 0; h + 512 <= body.length; h += 512) {
+        if (body.subarray(h, h + 15).toString("latin1") === "embeddings.npy\0") { at = h + 512 + 256; break; }
+      }
+      if (at < 0) throw new Error("no embeddings.npy in the bundle tarball");
+      body[at] ^= 0x01;
+      await route.fulfill({ response: r, body });
+    });
+    await ready(p.page);
+    return state(p.page);
+  },
+  async truncated(p) {
+    await p.page.route("**/v1/bundles/**", async (route) => {
+      const r = await route.fetch();
+      const body = Buffer.from(await r.body());
+      await route.fulfill({ response: r, body: body.subarray(0, body.length >> 1) });
+    });
+    await ready(p.page);
+    return state(p.page);
+  },
+  async ledger_unwritable(p) {
+    await ready(p.page);
+    await p.page.fill("#text", args.sentence);
+    await click(p.page, "go");
+    return state(p.page);
+  },
+  // bench: the first privatization of a fresh page, bundle download included, then warm ones
+  async bench(p) {
+    const t0 = Date.now();
+    await p.page.goto(args.url);
+    await p.page.waitForFunction(() => !document.querySelector("#preview").disabled
+      || !document.querySelector("#error").hidden);
+    await p.page.fill("#text", args.sentence);
+    await click(p.page, "preview");
+    const firstMs = Date.now() - t0;
+    const first = await state(p.page);
+    const warm = [];
+    for (let i = 0; i < (args.repeats ?? 20); i++) {
+      await click(p.page, "preview");
+      warm.push((await state(p.page)).privatizeMs);
+    }
+    return { firstMs, first, warm, bundleMs: Number(await p.page.evaluate(() => document.body.dataset.bundleMs)),
+      phases: JSON.parse(await p.page.evaluate(() => document.body.dataset.phases || "{}")) };
+  },
+};
+
+// IndexedDB that cannot be opened, as in a browser that refuses storage to the page
+const NO_INDEXEDDB = () => {
+  Object.defineProperty(window, "indexedDB", {
+    get() { throw new DOMException("storage is not allowed here", "SecurityError"); },
+  });
+};
+
+const scripts = new Map();  // URL -> gzip size of every script the page loaded
+for (const name of args.scenarios) {
+  const p = await freshPage(async (ctx, page) => {
+    if (name === "ledger_unwritable") await page.addInitScript(NO_INDEXEDDB);
+    if (name === "bench" || name === "predict") {
+      page.on("response", async (r) => {
+        const type = r.request().resourceType();
+        if (type === "script" || /\.m?js(\?|$)/.test(r.url())) {
+          try { scripts.set(r.url(), gzipSync(await r.body(), { level: 9 }).length); } catch { /* redirect */ }
+        }
+      });
+    }
+  });
+  try {
+    const result = await SCENARIOS[name](p);
+    report.scenarios[name] = { result, requests: p.requests, console: p.console };
+  } catch (err) {
+    report.scenarios[name] = { failed: String(err.stack || err), requests: p.requests,
+      console: p.console, page: await state(p.page).catch(() => null) };
+  } finally {
+    await p.close();
+  }
+}
+await browser.close();
+report.scripts = Object.fromEntries(scripts);
+process.stdout.write(JSON.stringify(report));

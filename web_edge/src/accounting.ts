@@ -1,0 +1,39 @@
+/**
+ * The guarantee of a dχ privatization as the Python edge reports it (shared/accounting.py):
+ * the published statement (η·d(x, x')-privacy per token, Qu et al. 2021 §3.2) next to what
+ * holds between any two tokens of the table, ε = η·D per token with D = 2 max‖φ‖, summed over
+ * a sentence's tokens.
+ */
+
+import { fmtG } from "./dchi.js";
+
+export interface Guarantee {
+  mechanism: string;
+  params: { eta: number };
+  nominal: { eta: number; epsilon: null; statement: string };
+  worst_case: { eta: number; epsilon: number; epsilon_scope: string; expected_noise_norm: number; dim: number };
+}
+
+export function guarantee(mechanism: "dchi-text" | "dchi-embedding", eta: number, diameter: number,
+                          dim: number): Guarantee {
+  return {
+    mechanism,
+    params: { eta },
+    nominal: { eta, epsilon: null, statement: "eta*d(x, x')-privacy per token, d = Euclidean distance "
+      + "between word embeddings (Qu et al. 2021 §3.2)" },
+    worst_case: { eta, epsilon: eta * diameter,
+      epsilon_scope: "any two tokens of the vocabulary, per token (eta x 2 max ||phi||)",
+      expected_noise_norm: dim / eta, dim },
+  };
+}
+
+/** One line as shared.accounting.summary writes it; ``meanTokens`` adds a sentence's worst case. */
+export function summary(g: Guarantee, meanTokens?: number | null): string {
+  const wc = g.worst_case;
+  let extra = `, worst eps ${wc.epsilon.toFixed(1)}/token`;
+  if (meanTokens) {
+    const sentence = Math.round(wc.epsilon * meanTokens).toLocaleString("en-US");
+    extra += ` (${sentence} for a sentence of ${meanTokens.toFixed(1)} tokens)`;
+  }
+  return `${g.mechanism}: published eta=${fmtG(g.nominal.eta)}; holds eta=${fmtG(wc.eta)}${extra}`;
+}

@@ -1,0 +1,132 @@
+/**
+ * Browser storage behind the library's small interfaces: the device ledger in IndexedDB
+ * ({@link IndexedDbLedgerStore}: one readwrite transaction per charge, the memo key a
+ * non-extractable CryptoKey), verified bundles in the Cache API ({@link CacheApiBundleCache}),
+ * and the privacy floor's exit distances in IndexedDB ({@link IndexedDbFloorCache}).
+ * Web APIs only; exercised by the page's browser test.
+ */
+
+import { EdgeBundle } from "./bundle.js";
+import type { BundleCache } from "./client.js";
+import type { FloorCache } from "./floor.js";
+import { emptyState, newHmacKey, type LedgerState, type LedgerStore } from "./ledger.js";
+
+const STORE = "kv";
+
+function request<T>(r: IDBRequest<T>): Promise<T> {
+  return new Promise((resolve, reject) => {
+    r.onsuccess = () => resolve(r.result);
+    r.onerror = () => reject(r.error ?? new Error("IndexedDB request failed"));
+  });
+}
+
+function openDb(name: string): Promise<IDBDatabase> {
+  const r = indexedDB.open(name, 1);
+  r.onupgradeneeded = () => r.result.createObjectStore(STORE);
+  return request(r);
+}
+
+/** The device ledger in IndexedDB (database ``name``, default "privbert-ledger"). */
+export class IndexedDbLedgerStore implements LedgerStore {
+  readonly where: string;
+  private db: Promise<IDBDatabase> | null = null;
+
+  constructor(private readonly name = "privbert-ledger") {
+    this.where = `IndexedDB ${name}`;
+  }
+
+  private open(): Promise<IDBDatabase> {
+    this.db ??= openDb(this.name);
+    return this.db;
+  }
+
+  async read(): Promise<LedgerState> {
+    const db = await this.open();
+    const got = await request(db.transaction(STORE).objectStore(STORE).get("state")) as LedgerState | undefined;
+    return got ?? emptyState();
+  }
+
+  async update<T>(fn: (s: LedgerState) => { state: LedgerState | null; result: T }): Promise<T> {
+    const db = await this.open();
+    const tx = db.transaction(STORE, "readwrite", { durability: "strict" });
+    const store = tx.objectStore(STORE);
+    const done = new Promise<void>((resolve, reject) => {
+      tx.oncomplete = () => resolve();
+      tx.onabort = tx.onerror = () => reject(tx.error ?? new Error("IndexedDB transaction failed"));
+    });
+    let out: T;
+    try {
+      const cur = (await request(store.get("state")) as LedgerState | undefined) ?? emptyState();
+      const { state, result } = fn(cur);
+      out = result;
+      if (state !== null) store.put(state, "state");
+    } catch (exc) {
+      tx.abort();
+      await done.catch(() => undefined);
+      throw exc;
+    }
+    await done; // committed (or rejected: then nothing may be sent)
+    return out;
+  }
+
+  async hmacKey(): Promise<CryptoKey> {
+    const db = await this.open();
+    const got = await request(db.transaction(STORE).objectStore(STORE).get("hmac-key")) as CryptoKey | undefined;
+    if (got) return got;
+    const key = await newHmacKey();
+    const tx = db.transaction(STORE, "readwrite");
+    // add(): fails if another tab made one first; then that one is used
+    await request(tx.objectStore(STORE).add(key, "hmac-key")).catch(() => undefined);
+    const again = await request(db.transaction(STORE).objectStore(STORE).get("hmac-key")) as CryptoKey | undefined;
+    return again ?? key;
+  }
+}
+
+/** Verified bundles' tarballs in the Cache API (cache ``name``); every load is verified again. */
+export class CacheApiBundleCache implements BundleCache {
+  constructor(private readonly name = "privbert-bundles") {}
+
+  private key(id: string): string {
+    return `https://privbert.invalid/bundles/${id}`;
+  }
+
+  async get(bundleId: string): Promise<EdgeBundle | null> {
+    const c = await caches.open(this.name);
+    const hit = await c.match(this.key(bundleId));
+    if (!hit) return null;
+    try {
+      return await EdgeBundle.fromTar(new Uint8Array(await hit.arrayBuffer()), bundleId);
+    } catch {
+      await c.delete(this.key(bundleId)); // corrupted copy: fetched again
+      return null;
+    }
+  }
+
+  async put(bundleId: string, tarball: Uint8Array): Promise<void> {
+    const c = await caches.open(this.name);
+    await c.put(this.key(bundleId), new Response(tarball as Uint8Array<ArrayBuffer>));
+  }
+}
+
+/** The privacy floor's exit distances per bundle in IndexedDB. */
+export class IndexedDbFloorCache implements FloorCache {
+  private db: Promise<IDBDatabase> | null = null;
+
+  constructor(private readonly name = "privbert-floors") {}
+
+  private open(): Promise<IDBDatabase> {
+    this.db ??= openDb(this.name);
+    return this.db;
+  }
+
+  async get(bundleId: string): Promise<Float64Array | null> {
+    const db = await this.open();
+    const got = await request(db.transaction(STORE).objectStore(STORE).get(bundleId)) as Float64Array | undefined;
+    return got instanceof Float64Array ? got : null;
+  }
+
+  async put(bundleId: string, exit: Float64Array): Promise<void> {
+    const db = await this.open();
+    await request(db.transaction(STORE, "readwrite").objectStore(STORE).put(exit, bundleId));
+  }
+}

@@ -1,0 +1,148 @@
+/**
+ * dχ-privacy for token embeddings (Qu et al. 2021 §3.2, after Feyisetan et al. 2020), as
+ * shared/mechanisms/dchi.py: `dchi-embedding` sends φ(x) + N, `dchi-text` the exact nearest
+ * regular token to φ(x) + N (§3.2.4: post-processing, which keeps the guarantee).
+ */
+
+import type { EdgeBundle } from "./bundle.js";
+import { ExactNearest, scoresOverflow, type NearestOptions } from "./nearest.js";
+import type { BitSource } from "./random.js";
+import { positive, sampleDchiNoise } from "./samplers.js";
+
+const F32_MAX = 3.4028234663852886e38;
+const F16_MAX = 65504;
+export const TAIL = 40; // noise tails bounded with probability 1 - e^-40
+
+/** x with Pr[Gamma(n, 1) >= x] <= e^-tail (sub-gamma bound; Boucheron, Lugosi, Massart §2.4). */
+export function gammaTail(n: number, tail = TAIL): number {
+  return n + Math.sqrt(2 * n * tail) + tail;
+}
+
+/** RangeError if η's noise added to embeddings of norm up to ``tMax`` is not finite in
+ * ``floatDtype`` (and, with ``search``, in the float32 scores of the nearest-token search):
+ * shared.mechanisms.computable.check_dchi_eta, same message. */
+export function checkDchiEta(eta: number, dim: number, tMax: number,
+                             floatDtype: "float32" | "float16" = "float32", search = true): void {
+  const r = gammaTail(dim) / eta;
+  const top = floatDtype === "float16" ? F16_MAX : F32_MAX / 4;
+  let bad = !Number.isFinite(r) || r + tMax > top;
+  if (search && !bad) bad = scoresOverflow(r + tMax, tMax);
+  if (bad) {
+    const what = floatDtype === "float16" ? "a float16 payload" : "float32";
+    throw new RangeError(`eta=${fmtG(eta)} is too small to compute: the noise norm (up to `
+      + `${fmtG(r, 3)}) overflows ${what}`);
+  }
+}
+
+/** Python's ``format(x, "g")`` (6 significant digits) or ``.{p}g``. */
+export function fmtG(x: number, precision = 6): string {
+  if (!Number.isFinite(x)) return Number.isNaN(x) ? "nan" : x > 0 ? "inf" : "-inf";
+  if (x === 0) return Object.is(x, -0) ? "-0" : "0";
+  const p = Math.max(precision, 1);
+  const [mant, e] = x.toExponential(p - 1).split("e") as [string, string];
+  const exp = Number(e);
+  if (exp < -4 || exp >= p) {
+    let m = mant.includes(".") ? mant.replace(/0+$/, "").replace(/\.$/, "") : mant;
+    if (m === "-0") m = "0";
+    return `${m}e${exp < 0 ? "-" : "+"}${String(Math.abs(exp)).padStart(2, "0")}`;
+  }
+  const fixed = x.toFixed(Math.max(p - 1 - exp, 0));
+  return fixed.includes(".") ? fixed.replace(/0+$/, "").replace(/\.$/, "") : fixed;
+}
+
+/** The largest row norm of a table (float64 sums). */
+export function maxRowNorm(table: Float32Array, dim: number, rows?: ArrayLike<number>): number {
+  let best = 0;
+  const n = rows ? rows.length : table.length / dim;
+  for (let j = 0; j < n; j++) {
+    const v = rows ? rows[j]! : j;
+    let s = 0;
+    for (let k = 0; k < dim; k++) s += table[v * dim + k]! ** 2;
+    if (s > best) best = s;
+  }
+  return Math.sqrt(best);
+}
+
+/** Token representation privatization M(x) = φ(x) + N (Qu et al. §3.2.3). */
+export class DChiEmbedding {
+  readonly name = "dchi-embedding";
+  readonly eta: number;
+
+  constructor(eta: number) {
+    this.eta = positive("eta", eta);
+  }
+
+  get params(): { eta: number } {
+    return { eta: this.eta };
+  }
+
+  /** Perturb each row of ``embeddings`` (L × n float32): float64 noisy rows, L × n. */
+  privatize(embeddings: Float32Array, dim: number, source?: BitSource | null): Float64Array {
+    const count = embeddings.length / dim;
+    const noise = sampleDchiNoise(count, dim, this.eta, source);
+    for (let i = 0; i < noise.length; i++) {
+      const v = embeddings[i]! + noise[i]!;
+      if (!Number.isFinite(Math.fround(v))) {
+        throw new RangeError(`eta=${fmtG(this.eta)} is too small to compute: the noise overflows float32`);
+      }
+      noise[i] = v;
+    }
+    return noise;
+  }
+}
+
+/** Text-to-text privatization: the exact nearest regular token to φ(x) + N (§3.2.4). */
+export class DChiText {
+  readonly name = "dchi-text";
+
+  private constructor(readonly bundle: EdgeBundle, readonly eta: number,
+                      readonly index: ExactNearest) {}
+
+  /** The mechanism on ``bundle`` (builds the exact search over its regular tokens). */
+  static async create(bundle: EdgeBundle, eta: number, options: NearestOptions = {}): Promise<DChiText> {
+    positive("eta", eta);
+    checkDchiEta(eta, bundle.dim, maxRowNorm(bundle.embeddings, bundle.dim));
+    const reg = bundle.regularIds;
+    const index = await ExactNearest.create(bundle.rows(reg), reg.length, bundle.dim, reg, options);
+    return new DChiText(bundle, eta, index);
+  }
+
+  get params(): { eta: number } {
+    return { eta: this.eta };
+  }
+
+  /** ids checked inside the vocabulary (RangeError names the first bad one). */
+  checkIds(ids: ArrayLike<number>): void {
+    const v = this.bundle.vocabSize;
+    for (let i = 0; i < ids.length; i++) {
+      const id = ids[i]!;
+      if (!Number.isInteger(id) || id < 0 || id >= v) {
+        throw new RangeError(`token id ${id} is outside the vocabulary [0, ${v})`);
+      }
+    }
+  }
+
+  /** φ(x) + N in float64 for each id: the input of the nearest-token step. */
+  noisyEmbeddings(ids: ArrayLike<number>, source?: BitSource | null): Float64Array {
+    this.checkIds(ids);
+    const n = this.bundle.dim;
+    const y = sampleDchiNoise(ids.length, n, this.eta, source);
+    const emb = this.bundle.embeddings;
+    for (let i = 0; i < ids.length; i++) {
+      const o = ids[i]! * n;
+      for (let k = 0; k < n; k++) y[i * n + k] = emb[o + k]! + y[i * n + k]!;
+    }
+    return y;
+  }
+
+  /** Privatized ids, each one a regular token. */
+  async privatizeIds(ids: ArrayLike<number>, source?: BitSource | null): Promise<Int32Array> {
+    const y = this.noisyEmbeddings(ids, source);
+    if (ids.length === 0) return new Int32Array(0);
+    return this.index.search(y);
+  }
+
+  async release(): Promise<void> {
+    await this.index.release();
+  }
+}

@@ -1,0 +1,27 @@
+/**
+ * @privbert/edge: privbert's edge for browsers and Node. Web APIs only (Web Crypto, fetch,
+ * IndexedDB, the Cache API); Node-only code (files, the command line) is in "@privbert/edge/node".
+ */
+
+export { EdgeBundle, type BundleMeta } from "./bundle.js";
+export { PrivbertClient, type BundleCache, type ClientOptions, type ModelInfo } from "./client.js";
+export { DChiEmbedding, DChiText, checkDchiEta } from "./dchi.js";
+export { ApiError, BudgetRefused, BundleError, TextError, WeakPrivacyError } from "./errors.js";
+export { DChiFloor, THRESHOLD, checkDchiFloor, gammaCdf, type FloorCache } from "./floor.js";
+export {
+  Ledger, MemoKeys, MemoryLedgerStore, dchiCost, diameter, fits, fmtEps, total,
+  type Charged, type Cost, type LedgerState, type LedgerStore, type MemoSetting, type Status,
+} from "./ledger.js";
+export { ExactNearest, type NearestOptions } from "./nearest.js";
+export { recordLine, tokenPayloadJson, type FloatDtype } from "./payload.js";
+export { Pcg64Source } from "./pcg64.js";
+export {
+  MECHANISMS, Privatizer, nTokens, segments, trimPair, type Mechanism, type PrivatizerOptions, type TokenizedText,
+} from "./privatizer.js";
+export { BitSource, CryptoSource } from "./random.js";
+export { sampleDchiNoise, standardGamma, standardNormal } from "./samplers.js";
+export { TextTokenizer } from "./tokenizer.js";
+export { CacheApiBundleCache, IndexedDbFloorCache, IndexedDbLedgerStore } from "./browser_stores.js";
+export { guarantee, summary, type Guarantee } from "./accounting.js";
+export { EdgeSession, type SessionOptions } from "./session.js";
+export { Laplace, OME, SentenceEncoder, bitFlipEpsilon } from "./vector.js";

@@ -1,0 +1,419 @@
+/**
+ * The device's privacy budget ledger: the cost functions of shared/ledger.py and a ledger over
+ * a small storage interface ({@link LedgerStore}: IndexedDB in a page, a file in Node, memory
+ * in tests).
+ *
+ * Costs (sequential composition, Dwork & Roth 2014 Thm 3.16; for metric DP η1·d then η2·d is
+ * (η1+η2)·d, Chatzikokolakis et al. 2013): a dχ payload of n tokens costs the metric total η·n,
+ * and the worst-case ε = η·n·D with D = 2 max‖φ‖ over the bundle's regular table. The filter
+ * (Rogers et al. 2016): spent S, cap C, a cost c is admitted iff S + c ≤ C.
+ *
+ * A charge is one transaction of the store, committed before the caller writes or sends
+ * anything: a ledger that cannot be written refuses (nothing is sent uncharged). Memoized
+ * repeats (RAPPOR's lesson, Erlingsson et al. 2014 §3) are free: the key of an item is
+ * HMAC-SHA-256 of its token ids after the tokenizer's normalization and the length policy,
+ * under a random per-ledger key, with the mechanism, parameters and bundle; the memo keeps
+ * that key and the payload sent, never the text.
+ */
+
+import { fmtG } from "./dchi.js";
+import { BudgetRefused } from "./errors.js";
+import { pyDumps, type PyValue } from "./pyjson.js";
+
+export const FAMILIES = ["dchi", "laplace", "randomized-response", "texthide", "none"] as const;
+export type Family = (typeof FAMILIES)[number];
+const FAMILY_OF: Record<string, Family> = {
+  "dchi-text": "dchi", "dchi-embedding": "dchi", laplace: "laplace", ome: "randomized-response",
+  texthide: "texthide", none: "none",
+};
+const NO_EPSILON: Family[] = ["texthide", "none"];
+export const MEMO_FAMILIES: Family[] = ["dchi", "laplace", "randomized-response"];
+const DAY_MS = 86_400_000;
+
+/** The cost of one payload, or of several added up. */
+export interface Cost {
+  family: Family;
+  epsilon: number | null;
+  metric: number;
+  tokens: number;
+  sends: number;
+  eta: number | null;
+}
+
+export function familyOf(mechanism: string): Family {
+  const f = FAMILY_OF[mechanism];
+  if (f === undefined) throw new RangeError(`no budget family for mechanism ${JSON.stringify(mechanism)}`);
+  return f;
+}
+
+function checkAmount(name: string, v: number): number {
+  if (typeof v !== "number" || Number.isNaN(v)) throw new RangeError(`${name} must be a number, got ${v}`);
+  if (!Number.isFinite(v)) throw new RangeError(`${name} must be finite, got ${v}`);
+  if (v < 0) throw new RangeError(`${name} must be >= 0, got ${v}`);
+  return v;
+}
+
+/** D = 2 max‖φ(x)‖ over the regular rows (shared.accounting.dchi_diameter_bound). */
+export function diameter(embeddings: Float32Array, dim: number, regularIds: ArrayLike<number>): number {
+  let best = 0;
+  for (let j = 0; j < regularIds.length; j++) {
+    const o = regularIds[j]! * dim;
+    let s = 0;
+    for (let k = 0; k < dim; k++) s += embeddings[o + k]! ** 2;
+    if (s > best) best = s;
+  }
+  return regularIds.length ? 2 * Math.sqrt(best) : 0;
+}
+
+/** The cost of one dχ payload of ``tokens`` tokens (shared.ledger.cost). */
+export function dchiCost(mechanism: string, eta: number, tokens: number, diam: number): Cost {
+  const fam = familyOf(mechanism);
+  if (fam !== "dchi") throw new RangeError(`${mechanism} is not a dχ mechanism`);
+  checkAmount("eta", eta);
+  if (!Number.isInteger(tokens) || tokens < 0) throw new RangeError(`tokens must be an integer >= 0, got ${tokens}`);
+  checkAmount("table diameter", diam);
+  const eps = eta * tokens * diam;
+  if (!Number.isFinite(eps)) {
+    throw new RangeError(`${mechanism}: the worst-case epsilon of this privatization is not finite (${eps}); the ledger cannot count it`);
+  }
+  return { family: fam, epsilon: eps, metric: eta * tokens, tokens, sends: 1, eta };
+}
+
+/** The cost of one sentence-vector payload: ``epsilon`` its worst-case ε (laplace: the whole
+ * vector's; ome: summed over the bits). */
+export function vectorCost(mechanism: "laplace" | "ome", epsilon: number): Cost {
+  if (!Number.isFinite(epsilon) || epsilon < 0) {
+    throw new RangeError(`${mechanism}: the worst-case epsilon of this privatization is not finite (${epsilon}); the ledger cannot count it`);
+  }
+  return { family: familyOf(mechanism), epsilon, metric: 0, tokens: 0, sends: 1, eta: null };
+}
+
+/** Costs of one family added into one (shared.ledger.total); null for none. */
+export function total(costs: Cost[]): Cost | null {
+  if (costs.length === 0) return null;
+  const fams = new Set(costs.map((c) => c.family));
+  if (fams.size !== 1) throw new RangeError(`one family per batch, got ${[...fams].sort().join(", ")}`);
+  const fam = costs[0]!.family;
+  const etas = new Set(costs.map((c) => c.eta));
+  return {
+    family: fam,
+    epsilon: NO_EPSILON.includes(fam) ? null : fsum(costs.map((c) => c.epsilon!)),
+    metric: fsum(costs.map((c) => c.metric)),
+    tokens: costs.reduce((a, c) => a + c.tokens, 0),
+    sends: costs.reduce((a, c) => a + c.sends, 0),
+    eta: etas.size === 1 ? [...etas][0]! : null,
+  };
+}
+
+/** Exactly rounded sum (Shewchuk's algorithm, as Python's math.fsum). */
+export function fsum(xs: number[]): number {
+  const partials: number[] = [];
+  for (let x of xs) {
+    let i = 0;
+    for (let y of partials) {
+      if (Math.abs(x) < Math.abs(y)) [x, y] = [y, x];
+      const hi = x + y;
+      const lo = y - (hi - x);
+      if (lo !== 0) partials[i++] = lo;
+      x = hi;
+    }
+    partials.length = i;
+    partials.push(x);
+  }
+  let hi = 0;
+  let n = partials.length;
+  if (n > 0) {
+    hi = partials[--n]!;
+    let lo = 0;
+    while (n > 0) {
+      const x = hi;
+      const y = partials[--n]!;
+      hi = x + y;
+      lo = y - (hi - x);
+      if (lo !== 0) break;
+    }
+    if (n > 0 && ((lo < 0 && partials[n - 1]! < 0) || (lo > 0 && partials[n - 1]! > 0))) {
+      const y = lo * 2;
+      const x = hi + y;
+      if (y === x - hi) hi = x;
+    }
+  }
+  return hi;
+}
+
+/** The privacy filter (shared.ledger.fits). */
+export function fits(spent: number, epsilon: number | null, cap: number | null): boolean {
+  checkAmount("spent", spent);
+  if (epsilon !== null) checkAmount("cost", epsilon);
+  if (cap === null) return true;
+  checkAmount("cap", cap);
+  if (epsilon === null || cap === 0) return false;
+  return spent + epsilon <= cap;
+}
+
+/** A worst-case ε for a message (as edge_agent.device_ledger.fmt). */
+export function fmtEps(eps: number | null): string {
+  if (eps === null) return "none";
+  if (eps >= 100) return eps.toLocaleString("en-US", { minimumFractionDigits: 1, maximumFractionDigits: 1 });
+  return fmtG(eps, 4);
+}
+
+export interface FamilySpend {
+  epsilon: number | null;
+  metric: number;
+  tokens: number;
+  sends: number;
+}
+
+export interface ChargeRecord {
+  at: number;
+  family: Family;
+  mechanism: string;
+  params: Record<string, number | string>;
+  bundle_id: string;
+  epsilon: number | null;
+  metric: number;
+  tokens: number;
+  sends: number;
+}
+
+/** What a ledger holds (no text, no payload but the memoized ones). */
+export interface LedgerState {
+  format: "privbert-edge-ledger";
+  version: 1;
+  cap: number | null;
+  per_day: number | null;
+  spend: Partial<Record<Family, FamilySpend>>;
+  charges: ChargeRecord[];
+  /** hex HMAC key of an item -> the payload JSON sent for it */
+  memo: Record<string, string>;
+}
+
+export function emptyState(): LedgerState {
+  return { format: "privbert-edge-ledger", version: 1, cap: null, per_day: null, spend: {}, charges: [], memo: {} };
+}
+
+/** Where a ledger lives. ``update`` runs ``fn`` on the current state under the store's lock and
+ * commits what it returns (null: no change) before it resolves; it rejects when the state cannot
+ * be read or written. */
+export interface LedgerStore {
+  readonly where: string;
+  read(): Promise<LedgerState>;
+  update<T>(fn: (state: LedgerState) => { state: LedgerState | null; result: T }): Promise<T>;
+  /** The ledger's memo key (random, made at first use, never exported). */
+  hmacKey(): Promise<CryptoKey>;
+}
+
+/** A store in memory (tests, a page that keeps no ledger across visits). */
+export class MemoryLedgerStore implements LedgerStore {
+  readonly where = "memory";
+  private state = emptyState();
+  private key: Promise<CryptoKey> | null = null;
+
+  async read(): Promise<LedgerState> {
+    return structuredClone(this.state);
+  }
+
+  async update<T>(fn: (s: LedgerState) => { state: LedgerState | null; result: T }): Promise<T> {
+    const { state, result } = fn(structuredClone(this.state));
+    if (state !== null) this.state = state;
+    return result;
+  }
+
+  hmacKey(): Promise<CryptoKey> {
+    this.key ??= newHmacKey();
+    return this.key;
+  }
+}
+
+/** A random HMAC-SHA-256 key (256 bits), not extractable. */
+export function newHmacKey(): Promise<CryptoKey> {
+  return crypto.subtle.generateKey({ name: "HMAC", hash: "SHA-256", length: 256 }, false, ["sign"]);
+}
+
+/** An HMAC-SHA-256 key from 32 raw bytes (a Node ledger's key file). */
+export function importHmacKey(raw: Uint8Array): Promise<CryptoKey> {
+  return crypto.subtle.importKey("raw", raw as Uint8Array<ArrayBuffer>, { name: "HMAC", hash: "SHA-256" }, false, ["sign"]);
+}
+
+/**
+ * What a memo key is bound to besides the ids: mechanism, parameters and bundle. The rule of
+ * the Python edge (edge_agent/memo.py): the key is of what is sent, the token ids after the
+ * tokenizer's normalization and the length policy, so spellings that tokenize alike share one
+ * stored payload; the float dtype, the length limit and the truncation policy are not part of
+ * it (a different --max-length must not buy a fresh draw of the same ids).
+ */
+export interface MemoSetting {
+  mechanism: string;
+  params: Record<string, number | string>;
+  bundle_id: string;
+}
+
+/** HMAC keys of tokenized items under one setting. */
+export class MemoKeys {
+  private readonly prefix: Uint8Array;
+
+  constructor(private readonly key: CryptoKey, setting: MemoSetting) {
+    const p = { mechanism: setting.mechanism, params: Object.fromEntries(Object.entries(setting.params)),
+      bundle_id: setting.bundle_id } as unknown as PyValue;
+    this.prefix = new TextEncoder().encode(pyDumps(p));
+  }
+
+  /** The key of an item: its (kept) ids, and the second segment's for a pair (null: none). */
+  async keyOf(idsA: ArrayLike<number>, idsB: ArrayLike<number> | null): Promise<string> {
+    const parts: number[] = [];
+    const u64 = (n: number): void => {
+      for (let k = 0; k < 8; k++) parts.push(Math.floor(n / 2 ** (8 * k)) & 255);
+    };
+    u64(this.prefix.length);
+    parts.push(...this.prefix);
+    for (const seg of [idsA, idsB]) {
+      if (seg === null) {
+        parts.push(0xff);
+        continue;
+      }
+      parts.push(0);
+      u64(seg.length * 4);
+      for (let i = 0; i < seg.length; i++) {
+        const v = seg[i]! >>> 0;
+        parts.push(v & 255, (v >>> 8) & 255, (v >>> 16) & 255, v >>> 24);
+      }
+    }
+    const mac = new Uint8Array(await crypto.subtle.sign("HMAC", this.key, Uint8Array.from(parts)));
+    return Array.from(mac, (b) => b.toString(16).padStart(2, "0")).join("");
+  }
+}
+
+export interface Status {
+  where: string;
+  cap: number | null;
+  perDay: number | null;
+  spent: number;
+  daySpent: number;
+  families: Partial<Record<Family, FamilySpend>>;
+  memoized: number;
+  sends: number;
+}
+
+function status(where: string, s: LedgerState, now: number): Status {
+  const fams = s.spend;
+  const spent = fsum(Object.values(fams).map((f) => f.epsilon ?? 0));
+  const daySpent = s.per_day === null ? 0
+    : fsum(s.charges.filter((c) => c.at > now - DAY_MS).map((c) => c.epsilon ?? 0));
+  return { where, cap: s.cap, perDay: s.per_day, spent, daySpent, families: fams,
+    memoized: Object.keys(s.memo).length, sends: Object.values(fams).reduce((a, f) => a + f.sends, 0) };
+}
+
+/** What to send for a charged batch: stored payloads for memoized items. */
+export interface Charged {
+  payloads: string[];
+  cost: Cost | null;
+  memoized: number;
+}
+
+const TOOL = "privbert-edge budget";
+
+/** The ledger: check, charge, cap. */
+export class Ledger {
+  constructor(readonly store: LedgerStore) {}
+
+  async status(): Promise<Status> {
+    return status(this.store.where, await this.store.read(), Date.now());
+  }
+
+  async memoKeys(setting: MemoSetting): Promise<MemoKeys> {
+    return new MemoKeys(await this.store.hmacKey(), setting);
+  }
+
+  /** Set (null: remove) the lifetime cap or the per-day cap, in worst-case ε. */
+  async setCap(name: "cap" | "per_day", cap: number | null): Promise<void> {
+    if (cap !== null) checkAmount("cap", cap);
+    await this.store.update((s) => {
+      s[name] = cap;
+      return { state: s, result: undefined };
+    });
+  }
+
+  /** Why the filter refuses ``cost`` on top of ``st`` (null: it fits). */
+  refusal(st: Status, cost: Cost, what: string): string | null {
+    if (st.cap === null && st.perDay === null) return null;
+    const eps = cost.epsilon;
+    if (eps === null) {
+      return `${cost.family} has no differential-privacy epsilon, and this ledger has a cap: it cannot admit it (${TOOL} --cap none removes the cap)`;
+    }
+    if (!fits(st.spent, eps, st.cap)) {
+      return `privacy budget: spent ${fmtEps(st.spent)}, ${what} needs ${fmtEps(eps)}, cap ${fmtEps(st.cap)} (worst-case epsilon; ${TOOL})`;
+    }
+    if (!fits(st.daySpent, eps, st.perDay)) {
+      return `privacy budget: spent ${fmtEps(st.daySpent)} in the last 24 hours, ${what} needs ${fmtEps(eps)}, per-day cap ${fmtEps(st.perDay)} (worst-case epsilon; ${TOOL})`;
+    }
+    return null;
+  }
+
+  /** BudgetRefused if ``cost`` would not fit now (nothing is spent). */
+  async check(cost: Cost | null, what = "this run"): Promise<Status> {
+    const st = await this.status();
+    if (cost !== null) {
+      const why = this.refusal(st, cost, what);
+      if (why !== null) throw new BudgetRefused(why);
+    }
+    return st;
+  }
+
+  /** Memoized payloads of those ``keys`` that are stored. */
+  async lookup(keys: (string | null)[]): Promise<Map<string, string>> {
+    const s = await this.store.read();
+    const out = new Map<string, string>();
+    for (const k of keys) if (k !== null && k in s.memo) out.set(k, s.memo[k]!);
+    return out;
+  }
+
+  /**
+   * Charge one batch in one transaction and return what to send: an item whose key is stored
+   * gets the stored payload at no cost; the first item of a new key is charged and its payload
+   * stored. BudgetRefused for the whole batch (nothing spent or stored) when it does not fit,
+   * or when the ledger cannot be written.
+   */
+  async charge(costs: Cost[], payloads: string[], keys: (string | null)[],
+               info: { mechanism: string; params: Record<string, number | string>; bundleId: string },
+               what = "this batch"): Promise<Charged> {
+    if (costs.length !== payloads.length || payloads.length !== keys.length) {
+      throw new RangeError("one cost, payload and key per item");
+    }
+    try {
+      return await this.store.update<Charged>((s) => {
+        const out: string[] = [];
+        const charged: Cost[] = [];
+        const fresh = new Map<string, string>();
+        costs.forEach((c, i) => {
+          const k = keys[i]!;
+          if (k !== null && k in s.memo) out.push(s.memo[k]!);
+          else if (k !== null && fresh.has(k)) out.push(fresh.get(k)!);
+          else {
+            out.push(payloads[i]!);
+            charged.push(c);
+            if (k !== null) fresh.set(k, payloads[i]!);
+          }
+        });
+        const cost = total(charged);
+        if (cost === null) return { state: null, result: { payloads: out, cost: null, memoized: out.length } };
+        const now = Date.now();
+        const why = this.refusal(status(this.store.where, s, now), cost, what);
+        if (why !== null) throw new BudgetRefused(why);
+        s.charges.push({ at: now, family: cost.family, mechanism: info.mechanism, params: info.params,
+          bundle_id: info.bundleId, epsilon: cost.epsilon, metric: cost.metric, tokens: cost.tokens, sends: cost.sends });
+        const f = s.spend[cost.family] ?? { epsilon: NO_EPSILON.includes(cost.family) ? null : 0, metric: 0, tokens: 0, sends: 0 };
+        if (cost.epsilon !== null) f.epsilon = (f.epsilon ?? 0) + cost.epsilon;
+        f.metric += cost.metric;
+        f.tokens += cost.tokens;
+        f.sends += cost.sends;
+        s.spend[cost.family] = f;
+        for (const [k, p] of fresh) s.memo[k] = p;
+        return { state: s, result: { payloads: out, cost, memoized: out.length - charged.length } };
+      });
+    } catch (exc) {
+      if (exc instanceof BudgetRefused) throw exc;
+      throw new BudgetRefused(`${this.store.where}: the privacy ledger cannot be written (${(exc as Error).message}); nothing was sent`);
+    }
+  }
+}

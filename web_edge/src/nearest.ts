@@ -1,0 +1,200 @@
+/**
+ * Exact Euclidean nearest row of an embedding table, proven by a bound (the rule of
+ * shared/mechanisms/nearest.py, which dχ-text needs: approximate indexes change the mechanism).
+ *
+ * 1. Candidate pass in float32: s(t) = ‖t‖² − 2 y·t from one product of the queries
+ *    [y, 1, 0 …] with the table stored as [−2t, ‖t‖², 0 …] (width padded to a multiple of 16).
+ * 2. Every float32 score is within δ(y) = 4 γ_{w+4} (2‖y‖ t_max + t_max²) of the real score
+ *    (rounding of y, of ‖t‖² and of the dot product in any summation order: Higham, *Accuracy
+ *    and Stability of Numerical Algorithms*, §3.1, γ_n = n u / (1 − n u)). Every row whose
+ *    float32 score is within 2δ of the smallest one could be the nearest; all others cannot.
+ * 3. Those candidates (almost always one) are re-ranked by ‖y − t‖² in float64; ties go to the
+ *    smallest row.
+ */
+
+import { LoopTableProduct, OrtTableProduct, type OrtOptions, type TableProduct } from "./table_product.js";
+
+const U32 = 2 ** -24; // unit roundoff of float32
+const F32_MAX = 3.4028234663852886e38;
+const F32 = new Float32Array(1);
+const U32V = new Uint32Array(F32.buffer);
+
+/** The smallest float32 strictly above the float32 value ``x`` (np.nextafter(x, inf)). */
+export function nextUpF32(x: number): number {
+  F32[0] = x;
+  const v = F32[0]!;
+  if (v === Infinity || Number.isNaN(v)) return v;
+  if (v === 0) {
+    U32V[0] = 1;
+    return F32[0]!;
+  }
+  if (v > 0) U32V[0] = U32V[0]! + 1;
+  else U32V[0] = U32V[0]! - 1;
+  return F32[0]!;
+}
+
+/** Whether float32 scores ‖t‖² − 2 y·t of queries of norm up to ``queryNorm`` against rows of norm
+ * up to ``tMax`` (with room for the error bound) can overflow. */
+export function scoresOverflow(queryNorm: number, tMax: number): boolean {
+  return (queryNorm + 1) * (2 * tMax + tMax * tMax + 1) * 16 > F32_MAX;
+}
+
+export interface NearestOptions extends OrtOptions {
+  /** "ort" (onnxruntime-web, the default for tables of 4,096 rows and more) or "loop". */
+  backend?: "ort" | "loop" | "auto";
+  /** Queries per product (default 256). */
+  chunk?: number;
+}
+
+/** Exact L2 nearest row of a float32 table for batches of float64 queries. */
+export class ExactNearest {
+  readonly dim: number;
+  readonly rows: number;
+  /** Queries decided in float64 by the last search (near ties). */
+  lastRerankCount = 0;
+  private readonly width: number;
+  private readonly gamma: number;
+  private readonly tMax: number;
+  private readonly chunk: number;
+
+  private constructor(private readonly table: Float32Array, rows: number, dim: number,
+                      private readonly ids: Int32Array, private readonly product: TableProduct,
+                      tMax: number, width: number, chunk: number) {
+    this.rows = rows;
+    this.dim = dim;
+    this.tMax = tMax;
+    this.width = width;
+    const terms = width + 4;
+    this.gamma = (terms * U32) / (1 - terms * U32);
+    this.chunk = chunk;
+  }
+
+  /**
+   * The search over ``table`` (rows × dim, row-major float32); ``ids`` maps rows to the ids
+   * returned (default: the row numbers).
+   */
+  static async create(table: Float32Array, rows: number, dim: number, ids?: Int32Array | null,
+                      options: NearestOptions = {}): Promise<ExactNearest> {
+    if (rows < 1 || dim < 1 || table.length !== rows * dim) {
+      throw new RangeError(`table must be a non-empty rows × dim array, got ${table.length} values for ${rows} × ${dim}`);
+    }
+    const idMap = ids ?? Int32Array.from({ length: rows }, (_, i) => i);
+    if (idMap.length !== rows) throw new RangeError("ids must have one entry per table row");
+    const width = Math.ceil((dim + 1) / 16) * 16;
+    const aug = new Float32Array(rows * width);
+    let maxNorm2 = 0;
+    for (let v = 0; v < rows; v++) {
+      let n2 = 0;
+      for (let k = 0; k < dim; k++) {
+        const t = table[v * dim + k]!;
+        aug[v * width + k] = -2 * t; // exact: scaling by a power of two
+        n2 += t * t;
+      }
+      aug[v * width + dim] = n2;
+      if (n2 > maxNorm2) maxNorm2 = n2;
+    }
+    const backend = options.backend === undefined || options.backend === "auto"
+      ? (rows >= 4096 ? "ort" : "loop") : options.backend;
+    const product = backend === "ort"
+      ? await OrtTableProduct.create(aug, rows, width, options)
+      : new LoopTableProduct(aug, rows, width);
+    return new ExactNearest(table, rows, dim, idMap, product, Math.sqrt(maxNorm2), width,
+      Math.max(1, Math.floor(options.chunk ?? 256)));
+  }
+
+  /** Upper bound on |float32 score − real score| for a query of norm ``queryNorm``. */
+  scoreBound(queryNorm: number): number {
+    const t = this.tMax;
+    return 4 * this.gamma * (2 * queryNorm * t + t * t);
+  }
+
+  /** The float32 scores ‖t‖² − 2 y·t of ``m`` queries against every row (m × rows); with
+   * ``withNorms`` false, −2 y·t. */
+  async scores(queries: Float64Array | Float32Array, m: number, withNorms = true): Promise<Float32Array> {
+    const y = new Float32Array(m * this.width);
+    for (let i = 0; i < m; i++) {
+      for (let k = 0; k < this.dim; k++) y[i * this.width + k] = queries[i * this.dim + k]!;
+      y[i * this.width + this.dim] = withNorms ? 1 : 0;
+    }
+    return this.product.run(y, m);
+  }
+
+  /** Ids of the exact nearest rows of the ``queries`` (m × dim, row-major float64). */
+  async search(queries: Float64Array): Promise<Int32Array> {
+    if (queries.length % this.dim !== 0) {
+      throw new RangeError(`queries must have shape (m, ${this.dim})`);
+    }
+    const m = queries.length / this.dim;
+    let top = 0;
+    for (let i = 0; i < queries.length; i++) {
+      const a = Math.abs(queries[i]!);
+      if (!Number.isFinite(a)) throw new RangeError("queries contain NaN or Inf");
+      if (a > top) top = a;
+    }
+    if (top > 0 && scoresOverflow(top * Math.sqrt(this.dim), this.tMax)
+        && scoresOverflow(this.maxNorm(queries, m, top), this.tMax)) {
+      throw new RangeError("queries are too large for the float32 candidate pass (their scores would overflow)");
+    }
+    this.lastRerankCount = 0;
+    const out = new Int32Array(m);
+    for (let start = 0; start < m; start += this.chunk) {
+      const k = Math.min(this.chunk, m - start);
+      const block = queries.subarray(start * this.dim, (start + k) * this.dim);
+      const s = await this.scores(block, k);
+      for (let i = 0; i < k; i++) out[start + i] = this.ids[this.decide(block, i, s)]!;
+    }
+    return out;
+  }
+
+  /** The row of the nearest neighbour of query ``i`` of a block, from its float32 scores. */
+  private decide(block: Float64Array, i: number, s: Float32Array): number {
+    const rows = this.rows;
+    const off = i * rows;
+    let best = 0;
+    let smin = s[off]!;
+    for (let v = 1; v < rows; v++) {
+      const x = s[off + v]!;
+      if (x < smin) {
+        smin = x;
+        best = v;
+      }
+    }
+    let yn2 = 0;
+    for (let k = 0; k < this.dim; k++) yn2 += block[i * this.dim + k]! ** 2;
+    // threshold in float64, then rounded up to float32 so that no candidate is lost
+    const thr32 = nextUpF32(smin + 2 * this.scoreBound(Math.sqrt(yn2)));
+    const cands: number[] = [];
+    for (let v = 0; v < rows; v++) if (v === best || s[off + v]! <= thr32) cands.push(v);
+    if (cands.length === 1) return best;
+    this.lastRerankCount++;
+    let bestD = Infinity;
+    let bestRow = -1;
+    for (const v of cands) { // increasing rows: a strict < keeps the smallest row on a tie
+      let d = 0;
+      for (let k = 0; k < this.dim; k++) {
+        const diff = block[i * this.dim + k]! - this.table[v * this.dim + k]!;
+        d += diff * diff;
+      }
+      if (d < bestD) {
+        bestD = d;
+        bestRow = v;
+      }
+    }
+    return bestRow;
+  }
+
+  /** The largest row norm of the queries, without overflow (rows scaled by 1/top first). */
+  private maxNorm(q: Float64Array, m: number, top: number): number {
+    let best = 0;
+    for (let i = 0; i < m; i++) {
+      let s = 0;
+      for (let k = 0; k < this.dim; k++) s += (q[i * this.dim + k]! / top) ** 2;
+      if (s > best) best = s;
+    }
+    return top * Math.sqrt(best);
+  }
+
+  async release(): Promise<void> {
+    await this.product.release();
+  }
+}

@@ -1,0 +1,83 @@
+// The exact nearest-row search: the float32 candidate pass and the float64 re-rank agree with
+// a float64 brute force on random tables and on adversarial near ties, with both products.
+import assert from "node:assert/strict";
+import { test } from "node:test";
+
+import { ExactNearest, nextUpF32 } from "../dist/nearest.js";
+import { Pcg64Source } from "../dist/pcg64.js";
+import { standardNormal } from "../dist/samplers.js";
+
+function brute(table, rows, dim, q) {
+  const m = q.length / dim;
+  const out = new Int32Array(m);
+  for (let i = 0; i < m; i++) {
+    let best = -1, bd = Infinity;
+    for (let v = 0; v < rows; v++) {
+      let d = 0;
+      for (let k = 0; k < dim; k++) d += (q[i * dim + k] - table[v * dim + k]) ** 2;
+      if (d < bd) { bd = d; best = v; }
+    }
+    out[i] = best;
+  }
+  return out;
+}
+
+function randomTable(rows, dim, seed, scale = 1) {
+  const src = new Pcg64Source(seed);
+  return Float32Array.from({ length: rows * dim }, () => scale * standardNormal(src));
+}
+
+for (const backend of ["loop", "ort"]) {
+  test(`random tables and queries: the brute-force answer (${backend})`, async () => {
+    const rows = 500, dim = 24;
+    const table = randomTable(rows, dim, 1);
+    const src = new Pcg64Source(2);
+    const q = Float64Array.from({ length: 300 * dim }, () => 1.5 * standardNormal(src));
+    const idx = await ExactNearest.create(table, rows, dim, null, { backend, chunk: 64 });
+    assert.deepEqual(await idx.search(q), brute(table, rows, dim, q));
+    await idx.release();
+  });
+
+  test(`near ties decided in float64, ties to the lowest row (${backend})`, async () => {
+    const dim = 8;
+    // rows 0 and 1 differ by one float32 ulp in one coordinate; rows 2 and 3 are equal
+    const base = Float32Array.from({ length: dim }, (_, k) => 0.25 + k / 16);
+    const a = Float32Array.from(base);
+    const b = Float32Array.from(base);
+    b[3] = nextUpF32(b[3]);
+    const table = new Float32Array(6 * dim);
+    table.set(a, 0); table.set(b, dim); table.set(base.map((x) => -x), 2 * dim);
+    table.set(base.map((x) => -x), 3 * dim); table.set(base.map((x) => x + 5), 4 * dim); table.set(base.map((x) => 3 * x), 5 * dim);
+    const q = new Float64Array(4 * dim);
+    for (let k = 0; k < dim; k++) {
+      q[k] = a[k]; // exactly row 0
+      q[dim + k] = b[k]; // exactly row 1: one ulp away from row 0
+      q[2 * dim + k] = -base[k] + 1e-9; // equidistant from rows 2 and 3: the lower one
+      q[3 * dim + k] = (a[k] + b[k]) / 2 + (k === 3 ? 1e-12 : 0); // nearer row 1 by a hair
+    }
+    const idx = await ExactNearest.create(table, 6, dim, Int32Array.of(10, 11, 12, 13, 14, 15), { backend });
+    const got = await idx.search(q);
+    assert.deepEqual(Array.from(got), [10, 11, 12, 11]);
+    assert.ok(idx.lastRerankCount >= 3); // the ties went to the float64 re-rank
+    await idx.release();
+  });
+}
+
+test("a too-small bound would fail: the search needs its re-rank", async () => {
+  // two rows whose float32 scores tie for a query nearer the second: the float32 argmin alone
+  // (the first) is wrong, the exact search is right
+  const dim = 4;
+  const t = Float32Array.of(1, 1, 1, 1, 1, 1, 1, nextUpF32(1));
+  const q = Float64Array.of(1, 1, 1, 1 + 2 ** -22);
+  const idx = await ExactNearest.create(t, 2, dim, null, { backend: "loop" });
+  assert.deepEqual(Array.from(await idx.search(q)), [1]);
+  const s = await idx.scores(q, 1);
+  assert.ok(s[0] <= s[1]); // float32 alone would pick row 0
+});
+
+test("NaN, Inf and overflowing queries are refused", async () => {
+  const idx = await ExactNearest.create(randomTable(10, 4, 0), 10, 4, null, { backend: "loop" });
+  await assert.rejects(idx.search(Float64Array.of(0, Number.NaN, 0, 0)), /NaN or Inf/);
+  await assert.rejects(idx.search(Float64Array.of(0, 1e38, 1e38, 0)), /too large/);
+  await assert.rejects(idx.search(Float64Array.of(0, 1, 0)), /shape/);
+});
