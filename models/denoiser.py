@@ -223,6 +223,8 @@ class Denoiser(nn.Module):
 
         state = {k: v.detach().to("cpu").contiguous() for k, v in self.state_dict().items()
                  if k != WORD_EMBEDDINGS}
+        for k in ("sparse_slot", "candidates", "slot_of"):  # indices < V: int32 on disk
+            state[k] = state[k].to(torch.int32)
         header = {"format": FORMAT, "format_version": FORMAT_VERSION, "meta": self.meta,
                   "bert_config": self.bert.config.to_dict()}
         return save(state, metadata={"privbert": json.dumps(header, default=_jsonable)})
@@ -281,6 +283,8 @@ class Denoiser(nn.Module):
             module = cls(bert, state["candidates"].numpy(), bias, header["meta"])
         except KeyError as exc:
             raise ValueError(f"{where}: incomplete denoiser file (no {exc})") from None
+        for k in ("sparse_slot", "candidates", "slot_of"):
+            state[k] = state[k].long()
         missing, unexpected = module.load_state_dict(state, strict=False)
         missing = [k for k in missing if k != WORD_EMBEDDINGS and "position_ids" not in k]
         if missing or unexpected:
