@@ -204,6 +204,9 @@ class PrivacyReport:
             "target_inversion": self.target, "guarantee": self.guarantee,
             "timings_s": self.timings, "geometry": self.geometry,
             "privacy_floor": self.floor,
+            "contextual_attack": (None if self.mechanism != "dchi-text" else
+                                  {"measured": False, "how": CONTEXTUAL_NOTE.split(": ", 1)[1]
+                                   .split("torch: ", 1)[1].format(eta=f"{self.eta:.4g}")}),
         }
 
 
@@ -288,6 +291,14 @@ def embedding_geometry(bundle: EdgeBundle, rng: np.random.Generator, etas: list[
             "noise_norm": {str(e): bundle.dim / e for e in etas}}
 
 
+CONTEXTUAL_NOTE = (
+    "contextual attack: the inversion above reads each token alone; a server with a contextual "
+    "model of public text (a denoiser reading the whole privatized sentence) recovers more "
+    "tokens at the same eta. That figure is measured on the server, which has torch: "
+    "cloud-api evaluate --attack --mechanism dchi-text --eta {eta} --data TEXT.tsv "
+    "--denoiser MODEL_VERSION_OR_FILE")
+
+
 def format_report(r: PrivacyReport) -> str:
     """The report as plain text."""
     from shared.accounting import summary
@@ -334,6 +345,8 @@ def format_report(r: PrivacyReport) -> str:
                   f"{f['tokens']:,} tokens, each with one noise direction)"]
     lines += ["", "guarantee: " + summary(r.guarantee)]
     lines += [f"  - {n}" for n in r.guarantee.get("notes", [])]
+    if r.mechanism == "dchi-text":
+        lines += ["", CONTEXTUAL_NOTE.format(eta=f"{r.eta:.4g}")]
     lines.append(f"(computed in {r.timings.get('total', 0):.1f} s)")
     return "\n".join(lines)
 

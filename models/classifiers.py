@@ -78,14 +78,26 @@ class TokenClassifier(_BertClassifier):
     φ(y) + a ⊙ (E[φ(x) | y] − φ(y)), the posterior-mean embedding mixed in by a learned gate
     a = sigmoid(g) per dimension (g starts at ``gate_init``). The table is a frozen buffer
     saved with the weights.
+
+    ``contextual``: the same gate over E[φ(x) | y, context] of a frozen
+    ``models.denoiser.Denoiser`` (:meth:`attach_denoiser`), which shares the word table and
+    is saved beside the weights (``denoiser.safetensors``), not in them.
     """
 
     input_names = ("input_ids", "attention_mask", "token_type_ids")
 
     def __init__(self, bert, num_labels: int, pooling: str = "mean",
-                 posterior_table=None, gate_init: float = 0.0):
+                 posterior_table=None, gate_init: float = 0.0, contextual: bool = False):
         super().__init__(bert, num_labels, pooling)
+        if contextual and posterior_table is not None:
+            raise ValueError("a classifier reads either the context-free posterior table or "
+                             "a contextual denoiser, not both")
         self.has_posterior = posterior_table is not None
+        self.contextual = bool(contextual)
+        self.denoiser = None
+        if self.contextual:
+            self.posterior_gate = nn.Parameter(torch.full(
+                (bert.embeddings.word_embeddings.weight.shape[1],), float(gate_init)))
         if self.has_posterior:
             table = torch.as_tensor(posterior_table, dtype=torch.float32)
             if table.shape != bert.embeddings.word_embeddings.weight.shape:
@@ -94,8 +106,36 @@ class TokenClassifier(_BertClassifier):
             self.register_buffer("posterior_table", table)
             self.posterior_gate = nn.Parameter(torch.full((table.shape[1],), float(gate_init)))
 
-    def input_embeddings(self, input_ids: torch.Tensor) -> torch.Tensor | None:
+    def attach_denoiser(self, denoiser) -> None:
+        """Read through ``denoiser`` (frozen, eval mode, sharing this model's word table)."""
+        if not self.contextual:
+            raise ValueError("this classifier was not built to read a denoiser")
+        mine = self.bert.embeddings.word_embeddings
+        theirs = denoiser.bert.embeddings.word_embeddings
+        if theirs is not mine:
+            if theirs.weight.shape != mine.weight.shape or not torch.equal(
+                    theirs.weight.detach().cpu(), mine.weight.detach().cpu()):
+                raise ValueError("the denoiser was trained on another word-embedding table")
+            denoiser.bert.embeddings.word_embeddings = mine
+        for p in denoiser.parameters():
+            if p is not mine.weight:
+                p.requires_grad_(False)
+        denoiser.frozen = True
+        self.denoiser = denoiser.eval()
+
+    def input_embeddings(self, input_ids: torch.Tensor, attention_mask=None,
+                         token_type_ids=None) -> torch.Tensor | None:
         """The rows BERT reads for ``input_ids`` (None: its own word embeddings)."""
+        if self.contextual:
+            if self.denoiser is None:
+                raise RuntimeError("the classifier reads a contextual denoiser; none attached")
+            own = self.bert.embeddings.word_embeddings(input_ids)
+            with torch.no_grad():
+                post = self.denoiser.soft_embedding(input_ids, attention_mask,
+                                                    token_type_ids).to(own.dtype)
+                text = self.denoiser.is_text(input_ids).unsqueeze(-1)
+            mixed = own + torch.sigmoid(self.posterior_gate) * (post - own)
+            return torch.where(text, mixed, own)
         if not self.has_posterior:
             return None
         own = self.bert.embeddings.word_embeddings(input_ids)
@@ -103,7 +143,7 @@ class TokenClassifier(_BertClassifier):
         return own + torch.sigmoid(self.posterior_gate) * (post - own)
 
     def encode(self, input_ids, attention_mask, token_type_ids):
-        embeds = self.input_embeddings(input_ids)
+        embeds = self.input_embeddings(input_ids, attention_mask, token_type_ids)
         if embeds is None:
             return self.bert(input_ids=input_ids, attention_mask=attention_mask,
                              token_type_ids=token_type_ids)
@@ -214,11 +254,13 @@ class VectorMLP(nn.Module):
 
 def build_classifier(mechanism: str, num_labels: int, *, bert=None, feature_dim: int | None = None,
                      pooling: str = "mean", hidden: Sequence[int] = (768, 768, 768),
-                     dropout: float = 0.1, posterior=None, regular_ids=None) -> nn.Module:
+                     dropout: float = 0.1, posterior=None, regular_ids=None,
+                     denoiser=None) -> nn.Module:
     """The classifier for payloads of ``mechanism``: pass ``bert`` (a transformers BertModel)
     for token kinds, ``feature_dim`` for vector kinds. ``posterior``: a
     ``models.posterior.ChannelPosterior`` of the same mechanism (dχ only), read as input;
-    ``dchi-embedding`` then needs the bundle's ``regular_ids`` (the posterior's support)."""
+    ``dchi-embedding`` then needs the bundle's ``regular_ids`` (the posterior's support).
+    ``denoiser``: a ``models.denoiser.Denoiser`` read instead of the posterior table."""
     kind = kind_of(mechanism)
     if kind == "vector":
         if not feature_dim:
@@ -228,6 +270,13 @@ def build_classifier(mechanism: str, num_labels: int, *, bert=None, feature_dim:
         raise ValueError(f"{mechanism}: a BERT backbone is needed")
     if posterior is not None and posterior.mechanism != mechanism:
         raise ValueError(f"a {posterior.mechanism} posterior cannot read {mechanism} payloads")
+    if denoiser is not None and mechanism != denoiser.meta.get("mechanism"):
+        raise ValueError(f"a {denoiser.meta.get('mechanism')} denoiser cannot read "
+                         f"{mechanism} payloads")
+    if kind == "tokens" and denoiser is not None:
+        model = TokenClassifier(bert, num_labels, pooling, contextual=True)
+        model.attach_denoiser(denoiser)
+        return model
     if kind == "tokens":
         table = None if posterior is None else posterior.mean_table(
             bert.embeddings.word_embeddings.weight.detach().cpu().numpy())
@@ -250,6 +299,11 @@ def architecture(module: nn.Module) -> dict:
                 "pooling": module.pooling, "bert_config": module.bert.config.to_dict()}
         if getattr(module, "has_posterior", False):
             arch["posterior"] = {"eta": getattr(module, "eta", None)}
+        if getattr(module, "contextual", False):
+            d = module.denoiser
+            arch["denoiser"] = None if d is None else {
+                k: d.describe()[k] for k in ("file", "mechanism", "eta", "bundle_id", "layers",
+                                             "candidates")}
         return arch
     raise TypeError(f"not a privbert classifier: {type(module).__name__}")
 
@@ -268,7 +322,8 @@ def classifier_from_architecture(arch: dict) -> nn.Module:
         if name == "TokenClassifier":  # the buffers' values come with the weights
             table = None if post is None else torch.zeros(
                 config.vocab_size, config.hidden_size)
-            return TokenClassifier(bert, arch["num_labels"], arch["pooling"], table)
+            return TokenClassifier(bert, arch["num_labels"], arch["pooling"], table,
+                                   contextual="denoiser" in arch)
         if post is None:
             return EmbeddingClassifier(bert, arch["num_labels"], arch["pooling"])
         return EmbeddingClassifier(bert, arch["num_labels"], arch["pooling"],

@@ -118,6 +118,21 @@ def _recipe_args(p: argparse.ArgumentParser) -> None:
     g.add_argument("--teacher", metavar="DIR", help="the teacher of --distill / --warm-start: a "
                    "model version of mechanism none (default: one trained on the same text "
                    "first, one epoch)")
+    g.add_argument("--denoiser", action=argparse.BooleanOptionalAction, default=None,
+                   help="read each token through a contextual denoiser E[phi(x) | y, context] "
+                        "trained on public text (dchi-text; post-processing: no privacy cost)")
+    g.add_argument("--denoiser-file", metavar="FILE",
+                   help="a trained denoiser.safetensors to read (default: trained on the public "
+                        "training text; with --records: the --base version's)")
+    g.add_argument("--denoiser-corpus", metavar="FILE",
+                   help="more public text (one per line) to train the denoiser on")
+    g.add_argument("--denoiser-layers", type=_positive_int, metavar="N",
+                   help="transformer layers of the denoiser (default 2)")
+    g.add_argument("--denoiser-candidates", type=_positive_int, metavar="N",
+                   help="most frequent public-text tokens it scores, besides the output "
+                        "itself (default 4096)")
+    g.add_argument("--denoiser-epochs", type=_positive_int, metavar="N",
+                   help="passes over the public text, privatized afresh each (default 1)")
 
 
 def recipe_from_args(args, mechanism: str, raw_text: bool):
@@ -139,9 +154,51 @@ def recipe_from_args(args, mechanism: str, raw_text: bool):
         raise ValueError("--posterior-table contradicts --no-posterior")
     if args.posterior_table is not None:
         changes["posterior"] = True
-    r = dataclasses.replace(r, **changes)
+    den = {f"denoiser_{k}": getattr(args, f"denoiser_{k}") for k in
+           ("layers", "candidates", "epochs", "corpus")
+           if getattr(args, f"denoiser_{k}", None) is not None}
+    if args.denoiser is False and (den or args.denoiser_file is not None):
+        raise ValueError("--denoiser-* options contradict --no-denoiser")
+    if args.denoiser_file is not None and den:
+        raise ValueError("--denoiser-file is trained already: --denoiser-layers, -candidates, "
+                         "-epochs and -corpus do not apply to it")
+    if args.denoiser is not None:
+        changes["denoiser"] = args.denoiser
+    if den or args.denoiser_file is not None:
+        changes["denoiser"] = True
+    if "denoiser_corpus" in den:
+        from models.denoiser_train import read_corpus
+
+        read_corpus(den["denoiser_corpus"])  # a missing or empty file: an error now
+        den["denoiser_corpus"] = str(den["denoiser_corpus"])
+    r = dataclasses.replace(r, **changes, **den)
+    if not raw_text and r.denoiser_corpus:
+        raise ValueError("--denoiser-corpus trains a denoiser: device records read an "
+                         "existing one (--denoiser-file or the --base version's)")
     r.check(mechanism, raw_text)
     return r
+
+
+def _denoiser_file(path, bundle_dir=None):
+    """A trained denoiser file, its word table from ``bundle_dir`` (None: MiniLM's)."""
+    from models.denoiser import Denoiser
+    from models.privatize import load_bundle
+
+    return Denoiser.load(path, load_bundle(bundle_dir=bundle_dir).embeddings)
+
+
+def records_denoiser(file, base, bundle_dir=None):
+    """The denoiser for device records: ``--denoiser-file``, else the ``--base`` model
+    version's ``denoiser.safetensors``, else None."""
+    from pathlib import Path
+
+    from models.registry import DENOISER_FILE, is_model_dir
+
+    if file is not None:
+        return _denoiser_file(file, bundle_dir)
+    if base is not None and is_model_dir(base) and (Path(base) / DENOISER_FILE).is_file():
+        return _denoiser_file(Path(base) / DENOISER_FILE, bundle_dir)
+    return None
 
 
 def _mechanism_params(args) -> dict:
@@ -219,6 +276,11 @@ def register(subparsers) -> None:
                    help="dchi: perturbations per token for N_w/S_w (1000, Qu et al. §5.3)")
     a.add_argument("--inversion-tokens", type=_positive_int, default=20000, metavar="M",
                    help="dchi: token occurrences of the data for the inversion attack")
+    a.add_argument("--denoiser", metavar="VERSION|FILE",
+                   help="dchi-text: also the contextual attack, with this model version's "
+                        "denoiser (or a denoiser.safetensors) trained on public text")
+    a.add_argument("--draws", type=_positive_int, default=3, metavar="D",
+                   help="dchi-text with --denoiser: fresh privatizations of the data (3)")
     a.add_argument("--words", type=_positive_int, default=30, metavar="W",
                    help="vector kinds: most frequent content words to recover (30)")
     a.add_argument("--max-length", type=_positive_int, default=128)
@@ -273,12 +335,14 @@ def run_train(args) -> int:
 
         recipe = recipe_from_args(args, args.mechanism, raw_text=True)
         table = _posterior_table(args.posterior_table) if args.posterior_table else None
+        den = (_denoiser_file(args.denoiser_file, args.bundle) if args.denoiser_file
+               else None)
         try:
             res = train_from_tsv(args.data, args.out, args.mechanism, _mechanism_params(args),
                                  dev_tsv=args.dev, bundle=args.bundle, base=args.base,
                                  cfg=cfg, limit=args.limit, dev_limit=args.dev_limit, rng=rng,
                                  allow_weak_privacy=args.allow_weak_privacy, recipe=recipe,
-                                 teacher=args.teacher, posterior=table)
+                                 teacher=args.teacher, posterior=table, denoiser=den)
         except WeakPrivacyError as exc:
             raise WeakPrivacyError(f"{exc}; --allow-weak-privacy trains on it anyway") from None
     else:
@@ -306,8 +370,16 @@ def run_train(args) -> int:
                 note = ("no posterior table for these records (--posterior-table FILE or a "
                         "--base version with one)")
                 recipe = dataclasses.replace(recipe, posterior=False)
+        den = None
+        if recipe.denoiser:
+            den = records_denoiser(args.denoiser_file, args.base, args.bundle)
+            if den is None:
+                raise ValueError("--denoiser with --records needs --denoiser-file FILE or a "
+                                 "--base model version that has a denoiser.safetensors "
+                                 "(records cannot train one: it comes from public text)")
         res = train_from_records(records, args.out, bundle=args.bundle, dev_records=dev,
-                                 base=args.base, cfg=cfg, recipe=recipe, posterior=table)
+                                 base=args.base, cfg=cfg, recipe=recipe, posterior=table,
+                                 denoiser=den)
         _print_trained(res, note)
         return 0
     _print_trained(res)
@@ -406,20 +478,34 @@ def run_attack(args) -> int:
             raise ValueError("--attack needs --mechanism (and its parameters) or --model")
         name, params = args.mechanism, None
         bundle = load_bundle(bundle_dir=args.bundle)
+    if args.denoiser is not None and name != "dchi-text":
+        raise ValueError(f"--denoiser makes no sense for {name}: a contextual denoiser "
+                         "exists for dchi-text only")
     texts = attack.read_sentences(args.data, args.limit)
     cls = registry.get(name)
     if cls.family == "dchi":  # token by token: the dχ report
         eta = params["eta"] if params else args.eta
         if (eta is None) == (args.target_inversion is None):
             raise ValueError("give either --eta or --target-inversion")
+        if args.denoiser is not None and eta is None:
+            raise ValueError("--denoiser attacks at the eta it was trained for: give --eta, "
+                             "not --target-inversion")
+        denoiser = (attack.load_denoiser(args.denoiser, bundle, name, eta)
+                    if args.denoiser is not None else None)  # refused before any work
         tokens = None if args.tokens is None else (
             "all" if args.tokens == "all" else _positive_int(args.tokens))
         rep = attack.token_privacy(bundle, name, eta=eta, target=args.target_inversion,
                                    texts=texts, tokens=tokens, samples=args.samples,
                                    inversion_tokens=args.inversion_tokens, rng=rng,
                                    device=args.device)
-        print(json.dumps(attack.token_report_json(rep), indent=2) if args.json
-              else attack.format_token_report(rep))
+        ctx = (attack.contextual_attack(denoiser, bundle, texts, draws=args.draws, rng=rng,
+                                        source=args.denoiser)
+               if denoiser is not None else None)
+        if args.json:
+            print(json.dumps({**attack.token_report_json(rep), "contextual_attack": ctx},
+                             indent=2))
+        else:
+            print(attack.format_token_report(rep, ctx))
         return 0
     if not cls.private:
         raise ValueError(f"mechanism {name} sends the text's ids: there is nothing to attack")

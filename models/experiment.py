@@ -102,14 +102,17 @@ def train_from_records(records: Sequence[Record | tuple], out_dir: str | os.Path
                        on_progress: Callable[[float, dict], None] | None = None,
                        overwrite: bool = False, dist_ctx=None,
                        recipe: Recipe | None = None,
-                       posterior: ChannelPosterior | None = None) -> TrainResult:
+                       posterior: ChannelPosterior | None = None,
+                       denoiser=None) -> TrainResult:
     """Fine-tune on privatized records (edge JSONL or the record store) and write a model
     version folder ``out_dir``. ``dist_ctx`` (``models.distributed``, under torchrun):
     DDP; only rank 0 writes the folder.
 
-    ``recipe``: device records have no raw text, so only its ``posterior`` applies (the
-    others are refused); the table is ``posterior`` (e.g. the base version's
-    ``posterior.npz``), checked against the records' mechanism, η and bundle.
+    ``recipe``: device records have no raw text, so only its ``posterior`` and ``denoiser``
+    apply (the others are refused); the table is ``posterior`` (e.g. the base version's
+    ``posterior.npz``), the denoiser ``denoiser`` (``models.denoiser.Denoiser``, e.g. the
+    base version's, trained on public text), both checked against the records' mechanism,
+    η and bundle.
     """
     cfg = cfg or TrainConfig()
     cfg.validate()
@@ -124,10 +127,17 @@ def train_from_records(records: Sequence[Record | tuple], out_dir: str | os.Path
                          "text, e.g. the base version's posterior.npz)")
     if not recipe.posterior:
         posterior = None
+    if recipe.denoiser and denoiser is None:
+        raise ValueError("the recipe asks for a contextual denoiser but none was given "
+                         "(device records cannot train one: it comes from public text, e.g. "
+                         "the base version's denoiser.safetensors)")
+    if not recipe.denoiser:
+        denoiser = None
     dev = (dataset_from_records(dev_records, train.label_names, where="dev records")
            if dev_records else None)
     return _train(train, dev, out_dir, bundle, base, cfg, extra_config, should_stop,
-                  on_progress, overwrite, dist_ctx, recipe=recipe, posterior=posterior)
+                  on_progress, overwrite, dist_ctx, recipe=recipe, posterior=posterior,
+                  denoiser=denoiser)
 
 
 def base_pretraining(base, mechanism: str, params: dict) -> dict | None:
@@ -156,7 +166,7 @@ def _train(train: PayloadDataset, dev: PayloadDataset | None, out_dir, bundle: E
            base, cfg: TrainConfig, extra_config: dict | None, should_stop, on_progress,
            overwrite: bool, dist_ctx=None, *, recipe: Recipe | None = None,
            posterior: ChannelPosterior | None = None, refresh=None,
-           teacher_module=None) -> TrainResult:
+           teacher_module=None, denoiser=None) -> TrainResult:
     check_compatible(train, dev, bundle)
     recipe = recipe or Recipe()
     if base is not None and train.kind == "vector":
@@ -170,7 +180,7 @@ def _train(train: PayloadDataset, dev: PayloadDataset | None, out_dir, bundle: E
               f"task uses {train.mechanism} {train.params}; Qu et al. §3.4 pretrain with the "
               "task's own privatization", file=sys.stderr)
     # checks the base against the bundle, and the posterior against the payloads
-    model = build_model(train, bundle, base, cfg, posterior=posterior)
+    model = build_model(train, bundle, base, cfg, posterior=posterior, denoiser=denoiser)
     if recipe.warm_start:
         from models.levers import warm_start
 
@@ -197,6 +207,7 @@ def _train(train: PayloadDataset, dev: PayloadDataset | None, out_dir, bundle: E
         "recipe": recipe.as_dict(),
         "posterior": None if posterior is None else {"file": POSTERIOR_FILE,
                                                      **posterior.describe()},
+        "denoiser": None if denoiser is None else denoiser.describe(),
         "created": _dt.datetime.now(_dt.UTC).isoformat(timespec="seconds"),
         "versions": {"torch": torch.__version__, "transformers": transformers.__version__,
                      "python": platform.python_version()},
@@ -234,7 +245,8 @@ def train_from_tsv(train_tsv: str | os.PathLike, out_dir: str | os.PathLike,
                    allow_weak_privacy: bool = False, recipe: Recipe | None = None,
                    teacher: str | os.PathLike | None = None,
                    posterior: ChannelPosterior | None = None,
-                   posterior_cache: str | os.PathLike | None = None) -> TrainResult:
+                   posterior_cache: str | os.PathLike | None = None,
+                   denoiser=None) -> TrainResult:
     """Privatize a labelled TSV with the edge's Privatizer and fine-tune on it.
 
     ``params``: the mechanism's arguments as for :func:`models.privatize.build_mechanism`
@@ -248,6 +260,8 @@ def train_from_tsv(train_tsv: str | os.PathLike, out_dir: str | os.PathLike,
     epoch).
     ``posterior``: a prebuilt table for ``recipe.posterior``, else built from the training
     text (kept in ``posterior_cache`` by its inputs' digest when given).
+    ``denoiser``: a trained ``models.denoiser.Denoiser`` for ``recipe.denoiser``, else one is
+    trained on the training text (and ``recipe.denoiser_corpus``), cached the same way.
     """
     cfg = cfg or TrainConfig()
     cfg.validate()
@@ -283,6 +297,13 @@ def train_from_tsv(train_tsv: str | os.PathLike, out_dir: str | os.PathLike,
         check_teacher(teacher, bundle, names)
     if posterior is not None:
         posterior.check_for(mechanism, mech.params, bundle.bundle_id)
+    if denoiser is not None:
+        denoiser.check_for(mechanism, mech.params, bundle.bundle_id)
+    corpus = []
+    if recipe.denoiser and denoiser is None and recipe.denoiser_corpus:
+        from models.denoiser_train import read_corpus
+
+        corpus = read_corpus(recipe.denoiser_corpus)
     public = PublicText(data, names, privatizer)
     train = public.dataset(rng, originals=recipe.denoise > 0, progress=progress,
                            desc="privatize train", where=str(train_tsv))
@@ -295,9 +316,16 @@ def train_from_tsv(train_tsv: str | os.PathLike, out_dir: str | os.PathLike,
                 allow_weak_privacy)
         dev = PublicText(dev_data, names, dev_priv).dataset(
             rng, progress=progress, desc="privatize dev", where=str(dev_tsv))
-    if recipe.posterior and posterior is None:
+    if (recipe.posterior or (recipe.denoiser and denoiser is None)) and posterior is None:
         posterior = public_posterior(bundle, mechanism, mech.params, data.texts, recipe, rng,
                                      posterior_cache, progress)
+    if recipe.denoiser and denoiser is None:
+        from models.levers import public_denoiser
+
+        denoiser = public_denoiser(bundle, posterior, data.texts + corpus, recipe, base, rng,
+                                   posterior_cache, progress)
+    if not recipe.posterior:
+        posterior = None  # built for the denoiser's bias only
     teacher_module = None
     if recipe.distill or recipe.warm_start:
         teacher_module, probs = get_teacher(public, bundle, teacher, base, cfg)
@@ -318,7 +346,7 @@ def train_from_tsv(train_tsv: str | os.PathLike, out_dir: str | os.PathLike,
         extra["weak_privacy"] = weak
     return _train(train, dev, out_dir, bundle, base, cfg, extra, None, None, overwrite,
                   recipe=recipe, posterior=posterior, refresh=refresh,
-                  teacher_module=teacher_module)
+                  teacher_module=teacher_module, denoiser=denoiser)
 
 
 def _check_base(mechanism: str, bundle: EdgeBundle, base, cfg: TrainConfig) -> None:

@@ -135,10 +135,11 @@ def load_backbone(base: str | os.PathLike | None):
 
 
 def build_model(train: PayloadDataset, bundle: EdgeBundle, base=None,
-                cfg: TrainConfig | None = None, posterior=None) -> nn.Module:
+                cfg: TrainConfig | None = None, posterior=None, denoiser=None) -> nn.Module:
     """The classifier for ``train``'s mechanism, its backbone checked against ``bundle``;
-    ``posterior`` (``models.posterior.ChannelPosterior``): channel-posterior inputs, checked
-    against the payloads' mechanism, η and bundle."""
+    ``posterior`` (``models.posterior.ChannelPosterior``): channel-posterior inputs,
+    ``denoiser`` (``models.denoiser.Denoiser``): contextual ones in their place; both
+    checked against the payloads' mechanism, η and bundle."""
     cfg = cfg or TrainConfig()
     if cfg.seed is not None:  # the new head's (or MLP's) initial weights
         torch.manual_seed(cfg.seed)
@@ -163,8 +164,12 @@ def build_model(train: PayloadDataset, bundle: EdgeBundle, base=None,
         raise ValueError("pooling 'cls' needs a BERT with a pooler layer")
     if posterior is not None:
         posterior.check_for(train.mechanism, train.params, bundle.bundle_id)
+    if denoiser is not None:
+        denoiser.check_for(train.mechanism, train.params, bundle.bundle_id)
+        posterior = None  # the denoiser's bias holds it; the classifier reads the denoiser
     return build_classifier(train.mechanism, n_labels, bert=bert, pooling=cfg.pooling,
-                            posterior=posterior, regular_ids=bundle.regular_ids)
+                            posterior=posterior, regular_ids=bundle.regular_ids,
+                            denoiser=denoiser)
 
 
 def keep_layers(bert, n: int) -> None:

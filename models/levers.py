@@ -53,6 +53,21 @@ def public_posterior(bundle: EdgeBundle, mechanism: str, params: dict, texts: li
     return table
 
 
+def public_denoiser(bundle: EdgeBundle, posterior: ChannelPosterior, texts: list[str],
+                    recipe: Recipe, base=None, rng: np.random.Generator | None = None,
+                    cache: str | os.PathLike | None = None, progress: bool = False):
+    """The contextual denoiser of ``recipe`` (``models.denoiser``) trained on the public
+    ``texts`` over ``posterior``'s bias, read from / written to ``cache`` by its inputs'
+    digest."""
+    from models.denoiser_train import DenoiserConfig
+    from models.denoiser_train import public_denoiser as cached
+
+    cfg = DenoiserConfig(layers=recipe.denoiser_layers, candidates=recipe.denoiser_candidates,
+                         epochs=recipe.denoiser_epochs, progress=progress)
+    return cached(bundle, posterior, texts, cfg, base=base, rng=rng, cache=cache,
+                  log=None if progress else (lambda m: None))
+
+
 class _Progress:
     """A tqdm bar fed (done, total) pairs."""
 
@@ -117,10 +132,10 @@ def warm_start(model, teacher) -> None:
     """Start ``model`` from the teacher's weights (its BERT and head: same labels); the
     frozen word embeddings are the same bundle's, the posterior gate and table stay."""
     state = {k: v for k, v in teacher.state_dict().items()
-             if not k.startswith("posterior_") and k in model.state_dict()}
+             if not k.startswith(("posterior_", "denoiser.")) and k in model.state_dict()}
     missing = set(model.state_dict()) - set(state)
-    if any(not k.startswith(("posterior_", "log_prior")) and "position_ids" not in k
-           for k in missing):
+    if any(not k.startswith(("posterior_", "log_prior", "denoiser."))
+           and "position_ids" not in k for k in missing):
         raise ValueError("the teacher's architecture does not match the model's "
                          f"({sorted(missing)[:3]} missing)")
     model.load_state_dict(state, strict=False)

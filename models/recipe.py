@@ -1,8 +1,8 @@
 """The training recipe: what a classifier is trained with beyond the mechanism and the
 hyperparameters, and where each part applies.
 
-Levers (each measured alone and combined by ``bench/utility.py``; figures in the bench
-results, "Utility levers"):
+Levers (each measured alone and combined by ``python -m bench.utility explore`` and
+``levers``; figures in the bench results, "Utility levers"):
 
 * ``fresh_noise``: privatize every public training sentence afresh in each epoch (data
   augmentation with the exact mechanism). Needs the raw public text.
@@ -16,8 +16,13 @@ results, "Utility levers"):
 * ``posterior``: channel-posterior inputs E[φ(x) | y] (``models.posterior``). Post-processing
   of the payload: works on device records and at prediction time as well, ``dchi-text`` and
   ``dchi-embedding`` only.
+* ``denoiser``: contextual channel-posterior inputs E[φ(x) | y, context] of a small denoiser
+  trained on public text (``models.denoiser``), read in place of the posterior table.
+  Post-processing too, ``dchi-text`` only: training one needs public text, reading one
+  (device records, prediction) does not.
 
-A retraining job from device records has no raw text: only ``posterior`` applies there.
+A retraining job from device records has no raw text: only ``posterior`` and an existing
+``denoiser`` apply there.
 """
 
 from __future__ import annotations
@@ -29,6 +34,9 @@ from shared.mechanisms import registry
 RAW_TEXT_LEVERS = ("fresh_noise", "denoise", "distill", "warm_start")
 # a channel posterior: mechanisms that privatize token by token with dχ-privacy
 POSTERIOR_MECHANISMS = tuple(c.name for c in registry.mechanisms() if c.family == "dchi")
+# a contextual denoiser (models.denoiser): dχ mechanisms whose payload is token ids
+DENOISER_MECHANISMS = tuple(c.name for c in registry.mechanisms() if c.family == "dchi"
+                            and c.payload_kind is registry.PayloadKind.TOKENS)
 # payloads of word pieces (a BERT over token ids reads them)
 TOKEN_MECHANISMS = tuple(c.name for c in registry.mechanisms()
                          if c.payload_kind.reads_tokens)
@@ -47,6 +55,11 @@ class Recipe:
     warm_start: bool = False
     posterior_passes: float = 1.0  # mechanism runs per public-text token for the table
     posterior_min_draws: int = 16
+    denoiser: bool = False
+    denoiser_layers: int = 2
+    denoiser_candidates: int = 4096
+    denoiser_epochs: int = 1
+    denoiser_corpus: str | None = None  # more public text (one per line) to train it on
 
     def levers(self) -> list[str]:
         """The levers switched on, by name."""
@@ -61,6 +74,8 @@ class Recipe:
             on.append("distill")
         if self.warm_start:
             on.append("warm_start")
+        if self.denoiser:
+            on.append("denoiser")
         return on
 
     def check(self, mechanism: str, raw_text: bool) -> None:
@@ -74,6 +89,13 @@ class Recipe:
                              f"got {self.distill}, {self.distill_temperature}")
         if not (self.posterior_passes > 0 and self.posterior_min_draws >= 1):
             raise ValueError("posterior passes must be > 0 and min draws >= 1")
+        if not (1 <= self.denoiser_layers <= 48 and self.denoiser_candidates >= 1
+                and self.denoiser_epochs >= 1):
+            raise ValueError("--denoiser-layers must be in [1, 48], --denoiser-candidates and "
+                             "--denoiser-epochs >= 1")
+        if self.denoiser and mechanism not in DENOISER_MECHANISMS:
+            raise ValueError(f"--denoiser makes no sense for {mechanism}: a contextual "
+                             f"denoiser exists for {' and '.join(DENOISER_MECHANISMS)} only")
         if self.posterior and mechanism not in POSTERIOR_MECHANISMS:
             raise ValueError(f"--posterior makes no sense for {mechanism}: a channel "
                              f"posterior exists for {' and '.join(POSTERIOR_MECHANISMS)} only")
@@ -93,7 +115,8 @@ class Recipe:
             need = [name for name in RAW_TEXT_LEVERS if name in self.levers()]
             if need:
                 raise ValueError(f"{', '.join(need)} need the raw public text; device records "
-                                 "have none (only the posterior applies to them)")
+                                 "have none (only the posterior and an existing denoiser "
+                                 "apply to them)")
 
     def for_records(self) -> Recipe:
         """This recipe less the levers that need raw text."""

@@ -8,6 +8,8 @@ Layout of a version folder::
     metrics.json       dev metrics per epoch and of the kept (best) epoch
     posterior.npz      optional: the channel posterior the model reads (``models.posterior``),
                        for retraining from device records
+    denoiser.safetensors  the contextual denoiser the model reads, when its architecture names
+                       one (``models.denoiser``): without it the version refuses to load
     data.json          fingerprint of the training (and dev) records, counts, hyperparameters
     classifier.onnx    optional, written by ``export_classifier_onnx``
 
@@ -34,6 +36,7 @@ from models.data import collate_payloads, kind_of
 from models.version_folder import (  # noqa: F401  (the names are used from here too)
     CONFIG_FILE,
     DATA_FILE,
+    DENOISER_FILE,
     FORMAT,
     FORMAT_VERSION,
     METRICS_FILE,
@@ -79,13 +82,20 @@ def save_model_version(out_dir: str | os.PathLike, module: nn.Module, config: di
     cfg = dict(config)
     cfg.update({"format": FORMAT, "format_version": FORMAT_VERSION,
                 "architecture": architecture(module)})
+    extra_files = dict(extra_files or {})
+    denoiser = getattr(module, "denoiser", None)
+    if getattr(module, "contextual", False):
+        if denoiser is None:
+            raise ValueError("the classifier reads a contextual denoiser but none is attached")
+        extra_files[DENOISER_FILE] = denoiser.to_bytes()  # the version travels whole
     tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.tmp-", dir=out.parent))
     try:
-        state = {k: v.detach().to("cpu").contiguous() for k, v in module.state_dict().items()}
+        state = {k: v.detach().to("cpu").contiguous() for k, v in module.state_dict().items()
+                 if not k.startswith("denoiser.")}  # its own file, without the shared table
         save_file(state, str(tmp / WEIGHTS_FILE), metadata={"format": FORMAT})
         (tmp / METRICS_FILE).write_bytes(_json_bytes(metrics))
         (tmp / DATA_FILE).write_bytes(_json_bytes(data_info))
-        for name, data in (extra_files or {}).items():
+        for name, data in extra_files.items():
             if name in (CONFIG_FILE, WEIGHTS_FILE, METRICS_FILE, DATA_FILE) or "/" in name:
                 raise ValueError(f"extra file name {name!r} is reserved or not a plain name")
             (tmp / name).write_bytes(data)
@@ -201,6 +211,20 @@ class ModelVersion:
         return out
 
 
+def attach_version_denoiser(module: nn.Module, path: Path, cfg: dict) -> None:
+    """Attach the version's ``denoiser.safetensors`` to ``module``; ValueError (one line) if
+    it is missing, unreadable or made for another mechanism, η or bundle."""
+    from models.denoiser import Denoiser
+
+    f = path / DENOISER_FILE
+    if not f.is_file():
+        raise ValueError(f"{path}: the model reads a contextual denoiser but the version has "
+                         f"no {DENOISER_FILE}: it is incomplete and cannot be loaded")
+    d = Denoiser.load(f, module.bert.embeddings.word_embeddings)
+    d.check_for(cfg["mechanism"], cfg["params"], cfg["bundle_id"])
+    module.attach_denoiser(d)
+
+
 def load_model(path: str | os.PathLike, device: torch.device | str = "cpu") -> ModelVersion:
     """Load a model version folder written by :func:`save_model_version`."""
     from safetensors.torch import load_file
@@ -216,6 +240,8 @@ def load_model(path: str | os.PathLike, device: torch.device | str = "cpu") -> M
     if missing or unexpected:
         raise ValueError(f"{p / WEIGHTS_FILE}: weights do not fit the architecture "
                          f"(missing {missing[:3]}, unexpected {unexpected[:3]})")
+    if getattr(module, "contextual", False):
+        attach_version_denoiser(module, p, cfg)
     module.to(device).eval()
     metrics_path = p / METRICS_FILE
     metrics = json.loads(metrics_path.read_text()) if metrics_path.is_file() else {}

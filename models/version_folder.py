@@ -16,6 +16,7 @@ FORMAT_VERSION = 1
 CONFIG_FILE, WEIGHTS_FILE, METRICS_FILE, DATA_FILE = (
     "config.json", "model.safetensors", "metrics.json", "data.json")
 ONNX_FILE = "classifier.onnx"
+DENOISER_FILE = "denoiser.safetensors"  # models.denoiser (the contextual posterior)
 INT8_FILE = "classifier.int8.onnx"  # models.quantize
 
 
@@ -36,3 +37,50 @@ def read_config(path: str | os.PathLike) -> dict:
         raise ValueError(f"{p}: model format version {cfg.get('format_version')} is not "
                          f"{FORMAT_VERSION}")
     return cfg
+
+
+DENOISER_FORMAT = "privbert-denoiser"
+DENOISER_FORMAT_VERSION = 1
+
+
+def safetensors_metadata(data: bytes) -> dict:
+    """The ``__metadata__`` of a safetensors blob (its JSON header), without torch."""
+    if len(data) < 8:
+        raise ValueError("too short for a safetensors file")
+    n = int.from_bytes(data[:8], "little")
+    if not 0 < n <= len(data) - 8:
+        raise ValueError("bad safetensors header length")
+    try:
+        return json.loads(data[8:8 + n]).get("__metadata__") or {}
+    except (json.JSONDecodeError, UnicodeDecodeError, AttributeError) as exc:
+        raise ValueError(f"bad safetensors header ({exc})") from None
+
+
+def denoiser_header(data: bytes, where: str = "denoiser") -> dict:
+    """The privbert header of a denoiser file (``models.denoiser``): format, ``meta``
+    (mechanism, eta, bundle_id, training) and ``bert_config``; ValueError if it is none."""
+    try:
+        header = json.loads(safetensors_metadata(data).get("privbert", "{}"))
+    except (ValueError, json.JSONDecodeError) as exc:
+        raise ValueError(f"{where}: not a denoiser file ({exc})") from None
+    if not isinstance(header, dict) or header.get("format") != DENOISER_FORMAT or \
+            header.get("format_version") != DENOISER_FORMAT_VERSION:
+        raise ValueError(f"{where}: not a privbert denoiser of format "
+                         f"{DENOISER_FORMAT_VERSION}")
+    return header
+
+
+def check_denoiser_meta(meta: dict, mechanism: str, params: dict, bundle_id: str) -> None:
+    """ValueError (one line) unless a denoiser's ``meta`` is for exactly this mechanism, η
+    and bundle."""
+    eta = (params or {}).get("eta")
+    if mechanism != meta.get("mechanism"):
+        raise ValueError(f"the denoiser was trained for {meta.get('mechanism')}, not "
+                         f"{mechanism}")
+    want = float(meta["eta"])
+    if eta is None or abs(float(eta) - want) > 1e-9 * want:
+        raise ValueError(f"the denoiser was trained for eta={want:g}, the payloads use "
+                         f"eta={eta}")
+    if bundle_id != meta.get("bundle_id"):
+        raise ValueError(f"the denoiser was trained for bundle {str(meta.get('bundle_id'))[:12]}"
+                         f"…, the payloads use {bundle_id[:12]}…")

@@ -139,13 +139,19 @@ def run(job: dict, files: AttemptFiles, dist_ctx=None) -> dict | None:
 
     table = (ChannelPosterior.load(spec["posterior_path"]) if spec.get("posterior_path")
              else None)
+    denoiser = None
+    if spec.get("denoiser_path"):
+        from models.denoiser import Denoiser
+
+        denoiser = Denoiser.load(spec["denoiser_path"], bundle.embeddings)
     res = train_from_records(parts["train"], files.output, bundle=bundle,
                              dev_records=parts["dev"] or None, base=spec.get("base_path"),
                              cfg=cfg, label_names=list(task.labels),
                              extra_config={"task": task.name, "job_id": job["job_id"]},
                              should_stop=should_stop, on_progress=on_progress,
-                             dist_ctx=dist_ctx, recipe=Recipe(posterior=table is not None),
-                             posterior=table)
+                             dist_ctx=dist_ctx, recipe=Recipe(posterior=table is not None,
+                                                              denoiser=denoiser is not None),
+                             posterior=table, denoiser=denoiser)
     if not main:
         return None
     if files.cancelled():

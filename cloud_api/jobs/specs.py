@@ -57,6 +57,10 @@ class RecipeRequest(BaseModel):
     distill: float = Field(0.0, ge=0, allow_inf_nan=False,
                            description="needs the original text: refused unless 0")
     warm_start: bool = Field(False, description="needs the original text: always refused here")
+    denoiser: bool | None = Field(None, description="contextual channel-posterior inputs "
+                                  "(dchi-text): the promoted version's denoiser, trained on "
+                                  "public text (records cannot train one); null: when the "
+                                  "promoted version has one")
 
 
 class RetrainRequest(BaseModel):
@@ -118,7 +122,44 @@ def check_retrain(db: Database, home: ModelHome, bundles, settings: Settings,
                              "in this service's home") from None
     base_path = _retrain_base(home, bundles, task, req, cfg)
     posterior_path = _retrain_posterior(home, task, req, current)
-    return {**req.model_dump(), "base_path": base_path, "posterior_path": posterior_path}
+    denoiser_path = _retrain_denoiser(home, task, req, current)
+    return {**req.model_dump(), "base_path": base_path, "posterior_path": posterior_path,
+            "denoiser_path": denoiser_path}
+
+
+def _retrain_denoiser(home: ModelHome, task: Task, req: RetrainRequest,
+                      current: str | None) -> str | None:
+    """The denoiser the job reads (the promoted version's ``denoiser.safetensors``), or None;
+    InvalidRequest when one is asked for and none fits (training one needs public text)."""
+    from models.recipe import DENOISER_MECHANISMS
+    from models.version_folder import DENOISER_FILE, check_denoiser_meta, denoiser_header
+
+    asked = (req.recipe or RecipeRequest()).denoiser
+    if asked is False:
+        return None
+    if task.mechanism not in DENOISER_MECHANISMS:
+        if asked:
+            raise InvalidRequest(f"recipe.denoiser makes no sense for {task.mechanism}: a "
+                                 "contextual denoiser exists for dchi-text only")
+        return None
+    path = (home.version_dir(req.model_id, current) / DENOISER_FILE
+            if current is not None else None)
+    if path is None or not path.is_file():
+        if asked:
+            raise InvalidRequest(f"recipe.denoiser: model {req.model_id} has no promoted "
+                                 "version with a denoiser (denoiser.safetensors) to read; "
+                                 "training one needs the raw public text, which a retraining "
+                                 "job from device records does not have (cloud-api train "
+                                 "--denoiser)")
+        return None
+    try:
+        check_denoiser_meta(denoiser_header(path.read_bytes(), str(path))["meta"],
+                            task.mechanism, task.params, task.bundle_id)
+    except (ValueError, KeyError, OSError) as exc:
+        if asked:
+            raise InvalidRequest(f"recipe.denoiser: {exc}") from None
+        return None
+    return str(path)
 
 
 def _retrain_posterior(home: ModelHome, task: Task, req: RetrainRequest,

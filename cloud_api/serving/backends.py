@@ -148,15 +148,26 @@ class OnnxBackend:
 
     def __init__(self, path: str | os.PathLike, settings: Settings, int8: bool = False):
         from models.onnx_classifier import Int8Refused, OnnxClassifier
-        from models.version_folder import INT8_FILE, METRICS_FILE, ONNX_FILE, read_config
+        from models.version_folder import (
+            DENOISER_FILE,
+            INT8_FILE,
+            METRICS_FILE,
+            ONNX_FILE,
+            read_config,
+        )
 
         self.path = Path(path)
         self.name = "onnx-int8" if int8 else "onnx"
         self.overhead_tokens = 6.0 if int8 else 8.0  # MiniLM, one thread (--padding)
         try:
-            read_config(self.path)
+            cfg = read_config(self.path)
         except ValueError as exc:
             raise BackendError(str(exc)) from None
+        if "denoiser" in (cfg.get("architecture") or {}) and \
+                not (self.path / DENOISER_FILE).is_file():  # the graph holds it; the version
+            raise BackendError(f"{self.path}: the model reads a contextual denoiser but the "
+                               f"version has no {DENOISER_FILE}: it is incomplete and cannot "
+                               "be loaded")  # must travel whole all the same
         file = self.path / (INT8_FILE if int8 else ONNX_FILE)
         if int8 and not file.is_file():
             raise Int8Unavailable(f"version {self.path.name} has no {INT8_FILE} for the "

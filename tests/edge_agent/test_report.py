@@ -88,6 +88,11 @@ def test_report_cli_json(tiny_enc_dir, tmp_path):
     assert [a for _, a in sorted(table)] == sorted(a for _, a in table)  # monotone
     assert rep["eta"] in [e for e, _ in table]
     assert rep["guarantee"]["mechanism"] == "dchi-text"
+    # the server-side contextual attack: said to exist, with the command that measures it
+    how = rep["contextual_attack"]["how"]
+    assert rep["contextual_attack"]["measured"] is False
+    assert how.startswith("cloud-api evaluate --attack --mechanism dchi-text --eta ")
+    assert f"--eta {rep['eta']:.4g} " in how and "--denoiser" in how
 
 
 def test_report_cli_text_and_plot(tiny_enc_dir, tmp_path, capfd):
@@ -99,6 +104,7 @@ def test_report_cli_text_and_plot(tiny_enc_dir, tmp_path, capfd):
     assert rc == 0
     assert "N_w (outputs equal to the input)" in out and "S_w (distinct outputs)" in out
     assert "token embedding inversion" in out and "guarantee: dchi-embedding" in out
+    assert "contextual attack" not in out  # the denoiser reads dchi-text only
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
@@ -110,3 +116,17 @@ def test_report_bad_input(tmp_path, tiny_enc_dir):
                          (["--eta", "3", "--sample", str(tmp_path / "nope")], "no such file")]:
         proc = run_cli("report", *argv, "--bundle", str(tiny_enc_dir))
         assert_one_line_error(proc, None, needle)
+
+
+def test_text_report_names_the_contextual_attack(tiny_enc_dir, capfd):
+    """dchi-text: the report says a server with a contextual model recovers more than the
+    inversion and how to measure it (server side); the published guarantee is still there."""
+    rc = main(["report", "--eta", "3", "--tokens", "5", "--samples", "20",
+               "--inversion-tokens", "200", "--bundle", str(tiny_enc_dir)])
+    out = capfd.readouterr().out
+    assert rc == 0
+    assert "guarantee: dchi-text" in out
+    line = next(ln for ln in out.splitlines() if ln.startswith("contextual attack:"))
+    assert "recovers more tokens at the same eta" in line
+    assert line.endswith("cloud-api evaluate --attack --mechanism dchi-text --eta 3 --data "
+                         "TEXT.tsv --denoiser MODEL_VERSION_OR_FILE")

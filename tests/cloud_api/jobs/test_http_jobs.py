@@ -161,6 +161,13 @@ def test_submission_checks_answer_4xx_before_any_job(jobs_server, tiny_bundle_of
     r = retrain(recipe={"posterior": True})
     assert r.status_code == 422 and "no promoted version with a posterior table" in \
         r.json()["detail"], r.text
+    # a contextual denoiser: records cannot train one, and no promoted version has one
+    r = retrain(recipe={"denoiser": True})
+    assert r.status_code == 422 and r.json()["type"] == PROBLEM + "validation", r.text
+    assert "no promoted version with a denoiser" in r.json()["detail"]
+    assert "training one needs the raw public text" in r.json()["detail"]
+    r = retrain(recipe={"denoiser": "yes"})
+    assert r.status_code == 422 and r.json()["type"] == PROBLEM + "validation", r.text
     r = retrain(base="missing")
     assert r.status_code == 422 and "no base named 'missing'" in r.json()["detail"]
     # a base of another bundle (another tiny BERT), and one pretrained for another mechanism

@@ -133,3 +133,53 @@ def test_auto_serves_the_fastest_file_a_version_has(onnx_version, trained, tmp_p
     (fp32_only / "classifier.int8.onnx").unlink()
     assert load_backend(fp32_only, settings).name == "onnx"
     assert isinstance(load_backend(trained["a"], settings), TorchBackend)
+
+
+@pytest.fixture(scope="module")
+def contextual_version(tmp_path_factory):
+    """A tiny dchi-text version reading a contextual denoiser (models.denoiser), exported to
+    ONNX (the denoiser inside the graph), and records for it."""
+    import torch
+
+    from models.backbone import load_bert
+    from models.classifiers import build_classifier
+    from models.denoiser import new_denoiser
+    from models.export import export_classifier_onnx
+    from models.posterior import build_posterior
+    from models.registry import save_model_version
+    from shared.bundle import EdgeBundle
+    from tests.conftest import make_full_tiny_bert
+    from tests.models.conftest import sentiment_texts, token_records
+
+    tmp = tmp_path_factory.mktemp("contextual")
+    bert_dir = make_full_tiny_bert(tmp / "bert")
+    b = EdgeBundle.from_model(bert_dir)
+    texts, _, labels = sentiment_texts(16, seed=2)
+    table = build_posterior(b, "dchi-text", 4.0, texts, rng=np.random.default_rng(0))
+    den = new_denoiser(table, b, layers=1, candidates=12, base=bert_dir)
+    with torch.no_grad():
+        den.out.weight.normal_(0, 0.3)  # reads the context
+    model = build_classifier("dchi-text", 2, bert=load_bert(bert_dir), denoiser=den)
+    cfg = {"kind": "tokens", "mechanism": "dchi-text", "params": {"eta": 4.0},
+           "bundle_id": b.bundle_id, "special_ids": b.special_ids, "labels": ["neg", "pos"],
+           "max_length": 32}
+    path = save_model_version(tmp / "v1", model, cfg, {}, {})
+    export_classifier_onnx(path, int8=False)
+    return path, token_records(b, "dchi-text", texts, labels, eta=4.0)
+
+
+def test_contextual_posterior_inside_the_onnx_graph(contextual_version, tmp_path):
+    """The onnx backend gives the torch backend's probabilities for a version that reads a
+    denoiser; without its denoiser.safetensors neither backend loads the version."""
+    path, records = contextual_version
+    onnx = load_backend(path, settings_for(ModelHome(tmp_path), backend="onnx",
+                                           torch_threads=1))
+    torch_ = load_backend(path, settings_for(ModelHome(tmp_path), backend="torch"))
+    payloads = [r.payload for r in records]
+    assert float(np.abs(onnx.forward(payloads) - torch_.forward(payloads)).max()) <= TOLERANCE
+    broken = tmp_path / "broken"
+    shutil.copytree(path, broken)
+    (broken / "denoiser.safetensors").unlink()
+    for backend in ("onnx", "torch"):
+        with pytest.raises(BackendError, match="no denoiser.safetensors: it is incomplete"):
+            load_backend(broken, settings_for(ModelHome(tmp_path), backend=backend))

@@ -1,10 +1,8 @@
 """Qu et al. 2021 Tables 4–7 in small: SST-2 dev accuracy of MiniLM under each privatization.
 
-    python bench/utility.py levers ...   the training recipe's levers on whole sentences
-                                         (bench/utility_levers.py)
-    python bench/utility.py [--train 6000] [--dev 2000] [--epochs 2] [--lr 2e-5]
-                            [--pretrain-steps 400] [--pretrain-batch 32] [--seed 0]
-                            [--only ROW[,ROW]] [--out out/utility] [--table-only]
+    python -m bench.utility table [--train 6000] [--dev 2000] [--epochs 2] [--lr 2e-5]
+                                  [--pretrain-steps 400] [--pretrain-batch 32] [--seed 0]
+                                  [--only ROW[,ROW]] [--out out/utility] [--table-only]
 
 Rows (ids for ``--only``; shell-style patterns such as ``text-*`` work):
 
@@ -35,9 +33,6 @@ from __future__ import annotations
 import argparse
 import datetime as dt
 import fnmatch
-import hashlib
-import json
-import os
 import shlex
 import shutil
 import sys
@@ -49,9 +44,8 @@ from pathlib import Path
 
 import numpy as np
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-
-from bench.common import DATA, machine, read_tsv, table  # noqa: E402
+from bench.common import DATA, machine, read_tsv, table
+from bench.utility.cache import file_sha, fmt_s, key_of, log, read_json, subset, write_json
 
 POINTS = (0.1084, 0.3402, 0.6354, 0.85)  # Qu et al. Table 3 (SST): eta = 75, 100, 125, 150
 PAPER_ETA = {0.1084: 75, 0.3402: 100, 0.6354: 125, 0.85: 150}
@@ -122,58 +116,6 @@ def display_order(rows: list[Row]) -> list[Row]:
     obj_rank = {"orig": 0, "vanilla": 1, "prob": 2, "denoising": 3}
     return sorted(rows, key=lambda r: (mech_rank[r.mechanism], r.point or 0,
                                        obj_rank[r.objective]))
-
-
-# -- small helpers ---------------------------------------------------------------------------
-def key_of(obj) -> str:
-    return hashlib.sha256(json.dumps(obj, sort_keys=True, default=str).encode()).hexdigest()[:12]
-
-
-def file_sha(path: Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
-            h.update(block)
-    return h.hexdigest()
-
-
-def write_json(path: Path, obj) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(json.dumps(obj, indent=2, default=str) + "\n")
-    os.replace(tmp, path)
-
-
-def read_json(path: Path) -> dict | None:
-    try:
-        return json.loads(path.read_text())
-    except (OSError, json.JSONDecodeError):
-        return None
-
-
-def log(msg: str) -> None:
-    print(f"[{dt.datetime.now().strftime('%H:%M:%S')}] {msg}", flush=True)
-
-
-def fmt_s(s: float | None) -> str:
-    if s is None:
-        return "—"
-    s = int(round(s))
-    return f"{s // 3600}h{s % 3600 // 60:02d}m" if s >= 3600 else f"{s // 60}m{s % 60:02d}s"
-
-
-# -- data --------------------------------------------------------------------------------------
-def subset(src: Path, n: int, seed: int, stream: int, tmp: Path) -> tuple[Path, str, int]:
-    """A seeded subset of ``n`` rows of a ``sentence<TAB>label`` TSV (all if n <= 0 or more
-    than there are), written to ``tmp`` (outside the repository); (path, sha256, rows)."""
-    rows = read_tsv(src)
-    if 0 < n < len(rows):
-        idx = np.sort(np.random.default_rng([seed, stream]).choice(len(rows), n, replace=False))
-        rows = [rows[i] for i in idx]
-    text = "sentence\tlabel\n" + "".join("\t".join(r) + "\n" for r in rows)
-    path = tmp / f"{src.stem}-{n}-{seed}.tsv"
-    path.write_text(text, encoding="utf-8")
-    return path, hashlib.sha256(text.encode()).hexdigest(), len(rows)
 
 
 # -- calibration -------------------------------------------------------------------------------
@@ -488,7 +430,7 @@ def render(rows: list[Row], results: dict, calib: dict | None, args, data: dict,
     lines.append(f"rows done: {len(done)} of {len(rows)}; compute time of the rows shown "
                  f"(calibration + pretraining + fine-tuning, summed over runs): {fmt_s(compute)}"
                  f"; this invocation: {fmt_s(time.perf_counter() - started)}")
-    lines.append("command: python bench/utility.py " + shlex.join(sys.argv[1:]))
+    lines.append("command: python -m bench.utility " + shlex.join(sys.argv[1:]))
     lines.append("machine: " + machine())
     return "\n".join(lines)
 
@@ -546,10 +488,6 @@ def select(rows: list[Row], only: str | None) -> list[Row]:
 
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
-    if argv[:1] == ["levers"]:  # the recipe ablation on whole sentences (issue 17)
-        from bench.utility_levers import main as levers
-
-        return levers(argv[1:])
     started = time.perf_counter()
     args = parse_args(argv)
     rows = all_rows()
@@ -626,7 +564,3 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
-
-
-if __name__ == "__main__":
-    raise SystemExit(main())

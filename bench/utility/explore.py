@@ -1,11 +1,12 @@
 """One training recipe on a seeded subset of whole sentences: the exploration behind issue 17.
 
-    python bench/utility_explore.py --name NAME [--n 10000] [--epochs 1] [--lr 1e-4]
-        [--fresh] [--denoise LAMBDA] [--posterior TABLE.npz] [--distill ALPHA --teacher DIR]
+    python -m bench.utility explore --name NAME [--n 10000] [--epochs 1] [--lr 1e-4]
+        [--fresh] [--denoise LAMBDA] [--posterior TABLE.npz] [--denoiser FILE]
+        [--distill ALPHA --teacher DIR]
         [--warm DIR] [--layers N] [--eta 64.35] [--mech dchi-text] [--save DIR]
         [--out out/exp/results.jsonl]
 
-Lower-level than ``bench/utility.py levers`` (which goes through ``train_from_tsv``, the path of
+Lower-level than ``python -m bench.utility levers`` (which goes through ``train_from_tsv``, the path of
 ``cloud-api train``): it drives ``models.finetune`` directly, so that one lever at a time can be
 varied on a subset quickly. It prints one JSON line (and appends it to ``--out``):
 
@@ -26,19 +27,18 @@ from __future__ import annotations
 
 import argparse
 import json
-import sys
+import os
 import time
 from pathlib import Path
 
 import numpy as np
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-
-from bench.common import DATA  # noqa: E402
+from bench.common import DATA, machine
 
 
 def parse_args(argv=None) -> argparse.Namespace:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap = argparse.ArgumentParser(prog="python -m bench.utility explore",
+                                 description=__doc__.split("\n\n")[0])
     ap.add_argument("--name", required=True)
     ap.add_argument("--n", type=int, default=10000, help="training rows (0 = all)")
     ap.add_argument("--epochs", type=int, default=1)
@@ -47,6 +47,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     ap.add_argument("--denoise", type=float, default=0.0)
     ap.add_argument("--denoise-rate", type=float, default=0.5)
     ap.add_argument("--posterior", help="channel-posterior table (.npz)")
+    ap.add_argument("--denoiser", help="a trained contextual denoiser (models.denoiser), read "
+                    "in place of the posterior table (python -m bench.utility denoiser)")
     ap.add_argument("--distill", type=float, default=0.0)
     ap.add_argument("--teacher", help="clean-text model for --distill")
     ap.add_argument("--warm", help="start from this clean-text model's weights")
@@ -121,7 +123,12 @@ def main(argv=None) -> int:
         post.save(a.posterior)
     cfg = TrainConfig(epochs=a.epochs, lr=a.lr, seed=0, progress=False, denoise=a.denoise,
                       denoise_rate=a.denoise_rate, distill=a.distill, batch_size=a.batch)
-    model = build_model(train, b, a.warm, cfg, posterior=post)
+    den = None
+    if a.denoiser:
+        from models.denoiser import Denoiser
+
+        den = Denoiser.load(a.denoiser, b.embeddings)
+    model = build_model(train, b, a.warm, cfg, posterior=post, denoiser=den)
     if a.layers:
         keep_layers(model.bert, a.layers)
     t1 = time.time()
@@ -134,8 +141,9 @@ def main(argv=None) -> int:
                            b.special_ids, 128)["accuracy"]
     out = {"name": a.name, "args": vars(a), "history": res.history,
            "best_epoch": res.best_epoch, "sent_draws": accs, "sent_mean": float(np.mean(accs)),
-           "phrase2000": pha, "train_s": t2 - t1, "total_s": time.time() - t0}
-    if post is not None and hasattr(m, "posterior_gate"):
+           "phrase2000": pha, "train_s": t2 - t1, "total_s": time.time() - t0,
+           "machine": machine(), "load": os.getloadavg()}
+    if (post is not None or den is not None) and hasattr(m, "posterior_gate"):
         out["gate"] = float(torch.sigmoid(m.posterior_gate).mean())
     print(json.dumps(out), flush=True)
     Path(a.out).parent.mkdir(parents=True, exist_ok=True)
@@ -147,7 +155,3 @@ def main(argv=None) -> int:
                                        "special_ids": b.special_ids, "labels": names,
                                        "max_length": 128}, {}, {}, overwrite=True)
     return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())

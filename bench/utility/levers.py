@@ -1,6 +1,6 @@
 """Utility levers under privacy (issue 17): an ablation of the training recipe on whole sentences.
 
-    python bench/utility.py levers [--train 0] [--epochs 3] [--rows base,fresh,...]
+    python -m bench.utility levers [--train 0] [--epochs 3] [--rows base,fresh,...]
                                    [--lr 1e-4] [--out out/levers] [--table-only]
 
 Every row trains a classifier with ``models.experiment.train_from_tsv`` (the path of
@@ -45,13 +45,11 @@ from pathlib import Path
 
 import numpy as np
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-
-from bench.common import DATA, machine, read_tsv, table  # noqa: E402
-from bench.utility import fmt_s, key_of, log, read_json, subset, write_json  # noqa: E402
+from bench.common import DATA, machine, read_tsv, table
+from bench.utility.cache import fmt_s, key_of, log, read_json, subset, write_json
 
 # inversion 0.34 on the MiniLM table: `edge-agent report --target-inversion 0.34` gives 66.11 on
-# vocabulary tokens drawn uniformly; bench/utility.py's calibration on SST-2 text tokens 64.35;
+# vocabulary tokens drawn uniformly; `bench.utility table`'s calibration on SST-2 text tokens 64.35;
 # the demo's 65 lies between (bench/RESULTS.md, "Utility levers")
 ETA_034 = 65.0
 TRAIN = DATA / "sst2_sentences" / "train.tsv"
@@ -215,12 +213,12 @@ def render(rows: list[str], results: dict, args, data: dict) -> str:
         f"(1,000), mean ± standard deviation of {args.draws} fresh privatizations; phrase "
         "level: sst2/dev.tsv (6,735, one fresh draw)",
         table(headers, body),
-        "command: python bench/utility.py levers " + shlex.join(sys.argv[2:]),
+        "command: python -m bench.utility " + shlex.join(sys.argv[1:]),
         "machine: " + machine()])
 
 
 def parse_args(argv):
-    ap = argparse.ArgumentParser(prog="bench/utility.py levers",
+    ap = argparse.ArgumentParser(prog="python -m bench.utility levers",
                                  description=__doc__.split("\n\n")[0])
     ap.add_argument("--rows", default=",".join(ROWS))
     ap.add_argument("--train", type=int, default=0, help="training subset (0 = all rows)")
