@@ -164,8 +164,9 @@ def show(report: dict, py_ms: float) -> None:
           f"(min {min(res['warm']):.1f}, max {max(res['warm']):.1f}) | Python edge "
           f"{py_ms:.1f} ms | target page <= 50 ms: {'met' if page_ms <= 50 else 'NOT met'}")
     print(f"first privatization in a fresh page, bundle download included: {res['firstMs']} ms "
-          f"(page ready at {res['bundleMs']:.0f} ms: {phases}) | target <= 3000 "
-          f"ms: {'met' if res['firstMs'] <= 3000 else 'NOT met'}")
+          f"(page ready {res['bundleMs']:.0f} ms after its script started: {phases}; the "
+          f"first privatization itself {res['first'].get('privatizeMs', float('nan')):.0f} ms) | "
+          f"target <= 3000 ms: {'met' if res['firstMs'] <= 3000 else 'NOT met'}")
     print(f"JS shipped to the browser: {js_total / 1024:.1f} KiB gzip in {len(js)} scripts | "
           f"target <= 1024 KiB: {'met' if js_total <= 1024 * 1024 else 'NOT met'}")
     for u, n in sorted(js.items(), key=lambda kv: -kv[1]):

@@ -70,7 +70,7 @@ export class DChiFloor {
       for (let k = 0; k < dim; k++) u[j * dim + k] = Math.fround(u[j * dim + k]! / n);
     }
     // identical rows: the exact search returns the lowest one, the others never
-    const same = twinGroups(table, rows, dim);
+    const same = twinGroups(table, rows, dim, picked);
     if (subset !== null) {
       return DChiFloor.fromRows(table, rows, dim, picked, u, ndir, same, subset, index, chunk);
     }
@@ -213,35 +213,36 @@ export class DChiFloor {
   }
 }
 
-/** Rows equal to another row: row -> every row equal to it (ascending). Rows are bucketed by a
- * hash of their bits, then compared exactly. */
-function twinGroups(table: Float32Array, rows: number, dim: number): Map<number, number[]> {
+/** The rows of ``picked`` equal to another row: row -> every row equal to it (ascending; as
+ * shared.floor, which compares their bytes). Each row is first matched to the picked rows by
+ * its first two coordinates' bits, then compared in full. */
+function twinGroups(table: Float32Array, rows: number, dim: number, picked: Int32Array): Map<number, number[]> {
   const bits = new Uint32Array(table.buffer, table.byteOffset, table.length);
-  const buckets = new Map<number, number[]>();
-  const groups = new Map<number, number[]>();
+  const key = (v: number): string => dim > 1 ? `${bits[v * dim]}:${bits[v * dim + 1]}` : `${bits[v * dim]}`;
+  const wanted = new Map<string, number[]>(); // key -> distinct picked rows with it
+  for (const r of new Set(picked)) {
+    const k = key(r);
+    const list = wanted.get(k);
+    if (list === undefined) wanted.set(k, [r]);
+    else list.push(r);
+  }
   const equal = (a: number, b: number): boolean => {
     for (let k = 0; k < dim; k++) if (bits[a * dim + k] !== bits[b * dim + k]) return false;
     return true;
   };
+  const found = new Map<number, number[]>(); // picked row -> every row equal to it
   for (let v = 0; v < rows; v++) {
-    let h = 0x811c9dc5;
-    for (let k = v * dim; k < (v + 1) * dim; k++) h = Math.imul(h ^ bits[k]!, 0x01000193);
-    const bucket = buckets.get(h);
-    if (bucket === undefined) {
-      buckets.set(h, [v]);
-      continue;
-    }
-    const j = bucket.find((b) => equal(b, v));
-    if (j === undefined) {
-      bucket.push(v);
-    } else {
-      const g = groups.get(j) ?? [j];
-      g.push(v);
-      groups.set(j, g);
+    const list = wanted.get(key(v));
+    if (list === undefined) continue;
+    for (const r of list) {
+      if (!equal(r, v)) continue;
+      const g = found.get(r);
+      if (g === undefined) found.set(r, [v]);
+      else g.push(v);
     }
   }
   const same = new Map<number, number[]>();
-  for (const g of groups.values()) for (const v of g) same.set(v, g);
+  for (const [r, g] of found) if (g.length > 1) same.set(r, g);
   return same;
 }
 
@@ -274,20 +275,10 @@ export function requireDchiFloor(name: "dchi-text" | "dchi-embedding", eta: numb
 }
 
 /** What a floor cache keeps per bundle (the exit distances, a few KB; keys are the bundle id,
- * or the bundle id and ".bound2048" for the cheap upper bound's). */
+ * or the bundle id and ".bound128" / ".bound2048" for the cheap upper bounds'). */
 export interface FloorCache {
   get(bundleId: string): Promise<Float64Array | null>;
   put(bundleId: string, exit: Float64Array): Promise<void>;
-}
-
-function regularTMax(bundle: EdgeBundle): number {
-  let tMax = 0;
-  for (const v of bundle.regularIds) {
-    let s = 0;
-    for (let k = 0; k < bundle.dim; k++) s += bundle.embeddings[v * bundle.dim + k]! ** 2;
-    if (s > tMax) tMax = s;
-  }
-  return Math.sqrt(tMax);
 }
 
 /** The floor of a bundle: from ``cache`` when it has it, else computed (and cached). */
@@ -295,21 +286,51 @@ export async function bundleFloor(bundle: EdgeBundle, index: ExactNearest,
                                   cache?: FloorCache | null): Promise<DChiFloor> {
   const reg = bundle.regularIds;
   const cached = cache ? await cache.get(bundle.bundleId) : null;
-  if (cached && cached.length === FLOOR_TOKENS) return new DChiFloor(bundle.dim, cached, regularTMax(bundle));
-  const floor = await DChiFloor.compute(bundle.rows(reg), reg.length, bundle.dim, index);
+  if (cached && cached.length === FLOOR_TOKENS) return new DChiFloor(bundle.dim, cached, bundle.regularMaxNorm);
+  const floor = await DChiFloor.compute(bundle.regularTable, reg.length, bundle.dim, index);
   if (cache) await cache.put(bundle.bundleId, floor.exit);
   return floor;
 }
 
-const BOUND_ROWS = 2048; // rows of the cheap upper bound
+/** Rows of the cheap upper bounds, tried in turn: the first settles an η well inside the
+ * floor for a few tens of milliseconds, the second one nearer it. */
+export const BOUND_ROWS = [128, 2048] as const;
 const BOUND_SLACK = 1 + 1e-4; // covers float32 rounding between the bound's products and the floor's
+
+/** Upper bounds on the exit distances of the floor's pairs from ``rows`` regular rows drawn
+ * by a fixed seed (from ``cache`` when it has them, else computed and cached). */
+async function boundExits(bundle: EdgeBundle, rows: number, cache: FloorCache | null,
+                          makeIndex: (table: Float32Array, rows: number) => Promise<ExactNearest>
+): Promise<Float64Array> {
+  const key = `${bundle.bundleId}.bound${rows}`;
+  const cached = cache ? await cache.get(key) : null;
+  if (cached && cached.length === FLOOR_TOKENS) return cached;
+  const reg = bundle.regularIds;
+  const dim = bundle.dim;
+  const pick = choiceWithoutReplacement(new Pcg64Source(1), reg.length, rows).sort();
+  const table = bundle.regularTable;
+  const sub = new Float32Array(rows * dim);
+  for (let j = 0; j < rows; j++) sub.set(table.subarray(pick[j]! * dim, (pick[j]! + 1) * dim), j * dim);
+  const small = await makeIndex(sub, rows);
+  let exit: Float64Array;
+  try {
+    exit = (await DChiFloor.compute(table, reg.length, dim, small, FLOOR_TOKENS, 0, 256, pick)).exit;
+  } finally {
+    await small.release();
+  }
+  if (cache) await cache.put(key, exit);
+  return exit;
+}
 
 /**
  * Check dχ at ``eta`` against the floor of ``bundle``, as shared.floor.require_privacy_floor:
  * null when it passes, else the reason (thrown as {@link WeakPrivacyError} unless
  * ``allowWeak``). Computing the floor takes a product of 1,000 tokens with every row; an η that
- * passes is first tried against the upper bound from 2,048 rows ({@link DChiFloor.fromRows}),
- * and the full floor is computed (and cached) only when that bound does not settle it.
+ * passes is first tried against upper bounds from {@link BOUND_ROWS} rows
+ * ({@link DChiFloor.fromRows}: a minimum over fewer rows is never smaller, so the fraction of
+ * unchanged tokens they give is never below the floor's), and the full floor is computed (and
+ * cached) only when none settles it: an η near the floor, or one past it (the refusal quotes
+ * the full floor's figures).
  */
 export async function checkDchiFloor(name: "dchi-text" | "dchi-embedding", eta: number,
                                      bundle: EdgeBundle, index: ExactNearest,
@@ -319,24 +340,12 @@ export async function checkDchiFloor(name: "dchi-text" | "dchi-embedding", eta: 
   const cache = options.cache ?? null;
   const cached = cache ? await cache.get(bundle.bundleId) : null;
   if (!(cached && cached.length === FLOOR_TOKENS) && options.makeIndex
-      && Number.isFinite(eta * 2 * regularTMax(bundle)) && bundle.regularIds.length > BOUND_ROWS) {
-    const boundKey = `${bundle.bundleId}.bound${BOUND_ROWS}`;
-    let exit = cache ? await cache.get(boundKey) : null;
-    if (!(exit && exit.length === FLOOR_TOKENS)) {
-      const reg = bundle.regularIds;
-      const pick = choiceWithoutReplacement(new Pcg64Source(1), reg.length, BOUND_ROWS).sort();
-      const table = bundle.rows(reg);
-      const sub = new Float32Array(BOUND_ROWS * bundle.dim);
-      for (let j = 0; j < BOUND_ROWS; j++) sub.set(table.subarray(pick[j]! * bundle.dim, (pick[j]! + 1) * bundle.dim), j * bundle.dim);
-      const small = await options.makeIndex(sub, BOUND_ROWS);
-      try {
-        exit = (await DChiFloor.compute(table, reg.length, bundle.dim, small, FLOOR_TOKENS, 0, 256, pick)).exit;
-      } finally {
-        await small.release();
-      }
-      if (cache) await cache.put(boundKey, exit);
+      && Number.isFinite(eta * 2 * bundle.regularMaxNorm)) {
+    for (const rows of BOUND_ROWS) {
+      if (bundle.regularIds.length <= rows) break;
+      const exit = await boundExits(bundle, rows, cache, options.makeIndex);
+      if (new DChiFloor(bundle.dim, exit, 0).unchanged(eta * BOUND_SLACK) <= THRESHOLD) return null;
     }
-    if (new DChiFloor(bundle.dim, exit, 0).unchanged(eta * BOUND_SLACK) <= THRESHOLD) return null;
   }
   const floor = await bundleFloor(bundle, index, options.cache);
   return requireDchiFloor(name, eta, floor, options.allowWeak ?? false);

@@ -9,8 +9,8 @@
 
 import {
   ApiError, BudgetRefused, BundleError, CacheApiBundleCache, CryptoSource, DChiText, IndexedDbFloorCache,
-  IndexedDbLedgerStore, Ledger, PrivbertClient, Privatizer, TextError, WeakPrivacyError, dchiCost, diameter,
-  nTokens, type BundleCache, type EdgeBundle, type FloorCache, type ModelInfo, type Status, type TokenizedText,
+  IndexedDbLedgerStore, Ledger, PrivbertClient, Privatizer, TextError, WeakPrivacyError, dchiCost,
+  nTokens, warmUp, type BundleCache, type EdgeBundle, type FloorCache, type ModelInfo, type Status, type TokenizedText,
 } from "@privbert/edge";
 
 /** Regular tokens the inversion rate is measured on (its standard error is at most 3.1%). */
@@ -36,6 +36,10 @@ const OPTIONAL_BUNDLE_CACHE: BundleCache = {
 /** WebAssembly threads for the nearest-token search: more than one needs cross-origin
  * isolation (cloud-api serve sends COOP/COEP with /demo). */
 const THREADS = threadsFor(new URLSearchParams(location.search).get("threads"));
+
+// onnxruntime-web's WebAssembly is fetched, compiled and started now, while the page asks for
+// its models and downloads the bundle, not after
+void warmUp(THREADS);
 
 /** ``?threads=N`` (benchmarks) or up to 4 when isolated; 1 without cross-origin isolation. */
 function threadsFor(asked: string | null): number {
@@ -100,7 +104,7 @@ export class Edge {
     const limit = typeof model.max_length === "number" && model.max_length >= 4
       ? Math.min(model.max_length, bundle.maxLength) : bundle.maxLength;
     const ledger = new Ledger(new IndexedDbLedgerStore());
-    const edge = new Edge(client, model, bundle, ledger, diameter(bundle.embeddings, bundle.dim, bundle.regularIds), limit);
+    const edge = new Edge(client, model, bundle, ledger, 2 * bundle.regularMaxNorm, limit); // ledger.diameter
     const t2 = performance.now();
     await edge.privatizer(Number(model.params.eta));
     edge.phases = { bundleMs: t1 - t0, fetched, setupMs: t2 - t1, privatizerMs: performance.now() - t2,

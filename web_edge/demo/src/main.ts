@@ -116,7 +116,8 @@ async function selectModel(t0: number = performance.now()): Promise<void> {
   status(`bundle ${m.bundle_id.slice(0, 12)}… verified (${edge.vocabSize.toLocaleString("en-US")} tokens × ${edge.dim}), ` +
     `loaded in ${Math.round(performance.now() - t0)} ms`);
   document.body.dataset.bundleMs = String(performance.now() - t0);
-  document.body.dataset.phases = JSON.stringify(edge.phases);
+  // when the page's script started (ms after navigation), then the phases of opening
+  document.body.dataset.phases = JSON.stringify({ scriptMs: t0, ...edge.phases });
   ui.go.disabled = ui.preview.disabled = false;
   await showLedger();
 }

@@ -186,6 +186,7 @@ const SCENARIOS = {
     await click(p.page, "preview");
     const firstMs = Date.now() - t0;
     const first = await state(p.page);
+    first.privatizeMs = Number(await p.page.evaluate(() => document.body.dataset.privatizeMs));
     const warm = [];
     for (let i = 0; i < (args.repeats ?? 20); i++) {
       await click(p.page, "preview");
