@@ -24,7 +24,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import secrets
 import statistics
 import subprocess
 import sys
@@ -32,19 +31,16 @@ import tempfile
 import time
 from pathlib import Path
 
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from bench.common import cli_env, serve  # noqa: E402
+
 REPO = Path(__file__).resolve().parent.parent
 DEMO = REPO / "web_edge" / "demo"
 DATA = REPO.parent / "shared" / "data" / "sst2_sentences"
 SENTENCE = ("the film is a gripping , funny and moving story about two old friends who "
             "finally meet again after years")
 ETA = 65.0
-
-
-def cli_env(extra: dict) -> dict:
-    env = {k: v for k, v in os.environ.items() if not k.startswith("PRIVBERT_")}
-    env.update({"PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1", "PRIVBERT_TORCH_THREADS": "1",
-                "TOKENIZERS_PARALLELISM": "false", **extra})
-    return env
 
 
 def quick_home(root: Path) -> Path:
@@ -56,35 +52,6 @@ def quick_home(root: Path) -> Path:
            "--no-progress"]
     subprocess.run(cmd, cwd=REPO, env=cli_env({}), check=True, capture_output=True)
     return home
-
-
-def serve(home: Path, log: Path) -> tuple[subprocess.Popen, str]:
-    import socket
-
-    import httpx
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    env = cli_env({"PRIVBERT_HOME": str(home), "PRIVBERT_API_KEYS": secrets.token_hex(16),
-                   "PRIVBERT_ADMIN_KEYS": secrets.token_hex(16), "PRIVBERT_DEMO": "1",
-                   "PRIVBERT_DEMO_KEY": "demo-" + secrets.token_hex(16),
-                   "PRIVBERT_WORKER_IN_SERVE": "0"})
-    proc = subprocess.Popen([sys.executable, "-m", "cloud_api.cli", "serve", "--port", str(port)],
-                            cwd=REPO, env=env, stdout=log.open("wb"), stderr=subprocess.STDOUT)
-    url = f"http://127.0.0.1:{port}"
-    deadline = time.monotonic() + 300
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            raise SystemExit(f"cloud-api serve exited:\n{log.read_text()[-3000:]}")
-        try:
-            if httpx.get(f"{url}/readyz", timeout=2).status_code == 200:
-                return proc, url
-        except httpx.TransportError:
-            pass
-        time.sleep(0.2)
-    proc.terminate()
-    raise SystemExit("cloud-api serve was not ready in 300 s")
 
 
 def python_edge(home: Path, bundle_id: str, repeats: int) -> tuple[float, int]:
@@ -115,7 +82,7 @@ def main() -> int:
     args = ap.parse_args()
     tmp = Path(tempfile.mkdtemp(prefix="bench-web-"))
     home = args.home or quick_home(tmp)
-    proc, url = serve(home, tmp / "serve.log")
+    proc, url, _ = serve(home, tmp / "serve.log")
     try:
         import httpx
 
