@@ -12,6 +12,7 @@ import { BundleError } from "./errors.js";
 import { readNpyF32 } from "./npy.js";
 import { parseRaw, pyDumps, rawGet, type RawJson } from "./pyjson.js";
 import { sha256Hex } from "./sha256.js";
+import { measure, now } from "./timing.js";
 
 export const FORMAT = "privbert-edge-bundle";
 export const FORMAT_VERSION = 1;
@@ -122,14 +123,26 @@ export class EdgeBundle {
   rows(ids: ArrayLike<number>): Float32Array {
     const n = this.dim;
     const out = new Float32Array(ids.length * n);
-    for (let i = 0; i < ids.length; i++) {
-      out.set(this.embeddings.subarray(ids[i]! * n, (ids[i]! + 1) * n), i * n);
+    for (let i = 0; i < ids.length;) {
+      let j = i + 1; // a run of consecutive ids is one copy
+      while (j < ids.length && ids[j] === ids[j - 1]! + 1) j++;
+      out.set(this.embeddings.subarray(ids[i]! * n, (ids[j - 1]! + 1) * n), i * n);
+      i = j;
     }
     return out;
   }
 
   /** The bundle from its uncompressed tarball (what `GET /v1/bundles/{id}` serves). */
   static async fromTar(data: Uint8Array | ArrayBuffer, expectedId?: string | null): Promise<EdgeBundle> {
+    const t0 = now();
+    try {
+      return await EdgeBundle.fromTarBytes(data, expectedId);
+    } finally {
+      measure("verify", t0);
+    }
+  }
+
+  private static async fromTarBytes(data: Uint8Array | ArrayBuffer, expectedId?: string | null): Promise<EdgeBundle> {
     const buf = data instanceof ArrayBuffer ? data
       : data.byteOffset === 0 && data.byteLength === data.buffer.byteLength
         ? (data.buffer as ArrayBuffer)

@@ -8,6 +8,7 @@ import type { EdgeBundle } from "./bundle.js";
 import { ExactNearest, scoresOverflow, type NearestOptions } from "./nearest.js";
 import type { BitSource } from "./random.js";
 import { positive, sampleDchiNoise } from "./samplers.js";
+import { measure, now } from "./timing.js";
 
 const F32_MAX = 3.4028234663852886e38;
 const F16_MAX = 65504;
@@ -88,10 +89,13 @@ export class DChiText {
   /** The mechanism on ``bundle`` (builds the exact search over its regular tokens). */
   static async create(bundle: EdgeBundle, eta: number, options: NearestOptions = {}): Promise<DChiText> {
     positive("eta", eta);
+    const t0 = now();
     checkDchiEta(eta, bundle.dim, bundle.maxNorm);
     const reg = bundle.regularIds;
-    const index = await ExactNearest.create(bundle.regularTable, reg.length, bundle.dim, reg,
-      { ...options, norms: bundle.regularNorms2() });
+    const table = bundle.regularTable;
+    const norms = bundle.regularNorms2();
+    measure("table", t0);
+    const index = await ExactNearest.create(table, reg.length, bundle.dim, reg, { ...options, norms });
     return new DChiText(bundle, eta, index);
   }
 

@@ -16,6 +16,7 @@
 import { f32Up, nextUpF32 } from "./float32.js";
 import { oneNodeModel } from "./onnx_model.js";
 import { loadOrt, type Ort } from "./ort.js";
+import { measure, now } from "./timing.js";
 import { Pcg64Source } from "./pcg64.js";
 
 export const MAX_DIM = 1040; // 127² · 1040 < 2^24: the integer scores are exact in int32 and float32
@@ -248,14 +249,21 @@ export class Int8CandidatePass {
     if (dim > MAX_DIM) return null;
     const ort = await loadOrt(threads);
     for (const signed of [false, true]) {
-      if (!(await integerGemmChecked(ort, signed, dim))) continue;
+      const tp = now();
+      const exact = await integerGemmChecked(ort, signed, dim);
+      measure("int8-probe", tp);
+      if (!exact) continue;
       const padded = Math.ceil(rows / PAD) * PAD;
       const b = new Float64Array(padded).fill(1);
       const qT = signed ? new Int8Array(dim * padded) : new Uint8Array(dim * padded).fill(128);
       const fnThat = new Float64Array(rows);
+      const t0 = now();
       quantizeRows(t, rows, dim, signed, b, qT, padded, signed ? 0 : 128, fnThat);
+      measure("quantize", t0);
       const bScale = Float32Array.from(b, (x) => -2 * x);
+      const t1 = now();
       const s = await session(ort, model(qT, dim, padded, bScale));
+      measure("int8-session", t1);
       return new Int8CandidatePass(ort, s, t, rows, dim, norms, b, fnThat, signed, cap);
     }
     return null;

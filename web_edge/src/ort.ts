@@ -7,6 +7,7 @@
  */
 
 import { matmulModel } from "./onnx_model.js";
+import { measure, now } from "./timing.js";
 
 export type Ort = typeof import("onnxruntime-web");
 let ortModule: Promise<Ort> | null = null;
@@ -30,10 +31,12 @@ let warm: Promise<void> | null = null;
  * Errors are left to the first real use.
  */
 export function warmUp(threads = 1): Promise<void> {
+  const t0 = now();
   warm ??= loadOrt(threads).then(async (ort) => {
     const s = await ort.InferenceSession.create(matmulModel(new Float32Array(1), 1, 1),
       { executionProviders: ["wasm"] });
     await s.release();
+    measure("onnxruntime-start", t0);
   }).catch(() => undefined);
   return warm;
 }

@@ -24,6 +24,7 @@ import {
   floatBytes, int32Bytes, tokenPayloadJson, vectorPayloadJson, type FloatDtype,
 } from "./payload.js";
 import { resolveSource, type BitSource } from "./random.js";
+import { measure, now } from "./timing.js";
 import { TextTokenizer } from "./tokenizer.js";
 import { Laplace, OME, SentenceEncoder, packBits, requireVectorFloor } from "./vector.js";
 
@@ -103,7 +104,9 @@ export class Privatizer {
                       readonly encoder: SentenceEncoder | null,
                       /** why the parameters are weaker than the floor (only with allowWeakPrivacy) */
                       readonly weakPrivacy: string | null) {
+    const t0 = now();
     this.tokenizer = new TextTokenizer(bundle.tokenizerJson);
+    measure("tokenizer", t0);
     this.diam = name.startsWith("dchi") ? 2 * bundle.regularMaxNorm : 0; // ledger.diameter
   }
 
@@ -146,7 +149,9 @@ export class Privatizer {
     const makeIndex = (t: Float32Array, rows: number): Promise<ExactNearest> =>
       ExactNearest.create(t, rows, bundle.dim, null, { ...options, backend: "ort" });
     if (name === "dchi-text") {
+      const t0 = now();
       const m = await DChiText.create(bundle, eta, options);
+      measure("search", t0);
       mech = m;
       index = m.index;
     } else {
@@ -159,9 +164,11 @@ export class Privatizer {
       index = await ExactNearest.create(bundle.regularTable, reg.length, bundle.dim, reg, { ...options, backend: "loop", norms: bundle.regularNorms2() });
     }
     try {
+      const t0 = now();
       const weak = await checkDchiFloor(name as "dchi-text" | "dchi-embedding", eta, bundle, index, {
         cache: options.floorCache ?? null, allowWeak, makeIndex,
       });
+      measure("floor", t0);
       return new Privatizer(bundle, name as Mechanism, mech, { eta }, maxLength, truncate, floatDtype, null, weak);
     } catch (exc) {
       if (mech instanceof DChiText) await mech.release();

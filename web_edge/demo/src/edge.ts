@@ -26,12 +26,18 @@ const OPTIONAL_FLOOR_CACHE: FloorCache = {
 const BUNDLES = new CacheApiBundleCache();
 const OPTIONAL_BUNDLE_CACHE: BundleCache = {
   get: (id) => BUNDLES.get(id).catch(() => null),
-  // stored in the background: the page does not wait for 50 MB to be written to use them
+  // stored in the background once the page is ready (copying 50 MB into the Cache API costs
+  // the main thread time the first privatization needs): the page does not wait for it
   put: (id, tar) => {
-    void BUNDLES.put(id, tar).catch(() => undefined);
+    void ready.then(() => BUNDLES.put(id, tar)).catch(() => undefined);
     return Promise.resolve();
   },
 };
+let pageReady: () => void = () => undefined;
+/** Resolved when the first model's privatizer is ready (or opening it failed). */
+const ready = new Promise<void>((resolve) => {
+  pageReady = resolve;
+});
 
 /** WebAssembly threads for the nearest-token search: more than one needs cross-origin
  * isolation (cloud-api serve sends COOP/COEP with /demo). */
@@ -106,7 +112,7 @@ export class Edge {
     const ledger = new Ledger(new IndexedDbLedgerStore());
     const edge = new Edge(client, model, bundle, ledger, 2 * bundle.regularMaxNorm, limit); // ledger.diameter
     const t2 = performance.now();
-    await edge.privatizer(Number(model.params.eta));
+    await edge.privatizer(Number(model.params.eta)).finally(() => setTimeout(pageReady, 1000));
     edge.phases = { bundleMs: t1 - t0, fetched, setupMs: t2 - t1, privatizerMs: performance.now() - t2,
       threads: THREADS };
     return edge;
