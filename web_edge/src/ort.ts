@@ -6,9 +6,6 @@
  * and its Node build under Node. Everything here runs on the WebAssembly (CPU) backend.
  */
 
-import { matmulModel } from "./onnx_model.js";
-import { measure, now } from "./timing.js";
-
 export type Ort = typeof import("onnxruntime-web");
 let ortModule: Promise<Ort> | null = null;
 
@@ -21,22 +18,4 @@ export function loadOrt(threads = 1): Promise<Ort> {
     return ort;
   });
   return ortModule;
-}
-
-let warm: Promise<void> | null = null;
-
-/**
- * Start onnxruntime-web now: load its code and WebAssembly and start its runtime (what the
- * first session otherwise waits for), so that a page can do it while the bundle downloads.
- * Errors are left to the first real use.
- */
-export function warmUp(threads = 1): Promise<void> {
-  const t0 = now();
-  warm ??= loadOrt(threads).then(async (ort) => {
-    const s = await ort.InferenceSession.create(matmulModel(new Float32Array(1), 1, 1),
-      { executionProviders: ["wasm"] });
-    await s.release();
-    measure("onnxruntime-start", t0);
-  }).catch(() => undefined);
-  return warm;
 }

@@ -18,6 +18,12 @@ export const INVERSION_TOKENS = 256;
 
 /** The floor's cache is only a cache: storage the page may not use means computing it again. */
 const FLOORS = new IndexedDbFloorCache();
+/** The device ledger. */
+const LEDGER = new IndexedDbLedgerStore();
+// both databases are opened now (a fresh profile creates them), while the bundle downloads;
+// a failure shows where they are used
+void FLOORS.get("").catch(() => undefined);
+void LEDGER.read().catch(() => undefined);
 const OPTIONAL_FLOOR_CACHE: FloorCache = {
   get: (id) => FLOORS.get(id).catch(() => null),
   put: (id, exit) => FLOORS.put(id, exit).catch(() => undefined),
@@ -109,7 +115,7 @@ export class Edge {
     const t1 = performance.now();
     const limit = typeof model.max_length === "number" && model.max_length >= 4
       ? Math.min(model.max_length, bundle.maxLength) : bundle.maxLength;
-    const ledger = new Ledger(new IndexedDbLedgerStore());
+    const ledger = new Ledger(LEDGER);
     const edge = new Edge(client, model, bundle, ledger, 2 * bundle.regularMaxNorm, limit); // ledger.diameter
     const t2 = performance.now();
     await edge.privatizer(Number(model.params.eta)).finally(() => setTimeout(pageReady, 1000));

@@ -164,6 +164,7 @@ function showPrivatized(p: Privatized): void {
 
 async function run(send: boolean): Promise<void> {
   if (busy || !edge) return;
+  document.body.dataset.clickAt = String(performance.now());
   const m = selected()!;
   busy = true;
   clearError();
@@ -204,6 +205,8 @@ async function run(send: boolean): Promise<void> {
     busy = false;
     await showLedger().catch(fail);
     document.body.dataset.done = "1";  // for the browser test: this click is answered
+    document.body.dataset.doneAt = String(performance.now());
+    document.dispatchEvent(new Event("privbert-answered"));
     if (!ui.error.hidden || measuredEta === eta()) return;
     refreshInversion();
   }

@@ -77,7 +77,14 @@ async function click(page, id) {
     document.body.dataset.done = "";
   });
   if (await page.locator(`#${id}`).isDisabled()) return;  // the page refused before: its message stands
+  // the page's event for the answer (no polling delay), listened to before the click
+  await page.evaluate(() => {
+    window.privbertAnswered = new Promise((resolve) => {
+      document.addEventListener("privbert-answered", () => resolve(), { once: true });
+    });
+  });
   await page.click(`#${id}`);
+  await page.evaluate(() => window.privbertAnswered);
   await page.waitForFunction(() => document.body.dataset.done === "1");
 }
 
@@ -199,12 +206,18 @@ const SCENARIOS = {
     const firstMs = Date.now() - t0;
     const first = await state(p.page);
     first.privatizeMs = Number(await p.page.evaluate(() => document.body.dataset.privatizeMs));
+    // the page's clock (ms after navigation): the first click, and its answer
+    first.clickAt = Number(await p.page.evaluate(() => document.body.dataset.clickAt));
+    first.doneAt = Number(await p.page.evaluate(() => document.body.dataset.doneAt));
     const warm = [];
     for (let i = 0; i < (args.repeats ?? 20); i++) {
       await click(p.page, "preview");
       warm.push((await state(p.page)).privatizeMs);
     }
-    return { firstMs, first, warm, bundleMs: Number(await p.page.evaluate(() => document.body.dataset.bundleMs)),
+    const measures = await p.page.evaluate(() => performance.getEntriesByType("measure")
+      .filter((m) => m.name.startsWith("privbert:") && m.startTime < Number(document.body.dataset.clickAt))
+      .map((m) => [m.name, m.startTime, m.duration]));
+    return { firstMs, first, warm, measures, bundleMs: Number(await p.page.evaluate(() => document.body.dataset.bundleMs)),
       phases: JSON.parse(await p.page.evaluate(() => document.body.dataset.phases || "{}")) };
   },
 };
