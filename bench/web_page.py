@@ -136,12 +136,17 @@ def show(report: dict, py_ms: float) -> None:
           f"(min {min(res['warm']):.1f}, max {max(res['warm']):.1f}) | Python edge "
           f"{py_ms:.1f} ms | target page <= 50 ms: {'met' if page_ms <= 50 else 'NOT met'}")
     first = res["first"]
+    nan = float("nan")
+    shown_ms = first.get("doneAt", nan)
     print(f"first privatization in a fresh page, bundle download included: {res['firstMs']} ms "
-          f"(page ready {res['bundleMs']:.0f} ms after its script started: {phases}; first "
-          f"click at {first.get('clickAt', float('nan')):.0f} ms, answered at "
-          f"{first.get('doneAt', float('nan')):.0f} ms after navigation, the privatization "
-          f"itself {first.get('privatizeMs', float('nan')):.0f} ms) | "
-          f"target <= 3000 ms: {'met' if res['firstMs'] <= 3000 else 'NOT met'}")
+          f"by the driver's clock (from its navigation request until it sees the tokens; the "
+          f"navigation started {first.get('navigationAfterMs', nan):.0f} ms after the request) "
+          f"| target <= 3000 ms: {'met' if res['firstMs'] <= 3000 else 'NOT met'}")
+    print(f"  by the page's clock (from navigation start): script {res['phases'].get('scriptMs', nan):.0f} ms, "
+          f"ready {res['phases'].get('scriptMs', nan) + res['bundleMs']:.0f} ms ({phases}), first click "
+          f"{first.get('clickAt', nan):.0f} ms, tokens shown {shown_ms:.0f} ms (the privatization itself "
+          f"{first.get('privatizeMs', nan):.0f} ms) | target <= 3000 ms: "
+          f"{'met' if shown_ms <= 3000 else 'NOT met'}")
     if res.get("measures"):
         print("  phases (User Timing, ms after navigation: start +duration): " + ", ".join(
             f"{n.removeprefix('privbert:')} {s:.0f}+{d:.0f}" for n, s, d in res["measures"]))

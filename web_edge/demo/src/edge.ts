@@ -15,6 +15,7 @@ import {
 
 /** Regular tokens the inversion rate is measured on (its standard error is at most 3.1%). */
 export const INVERSION_TOKENS = 256;
+const INVERSION_BATCH = 32;
 
 /** The floor's cache is only a cache: storage the page may not use means computing it again. */
 const FLOORS = new IndexedDbFloorCache();
@@ -228,7 +229,12 @@ export class Edge {
     const reg = this.bundle.regularIds;
     const src = new CryptoSource();
     const ids = Int32Array.from({ length: tokens }, () => reg[Math.floor(src.nextDouble() * reg.length)]!);
-    const out = await (priv.mechanism as DChiText).privatizeIds(ids);
+    // in small batches, yielding between them: the page stays responsive while it measures
+    const out = new Int32Array(tokens);
+    for (let s0 = 0; s0 < tokens; s0 += INVERSION_BATCH) {
+      await new Promise((resolve) => setTimeout(resolve, 0));
+      out.set(await (priv.mechanism as DChiText).privatizeIds(ids.subarray(s0, s0 + INVERSION_BATCH)), s0);
+    }
     let same = 0;
     for (let i = 0; i < tokens; i++) if (out[i] === ids[i]) same++;
     const rate = same / tokens;

@@ -208,7 +208,8 @@ async function run(send: boolean): Promise<void> {
     document.body.dataset.doneAt = String(performance.now());
     document.dispatchEvent(new Event("privbert-answered"));
     if (!ui.error.hidden || measuredEta === eta()) return;
-    refreshInversion();
+    // after the answer is painted: the measurement takes the main thread for a while
+    requestAnimationFrame(() => setTimeout(refreshInversion, 0));
   }
 }
 

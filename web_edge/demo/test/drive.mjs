@@ -209,6 +209,8 @@ const SCENARIOS = {
     // the page's clock (ms after navigation): the first click, and its answer
     first.clickAt = Number(await p.page.evaluate(() => document.body.dataset.clickAt));
     first.doneAt = Number(await p.page.evaluate(() => document.body.dataset.doneAt));
+    // when the navigation started (the page's time origin), after the driver asked for it
+    first.navigationAfterMs = (await p.page.evaluate(() => performance.timeOrigin)) - t0;
     const warm = [];
     for (let i = 0; i < (args.repeats ?? 20); i++) {
       await click(p.page, "preview");
