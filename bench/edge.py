@@ -165,7 +165,7 @@ def ledger_calls_main(tsv: Path, eta: float, work: Path) -> None:
         c = time.process_time()
         budget = RunBudget(opts, priv, bundle)
         for r, rw in zip(ready, rows, strict=True):
-            budget.charge_rows(r.lines, rw)
+            budget.charge_rows(r.lines, r.items, rw)
         budget.close()
         cpu[f"ledger: open + charge every batch, {what}"] = time.process_time() - c
     c = time.process_time()  # a run with a cap first reads, tokenizes and costs its input

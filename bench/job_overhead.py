@@ -7,8 +7,8 @@ Data: the first ``--records`` SST-2 training sentences privatized on the edge pa
 (``edge_agent.Privatizer``, ``dchi-text`` η = 65, default MiniLM bundle), stored as the
 records of a task in a SQLite database in a temporary ``$PRIVBERT_HOME``.
 
-- job: ``POST /admin/retrain``'s job row (``store.jobs.enqueue`` of the checked spec),
-  run by ``cloud_api.worker.Worker.run(once=True)`` in this process, which claims it and
+- job: ``POST /admin/retrain``'s job row (``jobs.queue.enqueue`` of the checked spec),
+  run by ``cloud_api.jobs.supervisor.Worker.run(once=True)`` in this process, which claims it and
   runs the child ``python -m cloud_api.jobs.run``: snapshot from the database, the split by
   record-id hash, ``train_from_records``, test accuracy, registration of the version.
 - direct: ``models.experiment.train_from_records`` called on the same train/dev records
@@ -82,8 +82,8 @@ def setup(root: Path, n: int, eta: float):
 
 
 def run_job(settings, db, home, spec: dict) -> dict:
-    from cloud_api.store import jobs as queue
-    from cloud_api.worker import Worker
+    from cloud_api.jobs import queue
+    from cloud_api.jobs.supervisor import Worker
 
     job_id = queue.enqueue(db, "retrain", spec)
     t = time.perf_counter()

@@ -294,7 +294,8 @@ def _declare_task(args, task: str, config: dict) -> None:
         if db.auto_upgrade:
             db.upgrade()
         _, created = ensure_task(db, task, config["labels"], config["mechanism"],
-                                 config["params"], config["bundle_id"])
+                                 config["params"], config["bundle_id"],
+                                 (config.get("source") or {}).get("pairs"))
         print(f"task={task} {'declared' if created else 'already declared'} "
               f"(POST /v1/records accepts its records)")
     except ServiceError as exc:

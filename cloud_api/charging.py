@@ -6,6 +6,19 @@ dχ costs need D, the largest distance on the bundle's table: from the bundle wh
 has it, else from the model's published guarantee (worst-case ε per token = η·D); when
 neither is known the request cannot be accounted for and is refused (503), never passed
 uncounted.
+
+No charge without an answer. A prediction is admitted to its model's queue before it is
+charged (``Registry.admit``): one refused for load (429), or larger than the queue (413), is
+never charged. Its charge then commits on the charge writer's thread while the model runs,
+and the answer waits for the commit (no request is answered whose charge did not commit).
+When no answer comes after the charge committed (the client went away, the forward failed,
+the queue timed out, the request was cancelled), the charge is refunded in the same store,
+with an audit row (``store.budgets.refund``, :func:`unanswered`). Why a race cannot pass a
+cap: the charge's check is the only place spend is admitted, and a refund only ever takes
+back a charge already committed, after that commit; meanwhile a concurrent request sees the
+ledger with the charge in it (more spent, so it may be refused where it would have fit,
+never admitted where it would not). A crash between the charge and its refund leaves the
+charge: the ledger over-counts, never under-counts.
 """
 
 from __future__ import annotations
@@ -60,6 +73,12 @@ def records_cost(task, recs: Sequence, bundle) -> Cost:
     return payloads_cost(task.mechanism, task.params, [r.payload for r in recs], d)
 
 
+def charge_of(settings, key_id: str, device_id: str, cost: Cost) -> budgets.Charge:
+    """The charge of ``cost`` to the key's ledger and its device's, with the default caps."""
+    return budgets.Charge(key_id, device_id, cost, settings.default_budget,
+                          settings.default_device_budget)
+
+
 def counted(cost: Cost, route: str) -> None:
     """Metrics of a charge that went through."""
     if cost.epsilon is not None:
@@ -83,7 +102,47 @@ async def price_prediction(state, key_id: str, device_id: str | None, model_id: 
             d = await asyncio.to_thread(_diameter_sync, state.bundles, info["bundle_id"])
         d = d if d is not None else _from_guarantee(info)
     cost = payloads_cost(info["mechanism"], info["params"], payloads, d)
-    return budgets.Charge(key_id, device, cost, state.settings.default_budget), checked
+    return charge_of(state.settings, key_id, device, cost), checked
+
+
+def _reason(exc: BaseException) -> str:
+    from cloud_api.errors import Overloaded
+    from cloud_api.serving.batcher import ClientGone
+
+    if isinstance(exc, asyncio.CancelledError):
+        return "cancelled"
+    if isinstance(exc, ClientGone):
+        return "client-gone"
+    if isinstance(exc, Overloaded):
+        return "overloaded"
+    if isinstance(exc, Unavailable):
+        return "unavailable"
+    return "forward-failed"
+
+
+async def unanswered(writer, pending: asyncio.Future, ch: budgets.Charge,
+                     exc: BaseException) -> None:
+    """A prediction that gets no answer (``exc``): once its charge has committed, refund it
+    (the writer's thread, with an audit row). Raises BudgetExhausted when the charge was
+    refused: the 403 is then the answer. A cancelled request does not wait."""
+    reason = _reason(exc)
+
+    def refund_when_committed(fut: asyncio.Future) -> None:
+        if not fut.cancelled() and fut.exception() is None:
+            writer.refund(ch, reason)
+            metrics.PRIVACY_REFUNDS.labels(reason=reason).inc()
+
+    if isinstance(exc, asyncio.CancelledError) or not isinstance(exc, Exception):
+        pending.add_done_callback(refund_when_committed)
+        return
+    try:
+        await pending
+    except budgets.BudgetExhausted:
+        metrics.BUDGET_EXHAUSTED.labels(route="predict").inc()
+        raise
+    except Exception:  # noqa: BLE001 - not committed (database down): nothing to refund
+        return
+    refund_when_committed(pending)
 
 
 async def settle_prediction(pending: asyncio.Future, cost: Cost) -> budgets.Charged:

@@ -28,7 +28,7 @@ _COMMANDS = [
     "models.cli_pretrain",   # pretrain
     "cloud_api.bootstrap",   # bootstrap
     "cloud_api.cli_db",      # db upgrade | current (the record store's schema)
-    "cloud_api.cli_worker",  # worker
+    "cloud_api.jobs.cli",    # worker
 ]
 
 

@@ -1,6 +1,6 @@
 """The service's errors, free of the web framework.
 
-Modules below the HTTP layer (``serving/``, ``store/``, ``worker.py``) raise these;
+Modules below the HTTP layer (``serving/``, ``store/``, ``jobs/``) raise these;
 ``cloud_api.problems`` turns each into an RFC 9457 problem+json answer whose ``type``
 is the stable URI of its ``kind``. A ``detail`` never repeats payload data or keys.
 """
@@ -71,6 +71,19 @@ class Unavailable(ServiceError):
     """Queue timeout, a model not loaded, the database unreachable (503)."""
 
     status, kind, title = 503, "unavailable", "Service unavailable"
+
+
+class InsufficientStorage(ServiceError):
+    """The database (or the disk under it) is full: nothing of the request was stored (507,
+    RFC 4918 §11.5). Not an outage: retrying soon will not help until space is freed."""
+
+    status, kind, title = 507, "insufficient-storage", "Insufficient storage"
+
+
+class TooManyPayloads(ServiceError):
+    """More payloads in one request than a limit allows (413); the detail names it."""
+
+    status, kind, title = 413, "too-many-payloads", "Too many payloads in one request"
 
 
 class InferenceFailed(ServiceError):

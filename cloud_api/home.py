@@ -13,8 +13,9 @@ Everything here is plain files so that several processes (replicas, workers, the
 sharing the folder see each other's changes: a version folder appears by one rename,
 a promotion by one ``os.replace`` of the pointer file. Every promotion holds the model's
 promotion lock (``models/<model_id>/.promote.lock``, ``flock``, plus a lock per process
-for threads), so "read the pointer, decide, write it" (the worker's promotion of a job's
-version) is atomic across threads, processes and hosts sharing the folder. Nothing here
+for threads), so "read the pointer, check it, write it" (the swap that promotes a job's
+version, ``cloud_api/jobs/publisher.py``) is atomic across threads, processes and hosts
+sharing the folder; nothing slow runs under it. Nothing here
 imports torch.
 """
 

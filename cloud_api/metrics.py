@@ -81,6 +81,8 @@ PRIVACY_PAYLOADS = Counter("privbert_privacy_charged_payloads", "Payloads charge
                            "privacy budget ledgers, by family and route", ["family", "route"])
 BUDGET_EXHAUSTED = Counter("privbert_budget_exhausted", "Requests refused because they would "
                            "pass a ledger's cap (nothing stored, no prediction)", ["route"])
+PRIVACY_REFUNDS = Counter("privbert_privacy_refunds", "Prediction charges refunded because "
+                          "the request got no answer, by reason", ["reason"])
 
 
 def multiprocess_dir() -> str | None:

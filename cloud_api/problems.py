@@ -47,6 +47,7 @@ _HTTP_KINDS: dict[int, tuple[str, str]] = {
     429: ("overloaded", "Too many requests"),
     500: ("internal", "Internal error"),
     503: ("unavailable", "Service unavailable"),
+    507: ("insufficient-storage", "Insufficient storage"),
 }
 
 
@@ -207,7 +208,7 @@ _DESCRIPTIONS = {
     422: "Invalid request (validation, payload does not match the model)",
     429: "Too many requests (queue full, concurrency limit, rate limit); see Retry-After",
     500: "Unexpected error or inference failure", 503: "Not ready, queue timeout, database "
-    "unreachable; see Retry-After",
+    "unreachable; see Retry-After", 507: "The database is full: nothing was stored",
 }
 
 

@@ -71,6 +71,10 @@ class Settings(BaseSettings):
                                          "privacy budget cap (worst-case epsilon) a key gets "
                                          "when it is first charged; none by default (every "
                                          "payload is still counted)")
+    default_device_budget: float | None = Field(
+        None, ge=0, allow_inf_nan=False, description="the cap (worst-case epsilon) of a "
+        "device's own ledger (X-Device-Id) when it is first charged, never above its key's; "
+        "none by default (a device is then bounded by its key's cap alone)")
 
     # -- request limits ---------------------------------------------------------------------
     max_body_bytes: int = Field(2_000_000, ge=1024, description="413 above this, enforced "

@@ -40,9 +40,11 @@ class RunBudget:
         self.priv = priv
         self.bundle_id = bundle.bundle_id
         self.family = ledger.family_of(priv.name)
-        self.keys = None
+        self.keys = self.legacy = None
         if opts.ledger.memo and self.family in MEMO_FAMILIES:
             self.keys = self.ledger.memo_keys({
+                "mechanism": priv.name, "params": priv.params, "bundle_id": bundle.bundle_id})
+            self.legacy = self.ledger.legacy_memo_keys({  # texts memoized by a version-1 ledger
                 "mechanism": priv.name, "params": priv.params, "bundle_id": bundle.bundle_id,
                 "float_dtype": priv.float_dtype, "max_length": priv.max_length,
                 "truncate": priv.truncate})
@@ -61,10 +63,16 @@ class RunBudget:
         st = self.ledger.status()
         return st.cap is not None or st.per_day is not None
 
-    def item_keys(self, lines) -> list[bytes | None]:
+    def item_keys(self, items) -> list[bytes | None]:
+        """Memo keys of tokenized items (what is sent: their ids), None when not memoized."""
         if self.keys is None:
-            return [None] * len(lines)
-        return [self.keys.key(ln.text, ln.text_b) for ln in lines]
+            return [None] * len(items)
+        return [self.keys.key(it) for it in items]
+
+    def legacy_keys(self, lines) -> list[bytes | None] | None:
+        if self.legacy is None:
+            return None
+        return [self.legacy.key(ln.text, ln.text_b) for ln in lines]
 
     def item_cost(self, item) -> Cost:
         """What the payload of a tokenized item will cost: its token count (dχ) or the
@@ -80,11 +88,14 @@ class RunBudget:
         seen: set[bytes] = set()
         records = memoized = 0
         for ready in batches:
-            keys = self.item_keys(ready.lines)
+            keys = self.item_keys(ready.items)
             stored = self.ledger.lookup([k for k in keys if k is not None])
-            for item, k in zip(ready.items, keys, strict=True):
+            old = self.legacy_keys(ready.lines) or [None] * len(keys)
+            have_old = self.ledger.lookup([k for k in old if k is not None], "memo_text")
+            for item, k, lk in zip(ready.items, keys, old, strict=True):
                 records += 1
-                if k is not None and (k in stored or k in seen):
+                if k is not None and (k in stored or k in seen or lk in have_old):
+                    seen.add(k)
                     memoized += 1
                     continue
                 if k is not None:
@@ -123,13 +134,13 @@ class RunBudget:
         return f"{head}{cost}; spent {fmt(st.spent)}, {cap}: {verdict}; nothing was spent"
 
     # -- during the run ------------------------------------------------------------------------
-    def charge(self, lines, payloads: list, jsons: list[bytes]) -> list[bytes]:
+    def charge(self, lines, items, payloads: list, jsons: list[bytes]) -> list[bytes]:
         """Charge one batch (costs read from ``payloads``) before it is written or sent;
         the payload JSON to use for each item (stored ones for memoized texts)."""
         costs = [ledger.payload_cost(p, self.diameter) for p in payloads]
-        return self._charge(lines, costs, jsons)
+        return self._charge(lines, items, costs, jsons)
 
-    def charge_rows(self, lines, rows) -> list[bytes]:
+    def charge_rows(self, lines, items, rows) -> list[bytes]:
         """:meth:`charge` for the JSON rows of a token mechanism
         (``edge_agent.record_lines.TokenRows``): each cost from the mechanism and params of
         the rows' validated payload and each payload's own token count."""
@@ -141,12 +152,12 @@ class RunBudget:
             if n not in by_size:
                 by_size[n] = ledger.cost(mech, params, tokens=n, diameter=self.diameter)
             costs.append(by_size[n])
-        return self._charge(lines, costs, rows.jsons)
+        return self._charge(lines, items, costs, rows.jsons)
 
-    def _charge(self, lines, costs: list[Cost], jsons: list[bytes]) -> list[bytes]:
-        got = self.ledger.charge(costs, jsons, self.item_keys(lines),
+    def _charge(self, lines, items, costs: list[Cost], jsons: list[bytes]) -> list[bytes]:
+        got = self.ledger.charge(costs, jsons, self.item_keys(items),
                                  mechanism=self.priv.name, params=self.priv.params,
-                                 bundle_id=self.bundle_id)
+                                 bundle_id=self.bundle_id, legacy=self.legacy_keys(lines))
         if got.cost is not None:
             self.charged.append(got.cost)
         self.memoized += got.memoized

@@ -54,7 +54,8 @@ def run(args: argparse.Namespace) -> int:
     changes = [(name, parse_cap(flag, text)) for name, flag, text in
                (("cap", "--cap", args.cap), ("per_day", "--per-day", args.per_day))
                if text is not None]
-    with DeviceLedger.open(args.ledger) as ledger:
+    # nothing to change: a ledger this user cannot write is read as it is
+    with DeviceLedger.open(args.ledger, read_only_ok=not changes) as ledger:
         for name, value in changes:
             ledger.set_cap(name, value)
         st = ledger.status()

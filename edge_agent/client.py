@@ -65,6 +65,9 @@ def body_description(resp: httpx.Response) -> str:
     return _short(text, 80)
 
 
+BUDGET_EXHAUSTED = "urn:privbert:problem:budget-exhausted"
+
+
 def problem_error(resp: httpx.Response, discovery: str | None = None) -> ApiError:
     """An :class:`ApiError` from an error response, problem+json or not.
 
@@ -98,6 +101,16 @@ def problem_error(resp: httpx.Response, discovery: str | None = None) -> ApiErro
         msg += f" {SERVICE_HINT}"
     if status == 401:
         msg += f" (check --api-key or ${API_KEY_ENV})"
+    elif status == 403 and ptype == BUDGET_EXHAUSTED:
+        left = problem.get("remaining", resp.headers.get("X-Privacy-Budget-Remaining"))
+        try:
+            from edge_agent.device_ledger import fmt
+
+            left = fmt(float(left))
+        except (TypeError, ValueError):
+            left = "unknown"
+        msg += (f" (the server's privacy budget for this key or device: remaining {left} "
+                "worst-case epsilon; its admin sets the cap)")
     elif status == 403:
         msg += " (this key may not use that endpoint)"
     elif status == 413:

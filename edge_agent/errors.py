@@ -25,11 +25,18 @@ class BudgetRefused(CliError):
     exit code 3."""
 
 
-def one_line(exc: BaseException) -> str:
-    """The first lines of an exception's message joined into one."""
-    text = str(exc) or type(exc).__name__
+def one_line(exc: BaseException, limit: int | None = None) -> str:
+    """The first lines of an exception's message joined into one, for every command line
+    and job error of the project: a problem's ``detail`` when it has one, a missing key
+    named as such, at most ``limit`` characters."""
+    detail = getattr(exc, "detail", None)
+    text = detail if isinstance(detail, str) and detail else str(exc)
+    text = text or type(exc).__name__
+    if isinstance(exc, KeyError):
+        text = f"missing key {text}"
     lines = [s.strip() for s in text.splitlines() if s.strip()]
-    return "; ".join(lines[:3])
+    joined = "; ".join(" ".join(s.split()) for s in lines[:3])
+    return joined[:limit] if limit is not None else joined
 
 
 def warn(message: str) -> None:

@@ -137,7 +137,10 @@ def _stream(opts, priv, client, budget, model_id, stream, size, out, rng, minimu
             except _PostFailed as exc:  # keep what the server answered before the failure
                 out.write(exc.lines)
                 n_records += len(exc.lines)
-                raise CliError(f"{exc}; {n_records} record(s) before it were "
+                # the server's ledger refused: exit 3, as the device's own cap does
+                refused = getattr(exc.error, "type", None) == "urn:privbert:problem:" \
+                    "budget-exhausted"
+                raise (BudgetRefused if refused else CliError)(f"{exc}; {n_records} record(s) before it were "
                                + ("uploaded and written" if post == "records"
                                   else "written")) from None
             try:
@@ -192,6 +195,7 @@ class _PostFailed(Exception):
 
     def __init__(self, error: Exception, lines: list[bytes]):
         super().__init__(str(error))
+        self.error = error
         self.lines = lines
 
 
@@ -204,12 +208,12 @@ def _emit(opts, priv, client, budget: RunBudget, model_id, ready: Prepared) -> l
             and priv.tokens):  # the same bytes, one validated template a batch
         rows = priv.token_rows(ready.items, ready.data,
                                [ln.label for ln in ready.lines] if opts.input.tsv else None)
-        return rows.lines(budget.charge_rows(ready.lines, rows))  # charged before written
+        return rows.lines(budget.charge_rows(ready.lines, ready.items, rows))  # charged before written
     payloads, labels = _payloads(opts, priv, ready)
     # orjson on the model's plain-Python dump: the same JSON as model_dump_json, several
     # times faster on the large base64 strings of dchi-embedding (tests/edge_agent check they agree)
     fresh = [orjson.dumps(p.model_dump(exclude_none=True)) for p in payloads]
-    sent = budget.charge(ready.lines, payloads, fresh)  # committed before anything leaves
+    sent = budget.charge(ready.lines, ready.items, payloads, fresh)  # committed before anything leaves
     labels = labels if labels is not None else [None] * len(sent)
     lines = ready.lines
     if opts.post.mode:

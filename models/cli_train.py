@@ -17,20 +17,14 @@ import dataclasses
 import json
 import sys
 
+from edge_agent.errors import one_line
+
 PROG = "cloud-api"
 
 
 def _error(message: str) -> None:
     print(f"{PROG}: error: {message}", file=sys.stderr)
     sys.exit(2)
-
-
-def _one_line(exc: BaseException) -> str:
-    text = str(exc) or type(exc).__name__
-    if isinstance(exc, KeyError):
-        text = f"missing key {text}"
-    lines = [s.strip() for s in text.splitlines() if s.strip()]
-    return "; ".join(lines[:3])
 
 
 def _guarded(fn):
@@ -43,7 +37,7 @@ def _guarded(fn):
             return fn(args)
         except (ValueError, FileNotFoundError, NotADirectoryError, PermissionError,
                 BundleError, KeyError) as exc:
-            print(f"{PROG}: error: {_one_line(exc)}", file=sys.stderr)
+            print(f"{PROG}: error: {one_line(exc)}", file=sys.stderr)
             return 2
 
     return run

@@ -20,6 +20,20 @@ TINY_WORDS = [
 ]
 
 
+def distinct_lines(n: int, tail: str = "") -> list[str]:
+    """``n`` texts of the tiny vocabulary that tokenize to distinct ids (a number in the
+    text would be [UNK] in every line: the same ids, one memoized payload)."""
+    words = [w for w in TINY_WORDS if w.isalpha()]
+    out = []
+    for i in range(n):
+        digits, j = [], i
+        for _ in range(3):
+            digits.append(words[j % len(words)])
+            j //= len(words)
+        out.append(" ".join(digits) + (f" {tail}" if tail else ""))
+    return out
+
+
 def write_tiny_vocab(path: Path, words: list[str] | None = None, n_unused: int = 3) -> list[str]:
     """vocab.txt and tokenizer_config.json of a tiny BERT folder; returns the vocabulary:
     [PAD] [unused0..] [UNK] [CLS] [SEP] [MASK] then the words (default TINY_WORDS)."""

@@ -1,10 +1,12 @@
 """The import graph of `shared` and `edge_agent`: no circles, and each layer imports only
-below itself. Every import counts (module level, inside functions, lazy), except those
+below itself; and no web framework below the HTTP layer of `cloud_api` (the job package,
+the store, serving). Every import counts (module level, inside functions, lazy), except those
 under ``if TYPE_CHECKING:``; read from the source with ast, nothing is imported."""
 
 from __future__ import annotations
 
 import ast
+import functools
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
@@ -16,21 +18,30 @@ def module_name(path: Path) -> str:
     return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
 
 
-def imports(path: Path, known: set[str]) -> set[str]:
-    """Project modules imported by ``path`` (``from a.b import c``: ``a.b.c`` when that is a
-    module, else ``a.b``)."""
-    tree = ast.parse(path.read_text(encoding="utf-8"))
+def _import_nodes(tree: ast.Module, top_only: bool = False
+                  ) -> list[ast.Import | ast.ImportFrom]:
+    """The import statements of a module, less those under ``if TYPE_CHECKING:``;
+    ``top_only``: only those that run when the module is imported (not in a function)."""
     skip: set[int] = set()
     for node in ast.walk(tree):
         if isinstance(node, ast.If) and "TYPE_CHECKING" in ast.unparse(node.test):
             skip.update(id(n) for stmt in node.body for n in ast.walk(stmt))
+        if top_only and isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda)):
+            skip.update(id(n) for n in ast.walk(node))
+    return [n for n in ast.walk(tree)
+            if isinstance(n, (ast.Import, ast.ImportFrom)) and id(n) not in skip]
+
+
+def imports(path: Path, known: set[str], top_only: bool = False,
+            tree: ast.Module | None = None) -> set[str]:
+    """Project modules imported by ``path`` (``from a.b import c``: ``a.b.c`` when that is a
+    module, else ``a.b``)."""
+    tree = tree or ast.parse(path.read_text(encoding="utf-8"))
     out: set[str] = set()
-    for node in ast.walk(tree):
-        if id(node) in skip:
-            continue
+    for node in _import_nodes(tree, top_only):
         if isinstance(node, ast.Import):
             out.update(a.name for a in node.names if a.name in known)
-        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+        elif node.module and node.level == 0:
             for a in node.names:
                 full = f"{node.module}.{a.name}"
                 out.add(full if full in known else node.module)
@@ -38,10 +49,11 @@ def imports(path: Path, known: set[str]) -> set[str]:
     return {m for m in out if m in known and m != me}
 
 
-def graph() -> dict[str, set[str]]:
-    files = [p for pkg in PACKAGES for p in (REPO / pkg).rglob("*.py")]
+def graph(packages: tuple[str, ...] = PACKAGES, top_only: bool = False
+          ) -> dict[str, set[str]]:
+    files = [p for pkg in packages for p in (REPO / pkg).rglob("*.py")]
     known = {module_name(p) for p in files}
-    return {module_name(p): imports(p, known) for p in files}
+    return {module_name(p): imports(p, known, top_only) for p in files}
 
 
 def cycles(g: dict[str, set[str]]) -> list[list[str]]:
@@ -130,3 +142,71 @@ def _stdlib_imports(path: Path) -> set[str]:
         elif isinstance(node, ast.ImportFrom) and node.module:
             names.add(node.module)
     return names
+
+
+WEB_FRAMEWORKS = {"fastapi", "starlette"}
+NO_WEB = ("cloud_api.jobs", "cloud_api.store", "cloud_api.serving")  # below the HTTP layer
+
+
+@functools.cache
+def _scan() -> tuple[dict, dict, dict, dict]:
+    """Over the four packages: project imports and web-framework imports of each module,
+    every one and those at module level."""
+    files = [p for pkg in ("shared", "edge_agent", "models", "cloud_api")
+             for p in (REPO / pkg).rglob("*.py")]
+    known = {module_name(p) for p in files}
+    every, loaded, web_every, web_loaded = {}, {}, {}, {}
+    for path in files:
+        mod, tree = module_name(path), ast.parse(path.read_text(encoding="utf-8"))
+        every[mod] = imports(path, known, tree=tree)
+        loaded[mod] = imports(path, known, top_only=True, tree=tree)
+        for out, top in ((web_every, False), (web_loaded, True)):
+            names = set()
+            for node in _import_nodes(tree, top):
+                if isinstance(node, ast.Import):
+                    names.update(a.name.split(".")[0] for a in node.names)
+                elif node.module and node.level == 0:
+                    names.add(node.module.split(".")[0])
+            out[mod] = names & WEB_FRAMEWORKS
+    return every, loaded, web_every, web_loaded
+
+
+def web_framework_paths(roots: tuple[str, ...]) -> list[list[str]]:
+    """Import paths from a module under ``roots`` to one that imports a web framework.
+    Modules under ``roots`` count every import (a lazy one runs in the worker too);
+    the modules they reach, those that run when they are imported (module level), and
+    their parent packages."""
+    every, loaded, web_every, web_loaded = _scan()
+    ours = lambda m: any(m == r or m.startswith(r + ".") for r in roots)  # noqa: E731
+    found: list[list[str]] = []
+    for start in sorted(m for m in every if ours(m)):
+        seen, todo = {start: [start]}, [start]
+        while todo:
+            mod = todo.pop()
+            web = (web_every if ours(mod) else web_loaded)[mod]
+            if web:
+                found.append(seen[mod] + sorted(web)[:1])
+                continue
+            parents = {".".join(mod.split(".")[:i]) for i in range(1, mod.count(".") + 1)}
+            for nxt in sorted(((every if ours(mod) else loaded)[mod] | parents) & every.keys()):
+                if nxt not in seen:
+                    seen[nxt] = seen[mod] + [nxt]
+                    todo.append(nxt)
+    return found
+
+
+def test_the_jobs_the_store_and_serving_import_no_web_framework():
+    """A worker (``cloud-api worker``, a job's child), the store and the served models load
+    neither FastAPI nor Starlette, however they are reached."""
+    assert web_framework_paths(NO_WEB) == []
+
+
+def test_the_web_framework_finder_finds_one():
+    """It finds the admin routes' own import, and a lazy one of a module under the roots
+    (``cloud-api serve`` imports the key ring); it does not follow the lazy imports of a
+    module outside them (``cloud-api worker`` imports ``cloud_api.cli`` for its helpers)."""
+    assert ["cloud_api.routes.admin_jobs", "fastapi"] in web_framework_paths(
+        ("cloud_api.routes.admin_jobs",))
+    assert ["cloud_api.cli", "cloud_api.auth", "fastapi"] in web_framework_paths(
+        ("cloud_api.cli",))
+    assert "cloud_api.cli" in graph(("cloud_api",), top_only=True)["cloud_api.jobs.cli"]

@@ -1,10 +1,9 @@
 """The comparison child: ``python -m cloud_api.jobs.compare ATTEMPT_DIR VERSION``.
 
-The worker runs it, holding the model's promotion lock, when the promoted version changed
-while a retraining job ran (``worker.py``, step 4): it loads the job's test rows again
-(the task and watermark of ``job.json``, the same split by record id,
-:func:`retrain.split_rows`) and measures VERSION's accuracy on them, as the job measured
-the version promoted when it trained. It writes ``compare.json`` and exits 0:
+The publisher runs it (``publisher.py``; no lock held) when the promoted version changed
+while a retraining job ran: it loads the job's test rows again (the task and watermark of
+``job.json``, the same split by record id, :func:`retrain.split_rows`) and measures
+VERSION's accuracy on them, as the job measured the version promoted when it trained. It writes ``compare.json`` and exits 0:
 ``{"version", "test_accuracy", "test_records", "watermark"}``, or exits 1 with
 ``{"version", "error"}``; exits 3 as soon as the cancel flag appears, and 4 when the
 worker is gone (``run.watch_parent``). Nothing here logs a payload.

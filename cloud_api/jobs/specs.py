@@ -4,7 +4,7 @@ serves the same payloads as the task, the base was made for the task's bundle an
 mechanism, epochs and learning rate are in range (pydantic).
 
     spec = check_retrain(db, home, bundles, settings, RetrainRequest(task="sst2", ...))
-    job_id = store.jobs.enqueue(db, "retrain", spec)
+    job_id = queue.enqueue(db, JobKind.RETRAIN, spec)
 
 FastAPI-free: the admin routes and tests call these directly.
 """
@@ -21,8 +21,9 @@ from sqlalchemy import func, select
 
 from cloud_api.errors import Conflict, InvalidRequest, NotFound, Unavailable
 from cloud_api.home import ID_PATTERN, ModelHome
+from cloud_api.jobs import queue
+from cloud_api.jobs.states import JobKind
 from cloud_api.settings import Settings
-from cloud_api.store import jobs as queue
 from cloud_api.store.db import Database
 from cloud_api.store.records import label_counts
 from cloud_api.store.tables import records
@@ -274,7 +275,7 @@ def check_pretrain(db: Database, home: ModelHome, settings: Settings,
     params = canonical_params(req.mechanism, req.params)
     if home.base_dir(req.name).exists():
         raise Conflict(f"a base named {req.name!r} exists already; choose another name")
-    holder = queue.live_holder(db, "pretrain", req.name)  # the early, friendly answer; the
+    holder = queue.live_holder(db, JobKind.PRETRAIN, req.name)  # the early, friendly answer; the
     if holder is not None:                                # insert decides (submit_pretrain)
         raise Conflict(f"job {holder.id} ({holder.state}) already pretrains a base named "
                        f"{req.name!r}")
@@ -298,8 +299,8 @@ def check_pretrain(db: Database, home: ModelHome, settings: Settings,
 def submit_pretrain(db: Database, home: ModelHome, settings: Settings, req: PretrainRequest,
                     *, created_by: str | None = None) -> int:
     """Check and queue a pretraining job; returns its id. The base name is reserved by the
-    insert itself (a unique index over live jobs, ``store.jobs.enqueue``), so of two
+    insert itself (a unique index over live jobs, ``jobs.queue.enqueue``), so of two
     concurrent requests for one name exactly one is queued and the other gets 409."""
     spec = check_pretrain(db, home, settings, req)
-    return queue.enqueue(db, "pretrain", spec, max_attempts=settings.max_attempts,
+    return queue.enqueue(db, JobKind.PRETRAIN, spec, max_attempts=settings.max_attempts,
                          created_by=created_by, reserve=req.name)

@@ -1,8 +1,11 @@
 """``GET /admin/budgets``, ``GET|PUT /admin/budgets/{key_id}``,
 ``POST /admin/budgets/{key_id}/reset``: the privacy budget ledgers (``store/budgets.py``).
 
-A key's view: its own ledger (requests without ``X-Device-Id``), the ledger of each of its
-devices, and the total; spent, cap and remaining in worst-case epsilon, per family too.
+A key's view: its own ledger (everything the key sent, under the key's cap), the ledger of
+each of its devices (its own spend, its own cap if it has one, and what it may still spend:
+the least of its own remaining and the key's), and the total; spent, cap and remaining in
+worst-case epsilon, per family too. ``PUT /admin/budgets/{key_id}/devices/{device_id}`` sets
+a device's own cap (never above its key's).
 """
 
 from __future__ import annotations
@@ -65,6 +68,23 @@ async def set_cap(key_id: KeyIdPath, request: Request, caller: AdminCaller) -> R
     body = CapRequest.model_validate_json(await request.body())
     return json_response(await run_in_threadpool(
         budgets.set_cap, db, key_id, body.cap, _known(request), _default(request)))
+
+
+DeviceIdPath = Annotated[str, Path(description="the device's X-Device-Id",
+                                   pattern=budgets.ID_PATTERN)]
+
+
+@router.put("/budgets/{key_id}/devices/{device_id}", summary="Set or remove a device's own cap",
+            responses=responses(401, 403, 404, 413, 422, 429, 503),
+            openapi_extra={"requestBody": {"required": True, "content": {"application/json": {
+                "schema": {"$ref": "#/components/schemas/CapRequest"}}}}})
+async def set_device_cap(key_id: KeyIdPath, device_id: DeviceIdPath, request: Request,
+                         caller: AdminCaller) -> Response:
+    db = database(request)
+    body = CapRequest.model_validate_json(await request.body())
+    return json_response(await run_in_threadpool(
+        budgets.set_device_cap, db, key_id, device_id, body.cap, _known(request),
+        _default(request)))
 
 
 @router.post("/budgets/{key_id}/reset", summary="Reset what a key's ledgers have spent",

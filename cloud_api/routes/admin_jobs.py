@@ -17,10 +17,11 @@ from pydantic import BaseModel, Field
 from starlette.responses import Response
 
 from cloud_api.auth import AdminCaller
+from cloud_api.jobs import queue
 from cloud_api.jobs.specs import PretrainRequest, RetrainRequest, check_retrain, submit_pretrain
+from cloud_api.jobs.states import JobKind
 from cloud_api.problems import responses
 from cloud_api.routes.common import database, json_response
-from cloud_api.store import jobs as queue
 
 router = APIRouter(prefix="/admin", tags=["admin: jobs"])
 
@@ -87,7 +88,7 @@ async def post_retrain(request: Request, caller: AdminCaller) -> Response:
 
     def submit() -> int:
         spec = check_retrain(db, state.home, state.bundles, state.settings, req)
-        return queue.enqueue(db, "retrain", spec, max_attempts=state.settings.max_attempts,
+        return queue.enqueue(db, JobKind.RETRAIN, spec, max_attempts=state.settings.max_attempts,
                              created_by=caller.key_id)
 
     return _accepted(request, await asyncio.to_thread(submit))
@@ -146,7 +147,7 @@ async def start_worker(app, stack) -> None:
     app.state.worker = None
     if not s.worker_in_serve or getattr(app.state, "db", None) is None:
         return
-    from cloud_api.worker import Worker
+    from cloud_api.jobs.supervisor import Worker
 
     worker = Worker(s, app.state.db, app.state.home)
     worker.start()

@@ -56,7 +56,7 @@ def _declare(state, decl: tasks.TaskDeclaration) -> tuple[tasks.Task, bool]:
     tasks.privacy_floor_refusal(decl.mechanism, decl.params, bundle,
                                 state.settings.allow_weak_privacy)
     return tasks.ensure_task(state.db, decl.task, decl.labels, decl.mechanism, decl.params,
-                             decl.bundle_id)
+                             decl.bundle_id, decl.pairs)
 
 
 @router.post("/tasks", response_model=None, status_code=201, summary="Declare a task",

@@ -14,8 +14,9 @@ same order as the FastAPI route declared below (which documents it in OpenAPI an
 it where the middleware is not installed): the key and its rate limit
 (:func:`cloud_api.auth.authenticate`), the model (404), the body (size limit enforced by the
 middleware while it is read), the payload count, each payload, the model's contract, the
-caller's privacy budget (committed while the model runs, before any answer,
-:mod:`cloud_api.charging`); its errors are the same problem+json answers.
+caller's privacy budget (admitted to the model's queue first, then charged while the model
+runs, committed before any answer, refunded when no answer comes: :mod:`cloud_api.charging`);
+its errors are the same problem+json answers.
 """
 
 from __future__ import annotations
@@ -33,8 +34,8 @@ from starlette.responses import Response
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from cloud_api.auth import AppCaller, authenticate
-from cloud_api.charging import price_prediction, settle_prediction
-from cloud_api.errors import ServiceError
+from cloud_api.charging import price_prediction, settle_prediction, unanswered
+from cloud_api.errors import ServiceError, TooManyPayloads
 from cloud_api.home import ID_PATTERN
 from cloud_api.problems import responses, service_error_response, validation_response
 from cloud_api.routes.common import ModelId, json_response
@@ -44,10 +45,6 @@ router = APIRouter(prefix="/v1", tags=["inference"])
 
 BundleId = Annotated[str, Path(description="bundle id: 64 hex digits",
                                pattern=r"^[0-9a-f]{64}$")]
-
-
-class TooManyPayloads(ServiceError):
-    status, kind, title = 413, "too-many-payloads", "Too many payloads in one request"
 
 
 class PredictRequest(BaseModel):
@@ -109,7 +106,7 @@ async def list_models(request: Request, caller: AppCaller) -> Response:
 @router.post(
     "/models/{model_id}/predict", response_model=None, summary="Predict from payloads",
     responses={200: {"model": PredictResponse},
-               **responses(401, 403, 404, 413, 422, 429, 500, 503)},
+               **responses(401, 403, 404, 413, 422, 429, 500, 503, 507)},
     openapi_extra={"requestBody": {"required": True, "content": {"application/json": {
         "schema": {"$ref": "#/components/schemas/PredictRequest"}}}}})
 async def predict(model_id: ModelId, request: Request, caller: AppCaller) -> Response:
@@ -130,19 +127,22 @@ async def _predict(app_state, key_id: str, device_id: str | None, model_id: str,
     parsed = PredictRequest.model_validate_json(body, context={
         "limits": registry.limits_for(model_id),
         "max_payloads": app_state.settings.max_payloads_per_request})
-    # The charge commits on the charge writer's thread while the model runs; the answer
-    # waits for both, and a refused charge (403) throws the forward's result away: nothing
-    # over the cap is answered, and a lone request does not wait for a flush and then for
-    # the model (bench/serve.py).
+    # Admitted to the model's queue first (413 or 429 here: nothing charged), then the
+    # charge commits on the charge writer's thread while the model runs; the answer waits
+    # for both, and a refused charge (403) throws the forward's result away: nothing over
+    # the cap is answered, and a lone request does not wait for a flush and then for the
+    # model (bench/serve.py). No answer (the client went away, the forward failed, the
+    # queue timed out): the committed charge is refunded (cloud_api.charging).
     ch, checked = await price_prediction(app_state, key_id, device_id, model_id,
                                          parsed.payloads)
+    answer = registry.admit(model_id, parsed.payloads, is_disconnected=is_disconnected,
+                            checked=checked)
     pending = app_state.charges.submit(ch)
     pending.add_done_callback(_retrieved)
     try:
-        pred = await registry.predict(model_id, parsed.payloads,
-                                      is_disconnected=is_disconnected, checked=checked)
-    except Exception:
-        await settle_prediction(pending, ch.cost)  # over the cap: that is the answer
+        pred = await answer()
+    except BaseException as exc:
+        await unanswered(app_state.charges, pending, ch, exc)  # 403 if over the cap
         raise
     charged = await settle_prediction(pending, ch.cost)
     labels = list(pred.labels)

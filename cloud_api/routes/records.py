@@ -2,7 +2,8 @@
 
 The records body is validated here, by hand, because what a record may be depends on its
 task (labels, mechanism, parameters, bundle): the envelope first, the count (413 above
-``max_payloads_per_request``), then every record against the task. Only when every record
+``max_payloads_per_request``), then every record against the task, and every payload
+through the same checks as a prediction's (``serving.checks.PayloadChecker.for_task``). Only when every record
 is good is anything written, in one transaction (``cloud_api.store.records``).
 """
 
@@ -17,12 +18,13 @@ from starlette.responses import Response
 
 from cloud_api import charging
 from cloud_api.auth import AppCaller
-from cloud_api.errors import NotFound, Unavailable
+from cloud_api.errors import NotFound, PayloadMismatch, Unavailable
 from cloud_api.home import ID_PATTERN
 from cloud_api.metrics import BUDGET_EXHAUSTED, RECORDS
 from cloud_api.problems import responses
 from cloud_api.routes.common import database, json_response
 from cloud_api.routes.inference import TooManyPayloads
+from cloud_api.serving.checks import PayloadChecker
 from cloud_api.store import budgets
 from cloud_api.store import records as store
 from cloud_api.store.tasks import Mechanism, TaskName, get_task
@@ -59,6 +61,25 @@ class TaskInfo(BaseModel):
     bundle_id: str
 
 
+_CHECKERS: dict[tuple, PayloadChecker] = {}
+
+
+def _check_as_predictions(task, bundle, recs, max_tokens: int | None) -> None:
+    """Every record's payload through the checks of a prediction (``PayloadChecker``:
+    special and [unused] ids, pairs against the task, lengths against the bundle's
+    max_length): a record that a model of the task would refuse to read is refused here
+    (422 payload-mismatch), never stored for retraining."""
+    key = (task.id, task.name, task.bundle_id, task.pairs, max_tokens)
+    checker = _CHECKERS.get(key)
+    if checker is None:
+        checker = _CHECKERS[key] = PayloadChecker.for_task(task, bundle, max_tokens)
+    found = checker.first_problem([r.payload for r in recs])
+    if found is not None:
+        i, why = found
+        raise PayloadMismatch(f"record {i}: {why}; nothing was stored", errors=[
+            {"loc": ["records", i, "payload"], "msg": why, "type": store.MISMATCH}])
+
+
 def _store(state, env: store.RecordsBody, key_id: str, device_id: str,
            idem: str | None) -> store.Stored:
     """Blocking part of POST /v1/records (a worker thread): task, bundle, checks, the cost
@@ -74,8 +95,8 @@ def _store(state, env: store.RecordsBody, key_id: str, device_id: str,
     limits = Limits.for_bundle(bundle, labels=task.labels,
                                max_tokens=s.max_tokens_per_payload or bundle.max_length)
     recs = store.validate_records(task, env.records, limits)
-    charge = budgets.Charge(key_id, device_id, charging.records_cost(task, recs, bundle),
-                            s.default_budget)
+    _check_as_predictions(task, bundle, recs, s.max_tokens_per_payload)
+    charge = charging.charge_of(s, key_id, device_id, charging.records_cost(task, recs, bundle))
     return store.add_records(state.db, task, recs, key_id, idem,
                              store.body_digest(env) if idem is not None else None,
                              charge=charge)
@@ -86,7 +107,7 @@ def _store(state, env: store.RecordsBody, key_id: str, device_id: str,
     responses={201: {"model": RecordsResponse, "headers": {"Idempotent-Replayed": {
         "description": "true when an earlier request with this Idempotency-Key stored them",
         "schema": {"type": "string"}}}},
-        **responses(401, 403, 404, 413, 422, 429, 503)},
+        **responses(401, 403, 404, 413, 422, 429, 503, 507)},
     openapi_extra={"requestBody": {"required": True, "content": {"application/json": {
         "schema": {"$ref": "#/components/schemas/RecordsRequest"}}}}})
 async def post_records(

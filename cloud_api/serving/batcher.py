@@ -20,7 +20,10 @@ event loop:
   dropped before inference; a request that waited longer than ``queue_timeout_s`` fails
   with :class:`~cloud_api.errors.Unavailable` (503, ``Retry-After``).
 
-A full queue refuses a request with :class:`~cloud_api.errors.Overloaded` (429). A request
+A full queue refuses a request with :class:`~cloud_api.errors.Overloaded` (429), one with
+more payloads than the queue holds with :class:`~cloud_api.errors.TooManyPayloads` (413:
+it could never be queued, retrying does not help); both at once, in :meth:`Batcher.admit`,
+which a caller runs before it charges anything for the request. A request
 of several payloads resolves when all of them are done, in input order. :meth:`drain`
 finishes everything queued, then stops the collector and the thread.
 
@@ -42,14 +45,20 @@ import inspect
 import logging
 import math
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
 import numpy as np
 
 from cloud_api import metrics
-from cloud_api.errors import InferenceFailed, Overloaded, ServiceError, Unavailable
+from cloud_api.errors import (
+    InferenceFailed,
+    Overloaded,
+    ServiceError,
+    TooManyPayloads,
+    Unavailable,
+)
 
 log = logging.getLogger(__name__)
 
@@ -242,22 +251,42 @@ class Batcher:
 
     async def run(self, payloads: Sequence, is_disconnected: Disconnected | None = None
                   ) -> np.ndarray:
-        """Queue ``payloads`` and wait for their probabilities (N, C), in input order. A
-        request still queued after ``queue_timeout_s`` fails with Unavailable (its timer, the
-        only place a queue timeout happens); one already in a batch gets its answer.
-        Cancelling the caller cancels the request's future at once, so a batch formed
-        afterwards leaves it out."""
+        """Queue ``payloads`` and wait for their probabilities (N, C), in input order
+        (:meth:`admit`, then its waiter)."""
+        return await self.admit(payloads, is_disconnected)()
+
+    def admit(self, payloads: Sequence, is_disconnected: Disconnected | None = None
+              ) -> Callable[[], Awaitable[np.ndarray]]:
+        """Admit ``payloads`` now, without awaiting: TooManyPayloads (413) when the queue can
+        never hold them, Overloaded (429) when it is full now, Unavailable while unloading;
+        else they are queued (or, idle, will run inline) and the returned coroutine function
+        waits for their probabilities (N, C), in input order. A request still queued after
+        ``queue_timeout_s`` fails with Unavailable (its timer, the only place a queue
+        timeout happens); one already in a batch gets its answer. Cancelling the waiter
+        cancels the request's future at once, so a batch formed afterwards leaves it out.
+        Call the waiter before anything else awaits (an inline forward counts on the idle
+        state seen here)."""
+        if len(payloads) > self.max_queue_size:
+            raise TooManyPayloads(f"{len(payloads)} payloads in one request; model "
+                                  f"{self.model_id} queues at most {self.max_queue_size} "
+                                  "(PRIVBERT_MAX_QUEUE_SIZE): send at most that many per "
+                                  "request")
         if self._idle_for(payloads):
-            return self._run_inline(payloads)
+            async def inline() -> np.ndarray:
+                return self._run_inline(payloads)
+            return inline
         req = self._submit(payloads, is_disconnected)
         timer = asyncio.get_running_loop().call_later(self.queue_timeout, self._time_out, req)
-        try:
-            return await req.future
-        except asyncio.CancelledError:
-            self._withdraw(req)
-            raise
-        finally:
-            timer.cancel()
+
+        async def wait() -> np.ndarray:
+            try:
+                return await req.future
+            except asyncio.CancelledError:
+                self._withdraw(req)
+                raise
+            finally:
+                timer.cancel()
+        return wait
 
     # -- internals --------------------------------------------------------------------------
     def _idle_for(self, payloads: Sequence) -> bool:

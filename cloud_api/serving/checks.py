@@ -41,7 +41,9 @@ class PayloadChecker:
     """The payload contract of one model version (its ``config.json``), with the regular ids
     of its bundle when the bundle is known."""
 
-    def __init__(self, config: dict, bundle=None, max_tokens_setting: int | None = None):
+    def __init__(self, config: dict, bundle=None, max_tokens_setting: int | None = None,
+                 serves: str = "model serves"):
+        self.serves = serves  # how refusals name the other side: "model serves", "task accepts"
         self.mechanism: str = config["mechanism"]
         self.kind = kind_of(self.mechanism)
         mech = registry.get(self.mechanism)
@@ -79,6 +81,26 @@ class PayloadChecker:
                 mask[unused] = True
             self._irregular = mask
 
+    @classmethod
+    def for_task(cls, task, bundle, max_tokens_setting: int | None = None) -> PayloadChecker:
+        """The same checks for the records of a task (``store.tasks.Task``) made with
+        ``bundle``: the task's mechanism, parameters and bundle, sentence pairs or single
+        sentences as the task says, the bundle's vocabulary, special and [unused] ids,
+        dimensions and ``max_length`` (less [CLS]/[SEP]), as a model trained from them reads
+        them. Records and predictions are held to one contract."""
+        kind = kind_of(task.mechanism)
+        enc = bundle.meta.get("encoder") or {}
+        arch: dict = {"bert_config": {"vocab_size": bundle.vocab_size,
+                                      "hidden_size": bundle.dim}}
+        r = enc.get("output_dim")
+        if kind == "vector" and r is not None:
+            arch["in_dim"] = int(r) * registry.get(task.mechanism).values_per_dim(task.params)
+        config = {"mechanism": task.mechanism, "params": dict(task.params),
+                  "bundle_id": task.bundle_id, "max_length": bundle.max_length,
+                  "source": {"pairs": bool(task.pairs)}, "architecture": arch,
+                  "special_ids": dict(bundle.special_ids)}
+        return cls(config, bundle, max_tokens_setting, serves="task accepts")
+
     # -- limits for parsing -----------------------------------------------------------------
     def limits(self) -> Limits:
         """``shared.payload.Limits`` to parse this model's request bodies."""
@@ -87,25 +109,29 @@ class PayloadChecker:
     # -- checks -----------------------------------------------------------------------------
     def check(self, payloads: Sequence) -> None:
         """PayloadMismatch naming the first payload that does not fit and what differs."""
+        found = self.first_problem(payloads)
+        if found is not None:
+            raise PayloadMismatch(f"payloads[{found[0]}]: {found[1]}")
+
+    def first_problem(self, payloads: Sequence) -> tuple[int, str] | None:
+        """(index, what differs) of the first payload that does not fit, or None."""
         found = next(((i, why) for i, p in enumerate(payloads)
                       if (why := self.problem(p)) is not None), None)
         # the token ids of the payloads before it, in one numpy pass for the whole request
-        found = self._first_bad_ids(payloads[:found[0] if found else len(payloads)]) or found
-        if found is not None:
-            raise PayloadMismatch(f"payloads[{found[0]}]: {found[1]}")
+        return self._first_bad_ids(payloads[:found[0] if found else len(payloads)]) or found
 
     def problem(self, p) -> str | None:
         """What differs between payload ``p`` and the model, or None; token ids aside
         (:meth:`check` reads them). Shapes come from the payload's array fields: nothing
         is decoded or copied here."""
         if p.mechanism != self.mechanism:
-            return f"mechanism {p.mechanism} sent, model serves {self.mechanism}"
+            return f"mechanism {p.mechanism} sent, {self.serves} {self.mechanism}"
         if p.bundle_id != self.bundle_id:
-            return (f"bundle {p.bundle_id[:12]}… sent, model serves {self.bundle_id[:12]}… "
+            return (f"bundle {p.bundle_id[:12]}… sent, {self.serves} {self.bundle_id[:12]}… "
                     f"(fetch GET /v1/bundles/{self.bundle_id})")
         got, want = self._compared(p.params.model_dump()), self._want
         if got != want:  # equal is the common case; else compare with a tolerance
-            diffs = [f"{k} {_fmt(got.get(k))} sent, model serves {k} {_fmt(want.get(k))}"
+            diffs = [f"{k} {_fmt(got.get(k))} sent, {self.serves} {k} {_fmt(want.get(k))}"
                      for k in sorted(set(got) | set(want)) if not _same(got.get(k), want.get(k))]
             if diffs:
                 return "; ".join(diffs)
@@ -116,16 +142,17 @@ class PayloadChecker:
         segs = getattr(p, "segments", None)
         pair = segs is not None and len(segs) == 2
         if self.pairs is not None and pair != self.pairs:
-            return ("a sentence pair sent, model reads single sentences" if pair else
-                    "a single sentence sent, model reads sentence pairs")
+            who = self.serves.split()[0]  # "model" or "task"
+            return (f"a sentence pair sent, {who} reads single sentences" if pair else
+                    f"a single sentence sent, {who} reads sentence pairs")
         budget = self.max_tokens if not pair else min(self.max_tokens, self.max_length - 3)
         if n > budget:
             why = (f"max_length {self.max_length} less [CLS] and [SEP]" if budget ==
                    self.max_length - (3 if pair else 2) else "the server's tokens-per-payload "
                    "limit")
-            return f"{n} tokens sent, model serves at most {budget} ({why})"
+            return f"{n} tokens sent, {self.serves} at most {budget} ({why})"
         if self.kind == "embeddings" and self.hidden is not None and shape[1] != self.hidden:
-            return f"dimension {shape[1]} sent, model serves {self.hidden}"
+            return f"dimension {shape[1]} sent, {self.serves} {self.hidden}"
         return None
 
     def _first_bad_ids(self, payloads: Sequence) -> tuple[int, str] | None:
@@ -145,9 +172,9 @@ class PayloadChecker:
         if width == self.in_dim:
             return None
         if self._bits:
-            return (f"{width} bits sent, model serves {self.in_dim} bits "
+            return (f"{width} bits sent, {self.serves} {self.in_dim} bits "
                     f"(dimension {self.in_dim // self.bits_per_value} x {self.bits_per_value})")
-        return f"dimension {width} sent, model serves {self.in_dim}"
+        return f"dimension {width} sent, {self.serves} {self.in_dim}"
 
     def _ids(self, ids: np.ndarray) -> str | None:
         if ids.size == 0 or self.vocab_size is None:

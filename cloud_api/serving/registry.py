@@ -23,7 +23,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import math
-from collections.abc import Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -212,8 +212,17 @@ class ServingRegistry:
                       is_disconnected: Disconnected | None = None,
                       checked: object = None) -> Prediction:
         """Check ``payloads`` against the served version (PayloadMismatch), queue them, and
-        return their probabilities and the version that answered. ``checked``: what
-        :meth:`check` returned for these payloads; when the same version still serves,
+        return their probabilities and the version that answered (:meth:`admit`, then its
+        waiter)."""
+        return await self.admit(model_id, payloads, is_disconnected, checked)()
+
+    def admit(self, model_id: str, payloads: Sequence,
+              is_disconnected: Disconnected | None = None,
+              checked: object = None) -> Callable[[], Awaitable[Prediction]]:
+        """Check ``payloads`` against the served version and admit them to its queue now,
+        without awaiting (``Batcher.admit``: 413, 429, 503 here, before the caller charges
+        anything); the returned coroutine function waits for the prediction. ``checked``:
+        what :meth:`check` returned for these payloads; when the same version still serves,
         they are not checked twice."""
         served = self._get(model_id)
         if not payloads:
@@ -223,8 +232,12 @@ class ServingRegistry:
         batcher = served.batcher
         assert batcher is not None
         # no await between choosing the version and queueing on it (see module docstring)
-        probs = await batcher.run(payloads, is_disconnected)
-        return Prediction(model_id, served.version, served.labels, probs)
+        wait = batcher.admit(payloads, is_disconnected)
+
+        async def answer() -> Prediction:
+            probs = await wait()
+            return Prediction(model_id, served.version, served.labels, probs)
+        return answer
 
     # -- promotions -------------------------------------------------------------------------
     async def promote(self, model_id: str, version: str) -> None:

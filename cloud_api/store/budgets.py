@@ -1,22 +1,37 @@
-"""The server's privacy budget ledgers: one per API key id, and per ``X-Device-Id`` under it
-(docs/ledger.md, "On the server"). What a request costs comes from ``shared.ledger`` (the
+"""The server's privacy budget ledgers: one per API key id, and one per ``X-Device-Id`` under
+it (docs/ledger.md, "On the server"). What a request costs comes from ``shared.ledger`` (the
 caller computes it from its task's or model's mechanism and the payloads received).
 
-    ch = Charge(key_id, device_id, cost, default_cap)
+    ch = Charge(key_id, device_id, cost, default_cap, default_device_cap)
     with db.begin(write=True) as conn:       # the transaction that stores the records
         charged = charge(conn, ch)           # BudgetExhausted: the transaction rolls back
         ...insert the records...
     charged.remaining                        # X-Privacy-Budget-Remaining
 
-A key's cap (``PUT /admin/budgets/{key_id}``; new keys get ``PRIVBERT_DEFAULT_BUDGET``)
-applies to each of its ledgers: the key's own (requests without a device id, ``device_id``
-'') and each device's. It is copied into every row of the key, so that one statement
-checks and charges: ``UPDATE budgets SET spent = spent + c ... WHERE key_id = k AND
-device_id = d AND (cap IS NULL OR (cap > 0 AND spent + c <= cap))`` (the filter of
-``shared.ledger.fits``). A row is locked by that UPDATE until the commit (PostgreSQL), or
-the write lock is held from BEGIN IMMEDIATE (SQLite): concurrent requests never pass a cap
-together. A refused request changes nothing, and the caller's transaction is rolled back.
-Erasing records refunds nothing: the payloads were received.
+A key's cap is the key's: its own row (``device_id`` '') counts everything the key sent,
+with or without a device id, under the key's cap (``PUT /admin/budgets/{key_id}``; new keys
+get ``PRIVBERT_DEFAULT_BUDGET``). A request with ``X-Device-Id`` is charged to that row and
+to its device's row together; a device row may have a cap of its own
+(``PRIVBERT_DEFAULT_DEVICE_BUDGET``, ``PUT /admin/budgets/{key_id}/devices/{device_id}``),
+never above the key's; NULL: the key's cap alone bounds it. So new device ids cannot add to
+what a key may spend.
+
+One statement checks and charges both rows: it updates them only when every one of them
+fits (the filter of ``shared.ledger.fits``: ``cap IS NULL OR (cap > 0 AND spent + c <=
+cap)``), so both are charged or neither. PostgreSQL: the rows are first locked (``SELECT
+... ORDER BY device_id FOR UPDATE`` in a materialized CTE, the key's row first, so two
+charges of one key never deadlock), and a locked row is read in its latest committed
+version, so the decision is taken on what concurrent charges committed; the locks are held
+until the commit. SQLite: ``BEGIN IMMEDIATE`` holds the write lock from the start.
+Concurrent requests never pass a cap together; a refused request changes nothing, and the
+caller's transaction is rolled back.
+
+A prediction charged but never answered (the client went away, the forward failed) is
+refunded (:func:`refund`): the same amounts taken off the same rows, and an audit row in
+``budget_refunds``. A refund follows the commit of its charge, so a ledger's spent is never
+below the charges of answered requests; a concurrent request meanwhile sees more spent, not
+less (up to float rounding, as any sum of the ledger). Erasing records refunds nothing: the
+payloads were received.
 """
 
 from __future__ import annotations
@@ -25,12 +40,12 @@ import re
 from dataclasses import dataclass
 from datetime import UTC, datetime
 
-from sqlalchemy import Connection, and_, bindparam, or_, select, update
+from sqlalchemy import Connection, and_, insert, select, text, update
 from sqlalchemy.dialects import postgresql, sqlite
 
 from cloud_api.errors import InvalidRequest, NotFound, ServiceError
 from cloud_api.store.db import Database
-from cloud_api.store.tables import BUDGET_FAMILY_COLUMNS, budgets
+from cloud_api.store.tables import BUDGET_FAMILY_COLUMNS, budget_refunds, budgets
 from shared import ledger
 from shared.ledger import NO_EPSILON, Cost
 
@@ -41,15 +56,20 @@ _COUNTERS = [c.name for c in budgets.columns if c.name.endswith(("_epsilon", "_m
                                                                   "_tokens", "_sends"))]
 
 
+def _fmt(x: float | None) -> str:
+    return "none" if x is None else f"{x:.6g}"
+
+
 class BudgetExhausted(ServiceError):
-    """The request would pass its ledger's cap: nothing of it is stored (403)."""
+    """The request would pass a ledger's cap (its key's or its device's): nothing of it is
+    stored (403)."""
 
     status, kind, title = 403, "budget-exhausted", "Privacy budget exhausted"
 
     def __init__(self, needed: float | None, spent: float, cap: float, key_id: str,
-                 device_id: str):
-        left = ledger.remaining(spent, cap)
-        who = f"key {key_id}" + (f", device {device_id}" if device_id else "")
+                 device_id: str, remaining: float | None = None):
+        left = ledger.remaining(spent, cap) if remaining is None else remaining
+        who = f"device {device_id} of key {key_id}" if device_id else f"key {key_id}"
         need = ("a mechanism without a differential-privacy epsilon, which no cap admits"
                 if needed is None else f"worst-case epsilon {needed:.6g}")
         super().__init__(f"this request needs {need}; the ledger of {who} has spent "
@@ -61,28 +81,40 @@ class BudgetExhausted(ServiceError):
 
 @dataclass(frozen=True)
 class Charge:
-    """What to charge to which ledger; ``default_cap`` for a key seen for the first time."""
+    """What to charge to which ledgers (the key's, and its device's when ``device_id``);
+    ``default_cap`` for a key seen for the first time, ``default_device_cap`` for a new
+    device (never above the key's)."""
 
     key_id: str
     device_id: str
     cost: Cost
     default_cap: float | None = None
+    default_device_cap: float | None = None
+
+
+def _least(a: float | None, b: float | None) -> float | None:
+    return b if a is None else a if b is None else min(a, b)
 
 
 @dataclass(frozen=True)
 class Charged:
-    """The ledger after a charge."""
+    """The ledgers after a charge: the key's, and the device's (None without one)."""
 
     spent: float
     cap: float | None
     cost: Cost | None = None  # what was charged
+    device_spent: float | None = None
+    device_cap: float | None = None
 
     @property
     def remaining(self) -> float | None:
-        return ledger.remaining(self.spent, self.cap)
+        """What the caller may still spend: the least of its key's and device's remaining."""
+        own = (None if self.device_spent is None
+               else ledger.remaining(self.device_spent, self.device_cap))
+        return _least(ledger.remaining(self.spent, self.cap), own)
 
     def headers(self) -> dict[str, str]:
-        """``X-Privacy-Budget-Remaining`` when the ledger has a cap."""
+        """``X-Privacy-Budget-Remaining`` when a ledger has a cap."""
         r = self.remaining
         return {} if r is None else {REMAINING_HEADER: repr(r)}
 
@@ -98,30 +130,52 @@ def check_device_id(value: str | None) -> str:
 
 
 # -- the check-and-charge ----------------------------------------------------------------------
-def _update(family: str):
-    """The check-and-charge statement of ``family`` with bound parameters k (key id), d
-    (device id), eps, metric, tokens, sends and now: built once per family and reused, so
-    SQLAlchemy compiles it once (building it per request is a visible share of a request's CPU)."""
-    col = budgets.c
+_FITS = "(cap IS NULL OR (cap > 0 AND spent + :eps <= cap))"
+
+
+def _sets(family: str, sign: str) -> list[str]:
+    """``SET`` terms adding (``sign`` '+') or taking off ('-') a cost of ``family``."""
     slug = BUDGET_FAMILY_COLUMNS[family]
-    sends, eps = bindparam("sends"), bindparam("eps")
-    values = {col.sends: col.sends + sends, col[f"{slug}_sends"]: col[f"{slug}_sends"] + sends,
-              col.updated_at: bindparam("now")}
-    if family in NO_EPSILON:  # the filter of shared.ledger.fits: no epsilon fits no cap
-        fits = col.cap.is_(None)
-    else:
-        values[col.spent] = col.spent + eps
-        values[col[f"{slug}_epsilon"]] = col[f"{slug}_epsilon"] + eps
-        fits = or_(col.cap.is_(None), and_(col.cap > 0, col.spent + eps <= col.cap))
+    out = [f"sends = sends {sign} :sends", f"{slug}_sends = {slug}_sends {sign} :sends",
+           "updated_at = :now"]
+    if family not in NO_EPSILON:
+        if sign == "+":
+            out += ["spent = spent + :eps", f"{slug}_epsilon = {slug}_epsilon + :eps"]
+        else:  # never below zero (float rounding)
+            out += [f"{c} = CASE WHEN {c} > :eps THEN {c} - :eps ELSE 0.0 END"
+                    for c in ("spent", f"{slug}_epsilon")]
     if family == "dchi":
-        values[col.dchi_metric] = col.dchi_metric + bindparam("metric")
-        values[col.dchi_tokens] = col.dchi_tokens + bindparam("tokens")
-    return (update(budgets)
-            .where(col.key_id == bindparam("k"), col.device_id == bindparam("d"), fits)
-            .values(values).returning(col.spent, col.cap))
+        if sign == "+":
+            out += ["dchi_metric = dchi_metric + :metric", "dchi_tokens = dchi_tokens + :tokens"]
+        else:
+            out += ["dchi_metric = CASE WHEN dchi_metric > :metric THEN dchi_metric - :metric "
+                    "ELSE 0.0 END", "dchi_tokens = dchi_tokens - :tokens"]
+    return out
 
 
-_UPDATES = {family: _update(family) for family in BUDGET_FAMILY_COLUMNS}
+def _update(family: str, dialect: str):
+    """The check-and-charge statement of ``family`` on ``dialect``, with bound parameters k
+    (key id), d (device id; '' for none), n (rows: 1 or 2), eps, metric, tokens, sends and
+    now: it updates the key's and the device's rows only if both exist and every one fits
+    (module docstring). Built once per family and dialect."""
+    fits = "cap IS NULL" if family in NO_EPSILON else _FITS
+    rows = "key_id = :k AND device_id IN ('', :d)"
+    sets = ", ".join(_sets(family, "+"))
+    if dialect == "postgresql":
+        sql = (f"WITH locked AS MATERIALIZED (SELECT spent, cap FROM budgets WHERE {rows} "
+               f"ORDER BY device_id FOR UPDATE), ok AS (SELECT count(*) = :n AND "
+               f"coalesce(bool_and({fits}), false) AS fits FROM locked) "
+               f"UPDATE budgets SET {sets} FROM ok WHERE budgets.key_id = :k AND "
+               "budgets.device_id IN ('', :d) AND ok.fits RETURNING budgets.device_id, budgets.spent, budgets.cap")
+    else:
+        sql = (f"UPDATE budgets SET {sets} WHERE {rows} AND (SELECT count(*) = :n AND "
+               f"coalesce(min({fits}), 0) FROM budgets WHERE {rows}) "
+               "RETURNING device_id, spent, cap")
+    return text(sql)
+
+
+_UPDATES = {(family, dialect): _update(family, dialect) for family in BUDGET_FAMILY_COLUMNS
+            for dialect in ("postgresql", "sqlite")}
 
 
 def _row_of(key_id: str, device_id: str):
@@ -139,35 +193,97 @@ def _new_row(key_id: str, device_id: str, cap: float | None, now: datetime) -> d
             "updated_at": now, **dict.fromkeys(_COUNTERS, 0)}
 
 
-def _ensure(conn: Connection, key_id: str, device_id: str, default_cap: float | None,
-            now: datetime) -> None:
-    """The key's row (the default cap) and the device's (the key's cap), where missing."""
-    _insert_ignoring(conn, _new_row(key_id, "", default_cap, now))
-    if device_id:
-        cap = conn.execute(select(budgets.c.cap).where(_row_of(key_id, ""))).scalar_one()
-        _insert_ignoring(conn, _new_row(key_id, device_id, cap, now))
+def _ensure(conn: Connection, ch: Charge, now: datetime) -> None:
+    """The key's row (the default cap) and the device's (the default device cap, never
+    above the key's), where missing."""
+    _insert_ignoring(conn, _new_row(ch.key_id, "", ch.default_cap, now))
+    if ch.device_id:
+        key_cap = conn.execute(select(budgets.c.cap).where(_row_of(ch.key_id, ""))
+                               ).scalar_one()
+        cap = ch.default_device_cap
+        if cap is not None and key_cap is not None:
+            cap = min(cap, key_cap)
+        _insert_ignoring(conn, _new_row(ch.key_id, ch.device_id, cap, now))
+
+
+def _params(ch: Charge, now: datetime) -> dict:
+    c = ch.cost
+    return {"k": ch.key_id, "d": ch.device_id, "n": 2 if ch.device_id else 1,
+            "eps": c.epsilon, "metric": c.metric, "tokens": c.tokens, "sends": c.sends,
+            "now": now}
+
+
+def _charged(rows, cost: Cost) -> Charged:
+    key = next(r for r in rows if r.device_id == "")
+    dev = next((r for r in rows if r.device_id != ""), None)
+    return Charged(float(key.spent), _float(key.cap), cost,
+                   None if dev is None else float(dev.spent), None if dev is None else
+                   _float(dev.cap))
+
+
+def _float(x) -> float | None:
+    return None if x is None else float(x)
+
+
+def _refusal(conn: Connection, ch: Charge) -> BudgetExhausted | None:
+    """The refusal of ``ch`` on the ledgers as they are (None: both rows exist and fit)."""
+    have = {r.device_id: r for r in conn.execute(
+        select(budgets.c.device_id, budgets.c.spent, budgets.c.cap).where(
+            budgets.c.key_id == ch.key_id, budgets.c.device_id.in_(["", ch.device_id])))}
+    if "" not in have or (ch.device_id and ch.device_id not in have):
+        return None
+    eps = ch.cost.epsilon
+    key = have[""]
+    left = ledger.remaining(key.spent, key.cap)
+    if ch.device_id:
+        dev = have[ch.device_id]
+        left = _least(left, ledger.remaining(dev.spent, dev.cap))
+        if not ledger.fits(dev.spent, eps, dev.cap):
+            return BudgetExhausted(eps, dev.spent, dev.cap, ch.key_id, ch.device_id, left)
+    if not ledger.fits(key.spent, eps, key.cap):
+        return BudgetExhausted(eps, key.spent, key.cap, ch.key_id, "", left)
+    return None
 
 
 def charge(conn: Connection, ch: Charge) -> Charged:
-    """Check and charge ``ch`` in the caller's write transaction; :class:`BudgetExhausted`
-    (nothing changed) when it does not fit."""
-    c, now = ch.cost, datetime.now(UTC)
-    stmt = _UPDATES[c.family]
-    params = {"k": ch.key_id, "d": ch.device_id, "eps": c.epsilon, "metric": c.metric,
-              "tokens": c.tokens, "sends": c.sends, "now": now}
-    row = conn.execute(stmt, params).first()
-    if row is None:
-        have = conn.execute(select(budgets.c.spent, budgets.c.cap)
-                            .where(_row_of(ch.key_id, ch.device_id))).first()
-        if have is None:  # the first charge of this key (or device)
-            _ensure(conn, ch.key_id, ch.device_id, ch.default_cap, now)
-            row = conn.execute(stmt, params).first()
-            if row is None:
-                have = conn.execute(select(budgets.c.spent, budgets.c.cap)
-                                    .where(_row_of(ch.key_id, ch.device_id))).first()
-        if row is None:
-            raise BudgetExhausted(c.epsilon, have.spent, have.cap, ch.key_id, ch.device_id)
-    return Charged(row.spent, row.cap, c)
+    """Check and charge ``ch`` in the caller's write transaction, to the key's ledger and to
+    its device's: :class:`BudgetExhausted` (nothing changed) unless both fit."""
+    now = datetime.now(UTC)
+    stmt = _UPDATES[ch.cost.family, conn.dialect.name]
+    params = _params(ch, now)
+    rows = conn.execute(stmt, params).all()
+    if not rows:
+        refused = _refusal(conn, ch)
+        if refused is not None:
+            raise refused
+        _ensure(conn, ch, now)  # the first charge of this key or device
+        rows = conn.execute(stmt, params).all()
+        if not rows:
+            raise _refusal(conn, ch) or BudgetExhausted(ch.cost.epsilon, 0.0, 0.0, ch.key_id,
+                                                        ch.device_id)
+    return _charged(rows, ch.cost)
+
+
+REFUND_REASONS = ("client-gone", "forward-failed", "overloaded", "unavailable", "cancelled")
+
+
+def refund(conn: Connection, ch: Charge, reason: str) -> None:
+    """Take a committed charge ``ch`` back off its ledgers (a prediction that got no answer),
+    with its audit row in ``budget_refunds``, in the caller's write transaction."""
+    if reason not in REFUND_REASONS:
+        raise ValueError(f"refund reason must be one of {REFUND_REASONS}, got {reason!r}")
+    now = datetime.now(UTC)
+    p = _params(ch, now)
+    conn.execute(_REFUNDS[ch.cost.family], p)
+    c = ch.cost
+    conn.execute(insert(budget_refunds).values(
+        key_id=ch.key_id, device_id=ch.device_id, family=c.family, epsilon=c.epsilon,
+        metric=c.metric, tokens=c.tokens, sends=c.sends, reason=reason, created_at=now))
+
+
+_REFUNDS = {family: text(f"UPDATE budgets SET {', '.join(_sets(family, '-'))} "
+                         "WHERE key_id = :k AND device_id IN ('', :d)")
+            for family in BUDGET_FAMILY_COLUMNS}
 
 
 # -- reading and administration ----------------------------------------------------------------
@@ -187,14 +303,21 @@ def _ledger(r) -> dict:
 
 
 def _key_view(key_id: str, rows: list, default_cap: float | None) -> dict:
+    """The key's ledger (everything the key sent, under the key's cap) and each device's
+    (its own spend; ``cap``: its own cap, null when only the key's bounds it;
+    ``remaining``: what the device may still spend, the least of both)."""
     own = next((r for r in rows if r["device_id"] == ""), None)
     view = {"key_id": key_id, "units": "worst-case epsilon"}
     view.update(_ledger(own) if own is not None else _ledger(
         _new_row(key_id, "", default_cap, datetime.now(UTC))))
-    view["devices"] = [{"device_id": r["device_id"], **_ledger(r)} for r in rows
-                       if r["device_id"] != ""]
-    view["total"] = {"spent": sum(r["spent"] for r in rows),
-                     "sends": sum(r["sends"] for r in rows)}
+    key_left = view["remaining"]
+    view["devices"] = []
+    for r in rows:
+        if r["device_id"] != "":
+            d = {"device_id": r["device_id"], **_ledger(r)}
+            d["remaining"] = _least(d["remaining"], key_left)
+            view["devices"].append(d)
+    view["total"] = {"spent": view["spent"], "sends": view["sends"]}
     return view
 
 
@@ -224,24 +347,55 @@ def get_budget(db: Database, key_id: str, known: set[str], default_cap: float | 
     return _key_view(key_id, rows, default_cap)
 
 
+def _known_key(conn: Connection, key_id: str, known: set[str]) -> None:
+    if not conn.execute(select(budgets.c.id).where(budgets.c.key_id == key_id)).first() \
+            and key_id not in known:
+        raise NotFound(f"no key {key_id!r}: not configured here and never charged")
+
+
 def set_cap(db: Database, key_id: str, cap: float | None, known: set[str],
             default_cap: float | None) -> dict:
-    """Set (None: remove) the cap of ``key_id`` and of each of its devices."""
+    """Set (None: remove) the cap of ``key_id``'s own ledger; a device cap above the new cap
+    comes down to it (a device's cap is never above its key's)."""
     cap = ledger.check_cap(cap)
     now = datetime.now(UTC)
     with db.begin(write=True) as conn:
-        if not conn.execute(select(budgets.c.id).where(budgets.c.key_id == key_id)).first() \
-                and key_id not in known:
-            raise NotFound(f"no key {key_id!r}: not configured here and never charged")
+        _known_key(conn, key_id, known)
         _insert_ignoring(conn, _new_row(key_id, "", cap, now))
-        conn.execute(update(budgets).where(budgets.c.key_id == key_id)
+        conn.execute(update(budgets).where(_row_of(key_id, "")).values(cap=cap, updated_at=now))
+        if cap is not None:
+            conn.execute(update(budgets).where(
+                budgets.c.key_id == key_id, budgets.c.device_id != "", budgets.c.cap > cap,
+            ).values(cap=cap, updated_at=now))
+        rows = _rows(conn, key_id)
+    return _key_view(key_id, rows, default_cap)
+
+
+def set_device_cap(db: Database, key_id: str, device_id: str, cap: float | None,
+                   known: set[str], default_cap: float | None) -> dict:
+    """Set (None: remove) the cap of one device's ledger of ``key_id``; InvalidRequest (422)
+    above the key's cap."""
+    cap = ledger.check_cap(cap)
+    device_id = check_device_id(device_id)
+    if not device_id:
+        raise InvalidRequest("a device id is needed")
+    now = datetime.now(UTC)
+    with db.begin(write=True) as conn:
+        _known_key(conn, key_id, known)
+        _insert_ignoring(conn, _new_row(key_id, "", default_cap, now))
+        key_cap = conn.execute(select(budgets.c.cap).where(_row_of(key_id, ""))).scalar_one()
+        if key_cap is not None and cap is not None and cap > key_cap:
+            raise InvalidRequest(f"a device's cap is never above its key's: key {key_id} has "
+                                 f"cap {_fmt(key_cap)}, {_fmt(cap)} asked")
+        _insert_ignoring(conn, _new_row(key_id, device_id, cap, now))
+        conn.execute(update(budgets).where(_row_of(key_id, device_id))
                      .values(cap=cap, updated_at=now))
         rows = _rows(conn, key_id)
     return _key_view(key_id, rows, default_cap)
 
 
 def reset(db: Database, key_id: str, known: set[str], default_cap: float | None) -> dict:
-    """Spent and counts back to zero on every ledger of ``key_id`` (the cap stays)."""
+    """Spent and counts back to zero on every ledger of ``key_id`` (the caps stay)."""
     now = datetime.now(UTC)
     with db.begin(write=True) as conn:
         got = conn.execute(update(budgets).where(budgets.c.key_id == key_id).values(

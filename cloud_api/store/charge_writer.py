@@ -11,7 +11,11 @@ meanwhile, see ``cloud_api.routes.inference``).
 
     writer = ChargeWriter(db)
     charged = await writer.charge(Charge(key_id, device_id, cost, default_cap))
+    writer.refund(charge, "client-gone")   # a committed charge whose request got no answer
     writer.close()
+
+A refund (``budgets.refund``) goes through the same thread, after the charge it takes back
+was committed; nobody waits for it (a failure is logged: the ledger then over-counts).
 """
 
 from __future__ import annotations
@@ -20,6 +24,7 @@ import asyncio
 import logging
 import queue
 import threading
+from dataclasses import dataclass
 
 from sqlalchemy import Connection
 from sqlalchemy.exc import DBAPIError
@@ -52,6 +57,11 @@ class ChargeWriter:
         self._start()
         self._queue.put((ch, loop, fut))
         return fut
+
+    def refund(self, ch: budgets.Charge, reason: str) -> None:
+        """Queue the refund of ``ch`` (committed before; its request got no answer)."""
+        self._start()
+        self._queue.put((_Refund(ch, reason), None, None))
 
     async def charge(self, ch: budgets.Charge) -> budgets.Charged:
         """Charge ``ch``; returns once its group is committed (see :meth:`submit`)."""
@@ -101,16 +111,23 @@ class ChargeWriter:
     def _apply(self, group: list) -> list:
         """The group's charges in one transaction on the writer's own connection, kept open
         between groups (a pool checkout with its ping costs a lone request more CPU than
-        the UPDATE). Results in group order."""
+        the UPDATE). Applied in key order (stable: a key's charges keep their order), so two
+        writers (``serve --workers N``) lock the rows of their groups in one order and never
+        deadlock; results in group order."""
         if self._conn is None:
             self._conn = self.db.write_connection()
-        results: list = []
+        results: list = [None] * len(group)
+        order = sorted(range(len(group)), key=lambda i: _key_of(group[i][0]))
         with self._conn.begin():
-            for ch, _, _ in group:
+            for i in order:
+                ch = group[i][0]
+                if isinstance(ch, _Refund):
+                    budgets.refund(self._conn, ch.charge, ch.reason)
+                    continue
                 try:
-                    results.append(budgets.charge(self._conn, ch))
+                    results[i] = budgets.charge(self._conn, ch)
                 except budgets.BudgetExhausted as exc:  # this one changed nothing
-                    results.append(exc)
+                    results[i] = exc
         return results
 
     def _drop_connection(self) -> None:
@@ -139,11 +156,27 @@ class ChargeWriter:
             if not isinstance(exc, ServiceError):
                 log.exception("committing %d prediction charges failed", len(group))
             results = [exc] * len(group)
-        for (_, loop, fut), res in zip(group, results, strict=True):
+        for (item, loop, fut), res in zip(group, results, strict=True):
+            if fut is None:  # a refund: nobody waits
+                if isinstance(res, BaseException):
+                    log.warning("a refund of %s was not committed (%s): the ledger of key "
+                                "%s over-counts", item.reason, type(res).__name__,
+                                item.charge.key_id)
+                continue
             try:
                 loop.call_soon_threadsafe(_settle, fut, res)
             except RuntimeError:  # its event loop is closed: nobody waits any more
                 pass
+
+
+def _key_of(item) -> str:
+    return item.charge.key_id if isinstance(item, _Refund) else item.key_id
+
+
+@dataclass(frozen=True)
+class _Refund:
+    charge: budgets.Charge
+    reason: str
 
 
 def _settle(fut: asyncio.Future, res) -> None:

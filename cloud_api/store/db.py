@@ -13,7 +13,8 @@ cannot race another writer). PostgreSQL: psycopg 3 (``postgresql+psycopg://``), 
 timeout, and pool pre-ping. SQL parameters (payload bytes, idempotency keys) never appear
 in an error message, and so never in a log (``hide_parameters``). Every failure to reach
 the database (refused, timed out, locked, dropped mid-query) raises
-:class:`cloud_api.errors.Unavailable` (503), never a 500; pre-ping and SQLAlchemy's pool
+:class:`cloud_api.errors.Unavailable` (503), never a 500; a full database or disk raises
+:class:`cloud_api.errors.InsufficientStorage` (507), which waiting will not mend; pre-ping and SQLAlchemy's pool
 invalidation mean no broken connection is reused, so the service recovers by itself when
 the database comes back.
 """
@@ -29,7 +30,7 @@ from sqlalchemy import exc as sa_exc
 from sqlalchemy.engine import Engine, make_url
 from sqlalchemy.orm import Session
 
-from cloud_api.errors import Unavailable
+from cloud_api.errors import InsufficientStorage, Unavailable
 from cloud_api.settings import Settings
 
 log = logging.getLogger(__name__)
@@ -47,6 +48,17 @@ def _is_outage(exc: BaseException) -> bool:
     if isinstance(exc, _OUTAGE):
         return True
     return isinstance(exc, sa_exc.DBAPIError) and bool(exc.connection_invalidated)
+
+
+def _is_full(exc: BaseException) -> bool:
+    """True for "the database or its disk is full": SQLite's SQLITE_FULL, PostgreSQL's
+    disk_full (SQLSTATE 53100)."""
+    import sqlite3
+
+    orig = getattr(exc, "orig", None) or exc
+    if getattr(orig, "sqlite_errorcode", None) == sqlite3.SQLITE_FULL:
+        return True
+    return getattr(orig, "sqlstate", None) == "53100"
 
 
 def _reason(exc: BaseException) -> str:
@@ -128,6 +140,11 @@ class Database:
         try:
             yield
         except (sa_exc.SQLAlchemyError, *self._driver_outage) as exc:
+            if _is_full(exc):
+                log.warning("database full (%s)", _reason(exc))
+                raise InsufficientStorage("the database has no space left: nothing of this "
+                                          "request was stored; an operator must free space "
+                                          "(or raise the database's size limit)") from None
             if not (_is_outage(exc) or isinstance(exc, self._driver_outage)):
                 raise
             log.warning("database unavailable (%s)", _reason(exc))

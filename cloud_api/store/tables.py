@@ -1,9 +1,11 @@
 """The store's tables (SQLAlchemy Core) on one :data:`metadata`.
 
 Alembic migrations in ``migrations/versions/`` create them (``0001_records``: tasks,
-records, idempotency; ``0002_jobs``: jobs, defined in ``store/jobs.py`` on this same
+records, idempotency; ``0002_jobs``: jobs, defined in ``cloud_api/jobs/table.py`` on this same
 ``metadata``; ``0003_job_names``: the base name a live pretraining job reserves, unique
-per kind; ``0004_budgets``: the privacy budget ledgers). A payload's array is kept as its decoded little-endian bytes
+per kind; ``0004_budgets``: the privacy budget ledgers;
+``0005_key_caps``: a key's ledger counts all its devices, device caps, refunds, a task's
+``pairs``). A payload's array is kept as its decoded little-endian bytes
 (``LargeBinary``) with dtype and shape beside it, never as JSON or base64 text.
 """
 
@@ -14,6 +16,7 @@ from datetime import UTC, datetime
 from sqlalchemy import (
     JSON,
     BigInteger,
+    Boolean,
     CheckConstraint,
     Column,
     DateTime,
@@ -26,6 +29,7 @@ from sqlalchemy import (
     String,
     Table,
     UniqueConstraint,
+    false,
 )
 
 # Stable constraint and index names on every database (Alembic needs them to alter).
@@ -55,6 +59,8 @@ tasks = Table(
     Column("params", JSON, nullable=False),         # canonical: every field, defaults filled
     Column("bundle_id", String(64), nullable=False),
     Column("created_at", DateTime(timezone=True), nullable=False),
+    # token tasks: records are sentence pairs (segments [a, b]) or single sentences
+    Column("pairs", Boolean, nullable=False, server_default=false()),
 )
 
 records = Table(
@@ -91,11 +97,10 @@ idempotency = Table(
 )
 
 
-# The privacy budget ledgers (cloud_api.store.budgets): one row per API key id and device
-# ('' = requests without X-Device-Id). Worst-case epsilon in total and per family
-# (shared.ledger.FAMILIES; "rr" = randomized-response), the dχ metric total and tokens, and
-# sends; the key's cap is copied into each of its rows so that one conditional UPDATE checks
-# and charges.
+# The privacy budget ledgers (cloud_api.store.budgets): one row per API key id ('': the
+# key's own, everything it sent) and one per device under it. Worst-case epsilon in total and
+# per family (shared.ledger.FAMILIES; "rr" = randomized-response), the dχ metric total and
+# tokens, and sends; ``cap``: the key's cap on its row, a device's own (NULL: none) on its.
 BUDGET_FAMILY_COLUMNS = {"dchi": "dchi", "laplace": "laplace", "randomized-response": "rr",
                          "texthide": "texthide", "none": "none"}
 budgets = Table(
@@ -118,4 +123,21 @@ budgets = Table(
     Column("none_sends", BigInteger, nullable=False),
     Column("updated_at", DateTime(timezone=True), nullable=False),
     UniqueConstraint("key_id", "device_id"),
+)
+
+# Charges of predictions that got no answer, taken back (cloud_api.store.budgets.refund): the
+# audit trail of every refund.
+budget_refunds = Table(
+    "budget_refunds", metadata,
+    Column("id", BigId, primary_key=True),
+    Column("key_id", String(64), nullable=False),
+    Column("device_id", String(64), nullable=False),
+    Column("family", String(32), nullable=False),
+    Column("epsilon", Double),                       # NULL: a family without epsilon
+    Column("metric", Double, nullable=False),
+    Column("tokens", BigInteger, nullable=False),
+    Column("sends", BigInteger, nullable=False),
+    Column("reason", String(32), nullable=False),
+    Column("created_at", DateTime(timezone=True), nullable=False),
+    Index(None, "key_id"),
 )

@@ -104,6 +104,9 @@ class TaskDeclaration(BaseModel):
     params: dict[str, Any] = Field(default_factory=dict, description="the mechanism's "
                                    "parameters, e.g. {\"eta\": 65}")
     bundle_id: Annotated[str, Field(pattern=r"^[0-9a-f]{64}$")]
+    pairs: bool | None = Field(None, description="token tasks: records are sentence pairs "
+                               "(segments [a, b]); false (the default for a new task): single "
+                               "sentences")
 
     @field_validator("labels")
     @classmethod
@@ -124,11 +127,13 @@ class Task:
     params: dict
     bundle_id: str
     created_at: datetime | None = None
+    pairs: bool = False  # token tasks: sentence pairs, else single sentences
 
     def public(self) -> dict:
         """What the edge needs: ``GET /v1/tasks/{task}``."""
         return {"task": self.name, "labels": list(self.labels), "mechanism": self.mechanism,
-                "params": dict(self.params), "bundle_id": self.bundle_id}
+                "params": dict(self.params), "bundle_id": self.bundle_id,
+                "pairs": self.pairs}
 
     def difference(self, other: Task) -> str | None:
         """What differs between two declarations of one task, or None."""
@@ -139,12 +144,16 @@ class Task:
         if self.bundle_id != other.bundle_id:
             return (f"bundle {other.bundle_id[:12]}… sent, task has "
                     f"{self.bundle_id[:12]}…")
-        return params_difference(other.params, self.params, "task has")
+        diff = params_difference(other.params, self.params, "task has")
+        if diff is None and self.pairs != other.pairs:
+            return (f"pairs {str(other.pairs).lower()} sent, task has "
+                    f"{str(self.pairs).lower()}")
+        return diff
 
 
 def _task(row) -> Task:
     return Task(row.id, row.name, tuple(row.labels), row.mechanism, dict(row.params),
-                row.bundle_id, as_utc(row.created_at))
+                row.bundle_id, as_utc(row.created_at), bool(row.pairs))
 
 
 def _find(conn, name: str) -> Task | None:
@@ -163,17 +172,19 @@ def get_task(db: Database, name: str) -> Task:
 
 
 def ensure_task(db: Database, name: str, labels, mechanism: str, params: dict,
-                bundle_id: str) -> tuple[Task, bool]:
+                bundle_id: str, pairs: bool | None = None) -> tuple[Task, bool]:
     """Declare the task (``True``: created now) or find the same declaration (``False``);
-    :class:`Conflict` if the task exists with another declaration."""
+    :class:`Conflict` if the task exists with another declaration. ``pairs`` None: not
+    said (false for a new task, whatever an existing one has)."""
     try:
         decl = TaskDeclaration(task=name, labels=list(labels), mechanism=mechanism,
-                               params=dict(params), bundle_id=bundle_id)
+                               params=dict(params), bundle_id=bundle_id, pairs=pairs)
     except ValidationError as exc:
         raise InvalidRequest("invalid task declaration",
                              errors=exc.errors(include_input=False, include_url=False)) from None
     want = Task(0, decl.task, tuple(decl.labels), decl.mechanism,
-                canonical_params(decl.mechanism, decl.params), decl.bundle_id)
+                canonical_params(decl.mechanism, decl.params), decl.bundle_id,
+                pairs=bool(decl.pairs))
     for _ in range(2):
         try:
             with db.begin(write=True) as conn:
@@ -183,11 +194,14 @@ def ensure_task(db: Database, name: str, labels, mechanism: str, params: dict,
                     new_id = conn.execute(insert(tasks).values(
                         name=want.name, labels=list(want.labels), mechanism=want.mechanism,
                         params=want.params, bundle_id=want.bundle_id, created_at=now,
-                    ).returning(tasks.c.id)).scalar_one()
+                        pairs=want.pairs).returning(tasks.c.id)).scalar_one()
                     return Task(new_id, want.name, want.labels, want.mechanism, want.params,
-                                want.bundle_id, now), True
+                                want.bundle_id, now, want.pairs), True
         except IntegrityError:
             continue  # declared concurrently by another request: compare with it
+        if decl.pairs is None:  # not said: whatever the task has
+            want = Task(0, want.name, want.labels, want.mechanism, want.params,
+                        want.bundle_id, pairs=have.pairs)
         diff = have.difference(want)
         if diff:
             raise Conflict(f"task {name!r} is declared differently: {diff}")

@@ -25,6 +25,7 @@ from edge_agent.device_ledger import fmt
 from edge_agent.privatizer import Privatizer
 from shared import ledger
 from shared.payload import parse_record
+from tests.conftest import distinct_lines
 from tests.edge_agent.conftest import REPO, assert_one_line_error, run_cli
 from tests.edge_agent.test_server_paths import serve_model
 
@@ -222,7 +223,7 @@ def test_sigkill_between_charge_and_send_leaves_the_charge(capfd, tmp_path, tiny
     under-counts) and nothing was written."""
     path = Path(os.environ["PRIVBERT_LEDGER"])
     src = tmp_path / "in.txt"
-    src.write_text("".join(f"good movie number {i}\n" for i in range(40)))
+    src.write_text("".join(f"{t}\n" for t in distinct_lines(40)))
     fifo = tmp_path / "out.fifo"
     os.mkfifo(fifo)
     env = {**os.environ, "PYTHONPATH": str(REPO)}
@@ -258,7 +259,7 @@ def test_two_processes_racing_to_the_cap_never_pass_it(capfd, tmp_path, tiny_enc
     env = {**os.environ, "PYTHONPATH": str(REPO)}
     for n in range(2):
         src = tmp_path / f"in{n}.txt"
-        src.write_text("".join(f"good movie {n} number {i}\n" for i in range(120)))
+        src.write_text("".join(f"good movie {t}\n" for t in distinct_lines(240)[n * 120:][:120]))
         outs.append(tmp_path / f"out{n}.jsonl")
         if n == 0:  # the cost of one run, to set the cap at 1.5 runs
             assert main(["privatize", str(src), "--eta", "5", "--dry-run", "--bundle",

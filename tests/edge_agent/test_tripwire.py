@@ -108,11 +108,12 @@ def test_dchi_text_markers_survive_only_at_the_mechanism_rate(tmp_path, minilm_b
     ["--mechanism", "dchi-text", "--eta", "5"],
     ["--mechanism", "laplace", "--epsilon", "1"],
 ], ids=["dchi-text", "laplace"])
-def test_the_ledger_holds_no_raw_text(tmp_path, tiny_enc_dir, flags):
+def test_the_ledger_holds_no_raw_text(tmp_path, tiny_enc_dir, tiny_enc_bundle, flags):
     """Memoized runs (the default): every byte of the ledger's folder (the SQLite file, any
     WAL, the memo key) is free of the markers and of the sentences' other words, in UTF-8
-    and UTF-16, while the memo holds one entry per distinct sentence. (The tiny bundle: the
-    ledger never sees tokens, only texts' keyed hashes and payloads.)"""
+    and UTF-16, while the memo holds one entry per distinct token sequence (the markers are
+    [UNK] in the tiny vocabulary: what is sent for those sentences is the same). The ledger
+    never sees texts, only keyed hashes of token ids and payloads."""
     import sqlite3
 
     ledger = Path(os.environ["PRIVBERT_LEDGER"])
@@ -120,7 +121,9 @@ def test_the_ledger_holds_no_raw_text(tmp_path, tiny_enc_dir, flags):
     _, records = run_privatize(tmp_path, *flags, "--bundle", str(tiny_enc_dir), lines=lines)
     assert len(records) == 9
     with sqlite3.connect(ledger) as db:
-        assert db.execute("SELECT count(*) FROM memo").fetchone()[0] == len(set(lines))
+        tok = tiny_enc_bundle.text_tokenizer()
+        distinct = {tuple(tok.encode(ln, add_special_tokens=False).ids) for ln in lines}
+        assert db.execute("SELECT count(*) FROM memo").fetchone()[0] == len(distinct)
     blob = b"".join(p.read_bytes() for p in ledger.parent.iterdir() if p.is_file())
     assert len(blob) > 4096
     for word in [*MARKERS, "nobody knows", "secret word"]:

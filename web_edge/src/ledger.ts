@@ -236,14 +236,17 @@ export function importHmacKey(raw: Uint8Array): Promise<CryptoKey> {
   return crypto.subtle.importKey("raw", raw as Uint8Array<ArrayBuffer>, { name: "HMAC", hash: "SHA-256" }, false, ["sign"]);
 }
 
-/** What shapes a payload besides the ids: part of every memo key. */
+/**
+ * What a memo key is bound to besides the ids: mechanism, parameters and bundle. The rule of
+ * the Python edge (edge_agent/memo.py): the key is of what is sent, the token ids after the
+ * tokenizer's normalization and the length policy, so spellings that tokenize alike share one
+ * stored payload; the float dtype, the length limit and the truncation policy are not part of
+ * it (a different --max-length must not buy a fresh draw of the same ids).
+ */
 export interface MemoSetting {
   mechanism: string;
   params: Record<string, number | string>;
   bundle_id: string;
-  float_dtype: string;
-  max_length: number;
-  truncate: string;
 }
 
 /** HMAC keys of tokenized items under one setting. */
@@ -251,7 +254,8 @@ export class MemoKeys {
   private readonly prefix: Uint8Array;
 
   constructor(private readonly key: CryptoKey, setting: MemoSetting) {
-    const p = { ...setting, params: Object.fromEntries(Object.entries(setting.params)) } as unknown as PyValue;
+    const p = { mechanism: setting.mechanism, params: Object.fromEntries(Object.entries(setting.params)),
+      bundle_id: setting.bundle_id } as unknown as PyValue;
     this.prefix = new TextEncoder().encode(pyDumps(p));
   }
 

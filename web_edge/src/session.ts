@@ -83,8 +83,7 @@ export class EdgeSession {
     const data = await this.privatizer.privatizeData(items, source);
     const fresh = this.privatizer.payloads(items, data);
     const p = this.privatizer;
-    const keys = await this.ledger.memoKeys({ mechanism: p.name, params: p.params, bundle_id: this.bundle.bundleId,
-      float_dtype: p.floatDtype, max_length: p.maxLength, truncate: p.truncate });
+    const keys = await this.ledger.memoKeys({ mechanism: p.name, params: p.params, bundle_id: this.bundle.bundleId });
     const memo = await Promise.all(items.map((it) => keys.keyOf(it.idsA, it.idsB)));
     const costs = items.map((it) => p.cost(it));
     const charged = await this.ledger.charge(costs, fresh, memo,

@@ -8,7 +8,7 @@ import { BudgetRefused } from "../dist/errors.js";
 import { Ledger, MemoryLedgerStore, dchiCost, fits, fmtEps, fsum, total } from "../dist/ledger.js";
 
 const INFO = { mechanism: "dchi-text", params: { eta: 65 }, bundleId: "a".repeat(64) };
-const SETTING = { mechanism: "dchi-text", params: { eta: 65 }, bundle_id: "a".repeat(64), float_dtype: "float32", max_length: 512, truncate: "first" };
+const SETTING = { mechanism: "dchi-text", params: { eta: 65 }, bundle_id: "a".repeat(64) };
 
 test("dχ cost: eta·n·D worst case, eta·n metric (shared.ledger.cost)", () => {
   const c = dchiCost("dchi-text", 65, 20, 3.5);
@@ -71,6 +71,10 @@ test("memoized repeats are free and get the stored payload; the memo keys are of
   // and another setting other keys
   const k3 = await (await ledger.memoKeys({ ...SETTING, params: { eta: 66 } })).keyOf([7592, 2088], null);
   assert.notEqual(k3, k1);
+  // what only shapes the bytes (length limit, truncation, float dtype) does not: the same ids
+  // never get a fresh draw
+  const shaped = { ...SETTING, max_length: 128, truncate: "error", float_dtype: "float16" };
+  assert.equal(await (await ledger.memoKeys(shaped)).keyOf([7592, 2088], null), k1);
 });
 
 test("a ledger that cannot be written refuses: nothing is sent uncharged", async () => {

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from alembic import context
 
-import cloud_api.store.jobs  # noqa: F401 - the jobs table, on the same MetaData
+import cloud_api.jobs.table  # noqa: F401 - the jobs table, on the same MetaData
 from cloud_api.store.tables import metadata
 
 connection = context.config.attributes.get("connection")

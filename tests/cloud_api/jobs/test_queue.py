@@ -8,7 +8,8 @@ import threading
 import pytest
 
 from cloud_api.errors import Conflict, NotFound
-from cloud_api.store import jobs as queue
+from cloud_api.jobs import queue
+from cloud_api.jobs.states import JobKind, JobState
 from cloud_api.store.db import Database
 
 
@@ -54,6 +55,31 @@ def test_four_workers_racing_over_100_jobs_claim_each_exactly_once(db, db_url):
     assert {j.attempts for j in done} == {1}
     owner = {i: name for name, got in claimed.items() for i in got}
     assert all(j.worker_id == owner[j.id] for j in done)
+
+
+def test_states_and_kinds_are_stored_and_answered_as_the_same_strings(db):
+    """Members go in, plain strings are stored (the check constraints of migration 0002
+    and rows written before the enums); rows read back as members; the admin routes'
+    schema names the same words."""
+    from typing import get_args
+
+    from sqlalchemy import select
+
+    from cloud_api.routes import admin_jobs
+
+    job_id = queue.enqueue(db, JobKind.PRETRAIN, {})
+    queue.claim(db, "w")
+    with db.begin() as conn:
+        row = conn.execute(select(queue.jobs.c.kind, queue.jobs.c.state)
+                           .where(queue.jobs.c.id == job_id)).one()
+    assert tuple(row) == ("pretrain", "running") and type(row.state) is str
+    job = queue.get(db, job_id)
+    assert job.kind is JobKind.PRETRAIN and job.state is JobState.RUNNING
+    assert not job.finished and queue.finish(db, job_id, "w", "failed")
+    assert queue.get(db, job_id).state is JobState.FAILED and queue.get(db, job_id).finished
+    assert get_args(admin_jobs.State) == tuple(JobState)
+    with pytest.raises(ValueError, match="unknown job kind 'train'"):
+        queue.enqueue(db, "train", {})
 
 
 def test_claim_takes_the_oldest_and_only_the_owner_heartbeats_or_finishes(db):

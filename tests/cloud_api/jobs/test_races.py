@@ -1,7 +1,8 @@
 """Races of the job queue: two pretraining requests for one base name
 (one job and one 409, on SQLite and PostgreSQL), two retraining jobs promoting the same
-model at once (one promotes; the other is compared again, under the promotion lock, with
-the version the first promoted, and promoted or not by the job's rule; a comparison that
+model at once (one promotes; the other finds the pointer moved when it holds the promotion
+lock, is compared again with the version the first promoted, and promoted or not by the
+job's rule; a comparison that
 cannot be made promotes nothing and says why), and a torchrun rank killed by a signal
 (retried like a single process killed by one)."""
 
@@ -13,9 +14,8 @@ import pytest
 
 from cloud_api.errors import Conflict
 from cloud_api.home import ModelHome
-from cloud_api.jobs import specs
+from cloud_api.jobs import queue, specs
 from cloud_api.settings import Settings
-from cloud_api.store import jobs as queue
 from cloud_api.store.db import Database
 
 
@@ -92,12 +92,12 @@ def test_a_reserved_name_is_free_again_once_its_job_has_ended(db):
     assert queue.live_holder(db, "pretrain", "pre").id == again
 
 
-def _output(tmp_path, name: str):
+def _output(folder):
     """An attempt folder whose ``output/`` is a (fake) complete model version."""
     from cloud_api.jobs.files import AttemptFiles
 
-    files = AttemptFiles(tmp_path / name)
-    files.prepare({"job_id": name})
+    files = AttemptFiles(folder)
+    files.prepare({"job_id": folder.name})
     files.output.mkdir()
     (files.output / "config.json").write_text("{}")
     return files
@@ -110,9 +110,8 @@ def test_two_jobs_finishing_together_promote_one_version_and_say_why(db, tmp_pat
     nothing serializes them (the patched read waits for the other): both promoted before.
     Now exactly one promotes and the other's result says why it did not (its comparison
     with the winner fails: these fake versions have no weights and their jobs no task)."""
-    from types import SimpleNamespace
-
-    from cloud_api.worker import Worker
+    from cloud_api.jobs.attempt import Attempt
+    from cloud_api.jobs.supervisor import Worker
 
     home = ModelHome(tmp_path / "home").ensure()
     for _ in (1, 2):
@@ -129,8 +128,9 @@ def test_two_jobs_finishing_together_promote_one_version_and_say_why(db, tmp_pat
     out: dict[int, dict] = {}
 
     def publish(job_id: int) -> None:
-        job = SimpleNamespace(id=job_id, kind="retrain", spec={"model_id": "m"})
-        out[job_id] = worker._publish(job, _output(tmp_path, f"a{job_id}"), result)
+        attempt = Attempt(worker, queue.get(db, job_id))
+        _output(attempt.files.dir)
+        out[job_id] = worker.publisher.publish(attempt, result)
 
     threads = [threading.Thread(target=publish, args=(i,)) for i in (1, 2)]
     for t in threads:
@@ -164,8 +164,9 @@ def test_the_later_of_two_jobs_is_compared_again_with_the_version_the_first_prom
     publish together. The first promotes; the second is no longer refused: a comparison
     child measures the version the first promoted on the second's test rows, and the job's
     rule decides. Its result names that version and both accuracies."""
+    from cloud_api.jobs.publisher import Publisher
     from cloud_api.jobs.retrain import promotion_decision
-    from cloud_api.worker import Worker
+    from cloud_api.jobs.supervisor import Worker
     from models.experiment import evaluate_records
     from tests.cloud_api.jobs.test_worker import submit
 
@@ -173,13 +174,13 @@ def test_the_later_of_two_jobs_is_compared_again_with_the_version_the_first_prom
     ids = [submit(job_env, epochs=1, promote=True),
            submit(job_env, epochs=2, lr=3e-3, promote=True)]
     together = threading.Barrier(2, timeout=300)
-    real = Worker._publish
+    real = Publisher.publish
 
-    def publish(self, job, files, result):  # both children are done before either publishes
+    def publish(self, attempt, result):  # both children are done before either publishes
         together.wait()
-        return real(self, job, files, result)
+        return real(self, attempt, result)
 
-    monkeypatch.setattr(Worker, "_publish", publish)
+    monkeypatch.setattr(Publisher, "publish", publish)
     # the job that finishes first sends no heartbeat while it waits at the barrier for the
     # other to train: a reaper must not take it back meanwhile, however slow the machine
     settings = job_env.settings(heartbeat_timeout_s=600)
@@ -217,26 +218,27 @@ def test_a_comparison_that_cannot_be_made_promotes_nothing_and_says_why(job_env,
     evaluated (a version folder without weights), or a copy of a good one while a test
     record of the job was erased (the same test rows no longer exist). The comparison
     child fails; the pointer stays where the admin put it and the result says why."""
+    from cloud_api.jobs.publisher import Publisher
     from cloud_api.jobs.retrain import split_of
+    from cloud_api.jobs.supervisor import Worker
     from cloud_api.store.records import delete_records
-    from cloud_api.worker import Worker
     from tests.cloud_api.jobs.test_worker import submit
 
     db, home = job_env.database(), ModelHome(job_env.home)
     job_id = submit(job_env, epochs=1, promote=True)
-    real = Worker._publish
+    real = Publisher.publish
 
-    def publish(self, job, files, result):  # what an admin did just before
+    def publish(self, attempt, result):  # what an admin did just before
         if meanwhile == "unreadable":
-            src = _output(job_env.home.parent, "admin").output
+            src = _output(job_env.home.parent / "admin").output
         else:
-            src = files.output
+            src = attempt.files.output
             erased = next(i for i in range(1, 97) if split_of(i) == "test")
             assert delete_records(db, ids=[erased]) == 1
         home.promote("m", home.register("m", src))
-        return real(self, job, files, result)
+        return real(self, attempt, result)
 
-    monkeypatch.setattr(Worker, "_publish", publish)
+    monkeypatch.setattr(Publisher, "publish", publish)
     assert Worker(job_env.settings(), db, home).run(once=True) == "succeeded"
     res = queue.get(db, job_id).result
     assert res["version"] == "v2" and not res["promoted"] and home.promoted("m") == "v1"
@@ -260,7 +262,7 @@ def test_the_promotion_lock_holds_off_other_processes(tmp_path):
     import textwrap
 
     home = ModelHome(tmp_path / "home").ensure()
-    src = _output(tmp_path, "a").output
+    src = _output(tmp_path / "a").output
     assert home.register("m", src) == "v1"
     holder = subprocess.Popen([sys.executable, "-c", textwrap.dedent(f"""
         import sys
@@ -309,25 +311,26 @@ def test_a_torchrun_rank_killed_by_a_signal_is_retried_one_that_fails_is_not(
     """A real 2-process gloo torchrun (through the worker's launcher) whose rank 1 SIGKILLs
     itself: torchrun exits 1, yet the job is queued again like a single process killed by
     a signal, and says which rank died of what. Rank 1 failing with an error fails it."""
-    import cloud_api.worker as worker_mod
+    from cloud_api.jobs import children
+    from cloud_api.jobs.supervisor import Worker
 
     script = tmp_path / "ranks.py"
     script.write_text(RANKS_SCRIPT)
-    real = worker_mod.child_command
+    real = children.child_command
 
     def command(attempt_dir, nproc=0, torchrun_args=""):
         cmd = real(attempt_dir, nproc, torchrun_args)
         assert cmd[-3:] == ["-m", "cloud_api.jobs.run", str(attempt_dir)]
         return [*cmd[:-3], str(script), str(attempt_dir), mode]
 
-    monkeypatch.setattr(worker_mod, "child_command", command)
+    monkeypatch.setattr(children, "child_command", command)
     home = ModelHome(tmp_path / "home").ensure()
     db = Database(f"sqlite:///{tmp_path / 'jobs.db'}")
     db.upgrade()
     try:
         job_id = queue.enqueue(db, "pretrain", {"name": "pre"}, max_attempts=2)
         settings = Settings(home=home.root, heartbeat_s=0.2, device="cpu")
-        worker = worker_mod.Worker(settings, db, home, worker_id="w", torchrun_nproc=2)
+        worker = Worker(settings, db, home, worker_id="w", torchrun_nproc=2)
         state = worker.run_job(queue.claim(db, "w"))
         job = queue.get(db, job_id)
     finally:

@@ -16,10 +16,10 @@ from pathlib import Path
 import pytest
 
 from cloud_api.home import ModelHome
+from cloud_api.jobs import queue
 from cloud_api.jobs.specs import PretrainRequest, RetrainRequest, check_pretrain, check_retrain
+from cloud_api.jobs.supervisor import Worker
 from cloud_api.serving.bundles import BundleStore
-from cloud_api.store import jobs as queue
-from cloud_api.worker import Worker
 
 
 def submit(env, **kw) -> int:
@@ -58,7 +58,9 @@ def test_the_output_of_a_job_reaped_meanwhile_is_not_registered(db, tmp_path):
     """The child finished while the reaper gave its job to another worker (late heartbeats,
     the database away): registering its output too would add a second version, here
     promoted."""
+    from cloud_api.jobs.attempt import Attempt
     from cloud_api.jobs.files import AttemptFiles
+    from cloud_api.jobs.states import AttemptEnd, ChildExit
     from cloud_api.settings import Settings
 
     home = ModelHome(tmp_path / "home").ensure()
@@ -73,10 +75,24 @@ def test_the_output_of_a_job_reaped_meanwhile_is_not_registered(db, tmp_path):
     assert queue.reap(db, timeout_s=0) == [(job_id, "queued")]
     assert queue.claim(db, "w2").attempts == 2
     worker = Worker(Settings(home=home.root), db, home, worker_id="w1")
-    assert worker._conclude(job, files, 0, "exited") == "lost"
+    assert Attempt(worker, job).conclude(0, ChildExit.EXITED) == AttemptEnd.LOST
     assert home.versions("m") == [] and home.promoted("m") is None
     assert not files.output.exists()
     assert queue.get(db, job_id).worker_id == "w2"
+
+
+def test_children_import_this_repository_and_never_see_the_keys(tmp_path, monkeypatch):
+    """The child's environment puts the repository first on its path (the worker's own
+    code, wherever the package moved) and leaves out every key variable."""
+    from cloud_api.jobs.children import child_env
+    from cloud_api.settings import Settings
+
+    monkeypatch.setenv("PRIVBERT_API_KEYS", "secret-key")
+    home = ModelHome(tmp_path / "home").ensure()
+    env = child_env(Settings(home=home.root), home.root)
+    repo = Path(__file__).resolve().parents[3]
+    assert env["PYTHONPATH"].split(os.pathsep)[0] == str(repo)
+    assert "PRIVBERT_API_KEYS" not in env and env["PRIVBERT_HOME"] == str(home.root.resolve())
 
 
 def test_a_killed_child_is_retried_and_a_cancel_registers_nothing(job_env):

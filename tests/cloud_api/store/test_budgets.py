@@ -79,20 +79,35 @@ def test_racing_charges_never_pass_the_cap(db):
     assert budgets.get_budget(db, "race", set(), None)["spent"] == 4.5
 
 
-def test_new_keys_get_the_default_cap_and_devices_the_keys(db):
+def test_new_keys_get_the_default_cap_and_a_device_spends_under_its_key(db):
+    """The key's ledger counts every device; a device's own ledger has its own cap (the
+    default device cap, never above the key's; set by the admin), and a charge must fit
+    both."""
     got = charge(db, "new", laplace(1.0), default=10.0)
     assert (got.spent, got.cap, got.remaining) == (1.0, 10.0, 9.0)
     assert got.headers() == {budgets.REMAINING_HEADER: "9.0"}
     dev = charge(db, "new", laplace(2.0), device="phone-1", default=99.0)
-    assert (dev.spent, dev.cap) == (2.0, 10.0)  # the key's cap, its own spend
-    view = budgets.set_cap(db, "new", 3.0, set(), None)
-    assert view["cap"] == 3.0 and view["devices"][0]["cap"] == 3.0
-    assert view["devices"][0]["device_id"] == "phone-1" and view["total"]["spent"] == 3.0
-    with pytest.raises(budgets.BudgetExhausted, match="device phone-1"):
-        charge(db, "new", laplace(1.5), device="phone-1")
-    assert charge(db, "new", laplace(1.5), device="phone-2").spent == 1.5
+    assert (dev.spent, dev.cap, dev.device_spent, dev.device_cap) == (3.0, 10.0, 2.0, None)
+    assert dev.remaining == 7.0
+    with db.begin(write=True) as conn:  # a new device gets the default device cap (<= key's)
+        d2 = budgets.charge(conn, budgets.Charge("new", "phone-2", laplace(1.0), None, 50.0))
+    assert (d2.spent, d2.device_spent, d2.device_cap, d2.remaining) == (4.0, 1.0, 10.0, 6.0)
+    view = budgets.set_device_cap(db, "new", "phone-1", 2.5, set(), None)
+    assert [d["cap"] for d in view["devices"]] == [2.5, 10.0]
+    with pytest.raises(InvalidRequest, match="never above its key"):
+        budgets.set_device_cap(db, "new", "phone-1", 11.0, set(), None)
+    with pytest.raises(budgets.BudgetExhausted, match="device phone-1 of key new") as exc:
+        charge(db, "new", laplace(1.0), device="phone-1")  # fits the key, not the device
+    assert exc.value.extra["remaining"] == 0.5
+    view = budgets.set_cap(db, "new", 3.0, set(), None)  # device caps come down with it
+    assert view["cap"] == 3.0 and [d["cap"] for d in view["devices"]] == [2.5, 3.0]
+    assert view["spent"] == 4.0 and view["total"] == {"spent": 4.0, "sends": 3}
+    assert [d["remaining"] for d in view["devices"]] == [0.0, 0.0]
+    with pytest.raises(budgets.BudgetExhausted, match="key new"):
+        charge(db, "new", laplace(0.5), device="phone-3")  # a new device id adds nothing
     view = budgets.reset(db, "new", set(), None)
     assert view["total"] == {"spent": 0.0, "sends": 0} and view["cap"] == 3.0
+    assert [d["device_id"] for d in view["devices"]] == ["phone-1", "phone-2"]
     with pytest.raises(NotFound):
         budgets.get_budget(db, "never-seen", {"other"}, None)
     assert budgets.get_budget(db, "configured", {"configured"}, 7.0)["cap"] == 7.0
@@ -103,6 +118,35 @@ def test_new_keys_get_the_default_cap_and_devices_the_keys(db):
     for bad in ("", "a b", "x" * 65, "é"):
         with pytest.raises(InvalidRequest):
             budgets.check_device_id(bad)
+
+
+def test_racing_devices_of_one_key_never_pass_its_cap(db):
+    """Twelve charges of 1.5 from twelve new device ids at once against the key's cap of
+    5.0: exactly three get through, on the key's ledger and in all."""
+    budgets.set_cap(db, "rot", 5.0, {"rot"}, None)
+    out = race([lambda i=i: charge(db, "rot", laplace(1.5), device=f"d{i}")
+                for i in range(12)])
+    ok = [o for o in out if isinstance(o, budgets.Charged)]
+    assert len(ok) == 3, out
+    view = budgets.get_budget(db, "rot", set(), None)
+    assert view["spent"] == 4.5 and sum(d["spent"] for d in view["devices"]) == 4.5
+
+
+def test_a_refund_takes_the_charge_back_with_an_audit_row(db):
+    from cloud_api.store.tables import budget_refunds
+
+    budgets.set_cap(db, "ref", 5.0, {"ref"}, None)
+    ch = budgets.Charge("ref", "dev", laplace(2.0))
+    with db.begin(write=True) as conn:
+        budgets.charge(conn, ch)
+    with db.begin(write=True) as conn:
+        budgets.refund(conn, ch, "client-gone")
+    view = budgets.get_budget(db, "ref", set(), None)
+    assert (view["spent"], view["sends"], view["devices"][0]["spent"]) == (0.0, 0, 0.0)
+    with db.begin() as conn:
+        rows = conn.execute(select(budget_refunds)).all()
+    assert [(r.key_id, r.device_id, r.epsilon, r.reason) for r in rows] == [
+        ("ref", "dev", 2.0, "client-gone")]
 
 
 def _records_setup(db, task, tiny_bundle, n=6):
@@ -170,3 +214,39 @@ def test_racing_records_requests_never_pass_the_cap(db, task, tiny_bundle):
     view = budgets.get_budget(db, "racer", set(), None)
     assert view["spent"] == pytest.approx(2 * cost.epsilon, rel=1e-12)
     assert view["sends"] == 2 * len(recs)
+
+
+def test_a_prediction_without_an_answer_is_refunded_once_its_charge_commits(db):
+    """The predict path's refund (cloud_api.charging.unanswered) through the real charge
+    writer: a client gone, then a cancelled request; each charge is taken back after it
+    committed, with its audit row, so a charge that fits only after both refunds goes
+    through; a refused charge is the 403 and is not refunded."""
+    import asyncio
+
+    from cloud_api.charging import unanswered
+    from cloud_api.serving.batcher import ClientGone
+    from cloud_api.store.charge_writer import ChargeWriter
+    from cloud_api.store.tables import budget_refunds
+
+    budgets.set_cap(db, "gone", 5.0, {"gone"}, None)
+    ch = budgets.Charge("gone", "dev", laplace(2.0))
+
+    async def run():
+        writer = ChargeWriter(db)
+        try:
+            await unanswered(writer, writer.submit(ch), ch, ClientGone("went away"))
+            pending = writer.submit(ch)
+            await unanswered(writer, pending, ch, asyncio.CancelledError())
+            await pending
+            with pytest.raises(budgets.BudgetExhausted):
+                big = budgets.Charge("gone", "dev", laplace(9.0))
+                await unanswered(writer, writer.submit(big), big, ClientGone("went away"))
+            return await writer.charge(budgets.Charge("gone", "dev", laplace(5.0)))
+        finally:
+            writer.close()
+
+    got = asyncio.run(run())
+    assert (got.spent, got.device_spent) == (5.0, 5.0)
+    with db.begin() as conn:
+        reasons = sorted(r.reason for r in conn.execute(select(budget_refunds)))
+    assert reasons == ["cancelled", "client-gone"]

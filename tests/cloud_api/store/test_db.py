@@ -102,7 +102,8 @@ def test_task_declarations_are_immutable(db, tiny_bundle):
                          "calibration coordinate sent, task has calibration vector"),
                         ({"mechanism": "ome", "params": {"epsilon": 1, "lam": 1}},
                          "mechanism ome sent"),
-                        ({"bundle_id": "0" * 64}, "bundle 000000000000")]:
+                        ({"bundle_id": "0" * 64}, "bundle 000000000000"),
+                        ({"pairs": True}, "pairs true sent, task has false")]:
         args = {"name": "lap", "labels": ["a", "b", "c"], "mechanism": "laplace",
                 "params": {"epsilon": 2}, "bundle_id": bid, **change}
         with pytest.raises(Conflict, match=msg):
@@ -116,7 +117,7 @@ def test_task_declarations_are_immutable(db, tiny_bundle):
     assert tasks.get_task(db, "lap").public() == {
         "task": "lap", "labels": ["a", "b", "c"], "mechanism": "laplace",
         "params": {"epsilon": 2.0, "calibration": "vector", "word_dropout": 0.0},
-        "bundle_id": bid}
+        "bundle_id": bid, "pairs": False}
 
 
 def test_racing_declarations_create_one_task(db, tiny_bundle):
@@ -304,8 +305,8 @@ def test_upgrade_to_0003_reserves_the_names_of_live_pretraining_jobs(db_url):
     submission of a held name is then refused (409)."""
     from datetime import UTC, datetime
 
-    from cloud_api.store import jobs as queue
-    from cloud_api.store.jobs import jobs as jobs_table
+    from cloud_api.jobs import queue
+    from cloud_api.jobs.table import jobs as jobs_table
 
     db = Database(db_url)
     try:
@@ -326,5 +327,97 @@ def test_upgrade_to_0003_reserves_the_names_of_live_pretraining_jobs(db_url):
         with pytest.raises(Conflict, match=f"job {got[0].id} \\(queued\\)"):
             queue.enqueue(db, "pretrain", {"name": "a"}, reserve="a")
         queue.enqueue(db, "pretrain", {"name": "c"}, reserve="c")  # c's job had ended
+    finally:
+        db.dispose()
+
+
+def test_upgrade_to_0005_folds_devices_into_their_key_and_keeps_records(db_url, tiny_bundle):
+    """A database of migration 0004 (each device spending apart under a copy of the key's
+    cap, a task with a stored pair record) after the upgrade: the key's ledger counts every
+    device (so a key already past its cap is refused), device caps are their own (none),
+    nothing stored is lost, and the pair task is marked so; and it downgrades back."""
+    from datetime import UTC, datetime
+
+    from cloud_api.store import budgets
+    from cloud_api.store.tables import budgets as budgets_table
+    from shared import ledger
+
+    db = Database(db_url)
+    try:
+        db.upgrade("0004_budgets")
+        now = datetime.now(UTC)
+        zeros = {c: 0 for c in ("dchi_epsilon", "dchi_metric", "dchi_tokens", "dchi_sends",
+                                "rr_epsilon", "rr_sends", "texthide_sends", "none_sends")}
+        with db.begin(write=True) as conn:
+            for dev, spent in (("", 1.0), ("d1", 8.0), ("d2", 7.0)):
+                conn.execute(budgets_table.insert().values(
+                    key_id="k", device_id=dev, cap=10.0, spent=spent, sends=2,
+                    laplace_epsilon=spent, laplace_sends=2, updated_at=now, **zeros))
+            for name, segs in (("single", None), ("pair", "[2, 3]")):
+                tid = conn.execute(text(
+                    "INSERT INTO tasks (name, labels, mechanism, params, bundle_id, "
+                    "created_at) VALUES (:n, '[\"a\", \"b\"]', 'dchi-text', '{\"eta\": 10.0}',"
+                    " :b, :now) RETURNING id"), {"n": name, "b": tiny_bundle.bundle_id,
+                                                 "now": now}).scalar_one()
+                conn.execute(text(
+                    "INSERT INTO records (task_id, label, mechanism, params, bundle_id, dtype,"
+                    " shape, segments, payload, key_id, created_at) VALUES (:t, 'a', "
+                    "'dchi-text', '{\"eta\": 10.0}', :b, 'int32', '[5]', :s, :p, 'k', :now)"),
+                    {"t": tid, "b": tiny_bundle.bundle_id, "s": segs, "p": b"\0" * 20,
+                     "now": now})
+        assert db.upgrade() == db.head()
+        view = budgets.get_budget(db, "k", set(), None)
+        assert (view["spent"], view["sends"], view["cap"]) == (16.0, 6, 10.0)
+        assert view["families"]["laplace"] == {"epsilon": 16.0, "sends": 6}
+        assert [(d["spent"], d["cap"]) for d in view["devices"]] == [(8.0, None), (7.0, None)]
+        with pytest.raises(budgets.BudgetExhausted), db.begin(write=True) as conn:
+            budgets.charge(conn, budgets.Charge("k", "d3", ledger.cost(
+                "laplace", {"epsilon": 0.1}, dim=4)))
+        from cloud_api.store.tasks import get_task
+        assert (get_task(db, "single").pairs, get_task(db, "pair").pairs) == (False, True)
+        with db.begin() as conn:
+            assert conn.execute(text("SELECT count(*) FROM records")).scalar_one() == 2
+        db.downgrade("0004_budgets")
+        with db.begin() as conn:
+            rows = conn.execute(text("SELECT device_id, spent, cap FROM budgets "
+                                     "ORDER BY device_id")).all()
+        assert [tuple(r) for r in rows] == [("", 1.0, 10.0), ("d1", 8.0, 10.0),
+                                            ("d2", 7.0, 10.0)]
+    finally:
+        db.dispose()
+
+
+def test_a_full_sqlite_database_is_insufficient_storage_not_an_outage(tmp_path, tiny_bundle):
+    """SQLite past its size limit (``max_page_count``, what a full disk looks like to it):
+    507 insufficient-storage, nothing stored, and the database still answers."""
+    from sqlalchemy import event
+
+    from cloud_api.errors import InsufficientStorage
+    from cloud_api.store import records as store
+    from cloud_api.store import tasks
+    from shared.mechanisms import DChiText
+    from shared.payload import Limits
+    from tests.cloud_api.store.conftest import ETA, privatize, raw_records
+
+    db = Database(f"sqlite:///{tmp_path / 'full.db'}")
+    try:
+        db.upgrade()
+        task, _ = tasks.ensure_task(db, "t", ["neg", "pos"], "dchi-text", {"eta": ETA},
+                                    tiny_bundle.bundle_id)
+        with db.begin() as conn:
+            pages = conn.exec_driver_sql("PRAGMA page_count").scalar_one()
+        db.dispose()
+
+        @event.listens_for(db.engine, "connect")
+        def _limit(dbapi_conn, _record) -> None:
+            dbapi_conn.execute(f"PRAGMA max_page_count = {pages + 2}")
+
+        recs = store.validate_records(task, raw_records(privatize(
+            tiny_bundle, DChiText(tiny_bundle, ETA), 400)),
+            Limits.for_bundle(tiny_bundle, labels=task.labels))
+        with pytest.raises(InsufficientStorage) as exc:
+            store.add_records(db, task, recs, "k")
+        assert exc.value.status == 507 and exc.value.kind == "insufficient-storage"
+        assert store.label_counts(db, "t") == {"neg": 0, "pos": 0}
     finally:
         db.dispose()

@@ -75,12 +75,13 @@ def test_records_are_charged_and_over_the_cap_nothing_is_stored(bsrv, tiny_bundl
     assert r2.headers["idempotent-replayed"] == "true" and REMAINING not in r2.headers
     v = view(bsrv, key)
     dev = v["devices"][0]
-    assert dev["device_id"] == "phone-1" and dev["cap"] == DEFAULT and v["cap"] == DEFAULT
+    # the device has no cap of its own (the key's bounds it); the key's ledger counts it
+    assert dev["device_id"] == "phone-1" and dev["cap"] is None and v["cap"] == DEFAULT
     assert dev["spent"] == pytest.approx(cost, rel=1e-12) and dev["sends"] == 4
     assert dev["families"]["dchi"]["tokens"] == sum(p.n_tokens for p in payloads)
-    assert v["spent"] == 0.0 and v["total"]["spent"] == pytest.approx(cost, rel=1e-12)
-    # a cap half a request above what phone-1 spent: the next request is refused whole
-    put_cap(bsrv, key, dev["spent"] + cost / 2)
+    assert v["spent"] == v["total"]["spent"] == pytest.approx(cost, rel=1e-12)
+    # a cap half a request above what the key spent: the next request is refused whole
+    put_cap(bsrv, key, v["spent"] + cost / 2)
     before = counts(bsrv, name)
     r = post(bsrv, key, body, idem="b-2", device="phone-1")
     problem = assert_problem(r, 403, "budget-exhausted")
@@ -89,12 +90,12 @@ def test_records_are_charged_and_over_the_cap_nothing_is_stored(bsrv, tiny_bundl
     assert "nothing was stored" in problem["detail"]
     assert counts(bsrv, name) == before
     assert view(bsrv, key)["devices"][0]["spent"] == dev["spent"]
-    assert post(bsrv, key, body, device="phone-2").status_code == 201  # its own ledger
+    assert post(bsrv, key, body, device="phone-2").status_code == 403  # the key's cap holds
     put_cap(bsrv, key, None)
     r = post(bsrv, key, body, idem="b-2", device="phone-1")  # nothing was kept for b-2
     assert r.status_code == 201 and "idempotent-replayed" not in r.headers
     assert REMAINING not in r.headers  # no cap: counted, no remaining to state
-    assert sum(counts(bsrv, name).values()) == sum(before.values()) + 8
+    assert sum(counts(bsrv, name).values()) == sum(before.values()) + 4
     assert_problem(post(bsrv, key, body, device="bad id!"), 422, "validation")
 
 

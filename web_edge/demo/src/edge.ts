@@ -188,8 +188,7 @@ export class Edge {
   async send(p: Privatized): Promise<Answer> {
     const priv = await this.privatizer(p.eta);
     const keys = await this.ledger.memoKeys({ mechanism: priv.name, params: priv.params,
-      bundle_id: this.bundle.bundleId, float_dtype: priv.floatDtype, max_length: priv.maxLength,
-      truncate: priv.truncate });
+      bundle_id: this.bundle.bundleId });
     const memo = await keys.keyOf(p.item.idsA, p.item.idsB);
     const cost = dchiCost(priv.name, p.eta, nTokens(p.item), this.diameter);
     const charged = await this.ledger.charge([cost], [p.payloadJson], [memo],

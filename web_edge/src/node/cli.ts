@@ -412,8 +412,7 @@ async function runPrivatize(positionals: string[], v: Values): Promise<number> {
     if (priv.weakPrivacy) warn(`${priv.weakPrivacy}: the output is close to the raw text (--allow-weak-privacy)`);
     const diam = priv.name.startsWith("dchi") ? 2 * bundle.regularMaxNorm : 0; // ledger.diameter
     const info_ = { mechanism: priv.name, params: priv.params, bundleId: bundle.bundleId };
-    const keys = o.memo ? await ledger.memoKeys({ mechanism: priv.name, params: priv.params, bundle_id: bundle.bundleId,
-      float_dtype: priv.floatDtype, max_length: priv.maxLength, truncate: priv.truncate }) : null;
+    const keys = o.memo ? await ledger.memoKeys({ mechanism: priv.name, params: priv.params, bundle_id: bundle.bundleId }) : null;
     const keyOf = (items: TokenizedText[]): Promise<(string | null)[]> =>
       keys === null ? Promise.resolve(items.map(() => null)) : Promise.all(items.map((it) => (keys as MemoKeys).keyOf(it.idsA, it.idsB)));
     const costOf = (it: TokenizedText): Cost => priv.cost(it);

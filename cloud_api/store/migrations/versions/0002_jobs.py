@@ -1,4 +1,4 @@
-"""jobs: the queue of retraining and pretraining jobs (cloud_api/store/jobs.py)
+"""jobs: the queue of retraining and pretraining jobs (cloud_api/jobs/table.py)
 
 Revision ID: 0002_jobs
 Revises: 0001_records

@@ -2,7 +2,7 @@
 
     PRIVBERT_HOME=/srv/privbert PRIVBERT_DATABASE_URL=postgresql+psycopg://... cloud-api worker
 
-Claims jobs from the job table (``cloud_api/store/jobs.py``) and runs each in a child
+Claims jobs from the job table (``cloud_api/jobs/queue.py``) and runs each in a child
 process (``python -m cloud_api.jobs.run``), or with ``--torchrun N`` (or
 ``PRIVBERT_TORCHRUN_NPROC``) as ``torchrun --nproc-per-node N [PRIVBERT_TORCHRUN_ARGS] -m
 cloud_api.jobs.run`` (PyTorch DDP: gloo on CPU, nccl on GPU). Start as many workers as
@@ -37,8 +37,9 @@ def run_worker(args) -> int:
         return fail(f"--torchrun must be >= 0, got {args.torchrun}")
     settings = settings_for(args)
     from cloud_api import logs
+    from cloud_api.jobs.states import AttemptEnd
+    from cloud_api.jobs.supervisor import Worker
     from cloud_api.store.db import Database
-    from cloud_api.worker import Worker
 
     logs.configure(settings.log_level, settings.log_json)
     db = Database.from_settings(settings)
@@ -55,5 +56,5 @@ def run_worker(args) -> int:
     finally:
         db.dispose()
     if args.once:
-        return 0 if state in (None, "succeeded") else 1
+        return 0 if state in (None, AttemptEnd.SUCCEEDED) else 1
     return 0

@@ -1,0 +1,213 @@
+"""The privacy budget against a hostile client, through a real `cloud-api serve` on a real
+PostgreSQL (migrated by `cloud-api db upgrade`), with a queue of 4 payloads per model:
+
+* new X-Device-Id values add nothing to what a key may spend (its cap is the key's);
+* overload: a request refused for load (429) or larger than the queue (413, naming the
+  limit) is never charged; what the key's ledger holds is exactly what was answered;
+* one malformed corpus to predict and to records: the same verdicts, nothing refused stored;
+* the server's budget-exhausted 403 makes the real `edge-agent` exit 3 naming what remains.
+
+The device side of the same attacks (memo variants, clock moves, file modes) is
+tests/edge_agent/test_budget_attacks.py."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import uuid
+from concurrent.futures import ThreadPoolExecutor
+
+import httpx
+import numpy as np
+import pytest
+
+from cloud_api.auth import key_id
+from cloud_api.errors import problem_type
+from shared import ledger
+from shared.payload import make_payload
+from tests.cloud_api.conftest import ETA, ServerProcess, cli_env, cloud_api, new_keys
+from tests.conftest import REPO
+
+REMAINING = "x-privacy-budget-remaining"
+QUEUE = 4
+
+
+@pytest.fixture(scope="module")
+def srv(tiny_home, pg_cluster, tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("attacks")
+    url = pg_cluster.create_database("budget_attacks")
+    up = cloud_api("db", "upgrade", "--database-url", url)
+    assert up.returncode == 0, up.stderr
+    s = ServerProcess(tiny_home.root, tmp / "serve.log", new_keys(app=5), {
+        "PRIVBERT_DATABASE_URL": url, "PRIVBERT_RATE_LIMIT_PER_KEY": "0",
+        "PRIVBERT_WORKER_IN_SERVE": "0", "PRIVBERT_MAX_QUEUE_SIZE": str(QUEUE),
+        "PRIVBERT_MAX_CONCURRENT_REQUESTS": "256", "PRIVBERT_INFERENCE_WORKERS": "1"})
+    s.start()
+    yield s
+    s.stop()
+
+
+def admin(srv, method: str, path: str, **kw) -> httpx.Response:
+    return httpx.request(method, f"{srv.url}{path}", headers=srv.headers(srv.admin_key),
+                         timeout=30, **kw)
+
+
+def predict(srv, key: str, payloads, device: str | None = None) -> httpx.Response:
+    headers = {**srv.headers(key), "Content-Type": "application/json"}
+    if device:
+        headers["X-Device-Id"] = device
+    body = '{"payloads":[' + ",".join(p.model_dump_json(exclude_none=True)
+                                      for p in payloads) + "]}"
+    return httpx.post(f"{srv.url}/v1/models/text/predict", content=body, headers=headers,
+                      timeout=60)
+
+
+def text_payloads(bundle, n: int) -> list:
+    from edge_agent import Privatizer
+    from shared.mechanisms import DChiText
+
+    texts = ["the movie is good", "a bad plot", "fun story", "dull actor"]
+    return Privatizer(bundle, DChiText(bundle, ETA)).privatize([texts[i % 4] for i in range(n)])
+
+
+def cost_of(payloads, bundle) -> float:
+    d = ledger.bundle_diameter(bundle)
+    return sum(ledger.payload_cost(p, d, mechanism="dchi-text", params={"eta": ETA}).epsilon
+               for p in payloads)
+
+
+def key_view(srv, key: str) -> dict:
+    r = admin(srv, "GET", f"/admin/budgets/{key_id(key)}")
+    assert r.status_code == 200, r.text
+    return r.json()
+
+
+def test_rotating_device_ids_never_pass_the_keys_cap(srv, tiny_bundle_of_home):
+    """100 predictions, each from a new X-Device-Id, 8 at a time, against a key's cap that
+    admits 10: exactly 10 answered, the key's ledger (and its devices in all) at most the
+    cap, every answer and every 403 with X-Privacy-Budget-Remaining; a device's own cap is
+    shown beside the key's and never above it."""
+    key, b = srv.keys["app"][0], tiny_bundle_of_home
+    one = text_payloads(b, 1)
+    c = cost_of(one, b)
+    cap = 10.5 * c
+    r = admin(srv, "PUT", f"/admin/budgets/{key_id(key)}", json={"cap": cap})
+    assert r.status_code == 200, r.text
+    with ThreadPoolExecutor(8) as pool:
+        got = list(pool.map(lambda i: predict(srv, key, one, f"dev-{i}"), range(100)))
+    codes = [g.status_code for g in got]
+    assert codes.count(200) == 10 and codes.count(403) == 90, codes
+    for g in got:
+        assert REMAINING in g.headers, (g.status_code, g.text)
+        if g.status_code == 403:
+            assert g.json()["type"] == problem_type("budget-exhausted")
+    view = key_view(srv, key)
+    print(f"\nrotating device ids: {codes.count(200)} of 100 answered; the key's spend "
+          f"{view['spent']:.6g} = {view['spent'] / cap:.3f} of its cap C")
+    assert view["spent"] <= cap and view["spent"] == pytest.approx(10 * c, rel=1e-9)
+    assert sum(d["spent"] for d in view["devices"]) == pytest.approx(view["spent"], rel=1e-9)
+    r = admin(srv, "PUT", f"/admin/budgets/{key_id(key)}/devices/dev-1", json={"cap": cap * 2})
+    assert r.status_code == 422 and "never above its key" in r.json()["detail"]
+    r = admin(srv, "PUT", f"/admin/budgets/{key_id(key)}/devices/dev-1", json={"cap": c / 2})
+    assert r.status_code == 200, r.text
+    dev = next(d for d in r.json()["devices"] if d["device_id"] == "dev-1")
+    assert dev["cap"] == c / 2 and r.json()["cap"] == cap
+
+
+def test_overload_charges_only_what_is_answered(srv, tiny_bundle_of_home):
+    """64 requests of 4 payloads at concurrency 32 on a queue of 4 payloads, and requests of
+    8 payloads (which no queue of 4 can ever take): the 8-payload ones get 413 naming the
+    limit, some of the others 429; the key's ledger holds exactly the answered payloads,
+    and every answer carries X-Privacy-Budget-Remaining."""
+    key, b = srv.keys["app"][1], tiny_bundle_of_home
+    r = admin(srv, "PUT", f"/admin/budgets/{key_id(key)}", json={"cap": 1e9})
+    assert r.status_code == 200, r.text
+    four, eight = text_payloads(b, 4), text_payloads(b, 8)
+    big = predict(srv, key, eight)
+    assert big.status_code == 413 and big.json()["type"] == problem_type("too-many-payloads")
+    assert f"at most {QUEUE}" in big.json()["detail"], big.text
+    with ThreadPoolExecutor(32) as pool:
+        got = list(pool.map(lambda i: predict(srv, key, four, f"o-{i % 3}"), range(64)))
+    codes = [g.status_code for g in got]
+    assert set(codes) <= {200, 429}, codes
+    answered = codes.count(200)
+    assert answered >= 1 and all(REMAINING in g.headers for g in got if g.status_code == 200)
+    view = key_view(srv, key)
+    print(f"\noverload: {answered} x 200, {codes.count(429)} x 429, 1 x 413; payloads "
+          f"charged {view['sends']}, answered {4 * answered}, charged without an answer "
+          f"{view['sends'] - 4 * answered}")
+    assert view["sends"] == 4 * answered, (view["sends"], answered, codes.count(429))
+    assert view["spent"] == pytest.approx(answered * cost_of(four, b), rel=1e-9)
+
+
+def _corpus(bundle, model_max_length: int) -> dict[str, dict]:
+    """Payload dicts, one per case: valid, and each malformation the issue found stored."""
+    sp = bundle.special_ids
+    regular = np.asarray(bundle.regular_ids, dtype=np.int64)
+    words = regular[:5]
+    too_long = max(model_max_length, bundle.max_length) - 1
+
+    def ids(arr, segments=None, eta=ETA):
+        return make_payload("dchi-text", {"eta": eta}, bundle.bundle_id,
+                            np.asarray(arr, dtype=np.int64), segments
+                            ).model_dump(mode="json", exclude_none=True)
+
+    return {
+        "valid": ids(words),
+        "cls x21 as a pair": ids([sp["cls"]] * 21, [10, 11]),
+        "cls and sep ids": ids([sp["cls"], *words, sp["sep"]]),
+        "a pair on a single-sentence task": ids([*words, *words], [5, 5]),
+        "an [unused] id": ids([*words, bundle.meta["unused_ids"][0]]),
+        "a [PAD] id": ids([*words, sp["pad"]]),
+        "longer than max_length": ids(np.resize(words, too_long)),
+        "another eta": ids(words, eta=ETA * 2),
+    }
+
+
+def test_records_and_predict_give_one_verdict_on_a_malformed_corpus(srv, tiny_bundle_of_home):
+    """The same payloads to predict and to records (a task of the model's mechanism,
+    parameters and bundle): every case gets the same verdict on both routes, and records
+    stores exactly the accepted ones."""
+    key, b = srv.keys["app"][2], tiny_bundle_of_home
+    model = next(m for m in httpx.get(f"{srv.url}/v1/models", headers=srv.headers(key),
+                                      timeout=30).json()["models"] if m["id"] == "text")
+    task = f"t-{uuid.uuid4().hex[:8]}"
+    r = admin(srv, "POST", "/admin/tasks", json={
+        "task": task, "labels": model["labels"], "mechanism": "dchi-text",
+        "params": model["params"], "bundle_id": b.bundle_id})
+    assert r.status_code == 201, r.text
+    verdicts = {}
+    for name, p in _corpus(b, int(model["max_length"])).items():
+        pr = httpx.post(f"{srv.url}/v1/models/text/predict", headers=srv.headers(key),
+                        json={"payloads": [p]}, timeout=30)
+        rr = httpx.post(f"{srv.url}/v1/records", headers=srv.headers(key), json={
+            "task": task, "records": [{"payload": p, "label": model["labels"][0]}]},
+            timeout=30)
+        assert pr.status_code in (200, 422) and rr.status_code in (201, 422), (name, pr.text,
+                                                                               rr.text)
+        verdicts[name] = (pr.status_code == 200, rr.status_code == 201)
+    tasks = admin(srv, "GET", "/admin/tasks").json()["tasks"]
+    stored = next(t for t in tasks if t["task"] == task)["records"]
+    print(f"\nmalformed corpus: {len(verdicts) - 1} malformed cases, verdicts (predict, "
+          f"records) {verdicts}; stored {stored}, of them malformed {stored - 1}")
+    assert verdicts["valid"] == (True, True)
+    assert all(p == r for p, r in verdicts.values()), verdicts
+    assert stored == sum(r for _, r in verdicts.values()) == 1
+
+
+def test_the_servers_budget_refusal_makes_edge_agent_exit_3(srv, tmp_path):
+    """A key whose cap is spent: `edge-agent privatize --post predict` exits 3 (as the
+    device's own cap does) with one line naming what remains on the server."""
+    key = srv.keys["app"][3]
+    r = admin(srv, "PUT", f"/admin/budgets/{key_id(key)}", json={"cap": 0.0})
+    assert r.status_code == 200, r.text
+    src = tmp_path / "in.txt"
+    src.write_text("the movie is good\n")
+    p = subprocess.run(
+        [sys.executable, "-m", "edge_agent", "privatize", str(src), "--server", srv.url,
+         "--api-key", key, "--post", "predict", "--model", "text", "--eta", str(ETA),
+         "--ledger", str(tmp_path / "ledger.sqlite3"), "--retries", "0"],
+        cwd=REPO, env=cli_env(), capture_output=True, text=True, timeout=180)
+    assert p.returncode == 3, (p.returncode, p.stderr)
+    last = p.stderr.strip().splitlines()[-1]
+    assert "403" in last and "remaining 0" in last and "may not use" not in last, last

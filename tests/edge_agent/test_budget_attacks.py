@@ -1,0 +1,212 @@
+"""The device's privacy ledger against a hostile user of the real `edge-agent` CLI (the
+server side is tests/cloud_api/test_budget_attacks.py):
+
+* memo variants: 12 spellings of one line that tokenize alike get the stored payload at no
+  cost, with a token and a vector mechanism; the ledger holds no raw text;
+* clock moves: with a per-day cap, a clock set back counts in the latest window, and a
+  clock set forward past what the boot clock saw pass is refused (the CLI runs under
+  time-machine, which moves the wall clock of its process only);
+* file modes: a new ledger is 0600, one others can write is refused with the chmod fix,
+  one others can read is warned about, a symlink reaches the same memo key, a key path that
+  is a directory is named as such, a read-only ledger is shown, huge caps print short;
+* a ledger written before this version (schema 1) opens, migrates, and its memo holds.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sqlite3
+import stat
+import subprocess
+import sys
+import unicodedata
+from pathlib import Path
+
+import pytest
+
+from edge_agent.memo import key_path, load_secret
+from tests.conftest import distinct_lines
+from tests.edge_agent.conftest import REPO, assert_one_line_error, run_cli
+
+BASE = "The café is good"
+VARIANTS = [BASE, BASE + " ", " " + BASE, "The  café is  good",
+            unicodedata.normalize("NFD", BASE), BASE.upper(), BASE.title(),
+            "The ca\u200bfé is good", "The\u00a0café is good", "The ca\u00adfé is good",
+            "\ufeff" + BASE, "The\tcafé is good"]
+
+
+def status(ledger: Path) -> dict:
+    p = run_cli("budget", "--json", "--ledger", str(ledger))
+    assert p.returncode == 0, p.stderr
+    return json.loads(p.stdout)
+
+
+def privatize(src: Path, ledger: Path, *args: str, env: dict | None = None):
+    return run_cli("privatize", str(src), "--ledger", str(ledger), *args, env=env)
+
+
+@pytest.mark.parametrize("mech", [["--eta", "65"], ["--mechanism", "laplace",
+                                                    "--epsilon", "2"]],
+                         ids=["dchi-text", "laplace"])
+def test_twelve_spellings_of_one_line_cost_one_payload(mech, minilm_enc_dir, tmp_path):
+    """One line, then its 12 variants (spaces, NFD, case, zero-width, no-break and soft
+    hyphen characters, a BOM, a tab): the variants cost nothing and are sent as the payload
+    stored for the first; neither the ledger nor its WAL holds the text."""
+    led = tmp_path / "ledger.sqlite3"
+    one, many = tmp_path / "one.txt", tmp_path / "many.txt"
+    one.write_text(BASE + "\n")
+    many.write_text("".join(v + "\n" for v in VARIANTS))
+    args = [*mech, "--bundle", str(minilm_enc_dir)]
+    first = privatize(one, led, *args)
+    assert first.returncode == 0, first.stderr
+    spent = status(led)
+    again = privatize(many, led, *args)
+    assert again.returncode == 0, again.stderr
+    after = status(led)
+    print(f"\n{mech[1] if mech[0] == '--mechanism' else 'dchi-text'}: 12 variants after the "
+          f"line: {after['sends'] - spent['sends']} extra charges")
+    assert (after["sends"], after["spent"]) == (spent["sends"], spent["spent"]) == (
+        1, spent["spent"]), after
+    payloads = {json.dumps(json.loads(ln)["payload"], sort_keys=True)
+                for ln in (first.stdout + again.stdout).splitlines()}
+    assert len(payloads) == 1
+    for f in tmp_path.glob("ledger.sqlite3*"):
+        data = f.read_bytes().lower()
+        assert b"caf" not in data and b"is good" not in data, f
+
+
+TIME_MACHINE = ("import sys, time, time_machine\n"
+                "time_machine.travel(time.time() + float(sys.argv[1]), tick=True).start()\n"
+                "from edge_agent.cli import main\n"
+                "sys.exit(main(sys.argv[2:]))\n")
+
+
+def at_offset(offset_s: float, *args: str) -> subprocess.CompletedProcess:
+    """The real CLI with its wall clock moved by ``offset_s`` (the boot clock is not)."""
+    pytest.importorskip("time_machine")
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    return subprocess.run([sys.executable, "-c", TIME_MACHINE, str(offset_s), *args],
+                          cwd=REPO, env=env, capture_output=True, text=True, timeout=120)
+
+
+def test_the_per_day_cap_holds_when_the_clock_moves(tiny_enc_dir, tmp_path):
+    """A per-day cap of 1.5 runs: one run now; with the clock 2 days back a second run
+    counts in the latest window (refused, exit 3); with the clock 2 days ahead (a few
+    seconds passed on the boot clock) a third is refused as a clock set forward; the last 24
+    hours never hold more than the cap."""
+    led = tmp_path / "ledger.sqlite3"
+    lines = distinct_lines(60)
+    srcs = []
+    for n in range(3):
+        srcs.append(tmp_path / f"in{n}.txt")
+        srcs[-1].write_text("".join(t + "\n" for t in lines[20 * n:20 * (n + 1)]))
+    common = ["--eta", "5", "--bundle", str(tiny_enc_dir), "--ledger", str(led)]
+    dry = run_cli("privatize", str(srcs[0]), *common, "--dry-run")
+    cost = float(dry.stdout.split("cost worst-case epsilon ")[1].split()[0].replace(",", ""))
+    assert run_cli("budget", "--ledger", str(led), "--per-day", repr(1.5 * cost)
+                   ).returncode == 0
+    assert run_cli("privatize", str(srcs[0]), *common, "-o", str(tmp_path / "o0")
+                   ).returncode == 0
+    back = at_offset(-2 * 86_400, "privatize", str(srcs[1]), *common, "-o",
+                     str(tmp_path / "o1"))
+    assert_one_line_error(back, 3, "in the last 24 hours")
+    ahead = at_offset(2 * 86_400, "privatize", str(srcs[2]), *common, "-o",
+                      str(tmp_path / "o2"))
+    assert_one_line_error(ahead, 3, "clock")
+    st = status(led)
+    print(f"\nclock moved back and forth: spent in the last 24 h {st['per_day']['spent_last_24h']:.6g}"
+          f" = {st['per_day']['spent_last_24h'] / (1.5 * cost):.3f} of the per-day cap")
+    assert st["per_day"]["spent_last_24h"] <= 1.5 * cost
+    assert st["spent"] == pytest.approx(cost, rel=1e-4)  # the dry run prints 5 digits
+
+
+def test_ledger_files_are_private_and_found_through_symlinks(tiny_enc_dir, tmp_path):
+    led = tmp_path / "ledger.sqlite3"
+    src = tmp_path / "in.txt"
+    src.write_text("the movie is good\n")
+    args = ["--eta", "5", "--bundle", str(tiny_enc_dir)]
+    assert privatize(src, led, *args).returncode == 0
+    assert stat.S_IMODE(led.stat().st_mode) == 0o600
+    assert stat.S_IMODE(key_path(led).stat().st_mode) == 0o600
+    link = tmp_path / "link.sqlite3"
+    link.symlink_to(led)
+    via = privatize(src, link, *args)
+    assert via.returncode == 0, via.stderr
+    assert not key_path(link).exists() and status(led)["sends"] == 1  # memoized, free
+    led.chmod(0o666)
+    bad = privatize(src, led, *args)
+    assert_one_line_error(bad, 1, f"chmod 600 {led}")
+    led.chmod(0o644)
+    warned = privatize(src, led, *args)
+    assert warned.returncode == 0 and "readable by others" in warned.stderr
+    led.chmod(0o600)
+    other = tmp_path / "other.sqlite3"
+    key_path(other).mkdir(mode=0o755)
+    assert_one_line_error(privatize(src, other, *args), 1, "is a directory")
+
+
+def test_budget_reads_a_read_only_ledger_and_prints_huge_caps_short(tmp_path):
+    led = tmp_path / "ledger.sqlite3"
+    p = run_cli("budget", "--ledger", str(led), "--cap", "1e308")
+    assert p.returncode == 0 and "cap: 1e+308" in p.stdout and "000000" not in p.stdout, p.stdout
+    if subprocess.run(["chattr", "+i", str(led)], capture_output=True).returncode != 0:
+        pytest.skip("chattr +i is not available here (an immutable file: EPERM on open)")
+    try:
+        p = run_cli("budget", "--ledger", str(led))
+        assert p.returncode == 0 and "cap: 1e+308" in p.stdout, p.stderr
+        assert_one_line_error(run_cli("budget", "--ledger", str(led), "--cap", "1"), 1,
+                              "cannot open the privacy ledger")
+    finally:
+        subprocess.run(["chattr", "-i", str(led)], check=True)
+
+
+OLD_SCHEMA = """
+CREATE TABLE settings (name TEXT PRIMARY KEY, value REAL);
+CREATE TABLE spend (family TEXT PRIMARY KEY, epsilon REAL, metric REAL NOT NULL DEFAULT 0,
+    tokens INTEGER NOT NULL DEFAULT 0, sends INTEGER NOT NULL DEFAULT 0);
+CREATE TABLE charges (id INTEGER PRIMARY KEY, at REAL NOT NULL, family TEXT NOT NULL,
+    mechanism TEXT NOT NULL, params TEXT NOT NULL, bundle_id TEXT NOT NULL, epsilon REAL,
+    metric REAL NOT NULL, tokens INTEGER NOT NULL, sends INTEGER NOT NULL);
+CREATE INDEX charges_at ON charges (at);
+CREATE TABLE memo (key BLOB PRIMARY KEY, payload BLOB NOT NULL) WITHOUT ROWID;
+"""
+
+
+def test_a_ledger_written_before_versions_opens_and_keeps_its_memo(tiny_enc_dir,
+                                                                    tiny_enc_bundle, tmp_path):
+    """A ledger of schema 1 (user_version 0, memo keyed on the raw text): its spend shows,
+    it is migrated to version 2 at the next run, and a text it memoized is sent as stored,
+    free; so is every other spelling of that text from then on."""
+    from edge_agent.memo import LegacyMemoKeys  # the raw-text keys of schema 1
+
+    led = tmp_path / "ledger.sqlite3"
+    src = tmp_path / "in.txt"
+    src.write_text("the movie is good\n")
+    args = ["--eta", "5", "--bundle", str(tiny_enc_dir)]
+    fresh = privatize(src, tmp_path / "scratch.sqlite3", *args)  # a payload to store
+    stored = json.dumps(json.loads(fresh.stdout)["payload"], separators=(",", ":")).encode()
+    db = sqlite3.connect(led)
+    db.executescript(OLD_SCHEMA)
+    db.execute("INSERT INTO spend VALUES ('dchi', 2.5, 1.0, 4, 1)")
+    db.execute("INSERT INTO charges (at, family, mechanism, params, bundle_id, epsilon, metric,"
+               " tokens, sends) VALUES (1.7e9, 'dchi', 'dchi-text', '{}', 'x', 2.5, 1, 4, 1)")
+    keys = LegacyMemoKeys(load_secret(key_path(led)), {
+        "mechanism": "dchi-text", "params": {"eta": 5.0}, "bundle_id": tiny_enc_bundle.bundle_id,
+        "float_dtype": "float32", "max_length": tiny_enc_bundle.max_length,
+        "truncate": "first"})
+    db.execute("INSERT INTO memo VALUES (?, ?)", (keys.key("the movie is good"), stored))
+    db.commit()
+    db.close()
+    led.chmod(0o600)
+    assert status(led)["spent"] == 2.5
+    src.write_text("the movie is good\nThe  MOVIE is good\n")
+    run = privatize(src, led, *args)
+    assert run.returncode == 0, run.stderr
+    sent = {json.dumps(json.loads(ln)["payload"], separators=(",", ":")).encode()
+            for ln in run.stdout.splitlines()}
+    assert sent == {stored}
+    st = status(led)
+    assert (st["spent"], st["sends"]) == (2.5, 1)
+    with sqlite3.connect(led) as db:
+        assert db.execute("PRAGMA user_version").fetchone()[0] == 2
