@@ -23,9 +23,3 @@ export function f32Up(x: number): number {
   const r = Math.fround(x);
   return r < x ? nextUpF32(r) : r;
 }
-
-/** ``x`` rounded to the nearest integer, halves to even (numpy's rint). */
-export function rintEven(x: number): number {
-  const r = Math.round(x); // halves up
-  return r - x === 0.5 && r % 2 !== 0 ? r - 1 : r;
-}
