@@ -2,8 +2,9 @@
  * The int8 candidate pass of the exact nearest-row search, with the proven bound of
  * shared/mechanisms/int8_pass.py (its module docstring has the proof, steps 1–7; the step
  * numbers below are its). One onnxruntime `MatMulIntegerToFloat` per chunk of queries (MLAS's
- * WebAssembly SIMD integer kernel: a quarter of the float32 pass's table bytes and about half
- * its time), whose scores come out as floats already shifted by a per-row bias; a threshold
+ * WebAssembly SIMD integer kernel, on a quarter of the float32 pass's table bytes;
+ * bench/web_edge.py times the two), whose scores come out as floats already shifted by a per-row
+ * bias; a threshold
  * that provably keeps every nearest row; then the few candidates are narrowed by their own
  * bounds and a near tie is decided by ‖y − t‖² in float64, ties to the lowest row. A query with
  * more than ``cap`` candidates, or whose scale would underflow, is handed back (−1) to the
@@ -241,8 +242,8 @@ export class Int8CandidatePass {
 
   /**
    * The pass over ``t`` with row norms² ``norms`` (float64), or null where the integer kernel
-   * is not exact here. u8 operands first (its step is finer, so fewer candidates; MLAS's
-   * WebAssembly kernels run both at the same speed), else s8.
+   * is not exact here. u8 operands first (a u8 table's step is finer than an s8 table's under
+   * the pair constraint, so there are fewer candidates), else s8.
    */
   static async create(t: Float32Array, rows: number, dim: number, norms: Float64Array,
                       threads = 1, cap = 256): Promise<Int8CandidatePass | null> {

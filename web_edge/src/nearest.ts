@@ -12,9 +12,9 @@
  *    smallest row.
  *
  * On a vocabulary-sized table the candidate pass is the int8 pass of
- * shared/mechanisms/int8_pass.py instead ({@link Int8CandidatePass}: its own proven bound, about
- * half the float32 pass's time in WebAssembly), where onnxruntime-web's integer kernel proves
- * exact here; a query it cannot narrow to a few candidates takes the float32 pass above. Both
+ * shared/mechanisms/int8_pass.py instead ({@link Int8CandidatePass}: its own proven bound, a
+ * quarter of the float32 table's bytes), where onnxruntime-web's integer kernel proves exact
+ * here; a query it cannot narrow to a few candidates takes the float32 pass above. Both
  * are exact, so which one runs changes no result.
  */
 
