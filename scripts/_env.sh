@@ -78,7 +78,8 @@ ensure_web_edge() {
         echo "$want" > "$stamp"
         installed=1
     fi
-    built="$(cat "$dir"/tsconfig*.json $(find "$dir/src" -name '*.ts' | sort) | sha256sum | cut -c1-64)"
+    built="$(cat "$dir"/package.json "$dir"/tsconfig*.json $(find "$dir/src" -name '*.ts' | sort) \
+             | sha256sum | cut -c1-64)"
     if [ "$installed" -eq 0 ] && [ "$(cat "$dir/dist/.privbert-built" 2>/dev/null)" != "$built" ]; then
         (cd "$dir" && npm run --silent build >&2)
     fi

@@ -100,6 +100,20 @@ _DB_SEQ = itertools.count()
 
 
 @pytest.fixture(scope="session")
+def tiny_enc_bundle(tiny_bundle):
+    """The tiny bundle with a tiny random ONNX sentence encoder (laplace, ome, texthide): one
+    export for the session, shared by the Python edge's tests and the web edge's."""
+    from tests.edge_agent.conftest import with_tiny_encoder
+
+    return with_tiny_encoder(tiny_bundle)
+
+
+@pytest.fixture(scope="session")
+def tiny_enc_dir(tiny_enc_bundle, tmp_path_factory) -> Path:
+    return tiny_enc_bundle.save(tmp_path_factory.mktemp("tiny-enc-bundle"))
+
+
+@pytest.fixture(scope="session")
 def pg_cluster():
     """A throwaway PostgreSQL cluster in a temporary folder on a free loopback port, run as
     the ``postgres`` user when the tests run as root; stopped and removed afterwards."""

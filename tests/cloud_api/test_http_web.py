@@ -34,8 +34,9 @@ def page_dir(tmp_path_factory):
 
 
 @pytest.fixture(scope="module")
-def web_servers(tiny_home, tmp_path_factory, page_dir):
-    """One server with CORS for ORIGIN and /demo with a demo key; one with the defaults."""
+def web_server(tiny_home, tmp_path_factory, page_dir):
+    """A server with CORS for ORIGIN and /demo with a demo key (the session's ``server`` has
+    the defaults: neither)."""
     root = tmp_path_factory.mktemp("web")
     home, _ = onnx_home(tiny_home, root / "home")
     keys = new_keys()
@@ -45,17 +46,13 @@ def web_servers(tiny_home, tmp_path_factory, page_dir):
         "PRIVBERT_DEMO": "1", "PRIVBERT_DEMO_DIR": str(page_dir),
         "PRIVBERT_DEMO_KEY": demo_key, "PRIVBERT_WORKER_IN_SERVE": "0",
         "PRIVBERT_BACKEND": "onnx", "PRIVBERT_RATE_LIMIT_PER_KEY": "0",
-        "PRIVBERT_DEFAULT_BUDGET": "1e9"}).launch()
-    off = ServerProcess(home.root, root / "off.log", keys, {
-        "PRIVBERT_WORKER_IN_SERVE": "0", "PRIVBERT_BACKEND": "onnx"}).launch()
+        "PRIVBERT_DEFAULT_BUDGET": "1e9"})
     try:
         on.start()
-        off.start()
         on.demo_key = demo_key
-        yield on, off
+        yield on
     finally:
         on.stop()
-        off.stop()
 
 
 def predict_body(server, bundle) -> bytes:
@@ -63,9 +60,9 @@ def predict_body(server, bundle) -> bytes:
     return body_of(payloads_for(model, ["a good fun movie"], bundle)).encode()
 
 
-def test_predict_fast_path_answers_cors_preflight_and_exposes_headers(web_servers,
+def test_predict_fast_path_answers_cors_preflight_and_exposes_headers(web_server,
                                                                       tiny_bundle_of_home):
-    on, _ = web_servers
+    on = web_server
     url = f"{on.url}/v1/models/text/predict"
     pre = httpx.options(url, headers={
         "Origin": ORIGIN, "Access-Control-Request-Method": "POST",
@@ -86,8 +83,8 @@ def test_predict_fast_path_answers_cors_preflight_and_exposes_headers(web_server
     assert "x-privacy-budget-remaining" in r.headers and "x-request-id" in r.headers
 
 
-def test_problems_carry_cors_headers_so_a_page_can_read_them(web_servers):
-    on, _ = web_servers
+def test_problems_carry_cors_headers_so_a_page_can_read_them(web_server):
+    on = web_server
     r = httpx.post(f"{on.url}/v1/models/text/predict", content=b"{}",
                    headers={"Origin": ORIGIN, "Content-Type": "application/json"})
     assert r.status_code == 401 and r.headers["content-type"] == PROBLEM
@@ -96,8 +93,8 @@ def test_problems_carry_cors_headers_so_a_page_can_read_them(web_servers):
     assert r.status_code == 200 and r.headers["access-control-allow-origin"] == ORIGIN
 
 
-def test_an_origin_not_listed_gets_no_cors_and_its_preflight_is_a_problem(web_servers):
-    on, _ = web_servers
+def test_an_origin_not_listed_gets_no_cors_and_its_preflight_is_a_problem(web_server):
+    on = web_server
     pre = httpx.options(f"{on.url}/v1/models", headers={
         "Origin": OTHER, "Access-Control-Request-Method": "GET",
         "Access-Control-Request-Headers": "authorization"})
@@ -115,8 +112,8 @@ def test_an_origin_not_listed_gets_no_cors_and_its_preflight_is_a_problem(web_se
 
 
 @pytest.mark.parametrize("path", ["/admin/tasks", "/admin/budgets", "/healthz", "/demo/"])
-def test_no_cors_outside_v1(web_servers, path):
-    on, _ = web_servers
+def test_no_cors_outside_v1(web_server, path):
+    on = web_server
     pre = httpx.options(f"{on.url}{path}", headers={
         "Origin": ORIGIN, "Access-Control-Request-Method": "GET",
         "Access-Control-Request-Headers": "authorization"})
@@ -126,8 +123,8 @@ def test_no_cors_outside_v1(web_servers, path):
     assert "access-control-allow-origin" not in r.headers
 
 
-def test_cors_and_demo_are_off_by_default(web_servers):
-    _, off = web_servers
+def test_cors_and_demo_are_off_by_default(server):
+    off = server  # the session's server: started with the defaults
     pre = httpx.options(f"{off.url}/v1/models/text/predict", headers={
         "Origin": ORIGIN, "Access-Control-Request-Method": "POST"})
     assert pre.status_code == 405 and "access-control-allow-origin" not in pre.headers
@@ -137,8 +134,8 @@ def test_cors_and_demo_are_off_by_default(web_servers):
     assert httpx.get(f"{off.url}/demo/config.json").status_code == 404
 
 
-def test_demo_page_is_served_under_a_strict_csp(web_servers):
-    on, _ = web_servers
+def test_demo_page_is_served_under_a_strict_csp(web_server):
+    on = web_server
     r = httpx.get(f"{on.url}/demo", follow_redirects=True)
     assert r.status_code == 200 and "<title>explorer" in r.text
     csp = dict(d.strip().split(" ", 1) for d in r.headers["content-security-policy"].split(";"))
@@ -158,8 +155,8 @@ def test_demo_page_is_served_under_a_strict_csp(web_servers):
     assert demo and not any("page.js" in str(ln) or "ort.wasm" in str(ln) for ln in lines)
 
 
-def test_demo_config_hands_out_the_demo_key_which_is_an_app_key_only(web_servers):
-    on, _ = web_servers
+def test_demo_config_hands_out_the_demo_key_which_is_an_app_key_only(web_server):
+    on = web_server
     r = httpx.get(f"{on.url}/demo/config.json")
     assert r.status_code == 200 and r.headers["cache-control"] == "no-store"
     cfg = r.json()

@@ -31,8 +31,9 @@ SENTENCE = "secret marker , great funny movie but boring story !"
 WORDS = sorted({w for w in re.findall(r"[a-z]+", SENTENCE) if len(w) >= 3})
 WEAK_ETA = 1000  # far past the tiny table's privacy floor (about 13)
 OTHER_ETA = 3  # under the floor, and not the model's η (5)
-SCENARIOS = ["predict", "other_eta", "empty", "too_long", "weak_eta", "over_cap", "ledger_unwritable",
-             "wrong_hash", "truncated", "server_down", "server_down_at_start"]
+# empty, too_long, weak_eta and server_down run one after the other on one page (drive.mjs)
+SCENARIOS = ["predict", "other_eta", "empty", "too_long", "weak_eta", "server_down", "over_cap",
+             "ledger_unwritable", "wrong_hash", "truncated", "server_down_at_start"]
 
 
 def _missing() -> str | None:

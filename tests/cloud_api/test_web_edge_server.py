@@ -17,6 +17,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 import pytest
 
 from tests.cloud_api.conftest import free_port
+from tests.conftest import REPO
 from tests.web_edge.conftest import _node_ready, js_edge, py_edge
 
 MARKERS = ["quetzalfrond", "zyxomantic"]
@@ -171,39 +172,70 @@ def test_a_bundle_that_fails_verification_is_refused_and_nothing_is_sent(
     assert not (tmp_path / "js-ledger.json").exists()
 
 
-SESSION_SCRIPT = """
-import { EdgeSession, MemoryLedgerStore } from "./web_edge/dist/index.js";
-const s = await EdgeSession.open({ server: process.env.URL, apiKey: process.env.KEY, model: "text",
-  ledger: new MemoryLedgerStore() });
-const texts = ["a good film", "the plot was dull", "a good film"];
-const { sent, predictions } = await s.predict(texts);
-const st = await s.status();
-console.log(JSON.stringify({ sent, predictions, spent: st.spent, memoized: st.memoized,
-  guarantee: s.guarantee }));
+README = REPO / "web_edge" / "README.md"
+# Node has IndexedDB through fake-indexeddb (a dev dependency) and no Cache API: a CacheStorage
+# kept in memory stands in for the browser's (the real one is in the browser test)
+PLATFORM = """
+import "fake-indexeddb/auto";
+const stores = new Map();
+globalThis.caches = { async open(name) {
+  if (!stores.has(name)) {
+    const m = new Map();
+    stores.set(name, { async match(k) { return m.get(k)?.clone(); },
+                       async put(k, r) { m.set(k, new Response(await r.arrayBuffer())); },
+                       async delete(k) { return m.delete(k); } });
+  }
+  return stores.get(name);
+} };
+const apiKey = process.env.KEY;
+"""
+AFTER = """
+const again = await s.predict(["a sentence typed by the user", "the plot was dull"]);
+console.log(JSON.stringify({ sent, predictions, again: again.sent, guarantee: s.guarantee,
+  status: await s.status(), cached: (await new CacheApiBundleCache().get(s.bundle.bundleId))?.bundleId }));
 await s.close();
 """
 
 
-def test_edge_session_privatizes_charges_and_predicts(server, tmp_path, tiny_bundle_of_home):
-    """The library's one-call API for pages and scripts (EdgeSession), in Node."""
+def readme_example() -> str:
+    """The code block of web_edge/README.md's "In a page or a script" section, as written."""
+    text = README.read_text()
+    start = text.index("## In a page or a script")
+    block = text[text.index("```js\n", start) + 6 : text.index("```\n", text.index("```js\n", start) + 6)]
+    code = [ln for ln in block.splitlines() if ln.strip() and not ln.lstrip().startswith("//")]
+    assert len(code) == 7 and code[0].startswith("import {")  # import, open (3 lines), predict, 2
+    return block
+
+
+def test_the_readme_example_runs_against_a_real_server(server, tmp_path, tiny_bundle_of_home):
+    """web_edge/README.md's lines for a page, run as written in Node (the server's URL and the
+    model's id put in for the example's) against a real `cloud-api serve`: the bundle fetched,
+    verified and cached, the privatizer at the model's η, the ledger charged before the
+    payload leaves, a prediction; a memoized repeat is the same payload, free."""
     from shared.ledger import bundle_diameter, payload_cost
     from shared.payload import parse_payload
-    from tests.conftest import REPO
 
-    p = subprocess.run(["node", "--input-type=module", "-e", SESSION_SCRIPT], cwd=REPO,
-                       env={"PATH": os.environ["PATH"], "URL": server.url,
-                            "KEY": server.app_key}, capture_output=True, text=True, timeout=180)
+    block = readme_example()
+    assert '"https://api.example"' in block and 'model: "sst2"' in block
+    code = block.replace('"https://api.example"', "process.env.URL").replace('model: "sst2"', 'model: "text"')
+    # run from web_edge/, where "@privbert/edge" is the package itself
+    p = subprocess.run(["node", "--input-type=module", "-e", PLATFORM + code + AFTER],
+                       cwd=REPO / "web_edge", env={"PATH": os.environ["PATH"], "URL": server.url,
+                                                   "KEY": server.app_key},
+                       capture_output=True, text=True, timeout=180)
     assert p.returncode == 0, p.stderr
     out = json.loads(p.stdout)
     labels = server.model("text")["labels"]
-    assert len(out["predictions"]) == 3 and all(x["label"] in labels for x in out["predictions"])
-    sent = out["sent"]
-    assert sent[0]["payload"] == sent[2]["payload"]  # the repeat is memoized: same payload
-    assert sent[0]["cost"] is not None and sent[2]["cost"] is None  # and free
-    assert all("good" not in s["payload"] and "film" not in s["payload"] for s in sent)
+    assert len(out["predictions"]) == 1 and out["predictions"][0]["label"] in labels
+    first, (repeat, other) = out["sent"][0], out["again"]
+    assert parse_payload(first["payload"]).bundle_id == tiny_bundle_of_home.bundle_id
+    assert "sentence" not in first["payload"] and "typed" not in first["payload"]
+    assert out["cached"] == tiny_bundle_of_home.bundle_id  # verified and kept in the Cache API
+    assert isinstance(first["privatizedText"], str) and first["privatizedText"]
+    assert repeat["payload"] == first["payload"] and repeat["cost"] is None  # memoized: free
+    assert first["cost"] is not None and other["cost"] is not None
     d = bundle_diameter(tiny_bundle_of_home)
-    want = sum(payload_cost(parse_payload(s["payload"]), d).epsilon for s in sent[:2])
-    assert out["spent"] == pytest.approx(want, rel=1e-6)
-    assert out["memoized"] == 2
+    want = sum(payload_cost(parse_payload(x["payload"]), d).epsilon for x in (first, other))
+    assert out["status"]["spent"] == pytest.approx(want, rel=1e-6)
+    assert out["status"]["memoized"] == 2
     assert out["guarantee"]["worst_case"]["epsilon"] == pytest.approx(5.0 * d, rel=1e-6)
-    assert all(isinstance(s["privatizedText"], str) and s["privatizedText"] for s in sent)

@@ -71,16 +71,6 @@ def with_tiny_encoder(bundle, hidden: int = 16):
 
 
 @pytest.fixture(scope="session")
-def tiny_enc_bundle(tiny_bundle):
-    return with_tiny_encoder(tiny_bundle)
-
-
-@pytest.fixture(scope="session")
-def tiny_enc_dir(tiny_enc_bundle, tmp_path_factory) -> Path:
-    return tiny_enc_bundle.save(tmp_path_factory.mktemp("tiny-enc-bundle"))
-
-
-@pytest.fixture(scope="session")
 def minilm_enc_bundle(minilm_bundle):
     return with_tiny_encoder(minilm_bundle)
 

@@ -81,10 +81,3 @@ def floor_cache(tmp_path_factory) -> Path:
     """One bundle/floor cache for the session: the MiniLM floor is computed once."""
     return tmp_path_factory.mktemp("edge-cache")
 
-
-@pytest.fixture(scope="session")
-def tiny_enc_dir(tiny_bundle, tmp_path_factory) -> Path:
-    """The tiny bundle with a tiny random ONNX sentence encoder (laplace, ome)."""
-    from tests.edge_agent.conftest import with_tiny_encoder
-
-    return with_tiny_encoder(tiny_bundle).save(tmp_path_factory.mktemp("tiny-enc") / "bundle")

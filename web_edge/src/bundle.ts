@@ -12,6 +12,7 @@ import { BundleError } from "./errors.js";
 import { readNpyF32 } from "./npy.js";
 import { parseRaw, pyDumps, rawGet, type RawJson } from "./pyjson.js";
 import { sha256Hex } from "./sha256.js";
+import { measure, now } from "./timing.js";
 
 export const FORMAT = "privbert-edge-bundle";
 export const FORMAT_VERSION = 1;
@@ -54,6 +55,54 @@ export class EdgeBundle {
     this.regularIds = Int32Array.from(reg);
   }
 
+  private regular: Float32Array | null = null;
+  private norms2: Float64Array | null = null;
+
+  /** The rows of the regular tokens (row-major float32, made once and shared: the exact
+   * search and the privacy floor read it in place). */
+  get regularTable(): Float32Array {
+    this.regular ??= this.rows(this.regularIds);
+    return this.regular;
+  }
+
+  /** ‖φ(x)‖² of every row (float64 sums, in one pass, made once). */
+  get rowNorms2(): Float64Array {
+    if (this.norms2 === null) {
+      const n = this.dim;
+      const e = this.embeddings;
+      const out = new Float64Array(this.vocabSize);
+      for (let v = 0; v < out.length; v++) {
+        let s = 0;
+        for (let k = v * n; k < (v + 1) * n; k++) s += e[k]! ** 2; // as ledger.diameter sums them
+        out[v] = s;
+      }
+      this.norms2 = out;
+    }
+    return this.norms2;
+  }
+
+  /** ‖φ(x)‖² of the regular tokens, in {@link regularTable}'s order. */
+  regularNorms2(): Float64Array {
+    const all = this.rowNorms2;
+    return Float64Array.from(this.regularIds, (v) => all[v]!);
+  }
+
+  /** max ‖φ(x)‖ over the regular tokens: half the diameter D of the worst-case guarantee
+   * (ledger.diameter). */
+  get regularMaxNorm(): number {
+    const all = this.rowNorms2;
+    let best = 0;
+    for (const v of this.regularIds) if (all[v]! > best) best = all[v]!;
+    return Math.sqrt(best);
+  }
+
+  /** max ‖φ(x)‖ over every row of the table. */
+  get maxNorm(): number {
+    let best = 0;
+    for (const x of this.rowNorms2) if (x > best) best = x;
+    return Math.sqrt(best);
+  }
+
   get bundleId(): string {
     return this.meta.bundle_id;
   }
@@ -74,14 +123,26 @@ export class EdgeBundle {
   rows(ids: ArrayLike<number>): Float32Array {
     const n = this.dim;
     const out = new Float32Array(ids.length * n);
-    for (let i = 0; i < ids.length; i++) {
-      out.set(this.embeddings.subarray(ids[i]! * n, (ids[i]! + 1) * n), i * n);
+    for (let i = 0; i < ids.length;) {
+      let j = i + 1; // a run of consecutive ids is one copy
+      while (j < ids.length && ids[j] === ids[j - 1]! + 1) j++;
+      out.set(this.embeddings.subarray(ids[i]! * n, (ids[j - 1]! + 1) * n), i * n);
+      i = j;
     }
     return out;
   }
 
   /** The bundle from its uncompressed tarball (what `GET /v1/bundles/{id}` serves). */
   static async fromTar(data: Uint8Array | ArrayBuffer, expectedId?: string | null): Promise<EdgeBundle> {
+    const t0 = now();
+    try {
+      return await EdgeBundle.fromTarBytes(data, expectedId);
+    } finally {
+      measure("verify", t0);
+    }
+  }
+
+  private static async fromTarBytes(data: Uint8Array | ArrayBuffer, expectedId?: string | null): Promise<EdgeBundle> {
     const buf = data instanceof ArrayBuffer ? data
       : data.byteOffset === 0 && data.byteLength === data.buffer.byteLength
         ? (data.buffer as ArrayBuffer)

@@ -8,6 +8,7 @@ import type { EdgeBundle } from "./bundle.js";
 import { ExactNearest, scoresOverflow, type NearestOptions } from "./nearest.js";
 import type { BitSource } from "./random.js";
 import { positive, sampleDchiNoise } from "./samplers.js";
+import { measure, now } from "./timing.js";
 
 const F32_MAX = 3.4028234663852886e38;
 const F16_MAX = 65504;
@@ -50,19 +51,6 @@ export function fmtG(x: number, precision = 6): string {
   return fixed.includes(".") ? fixed.replace(/0+$/, "").replace(/\.$/, "") : fixed;
 }
 
-/** The largest row norm of a table (float64 sums). */
-export function maxRowNorm(table: Float32Array, dim: number, rows?: ArrayLike<number>): number {
-  let best = 0;
-  const n = rows ? rows.length : table.length / dim;
-  for (let j = 0; j < n; j++) {
-    const v = rows ? rows[j]! : j;
-    let s = 0;
-    for (let k = 0; k < dim; k++) s += table[v * dim + k]! ** 2;
-    if (s > best) best = s;
-  }
-  return Math.sqrt(best);
-}
-
 /** Token representation privatization M(x) = φ(x) + N (Qu et al. §3.2.3). */
 export class DChiEmbedding {
   readonly name = "dchi-embedding";
@@ -101,9 +89,13 @@ export class DChiText {
   /** The mechanism on ``bundle`` (builds the exact search over its regular tokens). */
   static async create(bundle: EdgeBundle, eta: number, options: NearestOptions = {}): Promise<DChiText> {
     positive("eta", eta);
-    checkDchiEta(eta, bundle.dim, maxRowNorm(bundle.embeddings, bundle.dim));
+    const t0 = now();
+    checkDchiEta(eta, bundle.dim, bundle.maxNorm);
     const reg = bundle.regularIds;
-    const index = await ExactNearest.create(bundle.rows(reg), reg.length, bundle.dim, reg, options);
+    const table = bundle.regularTable;
+    const norms = bundle.regularNorms2();
+    measure("table", t0);
+    const index = await ExactNearest.create(table, reg.length, bundle.dim, reg, { ...options, norms });
     return new DChiText(bundle, eta, index);
   }
 

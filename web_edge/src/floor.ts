@@ -50,30 +50,11 @@ export class DChiFloor {
    * search over the same regular table, rows × dim).
    */
   static async compute(table: Float32Array, rows: number, dim: number, index: ExactNearest,
-                       tokens = FLOOR_TOKENS, seed = 0, chunk = 256,
-                       subset: Int32Array | null = null): Promise<DChiFloor> {
-    const rng = new Pcg64Source(seed);
-    let picked: Int32Array;
-    if (tokens >= rows) {
-      const p = permutation(rng, rows);
-      picked = Int32Array.from({ length: tokens }, (_, i) => p[i % rows]!); // np.resize
-    } else {
-      picked = choiceWithoutReplacement(rng, rows, tokens);
-    }
-    const ndir = table.length * picked.length <= 5e8 ? picked.length : Math.min(picked.length, DIRECTIONS);
-    const u = new Float64Array(ndir * dim);
-    for (let i = 0; i < u.length; i++) u[i] = standardNormal(rng);
-    for (let j = 0; j < ndir; j++) {
-      let s = 0;
-      for (let k = 0; k < dim; k++) s += u[j * dim + k]! ** 2;
-      const n = Math.sqrt(s);
-      for (let k = 0; k < dim; k++) u[j * dim + k] = Math.fround(u[j * dim + k]! / n);
-    }
+                       tokens = FLOOR_TOKENS, seed = 0, chunk = 256): Promise<DChiFloor> {
+    const { picked, rng, ndir } = floorPairs(rows, table.length, tokens, seed);
+    const u = drawDirections(rng, ndir, dim);
     // identical rows: the exact search returns the lowest one, the others never
-    const same = twinGroups(table, rows, dim);
-    if (subset !== null) {
-      return DChiFloor.fromRows(table, rows, dim, picked, u, ndir, same, subset, index, chunk);
-    }
+    const same = twinGroups(table, rows, dim, picked);
     const norms = new Float64Array(rows);
     let maxN = 0;
     for (let v = 0; v < rows; v++) {
@@ -129,27 +110,31 @@ export class DChiFloor {
    * only (``index`` searches those rows): a minimum over fewer rows is never smaller, so
    * {@link unchanged} of the result bounds the real figure from above. A cheap proof that an η
    * passes the floor, without the product of every pair with every row.
+   *
+   * Pairs are done ``chunk`` at a time (their directions drawn as they are reached, in the
+   * order shared.floor draws them); after each chunk ``settled(exit, done)`` may end the work
+   * (the pairs not done yet keep the exit distance Infinity). Returns the exits and how many
+   * pairs were done.
    */
-  private static async fromRows(table: Float32Array, rows: number, dim: number, picked: Int32Array,
-                                u: Float64Array, ndir: number, same: Map<number, number[]>,
-                                subset: Int32Array, index: ExactNearest,
-                                chunk: number): Promise<DChiFloor> {
+  static async bound(table: Float32Array, rows: number, dim: number, index: ExactNearest,
+                     subset: Int32Array, settled: (exit: Float64Array, done: number) => boolean = () => false,
+                     tokens = FLOOR_TOKENS, seed = 0, chunk = 64): Promise<{ exit: Float64Array; done: number }> {
+    const { picked, rng, ndir } = floorPairs(rows, table.length, tokens, seed);
+    const same = twinGroups(table, rows, dim, picked);
     const k = subset.length;
-    const norms = new Float64Array(k);
-    for (let j = 0; j < k; j++) {
-      let s = 0;
-      for (let c = 0; c < dim; c++) s += table[subset[j]! * dim + c]! ** 2;
-      norms[j] = s;
-    }
+    const u = new Float64Array(ndir * dim);
     const ut = new Float32Array(ndir * k);
-    for (let s0 = 0; s0 < ndir; s0 += chunk) {
-      const c = Math.min(chunk, ndir - s0);
-      const p = await index.scores(u.subarray(s0 * dim, (s0 + c) * dim), c, false);
-      for (let i = 0; i < p.length; i++) ut[s0 * k + i] = -0.5 * p[i]!;
-    }
-    const exit = new Float64Array(picked.length);
+    let drawn = 0; // directions drawn so far, and their products with the subset
+    const exit = new Float64Array(picked.length).fill(Infinity);
     for (let s0 = 0; s0 < picked.length; s0 += chunk) {
       const c = Math.min(chunk, picked.length - s0);
+      const want = Math.min(ndir, s0 + c);
+      if (want > drawn) {
+        u.set(drawDirections(rng, want - drawn, dim), drawn * dim);
+        const p = await index.scores(u.subarray(drawn * dim, want * dim), want - drawn, false);
+        for (let i = 0; i < p.length; i++) ut[drawn * k + i] = -0.5 * p[i]!;
+        drawn = want;
+      }
       const x = new Float64Array(c * dim);
       for (let i = 0; i < c; i++) x.set(table.subarray(picked[s0 + i]! * dim, (picked[s0 + i]! + 1) * dim), i * dim);
       const d = await index.scores(x, c);
@@ -173,8 +158,9 @@ export class DChiFloor {
         }
         exit[s0 + i] = best > 0 ? 0.5 / best : Infinity;
       }
+      if (s0 + c < picked.length && settled(exit, s0 + c)) return { exit, done: s0 + c };
     }
-    return new DChiFloor(dim, exit, 0);
+    return { exit, done: picked.length };
   }
 
   /** Estimated Pr[the nearest regular token of φ(x) + N is x] at ``eta``. */
@@ -213,35 +199,68 @@ export class DChiFloor {
   }
 }
 
-/** Rows equal to another row: row -> every row equal to it (ascending). Rows are bucketed by a
- * hash of their bits, then compared exactly. */
-function twinGroups(table: Float32Array, rows: number, dim: number): Map<number, number[]> {
+/** The floor's pairs as shared.floor draws them from default_rng(seed): the token of each pair
+ * (rows of the regular table), the generator after those draws (the directions come next) and
+ * how many distinct directions there are. */
+function floorPairs(rows: number, size: number, tokens: number, seed: number
+): { picked: Int32Array; rng: Pcg64Source; ndir: number } {
+  const rng = new Pcg64Source(seed);
+  let picked: Int32Array;
+  if (tokens >= rows) {
+    const p = permutation(rng, rows);
+    picked = Int32Array.from({ length: tokens }, (_, i) => p[i % rows]!); // np.resize
+  } else {
+    picked = choiceWithoutReplacement(rng, rows, tokens);
+  }
+  const ndir = size * picked.length <= 5e8 ? picked.length : Math.min(picked.length, DIRECTIONS);
+  return { picked, rng, ndir };
+}
+
+/** The next ``count`` directions of ``rng``: standard normals, row by row, each row divided by
+ * its norm and rounded to float32 (shared.floor's order and rounding). */
+function drawDirections(rng: Pcg64Source, count: number, dim: number): Float64Array {
+  const u = new Float64Array(count * dim);
+  for (let i = 0; i < u.length; i++) u[i] = standardNormal(rng);
+  for (let j = 0; j < count; j++) {
+    let s = 0;
+    for (let k = 0; k < dim; k++) s += u[j * dim + k]! ** 2;
+    const n = Math.sqrt(s);
+    for (let k = 0; k < dim; k++) u[j * dim + k] = Math.fround(u[j * dim + k]! / n);
+  }
+  return u;
+}
+
+/** The rows of ``picked`` equal to another row: row -> every row equal to it (ascending; as
+ * shared.floor, which compares their bytes). Each row is first matched to the picked rows by
+ * a hash of its first two coordinates' bits, then compared in full. */
+function twinGroups(table: Float32Array, rows: number, dim: number, picked: Int32Array): Map<number, number[]> {
   const bits = new Uint32Array(table.buffer, table.byteOffset, table.length);
-  const buckets = new Map<number, number[]>();
-  const groups = new Map<number, number[]>();
+  const second = dim > 1 ? 1 : 0;
+  const key = (v: number): number => (bits[v * dim]! ^ Math.imul(bits[v * dim + second]!, 0x9e3779b1)) | 0;
+  const wanted = new Map<number, number[]>(); // key -> distinct picked rows with it
+  for (const r of new Set(picked)) {
+    const k = key(r);
+    const list = wanted.get(k);
+    if (list === undefined) wanted.set(k, [r]);
+    else list.push(r);
+  }
   const equal = (a: number, b: number): boolean => {
     for (let k = 0; k < dim; k++) if (bits[a * dim + k] !== bits[b * dim + k]) return false;
     return true;
   };
+  const found = new Map<number, number[]>(); // picked row -> every row equal to it
   for (let v = 0; v < rows; v++) {
-    let h = 0x811c9dc5;
-    for (let k = v * dim; k < (v + 1) * dim; k++) h = Math.imul(h ^ bits[k]!, 0x01000193);
-    const bucket = buckets.get(h);
-    if (bucket === undefined) {
-      buckets.set(h, [v]);
-      continue;
-    }
-    const j = bucket.find((b) => equal(b, v));
-    if (j === undefined) {
-      bucket.push(v);
-    } else {
-      const g = groups.get(j) ?? [j];
-      g.push(v);
-      groups.set(j, g);
+    const list = wanted.get(key(v));
+    if (list === undefined) continue;
+    for (const r of list) {
+      if (!equal(r, v)) continue;
+      const g = found.get(r);
+      if (g === undefined) found.set(r, [v]);
+      else g.push(v);
     }
   }
   const same = new Map<number, number[]>();
-  for (const g of groups.values()) for (const v of g) same.set(v, g);
+  for (const [r, g] of found) if (g.length > 1) same.set(r, g);
   return same;
 }
 
@@ -274,20 +293,10 @@ export function requireDchiFloor(name: "dchi-text" | "dchi-embedding", eta: numb
 }
 
 /** What a floor cache keeps per bundle (the exit distances, a few KB; keys are the bundle id,
- * or the bundle id and ".bound2048" for the cheap upper bound's). */
+ * or the bundle id and ".bound128" / ".bound2048" for the cheap upper bounds'). */
 export interface FloorCache {
   get(bundleId: string): Promise<Float64Array | null>;
   put(bundleId: string, exit: Float64Array): Promise<void>;
-}
-
-function regularTMax(bundle: EdgeBundle): number {
-  let tMax = 0;
-  for (const v of bundle.regularIds) {
-    let s = 0;
-    for (let k = 0; k < bundle.dim; k++) s += bundle.embeddings[v * bundle.dim + k]! ** 2;
-    if (s > tMax) tMax = s;
-  }
-  return Math.sqrt(tMax);
 }
 
 /** The floor of a bundle: from ``cache`` when it has it, else computed (and cached). */
@@ -295,21 +304,61 @@ export async function bundleFloor(bundle: EdgeBundle, index: ExactNearest,
                                   cache?: FloorCache | null): Promise<DChiFloor> {
   const reg = bundle.regularIds;
   const cached = cache ? await cache.get(bundle.bundleId) : null;
-  if (cached && cached.length === FLOOR_TOKENS) return new DChiFloor(bundle.dim, cached, regularTMax(bundle));
-  const floor = await DChiFloor.compute(bundle.rows(reg), reg.length, bundle.dim, index);
+  if (cached && cached.length === FLOOR_TOKENS) return new DChiFloor(bundle.dim, cached, bundle.regularMaxNorm);
+  const floor = await DChiFloor.compute(bundle.regularTable, reg.length, bundle.dim, index);
   if (cache) await cache.put(bundle.bundleId, floor.exit);
   return floor;
 }
 
-const BOUND_ROWS = 2048; // rows of the cheap upper bound
+/** Rows of the cheap upper bounds, tried in turn: the first settles an η well inside the
+ * floor for a few tens of milliseconds, the second one nearer it. */
+export const BOUND_ROWS = [128, 2048] as const;
 const BOUND_SLACK = 1 + 1e-4; // covers float32 rounding between the bound's products and the floor's
+
+/**
+ * Whether ``rows`` regular rows drawn by a fixed seed prove that dχ at ``eta`` passes the floor:
+ * their upper bounds on the pairs' exit distances give at most {@link THRESHOLD} unchanged
+ * tokens. A pair not computed yet counts as unchanged for sure (exit Infinity), so the work
+ * stops as soon as the pairs done prove it; a bound computed in full (it did not prove it) is
+ * kept in ``cache`` for the next η.
+ */
+async function boundSettles(bundle: EdgeBundle, eta: number, rows: number, cache: FloorCache | null,
+                            makeIndex: (table: Float32Array, rows: number) => Promise<ExactNearest>
+): Promise<boolean> {
+  const key = `${bundle.bundleId}.bound${rows}`;
+  const dim = bundle.dim;
+  const passes = (exit: Float64Array, done: number): boolean => {
+    let s = exit.length - done;
+    for (let i = 0; i < done; i++) s += gammaCdf(dim, eta * BOUND_SLACK * exit[i]!);
+    return s / exit.length <= THRESHOLD;
+  };
+  const cached = cache ? await cache.get(key) : null;
+  if (cached && cached.length === FLOOR_TOKENS) return passes(cached, cached.length);
+  const reg = bundle.regularIds;
+  const pick = choiceWithoutReplacement(new Pcg64Source(1), reg.length, rows).sort();
+  const table = bundle.regularTable;
+  const sub = new Float32Array(rows * dim);
+  for (let j = 0; j < rows; j++) sub.set(table.subarray(pick[j]! * dim, (pick[j]! + 1) * dim), j * dim);
+  const small = await makeIndex(sub, rows);
+  try {
+    const { exit, done } = await DChiFloor.bound(table, reg.length, dim, small, pick, passes);
+    if (done < exit.length) return true;
+    if (cache) await cache.put(key, exit);
+    return passes(exit, done);
+  } finally {
+    await small.release();
+  }
+}
 
 /**
  * Check dχ at ``eta`` against the floor of ``bundle``, as shared.floor.require_privacy_floor:
  * null when it passes, else the reason (thrown as {@link WeakPrivacyError} unless
  * ``allowWeak``). Computing the floor takes a product of 1,000 tokens with every row; an η that
- * passes is first tried against the upper bound from 2,048 rows ({@link DChiFloor.fromRows}),
- * and the full floor is computed (and cached) only when that bound does not settle it.
+ * passes is first tried against upper bounds from {@link BOUND_ROWS} rows
+ * ({@link DChiFloor.bound}: a minimum over fewer rows is never smaller, so the fraction of
+ * unchanged tokens they give is never below the floor's), and the full floor is computed (and
+ * cached) only when none settles it: an η near the floor, or one past it (the refusal quotes
+ * the full floor's figures).
  */
 export async function checkDchiFloor(name: "dchi-text" | "dchi-embedding", eta: number,
                                      bundle: EdgeBundle, index: ExactNearest,
@@ -319,24 +368,11 @@ export async function checkDchiFloor(name: "dchi-text" | "dchi-embedding", eta: 
   const cache = options.cache ?? null;
   const cached = cache ? await cache.get(bundle.bundleId) : null;
   if (!(cached && cached.length === FLOOR_TOKENS) && options.makeIndex
-      && Number.isFinite(eta * 2 * regularTMax(bundle)) && bundle.regularIds.length > BOUND_ROWS) {
-    const boundKey = `${bundle.bundleId}.bound${BOUND_ROWS}`;
-    let exit = cache ? await cache.get(boundKey) : null;
-    if (!(exit && exit.length === FLOOR_TOKENS)) {
-      const reg = bundle.regularIds;
-      const pick = choiceWithoutReplacement(new Pcg64Source(1), reg.length, BOUND_ROWS).sort();
-      const table = bundle.rows(reg);
-      const sub = new Float32Array(BOUND_ROWS * bundle.dim);
-      for (let j = 0; j < BOUND_ROWS; j++) sub.set(table.subarray(pick[j]! * bundle.dim, (pick[j]! + 1) * bundle.dim), j * bundle.dim);
-      const small = await options.makeIndex(sub, BOUND_ROWS);
-      try {
-        exit = (await DChiFloor.compute(table, reg.length, bundle.dim, small, FLOOR_TOKENS, 0, 256, pick)).exit;
-      } finally {
-        await small.release();
-      }
-      if (cache) await cache.put(boundKey, exit);
+      && Number.isFinite(eta * 2 * bundle.regularMaxNorm)) {
+    for (const rows of BOUND_ROWS) {
+      if (bundle.regularIds.length <= rows) break;
+      if (await boundSettles(bundle, eta, rows, cache, options.makeIndex)) return null;
     }
-    if (new DChiFloor(bundle.dim, exit, 0).unchanged(eta * BOUND_SLACK) <= THRESHOLD) return null;
   }
   const floor = await bundleFloor(bundle, index, options.cache);
   return requireDchiFloor(name, eta, floor, options.allowWeak ?? false);

@@ -13,6 +13,7 @@ export {
   type Charged, type Cost, type LedgerState, type LedgerStore, type MemoSetting, type Status,
 } from "./ledger.js";
 export { ExactNearest, type NearestOptions } from "./nearest.js";
+export { warmUp } from "./warm_up.js";
 export { recordLine, tokenPayloadJson, type FloatDtype } from "./payload.js";
 export { Pcg64Source } from "./pcg64.js";
 export {

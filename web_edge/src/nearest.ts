@@ -10,28 +10,23 @@
  *    float32 score is within 2δ of the smallest one could be the nearest; all others cannot.
  * 3. Those candidates (almost always one) are re-ranked by ‖y − t‖² in float64; ties go to the
  *    smallest row.
+ *
+ * On a vocabulary-sized table the candidate pass is the int8 pass of
+ * shared/mechanisms/int8_pass.py instead ({@link Int8CandidatePass}: its own proven bound, a
+ * quarter of the float32 table's bytes), where onnxruntime-web's integer kernel proves exact
+ * here; a query it cannot narrow to a few candidates takes the float32 pass above. Both
+ * are exact, so which one runs changes no result.
  */
 
+import { nextUpF32 } from "./float32.js";
+import { Int8CandidatePass } from "./int8_pass.js";
 import { LoopTableProduct, OrtTableProduct, type OrtOptions, type TableProduct } from "./table_product.js";
+
+export { nextUpF32 } from "./float32.js";
 
 const U32 = 2 ** -24; // unit roundoff of float32
 const F32_MAX = 3.4028234663852886e38;
-const F32 = new Float32Array(1);
-const U32V = new Uint32Array(F32.buffer);
-
-/** The smallest float32 strictly above the float32 value ``x`` (np.nextafter(x, inf)). */
-export function nextUpF32(x: number): number {
-  F32[0] = x;
-  const v = F32[0]!;
-  if (v === Infinity || Number.isNaN(v)) return v;
-  if (v === 0) {
-    U32V[0] = 1;
-    return F32[0]!;
-  }
-  if (v > 0) U32V[0] = U32V[0]! + 1;
-  else U32V[0] = U32V[0]! - 1;
-  return F32[0]!;
-}
+const LARGE = 4096; // tables from this many rows get onnxruntime-web's kernels
 
 /** Whether float32 scores ‖t‖² − 2 y·t of queries of norm up to ``queryNorm`` against rows of norm
  * up to ``tMax`` (with room for the error bound) can overflow. */
@@ -40,10 +35,14 @@ export function scoresOverflow(queryNorm: number, tMax: number): boolean {
 }
 
 export interface NearestOptions extends OrtOptions {
-  /** "ort" (onnxruntime-web, the default for tables of 4,096 rows and more) or "loop". */
-  backend?: "ort" | "loop" | "auto";
+  /** The candidate pass: "int8" (onnxruntime-web's integer kernel; an error where it is not
+   * exact), "ort" (onnxruntime-web's float32 MatMul), "loop" (plain JS), or "auto" (the
+   * default): int8 for tables of 4,096 rows and more where it is exact, else ort; loop below. */
+  backend?: "int8" | "ort" | "loop" | "auto";
   /** Queries per product (default 256). */
   chunk?: number;
+  /** ‖t‖² of the table's rows (float64), when the caller has them already. */
+  norms?: Float64Array;
 }
 
 /** Exact L2 nearest row of a float32 table for batches of float64 queries. */
@@ -52,14 +51,25 @@ export class ExactNearest {
   readonly rows: number;
   /** Queries decided in float64 by the last search (near ties). */
   lastRerankCount = 0;
+  /** Queries the int8 pass handed to the float32 pass in the last search. */
+  lastFallbackCount = 0;
   private readonly width: number;
   private readonly gamma: number;
   private readonly tMax: number;
   private readonly chunk: number;
+  /** the float32 product of the search ("ort", "loop"; null with int8) */
+  private readonly f32: TableProduct | null;
+  /** onnxruntime-web's float32 MatMul for {@link scores} on a large table, built on first use */
+  private ortF32: Promise<OrtTableProduct> | null;
+  private loop: LoopTableProduct | null = null;
 
   private constructor(private readonly table: Float32Array, rows: number, dim: number,
-                      private readonly ids: Int32Array, private readonly product: TableProduct,
-                      tMax: number, width: number, chunk: number) {
+                      private readonly ids: Int32Array, private readonly norms: Float64Array,
+                      /** the float32 product of the search (null: built when first needed) */
+                      f32: TableProduct | null,
+                      private readonly int8: Int8CandidatePass | null,
+                      tMax: number, width: number, chunk: number,
+                      private readonly threads: number) {
     this.rows = rows;
     this.dim = dim;
     this.tMax = tMax;
@@ -67,11 +77,14 @@ export class ExactNearest {
     const terms = width + 4;
     this.gamma = (terms * U32) / (1 - terms * U32);
     this.chunk = chunk;
+    this.f32 = f32;
+    this.ortF32 = f32 instanceof OrtTableProduct ? Promise.resolve(f32) : null;
+    if (f32 instanceof LoopTableProduct) this.loop = f32;
   }
 
   /**
-   * The search over ``table`` (rows × dim, row-major float32); ``ids`` maps rows to the ids
-   * returned (default: the row numbers).
+   * The search over ``table`` (rows × dim, row-major float32, read in place: not copied);
+   * ``ids`` maps rows to the ids returned (default: the row numbers).
    */
   static async create(table: Float32Array, rows: number, dim: number, ids?: Int32Array | null,
                       options: NearestOptions = {}): Promise<ExactNearest> {
@@ -81,25 +94,53 @@ export class ExactNearest {
     const idMap = ids ?? Int32Array.from({ length: rows }, (_, i) => i);
     if (idMap.length !== rows) throw new RangeError("ids must have one entry per table row");
     const width = Math.ceil((dim + 1) / 16) * 16;
-    const aug = new Float32Array(rows * width);
-    let maxNorm2 = 0;
-    for (let v = 0; v < rows; v++) {
-      let n2 = 0;
-      for (let k = 0; k < dim; k++) {
-        const t = table[v * dim + k]!;
-        aug[v * width + k] = -2 * t; // exact: scaling by a power of two
-        n2 += t * t;
+    let norms = options.norms;
+    if (norms !== undefined && norms.length !== rows) throw new RangeError("norms must have one entry per table row");
+    if (norms === undefined) {
+      norms = new Float64Array(rows);
+      for (let v = 0; v < rows; v++) {
+        let n2 = 0;
+        for (let k = v * dim; k < (v + 1) * dim; k++) n2 += table[k]! * table[k]!;
+        norms[v] = n2;
       }
-      aug[v * width + dim] = n2;
-      if (n2 > maxNorm2) maxNorm2 = n2;
     }
-    const backend = options.backend === undefined || options.backend === "auto"
-      ? (rows >= 4096 ? "ort" : "loop") : options.backend;
-    const product = backend === "ort"
-      ? await OrtTableProduct.create(aug, rows, width, options)
-      : new LoopTableProduct(aug, rows, width);
-    return new ExactNearest(table, rows, dim, idMap, product, Math.sqrt(maxNorm2), width,
-      Math.max(1, Math.floor(options.chunk ?? 256)));
+    let maxNorm2 = 0;
+    for (const n2 of norms) if (n2 > maxNorm2) maxNorm2 = n2;
+    const threads = Math.max(1, Math.floor(options.threads ?? 1));
+    const asked = options.backend ?? "auto";
+    let int8: Int8CandidatePass | null = null;
+    if (asked === "int8" || (asked === "auto" && rows >= LARGE)) {
+      int8 = await Int8CandidatePass.create(table, rows, dim, norms, threads);
+      if (int8 === null && asked === "int8") {
+        throw new RangeError("the int8 candidate pass cannot run here: onnxruntime-web's integer kernel is not exact");
+      }
+    }
+    const backend = int8 !== null ? "int8" : asked === "auto" ? (rows >= LARGE ? "ort" : "loop") : asked;
+    const f32 = backend === "ort" ? await OrtTableProduct.create(table, norms, rows, dim, width, { threads })
+      : backend === "loop" ? new LoopTableProduct(table, norms, rows, dim, width) : null;
+    return new ExactNearest(table, rows, dim, idMap, norms, f32, int8, Math.sqrt(maxNorm2), width,
+      Math.max(1, Math.floor(options.chunk ?? 256)), threads);
+  }
+
+  /** Which candidate pass searches: "int8", or the float32 product ("ort", "loop"). */
+  get backend(): "int8" | "ort" | "loop" {
+    if (this.int8 !== null) return "int8";
+    return this.f32 instanceof OrtTableProduct ? "ort" : "loop";
+  }
+
+  /** The float32 product for {@link scores}: onnxruntime-web's MatMul on a large table (built
+   * on first use when the search does not hold one: the privacy floor's full computation),
+   * the plain loop on a small one. */
+  private product(): Promise<TableProduct> {
+    if (this.ortF32 === null && this.rows < LARGE) return Promise.resolve(this.loopProduct());
+    this.ortF32 ??= OrtTableProduct.create(this.table, this.norms, this.rows, this.dim, this.width,
+      { threads: this.threads });
+    return this.ortF32;
+  }
+
+  private loopProduct(): LoopTableProduct {
+    this.loop ??= new LoopTableProduct(this.table, this.norms, this.rows, this.dim, this.width);
+    return this.loop;
   }
 
   /** Upper bound on |float32 score − real score| for a query of norm ``queryNorm``. */
@@ -110,13 +151,14 @@ export class ExactNearest {
 
   /** The float32 scores ‖t‖² − 2 y·t of ``m`` queries against every row (m × rows); with
    * ``withNorms`` false, −2 y·t. */
-  async scores(queries: Float64Array | Float32Array, m: number, withNorms = true): Promise<Float32Array> {
+  async scores(queries: Float64Array | Float32Array, m: number, withNorms = true,
+               product?: TableProduct): Promise<Float32Array> {
     const y = new Float32Array(m * this.width);
     for (let i = 0; i < m; i++) {
       for (let k = 0; k < this.dim; k++) y[i * this.width + k] = queries[i * this.dim + k]!;
       y[i * this.width + this.dim] = withNorms ? 1 : 0;
     }
-    return this.product.run(y, m);
+    return (product ?? await this.product()).run(y, m);
   }
 
   /** Ids of the exact nearest rows of the ``queries`` (m × dim, row-major float64). */
@@ -136,11 +178,29 @@ export class ExactNearest {
       throw new RangeError("queries are too large for the float32 candidate pass (their scores would overflow)");
     }
     this.lastRerankCount = 0;
+    this.lastFallbackCount = 0;
     const out = new Int32Array(m);
+    const rows = new Int32Array(Math.min(this.chunk, m));
     for (let start = 0; start < m; start += this.chunk) {
       const k = Math.min(this.chunk, m - start);
       const block = queries.subarray(start * this.dim, (start + k) * this.dim);
-      const s = await this.scores(block, k);
+      if (this.int8 !== null) {
+        this.lastRerankCount += await this.int8.searchChunk(block, k, rows);
+        const back: number[] = [];
+        for (let i = 0; i < k; i++) {
+          if (rows[i]! >= 0) out[start + i] = this.ids[rows[i]!]!;
+          else back.push(i);
+        }
+        // the few it hands back: the float32 pass, by the plain loop
+        for (const i of back) {
+          const q = block.subarray(i * this.dim, (i + 1) * this.dim);
+          const s = await this.scores(q, 1, true, this.loopProduct());
+          out[start + i] = this.ids[this.decide(q, 0, s)]!;
+        }
+        this.lastFallbackCount += back.length;
+        continue;
+      }
+      const s = await this.scores(block, k, true, this.f32!);
       for (let i = 0; i < k; i++) out[start + i] = this.ids[this.decide(block, i, s)]!;
     }
     return out;
@@ -195,6 +255,9 @@ export class ExactNearest {
   }
 
   async release(): Promise<void> {
-    await this.product.release();
+    await this.int8?.release();
+    const ort = this.ortF32;
+    this.ortF32 = null;
+    if (ort) await (await ort).release();
   }
 }

@@ -3,6 +3,8 @@
 
 import { BundleError } from "./errors.js";
 
+const LITTLE_ENDIAN = new Uint8Array(new Uint32Array([1]).buffer)[0] === 1;
+
 export interface Matrix {
   rows: number;
   cols: number;
@@ -32,9 +34,13 @@ export function readNpyF32(bytes: Uint8Array, where: string): Matrix {
   if (bytes.length - start !== nbytes) {
     throw new BundleError(`${where}: ${bytes.length - start} bytes of data for shape (${rows}, ${cols})`);
   }
-  // copy into an aligned buffer, swapping bytes on a big-endian host
+  // copy into an aligned buffer (one memcpy), swapping bytes on a big-endian host
   const data = new Float32Array(rows * cols);
-  const src = new DataView(bytes.buffer, bytes.byteOffset + start, nbytes);
-  for (let i = 0; i < data.length; i++) data[i] = src.getFloat32(4 * i, true);
+  if (LITTLE_ENDIAN) {
+    new Uint8Array(data.buffer).set(bytes.subarray(start, start + nbytes));
+  } else {
+    const src = new DataView(bytes.buffer, bytes.byteOffset + start, nbytes);
+    for (let i = 0; i < data.length; i++) data[i] = src.getFloat32(4 * i, true);
+  }
   return { rows, cols, data };
 }

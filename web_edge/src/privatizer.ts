@@ -18,12 +18,13 @@ import type { EdgeBundle } from "./bundle.js";
 import { DChiEmbedding, DChiText, checkDchiEta } from "./dchi.js";
 import { TextError } from "./errors.js";
 import { checkDchiFloor, type FloorCache } from "./floor.js";
-import { dchiCost, diameter, vectorCost, type Cost } from "./ledger.js";
+import { dchiCost, vectorCost, type Cost } from "./ledger.js";
 import { ExactNearest, type NearestOptions } from "./nearest.js";
 import {
   floatBytes, int32Bytes, tokenPayloadJson, vectorPayloadJson, type FloatDtype,
 } from "./payload.js";
 import { resolveSource, type BitSource } from "./random.js";
+import { measure, now } from "./timing.js";
 import { TextTokenizer } from "./tokenizer.js";
 import { Laplace, OME, SentenceEncoder, packBits, requireVectorFloor } from "./vector.js";
 
@@ -103,8 +104,10 @@ export class Privatizer {
                       readonly encoder: SentenceEncoder | null,
                       /** why the parameters are weaker than the floor (only with allowWeakPrivacy) */
                       readonly weakPrivacy: string | null) {
+    const t0 = now();
     this.tokenizer = new TextTokenizer(bundle.tokenizerJson);
-    this.diam = name.startsWith("dchi") ? diameter(bundle.embeddings, bundle.dim, bundle.regularIds) : 0;
+    measure("tokenizer", t0);
+    this.diam = name.startsWith("dchi") ? 2 * bundle.regularMaxNorm : 0; // ledger.diameter
   }
 
   /**
@@ -144,9 +147,11 @@ export class Privatizer {
     let mech: DChiText | DChiEmbedding;
     let index: ExactNearest;
     const makeIndex = (t: Float32Array, rows: number): Promise<ExactNearest> =>
-      ExactNearest.create(t, rows, bundle.dim, null, { ...options, backend: options.backend ?? "auto" });
+      ExactNearest.create(t, rows, bundle.dim, null, { ...options, backend: "ort" });
     if (name === "dchi-text") {
+      const t0 = now();
       const m = await DChiText.create(bundle, eta, options);
+      measure("search", t0);
       mech = m;
       index = m.index;
     } else {
@@ -155,12 +160,15 @@ export class Privatizer {
       for (const x of bundle.embeddings) tMax = Math.max(tMax, Math.abs(x));
       checkDchiEta(eta, bundle.dim, tMax, floatDtype, false);
       const reg = bundle.regularIds;
-      index = await ExactNearest.create(bundle.rows(reg), reg.length, bundle.dim, reg, options);
+      // only the privacy floor reads this search: no candidate pass is built up front
+      index = await ExactNearest.create(bundle.regularTable, reg.length, bundle.dim, reg, { ...options, backend: "loop", norms: bundle.regularNorms2() });
     }
     try {
+      const t0 = now();
       const weak = await checkDchiFloor(name as "dchi-text" | "dchi-embedding", eta, bundle, index, {
         cache: options.floorCache ?? null, allowWeak, makeIndex,
       });
+      measure("floor", t0);
       return new Privatizer(bundle, name as Mechanism, mech, { eta }, maxLength, truncate, floatDtype, null, weak);
     } catch (exc) {
       if (mech instanceof DChiText) await mech.release();

@@ -12,7 +12,7 @@ import type { EdgeBundle } from "./bundle.js";
 import { PrivbertClient, type BundleCache, type ModelInfo } from "./client.js";
 import { TextError } from "./errors.js";
 import type { FloorCache } from "./floor.js";
-import { Ledger, MemoryLedgerStore, diameter, type Cost, type LedgerStore, type Status } from "./ledger.js";
+import { Ledger, MemoryLedgerStore, type Cost, type LedgerStore, type Status } from "./ledger.js";
 import { Privatizer, nTokens, type TokenizedText } from "./privatizer.js";
 import type { BitSource } from "./random.js";
 
@@ -65,7 +65,7 @@ export class EdgeSession {
       floorCache: o.floorCache ?? null, threads: o.threads, allowWeakPrivacy: o.allowWeakPrivacy,
     });
     return new EdgeSession(client, model, bundle, privatizer, new Ledger(o.ledger ?? new MemoryLedgerStore()),
-      diameter(bundle.embeddings, bundle.dim, bundle.regularIds));
+      2 * bundle.regularMaxNorm); // ledger.diameter
   }
 
   /** The published and worst-case guarantee (dχ: per token; laplace, ome: per sentence). */

@@ -3,11 +3,12 @@
  * nearest-token search: `S (m × V) = Y (m × w) · Aᵀ` with A (V × w) the table stored as
  * [-2t, ‖t‖², 0 …] (shared/mechanisms/nearest.py). Two implementations of one interface:
  * onnxruntime-web's WebAssembly MatMul (SIMD; browsers and Node) and a plain loop (small
- * tables, tests, and where WebAssembly is not available). Both compute in float32; the error
+ * tables, the int8 pass's fallback queries, tests). Both compute in float32; the error
  * bound of the search holds for any summation order, so either is exact after the re-rank.
  */
 
 import { matmulModel } from "./onnx_model.js";
+import { loadOrt, type Ort } from "./ort.js";
 
 export interface TableProduct {
   /** Rows of the table (V) and the width of a row (w). */
@@ -19,21 +20,24 @@ export interface TableProduct {
   release(): Promise<void>;
 }
 
-/** The plain-loop product: for small tables (a vocabulary-sized table is the WebAssembly
- * MatMul's work: {@link OrtTableProduct}; bench/web_edge.py times it). */
+/** The plain-loop product, read straight from the table and its norms (no augmented copy):
+ * for small tables and for the few queries the int8 pass hands back (a vocabulary-sized table
+ * is the WebAssembly kernels' work: {@link OrtTableProduct}, the int8 pass). */
 export class LoopTableProduct implements TableProduct {
-  constructor(private readonly table: Float32Array, readonly rows: number, readonly width: number) {}
+  constructor(private readonly table: Float32Array, private readonly norms: Float64Array,
+              readonly rows: number, private readonly dim: number, readonly width: number) {}
 
   async run(y: Float32Array, m: number): Promise<Float32Array> {
-    const { rows, width, table } = this;
+    const { rows, dim, width, table, norms } = this;
     const out = new Float32Array(m * rows);
     for (let i = 0; i < m; i++) {
       const yi = y.subarray(i * width, (i + 1) * width);
+      const yn = yi[dim]!;
       for (let v = 0; v < rows; v++) {
         let s = 0;
-        const o = v * width;
-        for (let k = 0; k < width; k++) s += yi[k]! * table[o + k]!;
-        out[i * rows + v] = s; // float64 sum rounded once: within the float32 bound
+        const o = v * dim;
+        for (let k = 0; k < dim; k++) s += yi[k]! * table[o + k]!;
+        out[i * rows + v] = yn * norms[v]! - 2 * s; // float64, rounded once: within the float32 bound
       }
     }
     return out;
@@ -42,19 +46,11 @@ export class LoopTableProduct implements TableProduct {
   async release(): Promise<void> {}
 }
 
-/** Options of the onnxruntime-web product. */
+/** Options of the onnxruntime-web products. */
 export interface OrtOptions {
-  /** WebAssembly threads (a page needs cross-origin isolation for more than one); default 1. */
+  /** WebAssembly threads (a page needs cross-origin isolation for more than one); default 1.
+   * Fixed by the first use of onnxruntime-web in the page or process. */
   threads?: number;
-}
-
-type Ort = typeof import("onnxruntime-web");
-let ortModule: Promise<Ort> | null = null;
-
-/** onnxruntime-web, loaded once, on first use (pages that never privatize never load it). */
-export function loadOrt(): Promise<Ort> {
-  ortModule ??= import("onnxruntime-web");
-  return ortModule;
 }
 
 /** The product by onnxruntime-web's MatMul on its WebAssembly backend. */
@@ -63,16 +59,16 @@ export class OrtTableProduct implements TableProduct {
                       private readonly session: import("onnxruntime-web").InferenceSession,
                       readonly rows: number, readonly width: number) {}
 
-  /** Build the session for the augmented ``table`` (rows × width, row-major float32). */
-  static async create(table: Float32Array, rows: number, width: number,
+  /** The session for the table (rows × dim, row-major float32) with row norms² ``norms``: its
+   * initializer B = Aᵀ (width × rows) is written from the table in one pass. */
+  static async create(table: Float32Array, norms: Float64Array, rows: number, dim: number, width: number,
                       options: OrtOptions = {}): Promise<OrtTableProduct> {
-    const ort = await loadOrt();
-    ort.env.wasm.numThreads = Math.max(1, Math.floor(options.threads ?? 1));
-    ort.env.logLevel = "error";
-    // B = Aᵀ (width × rows): the model's initializer is the transposed table
+    const ort = await loadOrt(options.threads ?? 1);
     const b = new Float32Array(rows * width);
     for (let v = 0; v < rows; v++) {
-      for (let k = 0; k < width; k++) b[k * rows + v] = table[v * width + k]!;
+      const o = v * dim;
+      for (let k = 0; k < dim; k++) b[k * rows + v] = -2 * table[o + k]!; // exact: a power of two
+      b[dim * rows + v] = norms[v]!;
     }
     const session = await ort.InferenceSession.create(matmulModel(b, width, rows), {
       executionProviders: ["wasm"], graphOptimizationLevel: "all",

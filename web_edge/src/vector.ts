@@ -18,7 +18,7 @@
 import type { EdgeBundle } from "./bundle.js";
 import { fmtG } from "./dchi.js";
 import { WeakPrivacyError } from "./errors.js";
-import { loadOrt } from "./table_product.js";
+import { loadOrt } from "./ort.js";
 import type { BitSource } from "./random.js";
 import { resolveSource } from "./random.js";
 import { positive } from "./samplers.js";
@@ -232,8 +232,7 @@ export class SentenceEncoder {
     if (bundle.encoderOnnx === null || !desc || typeof desc.output_dim !== "number") {
       throw new RangeError(`bundle ${bundle.bundleId.slice(0, 12)}… has no encoder.onnx; laplace, ome and texthide need a bundle with the frozen sentence encoder (made by \`cloud-api export-bundle\`, or fetched with --server)`);
     }
-    const ort = await loadOrt();
-    ort.env.wasm.numThreads = Math.max(1, Math.floor(threads));
+    const ort = await loadOrt(threads);
     const session = await ort.InferenceSession.create(bundle.encoderOnnx, { executionProviders: ["wasm"] });
     const need = ["input_ids", "attention_mask", "token_type_ids"];
     if (!need.filter((n) => n !== "token_type_ids").every((n) => session.inputNames.includes(n))

@@ -1,9 +1,12 @@
-// The exact nearest-row search: the float32 candidate pass and the float64 re-rank agree with
-// a float64 brute force on random tables and on adversarial near ties, with both products.
+// The exact nearest-row search: the float32 and int8 candidate passes and the float64 re-rank
+// agree with a float64 brute force on random tables and on adversarial near ties, with every
+// product; the int8 pass hands a query with too many candidates to the float32 pass.
 import assert from "node:assert/strict";
 import { test } from "node:test";
 
+import { integerGemmIsExact } from "../dist/int8_pass.js";
 import { ExactNearest, nextUpF32 } from "../dist/nearest.js";
+import { loadOrt } from "../dist/ort.js";
 import { Pcg64Source } from "../dist/pcg64.js";
 import { standardNormal } from "../dist/samplers.js";
 
@@ -27,7 +30,7 @@ function randomTable(rows, dim, seed, scale = 1) {
   return Float32Array.from({ length: rows * dim }, () => scale * standardNormal(src));
 }
 
-for (const backend of ["loop", "ort"]) {
+for (const backend of ["loop", "ort", "int8"]) {
   test(`random tables and queries: the brute-force answer (${backend})`, async () => {
     const rows = 500, dim = 24;
     const table = randomTable(rows, dim, 1);
@@ -80,4 +83,40 @@ test("NaN, Inf and overflowing queries are refused", async () => {
   await assert.rejects(idx.search(Float64Array.of(0, Number.NaN, 0, 0)), /NaN or Inf/);
   await assert.rejects(idx.search(Float64Array.of(0, 1e38, 1e38, 0)), /too large/);
   await assert.rejects(idx.search(Float64Array.of(0, 1, 0)), /shape/);
+});
+
+test("onnxruntime-web's integer kernel is exact here for both operand kinds (else no int8 pass)", async () => {
+  const ort = await loadOrt();
+  for (const signed of [false, true]) assert.equal(await integerGemmIsExact(ort, signed, 384), true);
+});
+
+test("int8 pass: rows of very different scales, and a table large enough for auto", async () => {
+  const rows = 4200, dim = 16;
+  const src = new Pcg64Source(7);
+  // each row scaled by 10^k, k in [-3, 3]: the per-row steps and bounds must hold for all
+  const table = Float32Array.from({ length: rows * dim }, (_, i) =>
+    standardNormal(src) * 10 ** ((Math.floor(i / dim) % 7) - 3));
+  const q = Float64Array.from({ length: 120 * dim }, (_, i) => 2 * standardNormal(src) * 10 ** ((i % 5) - 2));
+  const idx = await ExactNearest.create(table, rows, dim, null, { chunk: 50 });
+  assert.equal(idx.backend, "int8");
+  assert.deepEqual(await idx.search(q), brute(table, rows, dim, q));
+  await idx.release();
+});
+
+test("int8 pass: a query with more candidates than the cap takes the float32 pass", async () => {
+  // 300 identical rows (over the cap of 256) and a few others: the query on them ties them all
+  const dim = 8, rows = 310;
+  const src = new Pcg64Source(3);
+  const table = new Float32Array(rows * dim);
+  for (let v = 0; v < rows; v++) {
+    for (let k = 0; k < dim; k++) table[v * dim + k] = v < 5 || v >= 305 ? standardNormal(src) : 0.5;
+  }
+  // the first query ties the 300; the second is one of the other rows (a single candidate)
+  const q = Float64Array.from({ length: 2 * dim }, (_, i) => (i < dim ? 0.5 + 1e-3 : table[307 * dim + i - dim]));
+  const idx = await ExactNearest.create(table, rows, dim, null, { backend: "int8" });
+  const got = await idx.search(q);
+  assert.deepEqual(got, brute(table, rows, dim, q));
+  assert.deepEqual(Array.from(got), [5, 307]); // the lowest of the tied rows; the row itself
+  assert.equal(idx.lastFallbackCount, 1);
+  await idx.release();
 });

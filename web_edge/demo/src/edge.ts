@@ -9,15 +9,22 @@
 
 import {
   ApiError, BudgetRefused, BundleError, CacheApiBundleCache, CryptoSource, DChiText, IndexedDbFloorCache,
-  IndexedDbLedgerStore, Ledger, PrivbertClient, Privatizer, TextError, WeakPrivacyError, dchiCost, diameter,
-  nTokens, type BundleCache, type EdgeBundle, type FloorCache, type ModelInfo, type Status, type TokenizedText,
+  IndexedDbLedgerStore, Ledger, PrivbertClient, Privatizer, TextError, WeakPrivacyError, dchiCost,
+  nTokens, warmUp, type BundleCache, type EdgeBundle, type FloorCache, type ModelInfo, type Status, type TokenizedText,
 } from "@privbert/edge";
 
 /** Regular tokens the inversion rate is measured on (its standard error is at most 3.1%). */
 export const INVERSION_TOKENS = 256;
+const INVERSION_BATCH = 32;
 
 /** The floor's cache is only a cache: storage the page may not use means computing it again. */
 const FLOORS = new IndexedDbFloorCache();
+/** The device ledger. */
+const LEDGER = new IndexedDbLedgerStore();
+// both databases are opened now (a fresh profile creates them), while the bundle downloads;
+// a failure shows where they are used
+void FLOORS.get("").catch(() => undefined);
+void LEDGER.read().catch(() => undefined);
 const OPTIONAL_FLOOR_CACHE: FloorCache = {
   get: (id) => FLOORS.get(id).catch(() => null),
   put: (id, exit) => FLOORS.put(id, exit).catch(() => undefined),
@@ -26,16 +33,26 @@ const OPTIONAL_FLOOR_CACHE: FloorCache = {
 const BUNDLES = new CacheApiBundleCache();
 const OPTIONAL_BUNDLE_CACHE: BundleCache = {
   get: (id) => BUNDLES.get(id).catch(() => null),
-  // stored in the background: the page does not wait for 50 MB to be written to use them
+  // stored in the background once the page is ready (copying 50 MB into the Cache API costs
+  // the main thread time the first privatization needs): the page does not wait for it
   put: (id, tar) => {
-    void BUNDLES.put(id, tar).catch(() => undefined);
+    void ready.then(() => BUNDLES.put(id, tar)).catch(() => undefined);
     return Promise.resolve();
   },
 };
+let pageReady: () => void = () => undefined;
+/** Resolved when the first model's privatizer is ready (or opening it failed). */
+const ready = new Promise<void>((resolve) => {
+  pageReady = resolve;
+});
 
 /** WebAssembly threads for the nearest-token search: more than one needs cross-origin
  * isolation (cloud-api serve sends COOP/COEP with /demo). */
 const THREADS = threadsFor(new URLSearchParams(location.search).get("threads"));
+
+// onnxruntime-web's WebAssembly is fetched, compiled and started now, while the page asks for
+// its models and downloads the bundle, not after
+void warmUp(THREADS);
 
 /** ``?threads=N`` (benchmarks) or up to 4 when isolated; 1 without cross-origin isolation. */
 function threadsFor(asked: string | null): number {
@@ -99,10 +116,10 @@ export class Edge {
     const t1 = performance.now();
     const limit = typeof model.max_length === "number" && model.max_length >= 4
       ? Math.min(model.max_length, bundle.maxLength) : bundle.maxLength;
-    const ledger = new Ledger(new IndexedDbLedgerStore());
-    const edge = new Edge(client, model, bundle, ledger, diameter(bundle.embeddings, bundle.dim, bundle.regularIds), limit);
+    const ledger = new Ledger(LEDGER);
+    const edge = new Edge(client, model, bundle, ledger, 2 * bundle.regularMaxNorm, limit); // ledger.diameter
     const t2 = performance.now();
-    await edge.privatizer(Number(model.params.eta));
+    await edge.privatizer(Number(model.params.eta)).finally(() => setTimeout(pageReady, 1000));
     edge.phases = { bundleMs: t1 - t0, fetched, setupMs: t2 - t1, privatizerMs: performance.now() - t2,
       threads: THREADS };
     return edge;
@@ -211,7 +228,12 @@ export class Edge {
     const reg = this.bundle.regularIds;
     const src = new CryptoSource();
     const ids = Int32Array.from({ length: tokens }, () => reg[Math.floor(src.nextDouble() * reg.length)]!);
-    const out = await (priv.mechanism as DChiText).privatizeIds(ids);
+    // in small batches, yielding between them: the page stays responsive while it measures
+    const out = new Int32Array(tokens);
+    for (let s0 = 0; s0 < tokens; s0 += INVERSION_BATCH) {
+      await new Promise((resolve) => setTimeout(resolve, 0));
+      out.set(await (priv.mechanism as DChiText).privatizeIds(ids.subarray(s0, s0 + INVERSION_BATCH)), s0);
+    }
     let same = 0;
     for (let i = 0; i < tokens; i++) if (out[i] === ids[i]) same++;
     const rate = same / tokens;

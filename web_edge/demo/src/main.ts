@@ -116,7 +116,8 @@ async function selectModel(t0: number = performance.now()): Promise<void> {
   status(`bundle ${m.bundle_id.slice(0, 12)}… verified (${edge.vocabSize.toLocaleString("en-US")} tokens × ${edge.dim}), ` +
     `loaded in ${Math.round(performance.now() - t0)} ms`);
   document.body.dataset.bundleMs = String(performance.now() - t0);
-  document.body.dataset.phases = JSON.stringify(edge.phases);
+  // when the page's script started (ms after navigation), then the phases of opening
+  document.body.dataset.phases = JSON.stringify({ scriptMs: t0, ...edge.phases });
   ui.go.disabled = ui.preview.disabled = false;
   await showLedger();
 }
@@ -163,6 +164,7 @@ function showPrivatized(p: Privatized): void {
 
 async function run(send: boolean): Promise<void> {
   if (busy || !edge) return;
+  document.body.dataset.clickAt = String(performance.now());
   const m = selected()!;
   busy = true;
   clearError();
@@ -203,8 +205,11 @@ async function run(send: boolean): Promise<void> {
     busy = false;
     await showLedger().catch(fail);
     document.body.dataset.done = "1";  // for the browser test: this click is answered
+    document.body.dataset.doneAt = String(performance.now());
+    document.dispatchEvent(new Event("privbert-answered"));
     if (!ui.error.hidden || measuredEta === eta()) return;
-    refreshInversion();
+    // after the answer is painted: the measurement takes the main thread for a while
+    requestAnimationFrame(() => setTimeout(refreshInversion, 0));
   }
 }
 

@@ -48,12 +48,24 @@ async function errorShown(page) {
   return (await page.locator("#error").isVisible()) ? await text(page, "error") : null;
 }
 
+// scenarios that leave nothing behind run one after the other on one page (in this order in
+// args.scenarios): each is its own result, with the requests sent while it ran
+const SHARED = ["empty", "too_long", "weak_eta", "server_down"];
+const opened = new WeakSet(); // pages already loaded (a shared page is not loaded again)
+const modelEta = new WeakMap(); // the η field as the page set it (the model's)
+
 /** Open the page and wait until it can privatize (or shows an error). */
 async function ready(page) {
   const t0 = Date.now();
+  if (opened.has(page)) {
+    await page.fill("#eta", modelEta.get(page));
+    return 0;
+  }
+  opened.add(page);
   await page.goto(args.url);
   await page.waitForFunction(() => !document.querySelector("#go").disabled
     || !document.querySelector("#error").hidden);
+  modelEta.set(page, await page.inputValue("#eta"));
   return Date.now() - t0;
 }
 
@@ -65,7 +77,14 @@ async function click(page, id) {
     document.body.dataset.done = "";
   });
   if (await page.locator(`#${id}`).isDisabled()) return;  // the page refused before: its message stands
+  // the page's event for the answer (no polling delay), listened to before the click
+  await page.evaluate(() => {
+    window.privbertAnswered = new Promise((resolve) => {
+      document.addEventListener("privbert-answered", () => resolve(), { once: true });
+    });
+  });
   await page.click(`#${id}`);
+  await page.evaluate(() => window.privbertAnswered);
   await page.waitForFunction(() => document.body.dataset.done === "1");
 }
 
@@ -186,12 +205,21 @@ const SCENARIOS = {
     await click(p.page, "preview");
     const firstMs = Date.now() - t0;
     const first = await state(p.page);
+    first.privatizeMs = Number(await p.page.evaluate(() => document.body.dataset.privatizeMs));
+    // the page's clock (ms after navigation): the first click, and its answer
+    first.clickAt = Number(await p.page.evaluate(() => document.body.dataset.clickAt));
+    first.doneAt = Number(await p.page.evaluate(() => document.body.dataset.doneAt));
+    // when the navigation started (the page's time origin), after the driver asked for it
+    first.navigationAfterMs = (await p.page.evaluate(() => performance.timeOrigin)) - t0;
     const warm = [];
     for (let i = 0; i < (args.repeats ?? 20); i++) {
       await click(p.page, "preview");
       warm.push((await state(p.page)).privatizeMs);
     }
-    return { firstMs, first, warm, bundleMs: Number(await p.page.evaluate(() => document.body.dataset.bundleMs)),
+    const measures = await p.page.evaluate(() => performance.getEntriesByType("measure")
+      .filter((m) => m.name.startsWith("privbert:") && m.startTime < Number(document.body.dataset.clickAt))
+      .map((m) => [m.name, m.startTime, m.duration]));
+    return { firstMs, first, warm, measures, bundleMs: Number(await p.page.evaluate(() => document.body.dataset.bundleMs)),
       phases: JSON.parse(await p.page.evaluate(() => document.body.dataset.phases || "{}")) };
   },
 };
@@ -204,8 +232,10 @@ const NO_INDEXEDDB = () => {
 };
 
 const scripts = new Map();  // URL -> gzip size of every script the page loaded
+let shared = null;
 for (const name of args.scenarios) {
-  const p = await freshPage(async (ctx, page) => {
+  const reuse = SHARED.includes(name) && shared !== null;
+  const p = reuse ? shared : await freshPage(async (ctx, page) => {
     if (name === "ledger_unwritable") await page.addInitScript(NO_INDEXEDDB);
     if (name === "bench" || name === "predict") {
       page.on("response", async (r) => {
@@ -216,16 +246,20 @@ for (const name of args.scenarios) {
       });
     }
   });
+  if (SHARED.includes(name)) shared = p;
+  const from = p.requests.length;
+  const logFrom = p.console.length;
   try {
     const result = await SCENARIOS[name](p);
-    report.scenarios[name] = { result, requests: p.requests, console: p.console };
+    report.scenarios[name] = { result, requests: p.requests.slice(from), console: p.console.slice(logFrom) };
   } catch (err) {
-    report.scenarios[name] = { failed: String(err.stack || err), requests: p.requests,
-      console: p.console, page: await state(p.page).catch(() => null) };
+    report.scenarios[name] = { failed: String(err.stack || err), requests: p.requests.slice(from),
+      console: p.console.slice(logFrom), page: await state(p.page).catch(() => null) };
   } finally {
-    await p.close();
+    if (p !== shared) await p.close();
   }
 }
+if (shared) await shared.close();
 await browser.close();
 report.scripts = Object.fromEntries(scripts);
 process.stdout.write(JSON.stringify(report));
