@@ -23,7 +23,6 @@ import logging
 import os
 import re
 import time
-from collections.abc import Callable
 
 from starlette.datastructures import MutableHeaders
 from starlette.requests import ClientDisconnect
@@ -59,12 +58,10 @@ class ServiceMiddleware:
     """See the module docstring. Pure ASGI (no ``BaseHTTPMiddleware``): the body stream is
     passed through, not buffered."""
 
-    def __init__(self, app: ASGIApp, *, max_body_bytes: int, max_concurrent: int,
-                 fast_route: Callable[[Scope], ASGIApp | None] | None = None):
+    def __init__(self, app: ASGIApp, *, max_body_bytes: int, max_concurrent: int):
         self.app = app
         self.max_body_bytes = max_body_bytes
         self.max_concurrent = max_concurrent
-        self.fast_route = fast_route  # hot routes answered here, past the framework
         self.in_flight = 0
         self._children: dict[tuple, tuple] = {}  # (route, method, status) -> metric children
 
@@ -98,10 +95,8 @@ class ServiceMiddleware:
             else:
                 if counted:
                     self.in_flight += 1
-                target = (self.fast_route(scope) if self.fast_route is not None else None) \
-                    or self.app
                 try:
-                    await target(scope, self._limited(receive), send_with_id)
+                    await self.app(scope, self._limited(receive), send_with_id)
                 finally:
                     if counted:
                         self.in_flight -= 1
@@ -152,7 +147,6 @@ class ServiceMiddleware:
                     raise BodyTooLarge(limit)
             return message
 
-        limited_receive.inner = receive  # type: ignore[attr-defined]  (disconnect flag)
         return limited_receive
 
     def _record(self, scope: Scope, method: str, state: dict, rid: str, status: int,
