@@ -29,6 +29,7 @@ the batcher drops a queued request whose client left, and its charge is refunded
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Sequence
 from typing import Any
 
 import orjson
@@ -43,6 +44,7 @@ from pydantic import (
     ValidationInfo,
     model_validator,
 )
+from starlette.middleware import Middleware
 from starlette.requests import ClientDisconnect
 from starlette.routing import Match, Route
 from starlette.types import Receive, Scope, Send
@@ -214,7 +216,7 @@ class PredictRoute(Route):
     """The one route of predict: a Starlette route whose endpoint is :func:`predict_app`
     (``middleware``, Starlette's, wraps it), documented in OpenAPI by :meth:`document`."""
 
-    def __init__(self, middleware=None):
+    def __init__(self, middleware: Sequence[Middleware] | None = None):
         super().__init__(PATH, _Asgi(), methods=["POST"], name="predict",
                          middleware=middleware)
 
