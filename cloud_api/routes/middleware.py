@@ -30,6 +30,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from cloud_api import metrics
 from cloud_api.problems import BodyTooLarge, internal_error, problem_response
+from cloud_api.routes.common import header
 
 access_log = logging.getLogger("cloud_api.access")
 error_log = logging.getLogger("cloud_api.errors")
@@ -37,13 +38,6 @@ error_log = logging.getLogger("cloud_api.errors")
 _REQUEST_ID = re.compile(r"^[A-Za-z0-9._:-]{1,128}$")
 PROBES = frozenset({"/healthz", "/readyz", "/metrics"})
 METHODS = frozenset({"GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "OPTIONS"})
-
-
-def _header(scope: Scope, name: bytes) -> str | None:
-    for key, value in scope.get("headers", ()):
-        if key == name:
-            return value.decode("latin-1")
-    return None
 
 
 def route_template(scope: Scope) -> str:
@@ -73,7 +67,7 @@ class ServiceMiddleware:
         if method == "HEAD":  # RFC 9110: GET's answer; the server drops the body (its own
             scope = {**scope, "method": "GET"}  # scope still says HEAD)
         started = time.perf_counter()
-        given = _header(scope, b"x-request-id")
+        given = header(scope, b"x-request-id")
         rid = given if given and _REQUEST_ID.match(given) else os.urandom(16).hex()
         state = scope.setdefault("state", {})
         state["request_id"] = rid
@@ -121,7 +115,7 @@ class ServiceMiddleware:
 
     def _refuse_early(self, scope: Scope, rid: str, state: dict, counted: bool):
         """A 413 or 429 answer given before the app runs (None to go on)."""
-        length = _header(scope, b"content-length")
+        length = header(scope, b"content-length")
         if length is not None and length.isdigit() and int(length) > self.max_body_bytes:
             return problem_response(
                 rid, 413, "too-large", "Request body too large",

@@ -53,7 +53,7 @@ from cloud_api.auth import authenticate
 from cloud_api.charging import price_prediction, settle_prediction, unanswered
 from cloud_api.errors import TooManyPayloads
 from cloud_api.problems import add_schemas, responses
-from cloud_api.routes.common import ModelId
+from cloud_api.routes.common import ModelId, header
 from shared.payload import Payload
 
 PATH = "/v1/models/{model_id}/predict"
@@ -95,7 +95,7 @@ async def predict_app(scope: Scope, receive: Receive, send: Send) -> None:
     """The route's ASGI app (see the module docstring); errors are raised for the app's
     exception handlers."""
     app_state = scope["app"].state
-    caller = authenticate(app_state, _header(scope, b"authorization"), "app",
+    caller = authenticate(app_state, header(scope, b"authorization"), "app",
                           scope.setdefault("state", {}))
     model_id = _model_id(scope["path_params"]["model_id"])
     app_state.registry.limits_for(model_id)  # NotFound, before the body is read
@@ -103,7 +103,7 @@ async def predict_app(scope: Scope, receive: Receive, send: Send) -> None:
     gone = Disconnect(receive)
     try:
         answer, headers = await _predict(app_state, caller.key_id,
-                                         _header(scope, b"x-device-id"), model_id, body, gone)
+                                         header(scope, b"x-device-id"), model_id, body, gone)
     finally:
         gone.stop()
     data = orjson.dumps(answer)
@@ -152,13 +152,6 @@ def _retrieved(fut) -> None:
     """Marks a charge's outcome as seen when its request went away before awaiting it."""
     if not fut.cancelled():
         fut.exception()
-
-
-def _header(scope: Scope, name: bytes) -> str | None:
-    for key, value in scope.get("headers", ()):
-        if key == name:
-            return value.decode("latin-1")
-    return None
 
 
 def _model_id(value: str) -> str:
