@@ -45,15 +45,16 @@ async def drive(app, bodies: list[bytes], n: int, concurrency: int) -> tuple[flo
     wall seconds per request (at concurrency 1: a request's mean latency)."""
     path = f"/v1/models/{MODEL_ID}/predict"
 
-    class Cycle:  # a client that stays: the body, then nothing (no http.disconnect)
+    class Cycle:  # a client that stays: the body, then http.disconnect once answered (ASGI)
         def __init__(self, body: bytes):
-            self.body, self.sent = body, False
+            self.body, self.sent, self.answered = body, False, asyncio.Event()
 
         async def receive(self):
             if not self.sent:
                 self.sent = True
                 return {"type": "http.request", "body": self.body, "more_body": False}
-            await asyncio.Event().wait()
+            await self.answered.wait()
+            return {"type": "http.disconnect"}
 
     async def one(body: bytes) -> None:
         scope = {"type": "http", "asgi": {"version": "3.0"}, "http_version": "1.1",
@@ -65,12 +66,15 @@ async def drive(app, bodies: list[bytes], n: int, concurrency: int) -> tuple[flo
                      (b"content-type", b"application/json"),
                      (b"content-length", str(len(body)).encode())]}
         status = []
+        cycle = Cycle(body)
 
         async def send(message):
             if message["type"] == "http.response.start":
                 status.append(message["status"])
+            elif not message.get("more_body", False):
+                cycle.answered.set()
 
-        await app(scope, Cycle(body).receive, send)
+        await app(scope, cycle.receive, send)
         assert status == [200], status
 
     async def client(k: int) -> None:

@@ -104,14 +104,14 @@ async def predict_app(scope: Scope, receive: Receive, send: Send) -> None:
     try:
         answer, headers = await _predict(app_state, caller.key_id,
                                          header(scope, b"x-device-id"), model_id, body, gone)
+        data = orjson.dumps(answer)
+        await send({"type": "http.response.start", "status": 200, "headers": [
+            (b"content-type", b"application/json"),
+            (b"content-length", str(len(data)).encode("ascii")),
+            *((k.lower().encode("latin-1"), v.encode("latin-1")) for k, v in headers.items())]})
+        await send({"type": "http.response.body", "body": data})
     finally:
         gone.stop()
-    data = orjson.dumps(answer)
-    await send({"type": "http.response.start", "status": 200, "headers": [
-        (b"content-type", b"application/json"),
-        (b"content-length", str(len(data)).encode("ascii")),
-        *((k.lower().encode("latin-1"), v.encode("latin-1")) for k, v in headers.items())]})
-    await send({"type": "http.response.body", "body": data})
 
 
 async def _predict(app_state, key_id: str, device_id: str | None, model_id: str, body: bytes,
@@ -180,8 +180,8 @@ async def _body(receive: Receive) -> bytes:
 class Disconnect:
     """Whether the client has gone away, for the batcher (a cheap flag read): after the whole
     body, the next ASGI message on ``receive`` is ``http.disconnect``, sent when the client
-    closes the connection (or, later, once the response is complete); a task waits for it
-    until :meth:`stop`."""
+    closes the connection, or once the response is complete (ASGI's HTTP spec); a task
+    waits for it."""
 
     __slots__ = ("gone", "_task")
 
@@ -201,7 +201,15 @@ class Disconnect:
         return self.gone
 
     def stop(self) -> None:
-        self._task.cancel()
+        """Once the response is sent: the server's ``http.disconnect`` ends the task (no
+        cancellation, whose exception and reference cycle cost a request more); a task
+        still waiting on the loop's next turn is cancelled."""
+        asyncio.get_running_loop().call_soon(_cancel_if_waiting, self._task)
+
+
+def _cancel_if_waiting(task: asyncio.Task) -> None:
+    if not task.done():
+        task.cancel()
 
 
 # -- the route -------------------------------------------------------------------------------
