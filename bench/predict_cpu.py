@@ -3,7 +3,6 @@ process (no HTTP server, no sockets), one request at a time or 32 at once, again
 app of ``bench/serve.py`` on the same model, payloads and requests, with the service's
 hot-path changes of issue 18 switched off one at a time:
 
-* ``fast path off``: predict through FastAPI's router and dependency solving again;
 * ``inline off``: a lone request's forward handed to the inference thread and back;
 * ``python-json-logger``: the access line formatted by python-json-logger, as before;
 * ``charge not committed``: attribution only, never a way to run the service: the
@@ -27,7 +26,7 @@ import resource
 import statistics
 import sys
 import time
-from contextlib import AsyncExitStack, contextmanager
+from contextlib import AsyncExitStack
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
@@ -46,15 +45,16 @@ async def drive(app, bodies: list[bytes], n: int, concurrency: int) -> tuple[flo
     wall seconds per request (at concurrency 1: a request's mean latency)."""
     path = f"/v1/models/{MODEL_ID}/predict"
 
-    class Cycle:  # what uvicorn's request cycle offers: the body, then a disconnect flag
+    class Cycle:  # a client that stays: the body, then http.disconnect once answered (ASGI)
         def __init__(self, body: bytes):
-            self.body, self.sent, self.disconnected = body, False, False
+            self.body, self.sent, self.answered = body, False, asyncio.Event()
 
         async def receive(self):
             if not self.sent:
                 self.sent = True
                 return {"type": "http.request", "body": self.body, "more_body": False}
-            await asyncio.Event().wait()
+            await self.answered.wait()
+            return {"type": "http.disconnect"}
 
     async def one(body: bytes) -> None:
         scope = {"type": "http", "asgi": {"version": "3.0"}, "http_version": "1.1",
@@ -66,12 +66,15 @@ async def drive(app, bodies: list[bytes], n: int, concurrency: int) -> tuple[flo
                      (b"content-type", b"application/json"),
                      (b"content-length", str(len(body)).encode())]}
         status = []
+        cycle = Cycle(body)
 
         async def send(message):
             if message["type"] == "http.response.start":
                 status.append(message["status"])
+            elif not message.get("more_body", False):
+                cycle.answered.set()
 
-        await app(scope, Cycle(body).receive, send)
+        await app(scope, cycle.receive, send)
         assert status == [200], status
 
     async def client(k: int) -> None:
@@ -95,20 +98,6 @@ class UncommittedCharges:
         return fut
 
 
-@contextmanager
-def no_fast_path(on: bool):
-    """Build the app with predict through FastAPI's router (``on``)."""
-    from cloud_api.routes import inference
-
-    saved = inference.predict_route
-    if on:
-        inference.predict_route = lambda scope: None
-    try:
-        yield
-    finally:
-        inference.predict_route = saved
-
-
 def formatter(name: str):
     """The access log's formatter of variant ``name``: python-json-logger's (as before
     issue 18) or the service's own."""
@@ -130,7 +119,7 @@ async def main_async(args, model: Path, home: Path, bodies: list[bytes]) -> list
     from cloud_api.app import create_app
     from cloud_api.settings import Settings
 
-    names = ["cloud-api serve", "fast path off", "inline off", "python-json-logger",
+    names = ["cloud-api serve", "inline off", "python-json-logger",
              "charge not committed", "naive (serial)"]
     try:
         import pythonjsonlogger  # noqa: F401  (no longer a dependency of the service)
@@ -147,11 +136,10 @@ async def main_async(args, model: Path, home: Path, bodies: list[bytes]) -> list
             if name.startswith("naive"):
                 apps[name] = naive_app(str(model), args.backend, "serial", args.threads)
                 continue
-            with no_fast_path(name == "fast path off"):
-                app = create_app(Settings(
-                    home=home, api_keys=API_KEY, admin_keys=API_KEY + "-admin",
-                    backend=args.backend, torch_threads=args.threads, worker_in_serve=False,
-                    rate_limit_per_key=0, inline_when_idle=name != "inline off"))
+            app = create_app(Settings(
+                home=home, api_keys=API_KEY, admin_keys=API_KEY + "-admin",
+                backend=args.backend, torch_threads=args.threads, worker_in_serve=False,
+                rate_limit_per_key=0, inline_when_idle=name != "inline off"))
             await stack.enter_async_context(app.router.lifespan_context(app))
             if name == "charge not committed":
                 app.state.charges = UncommittedCharges()

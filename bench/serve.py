@@ -37,6 +37,8 @@ the naive threaded server and >= 2x Ray Serve; c=32 p99 <= 2.5x p50; c=32 >= 400
 The int8 accuracy target is ``bench/int8.py``'s.
 
     python bench/serve.py --quick                # onnx-int8, c=1 and 32, Ray tuned: ~4 min
+    git worktree add --detach /tmp/before main && python bench/serve.py --quick --baseline \
+        /tmp/before                              # a change against main, in the same rounds
     python bench/serve.py --threads 1            # torch and onnx, about 6 minutes
     python bench/serve.py --padding --threads 1 --backends onnx onnx-int8
 """
@@ -45,6 +47,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import importlib.util
 import json
 import os
 import shutil
@@ -531,8 +534,12 @@ def main() -> int:
     ap.add_argument("--ray-max-batch-size", type=int, default=16)
     ap.add_argument("--ray-batch-wait-timeout-s", type=float, default=0.002)
     ap.add_argument("--quick", action="store_true", help="the issue-18 targets in a few "
-                    "minutes: onnx-int8, c=1 and 32, both naive servers, Ray Serve tuned, "
-                    "2 rounds of 3 s")
+                    "minutes: onnx-int8, c=1 and 32, both naive servers, Ray Serve tuned "
+                    "(when installed), 2 rounds of 3 s")
+    ap.add_argument("--baseline", type=Path, help="also serve with the cloud-api of this "
+                    "other checkout (a git worktree of the commit before a change), taking "
+                    "turns with this one's in every round: a change and its baseline measured "
+                    "in the same run")
     # internal: run the naive server
     ap.add_argument("--naive", choices=["serial", "threads"], help=argparse.SUPPRESS)
     ap.add_argument("--naive-model", help=argparse.SUPPRESS)
@@ -544,7 +551,11 @@ def main() -> int:
         return 0
     if args.quick:
         args.backends, args.concurrency, args.rounds = ["onnx-int8"], [1, 32], 2
-        args.seconds, args.ray, args.ray_tune, args.ray_tune_seconds = 3.0, True, True, 1.5
+        args.seconds, args.ray_tune, args.ray_tune_seconds = 3.0, True, 1.5
+        args.ray = importlib.util.find_spec("ray") is not None
+        if not args.ray:
+            print("ray is not installed: Ray Serve left out (pip install 'privbert[bench]')",
+                  flush=True)
         args.threads = args.threads or 1
         args.naive_flavours = ["serial", "threads"]
 
@@ -585,6 +596,7 @@ def main() -> int:
 
 
 SERVE = "cloud-api serve"
+BASELINE = "cloud-api serve (baseline)"
 
 
 RAY = "ray serve"
@@ -644,6 +656,10 @@ def run_backend(args, backend: str, model: Path, home: Path, bodies: list[bytes]
         if args.max_wait_ms is not None:
             env["PRIVBERT_MAX_WAIT_MS"] = str(args.max_wait_ms)
         procs[SERVE] = (start(serve_cmd(home, port), env, port), port)
+        if args.baseline is not None:
+            port = free_port()
+            base_env = {**env, "PYTHONPATH": str(args.baseline.resolve())}
+            procs[BASELINE] = (start(serve_cmd(home, port), base_env, port), port)
         for flavour in args.naive_flavours:
             port = free_port()
             cmd = [sys.executable, __file__, "--naive", flavour, "--naive-model", str(model),

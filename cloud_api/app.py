@@ -35,6 +35,7 @@ from cloud_api.routes import (
     admin_records,
     health,
     inference,
+    predict,
     records,
 )
 from cloud_api.routes.middleware import ServiceMiddleware
@@ -112,11 +113,11 @@ def create_app(settings: Settings | None = None) -> FastAPI:
                   telemetry={"tracing": False, "metrics": False, "logs": False})
     app.state.settings = settings
     problems.install(app)
+    predict.install(app)  # first in the router: the hot route is tried first
     for router in ROUTERS:
         app.include_router(router)
     app.add_middleware(ServiceMiddleware, max_body_bytes=settings.max_body_bytes,
-                       max_concurrent=settings.max_concurrent_requests,
-                       fast_route=inference.predict_route)
+                       max_concurrent=settings.max_concurrent_requests)
     web.install(app, settings)  # last: its CORS layer wraps the service middleware
     app.openapi = lambda: _openapi(app)  # type: ignore[method-assign]
     return app
@@ -138,11 +139,13 @@ def _openapi(app: FastAPI) -> dict:
         return app.openapi_schema
     schema = get_openapi(title=app.title, version=app.version, description=app.description,
                          routes=app.routes)
-    problems.add_schemas(schema, problems.Problem, inference.PredictRequest,
-                         admin_models.PromoteRequest, records.RecordsRequest,
-                         records.store.DeleteRecords, admin_records.tasks.TaskDeclaration,
-                         admin_jobs.RetrainRequest, admin_jobs.PretrainRequest,
-                         admin_budgets.CapRequest)
+    for route in app.router.routes:  # routes that are not FastAPI's document themselves
+        if isinstance(route, predict.PredictRoute):
+            route.document(schema)
+    problems.add_schemas(schema, problems.Problem, admin_models.PromoteRequest,
+                         records.RecordsRequest, records.store.DeleteRecords,
+                         admin_records.tasks.TaskDeclaration, admin_jobs.RetrainRequest,
+                         admin_jobs.PretrainRequest, admin_budgets.CapRequest)
     schema["components"]["securitySchemes"] = {
         "bearer": {"type": "http", "scheme": "bearer",
                    "description": "application key (/v1) or admin key (/admin, /v1)"}}

@@ -127,7 +127,7 @@ def authenticate(app_state, authorization: str | None, need: Role, state: dict) 
     """The caller of an ``Authorization`` header value for a route that needs ``need``,
     after the per-key rate limit; ``state`` (the request's scope state) learns its key id.
     Unauthorized, Forbidden or RateLimited otherwise. The one check of every route: the
-    FastAPI dependencies below and the predict fast path call it."""
+    FastAPI dependencies below and the predict route call it."""
     ring: KeyRing = app_state.keys
     if ring.disabled:
         caller = Caller("admin", "anonymous")

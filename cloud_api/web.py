@@ -1,11 +1,11 @@
 """The service and browsers: CORS on ``/v1`` by setting, and the privacy explorer at ``/demo``.
 
 * CORS (``PRIVBERT_CORS_ORIGINS``, none by default): Starlette's ``CORSMiddleware``, installed
-  outermost so that it also wraps the predict fast path of the service middleware, and only
-  for ``/v1/``: a page may never call ``/admin`` (no preflight is answered there, no CORS
-  header is ever sent). Bearer keys, not cookies: no credentials mode. The headers a page
-  reads are exposed (budget left, ``Retry-After``, request id, ``ETag``). A refused
-  preflight is a 400 problem+json naming what was refused.
+  outermost (around the service middleware and every route), and only for ``/v1/``: a page
+  may never call ``/admin`` (no preflight is answered there, no CORS header is ever sent).
+  Bearer keys, not cookies: no credentials mode. The headers a page reads are exposed
+  (budget left, ``Retry-After``, request id, ``ETag``). A refused preflight is a 400
+  problem+json naming what was refused.
 * ``/demo`` (``PRIVBERT_DEMO=1``): the page built from ``web_edge/demo`` (Vite), same origin
   as ``/v1``, under a strict Content-Security-Policy (scripts and connections to this
   origin only; ``'wasm-unsafe-eval'`` for onnxruntime-web's WebAssembly) and cross-origin
@@ -145,7 +145,7 @@ def _route_path(scope: Scope) -> str:
 def install(app, settings: Settings) -> None:
     """``/demo`` when enabled (ValueError when not built) and CORS on ``/v1`` when origins
     are set. Call after every other middleware is added: CORS must be the outermost layer,
-    in front of the service middleware and its predict fast path."""
+    in front of the service middleware."""
     if settings.demo:
         check_demo(settings)
         key = settings.demo_key.get_secret_value() if settings.demo_key else None

@@ -1,5 +1,5 @@
 """What every route module uses: JSON answers (orjson), the database of ``app.state``, the
-``{model_id}`` path parameter."""
+``{model_id}`` path parameter, a header of an ASGI scope."""
 
 from __future__ import annotations
 
@@ -8,6 +8,7 @@ from typing import Annotated, Any
 import orjson
 from fastapi import Path, Request
 from starlette.responses import Response
+from starlette.types import Scope
 
 from cloud_api.errors import Unavailable
 from cloud_api.home import ID_PATTERN
@@ -27,3 +28,12 @@ def database(request: Request):
     if db is None:
         raise Unavailable("the database is not configured")
     return db
+
+
+def header(scope: Scope, name: bytes) -> str | None:
+    """The first ``name`` header (lower case) of an ASGI ``scope``, without building a
+    ``Headers`` object (the service middleware and predict read one or two per request)."""
+    for key, value in scope.get("headers", ()):
+        if key == name:
+            return value.decode("latin-1")
+    return None

@@ -23,7 +23,6 @@ import logging
 import os
 import re
 import time
-from collections.abc import Callable
 
 from starlette.datastructures import MutableHeaders
 from starlette.requests import ClientDisconnect
@@ -31,6 +30,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from cloud_api import metrics
 from cloud_api.problems import BodyTooLarge, internal_error, problem_response
+from cloud_api.routes.common import header
 
 access_log = logging.getLogger("cloud_api.access")
 error_log = logging.getLogger("cloud_api.errors")
@@ -38,13 +38,6 @@ error_log = logging.getLogger("cloud_api.errors")
 _REQUEST_ID = re.compile(r"^[A-Za-z0-9._:-]{1,128}$")
 PROBES = frozenset({"/healthz", "/readyz", "/metrics"})
 METHODS = frozenset({"GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "OPTIONS"})
-
-
-def _header(scope: Scope, name: bytes) -> str | None:
-    for key, value in scope.get("headers", ()):
-        if key == name:
-            return value.decode("latin-1")
-    return None
 
 
 def route_template(scope: Scope) -> str:
@@ -59,12 +52,10 @@ class ServiceMiddleware:
     """See the module docstring. Pure ASGI (no ``BaseHTTPMiddleware``): the body stream is
     passed through, not buffered."""
 
-    def __init__(self, app: ASGIApp, *, max_body_bytes: int, max_concurrent: int,
-                 fast_route: Callable[[Scope], ASGIApp | None] | None = None):
+    def __init__(self, app: ASGIApp, *, max_body_bytes: int, max_concurrent: int):
         self.app = app
         self.max_body_bytes = max_body_bytes
         self.max_concurrent = max_concurrent
-        self.fast_route = fast_route  # hot routes answered here, past the framework
         self.in_flight = 0
         self._children: dict[tuple, tuple] = {}  # (route, method, status) -> metric children
 
@@ -76,7 +67,7 @@ class ServiceMiddleware:
         if method == "HEAD":  # RFC 9110: GET's answer; the server drops the body (its own
             scope = {**scope, "method": "GET"}  # scope still says HEAD)
         started = time.perf_counter()
-        given = _header(scope, b"x-request-id")
+        given = header(scope, b"x-request-id")
         rid = given if given and _REQUEST_ID.match(given) else os.urandom(16).hex()
         state = scope.setdefault("state", {})
         state["request_id"] = rid
@@ -98,10 +89,8 @@ class ServiceMiddleware:
             else:
                 if counted:
                     self.in_flight += 1
-                target = (self.fast_route(scope) if self.fast_route is not None else None) \
-                    or self.app
                 try:
-                    await target(scope, self._limited(receive), send_with_id)
+                    await self.app(scope, self._limited(receive), send_with_id)
                 finally:
                     if counted:
                         self.in_flight -= 1
@@ -126,7 +115,7 @@ class ServiceMiddleware:
 
     def _refuse_early(self, scope: Scope, rid: str, state: dict, counted: bool):
         """A 413 or 429 answer given before the app runs (None to go on)."""
-        length = _header(scope, b"content-length")
+        length = header(scope, b"content-length")
         if length is not None and length.isdigit() and int(length) > self.max_body_bytes:
             return problem_response(
                 rid, 413, "too-large", "Request body too large",
@@ -152,7 +141,6 @@ class ServiceMiddleware:
                     raise BodyTooLarge(limit)
             return message
 
-        limited_receive.inner = receive  # type: ignore[attr-defined]  (disconnect flag)
         return limited_receive
 
     def _record(self, scope: Scope, method: str, state: dict, rid: str, status: int,

@@ -18,12 +18,11 @@ from starlette.responses import Response
 
 from cloud_api import charging
 from cloud_api.auth import AppCaller
-from cloud_api.errors import NotFound, PayloadMismatch, Unavailable
+from cloud_api.errors import NotFound, PayloadMismatch, TooManyPayloads, Unavailable
 from cloud_api.home import ID_PATTERN
 from cloud_api.metrics import BUDGET_EXHAUSTED, RECORDS
 from cloud_api.problems import responses
 from cloud_api.routes.common import database, json_response
-from cloud_api.routes.inference import TooManyPayloads
 from cloud_api.serving.checks import PayloadChecker
 from cloud_api.store import budgets
 from cloud_api.store import records as store

@@ -1,5 +1,5 @@
-"""The service and browsers, against a real `cloud-api serve`: CORS on /v1 only (predict's
-fast path included), by setting, none by default; /demo off unless enabled, served with a
+"""The service and browsers, against a real `cloud-api serve`: CORS on /v1 only (predictions
+included), by setting, none by default; /demo off unless enabled, served with a
 strict Content-Security-Policy, its key handed out only when set, never an admin key; a
 clear refusal to start when the page is not built."""
 
@@ -60,8 +60,8 @@ def predict_body(server, bundle) -> bytes:
     return body_of(payloads_for(model, ["a good fun movie"], bundle)).encode()
 
 
-def test_predict_fast_path_answers_cors_preflight_and_exposes_headers(web_server,
-                                                                      tiny_bundle_of_home):
+def test_predict_answers_cors_preflight_and_exposes_headers(web_server,
+                                                           tiny_bundle_of_home):
     on = web_server
     url = f"{on.url}/v1/models/text/predict"
     pre = httpx.options(url, headers={
