@@ -44,7 +44,7 @@ def build_app(model_dir: str, int8: bool, threads: int | None, max_batch_size: i
             from torch import nn  # noqa: F401  (ModelVersion's check imports it)
 
             from models.onnx_classifier import OnnxClassifier
-            from models.registry import ModelVersion
+            from models.versions import ModelVersion
             from shared.payload import Payload
 
             class Body(BaseModel):

@@ -78,7 +78,7 @@ def prepare(work: Path, rows: int, model: Path | None = None) -> tuple[Path, Pat
     from cloud_api.home import ModelHome
     from models.experiment import train_from_tsv
     from models.finetune import TrainConfig
-    from models.registry import ONNX_FILE
+    from models.versions import ONNX_FILE
 
     if model is not None:
         work = work / f"given-{model.resolve().name}"
@@ -140,7 +140,7 @@ def naive_app(model_dir: str, backend: str, mode: str, threads: int | None = Non
     from pydantic import BaseModel
     from starlette.concurrency import run_in_threadpool
 
-    from models.registry import load_model
+    from models.versions import load_model
     from shared.payload import Payload
 
     class Body(BaseModel):

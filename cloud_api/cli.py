@@ -260,7 +260,7 @@ def run_models_promote(args) -> int:
 
 
 def run_models_register(args) -> int:
-    from models.registry import read_config  # checks the folder is a privbert model version
+    from models.versions import read_config  # checks the folder is a privbert model version
 
     home = _home(args)
     cfg = read_config(args.dir)

@@ -1,7 +1,7 @@
 """The micro-batcher of one loaded model version.
 
 Requests put their payloads into a bounded queue (:meth:`Batcher.run` queues before its
-first ``await``, so nothing can come between the registry choosing a version and queueing
+first ``await``, so nothing can come between the served models choosing a version and queueing
 on it). One
 collector task takes batches off the queue and hands each to a free inference worker: a
 model replica with its own thread (a replica never runs two forwards at once), off the

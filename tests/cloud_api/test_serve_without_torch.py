@@ -30,7 +30,7 @@ from tests.conftest import REPO
 
 BLOCKED = ("torch", "transformers")
 SERVING_MODULES = ("cloud_api.cli", "cloud_api.app", "cloud_api.serving.backends",
-                   "cloud_api.serving.checks", "cloud_api.serving.registry", "models.data",
+                   "cloud_api.serving.checks", "cloud_api.serving.hot_swap", "models.data",
                    "models.onnx_classifier", "models.version_folder")
 
 

@@ -1,12 +1,12 @@
 """The models the service serves: every promoted version of ``$PRIVBERT_HOME``, each behind
 its own micro-batcher, swapped without a restart.
 
-    registry = ServingRegistry(settings, home, bundles)
-    await registry.start()                       # loads every promoted version (warmed)
-    pred = await registry.predict("sst2", payloads)
-    pred.version, pred.labels, pred.probs        # the version that answered
-    await registry.promote("sst2", "v3")         # or a pointer written by another process
-    await registry.stop()                        # drain queues, then unload
+    served = ServedModels(settings, home, bundles)
+    await served.start()                     # loads every promoted version (warmed)
+    pred = await served.predict("sst2", payloads)
+    pred.version, pred.labels, pred.probs    # the version that answered
+    await served.promote("sst2", "v3")       # or a pointer written by another process
+    await served.stop()                      # drain queues, then unload
 
 Hot swap: the new version is loaded beside the old one in a worker thread (the event loop
 keeps serving), then new requests go to the new version, requests already queued finish on
@@ -81,7 +81,7 @@ def json_safe(obj):
     return obj
 
 
-class ServingRegistry:
+class ServedModels:
     """Loaded versions by model id, their batchers, promotions and readiness."""
 
     def __init__(self, settings: Settings, home: ModelHome, bundles: BundleStore):
@@ -105,8 +105,8 @@ class ServingRegistry:
         await self.refresh()
         self._started = True
         if self._poller is None:
-            self._poller = asyncio.get_running_loop().create_task(self._poll(),
-                                                                  name="registry-poll")
+            self._poller = asyncio.get_running_loop().create_task(
+                self._poll(), name="served-models-poll")
 
     async def stop(self) -> None:
         """Stop polling, finish every queued request, then unload every version."""
