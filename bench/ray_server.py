@@ -59,7 +59,7 @@ def build_app(model_dir: str, int8: bool, threads: int | None, max_batch_size: i
         async def forward(self, payloads: list) -> list:
             import numpy as np
 
-            from cloud_api.serving.batcher import payload_length
+            from cloud_api.serving.payload_queue import payload_length
             from models.data import collate_payloads
 
             order = sorted(range(len(payloads)), key=lambda i: payload_length(payloads[i]))

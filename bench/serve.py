@@ -459,7 +459,7 @@ def padding_cost(model_dir: Path, backend: str, bodies: list[bytes], threads: in
     ``overhead_tokens`` which the batcher's split (``best_groups``) trades padding against."""
     import numpy as np
 
-    from cloud_api.serving.batcher import payload_length
+    from cloud_api.serving.payload_queue import payload_length
     from shared.payload import make_payload
 
     ps = payloads_of(bodies)

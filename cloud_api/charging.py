@@ -107,7 +107,7 @@ async def price_prediction(state, key_id: str, device_id: str | None, model_id: 
 
 def _reason(exc: BaseException) -> str:
     from cloud_api.errors import Overloaded
-    from cloud_api.serving.batcher import ClientGone
+    from cloud_api.serving.payload_queue import ClientGone
 
     if isinstance(exc, asyncio.CancelledError):
         return "cancelled"

@@ -32,9 +32,10 @@ from cloud_api import metrics
 from cloud_api.errors import InvalidRequest, NotFound, ServiceError, Unavailable
 from cloud_api.home import ModelHome, version_number
 from cloud_api.serving.backends import Backend, BackendError, load_backend
-from cloud_api.serving.batcher import Batcher, Disconnected
+from cloud_api.serving.batcher import Batcher
 from cloud_api.serving.bundles import BundleStore
 from cloud_api.serving.checks import PayloadChecker
+from cloud_api.serving.payload_queue import Disconnected
 from cloud_api.settings import Settings
 from shared.mechanisms import registry as mechanisms
 from shared.payload import Limits

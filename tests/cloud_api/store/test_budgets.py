@@ -224,7 +224,7 @@ def test_a_prediction_without_an_answer_is_refunded_once_its_charge_commits(db):
     import asyncio
 
     from cloud_api.charging import unanswered
-    from cloud_api.serving.batcher import ClientGone
+    from cloud_api.serving.payload_queue import ClientGone
     from cloud_api.store.charge_writer import ChargeWriter
     from cloud_api.store.tables import budget_refunds
 
