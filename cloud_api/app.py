@@ -55,7 +55,7 @@ keys for ``/v1``, admin keys for ``/admin`` and ``/v1``; ``/healthz``, ``/readyz
 
 
 async def start_metrics(app: FastAPI, stack: AsyncExitStack) -> None:
-    """With ``--workers N`` (multiprocess metrics): when this worker exits, after every
+    """With ``--workers N`` (multiprocess metrics): when this uvicorn process exits, after every
     other step has stopped, its live gauges (in flight, queues, models loaded) leave the
     server's sums; its counters stay."""
     if metrics.multiprocess_dir() is not None:

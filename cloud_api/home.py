@@ -9,13 +9,13 @@
                                               (models.posterior; a cache, safe to delete)
       jobs/<job_id>/                          a job's work folder and log
 
-Everything here is plain files so that several processes (replicas, workers, the CLI)
-sharing the folder see each other's changes: a version folder appears by one rename,
-a promotion by one ``os.replace`` of the pointer file. Every promotion holds the model's
-promotion lock (``models/<model_id>/.promote.lock``, ``flock``, plus a lock per process
-for threads), so "read the pointer, check it, write it" (the swap that promotes a job's
-version, ``cloud_api/jobs/publisher.py``) is atomic across threads, processes and hosts
-sharing the folder; nothing slow runs under it. Nothing here
+Everything here is plain files so that several processes (server instances, uvicorn
+processes, job workers, the CLI) sharing the folder see each other's changes: a version
+folder appears by one rename, a promotion by one ``os.replace`` of the pointer file.
+Every promotion holds the model's promotion lock (``models/<model_id>/.promote.lock``,
+``flock``, plus a lock per process for threads), so "read the pointer, check it, write it"
+(the swap that promotes a job's version, ``cloud_api/jobs/publisher.py``) is atomic across
+threads, processes and hosts sharing the folder; nothing slow runs under it. Nothing here
 imports torch.
 """
 

@@ -73,7 +73,7 @@ def load_version(settings: Settings, home: ModelHome, bundles: BundleStore, mode
     bundle = bundle_for(bundles, config)
     backends: list[Backend] = []
     try:
-        for _ in range(settings.workers()):
+        for _ in range(settings.inference_replicas()):
             backends.append(load_backend(path, settings))
     except BaseException:
         for b in backends:
