@@ -23,15 +23,12 @@ from __future__ import annotations
 import argparse
 import os
 import statistics
-import sys
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+import numpy as np
 
-import numpy as np  # noqa: E402
-
-from bench.common import DATA, REPO, machine, read_tsv, table  # noqa: E402
+from bench.common import DATA, REPO, machine, read_tsv, table
 
 ETA = 65.0
 SENTENCES = DATA / "sst2_sentences"

@@ -14,7 +14,7 @@ of ``--rounds`` turns of ``--requests`` requests, the variants taking turns, so 
 jobs of a shared machine weigh on all alike. CPU time, unlike wall time, hardly moves with
 the machine's load.
 
-    python bench/predict_cpu.py [--model DIR] [--concurrency 1 32]
+    python -m bench.predict_cpu [--model DIR] [--concurrency 1 32]
 """
 
 from __future__ import annotations
@@ -24,15 +24,12 @@ import asyncio
 import os
 import resource
 import statistics
-import sys
 import time
 from contextlib import AsyncExitStack
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-
-from bench.common import REPO, machine, table  # noqa: E402
-from bench.serve import API_KEY, MODEL_ID, naive_app, prepare, request_bodies  # noqa: E402
+from bench.common import REPO, machine, table
+from bench.serve import API_KEY, MODEL_ID, naive_app, prepare, request_bodies
 
 
 def cpu() -> float:

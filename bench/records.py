@@ -36,8 +36,8 @@ cluster (``tests/pg.py``) with its durable defaults (fsync on, synchronous_commi
 ``--postgres-url``. Targets: >= 2,000 records/s into each through HTTP (issue 12, and
 issue 19 with the ledger); check-and-charge <= 0.3 ms a request (issue 19).
 
-    python bench/records.py                      # about 2 minutes
-    python bench/records.py --requests 20 --databases sqlite
+    python -m bench.records                      # about 2 minutes
+    python -m bench.records --requests 20 --databases sqlite
 """
 
 from __future__ import annotations
@@ -51,10 +51,17 @@ import threading
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-
-from bench.common import DATA, REPO, machine, read_tsv, table  # noqa: E402
-from bench.serve import cpu_seconds, free_port, start, stop  # noqa: E402
+from bench.common import (
+    DATA,
+    REPO,
+    cpu_seconds,
+    free_port,
+    machine,
+    read_tsv,
+    start_server,
+    stop_server,
+    table,
+)
 
 BATCH = 256
 ETA = 65.0
@@ -205,7 +212,7 @@ def check_and_charge(db, task, valid: list, bundle, requests: int) -> dict[str, 
 
 
 # -- the real server ------------------------------------------------------------------------
-def start_server(url: str, home: Path, app_key: str, admin_key: str):
+def start_cloud_api(url: str, home: Path, app_key: str, admin_key: str):
     """``cloud-api serve`` on ``url``, ready: (process, base URL)."""
     port = free_port()
     env = {k: v for k, v in os.environ.items() if not k.startswith("PRIVBERT_")}
@@ -215,7 +222,7 @@ def start_server(url: str, home: Path, app_key: str, admin_key: str):
                 "PRIVBERT_ADMIN_KEYS": admin_key, "PRIVBERT_RATE_LIMIT_PER_KEY": "0",
                 "PRIVBERT_WORKER_IN_SERVE": "0", "PRIVBERT_LOG_LEVEL": "WARNING",
                 "PYTHONPATH": str(REPO)})
-    proc = start([sys.executable, "-m", "cloud_api.cli", "serve", "--host", "127.0.0.1",
+    proc = start_server([sys.executable, "-m", "cloud_api.cli", "serve", "--host", "127.0.0.1",
                   "--port", str(port)], env, port, timeout=120)
     return proc, f"http://127.0.0.1:{port}"
 
@@ -304,7 +311,7 @@ def main() -> int:
                              f"{rate / ref:.2f}x"])
             charge_rows += [[kind, what, f"{v:.3f} ms"] for what, v in ms.items()]
             app_key, admin_key = secrets.token_hex(16), secrets.token_hex(16)
-            proc, base = start_server(urls[1], work / "home", app_key, admin_key)
+            proc, base = start_cloud_api(urls[1], work / "home", app_key, admin_key)
             try:
                 for clients in (1, 4):
                     rate, per_cpu = through_http(base, proc.pid, app_key, admin_key, bundle,
@@ -312,7 +319,7 @@ def main() -> int:
                     rows.append([kind, f"HTTP POST /v1/records, {clients} client(s)",
                                  f"{rate:,.0f}", f"{per_cpu:,.0f}", f"{rate / ref:.2f}x"])
             finally:
-                stop(proc)
+                stop_server(proc)
             print(table(HEADERS, rows[-5:]), flush=True)
     finally:
         if cluster is not None:
