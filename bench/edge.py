@@ -18,7 +18,7 @@ against the raw mechanism on the same tokens in the same run; the privacy report
   and `--target-inversion` (accuracy reached on the fixed draw).
 * cold start: spawn to the first JSONL line on stdout with the default MiniLM bundle
   (median of 3), and the CLI's own "first record at" (from its start, after imports).
-* ledger overhead (issue 19: <= 5%): `edge-agent privatize` dchi-text on the same sentences
+* ledger overhead (target <= 5%: the privacy budget ledger should not slow the edge): `edge-agent privatize` dchi-text on the same sentences
   with its privacy budget ledger (a fresh ledger file: every text charged and memoized; the
   same file again: every text memoized; a fresh file with a cap: the input costed first),
   against the same CLI with the ledger's calls taken out (``RunBudget`` replaced by a

@@ -11,7 +11,7 @@ and a batch of 32 payloads neighbours in length (CPU ms per payload). Each schem
 integer kernel is checked on this CPU (``int8_kernel_check``: a saturating kernel gives
 wrong answers, so that scheme cannot be served here).
 
-Targets (issue 18): int8 forward of one payload >= 1.8x faster than fp32 onnx; int8
+Targets (the int8 backend is worth serving only if both hold): int8 forward of one payload >= 1.8x faster than fp32 onnx; int8
 accuracy within 0.5 point of fp32.
 
     python bench/int8.py --threads 1                 # about 5 minutes once the model is cached

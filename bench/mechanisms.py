@@ -209,7 +209,7 @@ def main() -> None:
     if faiss_info:
         searches += [["faiss IndexFlatL2, as installed", "faiss"],
                      [f"faiss IndexFlatL2, OPENBLAS_CORETYPE={core}", "faiss_core"]]
-    searches += [["ExactNearest, float32 pass forced (before issue 21)", "fp32"],
+    searches += [["ExactNearest, float32 pass forced (before the int8 pass)", "fp32"],
                  [f"ExactNearest as DChiText runs it ({idx.backend} pass)", "ours"]]
     fb = min(best["faiss"], best["faiss_core"])
     fc = min(cpu["faiss"], cpu["faiss_core"])

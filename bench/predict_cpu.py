@@ -1,7 +1,8 @@
 """Where a predict's CPU goes outside the forward: the service's ASGI app driven in this
 process (no HTTP server, no sockets), one request at a time or 32 at once, against the naive
 app of ``bench/serve.py`` on the same model, payloads and requests, with the service's
-hot-path changes of issue 18 switched off one at a time:
+hot-path changes (each made to bring a predict nearer the bare forward) switched off one at a
+time:
 
 * ``inline off``: a lone request's forward handed to the inference thread and back;
 * ``python-json-logger``: the access line formatted by python-json-logger, as before;
@@ -96,8 +97,8 @@ class UncommittedCharges:
 
 
 def formatter(name: str):
-    """The access log's formatter of variant ``name``: python-json-logger's (as before
-    issue 18) or the service's own."""
+    """The access log's formatter of variant ``name``: python-json-logger's (what the
+    service used before its own, cheaper formatter) or the service's own."""
     from cloud_api import logs
 
     if name != "python-json-logger":

@@ -31,7 +31,8 @@ req/s ratio tends to on cores nobody else uses. ``--padding`` measures what padd
 one forward and a forward's fixed cost; ``--dispatch`` compares the batcher's dedicated
 inference thread with ``asyncio.to_thread``'s shared pool.
 
-Targets (issue 18, one ``target ...: met / NOT met`` line each, with the load average):
+Targets (serving near the hardware's limit; one ``target ...: met / NOT met`` line each,
+with the load average):
 int8 forward >= 1.8x fp32's; c=1 p50 <= the naive serial server's + 0.3 ms; c=32 >= 1.5x
 the naive threaded server and >= 2x Ray Serve; c=32 p99 <= 2.5x p50; c=32 >= 400 req/s.
 The int8 accuracy target is ``bench/int8.py``'s.
@@ -463,7 +464,7 @@ def main() -> int:
     ap.add_argument("--ray-tune-seconds", type=float, default=2.0)
     ap.add_argument("--ray-max-batch-size", type=int, default=16)
     ap.add_argument("--ray-batch-wait-timeout-s", type=float, default=0.002)
-    ap.add_argument("--quick", action="store_true", help="the issue-18 targets in a few "
+    ap.add_argument("--quick", action="store_true", help="the serving targets in a few "
                     "minutes: onnx-int8, c=1 and 32, both naive servers, Ray Serve tuned "
                     "(when installed), 2 rounds of 3 s")
     ap.add_argument("--baseline", type=Path, help="also serve with the cloud-api of this "
@@ -681,9 +682,9 @@ def _line(what: str, value: str, ok: bool | None) -> str:
 
 
 def targets(backend: str, res: dict, bare_p50: dict, bare_min: dict) -> list[str]:
-    """One line per target of issue 18 that this run measures (the int8 backend's; the
+    """One line per serving target that this run measures (the int8 backend's; the
     accuracy target is bench/int8.py's)."""
-    out = [f"-- targets of issue 18 for the {backend} backend:"]
+    out = [f"-- serving targets for the {backend} backend:"]
     srv = res[SERVE]
     if backend == "onnx-int8" and bare_p50.get("onnx", float("nan")) == bare_p50["onnx"]:
         med = bare_p50["onnx"] / bare_p50[backend]
