@@ -14,8 +14,8 @@ wrong answers, so that scheme cannot be served here).
 Targets (the int8 backend is worth serving only if both hold): int8 forward of one payload >= 1.8x faster than fp32 onnx; int8
 accuracy within 0.5 point of fp32.
 
-    python bench/int8.py --threads 1                 # about 5 minutes once the model is cached
-    python bench/int8.py --threads 1 --static        # also static (calibrated) quantization
+    python -m bench.int8 --threads 1                 # about 5 minutes once the model is cached
+    python -m bench.int8 --threads 1 --static        # also static (calibrated) quantization
 """
 
 from __future__ import annotations

@@ -694,7 +694,7 @@ def targets(backend: str, res: dict, bare_p50: dict, bare_min: dict) -> list[str
                          f"{bare_p50[backend] * 1e3:.2f} ms), {low:.2f}x on minima",
                          med >= 1.8))
     out.append("target int8 accuracy within 0.5 point of fp32: measured by "
-               "`python bench/int8.py` (not measured here)")
+               "`python -m bench.int8` (not measured here)")
     serial = res.get("naive (serial)", {})
     if 1 in srv and 1 in serial:
         extra = (srv[1]["p50"] - serial[1]["p50"]) * 1e3
