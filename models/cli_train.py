@@ -98,7 +98,7 @@ def _recipe_args(p: argparse.ArgumentParser) -> None:
     """The training recipe's levers (models.recipe); unset = the default for the mechanism."""
     g = p.add_argument_group(
         "recipe (models.recipe; default: the best measured recipe for the mechanism, "
-        "bench/RESULTS.md 'Utility levers')")
+        "bench/results/utility_levers.md)")
     g.add_argument("--fresh-noise", action=argparse.BooleanOptionalAction, default=None,
                    help="privatize the public training text afresh in every epoch")
     g.add_argument("--posterior", action=argparse.BooleanOptionalAction, default=None,

@@ -5,7 +5,7 @@ payload (Dwork & Roth 2014, Prop. 2.1): no privacy cost, and the strongest attac
 Per token, dχ returns either the original or an essentially unrelated word (Asghar et al.
 2024, arXiv 2411.13784): at η 65 on the MiniLM table the original of a replaced token is
 rarely among the nearest neighbours of the output, so a context-free candidate list misses
-it (bench/RESULTS.md, "Contextual denoiser"). The denoiser therefore scores, at each
+it (bench/results/denoiser.md). The denoiser therefore scores, at each
 position i, every token of a candidate vocabulary O (the most frequent tokens of the public
 text) plus the output y_i itself ("copy"), as Tong et al. (NAACL 2025) rebuild tokens with a
 language-model prior over the mechanism's candidates:

@@ -133,7 +133,7 @@ class Recipe:
 
 def default_recipe(mechanism: str, raw_text: bool) -> Recipe:
     """The recipe ``cloud-api train`` and ``bootstrap`` use unless told otherwise: the
-    winner of the ablation where it applies (bench/RESULTS.md, "Utility levers")."""
+    winner of the ablation where it applies (bench/results/utility_levers.md)."""
     if mechanism not in POSTERIOR_MECHANISMS:
         return Recipe()
     r = Recipe(fresh_noise=True, posterior=True)
