@@ -18,6 +18,7 @@ import json
 import sys
 
 from edge_agent.errors import one_line
+from models.recipe import DEFAULT_EPOCHS
 
 PROG = "cloud-api"
 
@@ -239,8 +240,10 @@ def register(subparsers) -> None:
     t.add_argument("--base", metavar="DIR", help="BERT folder or pretraining checkpoint "
                    "(default: the packaged MiniLM-L6-H384)")
     t.add_argument("--out", required=True, metavar="DIR", help="new model version folder")
-    t.add_argument("--epochs", type=_positive_int, default=3)
-    t.add_argument("--lr", type=float, help="learning rate (default 2e-5 BERT, 1e-3 MLP)")
+    t.add_argument("--epochs", type=_positive_int, default=DEFAULT_EPOCHS,
+                   help=f"passes over the training set ({DEFAULT_EPOCHS})")
+    t.add_argument("--lr", type=float, help="learning rate (default: 1e-4 for a BERT reading "
+                   "token ids, 2e-5 for one reading embeddings, 1e-3 for the vector MLP)")
     t.add_argument("--batch-size", type=_positive_int, default=32)
     t.add_argument("--max-length", type=_positive_int, default=128)
     t.add_argument("--pooling", choices=("mean", "cls"), default="mean",
