@@ -18,7 +18,7 @@ import json
 import sys
 
 from edge_agent.errors import one_line
-from models.recipe import DEFAULT_EPOCHS
+from models.recipe import DEFAULT_EPOCHS, DENOISER_MECHANISMS
 
 PROG = "cloud-api"
 
@@ -481,9 +481,9 @@ def run_attack(args) -> int:
             raise ValueError("--attack needs --mechanism (and its parameters) or --model")
         name, params = args.mechanism, None
         bundle = load_bundle(bundle_dir=args.bundle)
-    if args.denoiser is not None and name != "dchi-text":
+    if args.denoiser is not None and name not in DENOISER_MECHANISMS:
         raise ValueError(f"--denoiser makes no sense for {name}: a contextual denoiser "
-                         "exists for dchi-text only")
+                         f"exists for {' and '.join(DENOISER_MECHANISMS)} only")
     texts = attack.read_sentences(args.data, args.limit)
     cls = registry.get(name)
     if cls.family == "dchi":  # token by token: the dχ report

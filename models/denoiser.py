@@ -37,11 +37,12 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from models.recipe import DENOISER_MECHANISMS
 from models.version_folder import DENOISER_FILE, check_denoiser_meta, denoiser_header
 from models.version_folder import DENOISER_FORMAT as FORMAT
 from models.version_folder import DENOISER_FORMAT_VERSION as FORMAT_VERSION
 
-MECHANISMS = ("dchi-text",)
+MECHANISMS = DENOISER_MECHANISMS
 MAX_SUPPORT = 64  # observed context-free pairs kept per output y (the MC table has ≤ 60 at η 65)
 NEG = -1e4  # "impossible" logit (finite: fp16/ONNX-safe)
 WORD_EMBEDDINGS = "bert.embeddings.word_embeddings.weight"  # the bundle's: never stored here

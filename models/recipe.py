@@ -35,8 +35,8 @@ RAW_TEXT_LEVERS = ("fresh_noise", "denoise", "distill", "warm_start")
 # a channel posterior: mechanisms that privatize token by token with dχ-privacy
 POSTERIOR_MECHANISMS = tuple(c.name for c in registry.mechanisms() if c.family == "dchi")
 # a contextual denoiser (models.denoiser): dχ mechanisms whose payload is token ids
-DENOISER_MECHANISMS = tuple(c.name for c in registry.mechanisms() if c.family == "dchi"
-                            and c.payload_kind is registry.PayloadKind.TOKENS)
+DENOISER_MECHANISMS = tuple(c.name for c in registry.mechanisms()
+                            if registry.substitutes_tokens(c))
 # payloads of word pieces (a BERT over token ids reads them)
 TOKEN_MECHANISMS = tuple(c.name for c in registry.mechanisms()
                          if c.payload_kind.reads_tokens)
