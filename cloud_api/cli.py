@@ -67,8 +67,8 @@ def _guarded(fn):
 
 
 def home_arg(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--home", metavar="DIR", help="the model home: model versions, bundles, jobs (default "
-                   "$PRIVBERT_HOME, else ./var)")
+    p.add_argument("--home", metavar="DIR", help="the model home: model versions, bundles, "
+                   "jobs (default $PRIVBERT_HOME, else ./var)")
 
 
 def settings_for(args):

@@ -30,8 +30,8 @@ class Settings(BaseSettings):
                                       validate_default=True)
 
     # -- storage ----------------------------------------------------------------------------
-    home: Path = Field(Path("./var"), description="the model home: model versions, bundles, job folders, "
-                       "and the default SQLite database")
+    home: Path = Field(Path("./var"), description="the model home: model versions, bundles, "
+                       "job folders, and the default SQLite database")
     database_url: str | None = Field(None, description="SQLAlchemy URL; default "
                                      "sqlite:///$PRIVBERT_HOME/privbert.db (PostgreSQL: "
                                      "postgresql+psycopg://user@host/db)")

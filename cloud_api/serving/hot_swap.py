@@ -9,13 +9,14 @@ its own micro-batcher, swapped without a restart.
     await served.stop()                      # drain queues, then unload
 
 Hot swap: the new version is loaded beside the old one in a thread
-(:func:`~cloud_api.serving.loading.load_version`; the event loop keeps serving), then new requests go to the new version, requests already queued finish on
-the old one, then the old batcher drains and the old version is released. Choosing a
-version and queueing on it happen with no ``await`` in between, so no request can land on a
-batcher that is draining. A version that fails to load is logged, counted
-(``privbert_model_load_failure``) and shown in :meth:`ready`; the previous version keeps
-serving. Promotions by other processes (the CLI, the job worker, another server sharing the home) are
-noticed by reading the ``promoted`` pointer files every ``settings.reload_interval_s``.
+(:func:`~cloud_api.serving.loading.load_version`; the event loop keeps serving), then new
+requests go to the new version, requests already queued finish on the old one, then the old
+batcher drains and the old version is released. Choosing a version and queueing on it
+happen with no ``await`` in between, so no request can land on a batcher that is draining.
+A version that fails to load is logged, counted (``privbert_model_load_failure``) and shown
+in :meth:`ready`; the previous version keeps serving. Promotions by other processes (the
+CLI, the job worker, another server sharing the home) are noticed by reading the
+``promoted`` pointer files every ``settings.reload_interval_s``.
 """
 
 from __future__ import annotations
