@@ -1,9 +1,9 @@
 """`edge-agent` command line: privatize, budget, report, bundle fetch|info.
 
-The flags are parsed here (and in ``cli_privatize``, ``cli_budget``) into typed options
-(``edge_agent.options``); nothing below this layer sees an argparse namespace. Errors print
-one line ``edge-agent: error: ...`` on stderr (no traceback) and exit 2 for usage (bad
-flags, invalid parameters), 3 when the privacy budget refuses a run, or 1 at run time (bad
+The flags are parsed here (and in ``privatize.cli``, ``cli_budget``) into typed options
+(``edge_agent.privatize.options``); nothing below this layer sees an argparse namespace.
+Errors print one line ``edge-agent: error: ...`` on stderr (no traceback) and exit 2 for
+usage (bad flags, invalid parameters), 3 when the privacy budget refuses a run, or 1 at run time (bad
 input line, bundle, server). Heavy modules load only when a command needs them.
 """
 
@@ -16,7 +16,7 @@ import sys
 from edge_agent.cli_args import Parser, add_bundle_args, server_options
 from edge_agent.connect import make_client, resolve_bundle
 from edge_agent.errors import PROG, BudgetRefused, CliError, UsageError, info, one_line, warn
-from edge_agent.options import DEFAULT_MECHANISM
+from edge_agent.privatize.options import DEFAULT_MECHANISM
 
 
 # -- parser -----------------------------------------------------------------------------------
@@ -31,8 +31,9 @@ def build_parser() -> argparse.ArgumentParser:
                      "privatized payloads, choose eta with a privacy report")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=Parser)
 
-    from edge_agent import cli_budget, cli_privatize
+    from edge_agent import cli_budget
     from edge_agent.cli_args import LazyChoices
+    from edge_agent.privatize import cli as cli_privatize
 
     cli_privatize.register(sub)
     cli_budget.register(sub)

@@ -6,7 +6,7 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from edge_agent.errors import CliError, UsageError, info
-from edge_agent.options import ServerOptions
+from edge_agent.privatize.options import ServerOptions
 
 
 def make_client(opts: ServerOptions, batch_size: int = 64):

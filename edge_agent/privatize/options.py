@@ -1,5 +1,5 @@
 """What a run of the edge agent is asked to do, as typed objects: the command line parses its
-flags once into these (``edge_agent.cli_privatize``), and the library code below it takes
+flags once into these (``edge_agent.privatize.cli``), and the library code below it takes
 them, never an argparse namespace. ``PrivatizeOptions.check()`` refuses contradictory or
 incomplete options (``UsageError``) before any work is done.
 """
@@ -10,7 +10,7 @@ from dataclasses import dataclass, field, fields
 from functools import cache
 
 from edge_agent.errors import UsageError, warn
-from edge_agent.texthide_key import resolve_key
+from edge_agent.privatize.texthide_key import resolve_key
 
 DEFAULT_MECHANISM = "dchi-text"
 _DEFAULTS = {"calibration": "vector", "word_dropout": 0.0, "k": 1}
