@@ -1,10 +1,10 @@
 """`edge-agent` command line: privatize, budget, report, bundle fetch|info.
 
-The flags are parsed here (and in ``privatize.cli``, ``cli_budget``) into typed options
+The flags are parsed here (and in ``privatize.cli``, ``budget.cli``) into typed options
 (``edge_agent.privatize.options``); nothing below this layer sees an argparse namespace.
 Errors print one line ``edge-agent: error: ...`` on stderr (no traceback) and exit 2 for
-usage (bad flags, invalid parameters), 3 when the privacy budget refuses a run, or 1 at run time (bad
-input line, bundle, server). Heavy modules load only when a command needs them.
+usage (bad flags, invalid parameters), 3 when the privacy budget refuses a run, or 1 at run
+time (bad input line, bundle, server). Heavy modules load only when a command needs them.
 """
 
 from __future__ import annotations
@@ -31,7 +31,7 @@ def build_parser() -> argparse.ArgumentParser:
                      "privatized payloads, choose eta with a privacy report")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=Parser)
 
-    from edge_agent import cli_budget
+    from edge_agent.budget import cli as cli_budget
     from edge_agent.cli_args import LazyChoices
     from edge_agent.privatize import cli as cli_privatize
 

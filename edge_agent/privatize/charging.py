@@ -14,9 +14,9 @@ from __future__ import annotations
 from collections.abc import Iterable
 from dataclasses import dataclass
 
-from edge_agent.device_ledger import DeviceLedger, Status, fmt
+from edge_agent.budget.ledger import DeviceLedger, Status, fmt
+from edge_agent.budget.memo import MEMO_FAMILIES
 from edge_agent.errors import BudgetRefused
-from edge_agent.memo import MEMO_FAMILIES
 from edge_agent.privatize.options import PrivatizeOptions
 from shared import ledger
 from shared.ledger import Cost

@@ -5,7 +5,7 @@ One SQLite file (WAL journal, ``synchronous = FULL``): ``--ledger FILE``, else
 ``$PRIVBERT_LEDGER``, else ``ledger.sqlite3`` in the user's data directory (platformdirs,
 e.g. ``~/.local/share/privbert``), created with mode 0600 in a 0700 folder, reached through
 its symlinks resolved; one that others can write is refused, one they can read warned
-about (``edge_agent.ledger_files``). Tables (schema version :data:`VERSION` in SQLite's
+about (``edge_agent.budget.ledger_files``). Tables (schema version :data:`VERSION` in SQLite's
 ``user_version``; an older ledger is migrated forward when opened for writing):
 
 * ``settings``: the lifetime ``cap`` and the optional ``per_day`` cap (worst-case ε);
@@ -13,7 +13,7 @@ about (``edge_agent.ledger_files``). Tables (schema version :data:`VERSION` in S
 * ``charges``: one row per charged batch (time, mechanism, parameters, bundle, cost), for
   the per-day window and for the record; no text, no payload;
 * ``memo``: HMAC of what is sent, the token ids after the tokenizer's normalization
-  (``edge_agent.memo``) -> the payload JSON sent for them; ``memo_text`` (ledgers of version
+  (``edge_agent.budget.memo``) -> the payload JSON sent for them; ``memo_text`` (ledgers of version
   1 only): the same keyed on the raw text, read for texts memoized before the migration;
 * ``clock``: the latest time the ledger has seen, and the boot clock beside it.
 
@@ -40,9 +40,9 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from edge_agent.budget.ledger_files import boot_clock, check_private, open_read_only, resolved, wal
+from edge_agent.budget.memo import LegacyMemoKeys, MemoKeys, key_path, load_secret
 from edge_agent.errors import BudgetRefused, CliError
-from edge_agent.ledger_files import boot_clock, check_private, open_read_only, resolved, wal
-from edge_agent.memo import LegacyMemoKeys, MemoKeys, key_path, load_secret
 from shared import ledger
 from shared.ledger import NO_EPSILON, Cost, FamilySpend, Spend
 
