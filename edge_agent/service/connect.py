@@ -1,0 +1,78 @@
+"""The service client and the edge bundle of a run: from a directory, a server, or the
+default model (``ServerOptions``)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from edge_agent.errors import CliError, UsageError, info
+
+
+@dataclass(frozen=True)
+class ServerOptions:
+    """Where the bundle comes from, and the service to talk to."""
+
+    bundle: str | None = None  # a bundle directory or a Hugging Face BERT folder
+    server: str | None = None
+    model: str | None = None
+    api_key: str | None = None
+    timeout: float = 30.0
+    retries: int = 5
+
+
+def make_client(opts: ServerOptions, batch_size: int = 64):
+    """A ``PrivbertClient`` for ``opts.server``; UsageError for bad timeouts or URL."""
+    from edge_agent.service.client import PrivbertClient
+
+    if opts.timeout <= 0:
+        raise UsageError(f"--timeout must be > 0, got {opts.timeout}")
+    if opts.retries < 0:
+        raise UsageError(f"--retries must be >= 0, got {opts.retries}")
+    try:
+        return PrivbertClient(opts.server, opts.api_key, timeout=opts.timeout,
+                              retries=opts.retries, batch_size=batch_size)
+    except ValueError as exc:
+        raise UsageError(str(exc)) from None
+
+
+def resolve_bundle(opts: ServerOptions, client=None,
+                   check_model: Callable[[dict], None] | None = None):
+    """(bundle, served model description or None); ``check_model(model)`` runs before any
+    bundle is fetched."""
+    from pathlib import Path
+
+    from shared.bundle import EdgeBundle
+
+    model = None
+    if opts.server:
+        from edge_agent.service.bundle_cache import bundle_for_model
+
+        client = client or make_client(opts)
+        model = client.model(opts.model)
+        if check_model is not None:
+            check_model(model)
+        if not opts.bundle:
+            bundle, model, path, fetched = bundle_for_model(client, model=model)
+            info(f"bundle {bundle.bundle_id[:12]}… of model {model.get('id')} "
+                 f"{'fetched and cached in' if fetched else 'from cache'} {path}")
+            return bundle, model
+    elif opts.model:
+        raise UsageError("--model needs --server")
+    if opts.bundle:
+        path = Path(opts.bundle)
+        if not path.exists():
+            raise CliError(f"{path}: no such bundle directory")
+        if not path.is_dir():
+            raise CliError(f"{path}: not a directory (--bundle takes a bundle directory)")
+        if (path / "bundle.json").is_file():
+            bundle = EdgeBundle.load(path)
+        else:
+            bundle = EdgeBundle.from_model(path)
+    else:
+        bundle = EdgeBundle.from_model()
+    if model is not None and model.get("bundle_id") not in (None, bundle.bundle_id):
+        raise CliError(f"--bundle {opts.bundle} is {bundle.bundle_id[:12]}…, but model "
+                       f"{model.get('id')} expects bundle {str(model['bundle_id'])[:12]}…; "
+                       "drop --bundle to fetch the right one")
+    return bundle, model
