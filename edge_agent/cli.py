@@ -14,9 +14,9 @@ import os
 import sys
 
 from edge_agent.cli_args import Parser, add_bundle_args, server_options
-from edge_agent.connect import make_client, resolve_bundle
 from edge_agent.errors import PROG, BudgetRefused, CliError, UsageError, info, one_line, warn
 from edge_agent.privatize.options import DEFAULT_MECHANISM
+from edge_agent.service.connect import make_client, resolve_bundle
 
 
 # -- parser -----------------------------------------------------------------------------------
@@ -182,7 +182,7 @@ def read_sample(path: str) -> list[str]:
 
 
 def run_bundle_fetch(args) -> int:
-    from edge_agent.bundle_cache import bundle_for_model, fetch_bundle
+    from edge_agent.service.bundle_cache import bundle_for_model, fetch_bundle
 
     with make_client(server_options(args)) as client:
         if args.id:

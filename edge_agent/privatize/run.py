@@ -15,13 +15,13 @@ import time
 
 import orjson
 
-from edge_agent.connect import make_client, resolve_bundle
 from edge_agent.errors import BudgetRefused, CliError, UsageError, info, warn
 from edge_agent.privatize.batches import Prepared, privatized, tokenized
 from edge_agent.privatize.charging import RunBudget
 from edge_agent.privatize.files import Output, open_input, refuse_output_on_input
 from edge_agent.privatize.options import PrivatizeOptions
 from edge_agent.privatize.run_setup import check_model, make_privatizer
+from edge_agent.service.connect import make_client, resolve_bundle
 
 
 def run(opts: PrivatizeOptions) -> int:
@@ -217,7 +217,7 @@ def _emit(opts, priv, client, budget: RunBudget, model_id, ready: Prepared) -> l
     labels = labels if labels is not None else [None] * len(sent)
     lines = ready.lines
     if opts.post.mode:
-        from edge_agent.client import ApiError
+        from edge_agent.service.client import ApiError
 
         def out(answers: list, key: str | None) -> list[bytes]:
             return [orjson.dumps({"line": ln.number, **({key: a} if key else a)}) + b"\n"
