@@ -1,4 +1,11 @@
-"""Helpers for the benchmarks: where the data is, what machine this is, a table printer."""
+"""What the benches share: where the repository and the data are, the environment of a child
+process, starting and stopping a server, CPU time and percentiles, what machine this is and
+how loaded, a table printer.
+
+Every bench is a module of this package, run from the repository root as
+``python -m bench.NAME …``; a bench that runs itself (or another bench) in a child process
+starts it as ``python -m bench.NAME`` with :func:`repo_env`, so the child imports this
+checkout's packages before any installed copy."""
 
 from __future__ import annotations
 
@@ -6,8 +13,11 @@ import csv
 import os
 import platform
 import secrets
+import signal
+import socket
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -29,6 +39,20 @@ def read_tsv(path: Path, limit: int | None = None) -> list[list[str]]:
     return rows
 
 
+def repo_env(env: dict | None = None) -> dict:
+    """``env`` (default: this process's) with this checkout first on PYTHONPATH: a child
+    started as ``python -m bench.NAME`` (or ``-m cloud_api.cli``) imports this checkout's
+    packages, whatever the working directory or an editable install elsewhere."""
+    env = dict(os.environ if env is None else env)
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(REPO), env.get("PYTHONPATH")) if p)
+    return env
+
+
+def module_cmd(module: str, *args: str) -> list[str]:
+    """``python -m module args…`` with this interpreter."""
+    return [sys.executable, "-m", module, *args]
+
+
 def cli_env(extra: dict) -> dict:
     """The environment of a CLI run by a bench: no PRIVBERT_* from the shell, one thread each."""
     env = {k: v for k, v in os.environ.items() if not k.startswith("PRIVBERT_")}
@@ -37,16 +61,65 @@ def cli_env(extra: dict) -> dict:
     return env
 
 
+# -- servers ----------------------------------------------------------------------------------
+def free_port() -> int:
+    """A free TCP port on loopback."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def start_server(cmd: list[str], env: dict, port: int, timeout: float = 300
+                 ) -> subprocess.Popen:
+    """Start a server in its own session and wait for its /readyz. Its stderr goes to a
+    temporary file, not a pipe: nobody reads a pipe during the run, and a server that logs
+    more than the pipe holds (64 KiB of tracebacks) would block on its next log line."""
+    import httpx
+
+    log = tempfile.TemporaryFile()
+    proc = subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL, stderr=log,
+                            start_new_session=True)
+
+    def tail() -> str:
+        log.seek(0)
+        return log.read().decode(errors="replace")[-2000:]
+
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise RuntimeError(f"{cmd[:3]} exited {proc.returncode}: {tail()}")
+        try:
+            if httpx.get(f"http://127.0.0.1:{port}/readyz", timeout=2).status_code == 200:
+                return proc
+        except httpx.HTTPError:
+            pass
+        time.sleep(0.2)
+    stop_server(proc)
+    raise RuntimeError(f"{cmd[:3]} not ready after {timeout:.0f} s: {tail()}")
+
+
+def stop_server(proc: subprocess.Popen) -> None:
+    """SIGTERM to the server's process group, then SIGKILL to what is left of it (Ray's
+    processes outlive its driver)."""
+    if proc.poll() is None:
+        os.killpg(proc.pid, signal.SIGTERM)
+        try:
+            proc.wait(60)
+        except subprocess.TimeoutExpired:
+            pass
+    try:
+        os.killpg(proc.pid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
+    proc.wait()
+
+
 def serve(home: Path, log: Path, demo: bool = True) -> tuple[subprocess.Popen, str, str]:
     """`cloud-api serve` on a free loopback port for ``home`` (throwaway keys; with ``demo``, the
     /demo page with a demo key), once /readyz answers: (process, URL, application key)."""
-    import socket
-
     import httpx
 
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
+    port = free_port()
     key = secrets.token_hex(16)
     env = cli_env({"PRIVBERT_HOME": str(home), "PRIVBERT_API_KEYS": key,
                    "PRIVBERT_ADMIN_KEYS": secrets.token_hex(16),
@@ -70,19 +143,58 @@ def serve(home: Path, log: Path, demo: bool = True) -> tuple[subprocess.Popen, s
     raise SystemExit("cloud-api serve was not ready in 300 s")
 
 
+# -- CPU time and statistics ------------------------------------------------------------------
+def cpu_seconds(pid: int) -> float:
+    """User + system CPU time of process ``pid`` (all its threads) so far."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def session_cpu(sid: int) -> float:
+    """User + system CPU time so far of every process of session ``sid`` (a server started
+    with ``start_new_session``: uvicorn's one process, or Ray's driver, GCS, raylet, proxy
+    and replica processes), all their threads."""
+    total = 0
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        if int(fields[3]) == sid:
+            total += int(fields[11]) + int(fields[12])
+    return total / os.sysconf("SC_CLK_TCK")
+
+
+def pct(sorted_values: list[float], q: float) -> float:
+    """The ``q``-th percentile of already sorted values (nearest rank; NaN when empty)."""
+    if not sorted_values:
+        return float("nan")
+    k = min(len(sorted_values) - 1, max(0, round(q / 100 * (len(sorted_values) - 1))))
+    return sorted_values[k]
+
+
+# -- the machine ------------------------------------------------------------------------------
+def cpu_model() -> str:
+    """The processor's model name from /proc/cpuinfo ("unknown CPU" where there is none)."""
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return "unknown CPU"
+
+
+def load_avg() -> str:
+    """The 1, 5 and 15 minute load averages, as ``a/b/c``."""
+    return "/".join(f"{x:.2f}" for x in os.getloadavg())
+
+
 def machine() -> str:
     """One line: CPU count, processor, Python, numpy."""
     import numpy as np
 
-    cpu = "unknown CPU"
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                cpu = line.split(":", 1)[1].strip()
-                break
-    except OSError:
-        pass
-    return (f"{os.cpu_count()} cores ({cpu}), {platform.system()} {platform.machine()}, "
+    return (f"{os.cpu_count()} cores ({cpu_model()}), {platform.system()} {platform.machine()}, "
             f"Python {platform.python_version()}, numpy {np.__version__}")
 
 

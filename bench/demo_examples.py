@@ -1,6 +1,6 @@
 """How often the quick start's five example sentences come out right, over fresh noise.
 
-    python bench/demo_examples.py --model DIR [--draws 50] [--seed 0]
+    python -m bench.demo_examples --model DIR [--draws 50] [--seed 0]
 
 ``scripts/demo.sh`` privatizes its five examples once, so whether its printout is right is
 a random event. This privatizes them ``--draws`` times with the model's own mechanism and
@@ -14,11 +14,8 @@ from __future__ import annotations
 
 import argparse
 import sys
-from pathlib import Path
 
 import numpy as np
-
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 # scripts/demo.sh's examples, with their SST-2 labels (1 positive, 0 negative)
 EXAMPLES = (

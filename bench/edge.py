@@ -1,7 +1,7 @@
 """Edge agent end to end: `edge-agent privatize` on SST-2 training sentences per mechanism,
 against the raw mechanism on the same tokens in the same run; the privacy report; cold start.
 
-    python bench/edge.py [--sentences 10000] [--eta 65] [--skip-vector]
+    python -m bench.edge [--sentences 10000] [--eta 65] [--skip-vector]
 
 * privatize: one subprocess per mechanism (`python -m edge_agent privatize FILE --tsv ...
   -o OUT`), wall clock from spawn to exit, peak RSS of that child (VmHWM polled from
@@ -10,7 +10,7 @@ against the raw mechanism on the same tokens in the same run; the privacy report
   the same loop per CPU second of the process (all threads), which a machine whose
   cores go to other jobs disturbs far less than wall time.
 * raw: `DChiText.privatize_ids` / `DChiEmbedding.privatize` alone, one call on all the
-  tokens of the same sentences, in a fresh process (`bench/edge.py --raw`), alternating
+  tokens of the same sentences, in a fresh process (`python -m bench.edge --raw`), alternating
   with the CLI runs (--repeats, best of each) since other processes share the cores.
 * laplace / ome / texthide need `encoder.onnx`: the MiniLM bundle with its encoder is
   exported here with `models.export.export_bundle` (torch, in this bench process only).
@@ -18,7 +18,7 @@ against the raw mechanism on the same tokens in the same run; the privacy report
   and `--target-inversion` (accuracy reached on the fixed draw).
 * cold start: spawn to the first JSONL line on stdout with the default MiniLM bundle
   (median of 3), and the CLI's own "first record at" (from its start, after imports).
-* ledger overhead (issue 19: <= 5%): `edge-agent privatize` dchi-text on the same sentences
+* ledger overhead (target <= 5%: the privacy budget ledger should not slow the edge): `edge-agent privatize` dchi-text on the same sentences
   with its privacy budget ledger (a fresh ledger file: every text charged and memoized; the
   same file again: every text memoized; a fresh file with a cap: the input costed first),
   against the same CLI with the ledger's calls taken out (``RunBudget`` replaced by a
@@ -48,9 +48,7 @@ from pathlib import Path
 
 import numpy as np
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-
-from bench.common import DATA, REPO, machine, read_tsv, table  # noqa: E402
+from bench.common import DATA, REPO, machine, module_cmd, read_tsv, table
 
 CLI = [sys.executable, "-m", "edge_agent"]
 ENV = {**os.environ, "PYTHONPATH": str(REPO)}
@@ -96,7 +94,7 @@ def raw_rate(mech: str, tsv: Path, eta: float) -> tuple[float, float]:
     """(tokens/s, tokens per CPU second) of the shared mechanism alone, one call on all
     tokens, in a fresh process."""
     r = run_child(["--raw", mech, str(tsv), "--eta", str(eta)],
-                  cmd=[sys.executable, str(Path(__file__).resolve())])
+                  cmd=module_cmd("bench.edge"))
     wall, cpu = r["stdout"].split()
     return float(wall), float(cpu)
 
@@ -184,7 +182,7 @@ def ledger_calls_main(tsv: Path, eta: float, work: Path) -> None:
 def ledger_calls(tsv: Path, eta: float, work: Path) -> dict[str, float]:
     """CPU seconds of the ledger's own calls (:func:`ledger_calls_main`, a fresh process)."""
     r = run_child(["--ledger-calls", str(tsv), str(work), "--eta", str(eta)],
-                  cmd=[sys.executable, str(Path(__file__).resolve())])
+                  cmd=module_cmd("bench.edge"))
     return json.loads(r["stdout"])
 
 

@@ -1,6 +1,6 @@
 """Fine-tuning throughput of models.finetune against a plain torch loop, same model, same batches.
 
-    python bench/finetune_throughput.py [--sentences 2000] [--mechanism dchi-text] [--eta 65]
+    python -m bench.finetune_throughput [--sentences 2000] [--mechanism dchi-text] [--eta 65]
                                         [--rounds 2] [--threads 2]
 
 Data: the first ``--sentences`` SST-2 training sentences privatized on the edge path
@@ -25,16 +25,12 @@ from __future__ import annotations
 import argparse
 import copy
 import os
-import sys
 import time
-from pathlib import Path
 
 import numpy as np
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-
-from bench.common import DATA, machine, read_tsv, table  # noqa: E402
+from bench.common import DATA, machine, read_tsv, table
 
 
 def build_data(n: int, mechanism: str, eta: float):

@@ -11,11 +11,11 @@ and a batch of 32 payloads neighbours in length (CPU ms per payload). Each schem
 integer kernel is checked on this CPU (``int8_kernel_check``: a saturating kernel gives
 wrong answers, so that scheme cannot be served here).
 
-Targets (issue 18): int8 forward of one payload >= 1.8x faster than fp32 onnx; int8
+Targets (the int8 backend is worth serving only if both hold): int8 forward of one payload >= 1.8x faster than fp32 onnx; int8
 accuracy within 0.5 point of fp32.
 
-    python bench/int8.py --threads 1                 # about 5 minutes once the model is cached
-    python bench/int8.py --threads 1 --static        # also static (calibrated) quantization
+    python -m bench.int8 --threads 1                 # about 5 minutes once the model is cached
+    python -m bench.int8 --threads 1 --static        # also static (calibrated) quantization
 """
 
 from __future__ import annotations
@@ -23,15 +23,12 @@ from __future__ import annotations
 import argparse
 import os
 import statistics
-import sys
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+import numpy as np
 
-import numpy as np  # noqa: E402
-
-from bench.common import DATA, REPO, machine, read_tsv, table  # noqa: E402
+from bench.common import DATA, REPO, machine, read_tsv, table
 
 ETA = 65.0
 SENTENCES = DATA / "sst2_sentences"

@@ -1,7 +1,7 @@
 """A retraining job's training throughput (worker + child process) against calling the
 trainer directly on the same records, in the same run.
 
-    python bench/job_overhead.py [--records 3000] [--epochs 2] [--rounds 2] [--threads N]
+    python -m bench.job_overhead [--records 3000] [--epochs 2] [--rounds 2] [--threads N]
 
 Data: the first ``--records`` SST-2 training sentences privatized on the edge path
 (``edge_agent.Privatizer``, ``dchi-text`` η = 65, default MiniLM bundle), stored as the
@@ -13,7 +13,7 @@ records of a task in a SQLite database in a temporary ``$PRIVBERT_HOME``.
   record-id hash, ``train_from_records``, test accuracy, registration of the version.
 - direct: ``models.experiment.train_from_records`` called on the same train/dev records
   (the job's split), same ``TrainConfig`` (seed 0: the same batches), in a fresh Python
-  process each round (``bench/job_overhead.py --direct``), as cold as the job's child
+  process each round (``python -m bench.job_overhead --direct``), as cold as the job's child
   (a warm process reuses oneDNN kernels made for earlier batch shapes and trains faster).
 
 Two figures per variant, examples/s = train examples x epochs / seconds:
@@ -38,9 +38,7 @@ import tempfile
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-
-from bench.common import DATA, machine, read_tsv, table  # noqa: E402
+from bench.common import DATA, machine, module_cmd, read_tsv, repo_env, table
 
 
 def setup(root: Path, n: int, eta: float):
@@ -105,8 +103,9 @@ def run_direct(settings, out: Path, epochs: int) -> dict:
     import subprocess
 
     t = time.perf_counter()
-    proc = subprocess.run([sys.executable, __file__, "--direct", str(settings.home), str(out),
-                           str(epochs)], capture_output=True, text=True)
+    proc = subprocess.run(module_cmd("bench.job_overhead", "--direct", str(settings.home),
+                                     str(out), str(epochs)),
+                          capture_output=True, text=True, env=repo_env())
     wall = time.perf_counter() - t
     if proc.returncode != 0:
         raise SystemExit(f"direct run failed:\n{proc.stderr[-3000:]}")

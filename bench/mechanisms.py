@@ -1,6 +1,6 @@
 """Mechanism throughput on real SST-2 tokens, against a plain numpy baseline in the same run.
 
-    python bench/mechanisms.py [--tokens 20000] [--eta 65]
+    python -m bench.mechanisms [--tokens 20000] [--eta 65]
 
 DChiText (exact nearest regular token) is compared with the one-GEMM numpy
 brute force (argmin of ||E||^2 - 2 y E^T in batches of 4,096) on the same noisy
@@ -21,9 +21,7 @@ from pathlib import Path
 
 import numpy as np
 
-sys.path.insert(0, str(__import__("pathlib").Path(__file__).resolve().parent.parent))
-
-from bench.common import DATA, REPO, machine, read_tsv, table  # noqa: E402
+from bench.common import DATA, REPO, load_avg, machine, module_cmd, read_tsv, table
 
 
 def best_of(fn, repeat: int = 3) -> float:
@@ -94,16 +92,12 @@ def run_faiss(table_path: str, queries_path: str, coretype: str | None) -> tuple
         env["OPENBLAS_CORETYPE"] = coretype
     with tempfile.TemporaryDirectory() as d:
         out = str(Path(d) / "ids.npy")
-        r = subprocess.run([sys.executable, str(Path(__file__).resolve()), "--faiss-child",
-                            table_path, queries_path, out], capture_output=True, text=True,
+        r = subprocess.run(module_cmd("bench.mechanisms", "--faiss-child", table_path,
+                                      queries_path, out), capture_output=True, text=True,
                            env=env, cwd=REPO)
         if r.returncode != 0:
             raise SystemExit(f"faiss child failed:\n{r.stderr}")
         return json.loads(r.stdout.strip().splitlines()[-1]), np.load(out)
-
-
-def load_avg() -> str:
-    return "/".join(f"{x:.2f}" for x in os.getloadavg())
 
 
 def main() -> None:
@@ -215,7 +209,7 @@ def main() -> None:
     if faiss_info:
         searches += [["faiss IndexFlatL2, as installed", "faiss"],
                      [f"faiss IndexFlatL2, OPENBLAS_CORETYPE={core}", "faiss_core"]]
-    searches += [["ExactNearest, float32 pass forced (before issue 21)", "fp32"],
+    searches += [["ExactNearest, float32 pass forced (before the int8 pass)", "fp32"],
                  [f"ExactNearest as DChiText runs it ({idx.backend} pass)", "ours"]]
     fb = min(best["faiss"], best["faiss_core"])
     fc = min(cpu["faiss"], cpu["faiss_core"])

@@ -1,7 +1,8 @@
 """Where a predict's CPU goes outside the forward: the service's ASGI app driven in this
 process (no HTTP server, no sockets), one request at a time or 32 at once, against the naive
 app of ``bench/serve.py`` on the same model, payloads and requests, with the service's
-hot-path changes of issue 18 switched off one at a time:
+hot-path changes (each made to bring a predict nearer the bare forward) switched off one at a
+time:
 
 * ``inline off``: a lone request's forward handed to the inference thread and back;
 * ``python-json-logger``: the access line formatted by python-json-logger, as before;
@@ -14,7 +15,7 @@ of ``--rounds`` turns of ``--requests`` requests, the variants taking turns, so 
 jobs of a shared machine weigh on all alike. CPU time, unlike wall time, hardly moves with
 the machine's load.
 
-    python bench/predict_cpu.py [--model DIR] [--concurrency 1 32]
+    python -m bench.predict_cpu [--model DIR] [--concurrency 1 32]
 """
 
 from __future__ import annotations
@@ -24,15 +25,12 @@ import asyncio
 import os
 import resource
 import statistics
-import sys
 import time
 from contextlib import AsyncExitStack
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-
-from bench.common import REPO, machine, table  # noqa: E402
-from bench.serve import API_KEY, MODEL_ID, naive_app, prepare, request_bodies  # noqa: E402
+from bench.common import REPO, machine, table
+from bench.serve import API_KEY, MODEL_ID, naive_app, prepare, request_bodies
 
 
 def cpu() -> float:
@@ -99,8 +97,8 @@ class UncommittedCharges:
 
 
 def formatter(name: str):
-    """The access log's formatter of variant ``name``: python-json-logger's (as before
-    issue 18) or the service's own."""
+    """The access log's formatter of variant ``name``: python-json-logger's (what the
+    service used before its own, cheaper formatter) or the service's own."""
     from cloud_api import logs
 
     if name != "python-json-logger":

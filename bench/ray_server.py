@@ -8,9 +8,9 @@ and awaits a method decorated with ``@serve.batch``, which gets the payloads of 
 one list: one onnxruntime forward over them, sorted by length (the same collation as
 ``cloud-api serve``), then one answer per request. ``max_ongoing_requests`` is raised
 to 64: Ray's default (5) would cap every batch at 5. ``POST /tune`` sets the two batch
-knobs of the running deployment (``bench/serve.py --ray-tune`` sweeps them).
+knobs of the running deployment (``python -m bench.serve --ray-tune`` sweeps them).
 
-    python bench/ray_server.py --model DIR --port 8123 [--int8] [--threads 1]
+    python -m bench.ray_server --model DIR --port 8123 [--int8] [--threads 1]
         [--max-batch-size 16] [--batch-wait-timeout-s 0.002]
 
 Runs until SIGTERM, then shuts Ray Serve and Ray down. Ray is in the ``bench`` extra only
@@ -21,11 +21,10 @@ from __future__ import annotations
 
 import argparse
 import signal
-import sys
 import threading
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+from bench.common import REPO
 
 
 def build_app(model_dir: str, int8: bool, threads: int | None, max_batch_size: int,
@@ -74,9 +73,9 @@ def build_app(model_dir: str, int8: bool, threads: int | None, max_batch_size: i
             return out
 
         async def __call__(self, request: Request):
-            if request.method == "GET":  # /readyz of bench/serve.py's start()
+            if request.method == "GET":  # /readyz of bench.common.start_server
                 return JSONResponse({"status": "ok"})
-            if request.url.path == "/tune":  # bench/serve.py --ray-tune: batch settings
+            if request.url.path == "/tune":  # python -m bench.serve --ray-tune: batch settings
                 knobs = await request.json()
                 self.forward.set_max_batch_size(int(knobs["max_batch_size"]))
                 self.forward.set_batch_wait_timeout_s(float(knobs["batch_wait_timeout_s"]))
@@ -110,9 +109,8 @@ def main() -> int:
     import ray
     from ray import serve
 
-    repo = str(Path(__file__).resolve().parent.parent)
     ray.init(num_cpus=args.cpus, include_dashboard=False, log_to_driver=False,
-             configure_logging=False, runtime_env={"env_vars": {"PYTHONPATH": repo}})
+             configure_logging=False, runtime_env={"env_vars": {"PYTHONPATH": str(REPO)}})
     serve.start(http_options={"host": "127.0.0.1", "port": args.port},
                 logging_config={"log_level": "WARNING", "enable_access_log": False})
     serve.run(build_app(args.model, args.int8, args.threads, args.max_batch_size,

@@ -31,16 +31,17 @@ req/s ratio tends to on cores nobody else uses. ``--padding`` measures what padd
 one forward and a forward's fixed cost; ``--dispatch`` compares the batcher's dedicated
 inference thread with ``asyncio.to_thread``'s shared pool.
 
-Targets (issue 18, one ``target ...: met / NOT met`` line each, with the load average):
+Targets (serving near the hardware's limit; one ``target ...: met / NOT met`` line each,
+with the load average):
 int8 forward >= 1.8x fp32's; c=1 p50 <= the naive serial server's + 0.3 ms; c=32 >= 1.5x
 the naive threaded server and >= 2x Ray Serve; c=32 p99 <= 2.5x p50; c=32 >= 400 req/s.
 The int8 accuracy target is ``bench/int8.py``'s.
 
-    python bench/serve.py --quick                # onnx-int8, c=1 and 32, Ray tuned: ~4 min
-    git worktree add --detach /tmp/before main && python bench/serve.py --quick --baseline \
+    python -m bench.serve --quick                # onnx-int8, c=1 and 32, Ray tuned: ~4 min
+    git worktree add --detach /tmp/before main && python -m bench.serve --quick --baseline \
         /tmp/before                              # a change against main, in the same rounds
-    python bench/serve.py --threads 1            # torch and onnx, about 6 minutes
-    python bench/serve.py --padding --threads 1 --backends onnx onnx-int8
+    python -m bench.serve --threads 1            # torch and onnx, about 6 minutes
+    python -m bench.serve --padding --threads 1 --backends onnx onnx-int8
 """
 
 from __future__ import annotations
@@ -51,20 +52,28 @@ import importlib.util
 import json
 import os
 import shutil
-import signal
-import socket
 import statistics
 import subprocess
 import sys
-import tempfile
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+from fastapi import Request, Response  # the naive app's annotations
 
-from fastapi import Request, Response  # noqa: E402 (the naive app's annotations)
-
-from bench.common import DATA, REPO, machine, read_tsv, table  # noqa: E402
+from bench.common import (
+    DATA,
+    REPO,
+    free_port,
+    machine,
+    module_cmd,
+    pct,
+    read_tsv,
+    repo_env,
+    session_cpu,
+    start_server,
+    stop_server,
+    table,
+)
 
 MODEL_ID = "sst2-minilm"
 API_KEY = "bench-app-key"
@@ -131,7 +140,7 @@ def request_bodies(n: int, model: Path) -> list[bytes]:
             for p in payloads]
 
 
-# -- the naive server (runs in a subprocess: python bench/serve.py --naive ...) --------------
+# -- the naive server (runs in a subprocess: python -m bench.serve --naive ...) --------------
 def naive_app(model_dir: str, backend: str, mode: str, threads: int | None = None):
     """FastAPI app: parse the body, one forward per payload, answer; nothing else."""
     import numpy as np
@@ -202,56 +211,6 @@ def run_naive(args) -> None:
 
 
 # -- processes --------------------------------------------------------------------------------
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def start(cmd: list[str], env: dict, port: int, timeout: float = 300) -> subprocess.Popen:
-    """Start a server and wait for its /readyz. Its stderr goes to a temporary file, not a
-    pipe: nobody reads a pipe during the run, and a server that logs more than the pipe
-    holds (64 KiB of tracebacks) would block on its next log line."""
-    import httpx
-
-    log = tempfile.TemporaryFile()
-    proc = subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL, stderr=log,
-                            start_new_session=True)
-
-    def tail() -> str:
-        log.seek(0)
-        return log.read().decode(errors="replace")[-2000:]
-
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            raise RuntimeError(f"{cmd[:3]} exited {proc.returncode}: {tail()}")
-        try:
-            if httpx.get(f"http://127.0.0.1:{port}/readyz", timeout=2).status_code == 200:
-                return proc
-        except httpx.HTTPError:
-            pass
-        time.sleep(0.2)
-    stop(proc)
-    raise RuntimeError(f"{cmd[:3]} not ready after {timeout:.0f} s: {tail()}")
-
-
-def stop(proc: subprocess.Popen) -> None:
-    """SIGTERM to the server's process group, then SIGKILL to what is left of it (Ray's
-    processes outlive its driver)."""
-    if proc.poll() is None:
-        os.killpg(proc.pid, signal.SIGTERM)
-        try:
-            proc.wait(60)
-        except subprocess.TimeoutExpired:
-            pass
-    try:
-        os.killpg(proc.pid, signal.SIGKILL)
-    except ProcessLookupError:
-        pass
-    proc.wait()
-
-
 def serve_cmd(home: Path, port: int) -> list[str]:
     exe = Path(sys.executable).with_name("cloud-api")
     return [str(exe), "serve", "--host", "127.0.0.1", "--port", str(port), "--home", str(home)]
@@ -321,34 +280,6 @@ async def closed_loop(port: int, bodies: list[bytes], concurrency: int, seconds:
     return {"lat": lat, "errors": errors, "done": done[0]}
 
 
-def cpu_seconds(pid: int) -> float:
-    """User + system CPU time of process ``pid`` (all its threads) so far."""
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
-
-
-def session_cpu(sid: int) -> float:
-    """User + system CPU time so far of every process of session ``sid`` (a server started
-    with ``start_new_session``: uvicorn's one process, or Ray's driver, GCS, raylet, proxy
-    and replica processes), all their threads."""
-    total = 0
-    for stat in Path("/proc").glob("[0-9]*/stat"):
-        try:
-            fields = stat.read_text().rsplit(")", 1)[1].split()
-        except OSError:
-            continue
-        if int(fields[3]) == sid:
-            total += int(fields[11]) + int(fields[12])
-    return total / os.sysconf("SC_CLK_TCK")
-
-
-def _pct(sorted_values: list[float], q: float) -> float:
-    if not sorted_values:
-        return float("nan")
-    k = min(len(sorted_values) - 1, max(0, round(q / 100 * (len(sorted_values) - 1))))
-    return sorted_values[k]
-
-
 def batch_stats(port: int) -> tuple[float, float]:
     """(sum, count) of privbert_batch_size from /metrics."""
     import httpx
@@ -413,7 +344,7 @@ async def _batcher_load(batcher, payloads: list, concurrency: int, seconds: floa
 
     await asyncio.gather(*(worker(k) for k in range(concurrency)))
     lat.sort()
-    return {"rps": len(lat) / seconds, "p50": _pct(lat, 50)}
+    return {"rps": len(lat) / seconds, "p50": pct(lat, 50)}
 
 
 def dispatch_compare(model_dir: Path, backend: str, bodies: list[bytes], threads: int | None,
@@ -432,7 +363,7 @@ def dispatch_compare(model_dir: Path, backend: str, bodies: list[bytes], threads
             async def go(c=c, name=name) -> dict:
                 pool = None if name.startswith("dedicated") else ThreadPoolExecutor(
                     max_workers=min(32, (os.cpu_count() or 1) + 4))
-                b = Batcher(be.forward, model_id="bench", version="v1", executor=pool).start()
+                b = Batcher(be.forward, model_id="bench", version="v1", executor=pool).start_server()
                 await _batcher_load(b, payloads, c, 1.0)  # warm-up
                 r = await _batcher_load(b, payloads, c, seconds)
                 await b.drain()
@@ -526,14 +457,14 @@ def main() -> int:
                     "one forward (CPU time, no HTTP) and exit")
     ap.add_argument("--dispatch", action="store_true", help="also compare the batcher's "
                     "dedicated inference thread with asyncio.to_thread's shared pool")
-    ap.add_argument("--ray", action="store_true", help="also Ray Serve (bench/ray_server.py, "
+    ap.add_argument("--ray", action="store_true", help="also Ray Serve (bench.ray_server, "
                     "onnx backends; pip install 'privbert[bench]')")
     ap.add_argument("--ray-tune", action="store_true", help="sweep Ray's max_batch_size x "
                     "batch_wait_timeout_s at c=32 first and keep the fastest")
     ap.add_argument("--ray-tune-seconds", type=float, default=2.0)
     ap.add_argument("--ray-max-batch-size", type=int, default=16)
     ap.add_argument("--ray-batch-wait-timeout-s", type=float, default=0.002)
-    ap.add_argument("--quick", action="store_true", help="the issue-18 targets in a few "
+    ap.add_argument("--quick", action="store_true", help="the serving targets in a few "
                     "minutes: onnx-int8, c=1 and 32, both naive servers, Ray Serve tuned "
                     "(when installed), 2 rounds of 3 s")
     ap.add_argument("--baseline", type=Path, help="also serve with the cloud-api of this "
@@ -605,14 +536,14 @@ RAY_GRID = ((8, 16, 32), (0.0, 0.002, 0.005, 0.01))  # max_batch_size x batch_wa
 
 def start_ray(args, backend: str, model: Path) -> tuple[subprocess.Popen, int]:
     port = free_port()
-    cmd = [sys.executable, str(Path(__file__).with_name("ray_server.py")), "--model",
-           str(model), "--port", str(port), "--max-batch-size", str(args.ray_max_batch_size),
-           "--batch-wait-timeout-s", str(args.ray_batch_wait_timeout_s)]
+    cmd = module_cmd("bench.ray_server", "--model", str(model), "--port", str(port),
+                     "--max-batch-size", str(args.ray_max_batch_size),
+                     "--batch-wait-timeout-s", str(args.ray_batch_wait_timeout_s))
     if backend == "onnx-int8":
         cmd.append("--int8")
     if args.threads:
         cmd += ["--threads", str(args.threads)]
-    return start(cmd, dict(os.environ), port, timeout=600), port
+    return start_server(cmd, repo_env(), port, timeout=600), port
 
 
 def ray_tune(port: int, bodies: list[bytes], seconds: float) -> tuple[int, float, list[list]]:
@@ -629,8 +560,8 @@ def ray_tune(port: int, bodies: list[bytes], seconds: float) -> tuple[int, float
             r = asyncio.run(closed_loop(port, bodies, 32, seconds, 0.5))
             rps = len(r["lat"]) / seconds
             lat = sorted(r["lat"])
-            rows.append([size, wait, f"{rps:.1f}", f"{_pct(lat, 50) * 1e3:.1f}",
-                         f"{_pct(lat, 99) * 1e3:.1f}", f"{os.getloadavg()[0]:.2f}"])
+            rows.append([size, wait, f"{rps:.1f}", f"{pct(lat, 50) * 1e3:.1f}",
+                         f"{pct(lat, 99) * 1e3:.1f}", f"{os.getloadavg()[0]:.2f}"])
             print(f"  ray tune max_batch_size={size:<3d} batch_wait_timeout_s={wait:<6g} "
                   f"{rps:7.1f} req/s (load {os.getloadavg()[0]:.2f})", flush=True)
             best = max(best, (rps, size, wait))
@@ -655,18 +586,18 @@ def run_backend(args, backend: str, model: Path, home: Path, bodies: list[bytes]
         env = serve_env(backend, args.threads, args.workers)
         if args.max_wait_ms is not None:
             env["PRIVBERT_MAX_WAIT_MS"] = str(args.max_wait_ms)
-        procs[SERVE] = (start(serve_cmd(home, port), env, port), port)
+        procs[SERVE] = (start_server(serve_cmd(home, port), env, port), port)
         if args.baseline is not None:
             port = free_port()
             base_env = {**env, "PYTHONPATH": str(args.baseline.resolve())}
-            procs[BASELINE] = (start(serve_cmd(home, port), base_env, port), port)
+            procs[BASELINE] = (start_server(serve_cmd(home, port), base_env, port), port)
         for flavour in args.naive_flavours:
             port = free_port()
-            cmd = [sys.executable, __file__, "--naive", flavour, "--naive-model", str(model),
-                   "--backend", backend, "--port", str(port)]
+            cmd = module_cmd("bench.serve", "--naive", flavour, "--naive-model", str(model),
+                             "--backend", backend, "--port", str(port))
             if args.threads:
                 cmd += ["--threads", str(args.threads)]
-            procs[f"naive ({flavour})"] = (start(cmd, dict(os.environ), port), port)
+            procs[f"naive ({flavour})"] = (start_server(cmd, repo_env(), port), port)
         if args.ray and backend in ("onnx", "onnx-int8"):
             t0 = time.perf_counter()
             procs[RAY] = start_ray(args, backend, model)
@@ -706,7 +637,7 @@ def run_backend(args, backend: str, model: Path, home: Path, bodies: list[bytes]
             for name, a in acc.items():
                 lat = sorted(a["lat"])
                 res[name][c] = {"n": len(lat), "rps": len(lat) / a["seconds"],
-                                "p50": _pct(lat, 50), "p99": _pct(lat, 99),
+                                "p50": pct(lat, 50), "p99": pct(lat, 99),
                                 "errors": a["errors"], "cpu": a["cpu"] / max(1, a["done"])}
                 if name == SERVE:
                     res[name][c]["batch"] = (after[0] - before[0]) / max(1.0,
@@ -723,7 +654,7 @@ def run_backend(args, backend: str, model: Path, home: Path, bodies: list[bytes]
         for bare in bares.values():
             bare.close()
         for proc, _ in procs.values():
-            stop(proc)
+            stop_server(proc)
     for k, b in bares.items():
         if b.times:
             rows.append([k, "bare forward, 1 payload, no HTTP", 1, len(b.times), "",
@@ -751,9 +682,9 @@ def _line(what: str, value: str, ok: bool | None) -> str:
 
 
 def targets(backend: str, res: dict, bare_p50: dict, bare_min: dict) -> list[str]:
-    """One line per target of issue 18 that this run measures (the int8 backend's; the
+    """One line per serving target that this run measures (the int8 backend's; the
     accuracy target is bench/int8.py's)."""
-    out = [f"-- targets of issue 18 for the {backend} backend:"]
+    out = [f"-- serving targets for the {backend} backend:"]
     srv = res[SERVE]
     if backend == "onnx-int8" and bare_p50.get("onnx", float("nan")) == bare_p50["onnx"]:
         med = bare_p50["onnx"] / bare_p50[backend]
@@ -763,7 +694,7 @@ def targets(backend: str, res: dict, bare_p50: dict, bare_min: dict) -> list[str
                          f"{bare_p50[backend] * 1e3:.2f} ms), {low:.2f}x on minima",
                          med >= 1.8))
     out.append("target int8 accuracy within 0.5 point of fp32: measured by "
-               "`python bench/int8.py` (not measured here)")
+               "`python -m bench.int8` (not measured here)")
     serial = res.get("naive (serial)", {})
     if 1 in srv and 1 in serial:
         extra = (srv[1]["p50"] - serial[1]["p50"]) * 1e3

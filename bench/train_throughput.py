@@ -1,6 +1,6 @@
 """Pretraining throughput against a plain torch loop on the same model and the same batches.
 
-    python bench/train_throughput.py [--steps 3] [--rounds 2] [--batch-size 32] [--max-length 128]
+    python -m bench.train_throughput [--steps 3] [--rounds 2] [--batch-size 32] [--max-length 128]
                                      [--objective denoising] [--mechanism dchi-text] [--eta 65] [--hf]
 
 Variants, each over the SAME batches (the first ``--steps`` batches that
@@ -26,14 +26,11 @@ import argparse
 import os
 import sys
 import time
-from pathlib import Path
 
 import numpy as np
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-
-from bench.common import machine, table  # noqa: E402
+from bench.common import machine, table
 
 
 class PlainHead(torch.nn.Module):

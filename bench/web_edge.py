@@ -2,8 +2,8 @@
 the Python edge's per-sentence time on the same machine, in the same run; and, with
 ``--accuracy HOME``, the accuracy of its payloads beside the Python edge's.
 
-    python bench/web_edge.py [--repeats 30] [--eta 65]
-    python bench/web_edge.py --accuracy HOME [--draws 3] [--model sst2]
+    python -m bench.web_edge [--repeats 30] [--eta 65]
+    python -m bench.web_edge --accuracy HOME [--draws 3] [--model sst2]
 
 * Python: ``edge_agent.Privatizer(bundle, DChiText(bundle, eta)).privatize([sentence])`` per
   call (tokenize, noise, exact search, payload), warm, median of ``--repeats``.
@@ -26,7 +26,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import statistics
 import subprocess
 import sys
@@ -34,9 +33,7 @@ import tempfile
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-
-from bench.common import DATA, REPO, machine, read_tsv, table  # noqa: E402
+from bench.common import DATA, REPO, load_avg, machine, read_tsv, table
 
 
 def twenty_token_sentence(bundle) -> str:
@@ -96,7 +93,7 @@ def accuracy(home: Path, model: str, draws: int, limit: int) -> None:
 
     rows = read_tsv(DATA / "sst2_sentences" / "dev.tsv", limit or None)
     gold = np.array([r[-1] for r in rows])
-    print(f"load average at start: {'/'.join(f'{x:.2f}' for x in os.getloadavg())}")
+    print(f"load average at start: {load_avg()}")
     print(f"machine: {machine()}")
     with tempfile.TemporaryDirectory() as tmp_:
         tmp = Path(tmp_)
@@ -148,7 +145,7 @@ def accuracy(home: Path, model: str, draws: int, limit: int) -> None:
     verdict = "met" if abs(diff.mean()) <= 0.01 else "NOT met"
     print(f"difference (web - Python): {diff.mean():+.4f} (paired standard error {se:.4f}) | "
           f"target |difference| <= 0.01: {verdict}")
-    print(f"load average at end: {'/'.join(f'{x:.2f}' for x in os.getloadavg())}")
+    print(f"load average at end: {load_avg()}")
 
 
 def main() -> None:
@@ -167,7 +164,7 @@ def main() -> None:
         return
     from shared.bundle import EdgeBundle
 
-    print(f"load average at start: {'/'.join(f'{x:.2f}' for x in os.getloadavg())}")
+    print(f"load average at start: {load_avg()}")
     print(f"machine: {machine()}")
     node = subprocess.run(["node", "--version"], capture_output=True, text=True).stdout.strip()
     print(f"node {node}, onnxruntime-web {json.loads((REPO / 'web_edge/node_modules/onnxruntime-web/package.json').read_text())['version']}")
@@ -196,7 +193,7 @@ def main() -> None:
                  "setup", "speed vs Python"], rows))
     print(f"web edge first call after setup: {js1['first_ms']:.1f} ms (1 thread), "
           f"{js2['first_ms']:.1f} ms (2 threads); target in a page: <= 50 ms warm")
-    print(f"load average at end: {'/'.join(f'{x:.2f}' for x in os.getloadavg())}")
+    print(f"load average at end: {load_avg()}")
 
 
 if __name__ == "__main__":

@@ -1,6 +1,6 @@
 """The privacy explorer in headless Chromium against the Python edge, on the same machine.
 
-    python bench/web_page.py [--home DIR] [--repeats 20] [--threads 1 2]
+    python -m bench.web_page [--home DIR] [--repeats 20] [--threads 1 2]
 
 * warm: dχ-text privatization of one 20-token sentence in the page (tokenize, noise, exact
   nearest regular token; the page's own timer around the library's calls), median of
@@ -32,13 +32,10 @@ import tempfile
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+from bench.common import DATA, REPO, cli_env, cpu_model, serve
 
-from bench.common import cli_env, serve  # noqa: E402
-
-REPO = Path(__file__).resolve().parent.parent
 DEMO = REPO / "web_edge" / "demo"
-DATA = REPO.parent / "shared" / "data" / "sst2_sentences"
+SENTENCES = DATA / "sst2_sentences"
 SENTENCE = ("the film is a gripping , funny and moving story about two old friends who "
             "finally meet again after years")
 ETA = 65.0
@@ -46,8 +43,9 @@ ETA = 65.0
 
 def quick_home(root: Path) -> Path:
     home = root / "home"
-    cmd = [sys.executable, "-m", "cloud_api.cli", "bootstrap", "--data", str(DATA / "train.tsv"),
-           "--dev", str(DATA / "dev.tsv"), "--mechanism", "dchi-text", "--eta", str(ETA),
+    cmd = [sys.executable, "-m", "cloud_api.cli", "bootstrap",
+           "--data", str(SENTENCES / "train.tsv"), "--dev", str(SENTENCES / "dev.tsv"),
+           "--mechanism", "dchi-text", "--eta", str(ETA),
            "--limit", "64", "--dev-limit", "32", "--dev-draws", "0", "--epochs", "1",
            "--layers", "1", "--model-id", "sst2", "--home", str(home), "--device", "cpu",
            "--no-progress"]
@@ -107,9 +105,7 @@ def main() -> int:
         proc.terminate()
         proc.wait(30)
     py_ms, n_tokens = python_edge(home, model["bundle_id"], args.repeats)
-    cpu = next((ln.split(":", 1)[1].strip() for ln in open("/proc/cpuinfo")
-                if ln.startswith("model name")), "?")
-    print(f"cpu: {cpu}; load: {os.getloadavg()[0]:.2f} {os.getloadavg()[1]:.2f} "
+    print(f"cpu: {cpu_model()}; load: {os.getloadavg()[0]:.2f} {os.getloadavg()[1]:.2f} "
           f"{os.getloadavg()[2]:.2f}; model {model['id']} (bundle {model['bundle_id'][:12]})")
     print(f"sentence: {n_tokens} word pieces, dchi-text eta={ETA:g}; Python edge "
           f"{py_ms:.1f} ms per sentence (median of {args.repeats} warm calls)")

@@ -31,7 +31,7 @@ from shared.mechanisms import DChiText, registry
 
 # The quick start's defaults: at about the same compute, half of MiniLM's layers over more
 # epochs of fresh noise read privatized text better than the whole model over one epoch
-# (the candidates and their figures: bench/RESULTS.md, "Utility levers").
+# (the candidates and their figures: bench/results/utility_levers.md).
 DEFAULT_LIMIT = 12000
 DEFAULT_DEV_LIMIT = 1000
 DEFAULT_EPOCHS = 2

@@ -204,7 +204,7 @@ class PrivacyReport:
             "target_inversion": self.target, "guarantee": self.guarantee,
             "timings_s": self.timings, "geometry": self.geometry,
             "privacy_floor": self.floor,
-            "contextual_attack": (None if self.mechanism != "dchi-text" else
+            "contextual_attack": (None if not _contextual(self.mechanism) else
                                   {"measured": False, "how": CONTEXTUAL_NOTE.split(": ", 1)[1]
                                    .split("torch: ", 1)[1].format(eta=f"{self.eta:.4g}")}),
         }
@@ -345,10 +345,15 @@ def format_report(r: PrivacyReport) -> str:
                   f"{f['tokens']:,} tokens, each with one noise direction)"]
     lines += ["", "guarantee: " + summary(r.guarantee)]
     lines += [f"  - {n}" for n in r.guarantee.get("notes", [])]
-    if r.mechanism == "dchi-text":
+    if _contextual(r.mechanism):
         lines += ["", CONTEXTUAL_NOTE.format(eta=f"{r.eta:.4g}")]
     lines.append(f"(computed in {r.timings.get('total', 0):.1f} s)")
     return "\n".join(lines)
+
+
+def _contextual(mechanism: str) -> bool:
+    """Whether the server's contextual denoiser attacks this mechanism's output."""
+    return registry.substitutes_tokens(registry.get(mechanism))
 
 
 def plot_report(r: PrivacyReport, path: str) -> None:

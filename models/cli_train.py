@@ -18,6 +18,7 @@ import json
 import sys
 
 from edge_agent.errors import one_line
+from models.recipe import DEFAULT_EPOCHS, DENOISER_MECHANISMS
 
 PROG = "cloud-api"
 
@@ -98,7 +99,7 @@ def _recipe_args(p: argparse.ArgumentParser) -> None:
     """The training recipe's levers (models.recipe); unset = the default for the mechanism."""
     g = p.add_argument_group(
         "recipe (models.recipe; default: the best measured recipe for the mechanism, "
-        "bench/RESULTS.md 'Utility levers')")
+        "bench/results/utility_levers.md)")
     g.add_argument("--fresh-noise", action=argparse.BooleanOptionalAction, default=None,
                    help="privatize the public training text afresh in every epoch")
     g.add_argument("--posterior", action=argparse.BooleanOptionalAction, default=None,
@@ -239,8 +240,10 @@ def register(subparsers) -> None:
     t.add_argument("--base", metavar="DIR", help="BERT folder or pretraining checkpoint "
                    "(default: the packaged MiniLM-L6-H384)")
     t.add_argument("--out", required=True, metavar="DIR", help="new model version folder")
-    t.add_argument("--epochs", type=_positive_int, default=3)
-    t.add_argument("--lr", type=float, help="learning rate (default 2e-5 BERT, 1e-3 MLP)")
+    t.add_argument("--epochs", type=_positive_int, default=DEFAULT_EPOCHS,
+                   help=f"passes over the training set ({DEFAULT_EPOCHS})")
+    t.add_argument("--lr", type=float, help="learning rate (default: 1e-4 for a BERT reading "
+                   "token ids, 2e-5 for one reading embeddings, 1e-3 for the vector MLP)")
     t.add_argument("--batch-size", type=_positive_int, default=32)
     t.add_argument("--max-length", type=_positive_int, default=128)
     t.add_argument("--pooling", choices=("mean", "cls"), default="mean",
@@ -478,9 +481,9 @@ def run_attack(args) -> int:
             raise ValueError("--attack needs --mechanism (and its parameters) or --model")
         name, params = args.mechanism, None
         bundle = load_bundle(bundle_dir=args.bundle)
-    if args.denoiser is not None and name != "dchi-text":
+    if args.denoiser is not None and name not in DENOISER_MECHANISMS:
         raise ValueError(f"--denoiser makes no sense for {name}: a contextual denoiser "
-                         "exists for dchi-text only")
+                         f"exists for {' and '.join(DENOISER_MECHANISMS)} only")
     texts = attack.read_sentences(args.data, args.limit)
     cls = registry.get(name)
     if cls.family == "dchi":  # token by token: the dχ report

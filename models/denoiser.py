@@ -5,7 +5,7 @@ payload (Dwork & Roth 2014, Prop. 2.1): no privacy cost, and the strongest attac
 Per token, dχ returns either the original or an essentially unrelated word (Asghar et al.
 2024, arXiv 2411.13784): at η 65 on the MiniLM table the original of a replaced token is
 rarely among the nearest neighbours of the output, so a context-free candidate list misses
-it (bench/RESULTS.md, "Contextual denoiser"). The denoiser therefore scores, at each
+it (bench/results/denoiser.md). The denoiser therefore scores, at each
 position i, every token of a candidate vocabulary O (the most frequent tokens of the public
 text) plus the output y_i itself ("copy"), as Tong et al. (NAACL 2025) rebuild tokens with a
 language-model prior over the mechanism's candidates:
@@ -37,11 +37,12 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from models.recipe import DENOISER_MECHANISMS
 from models.version_folder import DENOISER_FILE, check_denoiser_meta, denoiser_header
 from models.version_folder import DENOISER_FORMAT as FORMAT
 from models.version_folder import DENOISER_FORMAT_VERSION as FORMAT_VERSION
 
-MECHANISMS = ("dchi-text",)
+MECHANISMS = DENOISER_MECHANISMS
 MAX_SUPPORT = 64  # observed context-free pairs kept per output y (the MC table has ≤ 60 at η 65)
 NEG = -1e4  # "impossible" logit (finite: fp16/ONNX-safe)
 WORD_EMBEDDINGS = "bert.embeddings.word_embeddings.weight"  # the bundle's: never stored here

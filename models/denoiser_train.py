@@ -239,7 +239,7 @@ def recovery(denoiser: Denoiser | None, posterior, bundle, texts: Sequence[str],
         res["contextual"].append(float((np.concatenate(pred) == x).mean()))
         res["context_free_smoothed"].append(float((np.concatenate(free) == x).mean()))
     out = {"tokens": int(len(x)), "texts": len(seqs), "draws": draws,
-           "mechanism": "dchi-text", "eta": eta}
+           "mechanism": DChiText.name, "eta": eta}
     for k, v in res.items():
         if v:
             out[k] = float(np.mean(v))

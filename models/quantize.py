@@ -2,7 +2,7 @@
 ``classifier.onnx`` with ``onnxruntime.quantization`` (needs the ``onnx`` package: the
 train extra; serving the result needs only onnxruntime, :mod:`models.onnx_classifier`).
 
-Scheme (``DEFAULT_SCHEME``, chosen by ``python bench/int8.py``, bench/RESULTS.md):
+Scheme (``DEFAULT_SCHEME``, chosen by ``python -m bench.int8``, bench/results/serving.md):
 dynamic quantization of every MatMul and Gather (weights int8 with one scale per output
 column, activations uint8 quantized per call from their own range), weights on 7 bits
 (``reduce_range``). One scale per tensor lost SST-2 accuracy on the same privatized

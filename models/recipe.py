@@ -35,8 +35,8 @@ RAW_TEXT_LEVERS = ("fresh_noise", "denoise", "distill", "warm_start")
 # a channel posterior: mechanisms that privatize token by token with dχ-privacy
 POSTERIOR_MECHANISMS = tuple(c.name for c in registry.mechanisms() if c.family == "dchi")
 # a contextual denoiser (models.denoiser): dχ mechanisms whose payload is token ids
-DENOISER_MECHANISMS = tuple(c.name for c in registry.mechanisms() if c.family == "dchi"
-                            and c.payload_kind is registry.PayloadKind.TOKENS)
+DENOISER_MECHANISMS = tuple(c.name for c in registry.mechanisms()
+                            if registry.substitutes_tokens(c))
 # payloads of word pieces (a BERT over token ids reads them)
 TOKEN_MECHANISMS = tuple(c.name for c in registry.mechanisms()
                          if c.payload_kind.reads_tokens)
@@ -131,9 +131,16 @@ class Recipe:
         return cls(**{k: v for k, v in (d or {}).items() if k in names})
 
 
+# The training defaults by payload kind (models.finetune): MiniLM reading token ids learns
+# the privatized text best at 1e-4 over 2 epochs of fresh noise (bench results, "Utility
+# levers"); reading embeddings keeps BERT's 2e-5; the vector MLP 1e-3.
+DEFAULT_LR = {"tokens": 1e-4, "embeddings": 2e-5, "vector": 1e-3}
+DEFAULT_EPOCHS = 2
+
+
 def default_recipe(mechanism: str, raw_text: bool) -> Recipe:
     """The recipe ``cloud-api train`` and ``bootstrap`` use unless told otherwise: the
-    winner of the ablation where it applies (bench/RESULTS.md, "Utility levers")."""
+    winner of the ablation where it applies (bench/results/utility_levers.md)."""
     if mechanism not in POSTERIOR_MECHANISMS:
         return Recipe()
     r = Recipe(fresh_noise=True, posterior=True)

@@ -1,4 +1,5 @@
-"""One training recipe on a seeded subset of whole sentences: the exploration behind issue 17.
+"""One training recipe on a seeded subset of whole sentences: the exploration that chose the
+levers ``python -m bench.utility levers`` ablates.
 
     python -m bench.utility explore --name NAME [--n 10000] [--epochs 1] [--lr 1e-4]
         [--fresh] [--denoise LAMBDA] [--posterior TABLE.npz] [--denoiser FILE]

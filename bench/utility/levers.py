@@ -1,4 +1,5 @@
-"""Utility levers under privacy (issue 17): an ablation of the training recipe on whole sentences.
+"""Utility levers under privacy: an ablation of the training recipe on whole sentences, to
+reach a useful accuracy at the privacy floor (inversion 0.34) without a GPU.
 
     python -m bench.utility levers [--train 0] [--epochs 3] [--rows base,fresh,...]
                                    [--lr 1e-4] [--out out/levers] [--table-only]
@@ -50,7 +51,7 @@ from bench.utility.cache import fmt_s, key_of, log, read_json, subset, write_jso
 
 # inversion 0.34 on the MiniLM table: `edge-agent report --target-inversion 0.34` gives 66.11 on
 # vocabulary tokens drawn uniformly; `bench.utility table`'s calibration on SST-2 text tokens 64.35;
-# the demo's 65 lies between (bench/RESULTS.md, "Utility levers")
+# the demo's 65 lies between (bench/results/utility_levers.md)
 ETA_034 = 65.0
 TRAIN = DATA / "sst2_sentences" / "train.tsv"
 DEV = DATA / "sst2_sentences" / "dev.tsv"

@@ -25,6 +25,7 @@ from cloud_api.jobs import queue
 from cloud_api.jobs.states import JobKind
 from cloud_api.settings import Settings
 from cloud_api.store.db import Database
+from models.recipe import DEFAULT_EPOCHS
 from cloud_api.store.records import label_counts
 from cloud_api.store.tables import records
 from cloud_api.store.tasks import (
@@ -73,9 +74,10 @@ class RetrainRequest(BaseModel):
     base: Name | None = Field(None, description="a pretrained base in $PRIVBERT_HOME/bases "
                               "(POST /admin/pretrain) of the task's bundle and mechanism; "
                               "default: the bundle's own BERT")
-    epochs: int = Field(3, ge=1, le=100)
+    epochs: int = Field(DEFAULT_EPOCHS, ge=1, le=100)
     lr: float | None = Field(None, gt=0, lt=1, allow_inf_nan=False,
-                             description="default 2e-5 (BERT), 1e-3 (vector MLP)")
+                             description="default 1e-4 (BERT reading token ids), 2e-5 "
+                             "(BERT reading embeddings), 1e-3 (vector MLP)")
     batch_size: int | None = Field(None, ge=1, le=4096, description="default 32")
     promote: bool = Field(False, description="promote the new version unless its test "
                           "accuracy is worse than the promoted one's by more than one "

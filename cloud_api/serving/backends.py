@@ -89,7 +89,7 @@ class TorchBackend:
     """A version folder served by torch."""
 
     name = "torch"
-    overhead_tokens = 32.0  # MiniLM, one thread (bench/serve.py --padding)
+    overhead_tokens = 32.0  # MiniLM, one thread (python -m bench.serve --padding)
 
     def __init__(self, path: str | os.PathLike, settings: Settings):
         import torch

@@ -122,7 +122,7 @@ def best_groups(lengths: Sequence[int], max_size: int, max_tokens: int,
     On CPU the padded tokens dominate the cost of a forward, so SST-2 payloads grouped by
     length cost about half as much per payload as in arrival order; a forward's fixed cost,
     in padded tokens, is each backend's ``overhead_tokens`` (measured with
-    ``python bench/serve.py --padding --threads 1``). So a long payload waits for its own
+    ``python -m bench.serve --padding --threads 1``). So a long payload waits for its own
     batch rather than pad many short ones, and short ones still share a forward."""
     k = len(lengths)
     best = [0.0] + [math.inf] * k

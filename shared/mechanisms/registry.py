@@ -314,6 +314,12 @@ def mechanisms() -> tuple[type[BaseMechanism], ...]:
     return tuple(_REGISTRY.values())
 
 
+def substitutes_tokens(cls: type[BaseMechanism]) -> bool:
+    """A dχ mechanism whose payload is another regular token's id (Feyisetan et al. 2020
+    §3): what a channel posterior over tokens and a contextual denoiser can read."""
+    return cls.family == "dchi" and cls.payload_kind is PayloadKind.TOKENS
+
+
 def names() -> tuple[str, ...]:
     """Every registered mechanism name."""
     return tuple(c.name for c in mechanisms())
