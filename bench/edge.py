@@ -101,7 +101,7 @@ def raw_rate(mech: str, tsv: Path, eta: float) -> tuple[float, float]:
 
 def raw_main(mech: str, tsv: Path, eta: float) -> None:
     """Child of :func:`raw_rate`: print the raw tokens/s (best of 3 for dchi-embedding)."""
-    from edge_agent.privatizer import Privatizer
+    from edge_agent.privatize.privatizer import Privatizer
     from shared.bundle import EdgeBundle
     from shared.mechanisms import DChiEmbedding, DChiText
 
@@ -135,11 +135,11 @@ def ledger_calls_main(tsv: Path, eta: float, work: Path) -> None:
     (``RunBudget.plan``: the input read, tokenized and costed once more)."""
     from dataclasses import replace
 
-    from edge_agent.batches import privatized, tokenized
-    from edge_agent.charging import RunBudget
-    from edge_agent.lines import LineReader
-    from edge_agent.options import LedgerOptions, MechanismOptions, PrivatizeOptions
-    from edge_agent.run_setup import make_privatizer
+    from edge_agent.privatize.batches import privatized, tokenized
+    from edge_agent.privatize.charging import RunBudget
+    from edge_agent.privatize.lines import LineReader
+    from edge_agent.privatize.options import LedgerOptions, MechanismOptions, PrivatizeOptions
+    from edge_agent.privatize.run_setup import make_privatizer
     from shared.bundle import EdgeBundle
 
     led = work / f"calls-{os.getpid()}.sqlite3"
@@ -193,7 +193,7 @@ from edge_agent.cli import main
 sys.exit(main(sys.argv[1:]))
 """
 _NO_LEDGER = """
-import edge_agent.privatize_run as run
+import edge_agent.privatize.run as run
 class NoLedger:  # the baseline only: the same run with the ledger's calls taken out
     capped = False
     def __init__(self, opts, priv, bundle):
@@ -320,7 +320,7 @@ def main() -> None:
         ledger_calls_main(Path(args.ledger_calls[0]), args.eta, Path(args.ledger_calls[1]))
         return
 
-    from edge_agent.privatizer import Privatizer
+    from edge_agent.privatize.privatizer import Privatizer
     from shared.bundle import EdgeBundle
 
     tmp = Path(tempfile.mkdtemp(prefix="bench-edge-"))

@@ -11,7 +11,7 @@ __all__ = ["Privatizer"]
 
 def __getattr__(name: str):
     if name == "Privatizer":
-        from edge_agent.privatizer import Privatizer
+        from edge_agent.privatize.privatizer import Privatizer
 
         return Privatizer
     raise AttributeError(f"module 'edge_agent' has no attribute {name!r}")

@@ -1,10 +1,10 @@
 """`edge-agent` command line: privatize, budget, report, bundle fetch|info.
 
-The flags are parsed here (and in ``cli_privatize``, ``cli_budget``) into typed options
-(``edge_agent.options``); nothing below this layer sees an argparse namespace. Errors print
-one line ``edge-agent: error: ...`` on stderr (no traceback) and exit 2 for usage (bad
-flags, invalid parameters), 3 when the privacy budget refuses a run, or 1 at run time (bad
-input line, bundle, server). Heavy modules load only when a command needs them.
+The flags are parsed here (and in ``privatize.cli``, ``budget.cli``) into typed options
+(``edge_agent.privatize.options``); nothing below this layer sees an argparse namespace.
+Errors print one line ``edge-agent: error: ...`` on stderr (no traceback) and exit 2 for
+usage (bad flags, invalid parameters), 3 when the privacy budget refuses a run, or 1 at run
+time (bad input line, bundle, server). Heavy modules load only when a command needs them.
 """
 
 from __future__ import annotations
@@ -14,9 +14,9 @@ import os
 import sys
 
 from edge_agent.cli_args import Parser, add_bundle_args, server_options
-from edge_agent.connect import make_client, resolve_bundle
 from edge_agent.errors import PROG, BudgetRefused, CliError, UsageError, info, one_line, warn
-from edge_agent.options import DEFAULT_MECHANISM
+from edge_agent.privatize.options import DEFAULT_MECHANISM
+from edge_agent.service.connect import make_client, resolve_bundle
 
 
 # -- parser -----------------------------------------------------------------------------------
@@ -31,8 +31,9 @@ def build_parser() -> argparse.ArgumentParser:
                      "privatized payloads, choose eta with a privacy report")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=Parser)
 
-    from edge_agent import cli_budget, cli_privatize
+    from edge_agent.budget import cli as cli_budget
     from edge_agent.cli_args import LazyChoices
+    from edge_agent.privatize import cli as cli_privatize
 
     cli_privatize.register(sub)
     cli_budget.register(sub)
@@ -181,7 +182,7 @@ def read_sample(path: str) -> list[str]:
 
 
 def run_bundle_fetch(args) -> int:
-    from edge_agent.bundle_cache import bundle_for_model, fetch_bundle
+    from edge_agent.service.bundle_cache import bundle_for_model, fetch_bundle
 
     with make_client(server_options(args)) as client:
         if args.id:

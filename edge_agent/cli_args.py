@@ -8,7 +8,7 @@ import sys
 from collections.abc import Callable, Iterator, Sequence
 
 from edge_agent.errors import PROG
-from edge_agent.options import ServerOptions
+from edge_agent.service.connect import ServerOptions
 
 
 class Parser(argparse.ArgumentParser):

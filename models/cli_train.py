@@ -48,7 +48,7 @@ def _texthide_key(text: str) -> int:
     """The mask-pool seed of a hex key, checked as the edge agent checks it."""
     import argparse
 
-    from edge_agent.texthide_key import key_to_seed
+    from edge_agent.privatize.texthide_key import key_to_seed
 
     try:
         return key_to_seed(text)

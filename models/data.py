@@ -309,7 +309,7 @@ def read_records_jsonl(path: str | os.PathLike, limits: Limits | None = None,
 def fit_segments(len_a: int, len_b: int, budget: int) -> tuple[int, int]:
     """Trim a pair to ``budget`` tokens: the edge's policy "first" (contract §1; the longer
     segment first, the second on a tie), so server and edge truncate alike."""
-    from edge_agent.privatizer import trim_pair
+    from edge_agent.privatize.privatizer import trim_pair
 
     return trim_pair(len_a, len_b, budget)
 

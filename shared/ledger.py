@@ -1,6 +1,6 @@
 """The privacy budget ledger's arithmetic: what one privatization costs, how costs compose,
 and whether a cost fits a cap. Pure functions, no I/O; the device ledger
-(``edge_agent.device_ledger``) and the server's (``cloud_api.store.budgets``) store what
+(``edge_agent.budget.ledger``) and the server's (``cloud_api.store.budgets``) store what
 these compute.
 
 A cost is computed here from the mechanism, its parameters and the payload (its token

@@ -71,7 +71,7 @@ def make_tiny_bert_dir(path: Path, dim: int = 16, seed: int = 0, n_unused: int =
 @pytest.fixture(autouse=True)
 def _own_privacy_ledger(tmp_path_factory, monkeypatch):
     """Every test's `edge-agent` runs (in process or as subprocesses) charge a ledger of
-    their own, never the user's (edge_agent.device_ledger reads $PRIVBERT_LEDGER)."""
+    their own, never the user's (edge_agent.budget.ledger reads $PRIVBERT_LEDGER)."""
     monkeypatch.setenv("PRIVBERT_LEDGER", str(tmp_path_factory.mktemp("ledger") / "ledger.sqlite3"))
 
 

@@ -122,8 +122,8 @@ def deps_of(g: dict[str, set[str]], mod: str) -> set[str]:
 
 
 def test_nothing_below_the_command_line_imports_it_or_argparse():
-    cli = {"edge_agent.cli", "edge_agent.cli_args", "edge_agent.cli_privatize",
-           "edge_agent.cli_budget", "edge_agent.__main__"}
+    cli = {"edge_agent.cli", "edge_agent.cli_args", "edge_agent.privatize.cli",
+           "edge_agent.budget.cli", "edge_agent.__main__"}
     g = graph()
     for mod, deps in g.items():
         if mod.startswith("edge_agent") and mod not in cli:
@@ -210,3 +210,84 @@ def test_the_web_framework_finder_finds_one():
     assert ["cloud_api.cli", "cloud_api.auth", "fastapi"] in web_framework_paths(
         ("cloud_api.cli",))
     assert "cloud_api.cli" in graph(("cloud_api",), top_only=True)["cloud_api.jobs.cli"]
+
+
+PRODUCT = ("shared", "edge_agent", "models", "cloud_api")
+
+
+def _top_level_names(tree: ast.Module) -> set[str]:
+    """Names a module defines when imported: assignments, defs, classes, imports and
+    ``__all__``, also under a top-level ``if``/``try``/``with`` (not inside functions)."""
+    names: set[str] = set()
+    todo: list[ast.stmt] = list(tree.body)
+    while todo:
+        node = todo.pop()
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+            names.add(node.name)
+        elif isinstance(node, (ast.Import, ast.ImportFrom)):
+            names.update((a.asname or a.name).split(".")[0] for a in node.names)
+        elif isinstance(node, (ast.Assign, ast.AnnAssign, ast.AugAssign)):
+            targets = node.targets if isinstance(node, ast.Assign) else [node.target]
+            for t in targets:
+                names.update(n.id for n in ast.walk(t) if isinstance(n, ast.Name))
+            if any(isinstance(t, ast.Name) and t.id == "__all__" for t in targets):
+                names.update(c.value for c in ast.walk(node.value)
+                             if isinstance(c, ast.Constant) and isinstance(c.value, str))
+        for field in ("body", "orelse", "finalbody", "handlers"):
+            if not isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+                todo.extend(getattr(node, field, []))
+    return names
+
+
+@functools.cache
+def _product_modules() -> dict[str, Path]:
+    return {module_name(p): p for pkg in PRODUCT for p in (REPO / pkg).rglob("*.py")}
+
+
+def missing_imports(paths: list[Path]) -> list[str]:
+    """``path: import`` for each import of a product module that names no module of this
+    tree, or a name its module does not define (a module moved, a caller left behind: an
+    editable install of another checkout would otherwise answer it)."""
+    mods = _product_modules()
+    defined = functools.cache(lambda m: _top_level_names(ast.parse(
+        mods[m].read_text(encoding="utf-8"))))
+    out = []
+    for path in paths:
+        for node in _import_nodes(ast.parse(path.read_text(encoding="utf-8"))):
+            if isinstance(node, ast.Import):
+                bad = [a.name for a in node.names
+                       if a.name.split(".")[0] in PRODUCT and a.name not in mods]
+            elif node.module and node.level == 0 and node.module.split(".")[0] in PRODUCT:
+                if node.module not in mods:
+                    bad = [node.module]
+                else:
+                    names = defined(node.module)
+                    bad = [f"{node.module}.{a.name}" for a in node.names
+                           if a.name != "*" and f"{node.module}.{a.name}" not in mods
+                           and a.name not in names and not _lazy_any(names)]
+            else:
+                continue
+            out.extend(f"{path.relative_to(REPO) if path.is_relative_to(REPO) else path.name}"
+                       f": {b}" for b in bad)
+    return out
+
+
+def _lazy_any(names: set[str]) -> bool:
+    """A module-level ``__getattr__`` without ``__all__`` may answer any name (with one, the
+    lazy names are those ``__all__`` lists)."""
+    return "__getattr__" in names and "__all__" not in names
+
+
+def test_every_import_of_a_product_module_finds_it():
+    paths = [p for d in (*PRODUCT, "tests", "bench", "deploy") for p in (REPO / d).rglob("*.py")]
+    assert missing_imports(paths) == []
+
+
+def test_the_missing_import_finder_finds_one(tmp_path):
+    src = tmp_path / "old.py"
+    src.write_text("from edge_agent import cli_budget\nimport edge_agent.privatize_run\n"
+                   "from edge_agent.errors import one_line, no_such_name\n"
+                   "from edge_agent import Privatizer\n")
+    found = missing_imports([src])
+    assert [f.split(": ")[1] for f in found] == [
+        "edge_agent.cli_budget", "edge_agent.privatize_run", "edge_agent.errors.no_such_name"]

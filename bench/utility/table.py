@@ -498,8 +498,8 @@ def main(argv: list[str] | None = None) -> int:
     out = Path(args.out)
     # Import every module a row needs now, not lazily hours later: a long run must not mix
     # module versions when the working tree changes under it.
-    import edge_agent.encoder  # noqa: F401
-    import edge_agent.privatizer  # noqa: F401
+    import edge_agent.privatize.encoder  # noqa: F401
+    import edge_agent.privatize.privatizer  # noqa: F401
     import models.experiment  # noqa: F401
     import models.export  # noqa: F401
     import models.pretrain  # noqa: F401

@@ -1,7 +1,7 @@
 """Fixtures for the edge agent: bundles with a tiny ONNX sentence encoder, a fake server.
 
 The encoder is a small random ``transformers.BertModel`` with mean pooling, exported
-with ``torch.onnx.export`` to the input and output names of ``edge_agent/encoder.py``
+with ``torch.onnx.export`` to the input and output names of ``edge_agent/privatize/encoder.py``
 (ARCHITECTURE.md "The edge bundle"). Tests may import torch; the ``edge_agent`` package
 never does (the real export is ``models/export.py``, ``cloud-api export-bundle``).
 """

@@ -25,7 +25,7 @@ from pathlib import Path
 
 import pytest
 
-from edge_agent.memo import key_path, load_secret
+from edge_agent.budget.memo import key_path, load_secret
 from tests.conftest import distinct_lines
 from tests.edge_agent.conftest import REPO, assert_one_line_error, run_cli
 
@@ -178,7 +178,7 @@ def test_a_ledger_written_before_versions_opens_and_keeps_its_memo(tiny_enc_dir,
     """A ledger of schema 1 (user_version 0, memo keyed on the raw text): its spend shows,
     it is migrated to version 2 at the next run, and a text it memoized is sent as stored,
     free; so is every other spelling of that text from then on."""
-    from edge_agent.memo import LegacyMemoKeys  # the raw-text keys of schema 1
+    from edge_agent.budget.memo import LegacyMemoKeys  # the raw-text keys of schema 1
 
     led = tmp_path / "ledger.sqlite3"
     src = tmp_path / "in.txt"

@@ -8,7 +8,7 @@ import httpx
 import numpy as np
 import pytest
 
-from edge_agent.client import ApiError, PrivbertClient
+from edge_agent.service.client import ApiError, PrivbertClient
 from shared.payload import Record, make_payload
 
 BUNDLE = "ab" * 32

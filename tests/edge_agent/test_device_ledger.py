@@ -1,4 +1,4 @@
-"""edge_agent.device_ledger under concurrency: processes charging one ledger at once."""
+"""edge_agent.budget.ledger under concurrency: processes charging one ledger at once."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from edge_agent.device_ledger import DeviceLedger
+from edge_agent.budget.ledger import DeviceLedger
 from edge_agent.errors import BudgetRefused
 from shared import ledger
 

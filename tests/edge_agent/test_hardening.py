@@ -77,7 +77,7 @@ def test_allow_weak_privacy_says_the_output_is_close_to_the_raw_text(flags, src,
 # to the ledger, and its output is the first run's, byte for byte.
 _LIMITED = """
 import resource, signal, sys
-from edge_agent import files
+from edge_agent.privatize import files
 from edge_agent.cli import main
 _open = files.Output._open
 def _limited(self):

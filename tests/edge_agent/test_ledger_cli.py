@@ -20,9 +20,9 @@ from pathlib import Path
 
 import pytest
 
+from edge_agent.budget.ledger import fmt
 from edge_agent.cli import main
-from edge_agent.device_ledger import fmt
-from edge_agent.privatizer import Privatizer
+from edge_agent.privatize.privatizer import Privatizer
 from shared import ledger
 from shared.payload import parse_record
 from tests.conftest import distinct_lines

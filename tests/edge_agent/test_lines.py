@@ -9,7 +9,7 @@ import time
 
 import pytest
 
-from edge_agent.lines import IDLE, FdLines, InputError, LineReader, parse_label
+from edge_agent.privatize.lines import IDLE, FdLines, InputError, LineReader, parse_label
 
 
 def reader(text: bytes, **kw) -> LineReader:

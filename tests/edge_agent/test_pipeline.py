@@ -1,4 +1,4 @@
-"""edge_agent.pipeline.ahead: order, errors at their position, early stop; and the CLI's
+"""edge_agent.privatize.pipeline.ahead: order, errors at their position, early stop; and the CLI's
 streamed output against the one-batch-at-a-time reference."""
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ import numpy as np
 import orjson
 import pytest
 
-from edge_agent.pipeline import ahead
+from edge_agent.privatize.pipeline import ahead
 from shared.payload import Record, make_payload
 
 

@@ -8,8 +8,8 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from edge_agent import Privatizer
-from edge_agent.encoder import SentenceEncoder
-from edge_agent.privatizer import TextError, trim_pair
+from edge_agent.privatize.encoder import SentenceEncoder
+from edge_agent.privatize.privatizer import TextError, trim_pair
 from shared.mechanisms import OME, DChiEmbedding, DChiText, Laplace, TextHide
 from shared.payload import parse_payload, parse_record
 

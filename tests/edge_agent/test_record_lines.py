@@ -1,4 +1,4 @@
-"""edge_agent.record_lines: the CLI's JSONL lines of token records are byte for byte
+"""edge_agent.privatize.record_lines: the CLI's JSONL lines of token records are byte for byte
 orjson.dumps(Record(payload, label).model_dump(exclude_none=True)), and a batch that breaks
 a payload rule raises the models' own error."""
 
@@ -9,8 +9,8 @@ import orjson
 import pytest
 from pydantic import ValidationError
 
-from edge_agent.privatizer import Privatizer, labelled
-from edge_agent.record_lines import token_record_lines
+from edge_agent.privatize.privatizer import Privatizer, labelled
+from edge_agent.privatize.record_lines import token_record_lines
 from shared.arrays import Limits
 from shared.mechanisms import DChiEmbedding
 from shared.payload import make_payloads, parse_record

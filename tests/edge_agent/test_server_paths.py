@@ -7,8 +7,8 @@ import json
 import httpx
 import pytest
 
-from edge_agent.bundle_cache import fetch_bundle
-from edge_agent.client import PrivbertClient
+from edge_agent.service.bundle_cache import fetch_bundle
+from edge_agent.service.client import PrivbertClient
 from shared.bundle import BundleError, EdgeBundle
 from shared.payload import parse_payload, parse_record
 from tests.edge_agent.conftest import assert_one_line_error, run_cli

@@ -8,7 +8,7 @@ import secrets
 import numpy as np
 import pytest
 
-from edge_agent.texthide_key import KEY_ENV, MAKE_ONE, SEED_ENV, key_to_seed, resolve_key
+from edge_agent.privatize.texthide_key import KEY_ENV, MAKE_ONE, SEED_ENV, key_to_seed, resolve_key
 from shared.mechanisms import TextHide
 from tests.edge_agent.conftest import TEXTHIDE_KEY, assert_one_line_error, run_cli
 

@@ -74,7 +74,7 @@ def test_encoder_matches_torch_any_batch_and_length(tiny_encoder_bundle, tiny_be
 
 def test_edge_encoder_reads_the_export(tiny_encoder_bundle, tiny_bert_dir):
     """The consumer's side of contract §2: edge_agent's SentenceEncoder on the bundle."""
-    from edge_agent.encoder import SentenceEncoder as EdgeEncoder
+    from edge_agent.privatize.encoder import SentenceEncoder as EdgeEncoder
 
     edge = EdgeEncoder.from_bundle(tiny_encoder_bundle)
     feed = encoder_inputs(tiny_encoder_bundle, SENTENCES)

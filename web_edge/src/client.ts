@@ -3,7 +3,7 @@
  * edge bundle (verified before use), predictions and records. Only payload JSON travels: the
  * client takes payloads, never text. Retries with exponential backoff on 429/503 and connection
  * errors (honouring Retry-After); errors are one line with the server's problem+json title,
- * detail and type (edge_agent/client.py's wording).
+ * detail and type (edge_agent/service/client.py's wording).
  */
 
 import { EdgeBundle } from "./bundle.js";

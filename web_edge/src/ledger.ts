@@ -151,7 +151,7 @@ export function fits(spent: number, epsilon: number | null, cap: number | null):
   return spent + epsilon <= cap;
 }
 
-/** A worst-case ε for a message (as edge_agent.device_ledger.fmt). */
+/** A worst-case ε for a message (as edge_agent.budget.ledger.fmt). */
 export function fmtEps(eps: number | null): string {
   if (eps === null) return "none";
   if (eps >= 100) return eps.toLocaleString("en-US", { minimumFractionDigits: 1, maximumFractionDigits: 1 });
@@ -238,7 +238,7 @@ export function importHmacKey(raw: Uint8Array): Promise<CryptoKey> {
 
 /**
  * What a memo key is bound to besides the ids: mechanism, parameters and bundle. The rule of
- * the Python edge (edge_agent/memo.py): the key is of what is sent, the token ids after the
+ * the Python edge (edge_agent/budget/memo.py): the key is of what is sent, the token ids after the
  * tokenizer's normalization and the length policy, so spellings that tokenize alike share one
  * stored payload; the float dtype, the length limit and the truncation policy are not part of
  * it (a different --max-length must not buy a fresh draw of the same ids).

@@ -1,5 +1,5 @@
 /**
- * Texts → privatized payloads, on the device (edge_agent/privatizer.py).
+ * Texts → privatized payloads, on the device (edge_agent/privatize/privatizer.py).
  *
  * Token kinds (`dchi-text`, `dchi-embedding`): word pieces of the bundle's tokenizer without
  * [CLS]/[SEP] (the server adds them), then the dχ mechanism on all tokens of a batch at once.

@@ -1,6 +1,7 @@
 /**
  * The sentence-vector mechanisms through the bundle's frozen encoder (`encoder.onnx`, run by
- * onnxruntime-web), as edge_agent/privatizer.py and shared/mechanisms/{laplace,binary}.py:
+ * onnxruntime-web), as edge_agent/privatize/privatizer.py and
+ * shared/mechanisms/{laplace,binary}.py:
  *
  * - `laplace` (DPNR, Lyu, He, Li 2020 §3.3): the vector min-max scaled to [0, 1] plus i.i.d.
  *   Laplace(0, b) noise; b = r/ε ("vector": the whole vector is ε-DP) or 1/ε ("coordinate", as

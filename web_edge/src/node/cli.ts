@@ -185,7 +185,7 @@ interface Options {
   memo: boolean;
 }
 
-// the flags that configure each mechanism (edge_agent.options.MECHANISM_FLAGS); any other given is a usage error
+// the flags that configure each mechanism (edge_agent.privatize.options.MECHANISM_FLAGS); any other given is a usage error
 const MECHANISM_FLAGS: Record<string, string[]> = {
   "dchi-text": ["eta"], "dchi-embedding": ["eta", "float16"],
   laplace: ["epsilon", "calibration", "word-dropout"], ome: ["epsilon", "lam"],

@@ -1,7 +1,7 @@
 /**
- * Input lines for `privbert-edge privatize` (edge_agent/lines.py): one record per line, strict
- * UTF-8, in batches of 16, 32, 64 … up to the batch size (the Python edge's sizes, so that a
- * seeded run draws the same noise per batch). With ``tsv``: text<TAB>label or
+ * Input lines for `privbert-edge privatize` (edge_agent/privatize/lines.py): one record per
+ * line, strict UTF-8, in batches of 16, 32, 64 … up to the batch size (the Python edge's sizes,
+ * so that a seeded run draws the same noise per batch). With ``tsv``: text<TAB>label or
  * text_a<TAB>text_b<TAB>label; a first line whose last column is "label" is a header. Messages
  * name the line and never repeat its text.
  */

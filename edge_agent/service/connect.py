@@ -4,14 +4,26 @@ default model (``ServerOptions``)."""
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import dataclass
 
 from edge_agent.errors import CliError, UsageError, info
-from edge_agent.options import ServerOptions
+
+
+@dataclass(frozen=True)
+class ServerOptions:
+    """Where the bundle comes from, and the service to talk to."""
+
+    bundle: str | None = None  # a bundle directory or a Hugging Face BERT folder
+    server: str | None = None
+    model: str | None = None
+    api_key: str | None = None
+    timeout: float = 30.0
+    retries: int = 5
 
 
 def make_client(opts: ServerOptions, batch_size: int = 64):
     """A ``PrivbertClient`` for ``opts.server``; UsageError for bad timeouts or URL."""
-    from edge_agent.client import PrivbertClient
+    from edge_agent.service.client import PrivbertClient
 
     if opts.timeout <= 0:
         raise UsageError(f"--timeout must be > 0, got {opts.timeout}")
@@ -34,7 +46,7 @@ def resolve_bundle(opts: ServerOptions, client=None,
 
     model = None
     if opts.server:
-        from edge_agent.bundle_cache import bundle_for_model
+        from edge_agent.service.bundle_cache import bundle_for_model
 
         client = client or make_client(opts)
         model = client.model(opts.model)

@@ -49,7 +49,7 @@ def parse_cap(flag: str, text: str | None) -> float | None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from edge_agent.device_ledger import DeviceLedger
+    from edge_agent.budget.ledger import DeviceLedger
 
     changes = [(name, parse_cap(flag, text)) for name, flag, text in
                (("cap", "--cap", args.cap), ("per_day", "--per-day", args.per_day))
@@ -67,7 +67,7 @@ def run(args: argparse.Namespace) -> int:
 
 
 def format_status(st) -> str:
-    from edge_agent.device_ledger import fmt
+    from edge_agent.budget.ledger import fmt
 
     lines = [f"ledger: {st.path}", f"{'family':<22}{'worst-case eps':>16}{'sends':>9}  detail"]
     for name, f in sorted(st.spend.families.items()):

@@ -1,6 +1,6 @@
 """Input and output files of ``edge-agent privatize``.
 
-Input is read with ``os.read`` (:class:`edge_agent.lines.FdLines`), so a worker
+Input is read with ``os.read`` (:class:`edge_agent.privatize.lines.FdLines`), so a worker
 thread blocked on stdin or a pipe never holds up the exit; ``-o`` naming the
 input file (same device and inode) is refused before anything is written; output
 is whole lines, flushed per batch.
@@ -14,13 +14,13 @@ import sys
 from pathlib import Path
 
 from edge_agent.errors import CliError, UsageError
-from edge_agent.lines import FdLines
+from edge_agent.privatize.lines import FdLines
 
 
 def open_input(path: str):
     """(lines source with ``fileno`` and ``close``, size in bytes or None).
 
-    Read with ``os.read`` (:class:`edge_agent.lines.FdLines`): the worker thread may
+    Read with ``os.read`` (:class:`edge_agent.privatize.lines.FdLines`): the worker thread may
     stay blocked on stdin or a pipe after an error without holding up the exit."""
     if path == "-":
         try:

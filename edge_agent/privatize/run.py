@@ -1,8 +1,8 @@
 """`edge-agent privatize FILE` below the command line: stream lines -> privatized records
-(JSONL), or post them; takes a :class:`~edge_agent.options.PrivatizeOptions`.
+(JSONL), or post them; takes a :class:`~edge_agent.privatize.options.PrivatizeOptions`.
 
 Streaming: lines are read in batches (16, 32, ... up to the batch size), each batch is
-privatized in one mechanism call, charged to the device ledger (``edge_agent.charging``),
+privatized in one mechanism call, charged to the device ledger (``edge_agent.privatize.charging``),
 and written (and flushed) as whole lines before the next is read. A bad line stops the run
 with one message naming it; every record before it has been written.
 """
@@ -15,13 +15,13 @@ import time
 
 import orjson
 
-from edge_agent.batches import Prepared, privatized, tokenized
-from edge_agent.charging import RunBudget
-from edge_agent.connect import make_client, resolve_bundle
 from edge_agent.errors import BudgetRefused, CliError, UsageError, info, warn
-from edge_agent.files import Output, open_input, refuse_output_on_input
-from edge_agent.options import PrivatizeOptions
-from edge_agent.run_setup import check_model, make_privatizer
+from edge_agent.privatize.batches import Prepared, privatized, tokenized
+from edge_agent.privatize.charging import RunBudget
+from edge_agent.privatize.files import Output, open_input, refuse_output_on_input
+from edge_agent.privatize.options import PrivatizeOptions
+from edge_agent.privatize.run_setup import check_model, make_privatizer
+from edge_agent.service.connect import make_client, resolve_bundle
 
 
 def run(opts: PrivatizeOptions) -> int:
@@ -52,7 +52,7 @@ def _second_pass(opts: PrivatizeOptions, stream, size: int | None):
 def _run(opts: PrivatizeOptions, stream, size, out: Output | None, t0: float) -> int:
     import numpy as np
 
-    from edge_agent.lines import LineReader
+    from edge_agent.privatize.lines import LineReader
     from shared.accounting import summary
 
     m = opts.mechanism
@@ -108,8 +108,8 @@ def _run(opts: PrivatizeOptions, stream, size, out: Output | None, t0: float) ->
 
 def _stream(opts, priv, client, budget, model_id, stream, size, out, rng, minimum):
     """Read, privatize, charge and write (or post) every batch; the counts for the summary."""
-    from edge_agent.lines import LineReader
-    from edge_agent.pipeline import ahead
+    from edge_agent.privatize.lines import LineReader
+    from edge_agent.privatize.pipeline import ahead
 
     t0 = time.perf_counter()
     bar = None
@@ -217,7 +217,7 @@ def _emit(opts, priv, client, budget: RunBudget, model_id, ready: Prepared) -> l
     labels = labels if labels is not None else [None] * len(sent)
     lines = ready.lines
     if opts.post.mode:
-        from edge_agent.client import ApiError
+        from edge_agent.service.client import ApiError
 
         def out(answers: list, key: str | None) -> list[bytes]:
             return [orjson.dumps({"line": ln.number, **({key: a} if key else a)}) + b"\n"

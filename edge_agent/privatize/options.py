@@ -1,6 +1,7 @@
-"""What a run of the edge agent is asked to do, as typed objects: the command line parses its
-flags once into these (``edge_agent.cli_privatize``), and the library code below it takes
-them, never an argparse namespace. ``PrivatizeOptions.check()`` refuses contradictory or
+"""What ``edge-agent privatize`` is asked to do, as typed objects: the command line parses its
+flags once into these (``edge_agent.privatize.cli``; the bundle and server flags into
+``edge_agent.service.connect.ServerOptions``), and the library code below it takes them,
+never an argparse namespace. ``PrivatizeOptions.check()`` refuses contradictory or
 incomplete options (``UsageError``) before any work is done.
 """
 
@@ -10,7 +11,8 @@ from dataclasses import dataclass, field, fields
 from functools import cache
 
 from edge_agent.errors import UsageError, warn
-from edge_agent.texthide_key import resolve_key
+from edge_agent.privatize.texthide_key import resolve_key
+from edge_agent.service.connect import ServerOptions
 
 DEFAULT_MECHANISM = "dchi-text"
 _DEFAULTS = {"calibration": "vector", "word_dropout": 0.0, "k": 1}
@@ -58,18 +60,6 @@ def text_mechanisms() -> tuple[str, ...]:
 def flag(name: str) -> str:
     """The command-line spelling of an option: ``word_dropout`` -> ``--word-dropout``."""
     return "--" + name.replace("_", "-")
-
-
-@dataclass(frozen=True)
-class ServerOptions:
-    """Where the bundle comes from, and the service to talk to."""
-
-    bundle: str | None = None  # a bundle directory or a Hugging Face BERT folder
-    server: str | None = None
-    model: str | None = None
-    api_key: str | None = None
-    timeout: float = 30.0
-    retries: int = 5
 
 
 @dataclass(frozen=True)

@@ -1,12 +1,12 @@
 """``edge-agent privatize``: its flags, parsed once into a
-:class:`~edge_agent.options.PrivatizeOptions` for ``edge_agent.privatize_run``."""
+:class:`~edge_agent.privatize.options.PrivatizeOptions` for ``edge_agent.privatize.run``."""
 
 from __future__ import annotations
 
 import argparse
 
 from edge_agent.cli_args import LazyChoices, add_bundle_args, add_ledger_arg, server_options
-from edge_agent.options import (
+from edge_agent.privatize.options import (
     DEFAULT_MECHANISM,
     InputOptions,
     LedgerOptions,
@@ -16,7 +16,7 @@ from edge_agent.options import (
     mechanisms,
     options_of,
 )
-from edge_agent.texthide_key import KEY_ENV, MAKE_ONE
+from edge_agent.privatize.texthide_key import KEY_ENV, MAKE_ONE
 
 EPILOG = """\
 input: one record per line (UTF-8). With --tsv: text<TAB>label or text_a<TAB>text_b<TAB>label
@@ -120,6 +120,6 @@ def options(args: argparse.Namespace) -> PrivatizeOptions:
 
 
 def run(args: argparse.Namespace) -> int:
-    from edge_agent.privatize_run import run as run_privatize
+    from edge_agent.privatize.run import run as run_privatize
 
     return run_privatize(options(args))

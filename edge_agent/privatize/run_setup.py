@@ -7,7 +7,7 @@ import json
 import math
 
 from edge_agent.errors import CliError, UsageError, warn
-from edge_agent.options import MechanismOptions, PrivatizeOptions
+from edge_agent.privatize.options import MechanismOptions, PrivatizeOptions
 
 
 def mechanism_for(m: MechanismOptions, bundle):
@@ -66,7 +66,7 @@ def max_length_for(opts: PrivatizeOptions, bundle, model: dict | None) -> int | 
 def make_privatizer(opts: PrivatizeOptions, bundle, model: dict | None):
     """(mechanism object, Privatizer) for the options; UsageError for parameters that are
     invalid or weaker than the privacy floor (without --allow-weak-privacy)."""
-    from edge_agent.privatizer import Privatizer
+    from edge_agent.privatize.privatizer import Privatizer
     from shared.floor import WeakPrivacyError
 
     m = opts.mechanism

@@ -124,7 +124,7 @@ class Privatizer:
         limit = bundle.max_length
         if not self.tokens:
             if encoder is None:
-                from edge_agent.encoder import SentenceEncoder
+                from edge_agent.privatize.encoder import SentenceEncoder
 
                 encoder = SentenceEncoder.from_bundle(bundle)
             self.encoder = encoder
@@ -244,13 +244,13 @@ class Privatizer:
     def record_lines(self, items: list[TokenizedText], data: np.ndarray,
                      labels: list | None) -> list[bytes]:
         """JSONL lines of the records around :meth:`privatize_data`'s output for a token
-        mechanism (the CLI's output; ``edge_agent.record_lines``)."""
+        mechanism (the CLI's output; ``edge_agent.privatize.record_lines``)."""
         return self.token_rows(items, data, labels).lines() if items else []
 
     def token_rows(self, items: list[TokenizedText], data: np.ndarray, labels: list | None):
-        """``edge_agent.record_lines.TokenRows`` (payload JSONs and labels) around
+        """``edge_agent.privatize.record_lines.TokenRows`` (payload JSONs and labels) around
         :meth:`privatize_data`'s output for a token mechanism."""
-        from edge_agent.record_lines import token_rows
+        from edge_agent.privatize.record_lines import token_rows
 
         return token_rows(self.name, self.params, self.bundle.bundle_id, data,
                           [it.n_tokens for it in items], [it.segments for it in items],

@@ -14,10 +14,10 @@ from __future__ import annotations
 from collections.abc import Iterable
 from dataclasses import dataclass
 
-from edge_agent.device_ledger import DeviceLedger, Status, fmt
+from edge_agent.budget.ledger import DeviceLedger, Status, fmt
+from edge_agent.budget.memo import MEMO_FAMILIES
 from edge_agent.errors import BudgetRefused
-from edge_agent.memo import MEMO_FAMILIES
-from edge_agent.options import PrivatizeOptions
+from edge_agent.privatize.options import PrivatizeOptions
 from shared import ledger
 from shared.ledger import Cost
 
@@ -142,8 +142,8 @@ class RunBudget:
 
     def charge_rows(self, lines, items, rows) -> list[bytes]:
         """:meth:`charge` for the JSON rows of a token mechanism
-        (``edge_agent.record_lines.TokenRows``): each cost from the mechanism and params of
-        the rows' validated payload and each payload's own token count."""
+        (``edge_agent.privatize.record_lines.TokenRows``): each cost from the mechanism and
+        params of the rows' validated payload and each payload's own token count."""
         mech = rows.payload.mechanism
         params = rows.payload.params.model_dump()
         by_size: dict[int, Cost] = {}

@@ -1,0 +1,427 @@
+"""The device's privacy budget ledger: what this device has sent, composed (``shared.ledger``),
+checked against the user's cap before anything is written or sent.
+
+One SQLite file (WAL journal, ``synchronous = FULL``): ``--ledger FILE``, else
+``$PRIVBERT_LEDGER``, else ``ledger.sqlite3`` in the user's data directory (platformdirs,
+e.g. ``~/.local/share/privbert``), created with mode 0600 in a 0700 folder, reached through
+its symlinks resolved; one that others can write is refused, one they can read warned
+about (``edge_agent.budget.ledger_files``). Tables (schema version :data:`VERSION` in SQLite's
+``user_version``; an older ledger is migrated forward when opened for writing):
+
+* ``settings``: the lifetime ``cap`` and the optional ``per_day`` cap (worst-case ε);
+* ``spend``: per family, the worst-case ε, the dχ metric total η·n and tokens, and sends;
+* ``charges``: one row per charged batch (time, mechanism, parameters, bundle, cost), for
+  the per-day window and for the record; no text, no payload;
+* ``memo``: HMAC of what is sent, the token ids after the tokenizer's normalization
+  (``edge_agent.budget.memo``) -> the payload JSON sent for them; ``memo_text`` (ledgers of version
+  1 only): the same keyed on the raw text, read for texts memoized before the migration;
+* ``clock``: the latest time the ledger has seen, and the boot clock beside it.
+
+The per-day window holds when the clock moves: a charge is timed at the later of the wall
+clock and the latest time seen (an earlier clock counts in the latest window, never in a
+fresh one), and with a per-day cap a wall clock ahead of the time that has passed since the
+last charge by the boot clock (same boot, ``CLOCK_BOOTTIME``) is refused: a clock set forward
+would open a fresh window early.
+
+A charge is one ``BEGIN IMMEDIATE`` transaction: it takes SQLite's write lock, so
+concurrent processes on one ledger check and charge one after the other and never pass the
+cap together; the memo is read inside it, and the payloads of new texts are stored in it.
+It is committed (and on disk: FULL) before the caller writes or sends anything, so a crash
+after it over-counts, never under-counts.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sqlite3
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from edge_agent.budget.ledger_files import boot_clock, check_private, open_read_only, resolved, wal
+from edge_agent.budget.memo import LegacyMemoKeys, MemoKeys, key_path, load_secret
+from edge_agent.errors import BudgetRefused, CliError
+from shared import ledger
+from shared.ledger import NO_EPSILON, Cost, FamilySpend, Spend
+
+LEDGER_ENV = "PRIVBERT_LEDGER"
+DAY_S = 86_400.0
+VERSION = 2  # 1: the ledgers written before user_version was set (memo keyed on raw text)
+CLOCK_SLACK_S = 300.0  # how far the wall clock may run ahead of the boot clock (NTP steps)
+_SCHEMA = """
+CREATE TABLE IF NOT EXISTS settings (name TEXT PRIMARY KEY, value REAL);
+CREATE TABLE IF NOT EXISTS spend (family TEXT PRIMARY KEY, epsilon REAL,
+    metric REAL NOT NULL DEFAULT 0, tokens INTEGER NOT NULL DEFAULT 0,
+    sends INTEGER NOT NULL DEFAULT 0);
+CREATE TABLE IF NOT EXISTS charges (id INTEGER PRIMARY KEY, at REAL NOT NULL,
+    family TEXT NOT NULL, mechanism TEXT NOT NULL, params TEXT NOT NULL,
+    bundle_id TEXT NOT NULL, epsilon REAL, metric REAL NOT NULL, tokens INTEGER NOT NULL,
+    sends INTEGER NOT NULL);
+CREATE INDEX IF NOT EXISTS charges_at ON charges (at);
+CREATE TABLE IF NOT EXISTS memo (key BLOB PRIMARY KEY, payload BLOB NOT NULL) WITHOUT ROWID;
+CREATE TABLE IF NOT EXISTS clock (id INTEGER PRIMARY KEY CHECK (id = 1), latest REAL NOT NULL,
+    boot_id TEXT, boot_at REAL);
+"""
+_CLOCK = ("INSERT INTO clock (id, latest, boot_id, boot_at) VALUES (1, ?, ?, ?) ON CONFLICT "
+          "(id) DO UPDATE SET latest = max(latest, excluded.latest), boot_id = excluded.boot_id, "
+          "boot_at = excluded.boot_at")
+_ADD = ("INSERT INTO spend (family, epsilon, metric, tokens, sends) VALUES (?, ?, ?, ?, ?) "
+        "ON CONFLICT (family) DO UPDATE SET epsilon = epsilon + excluded.epsilon, "
+        "metric = metric + excluded.metric, tokens = tokens + excluded.tokens, "
+        "sends = sends + excluded.sends")
+
+
+def fmt(eps: float | None) -> str:
+    """A worst-case ε for a message (huge ones in scientific notation)."""
+    if eps is None:
+        return "none"
+    if eps >= 1e9:
+        return f"{eps:.4g}"
+    return f"{eps:,.1f}" if eps >= 100 else f"{eps:.4g}"
+
+
+def default_path() -> Path:
+    """$PRIVBERT_LEDGER, else ``ledger.sqlite3`` in the user's data directory."""
+    env = os.environ.get(LEDGER_ENV)
+    if env:
+        return Path(env)
+    from platformdirs import user_data_path
+
+    return user_data_path("privbert", appauthor=False) / "ledger.sqlite3"
+
+
+@dataclass
+class Status:
+    """What the ledger holds now."""
+
+    path: Path
+    cap: float | None
+    per_day: float | None
+    spend: Spend
+    day_spent: float
+    memoized: int = 0
+
+    @property
+    def spent(self) -> float:
+        return self.spend.total
+
+    @property
+    def remaining(self) -> float | None:
+        return ledger.remaining(self.spent, self.cap)
+
+    def to_json(self) -> dict:
+        fams = {name: {"epsilon": f.epsilon, "metric": f.metric, "tokens": f.tokens,
+                       "sends": f.sends} for name, f in sorted(self.spend.families.items())}
+        out = {"ledger": str(self.path), "units": "worst-case epsilon", "spent": self.spent,
+               "cap": self.cap, "remaining": self.remaining, "sends": self.spend.sends,
+               "families": fams, "memoized": self.memoized, "per_day": None}
+        if self.per_day is not None:
+            out["per_day"] = {"cap": self.per_day, "spent_last_24h": self.day_spent,
+                              "remaining": ledger.remaining(self.day_spent, self.per_day),
+                              "note": "a daily cap is not a lifetime bound"}
+        return out
+
+
+@dataclass
+class Charged:
+    """A batch after :meth:`DeviceLedger.charge`: the payload JSON to send for each item
+    (stored ones for memoized texts), what was charged (None: nothing), how many were
+    memoized."""
+
+    payloads: list[bytes]
+    cost: Cost | None
+    memoized: int = 0
+    status: Status | None = field(default=None, repr=False)
+
+
+class DeviceLedger:
+    """``DeviceLedger.open(path)``; thread-confined (one connection, used by one thread).
+    ``read_only_ok``: a ledger that cannot be opened for writing is opened read-only
+    (``edge-agent budget`` showing it); charging it then fails."""
+
+    def __init__(self, path: Path, busy_timeout_s: float = 60.0, read_only_ok: bool = False):
+        self.path = resolved(Path(path))
+        self._secret: bytes | None = None
+        self.read_only = False
+        check_private(self.path)
+        try:
+            self._db = self._open(busy_timeout_s)
+        except (OSError, sqlite3.Error) as exc:
+            if not (read_only_ok and self.path.is_file()):
+                raise CliError(f"{self.path}: cannot open the privacy ledger "
+                               f"({getattr(exc, 'strerror', None) or exc})") from None
+            try:
+                self._db = open_read_only(self.path, busy_timeout_s)
+            except sqlite3.Error as again:
+                raise CliError(f"{self.path}: cannot read the privacy ledger ({again})"
+                               ) from None
+            self.read_only = True
+        self.version = self._db.execute("PRAGMA user_version").fetchone()[0] or 1
+        if self.version > VERSION:
+            self._db.close()
+            raise CliError(f"{self.path}: this privacy ledger was written by a newer "
+                           f"edge-agent (version {self.version}; this one reads up to "
+                           f"{VERSION}): upgrade edge-agent")
+        self._legacy = bool(self._db.execute(
+            "SELECT count(*) FROM sqlite_master WHERE name = 'memo_text'").fetchone()[0])
+
+    def _open(self, busy_timeout_s: float) -> sqlite3.Connection:
+        """Read-write, created 0600 in a 0700 folder, migrated to :data:`VERSION`."""
+        self.path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+        os.close(os.open(self.path, os.O_RDWR | os.O_CREAT, 0o600))
+        db = sqlite3.connect(self.path, timeout=busy_timeout_s, isolation_level=None,
+                             check_same_thread=False)
+        try:
+            db.execute(f"PRAGMA busy_timeout = {int(busy_timeout_s * 1000)}")
+            wal(db, busy_timeout_s)
+            db.execute("PRAGMA synchronous = FULL")
+            with DeviceLedger._Tx(db):
+                _migrate(db)
+        except BaseException:
+            db.close()
+            raise
+        return db
+
+    @classmethod
+    def open(cls, path: str | os.PathLike | None = None, read_only_ok: bool = False
+             ) -> DeviceLedger:
+        return cls(Path(path) if path else default_path(), read_only_ok=read_only_ok)
+
+    def close(self) -> None:
+        self._db.close()
+
+    def __enter__(self) -> DeviceLedger:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    # -- transactions --------------------------------------------------------------------------
+    class _Tx:
+        def __init__(self, db: sqlite3.Connection):
+            self.db = db
+
+        def __enter__(self):
+            self.db.execute("BEGIN IMMEDIATE")  # the write lock, before anything is read
+            return self.db
+
+        def __exit__(self, kind, exc, tb) -> None:
+            self.db.execute("COMMIT" if kind is None else "ROLLBACK")
+
+    def _write(self) -> DeviceLedger._Tx:
+        return DeviceLedger._Tx(self._db)
+
+    # -- reading -------------------------------------------------------------------------------
+    def _setting(self, name: str) -> float | None:
+        row = self._db.execute("SELECT value FROM settings WHERE name = ?", (name,)).fetchone()
+        return None if row is None else row[0]
+
+    def _status(self, now: float, memo_count: bool = False) -> Status:
+        spend = Spend()
+        for fam, eps, metric, tokens, sends in self._db.execute(
+                "SELECT family, epsilon, metric, tokens, sends FROM spend ORDER BY family"):
+            spend.families[fam] = FamilySpend(None if fam in NO_EPSILON else eps, metric,
+                                              tokens, sends)
+        per_day = self._setting("per_day")
+        day = 0.0
+        if per_day is not None:
+            day = self._db.execute("SELECT COALESCE(SUM(epsilon), 0) FROM charges WHERE at > ?",
+                                   (now - DAY_S,)).fetchone()[0]
+        memoized = 0
+        if memo_count:
+            memoized = self._db.execute("SELECT count(*) FROM memo").fetchone()[0]
+            if self._legacy:
+                memoized += self._db.execute("SELECT count(*) FROM memo_text").fetchone()[0]
+        return Status(self.path, self._setting("cap"), per_day, spend, float(day), memoized)
+
+    def _latest(self) -> tuple[float, str | None, float | None] | None:
+        if self.version < 2:
+            row = self._db.execute("SELECT max(at), NULL, NULL FROM charges").fetchone()
+            return None if row[0] is None else tuple(row)
+        return self._db.execute("SELECT latest, boot_id, boot_at FROM clock").fetchone()
+
+    def _now(self, strict: bool) -> float:
+        """The ledger's time now: the later of the wall clock and the latest time seen.
+        ``strict`` (a charge or its check, with a per-day cap): BudgetRefused when the wall
+        clock is ahead of the latest time seen plus what the boot clock says has passed."""
+        wall = time.time()
+        latest = self._latest()
+        if latest is None:
+            return wall
+        seen, boot_id, boot_at = latest
+        if strict and boot_id is not None and self._setting("per_day") is not None:
+            boot = boot_clock()
+            if boot is not None and boot[0] == boot_id and boot_at is not None:
+                passed = max(0.0, boot[1] - boot_at)
+                if wall > seen + passed + CLOCK_SLACK_S:
+                    raise BudgetRefused(
+                        f"the system clock reads {_when(wall)}, but only {passed:,.0f} s have "
+                        f"passed since this ledger's last charge at {_when(seen)} (by the boot "
+                        "clock): a clock set forward would open a fresh per-day window early, "
+                        "so nothing was written or sent; set the clock right")
+        return max(wall, seen)
+
+    def status(self) -> Status:
+        """Spent per family and in total, caps, what the last 24 hours spent, memo size."""
+        self._db.execute("BEGIN")
+        try:
+            return self._status(self._now(strict=False), memo_count=True)
+        finally:
+            self._db.execute("COMMIT")
+
+    def memo_keys(self, setting: dict) -> MemoKeys:
+        """Memo keys for ``setting`` with this device's secret (made at first use)."""
+        return MemoKeys(self._memo_secret(), setting)
+
+    def legacy_memo_keys(self, setting: dict) -> LegacyMemoKeys | None:
+        """Raw-text keys of a version-1 ledger's memo (None when it has none)."""
+        if not self._legacy:
+            return None
+        return LegacyMemoKeys(self._memo_secret(), setting)
+
+    def _memo_secret(self) -> bytes:
+        if self._secret is None:
+            self._secret = load_secret(key_path(self.path))
+        return self._secret
+
+    def lookup(self, keys: Sequence[bytes], table: str = "memo") -> dict[bytes, bytes]:
+        """Stored payloads of those ``keys`` that are memoized (a read, no lock)."""
+        out: dict[bytes, bytes] = {}
+        if table == "memo_text" and not self._legacy:
+            return out
+        uniq = list(dict.fromkeys(keys))
+        for s in range(0, len(uniq), 500):
+            part = uniq[s:s + 500]
+            out.update(self._db.execute(
+                f"SELECT key, payload FROM {table} WHERE key IN ({','.join('?' * len(part))})",
+                part).fetchall())
+        return out
+
+    # -- settings ------------------------------------------------------------------------------
+    def set_cap(self, name: str, cap: float | None) -> None:
+        """Set (or with None remove) the ``cap`` or the ``per_day`` cap, in worst-case ε."""
+        if name not in ("cap", "per_day"):
+            raise ValueError(f"no cap named {name!r}")
+        cap = ledger.check_cap(cap)
+        with self._write() as db:
+            if cap is None:
+                db.execute("DELETE FROM settings WHERE name = ?", (name,))
+            else:
+                db.execute("INSERT INTO settings (name, value) VALUES (?, ?) ON CONFLICT "
+                           "(name) DO UPDATE SET value = excluded.value", (name, cap))
+
+    # -- the check-and-charge --------------------------------------------------------------------
+    def refusal(self, st: Status, cost: Cost, what: str) -> str | None:
+        """Why the filter refuses ``cost`` on top of ``st`` (None: it fits)."""
+        eps = cost.epsilon
+        if st.cap is None and st.per_day is None:
+            return None
+        if eps is None:
+            return (f"{cost.family} has no differential-privacy epsilon, and this ledger has a "
+                    "cap: it cannot admit it (edge-agent budget --cap none removes the cap)")
+        if not ledger.fits(st.spent, eps, st.cap):
+            return (f"privacy budget: spent {fmt(st.spent)}, {what} needs {fmt(eps)}, cap "
+                    f"{fmt(st.cap)} (worst-case epsilon; edge-agent budget)")
+        if not ledger.fits(st.day_spent, eps, st.per_day):
+            return (f"privacy budget: spent {fmt(st.day_spent)} in the last 24 hours, {what} "
+                    f"needs {fmt(eps)}, per-day cap {fmt(st.per_day)} (worst-case epsilon; "
+                    "edge-agent budget)")
+        return None
+
+    def check(self, cost: Cost | None, what: str = "this run") -> Status:
+        """BudgetRefused if ``cost`` would not fit now (nothing is spent)."""
+        self._db.execute("BEGIN")
+        try:
+            st = self._status(self._now(strict=True), memo_count=True)
+        finally:
+            self._db.execute("COMMIT")
+        if cost is not None and (why := self.refusal(st, cost, what)) is not None:
+            raise BudgetRefused(why)
+        return st
+
+    def charge(self, costs: Sequence[Cost], payloads: Sequence[bytes],
+               keys: Sequence[bytes | None], *, mechanism: str, params: dict,
+               bundle_id: str, what: str = "this batch",
+               legacy: Sequence[bytes | None] | None = None) -> Charged:
+        """Charge one batch in one transaction and return what to send.
+
+        ``payloads[i]`` is the fresh payload JSON of item i, ``costs[i]`` its cost, and
+        ``keys[i]`` its memo key (None: not memoized). An item whose key is stored gets the
+        stored payload and costs nothing; the first item of a new key is charged and its
+        payload stored, later items of that key in the batch get the same payload.
+        ``legacy[i]``: the item's raw-text key in a version-1 memo, whose payload (if
+        stored) is used and stored under the new key, free. The filter refuses the whole
+        batch (BudgetRefused, nothing spent or stored) if the charged cost does not fit."""
+        if not len(costs) == len(payloads) == len(keys):
+            raise ValueError("one cost, payload and key per item")
+        if self.read_only:
+            raise CliError(f"{self.path}: the privacy ledger is read-only here: nothing can "
+                           "be charged, so nothing was written or sent")
+        legacy = legacy if legacy is not None else [None] * len(keys)
+        with self._write() as db:
+            stored = self.lookup([k for k in keys if k is not None])
+            old = self.lookup([k for k in legacy if k is not None], "memo_text")
+            out: list[bytes] = []
+            charged: list[Cost] = []
+            new: dict[bytes, bytes] = {}
+            for c, p, k, lk in zip(costs, payloads, keys, legacy, strict=True):
+                if k is not None and k in stored:
+                    out.append(stored[k])
+                elif k is not None and k in new:
+                    out.append(new[k])
+                elif k is not None and lk is not None and lk in old:
+                    out.append(old[lk])
+                    new[k] = old[lk]
+                else:
+                    out.append(p)
+                    charged.append(c)
+                    if k is not None:
+                        new[k] = p
+            cost = ledger.total(charged)
+            if cost is None:
+                if new:
+                    db.executemany("INSERT OR IGNORE INTO memo (key, payload) VALUES (?, ?)",
+                                   list(new.items()))
+                return Charged(out, None, len(out))
+            now = self._now(strict=True)
+            st = self._status(now)
+            why = self.refusal(st, cost, what)
+            if why is not None:
+                raise BudgetRefused(why)
+            eps = cost.epsilon
+            db.execute("INSERT INTO charges (at, family, mechanism, params, bundle_id, epsilon, "
+                       "metric, tokens, sends) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                       (now, cost.family, mechanism, json.dumps(params, sort_keys=True),
+                        bundle_id, eps, cost.metric, cost.tokens, cost.sends))
+            db.execute(_ADD, (cost.family, eps, cost.metric, cost.tokens, cost.sends))
+            boot = boot_clock()
+            db.execute(_CLOCK, (now, *(boot if boot is not None else (None, None))))
+            if new:
+                db.executemany("INSERT OR IGNORE INTO memo (key, payload) VALUES (?, ?)",
+                               list(new.items()))
+            return Charged(out, cost, len(out) - len(charged))
+
+
+def _when(t: float) -> str:
+    return time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(t))
+
+
+def _migrate(db: sqlite3.Connection) -> None:
+    """Create or bring the schema to :data:`VERSION` (in the caller's write transaction).
+    Version 1 (no user_version): its memo was keyed on the raw text; it is kept, renamed
+    ``memo_text``, and read for texts memoized then; the clock starts at its last charge."""
+    version = db.execute("PRAGMA user_version").fetchone()[0]
+    if version >= VERSION:
+        return
+    tables = {r[0] for r in db.execute("SELECT name FROM sqlite_master WHERE type = 'table'")}
+    if "memo" in tables:  # a version-1 ledger
+        db.execute("ALTER TABLE memo RENAME TO memo_text")
+    for statement in filter(str.strip, _SCHEMA.split(";")):
+        db.execute(statement)
+    if "charges" in tables:
+        latest = db.execute("SELECT max(at) FROM charges").fetchone()[0]
+        if latest is not None:
+            db.execute(_CLOCK, (latest, None, None))
+    db.execute(f"PRAGMA user_version = {VERSION}")
