@@ -37,7 +37,7 @@ def main(argv=None) -> int:
     from models.data import LabelledText
     from models.finetune import predict_dataset
     from models.privatize import PublicText, build_mechanism, make_privatizer
-    from models.registry import load_model
+    from models.versions import load_model
     from shared.bundle import EdgeBundle
 
     mv = load_model(a.model)

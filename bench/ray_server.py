@@ -43,7 +43,7 @@ def build_app(model_dir: str, int8: bool, threads: int | None, max_batch_size: i
             from torch import nn  # noqa: F401  (ModelVersion's check imports it)
 
             from models.onnx_classifier import OnnxClassifier
-            from models.registry import ModelVersion
+            from models.versions import ModelVersion
             from shared.payload import Payload
 
             class Body(BaseModel):
@@ -58,7 +58,7 @@ def build_app(model_dir: str, int8: bool, threads: int | None, max_batch_size: i
         async def forward(self, payloads: list) -> list:
             import numpy as np
 
-            from cloud_api.serving.batcher import payload_length
+            from cloud_api.serving.payload_queue import payload_length
             from models.data import collate_payloads
 
             order = sorted(range(len(payloads)), key=lambda i: payload_length(payloads[i]))

@@ -87,7 +87,7 @@ def prepare(work: Path, rows: int, model: Path | None = None) -> tuple[Path, Pat
     from cloud_api.home import ModelHome
     from models.experiment import train_from_tsv
     from models.finetune import TrainConfig
-    from models.registry import ONNX_FILE
+    from models.versions import ONNX_FILE
 
     if model is not None:
         work = work / f"given-{model.resolve().name}"
@@ -149,7 +149,7 @@ def naive_app(model_dir: str, backend: str, mode: str, threads: int | None = Non
     from pydantic import BaseModel
     from starlette.concurrency import run_in_threadpool
 
-    from models.registry import load_model
+    from models.versions import load_model
     from shared.payload import Payload
 
     class Body(BaseModel):
@@ -390,7 +390,7 @@ def padding_cost(model_dir: Path, backend: str, bodies: list[bytes], threads: in
     ``overhead_tokens`` which the batcher's split (``best_groups``) trades padding against."""
     import numpy as np
 
-    from cloud_api.serving.batcher import payload_length
+    from cloud_api.serving.payload_queue import payload_length
     from shared.payload import make_payload
 
     ps = payloads_of(bodies)

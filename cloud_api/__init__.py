@@ -1,1 +1,1 @@
-"""The cloud side: FastAPI service, storage, retraining worker (torch lives here and in models/)."""
+"""The cloud side: FastAPI service, storage, the job worker (torch lives here and in models/)."""

@@ -6,11 +6,11 @@ Extending it (records, jobs, ...): append a router module to :data:`ROUTERS` and
 needs something started, an ``async def step(app, stack)`` to :data:`LIFESPAN`. Steps run
 in order at start; each registers its own shutdown on ``stack`` (an ``AsyncExitStack``),
 so components stop in reverse order. ``app.state`` holds ``settings``, ``home``, ``keys``,
-``rate_limiter``, ``bundles``, ``registry`` and ``ready_checks`` (callables returning
+``rate_limiter``, ``bundles``, ``served_models`` and ``ready_checks`` (callables returning
 ``(ready, {component: problem})``, or an awaitable of it, read by ``/readyz``).
 
 Graceful shutdown: uvicorn stops accepting connections and waits for the requests in
-flight; then the lifespan exits and ``registry.stop()`` drains the batch queues before
+flight; then the lifespan exits and ``served_models.stop()`` drains the batch queues before
 the models are unloaded.
 """
 
@@ -55,7 +55,7 @@ keys for ``/v1``, admin keys for ``/admin`` and ``/v1``; ``/healthz``, ``/readyz
 
 
 async def start_metrics(app: FastAPI, stack: AsyncExitStack) -> None:
-    """With ``--workers N`` (multiprocess metrics): when this worker exits, after every
+    """With ``--workers N`` (multiprocess metrics): when this uvicorn process exits, after every
     other step has stopped, its live gauges (in flight, queues, models loaded) leave the
     server's sums; its counters stay."""
     if metrics.multiprocess_dir() is not None:
@@ -72,16 +72,16 @@ async def start_basics(app: FastAPI, stack: AsyncExitStack) -> None:
 
 
 async def start_serving(app: FastAPI, stack: AsyncExitStack) -> None:
-    """Bundles and the serving registry (loads every promoted version, starts batchers)."""
+    """Bundles and the served models (loads every promoted version, starts batchers)."""
     from cloud_api.serving.bundles import BundleStore
-    from cloud_api.serving.registry import ServingRegistry
+    from cloud_api.serving.hot_swap import ServedModels
 
     app.state.bundles = BundleStore(app.state.home)
-    registry = ServingRegistry(app.state.settings, app.state.home, app.state.bundles)
-    await registry.start()
-    stack.push_async_callback(registry.stop)  # drains the batch queues, then unloads
-    app.state.registry = registry
-    app.state.ready_checks.append(registry.ready)
+    served_models = ServedModels(app.state.settings, app.state.home, app.state.bundles)
+    await served_models.start()
+    stack.push_async_callback(served_models.stop)  # drains the batch queues, then unloads
+    app.state.served_models = served_models
+    app.state.ready_checks.append(served_models.ready)
 
 
 # in order: the job worker thread and the prediction charges need the store

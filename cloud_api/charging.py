@@ -90,11 +90,11 @@ async def price_prediction(state, key_id: str, device_id: str | None, model_id: 
                            payloads: Sequence) -> tuple[budgets.Charge, object]:
     """Check ``payloads`` against the model (a mismatched payload is refused, not charged),
     then price them: the charge to make (422 for a malformed X-Device-Id), and the token of
-    the version that checked them (``registry.predict``'s ``checked``)."""
+    the version that checked them (``ServedModels.predict``'s ``checked``)."""
     device = budgets.check_device_id(device_id)
-    registry = state.registry
-    checked = registry.check(model_id, payloads)
-    info = registry.info_of(model_id)
+    served_models = state.served_models
+    checked = served_models.check(model_id, payloads)
+    info = served_models.info_of(model_id)
     d = None
     if ledger.family_of(info["mechanism"]) == "dchi":
         d = _DIAMETERS.get(info["bundle_id"])
@@ -107,7 +107,7 @@ async def price_prediction(state, key_id: str, device_id: str | None, model_id: 
 
 def _reason(exc: BaseException) -> str:
     from cloud_api.errors import Overloaded
-    from cloud_api.serving.batcher import ClientGone
+    from cloud_api.serving.payload_queue import ClientGone
 
     if isinstance(exc, asyncio.CancelledError):
         return "cancelled"

@@ -67,8 +67,8 @@ def _guarded(fn):
 
 
 def home_arg(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--home", metavar="DIR", help="model registry folder (default "
-                   "$PRIVBERT_HOME, else ./var)")
+    p.add_argument("--home", metavar="DIR", help="the model home: model versions, bundles, "
+                   "jobs (default $PRIVBERT_HOME, else ./var)")
 
 
 def settings_for(args):
@@ -86,22 +86,24 @@ def settings_for(args):
 
 # -- serve -----------------------------------------------------------------------------------
 # prometheus-client's multiprocess switch (cloud_api.metrics.MULTIPROC_ENV) and its old name;
-# spelled here so that the parent of N workers never imports prometheus_client
+# spelled here so that the parent of N uvicorn processes never imports prometheus_client
 MULTIPROC_ENVS = ("PROMETHEUS_MULTIPROC_DIR", "prometheus_multiproc_dir")
 SERVE_HELP = """Run the HTTP service with uvicorn. Every knob is a PRIVBERT_* environment
 variable (cloud_api/settings.py): keys (PRIVBERT_API_KEYS, PRIVBERT_ADMIN_KEYS or
 PRIVBERT_KEYS_FILE), limits, batching, backend, device. SIGTERM or Ctrl-C: stop accepting,
 finish the requests in flight and drain the batch queues, then exit.
 
---workers N > 1 starts N uvicorn worker processes sharing the port. Each loads every
-promoted model and has its own batch queues, its own concurrency limit
-(PRIVBERT_MAX_CONCURRENT_REQUESTS) and per-key rate limit (PRIVBERT_RATE_LIMIT_PER_KEY):
-a key may get up to N times its rate across the workers. Privacy budgets are kept in the
-database and hold across workers and replicas. Each also runs its own in-process job
-worker thread (with PRIVBERT_WORKER_IN_SERVE=1; prefer 0 and separate `cloud-api worker`
-processes). /metrics shows the whole server whichever worker answers (prometheus-client's
-multiprocess mode, in a private directory made at start and removed at exit). Several
-replicas behind a load balancer: docs/serving.md, "Several workers and replicas"."""
+--workers N > 1 starts N uvicorn processes sharing the port (not to be confused with
+PRIVBERT_INFERENCE_WORKERS, the inference replicas of each model inside a process, nor with
+the job worker, `cloud-api worker`). Each process loads every promoted model and has its own
+batch queues, its own concurrency limit (PRIVBERT_MAX_CONCURRENT_REQUESTS) and per-key rate
+limit (PRIVBERT_RATE_LIMIT_PER_KEY): a key may get up to N times its rate across the
+processes. Privacy budgets are kept in the database and hold across processes and server
+instances. Each process also runs its own job worker thread (with
+PRIVBERT_WORKER_IN_SERVE=1; prefer 0 and separate `cloud-api worker` processes). /metrics
+shows the whole server whichever process answers (prometheus-client's multiprocess mode, in
+a private directory made at start and removed at exit). Several server instances behind a
+load balancer: docs/serving.md, "Several uvicorn processes and server instances"."""
 
 
 def register_serve(sub) -> None:
@@ -111,7 +113,7 @@ def register_serve(sub) -> None:
                    "0.0.0.0 for every interface)")
     p.add_argument("--port", type=int, help="port (default $PRIVBERT_PORT, else 8000; the "
                    "serve image's HEALTHCHECK asks $PRIVBERT_PORT)")
-    p.add_argument("--workers", type=int, default=1, help="uvicorn worker processes (1); "
+    p.add_argument("--workers", type=int, default=1, help="uvicorn processes (1); "
                    "see above for what N > 1 means")
     p.add_argument("--graceful-timeout", type=int, default=30, metavar="S",
                    help="seconds to finish requests in flight at shutdown (30)")
@@ -159,8 +161,8 @@ def run_serve(args) -> int:
 
 @contextlib.contextmanager
 def multiprocess_metrics(workers: int) -> Iterator[str | None]:
-    """For N > 1 workers: a fresh private directory (mode 0700, so no stale file of an
-    earlier run, and nobody else's) named in PROMETHEUS_MULTIPROC_DIR for the workers to
+    """For N > 1 uvicorn processes: a fresh private directory (mode 0700, so no stale file
+    of an earlier run, and nobody else's) named in PROMETHEUS_MULTIPROC_DIR for the processes to
     inherit (cloud_api/metrics.py), removed with everything in it at exit. An inherited
     value is never used: with one process the variable is dropped (the default registry
     serves), with N it is replaced. Runs before this process imports prometheus_client,
@@ -182,7 +184,7 @@ def multiprocess_metrics(workers: int) -> Iterator[str | None]:
 # -- models ----------------------------------------------------------------------------------
 def register_models(sub) -> None:
     p = sub.add_parser("models", help="list, promote or register model versions in the home",
-                       description="Operate the model registry in $PRIVBERT_HOME. A running "
+                       description="Operate the model versions in $PRIVBERT_HOME. A running "
                        "server picks up a promotion within PRIVBERT_RELOAD_INTERVAL_S.")
     msub = p.add_subparsers(dest="models_command", metavar="ACTION", required=True)
     ls = msub.add_parser("list", help="models, versions, the promoted one, dev accuracy")
@@ -260,7 +262,7 @@ def run_models_promote(args) -> int:
 
 
 def run_models_register(args) -> int:
-    from models.registry import read_config  # checks the folder is a privbert model version
+    from models.versions import read_config  # checks the folder is a privbert model version
 
     home = _home(args)
     cfg = read_config(args.dir)

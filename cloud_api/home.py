@@ -1,7 +1,7 @@
 """``$PRIVBERT_HOME`` on disk: model versions, promoted pointers, bundles, bases, job folders.
 
     $PRIVBERT_HOME/
-      models/<model_id>/versions/<version>/   a version folder of models/registry.py
+      models/<model_id>/versions/<version>/   a version folder of models/versions.py
       models/<model_id>/promoted              the promoted version's name, replaced atomically
       bundles/<bundle_id>/                    edge bundles (EdgeBundle.save)
       bases/<name>/                           pretrained bases (cloud-api pretrain output)
@@ -9,13 +9,13 @@
                                               (models.posterior; a cache, safe to delete)
       jobs/<job_id>/                          a job's work folder and log
 
-Everything here is plain files so that several processes (replicas, workers, the CLI)
-sharing the folder see each other's changes: a version folder appears by one rename,
-a promotion by one ``os.replace`` of the pointer file. Every promotion holds the model's
-promotion lock (``models/<model_id>/.promote.lock``, ``flock``, plus a lock per process
-for threads), so "read the pointer, check it, write it" (the swap that promotes a job's
-version, ``cloud_api/jobs/publisher.py``) is atomic across threads, processes and hosts
-sharing the folder; nothing slow runs under it. Nothing here
+Everything here is plain files so that several processes (server instances, uvicorn
+processes, job workers, the CLI) sharing the folder see each other's changes: a version
+folder appears by one rename, a promotion by one ``os.replace`` of the pointer file.
+Every promotion holds the model's promotion lock (``models/<model_id>/.promote.lock``,
+``flock``, plus a lock per process for threads), so "read the pointer, check it, write it"
+(the swap that promotes a job's version, ``cloud_api/jobs/publisher.py``) is atomic across
+threads, processes and hosts sharing the folder; nothing slow runs under it. Nothing here
 imports torch.
 """
 
@@ -39,7 +39,7 @@ ID_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$"
 VERSION_PATTERN = r"^v([1-9][0-9]{0,8})$"
 _ID = re.compile(ID_PATTERN)
 _VERSION = re.compile(VERSION_PATTERN)
-CONFIG_FILE = "config.json"  # models/registry.py: its presence means the folder is complete
+CONFIG_FILE = "config.json"  # models/versions.py: its presence means the folder is complete
 PROMOTE_LOCK = ".promote.lock"
 _THREAD_LOCKS: dict[str, threading.Lock] = {}  # per lock file: flock may be per process
 _THREAD_LOCKS_GUARD = threading.Lock()        # (NFS emulates it with POSIX locks)

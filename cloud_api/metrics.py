@@ -5,10 +5,10 @@ payload data or keys (a key appears only as its short id, and not here at all).
 
 ``cloud-api serve --workers N`` (N > 1) runs prometheus-client's multiprocess mode: the
 parent makes a private directory and names it in ``PROMETHEUS_MULTIPROC_DIR`` before the
-workers start; each worker keeps its values in files there, and :func:`exposition` adds up
-the files of every worker, so a scrape shows the whole server whichever worker answers it.
+processes start; each process keeps its values in files there, and :func:`exposition` adds up
+the files of every process, so a scrape shows the whole server whichever process answers it.
 Only counters, histograms and gauges are used (``Summary`` has no quantiles, ``Info`` and
-``Enum`` do not work in that mode); every gauge says how its workers' values combine.
+``Enum`` do not work in that mode); every gauge says how its processes' values combine.
 Without the variable (one process) the default registry serves, as before.
 """
 
@@ -42,8 +42,8 @@ FAILURES = Counter("privbert_request_failure", "Failed requests by kind of error
                    "forbidden, not-found, unavailable, inference, too-large, ...)", ["err"])
 REQUEST_DURATION = Histogram("privbert_request_duration_seconds", "Whole request time",
                              ["route"], buckets=_LATENCY)
-# gauges: "livesum" adds up what each live worker has now (a worker that exits leaves it);
-# "livemax" for 0/1 flags: 1 while at least one live worker holds it
+# gauges: "livesum" adds up what each live process has now (a process that exits leaves it);
+# "livemax" for 0/1 flags: 1 while at least one live process holds it
 IN_FLIGHT = Gauge("privbert_requests_in_flight", "Requests being handled now",
                   multiprocess_mode="livesum")
 
@@ -59,9 +59,9 @@ BATCH_SIZE = Histogram("privbert_batch_size", "Payloads per model forward", ["mo
 BATCH_TOKENS = Histogram("privbert_batch_tokens", "Padded tokens per model forward",
                          ["model"], buckets=_TOKENS)
 # livemax, not livesum: the value stays the 0/1 that alerts test (== 1) whatever N is, and
-# is 1 while any worker serves the version, as during a promotion, when the workers switch
+# is 1 while any process serves the version, as during a promotion, when the processes switch
 # one after the other within PRIVBERT_RELOAD_INTERVAL_S (an old version still answers
-# some requests until the last worker has let it go); not liveall, whose pid label would
+# some requests until the last process has let it go); not liveall, whose pid label would
 # make N series of one version
 LOADED = Gauge("privbert_model_loaded", "1 for each model version loaded and serving",
                ["model", "version"], multiprocess_mode="livemax")
@@ -92,21 +92,21 @@ def multiprocess_dir() -> str | None:
 
 def exposition(path: str | None = None) -> bytes:
     """The text of ``/metrics``: the default registry with one process; with a multiprocess
-    directory (``path``, default :func:`multiprocess_dir`), the sum over every worker's
-    files, counters and histograms of exited workers included (a counter never goes back),
-    gauges of live workers only."""
+    directory (``path``, default :func:`multiprocess_dir`), the sum over every process's
+    files, counters and histograms of exited processes included (a counter never goes back),
+    gauges of live processes only."""
     path = path or multiprocess_dir()
     if path is None:
         return generate_latest(REGISTRY)
-    _forget_dead_workers(path)
+    _forget_dead_processes(path)
     registry = CollectorRegistry()
     MultiProcessCollector(registry, path)
     return generate_latest(registry)
 
 
-def _forget_dead_workers(path: str) -> None:
-    """Drop the live gauges of workers that are gone without :func:`mark_process_dead`
-    (killed: OOM, or uvicorn's supervisor killing a hung worker)."""
+def _forget_dead_processes(path: str) -> None:
+    """Drop the live gauges of processes that are gone without :func:`mark_process_dead`
+    (killed: OOM, or uvicorn's supervisor killing a hung process)."""
     for file in glob.glob(os.path.join(path, "gauge_live*_*.db")):
         pid = file.rsplit("_", 1)[-1][:-3]
         if pid.isdigit() and not _alive(int(pid)):
@@ -124,7 +124,7 @@ def _alive(pid: int) -> bool:
 
 
 def forget_process(pid: int | None = None) -> None:
-    """At a worker's exit (multiprocess mode): its live gauges leave the sums; its
+    """At a process's exit (multiprocess mode): its live gauges leave the sums; its
     counters and histograms stay."""
     path = multiprocess_dir()
     if path is not None:
@@ -133,7 +133,7 @@ def forget_process(pid: int | None = None) -> None:
 
 def drop_series(gauge: Gauge, *labelvalues: str) -> None:
     """Remove one labelled series of ``gauge`` (a version unloaded). Multiprocess mode
-    cannot remove a series from a worker's file, so there it is set to 0 instead (and
+    cannot remove a series from a process's file, so there it is set to 0 instead (and
     stays listed with 0)."""
     if multiprocess_dir() is not None:
         gauge.labels(*labelvalues).set(0)

@@ -4,7 +4,8 @@
 
 Every knob of the service lives here, one obvious place: storage, keys, request limits
 (defaults in the spirit of text-embeddings-inference), the micro-batcher, the inference
-backend, and the retraining worker. ``cloud-api`` flags override the environment.
+backend, and the job worker (``cloud-api worker``). ``cloud-api`` flags override the
+environment.
 """
 
 from __future__ import annotations
@@ -29,8 +30,8 @@ class Settings(BaseSettings):
                                       validate_default=True)
 
     # -- storage ----------------------------------------------------------------------------
-    home: Path = Field(Path("./var"), description="model registry, bundles, job folders, "
-                       "and the default SQLite database")
+    home: Path = Field(Path("./var"), description="the model home: model versions, bundles, "
+                       "job folders, and the default SQLite database")
     database_url: str | None = Field(None, description="SQLAlchemy URL; default "
                                      "sqlite:///$PRIVBERT_HOME/privbert.db (PostgreSQL: "
                                      "postgresql+psycopg://user@host/db)")
@@ -114,10 +115,10 @@ class Settings(BaseSettings):
     precision: Literal["auto", "fp32", "bf16", "fp16"] = "auto"
     torch_threads: int | None = Field(None, ge=1)
     inference_workers: int | None = Field(
-        None, ge=1, le=64, description="model replicas per version, each running its own "
-        "batches in its own thread; unset: the onnx backends with torch_threads set get "
-        "usable cores / torch_threads (one replica per core keeps every core busy with "
-        "small batches), torch gets 1")
+        None, ge=1, le=64, description="inference replicas (copies of the model) per "
+        "served version, each running its own batches in its own thread; unset: the onnx "
+        "backends with torch_threads set get usable cores / torch_threads (one replica per "
+        "core keeps every core busy with small batches), torch gets 1")
 
     def wants_gpu(self) -> bool:
         """Whether the torch backend would run on a GPU here: ``device`` cuda, or auto with
@@ -132,8 +133,9 @@ class Settings(BaseSettings):
             return False
         return bool(torch.cuda.is_available())
 
-    def workers(self) -> int:
-        """The inference workers to run (``inference_workers``, or its default)."""
+    def inference_replicas(self) -> int:
+        """The inference replicas per served version (``PRIVBERT_INFERENCE_WORKERS``, or
+        its default)."""
         if self.inference_workers is not None:
             return self.inference_workers
         if self.backend == "torch" or self.torch_threads is None:
@@ -150,7 +152,7 @@ class Settings(BaseSettings):
     reload_interval_s: float = Field(2.0, gt=0, description="how often promoted pointers "
                                      "written by other processes are checked")
 
-    # -- retraining worker ------------------------------------------------------------------
+    # -- the job worker (cloud-api worker, or a thread of serve) ----------------------------
     worker_in_serve: bool = Field(True, description="run one job worker thread inside serve")
     worker_poll_s: float = Field(1.0, gt=0)
     heartbeat_s: float = Field(2.0, gt=0)

@@ -4,7 +4,7 @@ Entry points (plain functions; the ``cloud-api`` subcommands are thin layers ove
 
 * ``models.experiment``: ``train_from_tsv``, ``train_from_records``, ``evaluate_tsv``,
   ``evaluate_records``
-* ``models.registry``: ``load_model`` -> ``ModelVersion`` (``check_payload``,
+* ``models.versions``: ``load_model`` -> ``ModelVersion`` (``check_payload``,
   ``predict_proba``), ``save_model_version``
 * ``models.export``: ``export_bundle``, ``export_classifier_onnx``, ``OnnxClassifier``
   (defined in ``models.onnx_classifier``, which with ``models.data`` and

@@ -193,7 +193,7 @@ def records_denoiser(file, base, bundle_dir=None):
     version's ``denoiser.safetensors``, else None."""
     from pathlib import Path
 
-    from models.registry import DENOISER_FILE, is_model_dir
+    from models.versions import DENOISER_FILE, is_model_dir
 
     if file is not None:
         return _denoiser_file(file, bundle_dir)
@@ -401,7 +401,7 @@ def records_posterior(table_path, base):
     from pathlib import Path
 
     from models.posterior import POSTERIOR_FILE
-    from models.registry import is_model_dir
+    from models.versions import is_model_dir
 
     if table_path is not None:
         return _posterior_table(table_path)
@@ -411,7 +411,7 @@ def records_posterior(table_path, base):
 
 
 def _print_trained(res, note: str | None = None) -> None:
-    from models.registry import read_config
+    from models.versions import read_config
     from shared.accounting import summary
 
     cfg = read_config(res.model_dir)
@@ -465,7 +465,7 @@ def run_evaluate(args) -> int:
 def run_attack(args) -> int:
     from models import attack
     from models.privatize import load_bundle, mechanism_from_params
-    from models.registry import read_config
+    from models.versions import read_config
     from shared.mechanisms import registry
 
     if args.data is None:

@@ -48,7 +48,7 @@ from models.privatize import (
     mechanism_from_params,
 )
 from models.recipe import Recipe
-from models.registry import check_out_dir, load_model, save_model_version
+from models.versions import check_out_dir, load_model, save_model_version
 from shared.bundle import EdgeBundle
 from shared.payload import Record
 
@@ -67,7 +67,7 @@ def _as_bundle(bundle: EdgeBundle | str | os.PathLike | None, base=None) -> Edge
         return bundle
     if bundle is not None:
         return load_bundle(bundle_dir=bundle)
-    from models.registry import is_model_dir
+    from models.versions import is_model_dir
 
     if base is not None and not Path(base).is_dir():
         raise ValueError(f"{base}: no such BERT folder")
@@ -395,7 +395,7 @@ def evaluate_tsv(model_dir: str | os.PathLike, tsv: str | os.PathLike, *,
     """Privatize a labelled TSV as the model's mechanism does (TextHide: k = 1, with the
     client's ``texthide_key``) and evaluate; labels unknown to the model are an error."""
     from models.data import label_indices
-    from models.registry import read_config
+    from models.versions import read_config
 
     cfg = read_config(model_dir)
     data = read_labelled_tsv(tsv, limit)

@@ -189,7 +189,7 @@ def export_classifier_onnx(model_dir: str | os.PathLike, seed: int = 0, int8: bo
     ``classifier.int8.onnx`` (``models.quantize.quantize_classifier``). Returns the fp32
     file's path."""
     from models.data import collate
-    from models.registry import CONFIG_FILE, ONNX_FILE, load_model
+    from models.versions import CONFIG_FILE, ONNX_FILE, load_model
 
     mv = load_model(model_dir)
     module = mv.module.float().eval()

@@ -123,7 +123,7 @@ def report_from_confusion(conf: np.ndarray, names: list[str]) -> dict:
 def load_backbone(base: str | os.PathLike | None):
     """A BertModel from a BERT folder (None = MiniLM), a pretraining checkpoint folder, or
     a privbert model version (its BERT)."""
-    from models.registry import is_model_dir, load_model
+    from models.versions import is_model_dir, load_model
 
     if base is not None and is_model_dir(base):
         mv = load_model(base)

@@ -86,7 +86,7 @@ class _Progress:
 
 
 def check_teacher(teacher, bundle: EdgeBundle, names: list[str]) -> None:
-    from models.registry import read_config
+    from models.versions import read_config
 
     cfg = read_config(teacher)
     if registry.get(cfg["mechanism"]).private:
@@ -115,7 +115,7 @@ def get_teacher(public: PublicText, bundle: EdgeBundle, teacher, base, cfg):
     import dataclasses
 
     from models.finetune import finetune, predict_dataset
-    from models.registry import load_model
+    from models.versions import load_model
 
     ds = plain_dataset(public, bundle, cfg.max_length)
     if teacher is not None:

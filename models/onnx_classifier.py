@@ -5,7 +5,7 @@
 ``models.quantize`` the int8 one (with the ``onnx`` package); this module only reads
 them, so that the onnx serving backends run in an image without either. Only
 :meth:`OnnxClassifier.predict_proba` (a convenience for checks and benchmarks) checks
-payloads with :class:`models.registry.ModelVersion` and so imports torch.
+payloads with :class:`models.versions.ModelVersion` and so imports torch.
 
 An int8 file is loaded only after two checks (:class:`Int8Refused` says which failed):
 it was made from this version's ``classifier.onnx`` (its metadata names that file's
@@ -176,7 +176,7 @@ class OnnxClassifier:
         """Class probabilities (N, C) for payloads (checked like the torch model's)."""
         from torch import nn
 
-        from models.registry import ModelVersion
+        from models.versions import ModelVersion
 
         shell = ModelVersion(self.path, self.config, {}, nn.Identity())
         for p in payloads:

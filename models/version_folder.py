@@ -1,6 +1,6 @@
 """A model version folder's file names and its ``config.json``, without torch.
 
-The layout is described in :mod:`models.registry` (which writes and loads the weights with
+The layout is described in :mod:`models.versions` (which writes and loads the weights with
 torch); this module is what a torch-free reader needs: the onnx serving backend
 (:mod:`models.onnx_classifier`) and ``cloud_api.serving``.
 """

@@ -128,7 +128,7 @@ def latency(out: Path, bundle, posterior, denoiser, dev_texts: list[str], batche
     from models.export import export_classifier_onnx
     from models.onnx_classifier import OnnxClassifier
     from models.privatize import make_privatizer
-    from models.registry import save_model_version
+    from models.versions import save_model_version
     from shared.mechanisms import DChiText
 
     cfg = {"kind": "tokens", "mechanism": "dchi-text", "params": {"eta": posterior.eta},

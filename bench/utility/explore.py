@@ -78,7 +78,7 @@ def main(argv=None) -> int:
     )
     from models.posterior import ChannelPosterior
     from models.privatize import PublicText, build_mechanism, make_privatizer
-    from models.registry import load_model, save_model_version
+    from models.versions import load_model, save_model_version
     from shared.bundle import EdgeBundle
 
     if a.threads:

@@ -247,7 +247,7 @@ def given_pretraining(path: Path, row: Row, eta: float) -> dict:
 def run_row(row: Row, cfg: dict, out: Path, args, data: dict, bundles: dict) -> dict:
     from models.experiment import train_from_tsv
     from models.finetune import TrainConfig
-    from models.registry import read_config
+    from models.versions import read_config
     from shared.accounting import summary
 
     key = key_of(cfg)
@@ -503,7 +503,7 @@ def main(argv: list[str] | None = None) -> int:
     import models.experiment  # noqa: F401
     import models.export  # noqa: F401
     import models.pretrain  # noqa: F401
-    import models.registry  # noqa: F401
+    import models.versions  # noqa: F401
     from models.privatize import SEED_WARNING
     from shared.bundle import EdgeBundle
 

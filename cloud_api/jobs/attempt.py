@@ -90,7 +90,7 @@ class Attempt:
         return self._stop_before_registering(ChildExit.EXITED)
 
     def _watermark(self) -> int:
-        from cloud_api.store.records import current_watermark
+        from cloud_api.store.snapshot import current_watermark
 
         job, w = self.job, self.worker
         wm = job.watermark

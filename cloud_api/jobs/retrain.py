@@ -1,6 +1,6 @@
 """What a retraining job does (in the child process, rank 0 reading the database).
 
-1. Snapshot the task's records up to the job's watermark (``store.records.snapshot``).
+1. Snapshot the task's records up to the job's watermark (``store.snapshot.snapshot``).
 2. Split them by a hash of the record id: train / dev / test, 80/10/10 (the same record
    always lands in the same part, in every job).
 3. Fine-tune with ``models.experiment.train_from_records`` (from the job's base, else the
@@ -78,7 +78,7 @@ def load_snapshot(settings, task_name: str, watermark: int | None):
     """(task, [(id, record)], watermark) from the database (rank 0 only; also the worker's
     comparison child, ``jobs/compare.py``)."""
     from cloud_api.store.db import Database
-    from cloud_api.store.records import snapshot
+    from cloud_api.store.snapshot import snapshot
     from cloud_api.store.tasks import get_task
 
     db = Database.from_settings(settings)

@@ -25,8 +25,7 @@ from cloud_api.jobs import queue
 from cloud_api.jobs.states import JobKind
 from cloud_api.settings import Settings
 from cloud_api.store.db import Database
-from models.recipe import DEFAULT_EPOCHS
-from cloud_api.store.records import label_counts
+from cloud_api.store.snapshot import label_counts
 from cloud_api.store.tables import records
 from cloud_api.store.tasks import (
     Task,
@@ -35,6 +34,7 @@ from cloud_api.store.tasks import (
     get_task,
     privacy_floor_refusal,
 )
+from models.recipe import DEFAULT_EPOCHS
 from shared.mechanisms.registry import mechanisms
 
 Name = Annotated[str, Field(pattern=ID_PATTERN,

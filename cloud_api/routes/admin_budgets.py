@@ -1,5 +1,5 @@
 """``GET /admin/budgets``, ``GET|PUT /admin/budgets/{key_id}``,
-``POST /admin/budgets/{key_id}/reset``: the privacy budget ledgers (``store/budgets.py``).
+``POST /admin/budgets/{key_id}/reset``: the privacy budget ledgers (``store/budget_admin.py``).
 
 A key's view: its own ledger (everything the key sent, under the key's cap), the ledger of
 each of its devices (its own spend, its own cap if it has one, and what it may still spend:
@@ -20,7 +20,7 @@ from starlette.responses import Response
 from cloud_api.auth import AdminCaller
 from cloud_api.problems import responses
 from cloud_api.routes.common import database, json_response
-from cloud_api.store import budgets
+from cloud_api.store import budget_admin, budgets
 
 router = APIRouter(prefix="/admin", tags=["admin"])
 KeyIdPath = Annotated[str, Path(description="the key's short id (as stored with its records)",
@@ -47,7 +47,7 @@ def _default(request: Request) -> float | None:
 @router.get("/budgets", summary="Privacy spent per key (and per device), caps, remaining",
             responses=responses(401, 403, 429, 503))
 async def list_budgets(request: Request, caller: AdminCaller) -> Response:
-    got = await run_in_threadpool(budgets.list_budgets, database(request), _known(request),
+    got = await run_in_threadpool(budget_admin.list_budgets, database(request), _known(request),
                                   _default(request))
     return json_response({"budgets": got})
 
@@ -56,7 +56,7 @@ async def list_budgets(request: Request, caller: AdminCaller) -> Response:
             responses=responses(401, 403, 404, 422, 429, 503))
 async def get_budget(key_id: KeyIdPath, request: Request, caller: AdminCaller) -> Response:
     return json_response(await run_in_threadpool(
-        budgets.get_budget, database(request), key_id, _known(request), _default(request)))
+        budget_admin.get_budget, database(request), key_id, _known(request), _default(request)))
 
 
 @router.put("/budgets/{key_id}", summary="Set or remove a key's cap",
@@ -67,7 +67,7 @@ async def set_cap(key_id: KeyIdPath, request: Request, caller: AdminCaller) -> R
     db = database(request)
     body = CapRequest.model_validate_json(await request.body())
     return json_response(await run_in_threadpool(
-        budgets.set_cap, db, key_id, body.cap, _known(request), _default(request)))
+        budget_admin.set_cap, db, key_id, body.cap, _known(request), _default(request)))
 
 
 DeviceIdPath = Annotated[str, Path(description="the device's X-Device-Id",
@@ -83,7 +83,7 @@ async def set_device_cap(key_id: KeyIdPath, device_id: DeviceIdPath, request: Re
     db = database(request)
     body = CapRequest.model_validate_json(await request.body())
     return json_response(await run_in_threadpool(
-        budgets.set_device_cap, db, key_id, device_id, body.cap, _known(request),
+        budget_admin.set_device_cap, db, key_id, device_id, body.cap, _known(request),
         _default(request)))
 
 
@@ -91,7 +91,7 @@ async def set_device_cap(key_id: KeyIdPath, device_id: DeviceIdPath, request: Re
              responses=responses(401, 403, 404, 422, 429, 503))
 async def reset(key_id: KeyIdPath, request: Request, caller: AdminCaller) -> Response:
     return json_response(await run_in_threadpool(
-        budgets.reset, database(request), key_id, _known(request), _default(request)))
+        budget_admin.reset, database(request), key_id, _known(request), _default(request)))
 
 
 async def start_charges(app, stack) -> None:

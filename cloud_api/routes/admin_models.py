@@ -1,6 +1,6 @@
 """``POST /admin/models/{model_id}/promote {"version"}``: serve another registered version.
 
-The registry loads the version beside the one serving, switches new requests to it, lets
+The server loads the version beside the one serving, switches new requests to it, lets
 queued requests finish on the old one, then releases it; a version that fails to load
 leaves the old one serving and answers the error."""
 
@@ -38,5 +38,5 @@ async def promote(model_id: ModelId, request: Request,
                   caller: AdminCaller) -> PromoteResponse:
     # the body is read after the key is checked (a body parameter would be read first)
     body = PromoteRequest.model_validate_json(await request.body())
-    await request.app.state.registry.promote(model_id, body.version)
+    await request.app.state.served_models.promote(model_id, body.version)
     return PromoteResponse(model_id=model_id, version=body.version)

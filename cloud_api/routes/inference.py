@@ -47,7 +47,7 @@ class ModelList(BaseModel):
 @router.get("/models", response_model=None, summary="Served models",
             responses={200: {"model": ModelList}, **responses(401, 403, 429)})
 async def list_models(request: Request, caller: AppCaller) -> Response:
-    return json_response({"models": request.app.state.registry.describe()})
+    return json_response({"models": request.app.state.served_models.describe()})
 
 
 @router.get(

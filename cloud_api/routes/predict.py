@@ -98,7 +98,7 @@ async def predict_app(scope: Scope, receive: Receive, send: Send) -> None:
     caller = authenticate(app_state, header(scope, b"authorization"), "app",
                           scope.setdefault("state", {}))
     model_id = _model_id(scope["path_params"]["model_id"])
-    app_state.registry.limits_for(model_id)  # NotFound, before the body is read
+    app_state.served_models.limits_for(model_id)  # NotFound, before the body is read
     body = await _body(receive)
     gone = Disconnect(receive)
     try:
@@ -118,9 +118,9 @@ async def _predict(app_state, key_id: str, device_id: str | None, model_id: str,
                    is_disconnected) -> tuple[dict, dict[str, str]]:
     """The answer to a predict body and its budget headers, once the caller's ledger is
     charged (ServiceError, or pydantic's ValidationError)."""
-    registry = app_state.registry
+    served_models = app_state.served_models
     parsed = PredictRequest.model_validate_json(body, context={
-        "limits": registry.limits_for(model_id),
+        "limits": served_models.limits_for(model_id),
         "max_payloads": app_state.settings.max_payloads_per_request})
     # Admitted to the model's queue first (413 or 429 here: nothing charged), then the
     # charge commits on the charge writer's thread while the model runs; the answer waits
@@ -130,8 +130,8 @@ async def _predict(app_state, key_id: str, device_id: str | None, model_id: str,
     # committed charge is refunded (cloud_api.charging).
     ch, checked = await price_prediction(app_state, key_id, device_id, model_id,
                                          parsed.payloads)
-    answer = registry.admit(model_id, parsed.payloads, is_disconnected=is_disconnected,
-                            checked=checked)
+    answer = served_models.admit(model_id, parsed.payloads, is_disconnected=is_disconnected,
+                                 checked=checked)
     pending = app_state.charges.submit(ch)
     pending.add_done_callback(_retrieved)
     try:

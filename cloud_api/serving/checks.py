@@ -6,7 +6,7 @@ bundle ids, shapes and counts.
     limits = checker.limits()      # to parse request bodies for this model
     checker.check(payloads)        # PayloadMismatch: "payloads[0]: eta 60 sent, model serves eta 65"
 
-The same checks as ``models.registry.ModelVersion.check_payload``, plus regular token ids,
+The same checks as ``models.versions.ModelVersion.check_payload``, plus regular token ids,
 the token budget (``max_length`` less [CLS]/[SEP]) and sentence pairs.
 """
 

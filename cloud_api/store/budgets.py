@@ -12,9 +12,9 @@ A key's cap is the key's: its own row (``device_id`` '') counts everything the k
 with or without a device id, under the key's cap (``PUT /admin/budgets/{key_id}``; new keys
 get ``PRIVBERT_DEFAULT_BUDGET``). A request with ``X-Device-Id`` is charged to that row and
 to its device's row together; a device row may have a cap of its own
-(``PRIVBERT_DEFAULT_DEVICE_BUDGET``, ``PUT /admin/budgets/{key_id}/devices/{device_id}``),
-never above the key's; NULL: the key's cap alone bounds it. So new device ids cannot add to
-what a key may spend.
+(``PRIVBERT_DEFAULT_DEVICE_BUDGET``, ``PUT /admin/budgets/{key_id}/devices/{device_id}``;
+the caps are set in :mod:`cloud_api.store.budget_admin`), never above the key's; NULL: the
+key's cap alone bounds it. So new device ids cannot add to what a key may spend.
 
 One statement checks and charges both rows: it updates them only when every one of them
 fits (the filter of ``shared.ledger.fits``: ``cap IS NULL OR (cap > 0 AND spent + c <=
@@ -40,11 +40,10 @@ import re
 from dataclasses import dataclass
 from datetime import UTC, datetime
 
-from sqlalchemy import Connection, and_, insert, select, text, update
+from sqlalchemy import Connection, and_, insert, select, text
 from sqlalchemy.dialects import postgresql, sqlite
 
-from cloud_api.errors import InvalidRequest, NotFound, ServiceError
-from cloud_api.store.db import Database
+from cloud_api.errors import InvalidRequest, ServiceError
 from cloud_api.store.tables import BUDGET_FAMILY_COLUMNS, budget_refunds, budgets
 from shared import ledger
 from shared.ledger import NO_EPSILON, Cost
@@ -52,12 +51,8 @@ from shared.ledger import NO_EPSILON, Cost
 ID_PATTERN = r"^[A-Za-z0-9_.:-]{1,64}$"
 _ID = re.compile(ID_PATTERN)
 REMAINING_HEADER = "X-Privacy-Budget-Remaining"
-_COUNTERS = [c.name for c in budgets.columns if c.name.endswith(("_epsilon", "_metric",
+COUNTERS = [c.name for c in budgets.columns if c.name.endswith(("_epsilon", "_metric",
                                                                   "_tokens", "_sends"))]
-
-
-def _fmt(x: float | None) -> str:
-    return "none" if x is None else f"{x:.6g}"
 
 
 class BudgetExhausted(ServiceError):
@@ -92,7 +87,7 @@ class Charge:
     default_device_cap: float | None = None
 
 
-def _least(a: float | None, b: float | None) -> float | None:
+def least(a: float | None, b: float | None) -> float | None:
     return b if a is None else a if b is None else min(a, b)
 
 
@@ -111,7 +106,7 @@ class Charged:
         """What the caller may still spend: the least of its key's and device's remaining."""
         own = (None if self.device_spent is None
                else ledger.remaining(self.device_spent, self.device_cap))
-        return _least(ledger.remaining(self.spent, self.cap), own)
+        return least(ledger.remaining(self.spent, self.cap), own)
 
     def headers(self) -> dict[str, str]:
         """``X-Privacy-Budget-Remaining`` when a ledger has a cap."""
@@ -178,32 +173,32 @@ _UPDATES = {(family, dialect): _update(family, dialect) for family in BUDGET_FAM
             for dialect in ("postgresql", "sqlite")}
 
 
-def _row_of(key_id: str, device_id: str):
+def row_of(key_id: str, device_id: str):
     return and_(budgets.c.key_id == key_id, budgets.c.device_id == device_id)
 
 
-def _insert_ignoring(conn: Connection, values: dict) -> None:
+def insert_ignoring(conn: Connection, values: dict) -> None:
     dialect = postgresql if conn.dialect.name == "postgresql" else sqlite
     conn.execute(dialect.insert(budgets).values(**values).on_conflict_do_nothing(
         index_elements=["key_id", "device_id"]))
 
 
-def _new_row(key_id: str, device_id: str, cap: float | None, now: datetime) -> dict:
+def new_row(key_id: str, device_id: str, cap: float | None, now: datetime) -> dict:
     return {"key_id": key_id, "device_id": device_id, "cap": cap, "spent": 0.0, "sends": 0,
-            "updated_at": now, **dict.fromkeys(_COUNTERS, 0)}
+            "updated_at": now, **dict.fromkeys(COUNTERS, 0)}
 
 
 def _ensure(conn: Connection, ch: Charge, now: datetime) -> None:
     """The key's row (the default cap) and the device's (the default device cap, never
     above the key's), where missing."""
-    _insert_ignoring(conn, _new_row(ch.key_id, "", ch.default_cap, now))
+    insert_ignoring(conn, new_row(ch.key_id, "", ch.default_cap, now))
     if ch.device_id:
-        key_cap = conn.execute(select(budgets.c.cap).where(_row_of(ch.key_id, ""))
+        key_cap = conn.execute(select(budgets.c.cap).where(row_of(ch.key_id, ""))
                                ).scalar_one()
         cap = ch.default_device_cap
         if cap is not None and key_cap is not None:
             cap = min(cap, key_cap)
-        _insert_ignoring(conn, _new_row(ch.key_id, ch.device_id, cap, now))
+        insert_ignoring(conn, new_row(ch.key_id, ch.device_id, cap, now))
 
 
 def _params(ch: Charge, now: datetime) -> dict:
@@ -237,7 +232,7 @@ def _refusal(conn: Connection, ch: Charge) -> BudgetExhausted | None:
     left = ledger.remaining(key.spent, key.cap)
     if ch.device_id:
         dev = have[ch.device_id]
-        left = _least(left, ledger.remaining(dev.spent, dev.cap))
+        left = least(left, ledger.remaining(dev.spent, dev.cap))
         if not ledger.fits(dev.spent, eps, dev.cap):
             return BudgetExhausted(eps, dev.spent, dev.cap, ch.key_id, ch.device_id, left)
     if not ledger.fits(key.spent, eps, key.cap):
@@ -284,123 +279,3 @@ def refund(conn: Connection, ch: Charge, reason: str) -> None:
 _REFUNDS = {family: text(f"UPDATE budgets SET {', '.join(_sets(family, '-'))} "
                          "WHERE key_id = :k AND device_id IN ('', :d)")
             for family in BUDGET_FAMILY_COLUMNS}
-
-
-# -- reading and administration ----------------------------------------------------------------
-def _families(r) -> dict:
-    out = {}
-    for fam, slug in BUDGET_FAMILY_COLUMNS.items():
-        out[fam] = {"epsilon": None if fam in NO_EPSILON else r[f"{slug}_epsilon"],
-                    "sends": r[f"{slug}_sends"]}
-    out["dchi"].update(metric=r["dchi_metric"], tokens=r["dchi_tokens"])
-    return out
-
-
-def _ledger(r) -> dict:
-    return {"spent": r["spent"], "cap": r["cap"],
-            "remaining": ledger.remaining(r["spent"], r["cap"]), "sends": r["sends"],
-            "families": _families(r)}
-
-
-def _key_view(key_id: str, rows: list, default_cap: float | None) -> dict:
-    """The key's ledger (everything the key sent, under the key's cap) and each device's
-    (its own spend; ``cap``: its own cap, null when only the key's bounds it;
-    ``remaining``: what the device may still spend, the least of both)."""
-    own = next((r for r in rows if r["device_id"] == ""), None)
-    view = {"key_id": key_id, "units": "worst-case epsilon"}
-    view.update(_ledger(own) if own is not None else _ledger(
-        _new_row(key_id, "", default_cap, datetime.now(UTC))))
-    key_left = view["remaining"]
-    view["devices"] = []
-    for r in rows:
-        if r["device_id"] != "":
-            d = {"device_id": r["device_id"], **_ledger(r)}
-            d["remaining"] = _least(d["remaining"], key_left)
-            view["devices"].append(d)
-    view["total"] = {"spent": view["spent"], "sends": view["sends"]}
-    return view
-
-
-def _rows(conn: Connection, key_id: str | None = None) -> list:
-    q = select(budgets).order_by(budgets.c.key_id, budgets.c.device_id)
-    if key_id is not None:
-        q = q.where(budgets.c.key_id == key_id)
-    return [dict(r._mapping) for r in conn.execute(q)]
-
-
-def list_budgets(db: Database, known: set[str], default_cap: float | None) -> list[dict]:
-    """Every key with a ledger, and every configured key (``known``), sorted by key id."""
-    with db.begin() as conn:
-        rows = _rows(conn)
-    by_key: dict[str, list] = {k: [] for k in known}
-    for r in rows:
-        by_key.setdefault(r["key_id"], []).append(r)
-    return [_key_view(k, by_key[k], default_cap) for k in sorted(by_key)]
-
-
-def get_budget(db: Database, key_id: str, known: set[str], default_cap: float | None) -> dict:
-    """One key's ledgers; NotFound for a key that is neither configured nor ever charged."""
-    with db.begin() as conn:
-        rows = _rows(conn, key_id)
-    if not rows and key_id not in known:
-        raise NotFound(f"no key {key_id!r}: not configured here and never charged")
-    return _key_view(key_id, rows, default_cap)
-
-
-def _known_key(conn: Connection, key_id: str, known: set[str]) -> None:
-    if not conn.execute(select(budgets.c.id).where(budgets.c.key_id == key_id)).first() \
-            and key_id not in known:
-        raise NotFound(f"no key {key_id!r}: not configured here and never charged")
-
-
-def set_cap(db: Database, key_id: str, cap: float | None, known: set[str],
-            default_cap: float | None) -> dict:
-    """Set (None: remove) the cap of ``key_id``'s own ledger; a device cap above the new cap
-    comes down to it (a device's cap is never above its key's)."""
-    cap = ledger.check_cap(cap)
-    now = datetime.now(UTC)
-    with db.begin(write=True) as conn:
-        _known_key(conn, key_id, known)
-        _insert_ignoring(conn, _new_row(key_id, "", cap, now))
-        conn.execute(update(budgets).where(_row_of(key_id, "")).values(cap=cap, updated_at=now))
-        if cap is not None:
-            conn.execute(update(budgets).where(
-                budgets.c.key_id == key_id, budgets.c.device_id != "", budgets.c.cap > cap,
-            ).values(cap=cap, updated_at=now))
-        rows = _rows(conn, key_id)
-    return _key_view(key_id, rows, default_cap)
-
-
-def set_device_cap(db: Database, key_id: str, device_id: str, cap: float | None,
-                   known: set[str], default_cap: float | None) -> dict:
-    """Set (None: remove) the cap of one device's ledger of ``key_id``; InvalidRequest (422)
-    above the key's cap."""
-    cap = ledger.check_cap(cap)
-    device_id = check_device_id(device_id)
-    if not device_id:
-        raise InvalidRequest("a device id is needed")
-    now = datetime.now(UTC)
-    with db.begin(write=True) as conn:
-        _known_key(conn, key_id, known)
-        _insert_ignoring(conn, _new_row(key_id, "", default_cap, now))
-        key_cap = conn.execute(select(budgets.c.cap).where(_row_of(key_id, ""))).scalar_one()
-        if key_cap is not None and cap is not None and cap > key_cap:
-            raise InvalidRequest(f"a device's cap is never above its key's: key {key_id} has "
-                                 f"cap {_fmt(key_cap)}, {_fmt(cap)} asked")
-        _insert_ignoring(conn, _new_row(key_id, device_id, cap, now))
-        conn.execute(update(budgets).where(_row_of(key_id, device_id))
-                     .values(cap=cap, updated_at=now))
-        rows = _rows(conn, key_id)
-    return _key_view(key_id, rows, default_cap)
-
-
-def reset(db: Database, key_id: str, known: set[str], default_cap: float | None) -> dict:
-    """Spent and counts back to zero on every ledger of ``key_id`` (the caps stay)."""
-    now = datetime.now(UTC)
-    with db.begin(write=True) as conn:
-        got = conn.execute(update(budgets).where(budgets.c.key_id == key_id).values(
-            spent=0.0, sends=0, updated_at=now, **dict.fromkeys(_COUNTERS, 0)))
-        if got.rowcount == 0 and key_id not in known:
-            raise NotFound(f"no key {key_id!r}: not configured here and never charged")
-        rows = _rows(conn, key_id)
-    return _key_view(key_id, rows, default_cap)

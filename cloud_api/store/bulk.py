@@ -13,7 +13,7 @@ With the ids known before the insert, ``ids[i]`` is row ``i``'s id by constructi
   and never reused; concurrent requests may interleave theirs, and a request may commit
   its lower ids after another committed higher ones. So the table is locked (ROW
   EXCLUSIVE: writers do not wait for each other) before the ids are taken, and a
-  snapshot's watermark (``records.current_watermark``: SHARE) waits for every request in flight:
+  snapshot's watermark (``snapshot.current_watermark``: SHARE) waits for every request in flight:
   no id at or below a watermark can appear after it was taken.
 """
 

@@ -1,12 +1,12 @@
 """Labelled privatized records: validate against the task, store whole or not at all,
-honour idempotency keys, erase, and read back a snapshot for retraining.
+honour idempotency keys, erase (reading them back for retraining:
+:mod:`cloud_api.store.snapshot`).
 
     env = parse_body(body)                                   # the request's JSON
     recs = validate_records(task, env.records, limits)      # nothing written yet
     stored = add_records(db, task, recs, key_id, idempotency_key, body_digest(env),
                          charge=budgets.Charge(key_id, device_id, cost))  # optional
     stored.ids                                              # in request order
-    watermark, rows = snapshot(db, "sst2")                  # (id, shared.payload.Record)
 
 A request's records are inserted in one transaction: ids allocated first, then one
 executemany (SQLite) or COPY (PostgreSQL), see ``store/bulk.py``. With a ``charge`` the
@@ -35,7 +35,7 @@ from __future__ import annotations
 import hashlib
 import math
 import re
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Annotated, Any
@@ -43,13 +43,13 @@ from typing import Annotated, Any
 import numpy as np
 import orjson
 from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError
-from sqlalchemy import and_, delete, func, insert, select, text
+from sqlalchemy import and_, delete, insert, select
 from sqlalchemy.exc import IntegrityError
 
 from cloud_api.errors import Conflict, InvalidRequest, PayloadMismatch
 from cloud_api.store import budgets, bulk
 from cloud_api.store.db import Database
-from cloud_api.store.tables import idempotency, records
+from cloud_api.store.tables import SOFT_LABEL_DTYPE, idempotency, records
 from cloud_api.store.tasks import (
     PAYLOAD_CLASSES,
     Task,
@@ -59,24 +59,20 @@ from cloud_api.store.tasks import (
     params_difference,
 )
 from shared.mechanisms import registry
-from shared.payload import PAYLOAD_ADAPTER, Limits, Record
+from shared.payload import Limits, Record
 
 try:  # SIMD base64 where installed (a cloud dependency); the standard library otherwise
-    from pybase64 import b64decode, b64encode
+    from pybase64 import b64decode
 except ImportError:  # pragma: no cover
-    from base64 import b64decode, b64encode
+    from base64 import b64decode
 
 _RECORDS = TypeAdapter(list[Record])
 _HEX64 = re.compile(r"[0-9a-f]{64}")
 MISMATCH = "payload_mismatch"
-_SOFT_DTYPE = "<f8"  # soft labels round-trip exactly
 _MAX_ERRORS = 20
 IDEMPOTENCY_KEY_MAX = 255
 MAX_RECORD_ID = 2**63 - 1  # the database's ids are signed 64-bit
 _CHUNK = 1000  # ids per IN (...) list
-# re-reading stored rows: they were checked against their task when they came in
-_STORED_LIMITS = Limits(max_tokens=1 << 20, max_dim=1 << 20, max_array_bytes=1 << 31,
-                        max_bits=1 << 31, max_json_bytes=1 << 40)
 
 
 class RecordsBody(BaseModel):
@@ -212,7 +208,7 @@ def _row(task: Task, rec: Record, key_id: str, created_at) -> tuple:
     arr = getattr(p, p.array_field)
     lab = rec.label
     if isinstance(lab, list):
-        label, soft = None, np.asarray(lab, dtype=_SOFT_DTYPE).tobytes()
+        label, soft = None, np.asarray(lab, dtype=SOFT_LABEL_DTYPE).tobytes()
     else:
         label, soft = (task.labels[lab] if isinstance(lab, int) else lab), None
     seg = getattr(p, "segments", None)
@@ -345,72 +341,3 @@ def delete_records(db: Database, *, task: str | None = None, ids: Sequence[int] 
         elif senders:
             _forget_erased(conn, senders)
     return int(deleted)
-
-
-# -- reading ---------------------------------------------------------------------------------
-def label_counts(db: Database, task: str | Task) -> dict[str, int]:
-    """Records of ``task`` per class name (soft labels are not counted)."""
-    t = task if isinstance(task, Task) else get_task(db, task)
-    with db.begin() as conn:
-        got = dict(conn.execute(select(records.c.label, func.count())
-                                .where(records.c.task_id == t.id, records.c.label.is_not(None))
-                                .group_by(records.c.label)).all())
-    return {name: int(got.get(name, 0)) for name in t.labels}
-
-
-def _record(row) -> Record:
-    field = PAYLOAD_CLASSES[row.mechanism].array_field
-    obj: dict[str, Any] = {"version": 1, "mechanism": row.mechanism, "params": row.params,
-                           "bundle_id": row.bundle_id,
-                           field: {"dtype": row.dtype, "shape": row.shape,
-                                   "data": b64encode(row.payload).decode("ascii")}}
-    if row.segments:
-        obj["segments"] = row.segments
-    payload = PAYLOAD_ADAPTER.validate_python(obj, context={"limits": _STORED_LIMITS})
-    label: Any = (row.label if row.soft_label is None
-                  else np.frombuffer(row.soft_label, dtype=_SOFT_DTYPE).tolist())
-    return Record(payload=payload, label=label)
-
-
-def current_watermark(db: Database, task: str | Task) -> int:
-    """The largest record id of ``task`` now (0: none), such that no record at or below it
-    can appear later: ids are never reused, and on PostgreSQL, where a request may commit
-    lower ids after another committed higher ones, this waits for the requests in flight
-    (SHARE lock against their ROW EXCLUSIVE, ``bulk.allocate_ids``). SQLite's writers
-    are serialized, so its ids commit in order."""
-    t = task if isinstance(task, Task) else get_task(db, task)
-    with db.begin() as conn:
-        if conn.dialect.name == "postgresql":
-            conn.execute(text("LOCK TABLE records IN SHARE MODE"))
-        return int(conn.execute(select(func.coalesce(func.max(records.c.id), 0))
-                                .where(records.c.task_id == t.id)).scalar_one())
-
-
-def snapshot(db: Database, task: str | Task, watermark: int | None = None,
-             chunk: int = 1000) -> tuple[int, Iterator[tuple[int, Record]]]:
-    """``(watermark, rows)``: the task's records with id <= watermark (default:
-    :func:`current_watermark`), in id order, as ``(id, shared.payload.Record)`` rebuilt from
-    the stored bytes; read ``chunk`` rows per query, lazily. The same watermark always
-    means the same records (less any erased since)."""
-    t = task if isinstance(task, Task) else get_task(db, task)
-    if watermark is None:
-        watermark = current_watermark(db, t)
-    return watermark, _iter_rows(db, t, watermark, chunk)
-
-
-def _iter_rows(db: Database, t: Task, watermark: int, chunk: int
-               ) -> Iterator[tuple[int, Record]]:
-    cols = [records.c.id, records.c.label, records.c.soft_label, records.c.mechanism,
-            records.c.params, records.c.bundle_id, records.c.dtype, records.c.shape,
-            records.c.segments, records.c.payload]
-    last = 0
-    while True:
-        with db.begin() as conn:
-            rows = conn.execute(select(*cols).where(
-                records.c.task_id == t.id, records.c.id > last, records.c.id <= watermark,
-            ).order_by(records.c.id).limit(chunk)).all()
-        if not rows:
-            return
-        for r in rows:
-            yield int(r.id), _record(r)
-        last = int(rows[-1].id)

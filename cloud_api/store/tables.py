@@ -63,6 +63,8 @@ tasks = Table(
     Column("pairs", Boolean, nullable=False, server_default=false()),
 )
 
+SOFT_LABEL_DTYPE = "<f8"  # records.soft_label: float64 LE, so soft labels round-trip exactly
+
 records = Table(
     "records", metadata,
     Column("id", BigId, primary_key=True),

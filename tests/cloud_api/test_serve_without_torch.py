@@ -30,8 +30,9 @@ from tests.conftest import REPO
 
 BLOCKED = ("torch", "transformers")
 SERVING_MODULES = ("cloud_api.cli", "cloud_api.app", "cloud_api.serving.backends",
-                   "cloud_api.serving.checks", "cloud_api.serving.registry", "models.data",
-                   "models.onnx_classifier", "models.version_folder")
+                   "cloud_api.serving.checks", "cloud_api.serving.hot_swap",
+                   "cloud_api.serving.loading", "cloud_api.serving.payload_queue",
+                   "models.data", "models.onnx_classifier", "models.version_folder")
 
 
 @pytest.fixture

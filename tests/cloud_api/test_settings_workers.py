@@ -1,5 +1,6 @@
-"""The inference workers a server runs when PRIVBERT_INFERENCE_WORKERS is unset: one per
-PRIVBERT_TORCH_THREADS of the usable cores for the onnx backends, one for torch."""
+"""The inference replicas a server runs per version when PRIVBERT_INFERENCE_WORKERS is
+unset: one per PRIVBERT_TORCH_THREADS of the usable cores for the onnx backends, one for
+torch."""
 
 from __future__ import annotations
 
@@ -21,13 +22,13 @@ CORES = len(os.sched_getaffinity(0))
     ({"backend": "onnx-int8", "torch_threads": 1, "inference_workers": 3}, 3),
 ])
 def test_default_inference_workers(env, expected, tmp_path):
-    assert Settings(home=tmp_path, **env).workers() == expected
+    assert Settings(home=tmp_path, **env).inference_replicas() == expected
 
 
 def test_inference_workers_from_the_environment(monkeypatch, tmp_path):
     monkeypatch.setenv("PRIVBERT_INFERENCE_WORKERS", "5")
     monkeypatch.setenv("PRIVBERT_BACKEND", "torch")
-    assert Settings(home=tmp_path).workers() == 5
+    assert Settings(home=tmp_path).inference_replicas() == 5
     monkeypatch.setenv("PRIVBERT_INFERENCE_WORKERS", "0")
     with pytest.raises(ValueError, match="inference_workers"):
         Settings(home=tmp_path)

@@ -19,7 +19,7 @@ import torch
 
 from models.experiment import train_from_records
 from models.finetune import TrainConfig
-from models.registry import load_model
+from models.versions import load_model
 from shared.bundle import EdgeBundle
 from shared.mechanisms import OME, DChiEmbedding, DChiText, Laplace, TextHide
 from shared.payload import make_payload

@@ -22,7 +22,7 @@ from models.export import (
     export_classifier_onnx,
 )
 from models.finetune import TrainConfig
-from models.registry import ONNX_FILE, load_model, read_config
+from models.versions import ONNX_FILE, load_model, read_config
 from shared.bundle import EdgeBundle
 from tests.models.conftest import sentiment_texts, token_records, vector_records
 

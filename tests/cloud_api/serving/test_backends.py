@@ -146,7 +146,7 @@ def contextual_version(tmp_path_factory):
     from models.denoiser import new_denoiser
     from models.export import export_classifier_onnx
     from models.posterior import build_posterior
-    from models.registry import save_model_version
+    from models.versions import save_model_version
     from shared.bundle import EdgeBundle
     from tests.conftest import make_full_tiny_bert
     from tests.models.conftest import sentiment_texts, token_records

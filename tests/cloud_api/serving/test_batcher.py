@@ -12,7 +12,8 @@ import pytest
 
 from cloud_api.errors import Overloaded, Unavailable
 from cloud_api.serving.backends import TorchBackend
-from cloud_api.serving.batcher import Batcher, ClientGone, payload_length
+from cloud_api.serving.batcher import Batcher
+from cloud_api.serving.payload_queue import ClientGone, payload_length
 from shared.payload import make_payload
 from tests.cloud_api.serving.conftest import ETA, run, settings_for, until
 
@@ -154,7 +155,7 @@ def test_batches_are_built_from_similar_lengths(backend, bundle, lengths, max_ba
 
 
 def test_best_groups_trade_padding_against_forwards():
-    from cloud_api.serving.batcher import best_groups
+    from cloud_api.serving.payload_queue import best_groups
 
     equal = best_groups([5] * 10, 4, 10_000)
     assert len(equal) == 3 and all(j - i <= 4 for i, j in equal)  # as few forwards as fit
@@ -393,7 +394,7 @@ def test_the_forward_overhead_sets_how_finely_lengths_are_split(backend, bundle)
     """A token budget per forward and the backend's fixed cost per forward: with torch's
     (32 padded tokens) the short and middling payloads share one forward; with the int8
     backend's (6) the short ones go without the padding the middling ones would add."""
-    from cloud_api.serving.batcher import best_groups
+    from cloud_api.serving.payload_queue import best_groups
 
     lengths = [6, 6, 7, 7, 12, 13]
     assert best_groups(lengths, 32, 16384, 32.0) == [(0, 6)]

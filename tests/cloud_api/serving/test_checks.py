@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from cloud_api.errors import PayloadMismatch
-from cloud_api.serving import BundleStore, ServingRegistry
+from cloud_api.serving import BundleStore, ServedModels
 from cloud_api.serving.checks import PayloadChecker
 from shared.payload import make_payload, parse_payload
 from tests.cloud_api.serving.conftest import ETA, FAST, add_version, run, settings_for
@@ -171,14 +171,14 @@ def test_registry_refuses_before_queueing(home, trained, bundle):
     add_version(home, "sent", trained["a"])
 
     async def main():
-        reg = ServingRegistry(settings_for(home), home, BundleStore(home))
-        await reg.start()
-        batcher = reg.batcher_of("sent")
+        served = ServedModels(settings_for(home), home, BundleStore(home))
+        await served.start()
+        batcher = served.batcher_of("sent")
         with pytest.raises(PayloadMismatch, match="eta 60 sent, model serves eta 50"):
-            await reg.predict("sent", [ids_payload(bundle, regular(bundle, 3), eta=60.0)])
+            await served.predict("sent", [ids_payload(bundle, regular(bundle, 3), eta=60.0)])
         nothing_queued = (batcher.queued, batcher.batches)  # refused before the queue
-        assert reg.limits_for("sent").max_tokens == 126
-        await reg.stop()
+        assert served.limits_for("sent").max_tokens == 126
+        await served.stop()
         return nothing_queued
 
     assert run(main()) == (0, 0)

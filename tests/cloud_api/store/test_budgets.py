@@ -10,7 +10,7 @@ import pytest
 from sqlalchemy import func, select
 
 from cloud_api.errors import InvalidRequest, NotFound
-from cloud_api.store import budgets
+from cloud_api.store import budget_admin, budgets
 from cloud_api.store import records as store
 from cloud_api.store.tables import records as records_table
 from shared import ledger
@@ -34,7 +34,7 @@ def test_the_sql_filter_decides_as_shared_ledger_fits(db):
     same float64 additions)."""
     rnd = random.Random(5)
     cap = 50.0
-    budgets.set_cap(db, "k", cap, {"k"}, None)
+    budget_admin.set_cap(db, "k", cap, {"k"}, None)
     spent = 0.0
     for step in range(60):
         eps = rnd.choice([0.5, 1.25, 3.0, 7.5, cap - spent if spent < cap else 0.5, 100.0])
@@ -56,27 +56,27 @@ def test_the_sql_filter_decides_as_shared_ledger_fits(db):
 def test_a_cap_of_zero_refuses_everything_and_no_epsilon_needs_no_cap(db):
     th = ledger.cost("texthide", {})
     assert charge(db, "free", th).cap is None  # counted without a cap
-    assert budgets.get_budget(db, "free", set(), None)["families"]["texthide"]["sends"] == 1
-    budgets.set_cap(db, "free", 1e9, set(), None)
+    assert budget_admin.get_budget(db, "free", set(), None)["families"]["texthide"]["sends"] == 1
+    budget_admin.set_cap(db, "free", 1e9, set(), None)
     with pytest.raises(budgets.BudgetExhausted, match="no cap admits"):
         charge(db, "free", th)
-    budgets.set_cap(db, "zero", 0.0, {"zero"}, None)
+    budget_admin.set_cap(db, "zero", 0.0, {"zero"}, None)
     for c in (laplace(1e-12), laplace(5.0), th):
         with pytest.raises(budgets.BudgetExhausted):
             charge(db, "zero", c)
-    view = budgets.get_budget(db, "zero", set(), None)
+    view = budget_admin.get_budget(db, "zero", set(), None)
     assert (view["spent"], view["sends"], view["remaining"]) == (0.0, 0, 0.0)
 
 
 def test_racing_charges_never_pass_the_cap(db):
     """Eight charges of 1.5 released at once against a cap of 5.0 (each its own
     transaction, connection and thread): exactly three get through."""
-    budgets.set_cap(db, "race", 5.0, {"race"}, None)
+    budget_admin.set_cap(db, "race", 5.0, {"race"}, None)
     out = race([lambda: charge(db, "race", laplace(1.5)) for _ in range(8)])
     ok = [o for o in out if isinstance(o, budgets.Charged)]
     assert len(ok) == 3, out
     assert all(isinstance(o, budgets.BudgetExhausted) for o in out if o not in ok), out
-    assert budgets.get_budget(db, "race", set(), None)["spent"] == 4.5
+    assert budget_admin.get_budget(db, "race", set(), None)["spent"] == 4.5
 
 
 def test_new_keys_get_the_default_cap_and_a_device_spends_under_its_key(db):
@@ -92,29 +92,29 @@ def test_new_keys_get_the_default_cap_and_a_device_spends_under_its_key(db):
     with db.begin(write=True) as conn:  # a new device gets the default device cap (<= key's)
         d2 = budgets.charge(conn, budgets.Charge("new", "phone-2", laplace(1.0), None, 50.0))
     assert (d2.spent, d2.device_spent, d2.device_cap, d2.remaining) == (4.0, 1.0, 10.0, 6.0)
-    view = budgets.set_device_cap(db, "new", "phone-1", 2.5, set(), None)
+    view = budget_admin.set_device_cap(db, "new", "phone-1", 2.5, set(), None)
     assert [d["cap"] for d in view["devices"]] == [2.5, 10.0]
     with pytest.raises(InvalidRequest, match="never above its key"):
-        budgets.set_device_cap(db, "new", "phone-1", 11.0, set(), None)
+        budget_admin.set_device_cap(db, "new", "phone-1", 11.0, set(), None)
     with pytest.raises(budgets.BudgetExhausted, match="device phone-1 of key new") as exc:
         charge(db, "new", laplace(1.0), device="phone-1")  # fits the key, not the device
     assert exc.value.extra["remaining"] == 0.5
-    view = budgets.set_cap(db, "new", 3.0, set(), None)  # device caps come down with it
+    view = budget_admin.set_cap(db, "new", 3.0, set(), None)  # device caps come down with it
     assert view["cap"] == 3.0 and [d["cap"] for d in view["devices"]] == [2.5, 3.0]
     assert view["spent"] == 4.0 and view["total"] == {"spent": 4.0, "sends": 3}
     assert [d["remaining"] for d in view["devices"]] == [0.0, 0.0]
     with pytest.raises(budgets.BudgetExhausted, match="key new"):
         charge(db, "new", laplace(0.5), device="phone-3")  # a new device id adds nothing
-    view = budgets.reset(db, "new", set(), None)
+    view = budget_admin.reset(db, "new", set(), None)
     assert view["total"] == {"spent": 0.0, "sends": 0} and view["cap"] == 3.0
     assert [d["device_id"] for d in view["devices"]] == ["phone-1", "phone-2"]
     with pytest.raises(NotFound):
-        budgets.get_budget(db, "never-seen", {"other"}, None)
-    assert budgets.get_budget(db, "configured", {"configured"}, 7.0)["cap"] == 7.0
-    assert [v["key_id"] for v in budgets.list_budgets(db, {"configured"}, None)] == [
+        budget_admin.get_budget(db, "never-seen", {"other"}, None)
+    assert budget_admin.get_budget(db, "configured", {"configured"}, 7.0)["cap"] == 7.0
+    assert [v["key_id"] for v in budget_admin.list_budgets(db, {"configured"}, None)] == [
         "configured", "new"]
     with pytest.raises(ValueError):
-        budgets.set_cap(db, "new", float("nan"), set(), None)
+        budget_admin.set_cap(db, "new", float("nan"), set(), None)
     for bad in ("", "a b", "x" * 65, "é"):
         with pytest.raises(InvalidRequest):
             budgets.check_device_id(bad)
@@ -123,25 +123,25 @@ def test_new_keys_get_the_default_cap_and_a_device_spends_under_its_key(db):
 def test_racing_devices_of_one_key_never_pass_its_cap(db):
     """Twelve charges of 1.5 from twelve new device ids at once against the key's cap of
     5.0: exactly three get through, on the key's ledger and in all."""
-    budgets.set_cap(db, "rot", 5.0, {"rot"}, None)
+    budget_admin.set_cap(db, "rot", 5.0, {"rot"}, None)
     out = race([lambda i=i: charge(db, "rot", laplace(1.5), device=f"d{i}")
                 for i in range(12)])
     ok = [o for o in out if isinstance(o, budgets.Charged)]
     assert len(ok) == 3, out
-    view = budgets.get_budget(db, "rot", set(), None)
+    view = budget_admin.get_budget(db, "rot", set(), None)
     assert view["spent"] == 4.5 and sum(d["spent"] for d in view["devices"]) == 4.5
 
 
 def test_a_refund_takes_the_charge_back_with_an_audit_row(db):
     from cloud_api.store.tables import budget_refunds
 
-    budgets.set_cap(db, "ref", 5.0, {"ref"}, None)
+    budget_admin.set_cap(db, "ref", 5.0, {"ref"}, None)
     ch = budgets.Charge("ref", "dev", laplace(2.0))
     with db.begin(write=True) as conn:
         budgets.charge(conn, ch)
     with db.begin(write=True) as conn:
         budgets.refund(conn, ch, "client-gone")
-    view = budgets.get_budget(db, "ref", set(), None)
+    view = budget_admin.get_budget(db, "ref", set(), None)
     assert (view["spent"], view["sends"], view["devices"][0]["spent"]) == (0.0, 0, 0.0)
     with db.begin() as conn:
         rows = conn.execute(select(budget_refunds)).all()
@@ -166,14 +166,14 @@ def _stored(db) -> int:
 
 def test_records_over_the_cap_store_nothing(db, task, tiny_bundle):
     recs, cost = _records_setup(db, task, tiny_bundle)
-    budgets.set_cap(db, "app", cost.epsilon * 1.5, {"app"}, None)
+    budget_admin.set_cap(db, "app", cost.epsilon * 1.5, {"app"}, None)
     ch = budgets.Charge("app", "", cost)
     first = store.add_records(db, task, recs, "app", "r-1", "d" * 64, charge=ch)
     assert first.charged.spent == pytest.approx(cost.epsilon, rel=1e-12)
     with pytest.raises(budgets.BudgetExhausted):
         store.add_records(db, task, recs, "app", "r-2", "e" * 64, charge=ch)
     assert _stored(db) == len(recs)  # the refused request stored nothing
-    budgets.set_cap(db, "app", None, set(), None)  # its idempotency key was not kept either
+    budget_admin.set_cap(db, "app", None, set(), None)  # its idempotency key was not kept either
     again = store.add_records(db, task, recs, "app", "r-2", "e" * 64, charge=ch)
     assert not again.replayed and _stored(db) == 2 * len(recs)
 
@@ -188,7 +188,7 @@ def test_a_replay_is_charged_once(db, task, tiny_bundle):
     out = race([lambda: store.add_records(db, task, recs, "app", "twin", "a" * 64, charge=ch)
                 for _ in range(4)])
     assert sum(not o.replayed for o in out) == 1, out
-    view = budgets.get_budget(db, "app", set(), None)
+    view = budget_admin.get_budget(db, "app", set(), None)
     assert view["devices"][0]["sends"] == 2 * len(recs)
     assert view["devices"][0]["spent"] == pytest.approx(2 * cost.epsilon, rel=1e-12)
 
@@ -198,7 +198,7 @@ def test_racing_records_requests_never_pass_the_cap(db, task, tiny_bundle):
     rides in the statement that takes the record ids (PostgreSQL), so exactly two store
     their rows, under the ids they answered, and the ledger holds exactly their cost."""
     recs, cost = _records_setup(db, task, tiny_bundle, n=3)
-    budgets.set_cap(db, "racer", cost.epsilon * 2.5, {"racer"}, None)
+    budget_admin.set_cap(db, "racer", cost.epsilon * 2.5, {"racer"}, None)
     ch = budgets.Charge("racer", "", cost)
     out = race([lambda: store.add_records(db, task, recs, "racer", charge=ch)
                 for _ in range(6)])
@@ -211,7 +211,7 @@ def test_racing_records_requests_never_pass_the_cap(db, task, tiny_bundle):
         stored = sorted(conn.execute(select(records_table.c.id)
                                      .where(records_table.c.key_id == "racer")).scalars())
     assert stored == sorted(i for o in ok for i in o.ids)
-    view = budgets.get_budget(db, "racer", set(), None)
+    view = budget_admin.get_budget(db, "racer", set(), None)
     assert view["spent"] == pytest.approx(2 * cost.epsilon, rel=1e-12)
     assert view["sends"] == 2 * len(recs)
 
@@ -224,11 +224,11 @@ def test_a_prediction_without_an_answer_is_refunded_once_its_charge_commits(db):
     import asyncio
 
     from cloud_api.charging import unanswered
-    from cloud_api.serving.batcher import ClientGone
+    from cloud_api.serving.payload_queue import ClientGone
     from cloud_api.store.charge_writer import ChargeWriter
     from cloud_api.store.tables import budget_refunds
 
-    budgets.set_cap(db, "gone", 5.0, {"gone"}, None)
+    budget_admin.set_cap(db, "gone", 5.0, {"gone"}, None)
     ch = budgets.Charge("gone", "dev", laplace(2.0))
 
     async def run():

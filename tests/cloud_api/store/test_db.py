@@ -231,7 +231,7 @@ def test_the_charge_writer_survives_a_postgres_restart(pg_cluster, fresh_postgre
     the failed attempt was committed), not answered 503, and charged once."""
     import asyncio
 
-    from cloud_api.store import budgets
+    from cloud_api.store import budget_admin, budgets
     from cloud_api.store.charge_writer import ChargeWriter
     from shared import ledger
 
@@ -248,7 +248,7 @@ def test_the_charge_writer_survives_a_postgres_restart(pg_cluster, fresh_postgre
         pg_cluster.stop()
         pg_cluster.start()
         assert asyncio.run(charge()).spent == 2.0
-        assert budgets.get_budget(db, "k", set(), None)["sends"] == 2
+        assert budget_admin.get_budget(db, "k", set(), None)["sends"] == 2
     finally:
         writer.close()
         db.dispose()
@@ -338,7 +338,7 @@ def test_upgrade_to_0005_folds_devices_into_their_key_and_keeps_records(db_url, 
     nothing stored is lost, and the pair task is marked so; and it downgrades back."""
     from datetime import UTC, datetime
 
-    from cloud_api.store import budgets
+    from cloud_api.store import budget_admin, budgets
     from cloud_api.store.tables import budgets as budgets_table
     from shared import ledger
 
@@ -366,7 +366,7 @@ def test_upgrade_to_0005_folds_devices_into_their_key_and_keeps_records(db_url, 
                     {"t": tid, "b": tiny_bundle.bundle_id, "s": segs, "p": b"\0" * 20,
                      "now": now})
         assert db.upgrade() == db.head()
-        view = budgets.get_budget(db, "k", set(), None)
+        view = budget_admin.get_budget(db, "k", set(), None)
         assert (view["spent"], view["sends"], view["cap"]) == (16.0, 6, 10.0)
         assert view["families"]["laplace"] == {"epsilon": 16.0, "sends": 6}
         assert [(d["spent"], d["cap"]) for d in view["devices"]] == [(8.0, None), (7.0, None)]
@@ -395,6 +395,7 @@ def test_a_full_sqlite_database_is_insufficient_storage_not_an_outage(tmp_path, 
     from cloud_api.errors import InsufficientStorage
     from cloud_api.store import records as store
     from cloud_api.store import tasks
+    from cloud_api.store.snapshot import label_counts
     from shared.mechanisms import DChiText
     from shared.payload import Limits
     from tests.cloud_api.store.conftest import ETA, privatize, raw_records
@@ -418,6 +419,6 @@ def test_a_full_sqlite_database_is_insufficient_storage_not_an_outage(tmp_path, 
         with pytest.raises(InsufficientStorage) as exc:
             store.add_records(db, task, recs, "k")
         assert exc.value.status == 507 and exc.value.kind == "insufficient-storage"
-        assert store.label_counts(db, "t") == {"neg": 0, "pos": 0}
+        assert label_counts(db, "t") == {"neg": 0, "pos": 0}
     finally:
         db.dispose()

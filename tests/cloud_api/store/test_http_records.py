@@ -230,8 +230,8 @@ def test_edge_cli_uploads_records(srv, tiny_bundle_of_home, tiny_home):
     """The real edge CLI uploads a TSV twice: the second time every text is memoized on the
     device (charged nothing there), and the server receives and stores the same payloads,
     byte for byte."""
-    from cloud_api.store import records as store
     from cloud_api.store.db import Database
+    from cloud_api.store.snapshot import snapshot
 
     name = declare(srv, tiny_bundle_of_home)
     n_rows = len(tiny_home.data.read_text().splitlines()) - 1  # header
@@ -253,7 +253,7 @@ def test_edge_cli_uploads_records(srv, tiny_bundle_of_home, tiny_home):
     url = f"sqlite:///{srv.db_path}" if srv.kind == "sqlite" else srv.pg.url(srv.dbname)
     db = Database(url)
     try:
-        rows = [r.payload.model_dump_json() for _, r in store.snapshot(db, name)[1]]
+        rows = [r.payload.model_dump_json() for _, r in snapshot(db, name)[1]]
     finally:
         db.dispose()
     assert rows[:n_rows] == rows[n_rows:]  # the memoized payloads, as first sent

@@ -14,6 +14,7 @@ from sqlalchemy import func, select
 from cloud_api.errors import InvalidRequest, NotFound, PayloadMismatch
 from cloud_api.store import records as store
 from cloud_api.store import tasks
+from cloud_api.store.snapshot import label_counts, snapshot
 from cloud_api.store.tables import idempotency
 from cloud_api.store.tables import records as records_table
 from shared.mechanisms import DChiEmbedding, DChiText
@@ -53,7 +54,7 @@ def test_records_stored_in_order_with_class_names(db, task, tiny_bundle):
     assert [r.label for r in rows] == ["neg", "pos", "pos", "neg", "pos", "neg", "neg", "pos",
                                        "pos", "neg"]
     assert {r.key_id for r in rows} == {"k1"} and {r.mechanism for r in rows} == {"dchi-text"}
-    assert store.label_counts(db, "sst2") == {"neg": 5, "pos": 5}
+    assert label_counts(db, "sst2") == {"neg": 5, "pos": 5}
 
 
 @pytest.mark.parametrize("bad", ["eta", "label", "nan", "bundle", "mechanism", "unlabelled"])
@@ -102,7 +103,7 @@ def test_unknown_task_is_404(db, tiny_bundle):
     with pytest.raises(NotFound):
         store.delete_records(db, task="nope")
     with pytest.raises(NotFound):
-        store.snapshot(db, "nope")
+        snapshot(db, "nope")
 
 
 def test_idempotent_retry_returns_same_ids_without_new_rows(db, task, tiny_bundle):
@@ -256,7 +257,7 @@ def test_payload_bytes_round_trip_exactly(db, tiny_bundle, kind):
     task = tasks.ensure_task(db, "rt", ["neg", "pos"], mech, params, bid)[0]
     raw = raw_records(payloads, labels)
     ids = store_raw(db, tiny_bundle, task, raw).ids
-    wm, rows = store.snapshot(db, "rt")
+    wm, rows = snapshot(db, "rt")
     got = list(rows)
     assert wm == ids[-1] and [i for i, _ in got] == ids
     for (_, rec), p, lab in zip(got, payloads, labels, strict=True):
@@ -275,15 +276,15 @@ def test_payload_bytes_round_trip_exactly(db, tiny_bundle, kind):
 def test_snapshot_reads_up_to_the_watermark_in_chunks(db, task, tiny_bundle):
     raw = raw_records(privatize(tiny_bundle, DChiText(tiny_bundle, ETA), 20))
     ids = store_raw(db, tiny_bundle, task, raw).ids
-    wm, rows = store.snapshot(db, task, chunk=7)
+    wm, rows = snapshot(db, task, chunk=7)
     later = store_raw(db, tiny_bundle, task, raw[:3]).ids  # after the watermark
     got = [i for i, _ in rows]
     assert wm == ids[-1] and got == ids and not set(later) & set(got)
-    assert [i for i, _ in store.snapshot(db, task, watermark=ids[4])[1]] == ids[:5]
+    assert [i for i, _ in snapshot(db, task, watermark=ids[4])[1]] == ids[:5]
     store.delete_records(db, ids=later)  # ids are never reused: the watermark holds
     new = store_raw(db, tiny_bundle, task, raw[:1]).ids
     assert new[0] > later[-1]
-    assert store.snapshot(db, "sst2", watermark=None)[0] == new[0]
+    assert snapshot(db, "sst2", watermark=None)[0] == new[0]
 
 
 def test_a_watermark_waits_for_records_still_being_written(db, task, tiny_bundle):
@@ -302,7 +303,7 @@ def test_a_watermark_waits_for_records_still_being_written(db, task, tiny_bundle
     seen: list = []
 
     def take() -> None:  # a worker claiming a retraining job
-        wm, rows = store.snapshot(db, task)
+        wm, rows = snapshot(db, task)
         seen.append((wm, [i for i, _ in rows]))
 
     with db.begin(write=True) as conn:  # request A, in flight

@@ -9,7 +9,7 @@ import pytest
 from models.data import dataset_from_records
 from models.experiment import train_from_records, train_from_tsv
 from models.finetune import TrainConfig
-from models.registry import (
+from models.versions import (
     CONFIG_FILE,
     DATA_FILE,
     METRICS_FILE,

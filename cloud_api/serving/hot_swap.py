@@ -1,42 +1,42 @@
 """The models the service serves: every promoted version of ``$PRIVBERT_HOME``, each behind
 its own micro-batcher, swapped without a restart.
 
-    registry = ServingRegistry(settings, home, bundles)
-    await registry.start()                       # loads every promoted version (warmed)
-    pred = await registry.predict("sst2", payloads)
-    pred.version, pred.labels, pred.probs        # the version that answered
-    await registry.promote("sst2", "v3")         # or a pointer written by another process
-    await registry.stop()                        # drain queues, then unload
+    served = ServedModels(settings, home, bundles)
+    await served.start()                     # loads every promoted version (warmed)
+    pred = await served.predict("sst2", payloads)
+    pred.version, pred.labels, pred.probs    # the version that answered
+    await served.promote("sst2", "v3")       # or a pointer written by another process
+    await served.stop()                      # drain queues, then unload
 
-Hot swap: the new version is loaded beside the old one in a worker thread (the event loop
-keeps serving), then new requests go to the new version, requests already queued finish on
-the old one, then the old batcher drains and the old version is released. Choosing a
-version and queueing on it happen with no ``await`` in between, so no request can land on a
-batcher that is draining. A version that fails to load is logged, counted
-(``privbert_model_load_failure``) and shown in :meth:`ready`; the previous version keeps
-serving. Promotions by other processes (the CLI, a retraining worker, another replica) are
-noticed by reading the ``promoted`` pointer files every ``settings.reload_interval_s``.
+Hot swap: the new version is loaded beside the old one in a thread
+(:func:`~cloud_api.serving.loading.load_version`; the event loop keeps serving), then new
+requests go to the new version, requests already queued finish on the old one, then the old
+batcher drains and the old version is released. Choosing a version and queueing on it
+happen with no ``await`` in between, so no request can land on a batcher that is draining.
+A version that fails to load is logged, counted (``privbert_model_load_failure``) and shown
+in :meth:`ready`; the previous version keeps serving. Promotions by other processes (the
+CLI, the job worker, another server sharing the home) are noticed by reading the
+``promoted`` pointer files every ``settings.reload_interval_s``.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
-import math
 from collections.abc import Awaitable, Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import numpy as np
 
 from cloud_api import metrics
 from cloud_api.errors import InvalidRequest, NotFound, ServiceError, Unavailable
 from cloud_api.home import ModelHome, version_number
-from cloud_api.serving.backends import Backend, BackendError, load_backend
-from cloud_api.serving.batcher import Batcher, Disconnected
+from cloud_api.serving.backends import BackendError
+from cloud_api.serving.batcher import Batcher
 from cloud_api.serving.bundles import BundleStore
-from cloud_api.serving.checks import PayloadChecker
+from cloud_api.serving.loading import Served, load_version
+from cloud_api.serving.payload_queue import Disconnected
 from cloud_api.settings import Settings
-from shared.mechanisms import registry as mechanisms
 from shared.payload import Limits
 
 log = logging.getLogger(__name__)
@@ -52,36 +52,7 @@ class Prediction:
     probs: np.ndarray
 
 
-@dataclass(eq=False)
-class Served:
-    """One loaded version: its backends (one replica per inference worker), payload
-    checker, batcher, and its /v1/models entry."""
-
-    model_id: str
-    version: str
-    backends: list[Backend]
-    checker: PayloadChecker
-    info: dict
-    batcher: Batcher | None = None
-    labels: list[str] = field(default_factory=list)
-
-    @property
-    def backend(self) -> Backend:
-        return self.backends[0]
-
-
-def json_safe(obj):
-    """``obj`` with non-finite floats as None (JSON has no Infinity or NaN)."""
-    if isinstance(obj, float):
-        return obj if math.isfinite(obj) else None
-    if isinstance(obj, dict):
-        return {k: json_safe(v) for k, v in obj.items()}
-    if isinstance(obj, list | tuple):
-        return [json_safe(v) for v in obj]
-    return obj
-
-
-class ServingRegistry:
+class ServedModels:
     """Loaded versions by model id, their batchers, promotions and readiness."""
 
     def __init__(self, settings: Settings, home: ModelHome, bundles: BundleStore):
@@ -99,14 +70,14 @@ class ServingRegistry:
 
     # -- lifecycle --------------------------------------------------------------------------
     async def start(self) -> None:
-        """Load every promoted version (one after the other, in a worker thread), then poll
+        """Load every promoted version (one after the other, in a thread), then poll
         the pointer files."""
         self._stopping = False
         await self.refresh()
         self._started = True
         if self._poller is None:
-            self._poller = asyncio.get_running_loop().create_task(self._poll(),
-                                                                  name="registry-poll")
+            self._poller = asyncio.get_running_loop().create_task(
+                self._poll(), name="served-models-poll")
 
     async def stop(self) -> None:
         """Stop polling, finish every queued request, then unload every version."""
@@ -318,10 +289,11 @@ class ServingRegistry:
 
     # -- loading, swapping, releasing -------------------------------------------------------
     async def _load(self, model_id: str, version: str) -> Served:
-        """Load and warm ``version`` in a worker thread; BackendError (recorded) if it fails."""
+        """Load and warm ``version`` in a thread; BackendError (recorded) if it fails."""
         stamp = self._pointer_stamp(model_id)
         try:
-            served = await asyncio.to_thread(self._load_sync, model_id, version)
+            served = await asyncio.to_thread(load_version, self.settings, self.home,
+                                           self.bundles, model_id, version)
         except Exception as exc:  # anything a broken folder raises gets the same treatment
             if isinstance(exc, ServiceError):
                 reason, expected = exc.detail, True
@@ -342,80 +314,6 @@ class ServingRegistry:
             queue_timeout_s=s.queue_timeout_s, inline_when_idle=s.inline_when_idle,
             overhead_tokens=served.backend.overhead_tokens).start()
         return served
-
-    def _load_sync(self, model_id: str, version: str) -> Served:
-        from models.version_folder import read_config
-
-        path = self.home.version_dir(model_id, version)
-        try:
-            config = read_config(path)
-        except ValueError as exc:
-            raise BackendError(str(exc)) from None
-        try:
-            mech = mechanisms.get(config.get("mechanism"))
-        except mechanisms.UnknownMechanism as exc:
-            raise BackendError(str(exc)) from None
-        if not mech.private and not self.settings.allow_none:
-            raise BackendError(f"mechanism '{mech.name}' (plain token ids, the Null-privacy "
-                               "baseline) is served only with PRIVBERT_ALLOW_NONE=1")
-        bundle = self._bundle_for(config)
-        backends: list[Backend] = []
-        try:
-            for _ in range(self.settings.workers()):
-                backends.append(load_backend(path, self.settings))
-        except BaseException:
-            for b in backends:
-                b.close()
-            raise
-        backend = backends[0]
-        checker = PayloadChecker(backend.config, bundle, self.settings.max_tokens_per_payload)
-        info = self._info(model_id, version, backend, checker)
-        return Served(model_id, version, backends, checker, info,
-                      labels=list(backend.config["labels"]))
-
-    def _bundle_for(self, config: dict):
-        """The model's bundle (for its unused ids), saved in the home when it can be rebuilt
-        from the model's base BERT folder; None when unknown (the model still serves)."""
-        bid = config["bundle_id"]
-        try:
-            return self.bundles.get(bid)
-        except NotFound:
-            pass
-        except ServiceError as exc:
-            log.warning("bundle %s of a served model: %s", bid[:12], exc.detail)
-            return None
-        base = config.get("base_model")
-        if base and base != "default MiniLM-L6-H384":
-            from pathlib import Path
-
-            from shared.bundle import BundleError, EdgeBundle
-
-            try:
-                if Path(base).is_dir():
-                    b = EdgeBundle.from_model(base)
-                    if b.bundle_id == bid:
-                        self.bundles.add(b)
-                        return b
-            except (BundleError, OSError, ValueError) as exc:
-                log.warning("bundle %s not rebuilt from %s: %s", bid[:12], base, exc)
-        log.warning("bundle %s of model version is not on this server: GET /v1/bundles will "
-                    "answer 404 for it", bid[:12])
-        return None
-
-    def _info(self, model_id: str, version: str, backend: Backend,
-              checker: PayloadChecker) -> dict:
-        cfg, m = backend.config, backend.metrics or {}
-        dev = dict(m.get("dev") or {})
-        dev.pop("labels", None)
-        if m.get("best_epoch") is not None:
-            dev["best_epoch"] = m["best_epoch"]
-        return json_safe({
-            "id": model_id, "task": cfg.get("task") or model_id, "labels": list(cfg["labels"]),
-            "mechanism": cfg["mechanism"], "params": dict(cfg["params"]),
-            "bundle_id": cfg["bundle_id"], "max_length": int(cfg["max_length"]),
-            "max_tokens": checker.max_tokens, "guarantee": cfg.get("guarantee"),
-            "metrics": dev, "version": version, "backend": backend.name,
-        })
 
     def _install(self, served: Served) -> None:
         """Serve ``served`` from now on; the version it replaces drains in the background."""

@@ -1,4 +1,4 @@
-"""ServingRegistry against real tiny models: answers, batching, hot swap, broken versions."""
+"""ServedModels against real tiny models: answers, batching, hot swap, broken versions."""
 
 from __future__ import annotations
 
@@ -13,8 +13,8 @@ import pytest
 from prometheus_client import REGISTRY
 
 from cloud_api.errors import InvalidRequest, NotFound, Unavailable
-from cloud_api.serving import BundleStore, ServingRegistry
-from models.registry import load_model
+from cloud_api.serving import BundleStore, ServedModels
+from models.versions import load_model
 from tests.cloud_api.serving.conftest import (
     add_version,
     broken_copy,
@@ -24,8 +24,8 @@ from tests.cloud_api.serving.conftest import (
 )
 
 
-def make_registry(home, **kw) -> ServingRegistry:
-    return ServingRegistry(settings_for(home, **kw), home, BundleStore(home))
+def make_served(home, **kw) -> ServedModels:
+    return ServedModels(settings_for(home, **kw), home, BundleStore(home))
 
 
 def reference(path, payloads) -> np.ndarray:
@@ -42,11 +42,11 @@ def test_start_describe_and_answers_equal_the_model_alone(home, trained, records
     want = reference(trained["a"], payloads)
 
     async def main():
-        reg = make_registry(home, inference_workers=workers)
-        assert reg.ready() == (False, {"*": "models are loading"})
-        await reg.start()
-        assert reg.ready() == (True, {})
-        [info] = reg.describe()
+        served = make_served(home, inference_workers=workers)
+        assert served.ready() == (False, {"*": "models are loading"})
+        await served.start()
+        assert served.ready() == (True, {})
+        [info] = served.describe()
         assert info["id"] == "sent" and info["task"] == "sent" and info["version"] == "v1"
         assert info["labels"] == ["neg", "pos"] and info["mechanism"] == "dchi-text"
         assert info["params"] == {"eta": 50.0} and info["bundle_id"] == bundle.bundle_id
@@ -54,12 +54,12 @@ def test_start_describe_and_answers_equal_the_model_alone(home, trained, records
         assert info["guarantee"]["worst_case"]["eta"] == 50.0
         assert info["metrics"]["n"] == 8 and "accuracy" in info["metrics"]
         # one request per payload, all at once: batches of more than one form
-        singles = await asyncio.gather(*(reg.predict("sent", [p]) for p in payloads))
-        batcher = reg.batcher_of("sent")
+        singles = await asyncio.gather(*(served.predict("sent", [p]) for p in payloads))
+        batcher = served.batcher_of("sent")
         assert batcher.largest_batch > 1 and batcher.batches < len(payloads)
         # one request with every payload: answers in input order
-        whole = await reg.predict("sent", payloads)
-        await reg.stop()
+        whole = await served.predict("sent", payloads)
+        await served.stop()
         return singles, whole
 
     singles, whole = run(main())
@@ -72,19 +72,19 @@ def test_start_describe_and_answers_equal_the_model_alone(home, trained, records
 
 def test_unknown_model_is_not_found(home, trained):
     async def main():
-        reg = make_registry(home)
-        await reg.start()
+        served = make_served(home)
+        await served.start()
         with pytest.raises(NotFound, match="nope"):
-            await reg.predict("nope", [])
+            await served.predict("nope", [])
         with pytest.raises(NotFound):
-            reg.limits_for("nope")
-        await reg.stop()
+            served.limits_for("nope")
+        await served.stop()
 
     run(main())
 
 
-def _module_refs(reg: ServingRegistry, model_id: str) -> list[weakref.ref]:
-    return [weakref.ref(b.version.module) for b in reg._served[model_id].backends]
+def _module_refs(served: ServedModels, model_id: str) -> list[weakref.ref]:
+    return [weakref.ref(b.version.module) for b in served._served[model_id].backends]
 
 
 def test_hot_swap_under_load_no_failures_and_old_version_released(home, trained, records):
@@ -94,9 +94,9 @@ def test_hot_swap_under_load_no_failures_and_old_version_released(home, trained,
     want = {"v1": reference(trained["a"], payloads), "v2": reference(trained["b"], payloads)}
 
     async def main():
-        reg = make_registry(home, max_wait_ms=2.0, inference_workers=2)
-        await reg.start()
-        old_modules = _module_refs(reg, "sent")
+        served = make_served(home, max_wait_ms=2.0, inference_workers=2)
+        await served.start()
+        old_modules = _module_refs(served, "sent")
         answers, failures = [], []
         promoted_at: list[float] = []
         stop = asyncio.Event()
@@ -107,7 +107,7 @@ def test_hot_swap_under_load_no_failures_and_old_version_released(home, trained,
                 j = (j + 7) % len(payloads)
                 sent = time.monotonic()
                 try:
-                    pred = await reg.predict("sent", [payloads[j]])
+                    pred = await served.predict("sent", [payloads[j]])
                 except Exception as exc:  # any failure counts
                     failures.append(repr(exc))
                     await asyncio.sleep(0)  # a failure that never awaits must not spin
@@ -116,18 +116,18 @@ def test_hot_swap_under_load_no_failures_and_old_version_released(home, trained,
 
         tasks = [asyncio.create_task(client(c)) for c in range(8)]
         await until(lambda: len(answers) >= 60 or failures, "60 answers")  # failures: below
-        await reg.promote("sent", v2)
+        await served.promote("sent", v2)
         promoted_at.append(time.monotonic())
         await until(lambda: sum(v == "v2" for _, v, _, _ in answers) >= 60 or failures,
                     "60 answers from v2")
         stop.set()
         await asyncio.gather(*tasks)
-        await reg.wait_retired()
-        loaded = reg.loaded()
+        await served.wait_retired()
+        loaded = served.loaded()
         await asyncio.sleep(0)
         gc.collect()
         alive = [m() is not None for m in old_modules]
-        await reg.stop()
+        await served.stop()
         return answers, failures, promoted_at[0], loaded, alive
 
     answers, failures, t_promote, loaded, alive = run(main())
@@ -148,16 +148,16 @@ def test_promotion_by_another_process_is_picked_up(home, trained, records):
     v2 = add_version(home, "sent", trained["b"], promote=False)
 
     async def main():
-        reg = make_registry(home, reload_interval_s=0.05)
-        await reg.start()
+        served = make_served(home, reload_interval_s=0.05)
+        await served.start()
         home.promote("sent", v2)  # what the CLI or a retraining worker does
-        await until(lambda: reg.served_version("sent") == "v2", "v2 served")
-        pred = await reg.predict("sent", [records[0].payload])
+        await until(lambda: served.served_version("sent") == "v2", "v2 served")
+        pred = await served.predict("sent", [records[0].payload])
         # a new model promoted by another process appears as well
         add_version(home, "other", trained["a"])
-        await until(lambda: "other" in {m["id"] for m in reg.describe()}, "model other served")
-        ids = [m["id"] for m in reg.describe()]
-        await reg.stop()
+        await until(lambda: "other" in {m["id"] for m in served.describe()}, "model other served")
+        ids = [m["id"] for m in served.describe()]
+        await served.stop()
         return pred, ids
 
     pred, ids = run(main())
@@ -177,20 +177,20 @@ def test_broken_version_promoted_elsewhere_keeps_the_old_one_serving(home, train
     before = _failures("sent")
 
     async def main():
-        reg = make_registry(home)
-        await reg.start()
+        served = make_served(home)
+        await served.start()
         home.promote("sent", v2)
-        await reg.refresh()
-        ok, problems = reg.ready()
-        pred = await reg.predict("sent", [records[0].payload])
-        await reg.refresh()  # a known failure is not retried on every poll
+        await served.refresh()
+        ok, problems = served.ready()
+        pred = await served.predict("sent", [records[0].payload])
+        await served.refresh()  # a known failure is not retried on every poll
         after_two_polls = _failures("sent")
         # the operator mends the folder and promotes the same version again
         shutil.copy(trained["b"] / "model.safetensors", home.version_dir("sent", v2))
         home.promote("sent", v2)
-        await reg.refresh()
-        mended = (await reg.predict("sent", [records[0].payload])).version, reg.ready()
-        await reg.stop()
+        await served.refresh()
+        mended = (await served.predict("sent", [records[0].payload])).version, served.ready()
+        await served.stop()
         return ok, problems, pred, after_two_polls, mended
 
     ok, problems, pred, after, mended = run(main())
@@ -207,15 +207,15 @@ def test_broken_version_promoted_through_the_api_is_refused(home, trained, recor
                      promote=False)
 
     async def main():
-        reg = make_registry(home)
-        await reg.start()
+        served = make_served(home)
+        await served.start()
         with pytest.raises(InvalidRequest, match="v2 of model sent cannot be served"):
-            await reg.promote("sent", v2)
+            await served.promote("sent", v2)
         with pytest.raises(NotFound):
-            await reg.promote("sent", "v9")
-        ok, problems = reg.ready()
-        pred = await reg.predict("sent", [records[0].payload])
-        await reg.stop()
+            await served.promote("sent", "v9")
+        ok, problems = served.ready()
+        pred = await served.predict("sent", [records[0].payload])
+        await served.stop()
         return ok, problems, pred
 
     ok, problems, pred = run(main())
@@ -229,13 +229,13 @@ def test_broken_version_at_start_with_nothing_else_is_not_ready(home, trained, r
     add_version(home, "sent", trained["a"])
 
     async def main():
-        reg = make_registry(home)
-        await reg.start()
-        ok, problems = reg.ready()
+        served = make_served(home)
+        await served.start()
+        ok, problems = served.ready()
         with pytest.raises(Unavailable, match="not loaded"):
-            await reg.predict("bad", [records[0].payload])
-        pred = await reg.predict("sent", [records[0].payload])  # the others serve
-        await reg.stop()
+            await served.predict("bad", [records[0].payload])
+        pred = await served.predict("sent", [records[0].payload])  # the others serve
+        await served.stop()
         return ok, problems, pred
 
     ok, problems, pred = run(main())
@@ -254,12 +254,12 @@ def test_mechanism_none_is_served_only_when_allowed(home, tmp_path, bert_dir, bu
     add_version(home, "plain", res.model_dir)
 
     async def main(allow: bool):
-        reg = make_registry(home, allow_none=allow)
-        await reg.start()
-        out = reg.ready()
+        served = make_served(home, allow_none=allow)
+        await served.start()
+        out = served.ready()
         if allow:
-            out = (out, (await reg.predict("plain", [recs[0].payload])).version)
-        await reg.stop()
+            out = (out, (await served.predict("plain", [recs[0].payload])).version)
+        await served.stop()
         return out
 
     ok, problems = run(main(False))
@@ -273,16 +273,16 @@ def test_stop_finishes_queued_requests_then_unloads(home, trained, records):
     payloads = [r.payload for r in records]
 
     async def main():
-        reg = make_registry(home, max_batch_size=4)
-        await reg.start()
-        tasks = [asyncio.create_task(reg.predict("sent", [p])) for p in payloads]
+        served = make_served(home, max_batch_size=4)
+        await served.start()
+        tasks = [asyncio.create_task(served.predict("sent", [p])) for p in payloads]
         await asyncio.sleep(0)  # every request is queued
-        queued = reg.batcher_of("sent").queued
-        await reg.stop()
+        queued = served.batcher_of("sent").queued
+        await served.stop()
         results = await asyncio.gather(*tasks, return_exceptions=True)
         with pytest.raises(Unavailable, match="shutting down"):
-            await reg.predict("sent", payloads[:1])
-        return queued, results, reg.loaded()
+            await served.predict("sent", payloads[:1])
+        return queued, results, served.loaded()
 
     queued, results, loaded = run(main())
     assert queued > 8
@@ -295,9 +295,9 @@ def test_bundle_rebuilt_from_the_base_folder_when_missing(home, trained, bundle)
     add_version(home, "sent", trained["a"])
 
     async def main():
-        reg = make_registry(home)
-        await reg.start()
-        await reg.stop()
+        served = make_served(home)
+        await served.start()
+        await served.stop()
 
     run(main())
     assert (home.bundle_dir(bundle.bundle_id) / "bundle.json").is_file()
