@@ -28,37 +28,34 @@ ensure_venv() {
     . "$VENV/bin/activate"
 }
 
-# PostgreSQL 15 server programs for the tests that start a throwaway cluster
-# (Debian's package; initdb/pg_ctl live in /usr/lib/postgresql/15/bin, not on PATH).
-ensure_postgres() {
-    if ls /usr/lib/postgresql/*/bin/initdb >/dev/null 2>&1; then
+# A Debian package the tests need, installed when missing (root and apt-get only; else a
+# warning: the tests that need it are skipped). $1 package, $2 a glob that exists once it is
+# installed, $3 what is skipped without it.
+ensure_debian_package() {
+    local package="$1" present="$2" skipped="$3"
+    if compgen -G "$present" >/dev/null; then
         return 0
     fi
     if [ "$(id -u)" -eq 0 ] && command -v apt-get >/dev/null 2>&1; then
-        echo "installing PostgreSQL (Debian package postgresql)" >&2
-        DEBIAN_FRONTEND=noninteractive apt-get install -y -q postgresql >/dev/null \
+        echo "installing Debian package $package" >&2
+        DEBIAN_FRONTEND=noninteractive apt-get install -y -q "$package" >/dev/null \
             || { apt-get update -q >/dev/null && \
-                 DEBIAN_FRONTEND=noninteractive apt-get install -y -q postgresql >/dev/null; }
+                 DEBIAN_FRONTEND=noninteractive apt-get install -y -q "$package" >/dev/null; }
     else
-        echo "warning: PostgreSQL server programs not found and cannot be installed here" \
-             "(need root and apt-get); the PostgreSQL tests will be skipped" >&2
+        echo "warning: $present not found and cannot be installed here (need root and" \
+             "apt-get); $skipped will be skipped" >&2
     fi
+}
+
+# PostgreSQL 15 server programs for the tests that start a throwaway cluster
+# (Debian's package; initdb/pg_ctl live in /usr/lib/postgresql/15/bin, not on PATH).
+ensure_postgres() {
+    ensure_debian_package postgresql "/usr/lib/postgresql/*/bin/initdb" "the PostgreSQL tests"
 }
 
 # Debian's chromium for the browser test (never a browser downloaded by npm)
 ensure_chromium() {
-    if [ -x /usr/bin/chromium ]; then
-        return 0
-    fi
-    if [ "$(id -u)" -eq 0 ] && command -v apt-get >/dev/null 2>&1; then
-        echo "installing Chromium (Debian package chromium)" >&2
-        DEBIAN_FRONTEND=noninteractive apt-get install -y -q chromium >/dev/null \
-            || { apt-get update -q >/dev/null && \
-                 DEBIAN_FRONTEND=noninteractive apt-get install -y -q chromium >/dev/null; }
-    else
-        echo "warning: /usr/bin/chromium not found and cannot be installed here (need root" \
-             "and apt-get); the browser test will be skipped" >&2
-    fi
+    ensure_debian_package chromium /usr/bin/chromium "the browser test"
 }
 
 # The web edge (web_edge/, npm package @privbert/edge): its node_modules installed by `npm ci`
