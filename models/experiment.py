@@ -187,7 +187,8 @@ def _train(train: PayloadDataset, dev: PayloadDataset | None, out_dir, bundle: E
         warm_start(model, teacher_module)
     cfg = dataclasses.replace(cfg, denoise=recipe.denoise, denoise_rate=recipe.denoise_rate,
                               distill=recipe.distill,
-                              distill_temperature=recipe.distill_temperature)
+                              distill_temperature=recipe.distill_temperature,
+                              ema=recipe.ema)
     result = finetune(train, dev, bundle, base, cfg, should_stop, on_progress, model=model,
                       dist_ctx=dist_ctx, refresh=refresh)
     if dist_ctx is not None and not dist_ctx.is_main:  # rank 0 writes the version

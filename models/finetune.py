@@ -62,6 +62,7 @@ class TrainConfig:
     denoise_rate: float = 0.5     # share of payload positions it scores
     distill: float = 0.0          # α of distillation from a teacher that read the text
     distill_temperature: float = 2.0
+    ema: float = 0.0              # decay of the weights' moving average kept and evaluated
 
     def validate(self) -> None:
         if self.epochs < 1:
@@ -79,6 +80,8 @@ class TrainConfig:
         if not (0 <= self.denoise < 100 and 0 < self.denoise_rate <= 1):
             raise ValueError(f"denoise weight must be in [0, 100) and its rate in (0, 1], got "
                              f"{self.denoise}, {self.denoise_rate}")
+        if not 0 <= self.ema < 1:
+            raise ValueError(f"EMA decay must be in [0, 1), got {self.ema}")
         if not (0 <= self.distill <= 1 and 0 < self.distill_temperature <= 100):
             raise ValueError(f"distillation weight must be in [0, 1] and its temperature in "
                              f"(0, 100], got {self.distill}, {self.distill_temperature}")
@@ -380,6 +383,12 @@ def finetune(train: PayloadDataset, dev: PayloadDataset | None, bundle: EdgeBund
                                             dist_ctx)
     rng = np.random.default_rng(seed)
     special = bundle.special_ids
+    # Polyak averaging (an EMA of the weights, torch.optim.swa_utils): what is evaluated
+    # and kept; the frozen word table is a constant, which the average leaves bit-identical
+    ema = (torch.optim.swa_utils.AveragedModel(
+        module, multi_avg_fn=torch.optim.swa_utils.get_ema_multi_avg_fn(cfg.ema),
+        use_buffers=True) if cfg.ema else None)
+    kept = ema.module if ema is not None else module
     history: list[dict] = []
     best: tuple[float, int, dict] | None = None
     started = time.perf_counter()
@@ -423,6 +432,8 @@ def finetune(train: PayloadDataset, dev: PayloadDataset | None, bundle: EdgeBund
                 scaler.step(opt)
                 scaler.update()
                 sched.step()
+                if ema is not None:
+                    ema.update_parameters(module)
                 run_loss += parts["task"].detach() * len(idx)
                 for k, v in parts.items():
                     parts_sum[k] = parts_sum.get(k, 0.0) + v.detach() * len(idx)
@@ -439,7 +450,7 @@ def finetune(train: PayloadDataset, dev: PayloadDataset | None, bundle: EdgeBund
             record.update({f"train_{k}_loss": float(v) / max(1, seen)
                            for k, v in parts_sum.items() if k != "task"})
             if dev is not None:
-                rep = evaluate_dataset(module, dev, special, cfg.max_length, device, amp,
+                rep = evaluate_dataset(kept, dev, special, cfg.max_length, device, amp,
                                        cfg.eval_batch_size, dist_ctx)
                 record.update({"dev_accuracy": rep["accuracy"], "dev_loss": rep["loss"],
                                "dev_macro_f1": rep["macro_f1"]})
@@ -452,7 +463,7 @@ def finetune(train: PayloadDataset, dev: PayloadDataset | None, bundle: EdgeBund
             history.append(record)
             if best is None or score > best[0]:
                 best = (score, epoch, {k: v.detach().to("cpu", copy=True)
-                                       for k, v in module.state_dict().items()})
+                                       for k, v in kept.state_dict().items()})
             if on_progress is not None:
                 on_progress(epoch / cfg.epochs, dict(record))
     finally:
@@ -466,7 +477,7 @@ def finetune(train: PayloadDataset, dev: PayloadDataset | None, bundle: EdgeBund
     if train.kind != "vector":
         check_same_bundle(module.bert, bundle)
     metrics = {"best_epoch": best[1], "epochs": history, "train_examples": len(train),
-               "dev_examples": len(dev) if dev is not None else 0, "lr": lr,
+               "dev_examples": len(dev) if dev is not None else 0, "lr": lr, "ema": cfg.ema,
                "device": str(device), "precision": str(amp).replace("torch.", "") if amp else
                "fp32", "train_seconds": round(time.perf_counter() - started, 2)}
     if dev is not None:

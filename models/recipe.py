@@ -60,6 +60,7 @@ class Recipe:
     denoiser_candidates: int = 4096
     denoiser_epochs: int = 1
     denoiser_corpus: str | None = None  # more public text (one per line) to train it on
+    ema: float = 0.0  # decay of an exponential moving average of the weights (0 = off)
 
     def levers(self) -> list[str]:
         """The levers switched on, by name."""
@@ -76,6 +77,8 @@ class Recipe:
             on.append("warm_start")
         if self.denoiser:
             on.append("denoiser")
+        if self.ema:
+            on.append("ema")
         return on
 
     def check(self, mechanism: str, raw_text: bool) -> None:
@@ -84,6 +87,8 @@ class Recipe:
         if not (0 <= self.denoise < 100 and 0 < self.denoise_rate <= 1):
             raise ValueError(f"--denoise must be in [0, 100) and --denoise-rate in (0, 1], "
                              f"got {self.denoise}, {self.denoise_rate}")
+        if not 0 <= self.ema < 1:
+            raise ValueError(f"--ema must be in [0, 1), got {self.ema}")
         if not (0 <= self.distill <= 1 and 0 < self.distill_temperature <= 100):
             raise ValueError(f"--distill must be in [0, 1] and its temperature in (0, 100], "
                              f"got {self.distill}, {self.distill_temperature}")

@@ -53,6 +53,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     ap.add_argument("--distill", type=float, default=0.0)
     ap.add_argument("--teacher", help="clean-text model for --distill")
     ap.add_argument("--warm", help="start from this clean-text model's weights")
+    ap.add_argument("--ema", type=float, default=0.0,
+                    help="decay of the weights' moving average kept and evaluated (0 = off)")
     ap.add_argument("--layers", type=int, default=0, help="keep the first N layers (0 = all)")
     ap.add_argument("--eta", type=float, default=64.35)
     ap.add_argument("--mech", default="dchi-text")
@@ -123,7 +125,8 @@ def main(argv=None) -> int:
                                rng=np.random.default_rng(7))
         post.save(a.posterior)
     cfg = TrainConfig(epochs=a.epochs, lr=a.lr, seed=0, progress=False, denoise=a.denoise,
-                      denoise_rate=a.denoise_rate, distill=a.distill, batch_size=a.batch)
+                      denoise_rate=a.denoise_rate, distill=a.distill, batch_size=a.batch,
+                      ema=a.ema)
     den = None
     if a.denoiser:
         from models.denoiser import Denoiser

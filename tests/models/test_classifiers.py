@@ -174,3 +174,27 @@ def test_input_scaling_leaves_a_constant_training_coordinate_unscaled():
     one = VectorMLP(8, 2, hidden=(16,))
     one.fit_input_scaling(x[:1])
     assert torch.equal(one.scale, torch.ones(8))
+
+
+def test_ema_keeps_the_moving_average_of_the_weights(tiny_bert_dir, tiny_bert_bundle):
+    """--ema: the model kept (and evaluated) is the moving average of the weights: with a
+    decay near 0 it is the last step's weights, the same run without EMA (same seed); with
+    0.9 it lags behind them. The frozen word table stays bit-identical either way."""
+    ds = _dataset("dchi-text", tiny_bert_bundle, n=24)
+
+    def run(ema):
+        cfg = TrainConfig(epochs=2, lr=1e-3, batch_size=8, progress=False, seed=0, ema=ema)
+        return finetune(ds, None, tiny_bert_bundle, tiny_bert_dir, cfg)
+
+    plain, near0, slow = run(0.0), run(1e-12), run(0.9)
+    layer = "bert.encoder.layer.0.attention.self.query.weight"
+    w = {k: r.module.state_dict()[layer] for k, r in
+         (("plain", plain), ("near0", near0), ("slow", slow))}
+    assert torch.allclose(w["near0"], w["plain"], atol=1e-6)
+    assert (w["slow"] - w["plain"]).abs().max() > 1e-4
+    for r in (near0, slow):
+        assert np.array_equal(r.module.bert.embeddings.word_embeddings.weight.detach().numpy(),
+                              tiny_bert_bundle.embeddings)
+    assert slow.metrics["ema"] == 0.9 and plain.metrics["ema"] == 0.0
+    with pytest.raises(ValueError, match="EMA decay"):
+        TrainConfig(ema=1.0).validate()

@@ -41,6 +41,10 @@ def test_recipe_levers_where_they_apply():
             bad.check("dchi-text", raw_text=True)
     r = Recipe(posterior=True, denoise=0.3)
     assert Recipe.from_dict(r.as_dict()) == r
+    assert Recipe(ema=0.999).levers() == ["ema"]
+    Recipe(ema=0.999).check("dchi-text", raw_text=False)  # no raw text needed
+    with pytest.raises(ValueError, match="--ema must be in"):
+        Recipe(ema=1.0).check("dchi-text", raw_text=True)
 
 
 def test_originals_line_up_with_the_payload_positions(tiny_bert_bundle):
