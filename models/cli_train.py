@@ -113,6 +113,9 @@ def _recipe_args(p: argparse.ArgumentParser) -> None:
     g.add_argument("--distill", type=float, metavar="ALPHA",
                    help="weight of distillation from a teacher reading the original text "
                         "(0 = off)")
+    g.add_argument("--rtd", type=float, metavar="RHO",
+                   help="weight of replaced-token detection: predict at each position whether "
+                        "the mechanism changed the token (ELECTRA-style; 0 = off)")
     g.add_argument("--ema", type=float, metavar="DECAY",
                    help="keep and evaluate an exponential moving average of the weights with "
                         "this decay per step, e.g. 0.999 (0 = off)")
@@ -149,7 +152,7 @@ def recipe_from_args(args, mechanism: str, raw_text: bool):
     r = default_recipe(mechanism, raw_text)
     changes = {k: v for k, v in (("fresh_noise", args.fresh_noise),
                                  ("posterior", args.posterior), ("denoise", args.denoise),
-                                 ("distill", args.distill), ("ema", args.ema),
+                                 ("distill", args.distill), ("ema", args.ema), ("rtd", args.rtd),
                                  ("warm_start", args.warm_start)) if v is not None}
     if args.teacher is not None and not (changes.get("distill", r.distill)
                                          or changes.get("warm_start", r.warm_start)):

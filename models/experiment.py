@@ -188,7 +188,7 @@ def _train(train: PayloadDataset, dev: PayloadDataset | None, out_dir, bundle: E
     cfg = dataclasses.replace(cfg, denoise=recipe.denoise, denoise_rate=recipe.denoise_rate,
                               distill=recipe.distill,
                               distill_temperature=recipe.distill_temperature,
-                              ema=recipe.ema)
+                              ema=recipe.ema, rtd=recipe.rtd)
     result = finetune(train, dev, bundle, base, cfg, should_stop, on_progress, model=model,
                       dist_ctx=dist_ctx, refresh=refresh)
     if dist_ctx is not None and not dist_ctx.is_main:  # rank 0 writes the version
@@ -306,7 +306,7 @@ def train_from_tsv(train_tsv: str | os.PathLike, out_dir: str | os.PathLike,
 
         corpus = read_corpus(recipe.denoiser_corpus)
     public = PublicText(data, names, privatizer)
-    train = public.dataset(rng, originals=recipe.denoise > 0, progress=progress,
+    train = public.dataset(rng, originals=recipe.denoise > 0 or recipe.rtd > 0, progress=progress,
                            desc="privatize train", where=str(train_tsv))
     dev = None
     if dev_data is not None:
@@ -337,7 +337,7 @@ def train_from_tsv(train_tsv: str | os.PathLike, out_dir: str | os.PathLike,
     refresh = None
     if recipe.fresh_noise:
         def refresh(epoch: int) -> PayloadDataset:
-            ds = public.dataset(rng, originals=recipe.denoise > 0, progress=False,
+            ds = public.dataset(rng, originals=recipe.denoise > 0 or recipe.rtd > 0, progress=False,
                                 where=str(train_tsv))
             ds.extra.update({k: v for k, v in train.extra.items() if k == "teacher_probs"})
             return ds

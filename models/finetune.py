@@ -63,6 +63,7 @@ class TrainConfig:
     distill: float = 0.0          # α of distillation from a teacher that read the text
     distill_temperature: float = 2.0
     ema: float = 0.0              # decay of the weights' moving average kept and evaluated
+    rtd: float = 0.0              # ρ of replaced-token detection (needs the original ids)
 
     def validate(self) -> None:
         if self.epochs < 1:
@@ -80,6 +81,9 @@ class TrainConfig:
         if not (0 <= self.denoise < 100 and 0 < self.denoise_rate <= 1):
             raise ValueError(f"denoise weight must be in [0, 100) and its rate in (0, 1], got "
                              f"{self.denoise}, {self.denoise_rate}")
+        if not 0 <= self.rtd < 100:
+            raise ValueError(f"replaced-token detection weight must be in [0, 100), got "
+                             f"{self.rtd}")
         if not 0 <= self.ema < 1:
             raise ValueError(f"EMA decay must be in [0, 1), got {self.ema}")
         if not (0 <= self.distill <= 1 and 0 < self.distill_temperature <= 100):
@@ -354,8 +358,9 @@ def finetune(train: PayloadDataset, dev: PayloadDataset | None, bundle: EdgeBund
     cfg = cfg or TrainConfig()
     cfg.validate()
     check_compatible(train, dev, bundle)
-    if cfg.denoise and "originals" not in train.extra:
-        raise ValueError("the denoising loss needs the original tokens (public text only)")
+    if (cfg.denoise or cfg.rtd) and "originals" not in train.extra:
+        raise ValueError("the denoising and replaced-token losses need the original tokens "
+                         "(public text only)")
     if cfg.distill and "teacher_probs" not in train.extra:
         raise ValueError("distillation needs a teacher's probabilities (public text only)")
     if cfg.seed is not None:
@@ -365,7 +370,8 @@ def finetune(train: PayloadDataset, dev: PayloadDataset | None, bundle: EdgeBund
     amp = autocast_dtype(device, cfg.precision)
     module.to(device)
     objective = Objective(module, denoise=cfg.denoise, denoise_rate=cfg.denoise_rate,
-                          distill=cfg.distill, temperature=cfg.distill_temperature).to(device)
+                          distill=cfg.distill, temperature=cfg.distill_temperature,
+                          rtd=cfg.rtd).to(device)
     net = distributed.wrap(objective, dist_ctx)  # objective itself when alone
     frozen = _frozen_table(module)
     lr = cfg.lr if cfg.lr is not None else DEFAULT_LR[train.kind]
@@ -491,7 +497,7 @@ def _extra_targets(ds: PayloadDataset, idx: np.ndarray, cfg: TrainConfig,
     """The original ids (denoising) and the teacher's tempered probabilities (distillation)
     of the batch ``idx``, when the recipe uses them."""
     out = {}
-    if cfg.denoise:
+    if cfg.denoise or cfg.rtd:
         out["originals"] = collate_originals(ds, idx, special, cfg.max_length).to(device)
     if cfg.distill:
         out["teacher"] = teacher_targets(ds.extra["teacher_probs"][idx],

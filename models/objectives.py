@@ -1,11 +1,14 @@
 """The fine-tuning loss, with the levers that need the public text the server trains on.
 
-L = (1 − α)·CE(task) + α·τ²·KL(p_teacher,τ ‖ p_student,τ) + λ·L_denoise
+L = (1 − α)·CE(task) + α·τ²·KL(p_teacher,τ ‖ p_student,τ) + λ·L_denoise + ρ·L_rtd
 
 * ``L_denoise`` (Qu et al. 2021 §3.4's Denoising MLM folded into fine-tuning): at a random
   ``denoise_rate`` share of the payload positions, predict the original token from the
   privatized sequence through the tied, frozen word-embedding table (a BERT-style transform
   and bias on top). Needs the original ids: public text only.
+* ``L_rtd``, replaced-token detection (Clark et al. 2020, ELECTRA §3): at every payload
+  position, binary cross-entropy of "did the mechanism change this token?" from the
+  privatized sequence (a linear head). Needs the original ids: public text only.
 * distillation (Hinton et al. 2015): soft targets of a teacher that read the original text,
   temperature τ. Needs the original text: public text only.
 
@@ -42,7 +45,7 @@ class Objective(nn.Module):
     parts) where ``parts`` holds each term's value for logging."""
 
     def __init__(self, classifier: nn.Module, *, denoise: float = 0.0, denoise_rate: float = 0.5,
-                 distill: float = 0.0, temperature: float = 2.0):
+                 distill: float = 0.0, temperature: float = 2.0, rtd: float = 0.0):
         super().__init__()
         if denoise < 0 or not 0 < denoise_rate <= 1:
             raise ValueError(f"denoise weight must be >= 0 and its rate in (0, 1], got "
@@ -50,12 +53,17 @@ class Objective(nn.Module):
         if not 0 <= distill <= 1 or temperature <= 0:
             raise ValueError(f"distillation weight must be in [0, 1] and its temperature > 0, "
                              f"got {distill}, {temperature}")
+        if rtd < 0:
+            raise ValueError(f"replaced-token detection weight must be >= 0, got {rtd}")
         self.classifier = classifier
+        self.rtd = float(rtd)
         self.denoise, self.denoise_rate = float(denoise), float(denoise_rate)
         self.distill, self.temperature = float(distill), float(temperature)
+        if (self.denoise or self.rtd) and not hasattr(classifier, "encode"):
+            raise ValueError("the denoising and replaced-token losses need a BERT classifier")
+        if self.rtd:
+            self.rtd_head = nn.Linear(classifier.bert.config.hidden_size, 1)
         if self.denoise:
-            if not hasattr(classifier, "encode"):
-                raise ValueError("the denoising loss needs a BERT classifier")
             bert = classifier.bert
             self.denoise_head = DenoiseHead(bert.embeddings.word_embeddings,
                                             bert.config.hidden_size,
@@ -65,10 +73,14 @@ class Objective(nn.Module):
                 teacher: torch.Tensor | None = None):
         clf = self.classifier
         parts: dict[str, torch.Tensor] = {}
-        if self.denoise and originals is not None:
+        if (self.denoise or self.rtd) and originals is not None:
             out = clf.encode(**batch)
             logits = clf._logits(out, batch["attention_mask"])
-            parts["denoise"] = self._denoise_loss(out.last_hidden_state, originals)
+            if self.denoise:
+                parts["denoise"] = self._denoise_loss(out.last_hidden_state, originals)
+            if self.rtd:
+                parts["rtd"] = self._rtd_loss(out.last_hidden_state, batch["input_ids"],
+                                              originals)
         else:
             logits = clf(**batch)
         task = classification_loss(logits, targets)
@@ -82,7 +94,20 @@ class Objective(nn.Module):
             loss = (1 - self.distill) * task + self.distill * kd
         if "denoise" in parts:
             loss = loss + self.denoise * parts["denoise"]
+        if "rtd" in parts:
+            loss = loss + self.rtd * parts["rtd"]
         return loss, logits, parts
+
+    def _rtd_loss(self, hidden: torch.Tensor, ids: torch.Tensor,
+                  originals: torch.Tensor) -> torch.Tensor:
+        """Binary cross-entropy of "replaced" (privatized id != original id) at every
+        position that has an original (``originals`` −100 elsewhere)."""
+        mask = originals >= 0
+        if not bool(mask.any()):
+            return hidden.sum() * 0.0
+        replaced = (ids[mask] != originals[mask]).float()
+        logit = self.rtd_head(hidden[mask]).squeeze(-1)
+        return F.binary_cross_entropy_with_logits(logit.float(), replaced)
 
     def _denoise_loss(self, hidden: torch.Tensor, originals: torch.Tensor) -> torch.Tensor:
         """Cross-entropy of the original ids (``originals`` (B, T), −100 where there is none)

@@ -31,7 +31,7 @@ from dataclasses import asdict, dataclass, fields, replace
 
 from shared.mechanisms import registry
 
-RAW_TEXT_LEVERS = ("fresh_noise", "denoise", "distill", "warm_start")
+RAW_TEXT_LEVERS = ("fresh_noise", "denoise", "rtd", "distill", "warm_start")
 # a channel posterior: mechanisms that privatize token by token with dχ-privacy
 POSTERIOR_MECHANISMS = tuple(c.name for c in registry.mechanisms() if c.family == "dchi")
 # a contextual denoiser (models.denoiser): dχ mechanisms whose payload is token ids
@@ -61,6 +61,7 @@ class Recipe:
     denoiser_epochs: int = 1
     denoiser_corpus: str | None = None  # more public text (one per line) to train it on
     ema: float = 0.0  # decay of an exponential moving average of the weights (0 = off)
+    rtd: float = 0.0  # weight of replaced-token detection (ELECTRA-style; 0 = off)
 
     def levers(self) -> list[str]:
         """The levers switched on, by name."""
@@ -71,6 +72,8 @@ class Recipe:
             on.append("posterior")
         if self.denoise:
             on.append("denoise")
+        if self.rtd:
+            on.append("rtd")
         if self.distill:
             on.append("distill")
         if self.warm_start:
@@ -87,6 +90,11 @@ class Recipe:
         if not (0 <= self.denoise < 100 and 0 < self.denoise_rate <= 1):
             raise ValueError(f"--denoise must be in [0, 100) and --denoise-rate in (0, 1], "
                              f"got {self.denoise}, {self.denoise_rate}")
+        if not 0 <= self.rtd < 100:
+            raise ValueError(f"--rtd must be in [0, 100), got {self.rtd}")
+        if self.rtd and (mechanism not in TOKEN_MECHANISMS or mechanism in PLAIN_MECHANISMS):
+            raise ValueError(f"--rtd makes no sense for {mechanism}: no privatized tokens to "
+                             "tell from the originals")
         if not 0 <= self.ema < 1:
             raise ValueError(f"--ema must be in [0, 1), got {self.ema}")
         if not (0 <= self.distill <= 1 and 0 < self.distill_temperature <= 100):
@@ -125,7 +133,8 @@ class Recipe:
 
     def for_records(self) -> Recipe:
         """This recipe less the levers that need raw text."""
-        return replace(self, fresh_noise=False, denoise=0.0, distill=0.0, warm_start=False)
+        return replace(self, fresh_noise=False, denoise=0.0, rtd=0.0, distill=0.0,
+                       warm_start=False)
 
     def as_dict(self) -> dict:
         return {**asdict(self), "levers": self.levers()}

@@ -53,6 +53,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     ap.add_argument("--distill", type=float, default=0.0)
     ap.add_argument("--teacher", help="clean-text model for --distill")
     ap.add_argument("--warm", help="start from this clean-text model's weights")
+    ap.add_argument("--rtd", type=float, default=0.0,
+                    help="weight of replaced-token detection (0 = off)")
     ap.add_argument("--ema", type=float, default=0.0,
                     help="decay of the weights' moving average kept and evaluated (0 = off)")
     ap.add_argument("--layers", type=int, default=0, help="keep the first N layers (0 = all)")
@@ -107,7 +109,7 @@ def main(argv=None) -> int:
         teacher_probs, _ = predict_dataset(mv.module, clean, b.special_ids, 128)
 
     def make(epoch: int):
-        ds = pt.dataset(rng, originals=a.denoise > 0, progress=False)
+        ds = pt.dataset(rng, originals=a.denoise > 0 or a.rtd > 0, progress=False)
         if teacher_probs is not None:
             ds.extra["teacher_probs"] = teacher_probs
         return ds
@@ -126,7 +128,7 @@ def main(argv=None) -> int:
         post.save(a.posterior)
     cfg = TrainConfig(epochs=a.epochs, lr=a.lr, seed=0, progress=False, denoise=a.denoise,
                       denoise_rate=a.denoise_rate, distill=a.distill, batch_size=a.batch,
-                      ema=a.ema)
+                      ema=a.ema, rtd=a.rtd)
     den = None
     if a.denoiser:
         from models.denoiser import Denoiser

@@ -42,6 +42,10 @@ def test_recipe_levers_where_they_apply():
     r = Recipe(posterior=True, denoise=0.3)
     assert Recipe.from_dict(r.as_dict()) == r
     assert Recipe(ema=0.999).levers() == ["ema"]
+    with pytest.raises(ValueError, match="rtd need the raw public text"):
+        Recipe(rtd=1.0).check("dchi-text", raw_text=False)
+    with pytest.raises(ValueError, match="--rtd makes no sense for laplace"):
+        Recipe(rtd=1.0).check("laplace", raw_text=True)
     Recipe(ema=0.999).check("dchi-text", raw_text=False)  # no raw text needed
     with pytest.raises(ValueError, match="--ema must be in"):
         Recipe(ema=1.0).check("dchi-text", raw_text=True)
@@ -78,16 +82,18 @@ def test_every_lever_through_the_cli_then_retraining_on_records(capsys, tsv, tin
     rc, stdout, err = run(capsys, "train", "--data", str(tsv), "--dev", str(tsv),
                           "--mechanism", "dchi-text", "--eta", str(ETA), "--base",
                           str(tiny_bert_dir), "--out", str(out), "--denoise", "0.5",
-                          "--distill", "0.5", *[a if a != "1" else "2" for a in FAST])
+                          "--rtd", "1", "--distill", "0.5", "--ema", "0.9",
+                          *[a if a != "1" else "2" for a in FAST])
     assert rc == 0, err
-    assert "recipe: fresh_noise, posterior, denoise, distill" in stdout
+    assert "recipe: fresh_noise, posterior, denoise, rtd, distill, ema" in stdout
     cfg = read_config(out)
-    assert cfg["recipe"]["levers"] == ["fresh_noise", "posterior", "denoise", "distill"]
+    assert cfg["recipe"]["levers"] == ["fresh_noise", "posterior", "denoise", "rtd", "distill",
+                                       "ema"]
     assert cfg["posterior"]["mechanism"] == "dchi-text" and cfg["posterior"]["eta"] == ETA
     assert (out / "posterior.npz").is_file()
     history = json.loads((out / "metrics.json").read_text())["epochs"]
     assert len(history) == 2 and all("train_denoise_loss" in h and "train_distill_loss" in h
-                                     for h in history)
+                                     and "train_rtd_loss" in h for h in history)
     mv = load_model(out)
     assert mv.module.has_posterior
     # the served forms agree: ONNX export is checked against torch inside export
@@ -185,3 +191,25 @@ def test_layers_keeps_the_first_transformer_layers(capsys, tsv, tiny_bert_dir,
                          str(tmp_path / "x"), *FAST)
         assert rc == 2 and expect in one_error_line(err)
         assert not (tmp_path / "x").exists()
+
+
+def test_replaced_token_detection_targets_the_positions_the_mechanism_changed(tiny_bert_dir):
+    """ELECTRA-style loss: with a constant head (logit b) it is the binary cross-entropy of
+    σ(b) against the share of payload positions whose id differs from the original; positions
+    without an original (−100) do not count."""
+    from models.backbone import load_bert
+    from models.classifiers import TokenClassifier
+    from models.objectives import Objective
+
+    clf = TokenClassifier(load_bert(tiny_bert_dir), 2)
+    obj = Objective(clf, rtd=1.0)
+    torch.nn.init.zeros_(obj.rtd_head.weight)
+    torch.nn.init.constant_(obj.rtd_head.bias, 0.3)
+    ids = torch.tensor([[101, 7, 8, 9, 102], [101, 5, 6, 102, 0]])
+    originals = torch.tensor([[-100, 7, 3, 4, -100], [-100, 5, 6, -100, -100]])
+    hidden = torch.randn(2, 5, clf.bert.config.hidden_size)
+    got = obj._rtd_loss(hidden, ids, originals)
+    r = torch.tensor([0.0, 1.0, 1.0, 0.0, 0.0])  # 2 of the 5 payload positions replaced
+    p = torch.sigmoid(torch.tensor(0.3))
+    want = -(r * torch.log(p) + (1 - r) * torch.log(1 - p)).mean()
+    assert torch.allclose(got, want, atol=1e-6)
