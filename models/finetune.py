@@ -33,7 +33,6 @@ from shared.bundle import EdgeBundle
 from shared.mechanisms import registry
 
 
-
 class TrainingCancelled(Exception):
     """Raised inside :func:`finetune` when ``should_stop()`` returns True."""
 
