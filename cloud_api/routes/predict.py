@@ -22,8 +22,9 @@ queue first (413 or 429 there, nothing charged), charged while the model runs, c
 before any answer, refunded when no answer comes.
 
 A client that goes away is noticed through ASGI itself: once the body is read, the next
-message on ``receive`` is ``http.disconnect``; a task waits for it (:class:`Disconnect`), so
-the batcher drops a queued request whose client left, and its charge is refunded.
+message on ``receive`` is ``http.disconnect``; once the request is queued, a task waits for
+it (:class:`Disconnect`), so the batcher drops a queued request whose client left, and its
+charge is refunded. A request the idle batcher runs inline never waits: no task.
 """
 
 from __future__ import annotations
@@ -181,13 +182,19 @@ class Disconnect:
     """Whether the client has gone away, for the batcher (a cheap flag read): after the whole
     body, the next ASGI message on ``receive`` is ``http.disconnect``, sent when the client
     closes the connection, or once the response is complete (ASGI's HTTP spec); a task
-    waits for it."""
+    waits for it from :meth:`watch`, which the batcher's queue calls when the request is
+    queued."""
 
-    __slots__ = ("gone", "_task")
+    __slots__ = ("gone", "_receive", "_task")
 
     def __init__(self, receive: Receive):
         self.gone = False
-        self._task = asyncio.get_running_loop().create_task(self._watch(receive))
+        self._receive = receive
+        self._task: asyncio.Task | None = None
+
+    def watch(self) -> None:
+        if self._task is None:
+            self._task = asyncio.get_running_loop().create_task(self._watch(self._receive))
 
     async def _watch(self, receive: Receive) -> None:
         try:
@@ -204,7 +211,8 @@ class Disconnect:
         """Once the response is sent: the server's ``http.disconnect`` ends the task (no
         cancellation, whose exception and reference cycle cost a request more); a task
         still waiting on the loop's next turn is cancelled."""
-        asyncio.get_running_loop().call_soon(_cancel_if_waiting, self._task)
+        if self._task is not None:
+            asyncio.get_running_loop().call_soon(_cancel_if_waiting, self._task)
 
 
 def _cancel_if_waiting(task: asyncio.Task) -> None:

@@ -33,7 +33,9 @@ class ClientGone(ServiceError):
 
     status, kind, title = 499, "client-closed-request", "Client closed request"
 
-Disconnected = Callable[[], object]  # sync or async, returns True when the client is gone
+# sync or async, returns True when the client is gone; an object with a ``watch()`` method
+# is told when its request is queued (a request run inline never waits, nothing to watch)
+Disconnected = Callable[[], object]
 
 FORWARD_OVERHEAD_TOKENS = 32
 
@@ -131,6 +133,9 @@ class PayloadQueue:
 
     def add(self, payloads: Sequence, is_disconnected: Disconnected | None) -> Request:
         """Queue every payload of one request (an empty one resolves at once)."""
+        watch = getattr(is_disconnected, "watch", None)
+        if watch is not None:
+            watch()
         n = len(payloads)
         req = Request(n, asyncio.get_running_loop().create_future(), is_disconnected,
                       time.monotonic(), remaining=n)
