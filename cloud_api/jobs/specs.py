@@ -50,11 +50,12 @@ class RecipeRequest(BaseModel):
 
     model_config = ConfigDict(extra="forbid", strict=True)
     posterior: bool | None = Field(None, description="channel-posterior inputs (dchi-text, "
-                                   "dchi-embedding); null: when the promoted version has a "
-                                   "table")
+                                   "dchi-embedding); null: when the promoted version has one")
     fresh_noise: bool = Field(False, description="needs raw public text: always refused here")
     denoise: float = Field(0.0, ge=0, allow_inf_nan=False,
                            description="needs the original tokens: refused unless 0")
+    rtd: float = Field(0.0, ge=0, allow_inf_nan=False,
+                       description="needs the original tokens: refused unless 0")
     distill: float = Field(0.0, ge=0, allow_inf_nan=False,
                            description="needs the original text: refused unless 0")
     warm_start: bool = Field(False, description="needs the original text: always refused here")

@@ -149,7 +149,7 @@ def test_submission_checks_answer_4xx_before_any_job(jobs_server, tiny_bundle_of
         assert r.status_code == 422, (bad, r.text)
         assert r.json()["type"] == PROBLEM + "validation"
     # the recipe: levers that need raw public text, a posterior table that does not exist
-    for lever in ({"fresh_noise": True}, {"denoise": 0.5}, {"distill": 0.5},
+    for lever in ({"fresh_noise": True}, {"denoise": 0.5}, {"rtd": 1.0}, {"distill": 0.5},
                   {"warm_start": True}):
         r = retrain(recipe=lever)
         assert r.status_code == 422, (lever, r.text)
