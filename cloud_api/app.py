@@ -24,7 +24,7 @@ from contextlib import AsyncExitStack, asynccontextmanager
 from fastapi import APIRouter, FastAPI
 from fastapi.openapi.utils import get_openapi
 
-from cloud_api import metrics, problems, web
+from cloud_api import metrics, problems
 from cloud_api.auth import KeyRing
 from cloud_api.home import ModelHome
 from cloud_api.limits import RateLimiter
@@ -37,6 +37,7 @@ from cloud_api.routes import (
     inference,
     predict,
     records,
+    web,
 )
 from cloud_api.routes.middleware import ServiceMiddleware
 from cloud_api.settings import Settings

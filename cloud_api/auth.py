@@ -66,7 +66,7 @@ class KeyRing:
                 entries.append((key_hash(raw), role, key_id(raw)))
         if s.keys_file is not None:
             entries += _read_keys_file(s.keys_file)
-        if s.demo and s.demo_key is not None:  # the /demo page's key (cloud_api/web.py)
+        if s.demo and s.demo_key is not None:  # the /demo page's key (cloud_api/routes/web.py)
             raw = s.demo_key.get_secret_value()
             if any(role == "admin" and hmac.compare_digest(d, key_hash(raw))
                    for d, role, _ in entries):

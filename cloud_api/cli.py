@@ -139,7 +139,7 @@ def run_serve(args) -> int:
     from cloud_api.auth import KeyRing
 
     KeyRing.from_settings(settings)  # refuse to start without keys: ValueError, one line
-    from cloud_api.web import check_demo
+    from cloud_api.routes.web import check_demo
 
     check_demo(settings)  # PRIVBERT_DEMO=1 without a built page: ValueError, one line
     import uvicorn
