@@ -99,7 +99,7 @@ def demo_dir(settings: Settings) -> Path:
     checkout."""
     if settings.demo_dir is not None:
         return settings.demo_dir
-    return Path(__file__).resolve().parent.parent / "web_edge" / "demo" / "dist"
+    return Path(__file__).resolve().parents[2] / "web_edge" / "demo" / "dist"
 
 
 def check_demo(settings: Settings) -> None:
