@@ -14,6 +14,7 @@ training code runs exactly as before.
 
 from __future__ import annotations
 
+import gc
 import os
 from dataclasses import dataclass
 from typing import Any
@@ -67,10 +68,22 @@ def init_from_env(device: str = "auto") -> DistContext | None:
     return DistContext(rank, world, local_rank, dev, backend)
 
 
-def close(ctx: DistContext | None) -> None:
-    """Leave the process group (a no-op when alone)."""
-    if ctx is not None and dist.is_initialized():
-        dist.destroy_process_group()
+def close(ctx: DistContext | None, *, wait_for_peers: bool = True) -> None:
+    """Leave the process group (a no-op when alone).
+
+    Objects that still hold the group (a ``DistributedDataParallel`` wrapper caught in a
+    reference cycle) are collected first: a gloo group destroyed later, while the
+    interpreter shuts down, joins its threads too late and the process aborts
+    ("terminate called without an active exception"). With ``wait_for_peers`` every rank
+    passes one barrier before any tears its connections down; a rank that is leaving on
+    an error passes ``False`` (its peers may never reach the barrier).
+    """
+    if ctx is None or not dist.is_initialized():
+        return
+    gc.collect()
+    if wait_for_peers:
+        dist.barrier()
+    dist.destroy_process_group()
 
 
 def shard(batches: list, ctx: DistContext | None) -> list:

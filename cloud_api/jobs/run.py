@@ -96,6 +96,7 @@ def main(argv: list[str] | None = None) -> int:
     files, _ = started
     job = files.read_job()
     ctx = None
+    finished = False  # every rank reached the end: they may meet at one last barrier
     try:
         if int(os.environ.get("WORLD_SIZE", "1")) > 1:  # torch only when needed: a job
             from cloud_api.settings import Settings  # that fails early fails in a second
@@ -114,6 +115,7 @@ def main(argv: list[str] | None = None) -> int:
         if result is not None:
             files.write_result(result)
         log.info("job %s: done", job["job_id"])
+        finished = True
         return 0
     except BaseException as exc:  # noqa: BLE001 - report every failure as one line
         if _is_cancel(exc):
@@ -130,7 +132,7 @@ def main(argv: list[str] | None = None) -> int:
         if ctx is not None:
             from models import distributed
 
-            distributed.close(ctx)
+            distributed.close(ctx, wait_for_peers=finished)
 
 
 def _is_cancel(exc: BaseException) -> bool:

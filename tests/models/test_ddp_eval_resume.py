@@ -173,10 +173,12 @@ def _main(mode: str, out: Path, bert_dir: Path) -> None:
     torch.set_num_threads(1)
     ctx = distributed.init_from_env("cpu")
     assert ctx is not None and ctx.world_size == 2
+    finished = False
     try:
         {"eval": _eval_main, "resume": _resume_main}[mode](ctx, out, bert_dir)
+        finished = True
     finally:
-        distributed.close(ctx)
+        distributed.close(ctx, wait_for_peers=finished)
 
 
 if __name__ == "__main__":
