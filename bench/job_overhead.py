@@ -158,7 +158,8 @@ def main() -> None:
     root = Path(tempfile.mkdtemp(prefix="bench-jobs-"))
     try:
         settings, db, home, task, _bundle = setup(root, args.records, args.eta)
-        from cloud_api.jobs.specs import RetrainRequest, check_retrain
+        from cloud_api.jobs.requests import RetrainRequest
+        from cloud_api.jobs.specs import check_retrain
         from cloud_api.serving.bundles import BundleStore
 
         req = RetrainRequest(task="sst2", model_id="bench", epochs=args.epochs, seed=0)

@@ -18,7 +18,8 @@ from starlette.responses import Response
 
 from cloud_api.auth import AdminCaller
 from cloud_api.jobs import queue
-from cloud_api.jobs.specs import PretrainRequest, RetrainRequest, check_retrain, submit_pretrain
+from cloud_api.jobs.requests import PretrainRequest, RetrainRequest
+from cloud_api.jobs.specs import check_retrain, submit_pretrain
 from cloud_api.jobs.states import JobKind
 from cloud_api.problems import responses
 from cloud_api.routes.common import database, json_response

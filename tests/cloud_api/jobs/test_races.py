@@ -15,6 +15,7 @@ import pytest
 from cloud_api.errors import Conflict
 from cloud_api.home import ModelHome
 from cloud_api.jobs import queue, specs
+from cloud_api.jobs.requests import PretrainRequest
 from cloud_api.settings import Settings
 from cloud_api.store.db import Database
 
@@ -45,8 +46,8 @@ def test_two_pretrain_requests_for_one_name_queue_one_job_and_409(db, db_url, tm
     corpus.write_text("a public sentence\n")
     settings = Settings(home=tmp_path / "home", pretrain_corpus=corpus)
     home = ModelHome(settings.home).ensure()
-    req = specs.PretrainRequest(objective="denoising", mechanism="dchi-text",
-                                params={"eta": 10}, steps=5, name="pre")
+    req = PretrainRequest(objective="denoising", mechanism="dchi-text",
+                          params={"eta": 10}, steps=5, name="pre")
     racers = 4
     _after_every_check(monkeypatch, threading.Barrier(racers, timeout=5))
     start = threading.Barrier(racers, timeout=30)

@@ -17,7 +17,8 @@ import pytest
 
 from cloud_api.home import ModelHome
 from cloud_api.jobs import queue
-from cloud_api.jobs.specs import PretrainRequest, RetrainRequest, check_pretrain, check_retrain
+from cloud_api.jobs.requests import PretrainRequest, RetrainRequest
+from cloud_api.jobs.specs import check_pretrain, check_retrain
 from cloud_api.jobs.supervisor import Worker
 from cloud_api.serving.bundles import BundleStore
 
