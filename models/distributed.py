@@ -15,12 +15,15 @@ training code runs exactly as before.
 from __future__ import annotations
 
 import gc
+import logging
 import os
 from dataclasses import dataclass
 from typing import Any
 
 import torch
 import torch.distributed as dist
+
+log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -76,13 +79,19 @@ def close(ctx: DistContext | None, *, wait_for_peers: bool = True) -> None:
     interpreter shuts down, joins its threads too late and the process aborts
     ("terminate called without an active exception"). With ``wait_for_peers`` every rank
     passes one barrier before any tears its connections down; a rank that is leaving on
-    an error passes ``False`` (its peers may never reach the barrier).
+    an error passes ``False`` (its peers may never reach the barrier). A peer that left
+    first breaks the barrier (gloo: "Connection closed by peer"): this rank's work is done,
+    so it still leaves cleanly, with a warning, rather than fail in its ``finally``.
     """
     if ctx is None or not dist.is_initialized():
         return
     gc.collect()
     if wait_for_peers:
-        dist.barrier()
+        try:
+            dist.barrier()
+        except RuntimeError as exc:  # DistBackendError is one
+            log.warning("rank %d: a peer left before the last barrier (%s)", ctx.rank,
+                        str(exc).splitlines()[0][:200])
     dist.destroy_process_group()
 
 
