@@ -54,7 +54,7 @@ class Settings(BaseSettings):
                                    "'app KEY', 'admin KEY', or 'app sha256:HEX' (only the hash)")
     auth_disabled: bool = Field(False, description="no keys at all: local development only")
 
-    # -- browsers (cloud_api/routes/web.py) -------------------------------------------------------
+    # -- browsers (cloud_api/routes/web.py) -------------------------------------------------
     cors_origins: OriginList = Field(default_factory=list, description="origins whose pages "
                                      "may call /v1 (comma-separated, e.g. "
                                      "https://app.example.com; * for any); none by default. "

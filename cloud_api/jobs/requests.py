@@ -17,7 +17,6 @@ from shared.mechanisms.registry import mechanisms
 
 Name = Annotated[str, Field(pattern=ID_PATTERN,
                             description="1-64 letters, digits, '_', '.', '-'")]
-VECTOR_MECHANISMS = tuple(c.name for c in mechanisms() if not c.payload_kind.reads_tokens)
 PRETRAIN_MECHANISMS = tuple(c.name for c in mechanisms() if c.family == "dchi")
 
 

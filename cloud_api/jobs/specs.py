@@ -20,12 +20,7 @@ from sqlalchemy import func, select
 from cloud_api.errors import Conflict, InvalidRequest, NotFound, Unavailable
 from cloud_api.home import ModelHome
 from cloud_api.jobs import queue
-from cloud_api.jobs.requests import (
-    VECTOR_MECHANISMS,
-    PretrainRequest,
-    RecipeRequest,
-    RetrainRequest,
-)
+from cloud_api.jobs.requests import PretrainRequest, RecipeRequest, RetrainRequest
 from cloud_api.jobs.states import JobKind
 from cloud_api.settings import Settings
 from cloud_api.store.db import Database
@@ -38,6 +33,9 @@ from cloud_api.store.tasks import (
     get_task,
     privacy_floor_refusal,
 )
+from shared.mechanisms.registry import mechanisms
+
+VECTOR_MECHANISMS = tuple(c.name for c in mechanisms() if not c.payload_kind.reads_tokens)
 
 
 # -- retraining -----------------------------------------------------------------------------
