@@ -94,7 +94,7 @@ class FixedDraw:
         self.ids = np.asarray(ids, dtype=np.int64)
         if self.ids.size == 0:
             raise ValueError("no regular tokens to measure inversion on")
-        emb = mech.bundle.embeddings
+        emb = mech.bundle.table
         self._x = emb[self.ids].astype(np.float64)
         # radius ~ Gamma(n, 1), direction uniform: the dχ noise at η = 1; N/η is the noise at η
         self._base = sample_dchi_noise(self.ids.size, emb.shape[1], 1.0, rng)
@@ -132,7 +132,7 @@ def target_eta(draw: FixedDraw, target: float, tol: float = 0.005, start: float 
         eta = min(seen, key=lambda e: (abs(seen[e] - target), e))
         return eta, seen[eta]
 
-    lo = hi = start or draw.mech.bundle.dim / 6.0
+    lo = hi = start or draw.mech.bundle.table_dim / 6.0
     while acc(hi) < target - tol and len(seen) < max_evals // 2 and hi < 1e12:
         lo, hi = hi, hi * 2.0
     while acc(lo) > target + tol and len(seen) < max_evals // 2 and lo > 1e-12:
@@ -251,7 +251,7 @@ def build_report(bundle: EdgeBundle, mechanism: str, *, eta: float | None = None
         eta, _ = target_eta(draw, target, tol=tol)
         mech.eta = float(eta)  # the same index serves every η: no second build
         timings["target_eta"] = time.perf_counter() - t0
-    grid = sorted({float(e) for e in (etas or default_etas(bundle.dim))} | {float(eta)})
+    grid = sorted({float(e) for e in (etas or default_etas(bundle.table_dim))} | {float(eta)})
     t1 = time.perf_counter()
     table = [(e, draw.accuracy(e)) for e in grid]
     acc = dict(table)[float(eta)]
@@ -272,7 +272,7 @@ def build_report(bundle: EdgeBundle, mechanism: str, *, eta: float | None = None
              "unchanged": fl.unchanged(float(eta)), "tokens": int(fl.exit.size)}
     timings["privacy_floor"] = time.perf_counter() - t3
     timings["total"] = time.perf_counter() - t0
-    return PrivacyReport(mechanism, float(eta), bundle.bundle_id, bundle.dim,
+    return PrivacyReport(mechanism, float(eta), bundle.bundle_id, bundle.table_dim,
                          int(bundle.regular_ids.size), int(ids.size), samples, n_w, s_w,
                          source, int(inv_ids.size), acc, draw.standard_error(acc), table,
                          target, g, timings, geo, floor)
@@ -283,12 +283,12 @@ def embedding_geometry(bundle: EdgeBundle, rng: np.random.Generator, etas: list[
     """Qu et al. Fig. 3: mean distance to the k-th nearest token, and n/η for each η."""
     from shared.mechanisms.nearest import kth_neighbour_distances
 
-    table = bundle.embeddings[bundle.regular_ids]
+    table = bundle.table[bundle.regular_ids]
     ks = tuple(k for k in GEOMETRY_KS if k < table.shape[0])
     sample = rng.choice(table.shape[0], size=min(rows, table.shape[0]), replace=False)
     d = kth_neighbour_distances(table, sample, ks)
     return {"k": list(ks), "mean_distance": [float(d[k].mean()) for k in ks],
-            "noise_norm": {str(e): bundle.dim / e for e in etas}}
+            "noise_norm": {str(e): bundle.table_dim / e for e in etas}}
 
 
 CONTEXTUAL_NOTE = (

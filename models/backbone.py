@@ -13,6 +13,7 @@ import numpy as np
 import torch
 
 from shared.bundle import EdgeBundle, default_model_dir
+from shared.table import table_digest
 
 
 def pick_device(flag: str = "auto") -> torch.device:
@@ -67,11 +68,35 @@ def freeze_word_embeddings(bert) -> None:
 
 
 def check_same_bundle(bert, bundle: EdgeBundle) -> None:
-    """Raise ValueError unless ``bert``'s word embeddings are the bundle's, bit for bit."""
+    """Raise ValueError unless ``bert``'s word embeddings are the bundle's, bit for bit; for
+    a bundle with a designed privatization table, the table its projection was built from
+    (the SHA-256 of ``shared.table`` provenance)."""
     w = bert.embeddings.word_embeddings.weight.detach().cpu().numpy()
+    if not bundle.has_embeddings:
+        source = bundle.table_info.get("source") or {}
+        if w.shape[0] != bundle.vocab_size or table_digest(w) != source.get("sha256"):
+            raise ValueError(f"the bundle's privatization table ({bundle.table_name}) was not "
+                             f"built from this model's word embeddings {tuple(w.shape)} "
+                             f"(bundle {bundle.bundle_id[:12]}…): build it from this model "
+                             "(cloud-api make-bundle --model DIR)")
+        return
     if w.shape != bundle.embeddings.shape:
         raise ValueError(f"checkpoint word embeddings {w.shape} do not match the bundle's "
                          f"{bundle.embeddings.shape} (another vocabulary or dimension)")
     if not np.array_equal(w, bundle.embeddings):
         raise ValueError("checkpoint word embeddings differ from the bundle's: it was trained "
                          f"for another bundle (expected {bundle.bundle_id[:12]}…)")
+
+
+def model_embeddings(bundle: EdgeBundle, model_dir: str | os.PathLike | None = None
+                     ) -> np.ndarray:
+    """The model-space word embeddings (vocab × n) that go with ``bundle``: its own, or for a
+    bundle with a designed privatization table, the base model's (``model_dir``, None = the
+    default MiniLM), checked against the digest in the table's provenance."""
+    if bundle.has_embeddings:
+        return bundle.embeddings
+    emb = EdgeBundle.from_model(model_dir).embeddings
+    if table_digest(emb) != (bundle.table_info.get("source") or {}).get("sha256"):
+        raise ValueError(f"the bundle's privatization table ({bundle.table_name}) was not built "
+                         f"from the word embeddings of {resolve_model_dir(model_dir)}")
+    return emb

@@ -96,7 +96,7 @@ def _dchi(mech: DChiEmbedding | DChiText, bundle: EdgeBundle | None, *, dim: int
     if bundle is None:
         g["notes"].append("Pass the bundle to see what eta means on its embedding table.")
         return g
-    table = bundle.embeddings[bundle.regular_ids]
+    table = bundle.table[bundle.regular_ids]
     n = table.shape[1]
     rows = np.random.default_rng(0).choice(table.shape[0], min(sample, table.shape[0]),
                                            replace=False)

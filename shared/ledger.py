@@ -234,7 +234,7 @@ _DIAMETERS: dict[str, float] = {}
 
 def _diameter(bundle_id: str, bundle: Any) -> float:
     if bundle_id not in _DIAMETERS:
-        _DIAMETERS[bundle_id] = dchi_diameter_bound(bundle.embeddings, bundle.regular_ids)
+        _DIAMETERS[bundle_id] = dchi_diameter_bound(bundle.table, bundle.regular_ids)
     return _DIAMETERS[bundle_id]
 
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import sys
 
-SUBCOMMANDS = ("table", "levers", "explore", "denoiser")
+SUBCOMMANDS = ("table", "levers", "explore", "denoiser", "frontier")
 
 
 def main(argv: list[str]) -> int:
@@ -19,6 +19,8 @@ def main(argv: list[str]) -> int:
         from bench.utility.levers import main as run
     elif name == "explore":
         from bench.utility.explore import main as run
+    elif name == "frontier":
+        from bench.utility.frontier import main as run
     else:
         from bench.utility.denoiser import main as run
     return int(run(rest) or 0)

@@ -60,6 +60,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     ap.add_argument("--layers", type=int, default=0, help="keep the first N layers (0 = all)")
     ap.add_argument("--eta", type=float, default=64.35)
     ap.add_argument("--mech", default="dchi-text")
+    ap.add_argument("--table", default="none",
+                    help="the privatization table (shared.table: none, pca32-int8, ...)")
     ap.add_argument("--batch", type=int, default=32)
     ap.add_argument("--threads", type=int, default=0)
     ap.add_argument("--save", help="save the kept model here")
@@ -68,7 +70,12 @@ def parse_args(argv=None) -> argparse.Namespace:
 
 
 def main(argv=None) -> int:
-    a = parse_args(argv)
+    run(parse_args(argv))
+    return 0
+
+
+def run(a: argparse.Namespace) -> dict:
+    """Train and evaluate one recipe; the JSON record (also printed and appended)."""
     import torch
 
     from models.data import label_names_from, read_labelled_tsv
@@ -87,7 +94,7 @@ def main(argv=None) -> int:
 
     if a.threads:
         torch.set_num_threads(a.threads)
-    b = EdgeBundle.from_model()
+    b = EdgeBundle.from_model(table=None if a.table == "none" else a.table)
     tr = read_labelled_tsv(DATA / "sst2_sentences" / "train.tsv")
     if a.n and a.n < len(tr.texts):
         idx = np.sort(np.random.default_rng(11).choice(len(tr.texts), a.n, replace=False))
@@ -131,9 +138,10 @@ def main(argv=None) -> int:
                       ema=a.ema, rtd=a.rtd)
     den = None
     if a.denoiser:
+        from models.backbone import model_embeddings
         from models.denoiser import Denoiser
 
-        den = Denoiser.load(a.denoiser, b.embeddings)
+        den = Denoiser.load(a.denoiser, model_embeddings(b))
     model = build_model(train, b, a.warm, cfg, posterior=post, denoiser=den)
     if a.layers:
         keep_layers(model.bert, a.layers)
@@ -160,4 +168,4 @@ def main(argv=None) -> int:
                                        "params": train.params, "bundle_id": b.bundle_id,
                                        "special_ids": b.special_ids, "labels": names,
                                        "max_length": 128}, {}, {}, overwrite=True)
-    return 0
+    return out

@@ -80,7 +80,8 @@ class DChiEmbedding(BaseMechanism):
         return cls(need(cls.name, params, "eta"))
 
     def privatize_tokens(self, ids, bundle: EdgeBundle, rng) -> np.ndarray:
-        """The noisy embeddings of the ids' rows of the bundle's table."""
+        """The noisy embeddings of the ids' rows of the bundle's table (the model's own word
+        embeddings: ``bundle.embeddings`` refuses a bundle that carries a designed table)."""
         return self.privatize(bundle.embeddings[ids], rng)
 
     def privatize(self, embeddings: np.ndarray, rng: np.random.Generator | None = None) -> np.ndarray:
@@ -109,7 +110,9 @@ class DChiText(BaseMechanism):
     def __init__(self, bundle: EdgeBundle, eta: float, chunk: int = 256):
         self.eta = positive("eta", eta)
         self.bundle = bundle
-        self._embeddings = np.asarray(bundle.embeddings, dtype=np.float32)
+        # the bundle's privatization table: the model's word embeddings, or a designed table
+        # (``shared.table``: a PCA projection, float32 or int8 dequantized)
+        self._embeddings = np.asarray(bundle.table, dtype=np.float32)
         self._vocab_size = self._embeddings.shape[0]
         self._t_max = float(np.sqrt(np.einsum("ij,ij->i", self._embeddings,
                                               self._embeddings).max()))
