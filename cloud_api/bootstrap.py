@@ -186,6 +186,7 @@ def _train_and_register(args, home, model_id: str, task: str, bundle, params: di
     from cloud_api.home import write_atomically
     from models.cli_train import _posterior_table, _rng
     from models.data import kind_of
+    from models.backbone import model_embeddings
     from models.denoiser import Denoiser
     from models.experiment import train_from_tsv
     from models.finetune import TrainConfig
@@ -210,7 +211,8 @@ def _train_and_register(args, home, model_id: str, task: str, bundle, params: di
                              posterior=(_posterior_table(args.posterior_table)
                                         if args.posterior_table else None),
                              posterior_cache=home.posteriors_dir,
-                             denoiser=(Denoiser.load(args.denoiser_file, bundle.embeddings)
+                             denoiser=(Denoiser.load(args.denoiser_file,
+                                                     model_embeddings(bundle))
                                        if args.denoiser_file else None))
         fresh = _fresh_dev(args, res.model_dir, bundle)
         if (backend := settings_for(args).backend) in ("onnx", "onnx-int8"):

@@ -267,7 +267,7 @@ def build_report(bundle: EdgeBundle, mechanism: str, *, eta: float | None = None
     g = (mech if mech.name == mechanism else registry.create(mechanism, {"eta": eta})
          ).guarantee(bundle)
     t3 = time.perf_counter()
-    fl = dchi_floor(bundle)
+    fl = dchi_floor(bundle, rng=rng)
     floor = {"threshold": THRESHOLD, "eta": fl.floor_eta(THRESHOLD),
              "unchanged": fl.unchanged(float(eta)), "tokens": int(fl.exit.size)}
     timings["privacy_floor"] = time.perf_counter() - t3
@@ -342,7 +342,7 @@ def format_report(r: PrivacyReport) -> str:
                   f"{100 * f['threshold']:g}% of tokens come back unchanged on this bundle; "
                   "edge-agent privatize refuses such an eta without --allow-weak-privacy",
                   f"  at eta={r.eta:.4g}: {100 * f['unchanged']:.2f}% unchanged (estimated on "
-                  f"{f['tokens']:,} tokens, each with one noise direction)"]
+                  f"{f['tokens']:,} tokens, each with one noise direction, drawn afresh)"]
     lines += ["", "guarantee: " + summary(r.guarantee)]
     lines += [f"  - {n}" for n in r.guarantee.get("notes", [])]
     if _contextual(r.mechanism):

@@ -29,7 +29,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from models.backbone import pick_device
+from models.backbone import model_embeddings, pick_device
 from models.classifiers import VectorMLP
 from models.torch_nearest import TorchExactNearest
 from shared.bundle import EdgeBundle
@@ -139,7 +139,7 @@ def load_denoiser(source, bundle: EdgeBundle, mechanism: str, eta: float):
         if not (path / DENOISER_FILE).is_file():
             raise ValueError(f"{path}: this model version reads no contextual denoiser")
         path = path / DENOISER_FILE
-    d = Denoiser.load(path, bundle.embeddings)
+    d = Denoiser.load(path, model_embeddings(bundle))
     d.check_for(mechanism, {"eta": eta}, bundle.bundle_id)
     return d
 

@@ -188,10 +188,11 @@ def recipe_from_args(args, mechanism: str, raw_text: bool):
 
 def _denoiser_file(path, bundle_dir=None):
     """A trained denoiser file, its word table from ``bundle_dir`` (None: MiniLM's)."""
+    from models.backbone import model_embeddings
     from models.denoiser import Denoiser
     from models.privatize import load_bundle
 
-    return Denoiser.load(path, load_bundle(bundle_dir=bundle_dir).embeddings)
+    return Denoiser.load(path, model_embeddings(load_bundle(bundle_dir=bundle_dir)))
 
 
 def records_denoiser(file, base, bundle_dir=None):

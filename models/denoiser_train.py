@@ -266,7 +266,9 @@ def public_denoiser(bundle, posterior, texts: Sequence[str], cfg: DenoiserConfig
     path = Path(cache) / f"denoiser-{posterior.mechanism}-{key}.safetensors" if cache else None
     if path is not None and path.is_file():
         try:
-            d = Denoiser.load(path, bundle.embeddings)
+            from models.backbone import model_embeddings
+
+            d = Denoiser.load(path, model_embeddings(bundle))
             d.check_for(posterior.mechanism, {"eta": posterior.eta}, bundle.bundle_id)
             return d
         except ValueError:

@@ -1,25 +1,34 @@
 """The privacy floor: parameters that leave the output (nearly) the raw input are refused.
 
-One rule for every mechanism, with one threshold τ (default 0.99): a mechanism is
-*weaker than the floor* when, with probability above τ, a unit of its output is a
-fixed function of the input -- the noise does not change it beyond rounding -- or
+One rule for every mechanism, with one threshold τ (default 0.97, ``docs/privacy.md`` says
+why): a mechanism is *weaker than the floor* when, with probability above τ, a unit of its
+output is a fixed function of the input -- the noise does not change it beyond rounding -- or
 when its worst-case ε is not finite (some output then certifies the input).
 
-* dχ-privacy (Qu et al. 2021 §3.2, §5.4), unit = token: the probability that the
-  regular token nearest to φ(x) + N is x itself, for x uniform over the bundle's
-  regular tokens. That is what ``dchi-text`` sends, and the nearest-token guess of
-  an attacker reading ``dchi-embedding``. Estimated without sampling radii: along
-  a direction u the nearest-token cell of x (convex) is left at distance
-  s*(x, u) = min over t with u·(t-x) > 0 of ||t-x||² / (2 u·(t-x)), so
-  Pr[unchanged | x, u] = Pr[Gamma(n, 1) <= η s*]; averaged over ``tokens`` pairs
-  (x, u) drawn once per table (fixed seed: the same answer every run).
-* Laplace (DPNR, Lyu et al. 2020 §3.3), unit = sentence vector: the probability
-  that every coordinate's noise stays within one float32 step at 1 (2^-23, the
-  coarsest rounding of a value in [0, 1] on the wire): (1 - e^(-2^-23/b))^r.
-* Bit mechanisms (OME, Lyu et al. 2020 SIGIR §3.1; SUE, OUE), unit = bit vector:
-  a lower bound on the probability that every bit is its most likely value given
-  the input bit, Π_i min(max(p_i, 1-p_i), max(q, 1-q)). OME with a huge λ keeps the
-  even bits and zeroes the odd ones: deterministic although no bit is "unchanged".
+* dχ-privacy (Qu et al. 2021 §3.2, §5.4), unit = token: the probability that the regular
+  token nearest to φ(x) + N is x itself, for x uniform over the bundle's regular tokens. That
+  is what ``dchi-text`` sends, and the nearest-token guess of an attacker reading
+  ``dchi-embedding``. The bundle comes from a server the device need not trust, so the floor
+  trusts nothing about its table:
+
+  - it **measures the output directly** (:func:`measure_unchanged`): the mechanism itself
+    privatizes regular tokens drawn uniformly with OS entropy at each check (never a fixed
+    seed a hostile table could be fitted to), 128 at a time, until a Wilson score interval
+    at z = 5 puts the share that comes back unchanged clearly on one side of τ, or 2,048
+    have been drawn (then the estimate decides; its standard error is at most 0.011);
+  - it refuses a **degenerate table** (:func:`table_problem`): identical or nearly identical
+    regular rows, which no honest projection produces;
+  - the analytic estimate (:class:`DChiFloor`: along a direction u the nearest-token cell
+    of x is left at s*(x, u) = min over t with u·(t-x) > 0 of ||t-x||² / (2 u·(t-x)), so
+    Pr[unchanged | x, u] = Pr[Gamma(n, 1) <= η s*]) only says, in a refusal and in the
+    privacy report, near which η the floor starts; its pairs too are drawn afresh.
+* Laplace (DPNR, Lyu et al. 2020 §3.3), unit = sentence vector: the probability that every
+  coordinate's noise stays within one float32 step at 1 (2^-23, the coarsest rounding of a
+  value in [0, 1] on the wire): (1 - e^(-2^-23/b))^r.
+* Bit mechanisms (OME, Lyu et al. 2020 SIGIR §3.1; SUE, OUE), unit = bit vector: a lower
+  bound on the probability that every bit is its most likely value given the input bit,
+  Π_i min(max(p_i, 1-p_i), max(q, 1-q)). OME with a huge λ keeps the even bits and zeroes
+  the odd ones: deterministic although no bit is "unchanged".
 * TextHide has no ε to judge (no differential-privacy guarantee): no floor.
 
 Parameters the float arithmetic cannot carry are refused by :func:`check_computable`
@@ -48,12 +57,18 @@ from shared.mechanisms.laplace import Laplace
 from shared.mechanisms.plain import NoPrivacy
 from shared.mechanisms.registry import COMPUTABLE, FLOOR, as_mechanism
 from shared.mechanisms.texthide import TextHide
+from shared.rng import resolve_rng
 
 if TYPE_CHECKING:
     from shared.bundle import EdgeBundle
 
-THRESHOLD = 0.99
-FLOOR_TOKENS = 1000  # (token, direction) pairs of the dχ estimate
+THRESHOLD = 0.97
+FLOOR_TOKENS = 1000  # (token, direction) pairs of the dχ analytic estimate
+MEASURE_BATCH = 128  # tokens privatized per step of the direct measurement
+MEASURE_MAX = 2048  # at most this many, then the estimate decides
+MEASURE_Z = 5.0  # the Wilson interval's z: a wrong early decision has probability < 1e-6
+NEAR_DUPLICATE = 1e-3  # rows nearer than this share of the median nearest-row distance
+DUPLICATE_SAMPLE = 256  # rows whose nearest other row is measured (drawn afresh)
 DIRECTIONS = 256  # distinct directions among them on a large table
 LAPLACE_STEP = float(np.finfo(np.float32).eps)  # 2^-23: the float32 step at 1
 
@@ -81,13 +96,14 @@ def gamma_cdf(n: int, z: np.ndarray) -> np.ndarray:
 
 class DChiFloor:
     """Exit distances s*(x, u) of ``tokens`` (regular token, uniform direction) pairs of a
-    bundle's table; :meth:`unchanged` and :meth:`floor_eta` read them for any η."""
+    bundle's table; :meth:`unchanged` and :meth:`floor_eta` read them for any η. The pairs
+    are drawn from ``rng`` (OS entropy unless a generator or an int seed is given)."""
 
-    def __init__(self, table: np.ndarray, tokens: int = FLOOR_TOKENS, seed: int = 0,
-                 chunk: int = 256):
+    def __init__(self, table: np.ndarray, tokens: int = FLOOR_TOKENS,
+                 rng: np.random.Generator | int | None = None, chunk: int = 256):
         t = np.ascontiguousarray(table, dtype=np.float32)
         v, self.dim = t.shape
-        rng = np.random.default_rng(seed)
+        rng = np.random.default_rng(rng) if isinstance(rng, int) else resolve_rng(rng)
         rows = (np.resize(rng.permutation(v), tokens) if tokens >= v
                 else rng.choice(v, size=tokens, replace=False))
         # directions: a pool of uniform unit vectors, pair i uses direction i mod pool (each
@@ -166,23 +182,105 @@ class DChiFloor:
         return hi
 
 
-_FLOORS: dict[tuple, DChiFloor] = {}
-
-
-def dchi_floor(bundle: EdgeBundle, tokens: int = FLOOR_TOKENS) -> DChiFloor:
-    """The :class:`DChiFloor` of a bundle's regular table (computed once per table)."""
+def dchi_floor(bundle: EdgeBundle, tokens: int = FLOOR_TOKENS,
+               rng: np.random.Generator | int | None = None) -> DChiFloor:
+    """The analytic :class:`DChiFloor` of a bundle's privatization table (``bundle.table``:
+    the model's embeddings or a designed table), its pairs drawn afresh from ``rng``."""
     reg = np.asarray(bundle.regular_ids)
+    return DChiFloor(bundle.table[reg], tokens, rng)
+
+
+def dchi_floor_eta(bundle: EdgeBundle, threshold: float = THRESHOLD,
+                   rng: np.random.Generator | int | None = None) -> float:
+    """The η at which dχ-privacy on this bundle starts to be weaker than the floor (an
+    estimate: the analytic floor on pairs drawn from ``rng``)."""
+    return dchi_floor(bundle, rng=rng).floor_eta(threshold)
+
+
+# -- dχ: the table itself ------------------------------------------------------------------------
+_TABLE_PROBLEMS: dict[tuple, str | None] = {}
+
+
+def table_problem(bundle: EdgeBundle, rng: np.random.Generator | None = None) -> str | None:
+    """None for a usable privatization table, else why it is degenerate (one clause):
+    identical regular rows (all of them compared), or a regular row nearer to another than
+    ``NEAR_DUPLICATE`` of the median nearest-row distance (``DUPLICATE_SAMPLE`` rows drawn
+    afresh). Identical rows are remembered per table content; the sample is drawn anew."""
+    reg = np.asarray(bundle.regular_ids, dtype=np.int64)
     files = bundle.meta.get("files") or {}
-    key = (files.get("table.npy") or files.get("embeddings.npy") or bundle.bundle_id,
-           files.get("table_scale.npy"), hashlib.sha256(reg.tobytes()).hexdigest(), tokens)
-    if key not in _FLOORS:
-        _FLOORS[key] = DChiFloor(bundle.table[reg], tokens)
-    return _FLOORS[key]
+    key = (files.get("table.npy") or files.get("embeddings.npy"), files.get("table_scale.npy"),
+           hashlib.sha256(reg.tobytes()).hexdigest())
+    if key not in _TABLE_PROBLEMS:
+        _TABLE_PROBLEMS[key] = _identical_rows(bundle.table, reg)
+    if _TABLE_PROBLEMS[key] is not None:
+        return _TABLE_PROBLEMS[key]
+    return _near_duplicates(bundle.table, reg, resolve_rng(rng))
 
 
-def dchi_floor_eta(bundle: EdgeBundle, threshold: float = THRESHOLD) -> float:
-    """The η at which dχ-privacy on this bundle starts to be weaker than the floor."""
-    return dchi_floor(bundle).floor_eta(threshold)
+def _identical_rows(table: np.ndarray, reg: np.ndarray) -> str | None:
+    t = np.ascontiguousarray(table[reg], dtype=np.float32)
+    if not np.all(np.isfinite(t)):
+        return "its table has non-finite values"
+    rows = t.view(np.dtype((np.void, t.dtype.itemsize * t.shape[1]))).ravel()
+    _, first, counts = np.unique(rows, return_index=True, return_counts=True)
+    dup = int((counts > 1).sum())
+    if dup:
+        return (f"{int(counts[counts > 1].sum())} of its {reg.size:,} regular tokens share "
+                f"{dup:,} rows (identical rows: the search can never return some of them)")
+    return None
+
+
+def _near_duplicates(table: np.ndarray, reg: np.ndarray, rng: np.random.Generator
+                     ) -> str | None:
+    t = np.asarray(table, dtype=np.float64)[reg]
+    n = min(DUPLICATE_SAMPLE, reg.size)
+    if n < 2:
+        return None
+    picked = rng.choice(reg.size, size=n, replace=False)
+    norms = np.einsum("ij,ij->i", t, t)
+    d2 = norms[picked][:, None] + norms[None, :] - 2.0 * (t[picked] @ t.T)
+    d2[np.arange(n), picked] = np.inf
+    nearest = np.sqrt(np.maximum(d2.min(axis=1), 0.0))
+    median = float(np.median(nearest))
+    close = int((nearest < NEAR_DUPLICATE * median).sum())
+    if median > 0 and close:
+        return (f"{close} of {n} regular rows drawn at random lie within "
+                f"{NEAR_DUPLICATE:g} x the median nearest-row distance of another row "
+                "(near-duplicate rows)")
+    return None
+
+
+# -- dχ: the output, measured ----------------------------------------------------------------------
+def wilson_interval(k: int, n: int, z: float = MEASURE_Z) -> tuple[float, float]:
+    """The Wilson score interval of a binomial share k/n at ``z`` (both edges compute it so)."""
+    if n <= 0:
+        return 0.0, 1.0
+    p = k / n
+    z2 = z * z
+    centre = (p + z2 / (2 * n)) / (1 + z2 / n)
+    half = z * math.sqrt(p * (1 - p) / n + z2 / (4 * n * n)) / (1 + z2 / n)
+    return max(0.0, centre - half), min(1.0, centre + half)
+
+
+def measure_unchanged(mech: DChiEmbedding | DChiText, bundle: EdgeBundle, *,
+                      threshold: float = THRESHOLD, rng: np.random.Generator | None = None,
+                      batch: int = MEASURE_BATCH, most: int = MEASURE_MAX) -> tuple[int, int]:
+    """(unchanged, drawn): regular tokens drawn uniformly from ``rng`` (OS entropy by
+    default) and privatized by the mechanism at its η, until the Wilson interval lies on
+    one side of ``threshold`` or ``most`` were drawn. ``dchi-embedding``: whether the
+    nearest regular token of the noisy row is the token (the attacker's guess)."""
+    rng = resolve_rng(rng)
+    text = mech if isinstance(mech, DChiText) else DChiText(bundle, mech.eta)
+    reg = np.asarray(bundle.regular_ids, dtype=np.int64)
+    same = drawn = 0
+    while drawn < most:
+        x = reg[rng.integers(0, reg.size, size=min(batch, most - drawn))]
+        same += int((text.privatize_ids(x, rng) == x).sum())
+        drawn += x.size
+        lo, hi = wilson_interval(same, drawn)
+        if hi <= threshold or lo > threshold:
+            break
+    return same, drawn
 
 
 # -- the floor ----------------------------------------------------------------------------------
@@ -201,7 +299,8 @@ def _pct(p: float) -> str:
 # -- each mechanism's floor (registered: ``mechanism.weak_privacy_reason(...)`` finds them) ----
 @FLOOR.register(DChiEmbedding, DChiText)
 def _dchi_reason(mech: DChiEmbedding | DChiText, bundle: EdgeBundle | None, *,
-                 threshold: float, dim: int | None) -> str | None:
+                 threshold: float, dim: int | None,
+                 rng: np.random.Generator | None = None) -> str | None:
     if bundle is None and isinstance(mech, DChiText):
         bundle = mech.bundle
     if bundle is None:
@@ -210,21 +309,26 @@ def _dchi_reason(mech: DChiEmbedding | DChiText, bundle: EdgeBundle | None, *,
     if isinstance(mech, DChiEmbedding):
         bundle.embeddings  # noqa: B018 (BundleError: a designed table serves dchi-text only)
     head = f"{mech.name} eta={mech.eta:g} is weaker than the privacy floor"
-    floor = dchi_floor(bundle)  # cached per table; it also knows the largest norm
-    if not math.isfinite(mech.eta * 2.0 * floor.t_max):
+    problem = table_problem(bundle, rng)
+    if problem is not None:
+        return f"{head}: the bundle's table is degenerate: {problem}"
+    reg = np.asarray(bundle.regular_ids)
+    t_max = float(np.sqrt(np.einsum("ij,ij->i", bundle.table[reg], bundle.table[reg]).max()))
+    if not math.isfinite(mech.eta * 2.0 * t_max):
         return f"{head}: the worst-case epsilon per token (eta x 2 max||phi||) is not finite"
-    p = floor.unchanged(mech.eta)
-    if p <= threshold:
+    same, drawn = measure_unchanged(mech, bundle, threshold=threshold, rng=rng)
+    if same / drawn <= threshold:
         return None
-    what = "come back unchanged" if isinstance(mech, DChiText) else \
-        "are their own nearest token after the noise"
-    return (f"{head}: {_pct(p)} of tokens {what} (floor {_pct(threshold)}; on this bundle "
-            f"it starts at eta={floor.floor_eta(threshold):.4g})")
+    what = "came back unchanged" if isinstance(mech, DChiText) else \
+        "were their own nearest token after the noise"
+    start = dchi_floor(bundle, tokens=256, rng=rng).floor_eta(threshold)
+    return (f"{head}: {_pct(same / drawn)} of {drawn:,} tokens drawn at random {what} "
+            f"(floor {_pct(threshold)}; on this bundle it starts near eta={start:.3g})")
 
 
 @FLOOR.register(Laplace)
 def _laplace_reason(mech: Laplace, bundle: EdgeBundle | None, *, threshold: float,
-                    dim: int | None) -> str | None:
+                    dim: int | None, **_: Any) -> str | None:
     dim = _vector_dim(mech, bundle, dim)
     eps = mech.epsilon
     head = f"laplace epsilon={eps:g} is weaker than the privacy floor"
@@ -242,7 +346,7 @@ def _laplace_reason(mech: Laplace, bundle: EdgeBundle | None, *, threshold: floa
 
 @FLOOR.register(_FixedPointBits)
 def _bits_reason(mech: _FixedPointBits, bundle: EdgeBundle | None, *, threshold: float,
-                 dim: int | None) -> str | None:
+                 dim: int | None, **_: Any) -> str | None:
     p, q = mech.bit_probabilities()
     params = ", ".join(f"{k}={v:g}" for k, v in mech.params.items() if k in ("epsilon", "lam"))
     head = f"{mech.name} {params} is weaker than the privacy floor"
@@ -259,33 +363,38 @@ def _bits_reason(mech: _FixedPointBits, bundle: EdgeBundle | None, *, threshold:
 
 @FLOOR.register(TextHide)
 def _texthide_reason(mech: TextHide, bundle: EdgeBundle | None, *, threshold: float,
-                     dim: int | None) -> str | None:
+                     dim: int | None, **_: Any) -> str | None:
     return None  # no differential-privacy guarantee to fall below (shared.accounting)
 
 
 @FLOOR.register(NoPrivacy)
 def _none_reason(mech: NoPrivacy, bundle: EdgeBundle | None, *, threshold: float,
-                 dim: int | None) -> str | None:
+                 dim: int | None, **_: Any) -> str | None:
     return "mechanism none sends plain token ids: there is no privatization at all"
 
 
 def weak_privacy_reason(mechanism: Any, bundle: EdgeBundle | None = None, *,
-                        threshold: float = THRESHOLD, dim: int | None = None) -> str | None:
+                        threshold: float = THRESHOLD, dim: int | None = None,
+                        rng: np.random.Generator | None = None) -> str | None:
     """None if ``mechanism`` (a ``shared.mechanisms`` object, or the name "none") passes the
     floor on ``bundle``, else one line saying why: ``mechanism.weak_privacy_reason(...)``.
-    ``dim``: the sentence-vector size r for Laplace when no bundle is given."""
+    ``dim``: the sentence-vector size r for Laplace when no bundle is given. ``rng``: what
+    the dχ measurement draws from (OS entropy by default; a seeded generator only for
+    reproducible tests)."""
     if not (isinstance(threshold, (int, float)) and 0.0 < threshold < 1.0):
         raise ValueError(f"threshold must be in (0, 1), got {threshold!r}")
-    return as_mechanism(mechanism).weak_privacy_reason(bundle, threshold=threshold, dim=dim)
+    return as_mechanism(mechanism).weak_privacy_reason(bundle, threshold=threshold, dim=dim,
+                                                       rng=rng)
 
 
 def require_privacy_floor(mechanism: Any, bundle: EdgeBundle | None = None, *,
                           allow_weak: bool = False, threshold: float = THRESHOLD,
-                          dim: int | None = None) -> str | None:
+                          dim: int | None = None,
+                          rng: np.random.Generator | None = None) -> str | None:
     """Raise :class:`WeakPrivacyError` if ``mechanism`` is weaker than the floor, unless
     ``allow_weak``; return the reason (None if it passes) so a caller can say that its
     output is close to the raw text."""
-    reason = weak_privacy_reason(mechanism, bundle, threshold=threshold, dim=dim)
+    reason = weak_privacy_reason(mechanism, bundle, threshold=threshold, dim=dim, rng=rng)
     if reason is not None and not allow_weak:
         raise WeakPrivacyError(reason)
     return reason

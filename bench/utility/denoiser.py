@@ -57,7 +57,7 @@ def context_free_ranks(posterior, x: np.ndarray, y: np.ndarray) -> np.ndarray:
 
 def neighbour_ranks(bundle, x: np.ndarray, y: np.ndarray) -> np.ndarray:
     """For each pair, how many regular tokens lie nearer to φ(y) than φ(x) does."""
-    emb = np.asarray(bundle.embeddings, dtype=np.float32)
+    emb = np.asarray(bundle.table, dtype=np.float32)  # the privatization space
     reg = emb[bundle.regular_ids]
     n2 = (reg * reg).sum(1)
     out = []
@@ -277,3 +277,25 @@ def main(argv: list[str]) -> int:
     write_json(out / "results" / f"eta{args.eta:g}-{int(time.time())}.json", res)
     print(render(res, args), flush=True)
     return 0
+
+
+def train_for_frontier(bundle, posterior, cache: Path, *, epochs: int = 1,
+                       corpus: str | None = None, draws: int = 3, seed: int = 0) -> dict:
+    """The contextual attack of ``python -m bench.utility frontier``: this bench's denoiser
+    (2 layers, 4,096 candidates, the training sentences + ``corpus``) retrained for
+    ``bundle``'s table and ``posterior``'s η, and its recovery on the dev tokens."""
+    from models.data import read_labelled_tsv
+    from models.denoiser_train import DenoiserConfig, public_denoiser, read_corpus, recovery
+
+    texts = read_labelled_tsv(TRAIN).texts + (read_corpus(corpus) if corpus else [])
+    cfg = DenoiserConfig(layers=2, candidates=4096, epochs=epochs, seed=seed, progress=False)
+    t0 = time.perf_counter()
+    d = public_denoiser(bundle, posterior, texts, cfg, rng=np.random.default_rng([seed, 11]),
+                        cache=cache)
+    t1 = time.perf_counter()
+    rec = recovery(d, posterior, bundle, read_labelled_tsv(DEV).texts, draws=draws,
+                   rng=np.random.default_rng([seed, 31]))
+    return {"contextual": rec["contextual"], "contextual_draws": rec["contextual_draws"],
+            "context_free": rec.get("context_free"), "survive": rec["survive"],
+            "tokens": rec["tokens"], "denoiser_s": t1 - t0, "texts": len(texts),
+            "epochs": epochs, "machine": machine()}

@@ -141,9 +141,10 @@ def run(job: dict, files: AttemptFiles, dist_ctx=None) -> dict | None:
              else None)
     denoiser = None
     if spec.get("denoiser_path"):
+        from models.backbone import model_embeddings
         from models.denoiser import Denoiser
 
-        denoiser = Denoiser.load(spec["denoiser_path"], bundle.embeddings)
+        denoiser = Denoiser.load(spec["denoiser_path"], model_embeddings(bundle))
     res = train_from_records(parts["train"], files.output, bundle=bundle,
                              dev_records=parts["dev"] or None, base=spec.get("base_path"),
                              cfg=cfg, label_names=list(task.labels),

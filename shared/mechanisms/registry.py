@@ -117,7 +117,7 @@ class Aspect:
 
 
 COST = Aspect("budget cost")  # (cls, params, *, tokens, dim, diameter) -> shared.ledger.Cost
-FLOOR = Aspect("privacy floor")  # (mech, bundle, *, threshold, dim) -> str | None
+FLOOR = Aspect("privacy floor")  # (mech, bundle, *, threshold, dim, rng) -> str | None
 COMPUTABLE = Aspect("computability check",  # (mech, bundle, *, dim, float_dtype) -> None
                     default=lambda *args, **kwargs: None)  # nothing that can overflow
 GUARANTEE = Aspect("accounting")  # (mech, bundle, *, dim, sample) -> dict
@@ -142,7 +142,7 @@ class Mechanism(Protocol):
              diameter: float | None = None) -> Any: ...
 
     def weak_privacy_reason(self, bundle: EdgeBundle | None = None, *, threshold: float,
-                            dim: int | None = None) -> str | None: ...
+                            dim: int | None = None, rng: Any = None) -> str | None: ...
 
     def check_computable(self, bundle: EdgeBundle | None = None, *, dim: int | None = None,
                          float_dtype: str = "float32") -> None: ...
@@ -242,9 +242,11 @@ class BaseMechanism:
                             diameter=diameter)
 
     def weak_privacy_reason(self, bundle: EdgeBundle | None = None, *, threshold: float,
-                            dim: int | None = None) -> str | None:
-        """``shared.floor``: None, or why these parameters are weaker than the floor."""
-        return FLOOR.of(type(self))(self, bundle, threshold=threshold, dim=dim)
+                            dim: int | None = None, rng: Any = None) -> str | None:
+        """``shared.floor``: None, or why these parameters are weaker than the floor
+        (``rng``: what a measured floor draws from; OS entropy by default)."""
+        extra = {"rng": rng} if rng is not None else {}  # a plugin's floor may not take one
+        return FLOOR.of(type(self))(self, bundle, threshold=threshold, dim=dim, **extra)
 
     def check_computable(self, bundle: EdgeBundle | None = None, *, dim: int | None = None,
                          float_dtype: str = "float32") -> None:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 
 import numpy as np
 import pytest
@@ -136,7 +137,7 @@ def test_privatizer_refuses_weak_parameters_unless_allowed(tiny_bundle):
     with pytest.raises(WeakPrivacyError, match="privacy floor"):
         Privatizer(tiny_bundle, DChiText(tiny_bundle, 1000.0))
     p = Privatizer(tiny_bundle, DChiText(tiny_bundle, 1000.0), allow_weak_privacy=True)
-    assert "come back unchanged" in p.weak_privacy
+    assert "came back unchanged" in p.weak_privacy
     out = p.privatize(["good movie"], rng=np.random.default_rng(0))
     assert out[0].data_array().tolist() == tiny_bundle.tokenizer.encode(
         "good movie", add_special_tokens=False).ids  # what "close to the raw text" means
@@ -157,10 +158,12 @@ def test_report_shows_where_the_floor_starts(capfd, tiny_model_dir, tmp_path):
                "--inversion-tokens", "200", "--bundle", str(tiny_model_dir), "--json"])
     out, _ = capfd.readouterr()
     rep = json.loads(out)
-    assert rc == 0 and rep["privacy_floor"]["eta"] == pytest.approx(floor_eta)
-    assert rep["privacy_floor"]["unchanged"] < 0.99
+    # both estimates draw their (token, direction) pairs afresh: 1,000 pairs each
+    assert rc == 0 and rep["privacy_floor"]["eta"] == pytest.approx(floor_eta, rel=0.15)
+    assert rep["privacy_floor"]["unchanged"] < 0.97
     rc = main(["report", "--eta", "3", "--tokens", "10", "--samples", "20",
                "--inversion-tokens", "200", "--bundle", str(tiny_model_dir)])
     out, _ = capfd.readouterr()
-    assert f"privacy floor (shared.floor): from eta={floor_eta:.4g} on more than 99% of " \
-           "tokens come back unchanged" in out
+    m = re.search(r"privacy floor \(shared.floor\): from eta=([0-9.]+) on more than 97% of "
+                  r"tokens come back unchanged", out)
+    assert m and float(m.group(1)) == pytest.approx(floor_eta, rel=0.15)

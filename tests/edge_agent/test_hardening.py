@@ -29,9 +29,9 @@ def src(tmp_path):
 @pytest.mark.parametrize(("flags", "needle", "floor"), [
     (["--eta", "1e308"], "worst-case epsilon per token (eta x 2 max||phi||) is not finite",
      True),
-    (["--mechanism", "dchi-embedding", "--eta", "1000"], "of tokens are their own nearest",
+    (["--mechanism", "dchi-embedding", "--eta", "1000"], "tokens drawn at random were their own nearest",
      True),
-    (["--eta", "1000", "--format", "text"], "of tokens come back unchanged", True),
+    (["--eta", "1000", "--format", "text"], "tokens drawn at random came back unchanged", True),
     (["--mechanism", "laplace", "--epsilon", "1e300"], "within float32 rounding", True),
     (["--mechanism", "ome", "--epsilon", "1", "--lam", "1e20"], "is not finite", True),
     (["--mechanism", "ome", "--epsilon", "1", "--lam", "1e6"], "fixed function", True),
