@@ -57,6 +57,12 @@ def add_bundle_args(p: argparse.ArgumentParser) -> None:
     g.add_argument("--timeout", type=float, default=30.0, help="seconds per request (30)")
     g.add_argument("--retries", type=int, default=5,
                    help="retries on 429/503/connection errors, exponential backoff (5)")
+    g.add_argument("--accept-bundle", metavar="ID", action="append", default=[],
+                   help="accept this bundle id for the model although this device pinned "
+                        "another one first (a server never changes a bundle silently)")
+    g.add_argument("--trusted-bundles", metavar="IDS",
+                   help="comma-separated bundle ids this app trusts; any other bundle is "
+                        "refused (default: $PRIVBERT_TRUSTED_BUNDLES)")
 
 
 def add_ledger_arg(p: argparse.ArgumentParser) -> None:
@@ -67,6 +73,13 @@ def add_ledger_arg(p: argparse.ArgumentParser) -> None:
 
 def server_options(args: argparse.Namespace) -> ServerOptions:
     """The bundle and server flags of ``args``."""
+    from edge_agent.service.pins import parse_ids, trusted_from_env
+
+    trusted = getattr(args, "trusted_bundles", None)
     return ServerOptions(bundle=getattr(args, "bundle", None), server=args.server,
                          model=args.model, api_key=args.api_key, timeout=args.timeout,
-                         retries=args.retries)
+                         retries=args.retries,
+                         accept_bundle=parse_ids(getattr(args, "accept_bundle", None) or [],
+                                                 "--accept-bundle"),
+                         trusted_bundles=(parse_ids(trusted, "--trusted-bundles")
+                                          if trusted is not None else trusted_from_env()))

@@ -274,7 +274,9 @@ def measure_unchanged(mech: DChiEmbedding | DChiText, bundle: EdgeBundle, *,
     reg = np.asarray(bundle.regular_ids, dtype=np.int64)
     same = drawn = 0
     while drawn < most:
-        x = reg[rng.integers(0, reg.size, size=min(batch, most - drawn))]
+        # distinct within a step, independent between steps (numpy's choice: the web edge
+        # draws the same tokens from the same generator)
+        x = reg[rng.choice(reg.size, size=min(batch, most - drawn, reg.size), replace=False)]
         same += int((text.privatize_ids(x, rng) == x).sum())
         drawn += x.size
         lo, hi = wilson_interval(same, drawn)

@@ -19,6 +19,8 @@ class ServerOptions:
     api_key: str | None = None
     timeout: float = 30.0
     retries: int = 5
+    accept_bundle: frozenset[str] = frozenset()  # ids the user accepts in place of a pin
+    trusted_bundles: frozenset[str] = frozenset()  # if any: the only ids this edge uses
 
 
 def make_client(opts: ServerOptions, batch_size: int = 64):
@@ -53,7 +55,9 @@ def resolve_bundle(opts: ServerOptions, client=None,
         if check_model is not None:
             check_model(model)
         if not opts.bundle:
+            _check_pin(opts, model, record=False)  # before a byte of the bundle is fetched
             bundle, model, path, fetched = bundle_for_model(client, model=model)
+            _check_pin(opts, model, record=True)  # verified: remembered
             info(f"bundle {bundle.bundle_id[:12]}… of model {model.get('id')} "
                  f"{'fetched and cached in' if fetched else 'from cache'} {path}")
             return bundle, model
@@ -71,8 +75,30 @@ def resolve_bundle(opts: ServerOptions, client=None,
             bundle = EdgeBundle.from_model(path)
     else:
         bundle = EdgeBundle.from_model()
+    from edge_agent.service.pins import check_trusted
+
+    check_trusted(bundle.bundle_id, opts.trusted_bundles)
     if model is not None and model.get("bundle_id") not in (None, bundle.bundle_id):
         raise CliError(f"--bundle {opts.bundle} is {bundle.bundle_id[:12]}…, but model "
                        f"{model.get('id')} expects bundle {str(model['bundle_id'])[:12]}…; "
                        "drop --bundle to fetch the right one")
     return bundle, model
+
+
+def _check_pin(opts: ServerOptions, model: dict, record: bool) -> None:
+    """The served model's bundle id against this device's pin (``edge_agent.service.pins``)."""
+    from edge_agent.service.bundle_cache import cache_root
+    from edge_agent.service.pins import PINS_FILE, Pins, check_pin
+
+    bundle_id, model_id = model.get("bundle_id"), str(model.get("id"))
+    if not isinstance(bundle_id, str):
+        return  # bundle_for_model refuses it in its own words
+    what = check_pin(Pins(cache_root() / PINS_FILE), str(opts.server), model_id, bundle_id,
+                     accept=opts.accept_bundle, trusted=opts.trusted_bundles, record=record)
+    if not record:
+        return
+    if what == "pinned":
+        info(f"bundle {bundle_id[:12]}… pinned for model {model_id}: this device will refuse "
+             "another one from this server unless accepted with --accept-bundle")
+    elif what == "accepted":
+        info(f"bundle {bundle_id[:12]}… accepted for model {model_id} (--accept-bundle)")

@@ -1,0 +1,130 @@
+"""Bundle pinning: a device remembers the bundle it first accepted for a served model.
+
+The bundle decides what privatization means (its table is the space the noise is added in),
+and it comes from a server the device need not trust. So the first bundle a device accepts
+for ``(server, model)`` is pinned, and a server that later names another one is refused in
+one line naming both ids, until the user accepts the new id explicitly
+(``--accept-bundle ID``). An app can also ship the ids it trusts (``--trusted-bundles`` or
+``$PRIVBERT_TRUSTED_BUNDLES``, comma-separated): any other bundle is then refused, pinned or
+not, from a server or a directory.
+
+The pins live in ``pins.json`` next to the bundle cache (``$PRIVBERT_CACHE``), written
+atomically, mode 0600; a file the device cannot read as pins is an error, never a silent
+fresh start (which would accept whatever the server says).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import tempfile
+from collections.abc import Iterable
+from pathlib import Path
+from urllib.parse import urlsplit
+
+from edge_agent.errors import CliError
+
+PINS_FILE = "pins.json"
+TRUSTED_ENV = "PRIVBERT_TRUSTED_BUNDLES"
+_BUNDLE_ID = re.compile(r"^[0-9a-f]{64}$")
+
+
+class BundleChanged(CliError):
+    """The server names a bundle other than the one this device pinned (or trusts)."""
+
+
+def parse_ids(text: str | Iterable[str] | None, what: str) -> frozenset[str]:
+    """Bundle ids from a comma-separated string or a list; CliError for a malformed one."""
+    if text is None:
+        return frozenset()
+    items = text.split(",") if isinstance(text, str) else list(text)
+    ids = {s.strip().lower() for s in items if s.strip()}
+    bad = [s for s in ids if not _BUNDLE_ID.match(s)]
+    if bad:
+        raise CliError(f"{what}: {bad[0]!r} is not a bundle id (64 hex digits)")
+    return frozenset(ids)
+
+
+def trusted_from_env() -> frozenset[str]:
+    return parse_ids(os.environ.get(TRUSTED_ENV), f"${TRUSTED_ENV}")
+
+
+def server_key(server: str, model_id: str) -> str:
+    """``scheme://host:port/path|model``: one pin per service and model."""
+    u = urlsplit(server.strip())
+    port = f":{u.port}" if u.port else ""
+    return f"{u.scheme.lower()}://{(u.hostname or '').lower()}{port}{u.path.rstrip('/')}|{model_id}"
+
+
+class Pins:
+    """The pins file: ``{"version": 1, "pins": {server_key: bundle_id}}``."""
+
+    def __init__(self, path: Path):
+        self.path = Path(path)
+
+    def read(self) -> dict[str, str]:
+        try:
+            raw = self.path.read_text()
+        except FileNotFoundError:
+            return {}
+        except OSError as exc:
+            raise CliError(f"{self.path}: the bundle pins cannot be read "
+                           f"({exc.strerror or type(exc).__name__})") from None
+        try:
+            data = json.loads(raw)
+            pins = data["pins"]
+            if data.get("version") != 1 or not isinstance(pins, dict) or not all(
+                    isinstance(v, str) and _BUNDLE_ID.match(v) for v in pins.values()):
+                raise ValueError
+        except (ValueError, KeyError, TypeError):
+            raise CliError(f"{self.path}: not a privbert pins file; move it away to pin "
+                           "bundles afresh (the next bundle each server names is accepted)"
+                           ) from None
+        return dict(pins)
+
+    def write(self, pins: dict[str, str]) -> None:
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(prefix=".pins.", dir=self.path.parent)
+        try:
+            with os.fdopen(fd, "w") as f:  # mkstemp creates it 0600
+                json.dump({"version": 1, "pins": pins}, f, indent=1, sort_keys=True)
+            os.replace(tmp, self.path)
+        except BaseException:
+            Path(tmp).unlink(missing_ok=True)
+            raise
+
+
+def check_trusted(bundle_id: str, trusted: frozenset[str]) -> None:
+    if trusted and bundle_id not in trusted:
+        raise BundleChanged(f"bundle {bundle_id[:12]}… is not one of the {len(trusted)} bundle "
+                            "id(s) this app trusts (--trusted-bundles / "
+                            f"${TRUSTED_ENV}); refusing it")
+
+
+def check_pin(pins: Pins, server: str, model_id: str, bundle_id: str, *,
+              accept: frozenset[str] = frozenset(),
+              trusted: frozenset[str] = frozenset(), record: bool = True) -> str:
+    """Pin ``bundle_id`` for (server, model) on first use, or check it against the pin.
+
+    Returns "pinned" (first use), "same" or "accepted" (the user accepted a change with
+    ``accept``); raises :class:`BundleChanged` (one line, both ids) otherwise. With
+    ``record=False`` nothing is written (the check made before the bundle is fetched; the
+    pin is recorded once the bundle has been verified).
+    """
+    check_trusted(bundle_id, trusted)
+    key = server_key(server, model_id)
+    current = pins.read()
+    old = current.get(key)
+    if old == bundle_id:
+        return "same"
+    if old is not None and bundle_id not in accept and bundle_id not in trusted:
+        raise BundleChanged(
+            f"model {model_id} at {server} now names bundle {bundle_id[:12]}…, not the "
+            f"bundle {old[:12]}… this device accepted for it first; a bundle decides what "
+            f"privatization means, so it never changes silently (accept it with "
+            f"--accept-bundle {bundle_id})")
+    if record:
+        current[key] = bundle_id
+        pins.write(current)
+    return "pinned" if old is None else "accepted"
