@@ -149,10 +149,16 @@ def _bundle(args):
     from models.data import kind_of
     from shared.bundle import EdgeBundle
 
+    table = getattr(args, "table", None)
     if args.bundle:
+        if table is not None:
+            raise ValueError("--table builds the bundle and --bundle reads one: pass one of "
+                             "them")
         return EdgeBundle.load(args.bundle)
     if kind_of(args.mechanism) != "vector":
-        return EdgeBundle.from_model(args.base)
+        return EdgeBundle.from_model(args.base, table=table)
+    if table not in (None, "none"):
+        raise ValueError(f"--table is for dchi-text; {args.mechanism} reads a sentence vector")
     import tempfile
 
     from models.export import export_bundle

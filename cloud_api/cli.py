@@ -19,6 +19,7 @@ import shutil
 import sys
 import tempfile
 from collections.abc import Iterator
+from pathlib import Path
 
 PROG = "cloud-api"
 
@@ -266,6 +267,10 @@ def run_models_register(args) -> int:
 
     home = _home(args)
     cfg = read_config(args.dir)
+    from models.version_folder import BUNDLE_DIR
+
+    if not args.bundle and (Path(args.dir) / BUNDLE_DIR / "bundle.json").is_file():
+        args.bundle = str(Path(args.dir) / BUNDLE_DIR)  # the bundle the version carries
     if args.bundle:
         from cloud_api.serving.bundles import BundleStore
         from shared.bundle import EdgeBundle

@@ -23,6 +23,15 @@ from models.recipe import DEFAULT_EPOCHS, DENOISER_MECHANISMS
 PROG = "cloud-api"
 
 
+def _table_name(text: str) -> str:
+    from shared.table import TableError, TableSpec
+
+    try:
+        return TableSpec.parse(text).name
+    except TableError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
 def _error(message: str) -> None:
     print(f"{PROG}: error: {message}", file=sys.stderr)
     sys.exit(2)
@@ -91,6 +100,10 @@ def _mechanism_args(p: argparse.ArgumentParser) -> None:
                         "edge-agent (needed again to evaluate; never stored with the model)")
     g.add_argument("--bundle", metavar="DIR",
                    help="edge bundle (needed for laplace/ome/texthide: cloud-api export-bundle)")
+    g.add_argument("--table", metavar="NAME", type=_table_name,
+                   help="dchi-text: build the bundle with this privatization table from the "
+                        "base model (shared.table: none, pca32-int8, pca64, ...; "
+                        "cloud-api export-bundle --table writes one to a folder)")
     g.add_argument("--seed", type=int,
                    help="reproducible privatization and training (prints a warning)")
 
@@ -305,6 +318,10 @@ def register(subparsers) -> None:
     x.add_argument("--model-dir", metavar="BERT", help="BERT folder (default: MiniLM-L6-H384)")
     x.add_argument("--pooling", choices=("mean", "cls"), default="mean",
                    help="sentence pooling of the encoder (mean: MiniLM's own, unnormalised)")
+    x.add_argument("--table", metavar="NAME", type=_table_name,
+                   help="a bundle for dchi-text with this privatization table (shared.table: "
+                        "pca32-int8, pca64, none-int8, ...; no encoder.onnx): the projection "
+                        "is fitted on the model's own word embeddings, never on text")
     x.add_argument("--onnx", action="store_true", help="export a trained model's classifier")
     x.add_argument("--model", metavar="DIR", help="model version folder (with --onnx)")
     x.set_defaults(func=_guarded(run_export))
@@ -324,6 +341,22 @@ def _check_device(args) -> None:
 
 
 # -- train -----------------------------------------------------------------------------------
+def _keep_bundle(bundle, model_dir) -> None:
+    """A bundle with a designed privatization table goes into the version folder
+    (``bundle/``): ``cloud-api models register`` and ``evaluate`` find it there."""
+    from pathlib import Path
+
+    from models.privatize import load_bundle
+    from models.version_folder import BUNDLE_DIR
+    from shared.bundle import EdgeBundle, save_atomically
+
+    b = bundle if isinstance(bundle, EdgeBundle) or bundle is None else \
+        load_bundle(bundle_dir=bundle)
+    if b is not None and not b.has_embeddings:
+        save_atomically(b, Path(model_dir) / BUNDLE_DIR)
+        print(f"bundle={Path(model_dir) / BUNDLE_DIR} ({b.describe_table()})", file=sys.stderr)
+
+
 def run_train(args) -> int:
     from models.experiment import train_from_records, train_from_tsv
     from models.finetune import TrainConfig
@@ -347,20 +380,29 @@ def run_train(args) -> int:
         table = _posterior_table(args.posterior_table) if args.posterior_table else None
         den = (_denoiser_file(args.denoiser_file, args.bundle) if args.denoiser_file
                else None)
+        bundle = args.bundle
+        if args.table is not None:
+            from models.privatize import load_bundle
+
+            bundle = load_bundle(bundle_dir=args.bundle, model_dir=args.base, table=args.table)
         try:
             res = train_from_tsv(args.data, args.out, args.mechanism, _mechanism_params(args),
-                                 dev_tsv=args.dev, bundle=args.bundle, base=args.base,
+                                 dev_tsv=args.dev, bundle=bundle, base=args.base,
                                  cfg=cfg, limit=args.limit, dev_limit=args.dev_limit, rng=rng,
                                  allow_weak_privacy=args.allow_weak_privacy, recipe=recipe,
                                  teacher=args.teacher, posterior=table, denoiser=den)
         except WeakPrivacyError as exc:
             raise WeakPrivacyError(f"{exc}; --allow-weak-privacy trains on it anyway") from None
+        _keep_bundle(bundle, res.model_dir)
     else:
         from models.data import read_records_jsonl
         from shared.mechanisms import NoPrivacy
 
         if args.dev is not None:
             raise ValueError("--records takes --dev-records (JSONL), not --dev")
+        if args.table is not None:
+            raise ValueError("--records were privatized with their bundle already: pass it "
+                             "with --bundle DIR, not --table")
         if args.mechanism is not None:
             _info("note: --records carry their mechanism; the mechanism flags are ignored")
         records = read_records_jsonl(args.records, limit=args.limit)
@@ -390,6 +432,7 @@ def run_train(args) -> int:
         res = train_from_records(records, args.out, bundle=args.bundle, dev_records=dev,
                                  base=args.base, cfg=cfg, recipe=recipe, posterior=table,
                                  denoiser=den)
+        _keep_bundle(args.bundle, res.model_dir)
         _print_trained(res, note)
         return 0
     _print_trained(res)
@@ -482,7 +525,8 @@ def run_attack(args) -> int:
         cfg = read_config(args.model)
         name, params = cfg["mechanism"], dict(cfg["params"])
         bundle = load_bundle(bundle_dir=args.bundle, expected_id=cfg["bundle_id"]) \
-            if args.bundle else load_bundle(expected_id=cfg["bundle_id"])
+            if args.bundle else load_bundle(expected_id=cfg["bundle_id"],
+                                            version_dir=args.model)
     else:
         if args.mechanism is None:
             raise ValueError("--attack needs --mechanism (and its parameters) or --model")
@@ -546,10 +590,35 @@ def run_export(args) -> int:
         return 0
     if args.out is None:
         raise ValueError("export-bundle needs --out DIR (or --onnx --model DIR)")
+    if args.table is not None and args.table != "none":
+        return _export_table_bundle(args)
     bundle = export_bundle(args.out, args.model_dir, args.pooling)
     enc = bundle.meta["encoder"]
     print(f"bundle={args.out}")
     print(f"bundle_id={bundle.bundle_id}")
     print(f"encoder pooling={enc['pooling']} output_dim={enc['output_dim']} "
           f"max_abs_diff_vs_torch={enc['checked_max_abs_diff']:.2e}")
+    return 0
+
+
+def _export_table_bundle(args) -> int:
+    """``export-bundle --table``: a bundle whose privatization table is designed
+    (``shared.table``), saved atomically; what it holds and what it costs on the wire."""
+    from pathlib import Path
+
+    from shared.accounting import dchi_diameter_bound
+    from shared.bundle import EdgeBundle, save_atomically
+
+    bundle = EdgeBundle.from_model(args.model_dir, table=args.table)
+    out = save_atomically(bundle, args.out)
+    loaded = EdgeBundle.load(out, expected_id=bundle.bundle_id)  # it reads back whole
+    size = sum(p.stat().st_size for p in Path(out).iterdir() if p.is_file())
+    info = loaded.table_info
+    print(f"bundle={args.out}")
+    print(f"bundle_id={loaded.bundle_id}")
+    print(f"{loaded.describe_table()}; projection {json.dumps(info['projection'])}")
+    print(f"size={size} bytes ({size / 1e6:.2f} MB); tarball {len(loaded.to_tar_bytes())} bytes")
+    print(f"diameter bound D = 2 max||phi|| = "
+          f"{dchi_diameter_bound(loaded.table, loaded.regular_ids):.4f} (worst case eta*D per "
+          "token); serves dchi-text only")
     return 0

@@ -417,7 +417,8 @@ def evaluate_tsv(model_dir: str | os.PathLike, tsv: str | os.PathLike, *,
     else:
         base = cfg.get("base_model")
         base = None if base in (None, "default MiniLM-L6-H384") else base
-        bundle = load_bundle(model_dir=base, expected_id=cfg["bundle_id"])
+        bundle = load_bundle(model_dir=base, expected_id=cfg["bundle_id"],
+                             version_dir=model_dir)
     mech = mechanism_from_params(cfg["mechanism"], cfg["params"], bundle, texthide_key,
                                  texthide_k=1)
     # a model trained with --allow-weak-privacy is evaluated the way it was trained

@@ -90,17 +90,28 @@ def mechanism_from_params(name: str, params: dict, bundle: EdgeBundle,
 
 def load_bundle(bundle_dir: str | os.PathLike | None = None,
                 model_dir: str | os.PathLike | None = None,
-                expected_id: str | None = None) -> EdgeBundle:
-    """A saved bundle (``bundle_dir``), else the bundle of a BERT folder (None = MiniLM).
+                expected_id: str | None = None, table: str | None = None,
+                version_dir: str | os.PathLike | None = None) -> EdgeBundle:
+    """A saved bundle (``bundle_dir``), else the one a model version carries
+    (``version_dir``/bundle, written by ``cloud-api train --table``), else the bundle of a
+    BERT folder (None = MiniLM), with the privatization ``table`` (``shared.table``: e.g.
+    ``pca32-int8``; None = the model's own embeddings).
 
     ``model_dir`` may also be a privbert model version or a pretraining checkpoint: the
     bundle is read from the BERT folder named by ``base_model`` in its config when it has
     no word embeddings of its own. ValueError if the id is not ``expected_id``.
     """
+    if bundle_dir is not None and table is not None:
+        raise ValueError("--table builds a bundle and --bundle reads one: pass one of them")
+    if bundle_dir is None and version_dir is not None and table is None:
+        from models.version_folder import BUNDLE_DIR
+
+        if (Path(version_dir) / BUNDLE_DIR / "bundle.json").is_file():
+            bundle_dir = Path(version_dir) / BUNDLE_DIR
     if bundle_dir is not None:
         bundle = EdgeBundle.load(bundle_dir)
     else:
-        bundle = EdgeBundle.from_model(_bert_dir_for_bundle(model_dir))
+        bundle = EdgeBundle.from_model(_bert_dir_for_bundle(model_dir), table=table)
     if expected_id is not None and bundle.bundle_id != expected_id:
         raise ValueError(f"the bundle {bundle.bundle_id[:12]}… is not the model's "
                          f"{expected_id[:12]}… (pass the bundle it was trained with: --bundle)")

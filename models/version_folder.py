@@ -18,6 +18,8 @@ CONFIG_FILE, WEIGHTS_FILE, METRICS_FILE, DATA_FILE = (
 ONNX_FILE = "classifier.onnx"
 DENOISER_FILE = "denoiser.safetensors"  # models.denoiser (the contextual posterior)
 INT8_FILE = "classifier.int8.onnx"  # models.quantize
+BUNDLE_DIR = "bundle"  # the edge bundle a version was trained with, when it is not the
+# default one (a designed privatization table: ``cloud-api train --table``)
 
 
 def read_config(path: str | os.PathLike) -> dict:

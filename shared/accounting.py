@@ -112,8 +112,11 @@ def _dchi(mech: DChiEmbedding | DChiText, bundle: EdgeBundle | None, *, dim: int
     wc["neighbour_distance_median"] = {str(k): med[k] for k in ks}
     wc["expected_noise_norm"] = noise
     wc["dim"] = n
+    g["table"] = bundle.table_name
     names = "/".join(f"{k}{'st' if k == 1 else 'th'}" for k in ks)
     g["notes"] += [
+        f"Privatization {bundle.describe_table()}: d is the distance in this table, and "
+        "every figure here is measured on it.",
         f"On this table (n={n}) the median distance to the {names} nearest token is "
         + "/".join(f"{med[k]:.3f}" for k in ks) + ", so a token is "
         + "/".join(f"{eta * med[k]:.1f}" for k in ks) + "-indistinguishable from those "
@@ -242,5 +245,6 @@ def summary(g: dict, mean_tokens: float | None = None) -> str:
         eps = part.get("epsilon")
         return "none" if eps is None else f"eps={eps:.4g}"
 
+    table = f" (table {g['table']})" if g.get("table") else ""
     return (f"{g['mechanism']}: published {fmt(g['nominal'])}; "
-            f"holds {fmt(g['worst_case'])}")
+            f"holds {fmt(g['worst_case'])}{table}")
