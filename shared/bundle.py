@@ -28,7 +28,7 @@ from pathlib import Path
 
 import numpy as np
 
-from shared.table import Table, TableError, TableSpec, build_table, dequantize
+from shared.table import PROJECTIONS, Table, TableError, TableSpec, build_table, dequantize
 
 FORMAT = "privbert-edge-bundle"
 FORMAT_VERSION = 1
@@ -486,6 +486,12 @@ def _read_table(blobs: dict[str, bytes], info: dict, vocab: int, where: str) -> 
                           "is not one this edge reads (float32 or int8, dim >= 1)")
     if info.get("file") != TABLE_FILE:
         raise BundleError(f"{where}/{META_FILE}: the table must be stored in {TABLE_FILE}")
+    proj = info.get("projection")
+    if not isinstance(proj, dict) or proj.get("kind") not in PROJECTIONS or (
+            proj.get("kind") != "none" and proj.get("fitted_on") != "table"):
+        raise BundleError(f"{where}/{META_FILE}: the table's projection {proj!r} is not one "
+                          "this edge accepts (none, or pca fitted on the table itself: never "
+                          "on text)")
     stored = _read_npy(blobs, TABLE_FILE, _NPY_DTYPES[dtype], (vocab, dim), where)
     scale = None
     desc = {k: v for k, v in info.items() if k not in ("file", "scale_file")}

@@ -161,3 +161,16 @@ def test_dchi_text_privatizes_over_the_table(minilm_bundle):
     d = ((c.table[reg].astype(np.float64)[None] - y[:, None]) ** 2).sum(-1)
     np.testing.assert_array_equal(m.privatize_ids(ids, np.random.default_rng(5)),
                                   reg[d.argmin(axis=1)])
+
+
+@pytest.mark.parametrize("projection", [{"kind": "pca", "k": 16, "fitted_on": "sst2"},
+                                        {"kind": "learned"}, None])
+def test_a_projection_fitted_on_anything_but_the_table_is_refused(minilm_bundle, tmp_path,
+                                                                 projection):
+    d = minilm_bundle.with_table("pca16-int8").save(tmp_path / "b")
+    meta = json.loads((d / "bundle.json").read_text())
+    meta["table"]["projection"] = projection
+    meta["bundle_id"] = EdgeBundle._compute_id(meta)
+    (d / "bundle.json").write_text(json.dumps(meta))
+    with pytest.raises(BundleError, match="projection"):
+        EdgeBundle.load(d)
