@@ -87,30 +87,56 @@ def load_or_build_posterior(out: Path, bundle, table: str, eta: float):
     return post
 
 
+RARE_FROM = 4096  # a "rare" token: not among this many most frequent of the training text
+
+
 def sweep_point(out: Path, bundle, table: str, eta: float, draws: int = 3) -> dict:
-    """Survival, context-free recovery and the worst-case ε of one (table, η)."""
+    """Survival, context-free recovery (all dev tokens, and the rare ones) and the
+    worst-case ε of one (table, η); the share of the whole vocabulary left unchanged
+    (uniform over the regular tokens: the floor's quantity, ``shared.floor.DChiFloor``)."""
     from models.data import read_labelled_tsv
-    from models.denoiser_train import recovery
+    from models.denoiser_train import privatize_sequences, token_sequences
     from shared.accounting import dchi_diameter_bound
+    from shared.floor import DChiFloor
+    from shared.mechanisms import DChiText
 
     t0 = time.time()
     post = load_or_build_posterior(out, bundle, table, eta)
     t1 = time.time()
     dev = read_labelled_tsv(DATA / "sst2_sentences" / "dev.tsv")
-    rec = recovery(None, post, bundle, dev.texts, draws=draws,
-                   rng=np.random.default_rng([31, 7]))
+    seqs = token_sequences(bundle, dev.texts, 128)
+    x = np.concatenate(seqs)
+    order = np.argsort(-post.prior_counts, kind="stable")
+    rare = np.ones(bundle.vocab_size, dtype=bool)
+    rare[order[:RARE_FROM]] = False
+    rare_x = rare[x]
+    mech, map_ids = DChiText(bundle, eta), post.map_ids()
+    rng = np.random.default_rng([31, 7])  # the draws models.denoiser_train.recovery makes
+    res: dict[str, list[float]] = {"survive": [], "context_free": [], "rare_survive": [],
+                                   "rare_context_free": []}
+    for _ in range(draws):
+        y = np.concatenate(privatize_sequences(mech, seqs, rng))
+        hit = map_ids[y] == x
+        res["survive"].append(float((y == x).mean()))
+        res["context_free"].append(float(hit.mean()))
+        res["rare_survive"].append(float((y == x)[rare_x].mean()))
+        res["rare_context_free"].append(float(hit[rare_x].mean()))
     diameter = dchi_diameter_bound(bundle.table, bundle.regular_ids)
-    return {"kind": "sweep", "table": table, "eta": eta, "bundle_id": bundle.bundle_id,
-            "table_dim": bundle.table_dim, "survive": rec["survive"],
-            "survive_draws": rec["survive_draws"], "context_free": rec["context_free"],
-            "context_free_draws": rec["context_free_draws"], "tokens": rec["tokens"],
-            "worst_case_eps": eta * diameter, "diameter": diameter,
-            "posterior_s": t1 - t0, "attack_s": time.time() - t1, "machine": machine()}
+    vocab = DChiFloor(bundle.table[bundle.regular_ids], tokens=3000, rng=1).unchanged(eta)
+    rec = {"kind": "sweep", "table": table, "eta": eta, "bundle_id": bundle.bundle_id,
+           "table_dim": bundle.table_dim, "tokens": int(x.size),
+           "rare_tokens": int(rare_x.sum()), "vocab_unchanged": vocab,
+           "worst_case_eps": eta * diameter, "diameter": diameter,
+           "posterior_s": t1 - t0, "attack_s": time.time() - t1, "machine": machine()}
+    for k, v in res.items():
+        rec[k], rec[f"{k}_draws"] = float(np.mean(v)), v
+    return rec
 
 
 def cmd_sweep(a) -> int:
     out = Path(a.out)
-    done = {(r["table"], r["eta"]) for r in _records(out) if r["kind"] == "sweep"}
+    done = set() if a.refresh else {(r["table"], r["eta"]) for r in _records(out)
+                                    if r["kind"] == "sweep"}
     for table in a.tables.split(","):
         bundle = bundle_for(table)
         etas = [float(x) for x in (a.etas.split(",") if a.etas else DEFAULT_ETAS.get(table, ()))]
@@ -120,8 +146,10 @@ def cmd_sweep(a) -> int:
             rec = sweep_point(out, bundle, table, eta)
             _append(out, rec)
             log(f"{table} eta={eta:g}: survive {rec['survive']:.4f}, context-free "
-                f"{rec['context_free']:.4f}, worst case {rec['worst_case_eps']:.1f}/token "
-                f"({rec['posterior_s']:.0f}+{rec['attack_s']:.0f} s)")
+                f"{rec['context_free']:.4f} (rare tokens {rec['rare_context_free']:.4f}), "
+                f"vocabulary unchanged {rec['vocab_unchanged']:.4f}, worst case "
+                f"{rec['worst_case_eps']:.1f}/token ({rec['posterior_s']:.0f}+"
+                f"{rec['attack_s']:.0f} s)")
     return 0
 
 
@@ -212,7 +240,9 @@ def frontier_rows(out: Path) -> list[dict]:
         row = rows.setdefault(key, {"table": r["table"], "eta": float(r["eta"])})
         if r["kind"] == "sweep":
             row.update(survive=r["survive"], context_free=r["context_free"],
-                       worst_case_eps=r["worst_case_eps"], table_dim=r["table_dim"])
+                       worst_case_eps=r["worst_case_eps"], table_dim=r["table_dim"],
+                       rare_context_free=r.get("rare_context_free"),
+                       vocab_unchanged=r.get("vocab_unchanged"))
         elif r["kind"] == "train":
             row.update(sent_mean=r["sent_mean"], sent_draws=r["sent_draws"],
                        phrase2000=r["phrase2000"], n=r["n"], train_s=r["train_s"])
@@ -237,11 +267,12 @@ def cmd_report(a) -> int:
         print("nothing measured yet")
         return 1
     print(md_table(["table", "η", "survive", "context-free attack", "contextual attack",
-                    "strongest", "worst-case ε/token", "accuracy (3 draws)", "draws",
-                    "phrase level"],
+                    "strongest", "context-free, rare tokens", "vocabulary unchanged",
+                    "worst-case ε/token", "accuracy (3 draws)", "draws", "phrase level"],
                    [[r["table"], f"{r['eta']:g}", _fmt(r.get("survive")),
                      _fmt(r.get("context_free")), _fmt(r.get("contextual")),
-                     _fmt(r.get("strongest")), _fmt(r.get("worst_case_eps"), ".1f"),
+                     _fmt(r.get("strongest")), _fmt(r.get("rare_context_free")),
+                     _fmt(r.get("vocab_unchanged")), _fmt(r.get("worst_case_eps"), ".1f"),
                      _fmt(r.get("sent_mean")),
                      " ".join(f"{x:.3f}" for x in r.get("sent_draws", [])) or "—",
                      _fmt(r.get("phrase2000"))] for r in rows]))
@@ -293,6 +324,9 @@ def parse_args(argv=None) -> argparse.Namespace:
     s = sub.choices
     s["sweep"].add_argument("--tables", default=",".join(DEFAULT_TABLES))
     s["sweep"].add_argument("--etas", help="comma-separated η (default: a grid per table)")
+    s["sweep"].add_argument("--refresh", action="store_true",
+                            help="measure again points already measured (channel tables are "
+                                 "kept and reused)")
     s["match"].add_argument("--reference", default="none:65")
     s["match"].add_argument("--check", action="store_true",
                             help="sweep each matched η to check it")
