@@ -280,14 +280,17 @@ def main(argv: list[str]) -> int:
 
 
 def train_for_frontier(bundle, posterior, cache: Path, *, epochs: int = 1,
-                       corpus: str | None = None, draws: int = 3, seed: int = 0) -> dict:
+                       corpus: str | None = None, texts_limit: int = 0, draws: int = 3,
+                       seed: int = 0) -> dict:
     """The contextual attack of ``python -m bench.utility frontier``: this bench's denoiser
-    (2 layers, 4,096 candidates, the training sentences + ``corpus``) retrained for
-    ``bundle``'s table and ``posterior``'s η, and its recovery on the dev tokens."""
+    (2 layers, 4,096 candidates, the first ``texts_limit`` training sentences (0 = all) +
+    ``corpus``) retrained for ``bundle``'s table and ``posterior``'s η, and its recovery on
+    the dev tokens."""
     from models.data import read_labelled_tsv
     from models.denoiser_train import DenoiserConfig, public_denoiser, read_corpus, recovery
 
-    texts = read_labelled_tsv(TRAIN).texts + (read_corpus(corpus) if corpus else [])
+    texts = read_labelled_tsv(TRAIN, texts_limit or None).texts + (
+        read_corpus(corpus) if corpus else [])
     cfg = DenoiserConfig(layers=2, candidates=4096, epochs=epochs, seed=seed, progress=False)
     t0 = time.perf_counter()
     d = public_denoiser(bundle, posterior, texts, cfg, rng=np.random.default_rng([seed, 11]),

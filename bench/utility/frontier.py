@@ -225,8 +225,10 @@ def cmd_denoise(a) -> int:
     bundle = bundle_for(a.table)
     post = load_or_build_posterior(out, bundle, a.table, a.eta)
     rec = train_for_frontier(bundle, post, out / "denoisers" / f"{a.table}-{a.eta:g}",
-                             epochs=a.epochs, corpus=a.corpus)
-    _append(out, {"kind": "denoise", "table": a.table, "eta": a.eta, **rec})
+                             epochs=a.epochs, corpus=a.corpus or None,
+                             texts_limit=a.texts)
+    _append(out, {"kind": "denoise", "table": a.table, "eta": a.eta, "texts_limit": a.texts,
+                  **rec})
     log(f"{a.table} eta={a.eta:g}: contextual {rec['contextual']:.4f}, context-free "
         f"{rec.get('context_free', float('nan')):.4f}, survive {rec['survive']:.4f}")
     return 0
@@ -337,7 +339,10 @@ def parse_args(argv=None) -> argparse.Namespace:
     s["train"].add_argument("--epochs", type=int, default=3)
     s["train"].add_argument("--threads", type=int, default=0)
     s["denoise"].add_argument("--epochs", type=int, default=1)
-    s["denoise"].add_argument("--corpus", default=str(DATA / "corpus" / "agnews.txt"))
+    s["denoise"].add_argument("--corpus", default="",
+                              help="more public text (e.g. ../shared/data/corpus/agnews.txt)")
+    s["denoise"].add_argument("--texts", type=int, default=20000,
+                              help="training sentences the denoiser reads (0 = all)")
     s["report"].add_argument("--png")
     return ap.parse_args(argv)
 

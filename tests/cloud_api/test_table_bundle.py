@@ -51,7 +51,7 @@ def test_export_bundle_with_a_table(tiny_home, tmp_path):
     b = EdgeBundle.load(tmp_path / "b")
     assert f"bundle_id={b.bundle_id}" in p.stdout and "serves dchi-text only" in p.stdout
     assert not (tmp_path / "b" / "embeddings.npy").exists()
-    bad = cloud_api("export-bundle", "--table", "pca0", "--out", str(tmp_path / "c"))
+    bad = cloud_api("export-bundle", "--table", "pcax", "--out", str(tmp_path / "c"))
     assert bad.returncode == 2 and "unknown table" in bad.stderr
     assert "Traceback" not in bad.stderr
 
