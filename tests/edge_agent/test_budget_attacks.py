@@ -225,6 +225,21 @@ def test_ledger_files_are_private_and_found_through_symlinks(tiny_enc_dir, tmp_p
     assert_one_line_error(privatize(src, other, *args), 1, "is a directory")
 
 
+def test_output_files_are_created_0600(tiny_enc_dir, tmp_path):
+    """-o files hold what this device sent: created 0600 whatever the umask lets through,
+    also an empty one (nothing but blank lines)."""
+    src, blank = tmp_path / "in.txt", tmp_path / "blank.txt"
+    src.write_text("the movie is good\n")
+    blank.write_text("\n  \n")
+    for name, inp in (("out.jsonl", src), ("empty.jsonl", blank)):
+        out = tmp_path / name
+        p = privatize(inp, tmp_path / "ledger.sqlite3", "--eta", "5", "--bundle",
+                      str(tiny_enc_dir), "-o", str(out))
+        assert p.returncode == 0, p.stderr
+        assert stat.S_IMODE(out.stat().st_mode) == 0o600, (name, oct(out.stat().st_mode))
+    assert (tmp_path / "empty.jsonl").read_bytes() == b""
+
+
 def test_budget_reads_a_read_only_ledger_and_prints_huge_caps_short(tmp_path):
     led = tmp_path / "ledger.sqlite3"
     p = run_cli("budget", "--ledger", str(led), "--cap", "1e308")
