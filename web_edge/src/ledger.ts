@@ -256,10 +256,13 @@ export function ledgerTime(latest: number | null, anchors: Record<string, Anchor
   return Math.max(latest + surely, wall);
 }
 
-/** The clock of a state: its own, or (a ledger written before it) its last charge's time. */
+/** The clock of a state: its latest time (never before its last charge's, which an older
+ * privbert-edge may have written without moving the clock) and its anchors (none in a ledger
+ * written before them). */
 function clockOf(s: LedgerState): { latest: number | null; anchors: Record<string, Anchor> } {
-  if (s.clock) return { latest: s.clock.latest, anchors: s.clock.anchors };
-  return { latest: s.charges.reduce<number | null>((m, c) => (m === null || c.at > m ? c.at : m), null), anchors: {} };
+  const last = s.charges.reduce<number | null>((m, c) => (m === null || c.at > m ? c.at : m), null);
+  if (!s.clock) return { latest: last, anchors: {} };
+  return { latest: last === null ? s.clock.latest : Math.max(s.clock.latest, last), anchors: s.clock.anchors };
 }
 
 /** Where a ledger lives. ``update`` runs ``fn`` on the current state under the store's lock and
