@@ -15,13 +15,14 @@ about (``edge_agent.budget.ledger_files``). Tables (schema version :data:`VERSIO
 * ``memo``: HMAC of what is sent, the token ids after the tokenizer's normalization
   (``edge_agent.budget.memo``) -> the payload JSON sent for them; ``memo_text`` (ledgers of version
   1 only): the same keyed on the raw text, read for texts memoized before the migration;
-* ``clock``: the latest time the ledger has seen, and the boot clock beside it.
+* ``clock``: the latest time the ledger has seen; ``clock_anchors``: per epoch of the
+  monotonic clock (a boot, or a process), the ledger's time and the clock's reading at its
+  last charge there.
 
-The per-day window holds when the clock moves: a charge is timed at the later of the wall
-clock and the latest time seen (an earlier clock counts in the latest window, never in a
-fresh one), and with a per-day cap a wall clock ahead of the time that has passed since the
-last charge by the boot clock (same boot, ``CLOCK_BOOTTIME``) is refused: a clock set forward
-would open a fresh window early.
+The per-day window reads the ledger's time (``edge_agent.budget.clock``): the latest time seen
+plus what the monotonic clock says has passed, so a wall clock set forward opens no fresh
+window, one set back reopens no old one, and neither refuses anything; only in an epoch the
+ledger has not seen (after a reboot) is the wall clock trusted forward.
 
 A charge is one ``BEGIN IMMEDIATE`` transaction: it takes SQLite's write lock, so
 concurrent processes on one ledger check and charge one after the other and never pass the
@@ -40,7 +41,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from edge_agent.budget.ledger_files import boot_clock, check_private, open_read_only, resolved, wal
+from edge_agent.budget.clock import MAX_ANCHORS, Anchor, Clock, Reading, ledger_time, system_clock
+from edge_agent.budget.ledger_files import check_private, open_read_only, resolved, wal
 from edge_agent.budget.memo import LegacyMemoKeys, MemoKeys, key_path, load_secret
 from edge_agent.errors import BudgetRefused, CliError
 from shared import ledger
@@ -48,8 +50,8 @@ from shared.ledger import NO_EPSILON, Cost, FamilySpend, Spend
 
 LEDGER_ENV = "PRIVBERT_LEDGER"
 DAY_S = 86_400.0
-VERSION = 2  # 1: the ledgers written before user_version was set (memo keyed on raw text)
-CLOCK_SLACK_S = 300.0  # how far the wall clock may run ahead of the boot clock (NTP steps)
+VERSION = 3  # 1: the ledgers written before user_version was set (memo keyed on raw text);
+# 2: one clock anchor (the boot of the last charge) in ``clock``; 3: ``clock_anchors``
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS settings (name TEXT PRIMARY KEY, value REAL);
 CREATE TABLE IF NOT EXISTS spend (family TEXT PRIMARY KEY, epsilon REAL,
@@ -63,10 +65,15 @@ CREATE INDEX IF NOT EXISTS charges_at ON charges (at);
 CREATE TABLE IF NOT EXISTS memo (key BLOB PRIMARY KEY, payload BLOB NOT NULL) WITHOUT ROWID;
 CREATE TABLE IF NOT EXISTS clock (id INTEGER PRIMARY KEY CHECK (id = 1), latest REAL NOT NULL,
     boot_id TEXT, boot_at REAL);
+CREATE TABLE IF NOT EXISTS clock_anchors (epoch TEXT PRIMARY KEY, at REAL NOT NULL,
+    reading REAL NOT NULL) WITHOUT ROWID;
 """
-_CLOCK = ("INSERT INTO clock (id, latest, boot_id, boot_at) VALUES (1, ?, ?, ?) ON CONFLICT "
-          "(id) DO UPDATE SET latest = max(latest, excluded.latest), boot_id = excluded.boot_id, "
-          "boot_at = excluded.boot_at")
+_CLOCK = ("INSERT INTO clock (id, latest) VALUES (1, ?) ON CONFLICT (id) DO UPDATE SET "
+          "latest = max(latest, excluded.latest)")
+_ANCHOR = ("INSERT INTO clock_anchors (epoch, at, reading) VALUES (?, ?, ?) ON CONFLICT (epoch) "
+           "DO UPDATE SET at = excluded.at, reading = excluded.reading")
+_PRUNE = ("DELETE FROM clock_anchors WHERE epoch NOT IN (SELECT epoch FROM clock_anchors "
+          f"ORDER BY at DESC LIMIT {MAX_ANCHORS})")
 _ADD = ("INSERT INTO spend (family, epsilon, metric, tokens, sends) VALUES (?, ?, ?, ?, ?) "
         "ON CONFLICT (family) DO UPDATE SET epsilon = epsilon + excluded.epsilon, "
         "metric = metric + excluded.metric, tokens = tokens + excluded.tokens, "
@@ -139,10 +146,13 @@ class Charged:
 class DeviceLedger:
     """``DeviceLedger.open(path)``; thread-confined (one connection, used by one thread).
     ``read_only_ok``: a ledger that cannot be opened for writing is opened read-only
-    (``edge-agent budget`` showing it); charging it then fails."""
+    (``edge-agent budget`` showing it); charging it then fails. ``clock``: the monotonic
+    clock of the per-day window (default: this system's, ``edge_agent.budget.clock``)."""
 
-    def __init__(self, path: Path, busy_timeout_s: float = 60.0, read_only_ok: bool = False):
+    def __init__(self, path: Path, busy_timeout_s: float = 60.0, read_only_ok: bool = False,
+                 clock: Clock | None = None):
         self.path = resolved(Path(path))
+        self.clock = clock if clock is not None else system_clock()
         self._secret: bytes | None = None
         self.read_only = False
         check_private(self.path)
@@ -236,38 +246,32 @@ class DeviceLedger:
                 memoized += self._db.execute("SELECT count(*) FROM memo_text").fetchone()[0]
         return Status(self.path, self._setting("cap"), per_day, spend, float(day), memoized)
 
-    def _latest(self) -> tuple[float, str | None, float | None] | None:
+    def _clock_state(self) -> tuple[float | None, dict[str, Anchor]]:
+        """(the latest time seen, the anchors per epoch), from any schema version (a
+        read-only ledger is not migrated)."""
         if self.version < 2:
-            row = self._db.execute("SELECT max(at), NULL, NULL FROM charges").fetchone()
-            return None if row[0] is None else tuple(row)
-        return self._db.execute("SELECT latest, boot_id, boot_at FROM clock").fetchone()
+            return self._db.execute("SELECT max(at) FROM charges").fetchone()[0], {}
+        row = self._db.execute("SELECT latest FROM clock").fetchone()
+        latest = None if row is None else row[0]
+        if self.version == 2:
+            boot = self._db.execute("SELECT boot_id, latest, boot_at FROM clock").fetchone()
+            has = boot is not None and boot[0] is not None and boot[2] is not None
+            return latest, ({boot[0]: Anchor(boot[1], boot[2])} if has else {})
+        return latest, {e: Anchor(at, r) for e, at, r in self._db.execute(
+            "SELECT epoch, at, reading FROM clock_anchors")}
 
-    def _now(self, strict: bool) -> float:
-        """The ledger's time now: the later of the wall clock and the latest time seen.
-        ``strict`` (a charge or its check, with a per-day cap): BudgetRefused when the wall
-        clock is ahead of the latest time seen plus what the boot clock says has passed."""
-        wall = time.time()
-        latest = self._latest()
-        if latest is None:
-            return wall
-        seen, boot_id, boot_at = latest
-        if strict and boot_id is not None and self._setting("per_day") is not None:
-            boot = boot_clock()
-            if boot is not None and boot[0] == boot_id and boot_at is not None:
-                passed = max(0.0, boot[1] - boot_at)
-                if wall > seen + passed + CLOCK_SLACK_S:
-                    raise BudgetRefused(
-                        f"the system clock reads {_when(wall)}, but only {passed:,.0f} s have "
-                        f"passed since this ledger's last charge at {_when(seen)} (by the boot "
-                        "clock): a clock set forward would open a fresh per-day window early, "
-                        "so nothing was written or sent; set the clock right")
-        return max(wall, seen)
+    def _now(self) -> tuple[float, Reading]:
+        """The ledger's time now (``edge_agent.budget.clock.ledger_time``), and the monotonic
+        reading it was taken from."""
+        reading = self.clock.read()
+        latest, anchors = self._clock_state()
+        return ledger_time(latest, anchors, reading, time.time()), reading
 
     def status(self) -> Status:
         """Spent per family and in total, caps, what the last 24 hours spent, memo size."""
         self._db.execute("BEGIN")
         try:
-            return self._status(self._now(strict=False), memo_count=True)
+            return self._status(self._now()[0], memo_count=True)
         finally:
             self._db.execute("COMMIT")
 
@@ -334,7 +338,7 @@ class DeviceLedger:
         """BudgetRefused if ``cost`` would not fit now (nothing is spent)."""
         self._db.execute("BEGIN")
         try:
-            st = self._status(self._now(strict=True), memo_count=True)
+            st = self._status(self._now()[0], memo_count=True)
         finally:
             self._db.execute("COMMIT")
         if cost is not None and (why := self.refusal(st, cost, what)) is not None:
@@ -385,7 +389,7 @@ class DeviceLedger:
                     db.executemany("INSERT OR IGNORE INTO memo (key, payload) VALUES (?, ?)",
                                    list(new.items()))
                 return Charged(out, None, len(out))
-            now = self._now(strict=True)
+            now, reading = self._now()
             st = self._status(now)
             why = self.refusal(st, cost, what)
             if why is not None:
@@ -396,32 +400,34 @@ class DeviceLedger:
                        (now, cost.family, mechanism, json.dumps(params, sort_keys=True),
                         bundle_id, eps, cost.metric, cost.tokens, cost.sends))
             db.execute(_ADD, (cost.family, eps, cost.metric, cost.tokens, cost.sends))
-            boot = boot_clock()
-            db.execute(_CLOCK, (now, *(boot if boot is not None else (None, None))))
+            db.execute(_CLOCK, (now,))
+            db.execute(_ANCHOR, (reading.epoch, now, reading.at))
+            db.execute(_PRUNE)
             if new:
                 db.executemany("INSERT OR IGNORE INTO memo (key, payload) VALUES (?, ?)",
                                list(new.items()))
             return Charged(out, cost, len(out) - len(charged))
 
 
-def _when(t: float) -> str:
-    return time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(t))
-
-
 def _migrate(db: sqlite3.Connection) -> None:
     """Create or bring the schema to :data:`VERSION` (in the caller's write transaction).
     Version 1 (no user_version): its memo was keyed on the raw text; it is kept, renamed
-    ``memo_text``, and read for texts memoized then; the clock starts at its last charge."""
+    ``memo_text``, and read for texts memoized then; the clock starts at its last charge,
+    with no anchor. Version 2: the boot of its last charge becomes the first anchor (its
+    ``clock`` columns boot_id and boot_at are not read after that)."""
     version = db.execute("PRAGMA user_version").fetchone()[0]
     if version >= VERSION:
         return
     tables = {r[0] for r in db.execute("SELECT name FROM sqlite_master WHERE type = 'table'")}
-    if "memo" in tables:  # a version-1 ledger
+    if version < 2 and "memo" in tables:  # a version-1 ledger
         db.execute("ALTER TABLE memo RENAME TO memo_text")
     for statement in filter(str.strip, _SCHEMA.split(";")):
         db.execute(statement)
-    if "charges" in tables:
+    if version < 2 and "charges" in tables:
         latest = db.execute("SELECT max(at) FROM charges").fetchone()[0]
         if latest is not None:
-            db.execute(_CLOCK, (latest, None, None))
+            db.execute(_CLOCK, (latest,))
+    if version == 2:
+        db.execute("INSERT OR IGNORE INTO clock_anchors (epoch, at, reading) SELECT boot_id, "
+                   "latest, boot_at FROM clock WHERE boot_id IS NOT NULL AND boot_at IS NOT NULL")
     db.execute(f"PRAGMA user_version = {VERSION}")

@@ -68,12 +68,3 @@ def wal(db: sqlite3.Connection, timeout_s: float) -> None:
         time.sleep(delay)
         delay = min(delay * 2, 0.1)
 
-
-def boot_clock() -> tuple[str, float] | None:
-    """(boot id, seconds since boot, suspend included) where the system has both (Linux):
-    a clock that setting the wall clock does not move; None elsewhere."""
-    try:
-        boot_id = Path("/proc/sys/kernel/random/boot_id").read_text().strip()
-        return boot_id, time.clock_gettime(time.CLOCK_BOOTTIME)
-    except (OSError, AttributeError):
-        return None

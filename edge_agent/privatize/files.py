@@ -3,7 +3,7 @@
 Input is read with ``os.read`` (:class:`edge_agent.privatize.lines.FdLines`), so a worker
 thread blocked on stdin or a pipe never holds up the exit; ``-o`` naming the
 input file (same device and inode) is refused before anything is written; output
-is whole lines, flushed per batch.
+is whole lines, flushed per batch, in a file created 0600 (an existing one keeps its mode).
 """
 
 from __future__ import annotations
@@ -15,6 +15,8 @@ from pathlib import Path
 
 from edge_agent.errors import CliError, UsageError
 from edge_agent.privatize.lines import FdLines
+
+OUTPUT_MODE = 0o600  # a new -o file: what this device sent is for its user only
 
 
 def open_input(path: str):
@@ -97,7 +99,7 @@ class Output:
 
     def _open(self) -> int | None:
         if self.path is not None:
-            self._fd = os.open(self.path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o666)
+            self._fd = os.open(self.path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, OUTPUT_MODE)
             return self._fd
         sys.stdout.flush()
         try:
@@ -145,7 +147,7 @@ class Output:
 
     def close(self, ok: bool) -> None:
         if self._fd is None and ok and self.path is not None:
-            self.path.write_bytes(b"")
+            os.close(os.open(self.path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, OUTPUT_MODE))
         if self._fd is not None and self.path is not None:
             fd, self._fd = self._fd, None
             os.close(fd)

@@ -5,13 +5,15 @@ PostgreSQL (migrated by `cloud-api db upgrade`), with a queue of 4 payloads per 
 * overload: a request refused for load (429) or larger than the queue (413, naming the
   limit) is never charged; what the key's ledger holds is exactly what was answered;
 * one malformed corpus to predict and to records: the same verdicts, nothing refused stored;
-* the server's budget-exhausted 403 makes the real `edge-agent` exit 3 naming what remains.
+* the server's budget-exhausted 403 makes the real `edge-agent` and the real `privbert-edge`
+  (the Node edge) exit 3 naming what remains.
 
 The device side of the same attacks (memo variants, clock moves, file modes) is
 tests/edge_agent/test_budget_attacks.py."""
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 import uuid
@@ -212,3 +214,29 @@ def test_the_servers_budget_refusal_makes_edge_agent_exit_3(srv, tmp_path):
     assert p.returncode == 3, (p.returncode, p.stderr)
     last = p.stderr.strip().splitlines()[-1]
     assert "403" in last and "remaining 0" in last and "may not use" not in last, last
+
+
+def test_the_servers_budget_refusal_makes_privbert_edge_exit_3(srv, tmp_path):
+    """The Node edge as edge-agent (issue 34, finding 7): exit 3 and one line naming what
+    remains, never the "may not use that endpoint" hint; nothing written to -o."""
+    from tests.web_edge.conftest import CLI, _node_ready
+
+    why = _node_ready()
+    if why is not None:
+        pytest.fail(why) if os.environ.get("CI") else pytest.skip(why)
+    key = srv.keys["app"][4]
+    r = admin(srv, "PUT", f"/admin/budgets/{key_id(key)}", json={"cap": 0.0})
+    assert r.status_code == 200, r.text
+    src, out = tmp_path / "in.txt", tmp_path / "out.jsonl"
+    src.write_text("the movie is good\n")
+    p = subprocess.run(
+        ["node", str(CLI), "privatize", str(src), "--server", srv.url, "--api-key", key,
+         "--post", "predict", "--model", "text", "--eta", str(ETA), "--ledger",
+         str(tmp_path / "ledger.json"), "--retries", "0", "-o", str(out)],
+        cwd=REPO, env=cli_env({"PRIVBERT_CACHE": str(tmp_path / "cache")}),
+        capture_output=True, text=True, timeout=180)
+    assert p.returncode == 3, (p.returncode, p.stderr)
+    last = p.stderr.strip().splitlines()[-1]
+    assert last.startswith("privbert-edge: error: server answered 403"), last
+    assert "remaining 0" in last and "may not use" not in last, last
+    assert not out.exists() or out.read_text() == ""

@@ -3,9 +3,11 @@ server side is tests/cloud_api/test_budget_attacks.py):
 
 * memo variants: 12 spellings of one line that tokenize alike get the stored payload at no
   cost, with a token and a vector mechanism; the ledger holds no raw text;
-* clock moves: with a per-day cap, a clock set back counts in the latest window, and a
-  clock set forward past what the boot clock saw pass is refused (the CLI runs under
-  time-machine, which moves the wall clock of its process only);
+* clock moves: with a per-day cap, the window follows the ledger's time (the latest time
+  seen plus what the boot clock saw pass), not the wall clock: a clock set back counts in
+  the latest window, one set forward opens no fresh window and refuses nothing that fits,
+  and a clock stepped +299 s before each of 2,000 charges passes no more than the cap
+  (time-machine moves the wall clock of its process only, never the boot clock);
 * file modes: a new ledger is 0600, one others can write is refused with the chmod fix,
   one others can read is warned about, a symlink reaches the same memo key, a key path that
   is a directory is named as such, a read-only ledger is shown, huge caps print short;
@@ -20,11 +22,13 @@ import sqlite3
 import stat
 import subprocess
 import sys
+import time
 import unicodedata
 from pathlib import Path
 
 import pytest
 
+from edge_agent.budget.ledger import VERSION
 from edge_agent.budget.memo import key_path, load_secret
 from tests.conftest import distinct_lines
 from tests.edge_agent.conftest import REPO, assert_one_line_error, run_cli
@@ -90,20 +94,27 @@ def at_offset(offset_s: float, *args: str) -> subprocess.CompletedProcess:
                           cwd=REPO, env=env, capture_output=True, text=True, timeout=120)
 
 
+def dry_cost(src: Path, *common: str) -> float:
+    dry = run_cli("privatize", str(src), *common, "--dry-run")
+    assert dry.returncode == 0, dry.stderr
+    return float(dry.stdout.split("cost worst-case epsilon ")[1].split()[0].replace(",", ""))
+
+
 def test_the_per_day_cap_holds_when_the_clock_moves(tiny_enc_dir, tmp_path):
     """A per-day cap of 1.5 runs: one run now; with the clock 2 days back a second run
-    counts in the latest window (refused, exit 3); with the clock 2 days ahead (a few
-    seconds passed on the boot clock) a third is refused as a clock set forward; the last 24
-    hours never hold more than the cap."""
+    counts in the latest window (refused, exit 3); with the clock 2 days ahead a third is
+    refused the same way (no fresh window: only seconds passed on the boot clock), while a
+    small run that fits is not refused (an honest correction does not block the device);
+    the last 24 hours never hold more than the cap."""
     led = tmp_path / "ledger.sqlite3"
-    lines = distinct_lines(60)
+    lines = distinct_lines(63)
     srcs = []
-    for n in range(3):
+    for n, (a, b) in enumerate([(0, 20), (20, 40), (40, 60), (60, 63)]):
         srcs.append(tmp_path / f"in{n}.txt")
-        srcs[-1].write_text("".join(t + "\n" for t in lines[20 * n:20 * (n + 1)]))
+        srcs[-1].write_text("".join(t + "\n" for t in lines[a:b]))
     common = ["--eta", "5", "--bundle", str(tiny_enc_dir), "--ledger", str(led)]
-    dry = run_cli("privatize", str(srcs[0]), *common, "--dry-run")
-    cost = float(dry.stdout.split("cost worst-case epsilon ")[1].split()[0].replace(",", ""))
+    cost, small = dry_cost(srcs[0], *common), dry_cost(srcs[3], *common)
+    assert small < 0.5 * cost
     assert run_cli("budget", "--ledger", str(led), "--per-day", repr(1.5 * cost)
                    ).returncode == 0
     assert run_cli("privatize", str(srcs[0]), *common, "-o", str(tmp_path / "o0")
@@ -113,12 +124,80 @@ def test_the_per_day_cap_holds_when_the_clock_moves(tiny_enc_dir, tmp_path):
     assert_one_line_error(back, 3, "in the last 24 hours")
     ahead = at_offset(2 * 86_400, "privatize", str(srcs[2]), *common, "-o",
                       str(tmp_path / "o2"))
-    assert_one_line_error(ahead, 3, "clock")
+    assert_one_line_error(ahead, 3, "in the last 24 hours")
+    fits = at_offset(2 * 86_400, "privatize", str(srcs[3]), *common, "-o",
+                     str(tmp_path / "o3"))
+    assert fits.returncode == 0, fits.stderr
     st = status(led)
     print(f"\nclock moved back and forth: spent in the last 24 h {st['per_day']['spent_last_24h']:.6g}"
           f" = {st['per_day']['spent_last_24h'] / (1.5 * cost):.3f} of the per-day cap")
     assert st["per_day"]["spent_last_24h"] <= 1.5 * cost
-    assert st["spent"] == pytest.approx(cost, rel=1e-4)  # the dry run prints 5 digits
+    assert st["spent"] == pytest.approx(cost + small, rel=1e-4)  # the dry run prints 5 digits
+
+
+STEP_S, CHARGES, PER_DAY, EPS = 299.0, 2_000, 100_000.0, 220.2  # issue 34's attack
+
+
+def test_a_clock_stepped_before_every_charge_passes_no_more_than_the_per_day_cap(tmp_path):
+    """Issue 34: the process's wall clock stepped +299 s before each of 2,000 charges of
+    220.2 (440,400 in all) against a per-day cap of 100,000 passed 4.4 times the cap in
+    seconds. The window now runs on the boot clock: what passes is at most the cap (and a
+    cap's worth does pass: the device is not blocked)."""
+    time_machine = pytest.importorskip("time_machine")
+    from edge_agent.budget.ledger import DeviceLedger
+    from edge_agent.errors import BudgetRefused
+    from shared.ledger import Cost
+
+    cost = Cost("dchi", EPS, metric=65.0, tokens=1)
+    admitted = 0
+    with DeviceLedger.open(tmp_path / "ledger.sqlite3") as led:
+        led.set_cap("per_day", PER_DAY)
+        with time_machine.travel(time.time(), tick=True) as traveller:
+            for _ in range(CHARGES):
+                traveller.shift(STEP_S)
+                try:
+                    led.charge([cost], [b"{}"], [None], mechanism="dchi-text",
+                               params={"eta": 65.0}, bundle_id="b" * 64)
+                    admitted += 1
+                except BudgetRefused:
+                    pass
+        spent = led.status().spent
+    print(f"\nwall clock +{STEP_S:.0f} s before each of {CHARGES:,} charges of {EPS}: passed "
+          f"{spent:,.1f} = {spent / PER_DAY:.3f} x the per-day cap of {PER_DAY:,.0f}")
+    assert spent <= PER_DAY
+    assert admitted == int(PER_DAY // EPS)
+
+
+def test_a_ledger_of_version_2_keeps_its_boot_anchor(tmp_path):
+    """A version-2 ledger (one anchor: the boot of its last charge) migrates to version 3
+    with that anchor, so its window keeps running on the boot clock: a charge made 10 s ago
+    (by the boot clock) with the wall clock now 2 days ahead is still in the window."""
+    from edge_agent.budget.clock import system_clock
+    from edge_agent.budget.ledger import VERSION, DeviceLedger
+
+    reading = system_clock().read()
+    if not reading.since_boot:
+        pytest.skip("no boot clock here (Linux only)")
+    led = tmp_path / "ledger.sqlite3"
+    db = sqlite3.connect(led)
+    db.executescript(OLD_SCHEMA + """
+        CREATE TABLE clock (id INTEGER PRIMARY KEY CHECK (id = 1), latest REAL NOT NULL,
+            boot_id TEXT, boot_at REAL);
+        PRAGMA user_version = 2;""")
+    then = time.time() - 2 * 86_400  # the wall clock of the last charge
+    db.execute("INSERT INTO settings VALUES ('per_day', 10.0)")
+    db.execute("INSERT INTO spend VALUES ('dchi', 7.0, 1.0, 4, 1)")
+    db.execute("INSERT INTO charges (at, family, mechanism, params, bundle_id, epsilon, metric,"
+               " tokens, sends) VALUES (?, 'dchi', 'dchi-text', '{}', 'x', 7.0, 1, 4, 1)",
+               (then,))
+    db.execute("INSERT INTO clock VALUES (1, ?, ?, ?)", (then, reading.epoch, reading.at - 10))
+    db.commit()
+    db.close()
+    led.chmod(0o600)
+    with DeviceLedger.open(led) as ledger:
+        st = ledger.status()
+        assert ledger.version == VERSION == 3
+    assert st.day_spent == 7.0 and st.spent == 7.0
 
 
 def test_ledger_files_are_private_and_found_through_symlinks(tiny_enc_dir, tmp_path):
@@ -144,6 +223,21 @@ def test_ledger_files_are_private_and_found_through_symlinks(tiny_enc_dir, tmp_p
     other = tmp_path / "other.sqlite3"
     key_path(other).mkdir(mode=0o755)
     assert_one_line_error(privatize(src, other, *args), 1, "is a directory")
+
+
+def test_output_files_are_created_0600(tiny_enc_dir, tmp_path):
+    """-o files hold what this device sent: created 0600 whatever the umask lets through,
+    also an empty one (nothing but blank lines)."""
+    src, blank = tmp_path / "in.txt", tmp_path / "blank.txt"
+    src.write_text("the movie is good\n")
+    blank.write_text("\n  \n")
+    for name, inp in (("out.jsonl", src), ("empty.jsonl", blank)):
+        out = tmp_path / name
+        p = privatize(inp, tmp_path / "ledger.sqlite3", "--eta", "5", "--bundle",
+                      str(tiny_enc_dir), "-o", str(out))
+        assert p.returncode == 0, p.stderr
+        assert stat.S_IMODE(out.stat().st_mode) == 0o600, (name, oct(out.stat().st_mode))
+    assert (tmp_path / "empty.jsonl").read_bytes() == b""
 
 
 def test_budget_reads_a_read_only_ledger_and_prints_huge_caps_short(tmp_path):
@@ -209,4 +303,4 @@ def test_a_ledger_written_before_versions_opens_and_keeps_its_memo(tiny_enc_dir,
     st = status(led)
     assert (st["spent"], st["sends"]) == (2.5, 1)
     with sqlite3.connect(led) as db:
-        assert db.execute("PRAGMA user_version").fetchone()[0] == 2
+        assert db.execute("PRAGMA user_version").fetchone()[0] == VERSION

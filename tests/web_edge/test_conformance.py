@@ -188,11 +188,14 @@ def test_a_ledger_that_cannot_be_written_refuses(tiny_dir, tmp_path):
     write_lines(inp, ["the movie was good"])
     (tmp_path / "not-a-file").mkdir()
     out = tmp_path / "out.jsonl"
-    js = js_edge("privatize", str(inp), "--eta", "5", "--bundle", str(tiny_dir), "--ledger",
-                 str(tmp_path / "not-a-file"), "-o", str(out), tmp=tmp_path)
+    args = ["privatize", str(inp), "--eta", "5", "--bundle", str(tiny_dir), "--ledger",
+            str(tmp_path / "not-a-file"), "-o", str(out)]
+    js = js_edge(*args, tmp=tmp_path)
     assert js.returncode == 1
-    assert js.stderr.startswith(f"privbert-edge: error: {tmp_path / 'not-a-file'}: cannot open "
-                                "the privacy ledger")
+    assert js.stderr == (f"privbert-edge: error: {tmp_path / 'not-a-file'}: is a directory, not a "
+                         "privacy ledger file (--ledger FILE)\n")
+    py = py_edge(*args, "--no-progress", tmp=tmp_path)
+    assert py.returncode == 1 and py.stderr.replace("edge-agent", "privbert-edge") == js.stderr
     assert not out.exists()
 
 

@@ -8,9 +8,12 @@
 
 import { EdgeBundle } from "./bundle.js";
 import { ApiError, BundleError } from "./errors.js";
+import { fmtEps } from "./ledger.js";
 import { CryptoSource } from "./random.js";
 
 const RETRY_STATUS = [429, 503];
+/** The problem type of the server's privacy budget refusal (403). */
+export const BUDGET_EXHAUSTED = "urn:privbert:problem:budget-exhausted";
 const BUNDLE_ID = /^[0-9a-f]{64}$/;
 export const SERVICE_HINT = "(is --server the URL of a privbert service?)";
 
@@ -106,7 +109,11 @@ export class PrivbertClient {
     if (ptype && ptype !== "about:blank") msg += ` [${short(ptype, 120)}]`;
     if (discovery && (!isProblem || (resp.status === 404 && discovery === "/v1/models"))) msg += ` ${SERVICE_HINT}`;
     if (resp.status === 401) msg += " (check --api-key or $PRIVBERT_API_KEY)";
-    else if (resp.status === 403) msg += " (this key may not use that endpoint)";
+    else if (resp.status === 403 && ptype === BUDGET_EXHAUSTED) {
+      const left = Number(problem.remaining ?? resp.headers.get("X-Privacy-Budget-Remaining") ?? Number.NaN);
+      msg += ` (the server's privacy budget for this key or device: remaining ${Number.isFinite(left) ? fmtEps(left) : "unknown"} `
+        + "worst-case epsilon; its admin sets the cap)";
+    } else if (resp.status === 403) msg += " (this key may not use that endpoint)";
     else if (resp.status === 413) msg += " (request too large: lower --post-batch)";
     return new ApiError(msg, resp.status, ptype);
   }

@@ -299,16 +299,17 @@ export class Int8CandidatePass {
   }
 
   /**
-   * Nearest rows of the float64 queries ``y`` (m × dim, one chunk) into ``out`` (−1 where the
-   * query must take the float32 pass); returns how many were decided in float64.
+   * Steps 1–4 for a chunk of queries ``y`` (m × dim): the kernel's scores o (m × padded rows),
+   * each query's ‖e‖ and ‖ŷ‖, and the chunk's M and max |β| + max R; null where the chunk's scale
+   * would underflow (it takes the float32 pass).
    */
-  async searchChunk(y: Float64Array, m: number, out: Int32Array): Promise<number> {
+  private async kernel(y: Float64Array, m: number): Promise<{ o: Float32Array; en: Float64Array; yn: Float64Array;
+    bigM: number; scale: number } | null> {
     const dim = this.dim;
-    out.fill(-1, 0, m);
     let top = 0;
     for (let i = 0; i < m * dim; i++) top = Math.max(top, Math.abs(y[i]!));
     const a = top > 0 ? f32Up(top / 127) : 1;
-    if (a * this.bMin < TINY) return 0;
+    if (a * this.bMin < TINY) return null;
     const ops = new Uint8Array(m * dim);
     const en = new Float64Array(m);
     const yn = new Float64Array(m);
@@ -330,7 +331,40 @@ export class Int8CandidatePass {
       if (yn[i]! > yMax) yMax = yn[i]!;
     }
     const { bigM, scale } = this.chunkBias(eMax, yMax);
-    const o = await this.run(ops, m, a);
+    return { o: await this.run(ops, m, a), en, yn, bigM, scale };
+  }
+
+  /**
+   * What the pass reads for a chunk of queries ``y`` (m × dim), m × rows: ``score`` o_ij + δ_j,
+   * its stand-in for s_ij = ‖t_j‖² − 2 y_i·t_j, and ``bound`` r_j(y_i), step 4's proven bound on
+   * |s_ij − score_ij| (tests hold it against measured errors); null where the chunk takes the
+   * float32 pass.
+   */
+  async scoreBounds(y: Float64Array, m: number): Promise<{ score: Float64Array; bound: Float64Array } | null> {
+    const k = await this.kernel(y, m);
+    if (k === null) return null;
+    const rows = this.rows;
+    const score = new Float64Array(m * rows);
+    const bound = new Float64Array(m * rows);
+    for (let i = 0; i < m; i++) {
+      for (let j = 0; j < rows; j++) {
+        score[i * rows + j] = k.o[i * this.padded + j]! + this.delta[j]!;
+        bound[i * rows + j] = this.pairBound(k.en[i]!, k.yn[i]!, j);
+      }
+    }
+    return { score, bound };
+  }
+
+  /**
+   * Nearest rows of the float64 queries ``y`` (m × dim, one chunk) into ``out`` (−1 where the
+   * query must take the float32 pass); returns how many were decided in float64.
+   */
+  async searchChunk(y: Float64Array, m: number, out: Int32Array): Promise<number> {
+    const dim = this.dim;
+    out.fill(-1, 0, m);
+    const kern = await this.kernel(y, m);
+    if (kern === null) return 0;
+    const { o, en, yn, bigM, scale } = kern;
     const rows = this.rows;
     const padded = this.padded;
 

@@ -9,7 +9,12 @@
  * (Rogers et al. 2016): spent S, cap C, a cost c is admitted iff S + c ≤ C.
  *
  * A charge is one transaction of the store, committed before the caller writes or sends
- * anything: a ledger that cannot be written refuses (nothing is sent uncharged). Memoized
+ * anything: a ledger that cannot be written refuses (nothing is sent uncharged).
+ *
+ * The per-day window reads the ledger's time, not the wall clock ({@link ledgerTime}, the rule of
+ * edge_agent/budget/clock.py): the latest time the ledger has seen plus what a monotonic clock
+ * ({@link MonotonicClock}: performance.now in a page, the boot clock or process.hrtime in Node)
+ * says has passed since, so a wall clock moved by hand neither buys budget nor refuses a run. Memoized
  * repeats (RAPPOR's lesson, Erlingsson et al. 2014 §3) are free: the key of an item is
  * HMAC-SHA-256 of its token ids after the tokenizer's normalization and the length policy,
  * under a random per-ledger key, with the mechanism, parameters and bundle; the memo keeps
@@ -28,7 +33,9 @@ const FAMILY_OF: Record<string, Family> = {
 };
 const NO_EPSILON: Family[] = ["texthide", "none"];
 export const MEMO_FAMILIES: Family[] = ["dchi", "laplace", "randomized-response"];
-const DAY_MS = 86_400_000;
+export const DAY_MS = 86_400_000;
+/** Epochs of the monotonic clock whose anchors a ledger keeps (the most recent). */
+export const MAX_ANCHORS = 16;
 
 /** The cost of one payload, or of several added up. */
 export interface Cost {
@@ -154,6 +161,7 @@ export function fits(spent: number, epsilon: number | null, cap: number | null):
 /** A worst-case ε for a message (as edge_agent.budget.ledger.fmt). */
 export function fmtEps(eps: number | null): string {
   if (eps === null) return "none";
+  if (eps >= 1e9) return fmtG(eps, 4);
   if (eps >= 100) return eps.toLocaleString("en-US", { minimumFractionDigits: 1, maximumFractionDigits: 1 });
   return fmtG(eps, 4);
 }
@@ -177,7 +185,21 @@ export interface ChargeRecord {
   sends: number;
 }
 
-/** What a ledger holds (no text, no payload but the memoized ones). */
+/** The ledger's time and the monotonic clock's reading at the last charge of an epoch (ms). */
+export interface Anchor {
+  at: number;
+  reading: number;
+}
+
+/** The ledger's clock: the latest time it has seen (ms, on Date.now's scale) and an anchor per
+ * epoch of the monotonic clock. */
+export interface ClockState {
+  latest: number;
+  anchors: Record<string, Anchor>;
+}
+
+/** What a ledger holds (no text, no payload but the memoized ones). ``clock`` is absent in a
+ * ledger written before it: its latest time is then that of its last charge, with no anchor. */
 export interface LedgerState {
   format: "privbert-edge-ledger";
   version: 1;
@@ -187,10 +209,60 @@ export interface LedgerState {
   charges: ChargeRecord[];
   /** hex HMAC key of an item -> the payload JSON sent for it */
   memo: Record<string, string>;
+  clock?: ClockState;
 }
 
 export function emptyState(): LedgerState {
   return { format: "privbert-edge-ledger", version: 1, cap: null, per_day: null, spend: {}, charges: [], memo: {} };
+}
+
+/**
+ * A monotonic clock for the per-day window: ``read()`` in ms, never going back within ``epoch``
+ * (what its readings count from: a boot, a page, a process). ``sinceBoot``: readings count from
+ * the boot that ``epoch`` names, so at least ``read()`` ms have passed since anything recorded
+ * in another epoch.
+ */
+export interface MonotonicClock {
+  readonly epoch: string;
+  readonly sinceBoot: boolean;
+  read(): number;
+}
+
+function randomHex(bytes: number): string {
+  return Array.from(crypto.getRandomValues(new Uint8Array(bytes)), (b) => b.toString(16).padStart(2, "0")).join("");
+}
+
+let pageClockOnce: MonotonicClock | null = null;
+
+/** performance.now, one epoch per page (a Node process: one per process): the default clock. */
+export function pageClock(): MonotonicClock {
+  pageClockOnce ??= { epoch: `page:${randomHex(8)}`, sinceBoot: false, read: () => performance.now() };
+  return pageClockOnce;
+}
+
+/**
+ * The ledger's time now (ms) (edge_agent.budget.clock.ledger_time): in an epoch it has an anchor
+ * for, the anchor's time plus what the monotonic clock says has passed since (never before the
+ * latest time seen; the wall clock is not read); in an epoch it has not seen (a new page, a
+ * reboot), the later of the wall clock and the latest time seen plus what surely passed (the
+ * time since boot, for a boot clock, when the ledger's charges were in other epochs).
+ */
+export function ledgerTime(latest: number | null, anchors: Record<string, Anchor>, epoch: string,
+                           reading: number, sinceBoot: boolean, wall: number): number {
+  if (latest === null) return wall;
+  const a = anchors[epoch];
+  if (a !== undefined) return Math.max(latest, a.at + Math.max(0, reading - a.reading));
+  const surely = sinceBoot && Object.keys(anchors).length > 0 ? reading : 0;
+  return Math.max(latest + surely, wall);
+}
+
+/** The clock of a state: its latest time (never before its last charge's, which an older
+ * privbert-edge may have written without moving the clock) and its anchors (none in a ledger
+ * written before them). */
+function clockOf(s: LedgerState): { latest: number | null; anchors: Record<string, Anchor> } {
+  const last = s.charges.reduce<number | null>((m, c) => (m === null || c.at > m ? c.at : m), null);
+  if (!s.clock) return { latest: last, anchors: {} };
+  return { latest: last === null ? s.clock.latest : Math.max(s.clock.latest, last), anchors: s.clock.anchors };
 }
 
 /** Where a ledger lives. ``update`` runs ``fn`` on the current state under the store's lock and
@@ -313,12 +385,21 @@ export interface Charged {
 
 const TOOL = "privbert-edge budget";
 
-/** The ledger: check, charge, cap. */
+/** The ledger: check, charge, cap. ``clock``: the per-day window's monotonic clock (default
+ * {@link pageClock}; the Node CLI passes the boot clock, node/clock.ts). */
 export class Ledger {
-  constructor(readonly store: LedgerStore) {}
+  constructor(readonly store: LedgerStore, readonly clock: MonotonicClock = pageClock()) {}
+
+  /** The ledger's time now for state ``s``, and the monotonic reading it was taken from. */
+  private now(s: LedgerState): { now: number; reading: number } {
+    const reading = this.clock.read();
+    const { latest, anchors } = clockOf(s);
+    return { now: ledgerTime(latest, anchors, this.clock.epoch, reading, this.clock.sinceBoot, Date.now()), reading };
+  }
 
   async status(): Promise<Status> {
-    return status(this.store.where, await this.store.read(), Date.now());
+    const s = await this.store.read();
+    return status(this.store.where, s, this.now(s).now);
   }
 
   async memoKeys(setting: MemoSetting): Promise<MemoKeys> {
@@ -397,9 +478,13 @@ export class Ledger {
         });
         const cost = total(charged);
         if (cost === null) return { state: null, result: { payloads: out, cost: null, memoized: out.length } };
-        const now = Date.now();
+        const { now, reading } = this.now(s);
         const why = this.refusal(status(this.store.where, s, now), cost, what);
         if (why !== null) throw new BudgetRefused(why);
+        const clock = clockOf(s);
+        const anchors = { ...clock.anchors, [this.clock.epoch]: { at: now, reading } };
+        const kept = Object.entries(anchors).sort((a, b) => b[1].at - a[1].at).slice(0, MAX_ANCHORS);
+        s.clock = { latest: Math.max(clock.latest ?? now, now), anchors: Object.fromEntries(kept) };
         s.charges.push({ at: now, family: cost.family, mechanism: info.mechanism, params: info.params,
           bundle_id: info.bundleId, epsilon: cost.epsilon, metric: cost.metric, tokens: cost.tokens, sends: cost.sends });
         const f = s.spend[cost.family] ?? { epsilon: NO_EPSILON.includes(cost.family) ? null : 0, metric: 0, tokens: 0, sends: 0 };

@@ -4,13 +4,14 @@
  *
  *     privbert-edge privatize FILE --mechanism dchi-text --eta 65 (--bundle DIR | --server URL
  *         [--model ID]) [-o OUT.jsonl] [--post predict|records --task T] [--ledger FILE --cap EPS]
- *     privbert-edge budget [--ledger FILE] [--cap EPS|none]
+ *     privbert-edge budget [--ledger FILE] [--cap EPS|none] [--per-day EPS|none]
  *
- * One JSON record per line, as edge-agent writes them (the same bytes for the same noise).
- * Errors: one line `privbert-edge: error: ...` on stderr and exit code 2 for usage (bad flags
- * or parameters, parameters weaker than the privacy floor), 3 when the privacy budget refuses
- * a run (before anything is written or sent), 1 for any other failure (bad input line, bundle,
- * server, ledger).
+ * One JSON record per line, as edge-agent writes them (the same bytes for the same noise), in an
+ * -o file created 0600. Errors: one line `privbert-edge: error: ...` on stderr and exit code 2
+ * for usage (bad flags or parameters, parameters weaker than the privacy floor), 3 when a privacy
+ * budget refuses a run (the device ledger's, before anything is written or sent, or the server's
+ * 403 budget-exhausted), 1 for any other failure (bad input line, bundle, server, ledger), as
+ * edge-agent's.
  */
 
 import { closeSync, existsSync, openSync, readFileSync, statSync, writeSync } from "node:fs";
@@ -20,6 +21,7 @@ import type { EdgeBundle } from "../bundle.js";
 import { PrivbertClient, type ModelInfo } from "../client.js";
 import { guarantee, summary } from "../accounting.js";
 import { ApiError, BudgetRefused, BundleError, TextError, WeakPrivacyError } from "../errors.js";
+import { BUDGET_EXHAUSTED } from "../client.js";
 import { fmtG } from "../dchi.js";
 import { Ledger, diameter, fmtEps, total, type Cost, type MemoKeys } from "../ledger.js";
 import { recordLine } from "../payload.js";
@@ -27,6 +29,7 @@ import { Pcg64Source } from "../pcg64.js";
 import { Privatizer, nTokens, type TokenizedText } from "../privatizer.js";
 import { TextTokenizer } from "../tokenizer.js";
 import { DirBundleCache, DirFloorCache, loadBundleDir } from "./caches.js";
+import { nodeClock } from "./clock.js";
 import { FileLedgerStore, defaultLedgerPath } from "./file_ledger.js";
 import { batches, InputError, type Batch, type Line } from "./input.js";
 
@@ -44,10 +47,10 @@ const USAGE = `usage: ${PROG} privatize FILE ([--mechanism dchi-text|dchi-embedd
          | --mechanism ome --epsilon EPS --lam LAM)
          (--bundle DIR | --server URL [--model ID] [--api-key KEY]) [-o OUT.jsonl]
          [--post predict|records [--task T]] [--tsv] [--header auto|yes|no]
-         [--ledger FILE] [--cap EPS] [--no-memo] [--empty skip|error] [--truncate first|error]
+         [--ledger FILE] [--cap EPS] [--per-day EPS] [--no-memo] [--empty skip|error] [--truncate first|error]
          [--max-length N] [--batch-size N] [--post-batch N] [--float16] [--seed N]
          [--allow-weak-privacy] [--timeout S] [--retries N]
-       ${PROG} budget [--ledger FILE] [--cap EPS|none]
+       ${PROG} budget [--ledger FILE] [--cap EPS|none] [--per-day EPS|none]
        ${PROG} tokenize FILE --bundle DIR   (word-piece ids per line, as JSON; nothing is sent)
 
 input: one record per line (UTF-8); with --tsv: text<TAB>label or text_a<TAB>text_b<TAB>label.
@@ -57,8 +60,11 @@ policies (the Python edge's): empty lines and texts without word pieces are skip
   - 3 for a pair) keeps its first word pieces (--truncate error refuses it).
 privacy budget: every payload is charged to the device ledger (--ledger FILE, default
   $PRIVBERT_EDGE_LEDGER or ~/.local/share/privbert/edge-ledger.json) before it is written or
-  sent; --cap sets the ledger's cap (worst-case epsilon) and a run that would pass it is refused
-  (exit 3) before anything is written or sent. The same text (same token ids, mechanism,
+  sent; --cap sets the ledger's cap (worst-case epsilon), --per-day a cap on any 24 hours (not a
+  lifetime bound; the window runs on the boot clock, not the wall clock), and a run that would
+  pass either is refused (exit 3) before anything is written or sent; so is a run the server's
+  budget refuses (403 budget-exhausted). The ledger is created 0600; one that other users can
+  write is refused, one they can read is warned about; a symlinked --ledger charges its target. The same text (same token ids, mechanism,
   parameters, bundle) gets the payload stored the first time, at no cost (--no-memo: fresh draws).
 randomness: OS entropy (crypto.getRandomValues). --seed makes the noise reproducible (numpy's
   default_rng(seed), as edge-agent --seed) and predictable: experiments only.
@@ -96,7 +102,7 @@ const OPTIONS = {
   server: { type: "string" }, model: { type: "string" }, "api-key": { type: "string" },
   output: { type: "string", short: "o" }, post: { type: "string" }, task: { type: "string" },
   tsv: { type: "boolean" }, header: { type: "string" }, ledger: { type: "string" },
-  cap: { type: "string" }, "no-memo": { type: "boolean" }, empty: { type: "string" },
+  cap: { type: "string" }, "per-day": { type: "string" }, "no-memo": { type: "boolean" }, empty: { type: "string" },
   truncate: { type: "string" }, "max-length": { type: "string" }, "batch-size": { type: "string" },
   "post-batch": { type: "string" }, float16: { type: "boolean" }, seed: { type: "string" },
   "allow-weak-privacy": { type: "boolean" }, timeout: { type: "string" }, retries: { type: "string" },
@@ -132,32 +138,41 @@ function parse(argv: string[]): { command: string | undefined; positionals: stri
 // -- the ledger -------------------------------------------------------------------------------
 function openLedger(path: string | undefined): Ledger {
   const store = new FileLedgerStore(path ?? defaultLedgerPath());
+  let warning: string | null;
   try {
-    store.open();
+    warning = store.open();
   } catch (exc) {
     throw new CliError((exc as Error).message);
   }
-  return new Ledger(store);
+  if (warning !== null) warn(warning);
+  return new Ledger(store, nodeClock());
 }
 
-async function setCap(ledger: Ledger, cap: string | undefined): Promise<void> {
-  if (cap === undefined) return;
-  const value = cap === "none" ? null : num("cap", cap);
-  if (value !== null && value !== undefined && value < 0) throw new UsageError(`--cap must be >= 0 or none, got ${cap}`);
-  try {
-    await ledger.setCap("cap", value ?? null);
-  } catch (exc) {
-    throw new CliError(`${ledger.store.where}: cannot write the privacy ledger (${(exc as Error).message})`);
+/** --cap and --per-day, when given: a number >= 0, or none. */
+async function setCaps(ledger: Ledger, v: Values): Promise<void> {
+  for (const [flag, name] of [["cap", "cap"], ["per-day", "per_day"]] as const) {
+    const text = v[flag];
+    if (text === undefined) continue;
+    const value = text.trim().toLowerCase() === "none" ? null : num(flag, text)!;
+    if (value !== null && value < 0) throw new UsageError(`--${flag} must be >= 0 or none, got ${text}`);
+    try {
+      await ledger.setCap(name, value);
+    } catch (exc) {
+      throw new CliError(`${ledger.store.where}: cannot write the privacy ledger (${(exc as Error).message})`);
+    }
   }
 }
 
 async function runBudget(v: Values): Promise<number> {
   const ledger = openLedger(v.ledger);
-  await setCap(ledger, v.cap);
+  await setCaps(ledger, v);
   const st = await ledger.status();
+  const left = (spent: number, cap: number | null): number | null => (cap === null ? null : Math.max(0, cap - spent));
   process.stdout.write(JSON.stringify({ ledger: st.where, units: "worst-case epsilon", spent: st.spent,
-    cap: st.cap, remaining: st.cap === null ? null : Math.max(0, st.cap - st.spent), sends: st.sends,
-    families: st.families, memoized: st.memoized }) + "\n");
+    cap: st.cap, remaining: left(st.spent, st.cap), sends: st.sends,
+    families: st.families, memoized: st.memoized,
+    per_day: st.perDay === null ? null : { cap: st.perDay, spent_last_24h: st.daySpent,
+      remaining: left(st.daySpent, st.perDay), note: "a daily cap is not a lifetime bound" } }) + "\n");
   return 0;
 }
 
@@ -294,13 +309,13 @@ class Output {
 
   write(lines: string[]): void {
     if (lines.length === 0) return;
-    if (this.fd === null) this.fd = this.path === null || this.path === "-" ? 1 : openSync(this.path, "w", 0o666);
+    if (this.fd === null) this.fd = this.path === null || this.path === "-" ? 1 : openSync(this.path, "w", 0o600);
     writeSync(this.fd, lines.join(""));
     this.records += lines.length;
   }
 
   close(): void {
-    if (this.fd === null && this.path !== null && this.path !== "-") this.fd = openSync(this.path, "w", 0o666);
+    if (this.fd === null && this.path !== null && this.path !== "-") this.fd = openSync(this.path, "w", 0o600);
     if (this.fd !== null && this.fd !== 1) closeSync(this.fd);
   }
 }
@@ -396,7 +411,7 @@ async function runPrivatize(positionals: string[], v: Values): Promise<number> {
     maxLength = Math.min(model.max_length!, bundle.maxLength);
   }
   const ledger = openLedger(v.ledger);
-  await setCap(ledger, v.cap);
+  await setCaps(ledger, v);
   let priv: Privatizer;
   try {
     priv = await Privatizer.create(bundle, { mechanism: o.mechanism, eta: o.eta, epsilon: o.epsilon, lam: o.lam,
@@ -471,7 +486,7 @@ async function runPrivatize(positionals: string[], v: Values): Promise<number> {
             } catch (exc) {
               if (exc instanceof ApiError) {
                 out.write(exc.partial.map((p, i) => JSON.stringify({ line: t.lines[i]!.number, ...(p as object) }) + "\n"));
-                throw new CliError(`${exc.message}; ${nRecords + exc.partial.length} record(s) before it were written`);
+                throw serverFailure(exc, `${nRecords + exc.partial.length} record(s) before it were written`);
               }
               throw exc;
             }
@@ -483,7 +498,7 @@ async function runPrivatize(positionals: string[], v: Values): Promise<number> {
             } catch (exc) {
               if (exc instanceof ApiError) {
                 out.write(exc.partial.map((id, i) => JSON.stringify({ line: t.lines[i]!.number, id }) + "\n"));
-                throw new CliError(`${exc.message}; ${nRecords + exc.partial.length} record(s) before it were uploaded and written`);
+                throw serverFailure(exc, `${nRecords + exc.partial.length} record(s) before it were uploaded and written`);
               }
               throw exc;
             }
@@ -518,6 +533,13 @@ async function runPrivatize(positionals: string[], v: Values): Promise<number> {
   } finally {
     await priv.release();
   }
+}
+
+/** A failed request's error: BudgetRefused (exit 3, as the device's own cap) for the server's
+ * 403 budget-exhausted, else CliError; ``done`` says what was written before it. */
+function serverFailure(exc: ApiError, done: string): Error {
+  const refused = exc.status === 403 && exc.type === BUDGET_EXHAUSTED;
+  return new (refused ? BudgetRefused : CliError)(`${exc.message}; ${done}`);
 }
 
 /** The guarantee in one line, as shared.accounting.summary writes it. */

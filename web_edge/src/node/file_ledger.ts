@@ -4,12 +4,17 @@
  * check and charge one after the other and never pass the cap together. The memo key is 32
  * random bytes in ``FILE.key`` (mode 0600), refused when others can read it. A ledger that
  * cannot be read or written makes the charge reject (nothing is sent).
+ *
+ * As edge-agent's ledger (edge_agent/budget/ledger_files.py): the path is reached through its
+ * symlinks resolved once, so the target is charged (never replaced by a regular file) and its
+ * key, lock and temporary files sit beside it; a ledger others can write is refused (another
+ * local user could reset its spend or cap), one they can read is warned about, in the same words.
  */
 
-import { closeSync, fsyncSync, openSync, readFileSync, renameSync, statSync, unlinkSync, writeSync,
-  mkdirSync, linkSync, constants } from "node:fs";
+import { closeSync, fsyncSync, openSync, readFileSync, readlinkSync, realpathSync, renameSync, statSync,
+  unlinkSync, writeSync, mkdirSync, linkSync, constants } from "node:fs";
 import { homedir } from "node:os";
-import { dirname, join } from "node:path";
+import { basename, dirname, join, resolve } from "node:path";
 import { setTimeout as sleep } from "node:timers/promises";
 
 import { emptyState, importHmacKey, type LedgerState, type LedgerStore } from "../ledger.js";
@@ -25,20 +30,81 @@ export function defaultLedgerPath(): string {
   return join(data, "privbert", "edge-ledger.json");
 }
 
+/** A ledger file refused for what it is (a directory, writable by others): its message says why. */
+export class LedgerFileError extends Error {
+  override name = "LedgerFileError";
+}
+
+/** ``path`` with every symlink resolved, also where the file (or a folder above it) does not
+ * exist yet: a dangling link is followed to where its target will be (os.path.realpath). */
+export function resolvedPath(path: string, depth = 0): string {
+  const abs = resolve(path);
+  try {
+    return realpathSync(abs);
+  } catch (exc) {
+    if ((exc as NodeJS.ErrnoException).code !== "ENOENT" || depth > 40) throw exc;
+  }
+  let target: string | null = null;
+  try {
+    target = readlinkSync(abs);
+  } catch (exc) {
+    const code = (exc as NodeJS.ErrnoException).code;
+    if (code !== "ENOENT" && code !== "EINVAL") throw exc;
+  }
+  if (target !== null) return resolvedPath(resolve(dirname(abs), target), depth + 1);
+  const parent = dirname(abs);
+  return parent === abs ? abs : join(resolvedPath(parent, depth + 1), basename(abs));
+}
+
+/** Refuse a ledger file others can write (with the one-line fix); the warning for one they can
+ * read (null: private, or missing). edge_agent.budget.ledger_files.check_private's words. */
+export function checkPrivate(path: string): string | null {
+  let mode: number;
+  try {
+    mode = statSync(path).mode & 0o7777;
+  } catch (exc) {
+    if ((exc as NodeJS.ErrnoException).code === "ENOENT") return null;
+    throw exc;
+  }
+  if (mode & 0o022) {
+    throw new LedgerFileError(`${path}: the privacy ledger is writable by others (mode ${mode.toString(8)}): `
+      + `another user could reset its spend or cap; chmod 600 ${path}`);
+  }
+  if (mode & 0o044) {
+    return `${path}: the privacy ledger is readable by others (mode ${mode.toString(8)}): they can see `
+      + `what this device sent and when; chmod 600 ${path}`;
+  }
+  return null;
+}
+
 export class FileLedgerStore implements LedgerStore {
   readonly where: string;
+  /** The ledger file, its symlinks resolved (the path given, where that fails). */
+  readonly path: string;
   private key: Promise<CryptoKey> | null = null;
 
-  constructor(readonly path: string, private readonly lockTimeoutMs = 60_000) {
-    this.where = path;
+  constructor(path: string, private readonly lockTimeoutMs = 60_000) {
+    let real = path;
+    try {
+      real = resolvedPath(path);
+    } catch { /* open() and every read say why */ }
+    this.path = real;
+    this.where = real;
   }
 
-  /** Check that the ledger can be opened (its folder made, mode 0700; the file readable). */
-  open(): void {
+  /** Check that the ledger can be opened (its folder made, mode 0700; the file readable, not
+   * writable by others); returns the warning for one others can read (null: none). */
+  open(): string | null {
     try {
+      if (statSync(this.path, { throwIfNoEntry: false })?.isDirectory()) {
+        throw new LedgerFileError(`${this.path}: is a directory, not a privacy ledger file (--ledger FILE)`);
+      }
+      const warning = checkPrivate(this.path);
       mkdirSync(dirname(this.path), { recursive: true, mode: 0o700 });
       this.readSync();
+      return warning;
     } catch (exc) {
+      if (exc instanceof LedgerFileError) throw exc;
       throw new Error(`${this.path}: cannot open the privacy ledger (${(exc as Error).message})`);
     }
   }
@@ -82,6 +148,7 @@ export class FileLedgerStore implements LedgerStore {
     mkdirSync(dirname(this.path), { recursive: true, mode: 0o700 });
     const unlock = await this.lock();
     try {
+      checkPrivate(this.path);
       const { state, result } = fn(this.readSync());
       if (state !== null) this.writeSync(state);
       return result;

@@ -1,4 +1,5 @@
 /** @privbert/edge/node: the Node-only parts (files, the command line). */
 export { main } from "./cli.js";
-export { FileLedgerStore, defaultLedgerPath, LEDGER_ENV } from "./file_ledger.js";
+export { FileLedgerStore, defaultLedgerPath, LEDGER_ENV, checkPrivate, resolvedPath } from "./file_ledger.js";
+export { nodeClock, bootClock, processClock } from "./clock.js";
 export { DirBundleCache, DirFloorCache, cacheRoot, loadBundleDir, CACHE_ENV } from "./caches.js";
