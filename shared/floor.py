@@ -205,44 +205,48 @@ def table_problem(bundle: EdgeBundle, rng: np.random.Generator | None = None) ->
     """None for a usable privatization table, else why it is degenerate (one clause):
     identical regular rows (all of them compared), or a regular row nearer to another than
     ``NEAR_DUPLICATE`` of the median nearest-row distance (``DUPLICATE_SAMPLE`` rows drawn
-    afresh). Identical rows are remembered per table content; the sample is drawn anew."""
+    from ``rng``, OS entropy by default). The answer is kept per table content in this
+    process (the table is verified against its hash when the bundle is loaded)."""
     reg = np.asarray(bundle.regular_ids, dtype=np.int64)
     files = bundle.meta.get("files") or {}
     key = (files.get("table.npy") or files.get("embeddings.npy"), files.get("table_scale.npy"),
            hashlib.sha256(reg.tobytes()).hexdigest())
     if key not in _TABLE_PROBLEMS:
-        _TABLE_PROBLEMS[key] = _identical_rows(bundle.table, reg)
-    if _TABLE_PROBLEMS[key] is not None:
-        return _TABLE_PROBLEMS[key]
-    return _near_duplicates(bundle.table, reg, resolve_rng(rng))
+        table = np.ascontiguousarray(bundle.table[reg], dtype=np.float32)
+        _TABLE_PROBLEMS[key] = (_identical_rows(table)
+                                or _near_duplicates(table, resolve_rng(rng)))
+    return _TABLE_PROBLEMS[key]
 
 
-def _identical_rows(table: np.ndarray, reg: np.ndarray) -> str | None:
-    t = np.ascontiguousarray(table[reg], dtype=np.float32)
+def _identical_rows(t: np.ndarray) -> str | None:
+    """Bit-identical rows of ``t`` (each row's bytes as a dictionary key)."""
     if not np.all(np.isfinite(t)):
         return "its table has non-finite values"
-    rows = t.view(np.dtype((np.void, t.dtype.itemsize * t.shape[1]))).ravel()
-    _, first, counts = np.unique(rows, return_index=True, return_counts=True)
-    dup = int((counts > 1).sum())
-    if dup:
-        return (f"{int(counts[counts > 1].sum())} of its {reg.size:,} regular tokens share "
-                f"{dup:,} rows (identical rows: the search can never return some of them)")
+    seen: set[bytes] = set()
+    repeats = 0
+    for row in t:
+        key = row.tobytes()
+        repeats += key in seen
+        seen.add(key)
+    if repeats:
+        return (f"{repeats} of its {t.shape[0]:,} regular rows repeat another row exactly "
+                "(identical rows: the search can never return some of them)")
     return None
 
 
-def _near_duplicates(table: np.ndarray, reg: np.ndarray, rng: np.random.Generator
-                     ) -> str | None:
-    t = np.asarray(table, dtype=np.float64)[reg]
-    n = min(DUPLICATE_SAMPLE, reg.size)
+def _near_duplicates(t: np.ndarray, rng: np.random.Generator) -> str | None:
+    n = min(DUPLICATE_SAMPLE, t.shape[0])
     if n < 2:
         return None
-    picked = rng.choice(reg.size, size=n, replace=False)
+    picked = rng.choice(t.shape[0], size=n, replace=False)
     norms = np.einsum("ij,ij->i", t, t)
-    d2 = norms[picked][:, None] + norms[None, :] - 2.0 * (t[picked] @ t.T)
+    d2 = norms[picked][:, None] + norms[None, :] - 2.0 * (t[picked] @ t.T)  # float32: which
     d2[np.arange(n), picked] = np.inf
-    nearest = np.sqrt(np.maximum(d2.min(axis=1), 0.0))
-    median = float(np.median(nearest))
-    close = int((nearest < NEAR_DUPLICATE * median).sum())
+    nearest = d2.argmin(axis=1)
+    diff = t[picked].astype(np.float64) - t[nearest].astype(np.float64)  # exact: how near
+    dist = np.sqrt(np.einsum("ij,ij->i", diff, diff))
+    median = float(np.median(dist))
+    close = int((dist < NEAR_DUPLICATE * median).sum())
     if median > 0 and close:
         return (f"{close} of {n} regular rows drawn at random lie within "
                 f"{NEAR_DUPLICATE:g} x the median nearest-row distance of another row "
