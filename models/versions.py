@@ -173,7 +173,7 @@ class ModelVersion:
                              f"{self.bundle_id[:12]}… (fetch the model's bundle)")
         compared = registry.get(self.mechanism).compared_params  # TextHide: m, not k
         got, want = compared(payload.params.model_dump()), compared(self.params)
-        if got != want:
+        if registry.differing_params(got, want):
             raise ValueError(f"payload parameters {got} do not match the model's {want}")
         arch = self.config["architecture"]
         arr = payload.data_array()

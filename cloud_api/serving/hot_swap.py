@@ -37,6 +37,7 @@ from cloud_api.serving.bundles import BundleStore
 from cloud_api.serving.loading import Served, load_version
 from cloud_api.serving.payload_queue import Disconnected
 from cloud_api.settings import Settings
+from shared.mechanisms import registry as mechanisms
 from shared.payload import Limits
 
 log = logging.getLogger(__name__)
@@ -142,6 +143,20 @@ class ServedModels:
     def served_version(self, model_id: str) -> str | None:
         s = self._served.get(model_id)
         return s.version if s else None
+
+    def length_for_task(self, task: str, mechanism: str, params: dict, bundle_id: str
+                        ) -> tuple[int, str] | None:
+        """(max_length, model id) of the served model of ``task`` that reads its payloads
+        (the same mechanism, parameters and bundle) with the fewest tokens, or None: records
+        of a task are held to the length its model reads, as predictions are. Safe from any
+        thread (one copy of the served versions, taken at once)."""
+        compared = mechanisms.get(mechanism).compared_params
+        found = [(int(s.info["max_length"]), s.model_id) for s in tuple(self._served.values())
+                 if s.info.get("task") == task and s.info["mechanism"] == mechanism
+                 and s.info["bundle_id"] == bundle_id
+                 and not mechanisms.differing_params(compared(s.info["params"]),
+                                                     compared(params))]
+        return min(found) if found else None
 
     def limits_for(self, model_id: str) -> Limits:
         """Limits to parse the request bodies of ``model_id``."""
