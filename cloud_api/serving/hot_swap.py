@@ -13,8 +13,11 @@ Hot swap: the new version is loaded beside the old one in a thread
 requests go to the new version, requests already queued finish on the old one, then the old
 batcher drains and the old version is released. Choosing a version and queueing on it
 happen with no ``await`` in between, so no request can land on a batcher that is draining.
-A version that fails to load is logged, counted (``privbert_model_load_failure``) and shown
-in :meth:`ready`; the previous version keeps serving. Promotions by other processes (the
+A version that fails to load (one that is not whole included: ``models.manifest``) is
+logged, counted (``privbert_model_load_failure``) and shown in :meth:`ready`; the previous
+version keeps serving. A prediction whose scores are not all finite is never answered: a
+500 ``non-finite-scores`` (counted, ``privbert_predictions_nonfinite``), and the route
+refunds its charge. Promotions by other processes (the
 CLI, the job worker, another server sharing the home) are noticed by reading the
 ``promoted`` pointer files every ``settings.reload_interval_s``.
 """
@@ -29,7 +32,13 @@ from dataclasses import dataclass
 import numpy as np
 
 from cloud_api import metrics
-from cloud_api.errors import InvalidRequest, NotFound, ServiceError, Unavailable
+from cloud_api.errors import (
+    InvalidRequest,
+    NonFiniteScores,
+    NotFound,
+    ServiceError,
+    Unavailable,
+)
 from cloud_api.home import ModelHome, version_number
 from cloud_api.serving.backends import BackendError
 from cloud_api.serving.batcher import Batcher
@@ -51,6 +60,20 @@ class Prediction:
     version: str
     labels: list[str]
     probs: np.ndarray
+
+
+def _non_finite(model_id: str, version: str, probs: np.ndarray) -> NonFiniteScores:
+    """The refusal of a prediction with a NaN or infinite score (counted, logged)."""
+    bad = np.flatnonzero(~np.isfinite(probs).all(axis=1))
+    metrics.NONFINITE.labels(model=model_id, version=version).inc(len(bad))
+    log.error("model %s %s gave non-finite scores for %d of %d payloads: its files may be "
+              "corrupt (cloud-api models verify)", model_id, version, len(bad), len(probs))
+    return NonFiniteScores(f"model {model_id} {version} gave non-finite scores for "
+                           f"payloads[{int(bad[0])}]" + (f" and {len(bad) - 1} more"
+                                                         if len(bad) > 1 else "") +
+                           "; nothing is answered and nothing is charged (the charge is "
+                           "refunded). The operator is alerted by "
+                           "privbert_predictions_nonfinite_total")
 
 
 class ServedModels:
@@ -222,14 +245,17 @@ class ServedModels:
 
         async def answer() -> Prediction:
             probs = await wait()
+            if not np.isfinite(probs).all():
+                raise _non_finite(model_id, served.version, probs)
             return Prediction(model_id, served.version, served.labels, probs)
         return answer
 
     # -- promotions -------------------------------------------------------------------------
     async def promote(self, model_id: str, version: str) -> None:
         """Load ``version`` of ``model_id``, point the model at it and serve it. A version that
-        cannot be loaded leaves the pointer and the serving version unchanged
-        (InvalidRequest saying why); an unknown version is NotFound."""
+        cannot be loaded (one that is not whole included: loading verifies it) leaves the
+        pointer and the serving version unchanged (InvalidRequest saying why); an unknown
+        version is NotFound."""
         path = self.home.version_dir(model_id, version)
         if version not in await asyncio.to_thread(self.home.versions, model_id):
             raise NotFound(f"model {model_id} has no version {version}")
@@ -241,7 +267,7 @@ class ServedModels:
                 except BackendError as exc:
                     raise InvalidRequest(f"version {version} of model {model_id} cannot be "
                                          f"served: {exc}") from None
-            await asyncio.to_thread(self.home.promote, model_id, version)
+            await asyncio.to_thread(self.home.promote, model_id, version, verify=False)
             if current is None or current.version != version:
                 self._install(served)
         log.info("model %s promoted to %s (%s)", model_id, version, path.name)

@@ -275,7 +275,8 @@ def charge(conn: Connection, ch: Charge) -> Charged:
     return _charged(rows, ch.cost)
 
 
-REFUND_REASONS = ("client-gone", "forward-failed", "overloaded", "unavailable", "cancelled")
+REFUND_REASONS = ("client-gone", "forward-failed", "overloaded", "unavailable", "cancelled",
+                  "non-finite")
 
 
 def refund(conn: Connection, ch: Charge, reason: str) -> None:
