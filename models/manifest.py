@@ -195,6 +195,9 @@ def check_finite_safetensors(path: str | os.PathLike) -> None:
         if not 0 <= a <= b <= data.size:
             raise IntegrityError(f"{p}: tensor {name} lies outside the file (cut short?)")
         raw = data[a:b]
+        width = np.dtype(_FLOATS[dtype]).itemsize if dtype in _FLOATS else 2
+        if dtype in (*_FLOATS, "BF16") and raw.size % width:
+            raise IntegrityError(f"{p}: tensor {name} is not a whole number of {dtype} values")
         if dtype in _FLOATS:
             finite = bool(np.isfinite(raw.view(_FLOATS[dtype])).all())
         elif dtype == "BF16":

@@ -45,10 +45,10 @@ def check_retrain(db: Database, home: ModelHome, bundles, settings: Settings,
                   req: RetrainRequest) -> dict:
     """The job spec of a valid request; NotFound / InvalidRequest otherwise."""
     task = get_task(db, req.task)  # NotFound (404)
-    _check_counts(db, task, settings.min_records_per_label)
     current = home.promoted(req.model_id)
     if current is not None:  # the job reads it (posterior, denoiser) and compares with it
         home.verify(req.model_id, current, seal_missing=False)
+    _check_counts(db, task, settings.min_records_per_label)
     cfg = home.read_config(req.model_id, current) if current is not None else None
     if cfg is not None:
         _check_model_fits(task, req.model_id, current, cfg)
