@@ -41,7 +41,13 @@ from contextlib import contextmanager
 from pathlib import Path
 
 from cloud_api.errors import InvalidRequest, NotFound
-from models.manifest import IntegrityError, Verified, seal, verify_folder
+from models.manifest import (
+    MANIFEST_FILE,
+    IntegrityError,
+    Verified,
+    seal,
+    verify_folder,
+)
 
 # a model id, task, base or job name: a safe folder name (also the HTTP routes' pattern)
 ID_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$"
@@ -290,12 +296,15 @@ class ModelHome:
 
 def seal_folder(path: str | os.PathLike) -> Verified:
     """Verify a folder about to enter the home (``models.manifest``: against its manifest,
-    or for finite weights) and write its manifest when it has none; InvalidRequest (one
-    line) when it is not whole."""
+    a copy's integrity in transit, or for finite weights) and write its manifest when it
+    has none; InvalidRequest (one line) when it is not whole."""
     try:
         verified = verify_folder(path)
     except IntegrityError as exc:
-        raise InvalidRequest(str(exc)) from None
+        hint = ("" if not (Path(path) / MANIFEST_FILE).exists() else
+                f"; if the folder was changed on purpose, remove its {MANIFEST_FILE} and "
+                "register it again (it is then checked for finite weights and sealed anew)")
+        raise InvalidRequest(f"{exc}{hint}") from None
     if not verified.sealed:
         seal(verified)
     return verified
@@ -313,3 +322,4 @@ def seal_verified(verified: Verified, what: str) -> bool:
         return False
     log.info("%s had no manifest.json: verified (finite weights) and sealed", what)
     return True
+

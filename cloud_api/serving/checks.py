@@ -7,7 +7,8 @@ bundle ids, shapes and counts.
     checker.check(payloads)        # PayloadMismatch: "payloads[0]: eta 60 sent, model serves eta 65"
 
 The same checks as ``models.versions.ModelVersion.check_payload``, plus regular token ids,
-the token budget (``max_length`` less [CLS]/[SEP]) and sentence pairs.
+the token budget (``max_length`` less [CLS]/[SEP]), sentence pairs, and float values no
+larger than :data:`MAX_ABS_VALUE` (a sound model's scores stay finite below it).
 """
 
 from __future__ import annotations
@@ -28,6 +29,15 @@ def _fmt(value) -> str:
     if isinstance(value, int | float):
         return format(value, "g")
     return str(value)
+
+
+# The largest magnitude a float payload value may have. No mechanism sends more at a
+# parameter worth using (dχ noise per coordinate is about n/(η·sqrt(n)): 2e7 at η 1e-6 on
+# MiniLM's 384 dimensions; Laplace noise b = r/ε: 4e11 at ε 1e-9), and a model's float32
+# arithmetic stays finite below it (BERT's first LayerNorm sums n squares: overflow needs
+# about 1e17); above it a payload could make NaN scores of a sound model: a bad input (422),
+# never a 500.
+MAX_ABS_VALUE = 1e12
 
 
 class PayloadChecker:
@@ -138,7 +148,7 @@ class PayloadChecker:
                 return "; ".join(diffs)
         shape = getattr(p, p.array_field).shape
         if self.kind == "vector":
-            return self._vector(int(shape[-1]))
+            return self._vector(int(shape[-1])) or self._magnitude(p)
         n = int(shape[0])
         segs = getattr(p, "segments", None)
         pair = segs is not None and len(segs) == 2
@@ -155,6 +165,18 @@ class PayloadChecker:
             return f"{n} tokens sent, {self.serves} at most {budget} ({why})"
         if self.kind == "embeddings" and self.hidden is not None and shape[1] != self.hidden:
             return f"dimension {shape[1]} sent, {self.serves} {self.hidden}"
+        return self._magnitude(p) if self.kind == "embeddings" else None
+
+    def _magnitude(self, p) -> str | None:
+        """Float values beyond :data:`MAX_ABS_VALUE` (float16 cannot reach it)."""
+        arr = getattr(p, p.array_field)
+        if arr.dtype != "float32":
+            return None
+        values = arr.to_numpy()
+        if values.size and float(np.abs(values).max()) > MAX_ABS_VALUE:
+            return (f"values of magnitude above {MAX_ABS_VALUE:g} sent, {self.serves} at most "
+                    f"{MAX_ABS_VALUE:g} (no mechanism sends such values; they would overflow "
+                    "the model's arithmetic)")
         return None
 
     def _first_bad_ids(self, payloads: Sequence) -> tuple[int, str] | None:

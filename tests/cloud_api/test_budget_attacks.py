@@ -241,10 +241,11 @@ def test_records_are_held_to_the_length_and_eta_that_predict_reads(srv, tiny_bun
     """The finding: with the model's max_length shorter than its bundle's, records stored
     payloads that predict refused by length, and an eta within float rounding of the task's
     passed predict and was refused by records. Here the emb model reads at most 14 tokens
-    (max_length 16) of a bundle that allows 62: payloads of 1 to 62 tokens, and eta 5 +
-    1e-12 and 5 x (1 + 1e-6), get one verdict from predict and from records (a task of the
-    model's mechanism, parameters and bundle, named as the model's); what is refused (sent
-    with a key of its own) leaves no row in any table."""
+    (max_length 16) of a bundle that allows 62: payloads of 1 to 62 tokens, eta 5 + 1e-12
+    and 5 x (1 + 1e-6), and finite values so large they would make the model's scores NaN
+    (a bad input: 422, never a 500), get one verdict from predict and from records (a task
+    of the model's mechanism, parameters and bundle, named as the model's); what is refused
+    (sent with a key of its own) leaves no row in any table."""
     from tests.cloud_api.conftest import EMB_MAX_LENGTH
 
     good, bad = srv.keys["app"][5], srv.keys["app"][6]
@@ -258,9 +259,11 @@ def test_records_are_held_to_the_length_and_eta_that_predict_reads(srv, tiny_bun
     assert r.status_code in (200, 201), r.text
     rng = np.random.default_rng(0)
     eta = float(model["params"]["eta"])
-    cases = {f"{n} tokens": (n, eta) for n in (1, EMB_MAX_LENGTH - 2, EMB_MAX_LENGTH - 1, 20,
-                                                 40, b.max_length - 2)}
-    cases.update({"eta + 1e-12": (4, eta + 1e-12), "eta x (1 + 1e-6)": (4, eta * (1 + 1e-6))})
+    cases = {f"{n} tokens": (n, eta, 1.0) for n in (1, EMB_MAX_LENGTH - 2, EMB_MAX_LENGTH - 1,
+                                                      20, 40, b.max_length - 2)}
+    cases.update({"eta + 1e-12": (4, eta + 1e-12, 1.0),
+                  "eta x (1 + 1e-6)": (4, eta * (1 + 1e-6), 1.0),
+                  "values of 3e38 (finite, overflow a LayerNorm)": (4, eta, 3e38)})
 
     def send(key: str, body: dict) -> tuple[int, int]:
         headers = {**srv.headers(key), "X-Device-Id": f"d-{key[-6:]}"}
@@ -272,17 +275,18 @@ def test_records_are_held_to_the_length_and_eta_that_predict_reads(srv, tiny_bun
         return pr.status_code, rr.status_code
 
     verdicts, refused, stored_before = {}, [], _task_records(srv, model["task"])
-    for name, (n, e) in cases.items():
+    for name, (n, e, scale) in cases.items():
+        values = rng.normal(0, 1, (n, b.dim)) if scale == 1.0 else np.full((n, b.dim), scale)
         body = make_payload("dchi-embedding", {"eta": e}, b.bundle_id,
-                            rng.normal(0, 1, (n, b.dim)).astype(np.float32)
-                            ).model_dump(mode="json", exclude_none=True)
+                            values.astype(np.float32)).model_dump(mode="json", exclude_none=True)
         verdicts[name] = send(good, body)
         if verdicts[name] == (422, 422):
             refused.append(send(bad, body))
     print(f"\nrecords and predict, model max_length {model['max_length']}, bundle "
           f"{b.max_length}: {verdicts}")
-    want = {name: (200, 201) if (n <= EMB_MAX_LENGTH - 2 and e in (eta, eta + 1e-12))
-            else (422, 422) for name, (n, e) in cases.items()}
+    want = {name: (200, 201) if (n <= EMB_MAX_LENGTH - 2 and e in (eta, eta + 1e-12)
+                                 and scale == 1.0)
+            else (422, 422) for name, (n, e, scale) in cases.items()}
     assert verdicts == want
     assert refused == [(422, 422)] * sum(v == (422, 422) for v in want.values())
     accepted = sum(v == (200, 201) for v in verdicts.values())
