@@ -1,5 +1,11 @@
 """Bearer keys: kept only as SHA-256 hashes, compared in constant time.
 
+Every key is read through one function, ``cloud_api.settings.normalize_key`` (surrounding
+whitespace is no part of a key): the environment's lists, the keys file, the demo key and
+the bearer token of each request; a configured key that is not visible ASCII once
+normalized is refused at start. So "is this an admin key" has one answer everywhere, and
+``PRIVBERT_DEMO_KEY`` is refused at start when it is an admin key by any spelling.
+
 Application keys may call ``/v1``; admin keys may call ``/admin`` and ``/v1``. A
 record stores the caller's :func:`key_id` (a short hash), never the key. Routes take
 the caller as an ``Annotated`` dependency::
@@ -14,6 +20,7 @@ from __future__ import annotations
 
 import hashlib
 import hmac
+import re
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Annotated, Literal
@@ -21,9 +28,10 @@ from typing import Annotated, Literal
 from fastapi import Depends, Request
 
 from cloud_api.errors import RateLimited, ServiceError
-from cloud_api.settings import Settings
+from cloud_api.settings import Settings, check_key, normalize_key
 
 Role = Literal["app", "admin"]
+_COMMENT = re.compile(r"(?:^|\s)#")
 
 
 class Unauthorized(ServiceError):
@@ -62,12 +70,12 @@ class KeyRing:
         entries: list[tuple[bytes, Role, str]] = []
         for role, keys in (("app", s.api_keys), ("admin", s.admin_keys)):
             for k in keys:
-                raw = k.get_secret_value()
+                raw = check_key(k.get_secret_value(), f"PRIVBERT_{role.upper()}_KEYS")
                 entries.append((key_hash(raw), role, key_id(raw)))
         if s.keys_file is not None:
             entries += _read_keys_file(s.keys_file)
         if s.demo and s.demo_key is not None:  # the /demo page's key (cloud_api/routes/web.py)
-            raw = s.demo_key.get_secret_value()
+            raw = check_key(s.demo_key.get_secret_value(), "PRIVBERT_DEMO_KEY")
             if any(role == "admin" and hmac.compare_digest(d, key_hash(raw))
                    for d, role, _ in entries):
                 raise ValueError("PRIVBERT_DEMO_KEY is an admin key: the demo page hands its "
@@ -95,10 +103,12 @@ class KeyRing:
 
 
 def _read_keys_file(path: Path) -> list[tuple[bytes, Role, str]]:
-    """Lines ``app KEY`` / ``admin KEY`` / ``app sha256:HEX [id]``; ``#`` starts a comment."""
+    """Lines ``app KEY`` / ``admin KEY`` / ``app sha256:HEX [id]`` (HEX: the SHA-256 of the
+    key as :func:`normalize_key` reads it); ``#`` at the start of a line or after a space
+    starts a comment (inside a key it is part of the key, as in the environment)."""
     out: list[tuple[bytes, Role, str]] = []
     for n, line in enumerate(Path(path).read_text().splitlines(), 1):
-        line = line.split("#", 1)[0].strip()
+        line = _COMMENT.split(line, maxsplit=1)[0].strip()
         if not line:
             continue
         parts = line.split()
@@ -112,15 +122,18 @@ def _read_keys_file(path: Path) -> list[tuple[bytes, Role, str]]:
             kid = parts[2] if len(parts) == 3 else hexd[:12]
             out.append((bytes.fromhex(hexd), role, kid))
         else:
-            out.append((key_hash(parts[1]), role, key_id(parts[1])))
+            key = check_key(parts[1], f"{path}:{n}")
+            out.append((key_hash(key), role, key_id(key)))
     return out
 
 
 def _bearer(header: str) -> str | None:
+    """The token of ``Bearer TOKEN``, normalized as every configured key is."""
     scheme, _, token = header.partition(" ")
-    if scheme.lower() != "bearer" or not token.strip():
+    token = normalize_key(token)
+    if scheme.lower() != "bearer" or not token:
         return None
-    return token.strip()
+    return token
 
 
 def authenticate(app_state, authorization: str | None, need: Role, state: dict) -> Caller:

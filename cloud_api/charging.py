@@ -11,8 +11,8 @@ No charge without an answer. A prediction is admitted to its model's queue befor
 charged (``Registry.admit``): one refused for load (429), or larger than the queue (413), is
 never charged. Its charge then commits on the charge writer's thread while the model runs,
 and the answer waits for the commit (no request is answered whose charge did not commit).
-When no answer comes after the charge committed (the client went away, the forward failed,
-the queue timed out, the request was cancelled), the charge is refunded in the same store,
+When no answer comes after the charge committed (the client went away, the forward failed
+or gave non-finite scores, the queue timed out, the request was cancelled), the charge is refunded in the same store,
 with an audit row (``store.budgets.refund``, :func:`unanswered`). Why a race cannot pass a
 cap: the charge's check is the only place spend is admitted, and a refund only ever takes
 back a charge already committed, after that commit; meanwhile a concurrent request sees the
@@ -106,7 +106,7 @@ async def price_prediction(state, key_id: str, device_id: str | None, model_id: 
 
 
 def _reason(exc: BaseException) -> str:
-    from cloud_api.errors import Overloaded
+    from cloud_api.errors import NonFiniteScores, Overloaded
     from cloud_api.serving.payload_queue import ClientGone
 
     if isinstance(exc, asyncio.CancelledError):
@@ -117,6 +117,8 @@ def _reason(exc: BaseException) -> str:
         return "overloaded"
     if isinstance(exc, Unavailable):
         return "unavailable"
+    if isinstance(exc, NonFiniteScores):
+        return "non-finite"
     return "forward-failed"
 
 

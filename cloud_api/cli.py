@@ -3,7 +3,8 @@ registers itself here with ``register(subparsers)``; heavy imports happen only w
 a subcommand runs.
 
     cloud-api serve [--host 127.0.0.1] [--port 8000] [--workers 1] [--home DIR]
-    cloud-api models list | promote MODEL VERSION | register DIR --model-id ID [--promote]
+    cloud-api models list | promote MODEL VERSION | verify [MODEL [VERSION]]
+              | register DIR --model-id ID [--promote]
     cloud-api bootstrap --data TRAIN.tsv ...        (cloud_api/bootstrap.py)
     cloud-api train | evaluate | export-bundle | pretrain   (models/)
 """
@@ -197,6 +198,12 @@ def register_models(sub) -> None:
     pr.add_argument("version", metavar="VERSION", help="e.g. v2")
     home_arg(pr)
     pr.set_defaults(func=_guarded(run_models_promote))
+    vf = msub.add_parser("verify", help="check versions whole against their manifest.json; "
+                         "seal those from before manifests (exit 1 if one is not whole)")
+    vf.add_argument("model_id", metavar="MODEL", nargs="?", help="default: every model")
+    vf.add_argument("version", metavar="VERSION", nargs="?", help="default: every version")
+    home_arg(vf)
+    vf.set_defaults(func=_guarded(run_models_verify))
     rg = msub.add_parser("register", help="copy a version folder made by `cloud-api train` "
                          "into the home as the next version")
     rg.add_argument("dir", metavar="DIR", help="model version folder (cloud-api train --out)")
@@ -260,6 +267,27 @@ def run_models_promote(args) -> int:
     home.promote(args.model_id, args.version)
     print(f"promoted {args.model_id} {args.version} (was {before or 'none'})")
     return 0
+
+
+def run_models_verify(args) -> int:
+    """One line per version: ``ok``, ``sealed`` (no manifest before: verified and written)
+    or ``NOT WHOLE: why``; exit 1 when a version is not whole."""
+    from cloud_api.errors import InvalidRequest
+
+    home = _home(args)
+    models = [args.model_id] if args.model_id else home.model_ids()
+    bad = 0
+    for model_id in models:
+        versions = [args.version] if args.version else home.versions(model_id)
+        for v in versions:
+            try:
+                verified = home.verify(model_id, v)
+            except InvalidRequest as exc:
+                bad += 1
+                print(f"{model_id} {v} NOT WHOLE: {exc.detail}")
+                continue
+            print(f"{model_id} {v} {'ok' if verified.sealed else 'sealed'}")
+    return 1 if bad else 0
 
 
 def run_models_register(args) -> int:

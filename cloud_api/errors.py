@@ -88,3 +88,10 @@ class TooManyPayloads(ServiceError):
 
 class InferenceFailed(ServiceError):
     status, kind, title = 500, "inference", "Inference failed"
+
+
+class NonFiniteScores(InferenceFailed):
+    """The model answered NaN or an infinity for a payload (its files are corrupt, or its
+    training diverged): never answered as a prediction, and the charge is refunded."""
+
+    kind, title = "non-finite-scores", "The model gave non-finite scores"

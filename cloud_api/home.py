@@ -17,12 +17,20 @@ Every promotion holds the model's promotion lock (``models/<model_id>/.promote.l
 (the swap that promotes a job's version, ``cloud_api/jobs/publisher.py``) is atomic across
 threads, processes and hosts sharing the folder; nothing slow runs under it. Nothing here
 imports torch.
+
+A version is whole or it is not used: every file of it has a SHA-256 in its
+``manifest.json`` (``models.manifest``), written when it is registered (:meth:`register`),
+and checked when it is loaded to serve (``cloud_api.serving.loading``), promoted
+(:meth:`promote`) and read by a retraining job. A version from before manifests is checked
+as far as it can be (finite weights) and sealed on its first verified load or promotion
+(:meth:`verify`); a mismatch is refused in one line and changes nothing.
 """
 
 from __future__ import annotations
 
 import fcntl
 import json
+import logging
 import os
 import re
 import shutil
@@ -33,6 +41,13 @@ from contextlib import contextmanager
 from pathlib import Path
 
 from cloud_api.errors import InvalidRequest, NotFound
+from models.manifest import (
+    MANIFEST_FILE,
+    IntegrityError,
+    Verified,
+    seal,
+    verify_folder,
+)
 
 # a model id, task, base or job name: a safe folder name (also the HTTP routes' pattern)
 ID_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$"
@@ -43,6 +58,7 @@ CONFIG_FILE = "config.json"  # models/versions.py: its presence means the folder
 PROMOTE_LOCK = ".promote.lock"
 _THREAD_LOCKS: dict[str, threading.Lock] = {}  # per lock file: flock may be per process
 _THREAD_LOCKS_GUARD = threading.Lock()        # (NFS emulates it with POSIX locks)
+log = logging.getLogger(__name__)
 
 
 def is_id(value: object) -> bool:
@@ -178,10 +194,14 @@ class ModelHome:
             finally:
                 os.close(fd)  # releases the flock
 
-    def promote(self, model_id: str, version: str) -> Path:
+    def promote(self, model_id: str, version: str, *, verify: bool = True) -> Path:
         """Point ``model_id`` at ``version`` (one atomic replace, under the promotion lock);
-        returns the version folder."""
+        returns the version folder. The version is verified first (:meth:`verify`, no lock
+        held; InvalidRequest naming the file that does not match), unless the caller has
+        just done so (``verify=False``)."""
         self._complete_version(model_id, version)  # no folder (the lock's) for a typo
+        if verify:
+            self.verify(model_id, version)
         with self.promotion_lock(model_id):
             return self.write_promoted(model_id, version)
 
@@ -197,6 +217,21 @@ class ModelHome:
         if not (path / CONFIG_FILE).is_file():
             raise NotFound(f"model {model_id} has no version {version}")
         return path
+
+    def verify(self, model_id: str, version: str, *, seal_missing: bool = True) -> Verified:
+        """Check every file of a version against its manifest (``models.manifest``);
+        InvalidRequest (one line) if one does not match. A version from before manifests
+        is checked for finite weights and, with ``seal_missing``, sealed now (where the
+        home cannot be written, it is served all the same, with a warning)."""
+        path = self._complete_version(model_id, version)
+        try:
+            verified = verify_folder(path, digest_unsealed=seal_missing)
+        except IntegrityError as exc:
+            raise InvalidRequest(f"version {version} of model {model_id} is not whole: "
+                                 f"{exc}") from None
+        if not verified.sealed and seal_missing:
+            seal_verified(verified, f"version {version} of model {model_id}")
+        return verified
 
     def reserve_version(self, model_id: str) -> tuple[str, Path]:
         """A new empty version folder ``v<n+1>`` (mkdir is atomic, so two processes never get
@@ -215,16 +250,21 @@ class ModelHome:
             return version, vdir / version
 
     def register(self, model_id: str, src: str | os.PathLike, *, move: bool = False,
-                 prepare: Callable[[Path], object] | None = None) -> str:
+                 prepare: Callable[[Path], object] | None = None, sealed: bool = False) -> str:
         """Add a complete model folder as the next version (copied, or moved when on the same
         file system and ``move``). ``prepare(folder)`` runs on the copy (or, with ``move``,
         on ``src``) before it becomes the version: files a server must find at once (the
-        int8 classifier). Returns the version name."""
+        int8 classifier). The folder is verified and sealed (:func:`seal_folder`) before it
+        becomes the version, unless the caller has just sealed it (``sealed``, with
+        ``move``: the job publisher, which seals before it takes the promotion lock).
+        Returns the version name."""
         src = Path(src)
         if not (src / CONFIG_FILE).is_file():
             raise InvalidRequest(f"{src} is not a model version folder (no {CONFIG_FILE})")
         if move and prepare is not None:
             prepare(src)
+        if move and not sealed:
+            seal_folder(src)
         version, dest = self.reserve_version(model_id)
         try:
             if move:
@@ -233,12 +273,13 @@ class ModelHome:
                 tmp = Path(tempfile.mkdtemp(prefix=f".{version}.tmp-", dir=dest.parent))
                 shutil.copytree(src, tmp, dirs_exist_ok=True)
                 os.chmod(tmp, 0o755)
-                if prepare is not None:
-                    try:
+                try:
+                    if prepare is not None:
                         prepare(tmp)
-                    except BaseException:
-                        shutil.rmtree(tmp, ignore_errors=True)
-                        raise
+                    seal_folder(tmp)
+                except BaseException:
+                    shutil.rmtree(tmp, ignore_errors=True)
+                    raise
                 os.replace(tmp, dest)
         except BaseException:
             shutil.rmtree(dest, ignore_errors=True)
@@ -251,3 +292,34 @@ class ModelHome:
             return json.loads(path.read_text())
         except FileNotFoundError:
             raise NotFound(f"model {model_id} has no version {version}") from None
+
+
+def seal_folder(path: str | os.PathLike) -> Verified:
+    """Verify a folder about to enter the home (``models.manifest``: against its manifest,
+    a copy's integrity in transit, or for finite weights) and write its manifest when it
+    has none; InvalidRequest (one line) when it is not whole."""
+    try:
+        verified = verify_folder(path)
+    except IntegrityError as exc:
+        hint = ("" if not (Path(path) / MANIFEST_FILE).exists() else
+                f"; if the folder was changed on purpose, remove its {MANIFEST_FILE} and "
+                "register it again (it is then checked for finite weights and sealed anew)")
+        raise InvalidRequest(f"{exc}{hint}") from None
+    if not verified.sealed:
+        seal(verified)
+    return verified
+
+
+def seal_verified(verified: Verified, what: str) -> bool:
+    """Write the manifest of a verified folder from before manifests; False (and a warning
+    in the log) when the folder cannot be written: it is used unsealed."""
+    try:
+        seal(verified)
+    except OSError as exc:
+        log.warning("%s has no manifest.json and none could be written (%s): it is used "
+                    "unsealed; run `cloud-api models verify` where the home is writable",
+                    what, exc.strerror or exc)
+        return False
+    log.info("%s had no manifest.json: verified (finite weights) and sealed", what)
+    return True
+

@@ -19,6 +19,28 @@ from pydantic import Field, SecretStr, field_validator
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
 KeyList = Annotated[list[SecretStr], NoDecode]
+_VISIBLE_ASCII = re.compile(r"^[\x21-\x7e]+$")
+
+
+def normalize_key(value: str) -> str:
+    """A key as the server reads it, wherever it comes from: ``PRIVBERT_API_KEYS``,
+    ``PRIVBERT_ADMIN_KEYS``, ``PRIVBERT_DEMO_KEY``, the keys file and the bearer token of
+    every request. Surrounding whitespace is not part of a key (an ``.env`` line or a
+    header may carry it), so "is this an admin key" has one answer everywhere."""
+    return value.strip()
+
+
+def check_key(value: str, where: str | None = None) -> str:
+    """``value`` normalized (:func:`normalize_key`); ValueError naming ``where`` (never the
+    key) unless it is 1 or more visible ASCII characters: a key with a space, a control
+    character or a non-ASCII letter inside could never be sent as a bearer token as it is
+    written."""
+    key = normalize_key(value)
+    if not _VISIBLE_ASCII.match(key):
+        what = "is empty" if not key else "holds a space, a control or a non-ASCII character"
+        raise ValueError(f"{where + ': ' if where else ''}a key {what}; keys are visible "
+                         "ASCII characters")
+    return key
 OriginList = Annotated[list[str], NoDecode]
 _ORIGIN = re.compile(r"^https?://[A-Za-z0-9.\[\]:-]+$")
 
@@ -177,8 +199,21 @@ class Settings(BaseSettings):
     @classmethod
     def _split(cls, v):
         if isinstance(v, str):
-            return [k.strip() for k in v.split(",") if k.strip()]
+            return [k for k in v.split(",") if normalize_key(k)]
         return v
+
+    @field_validator("api_keys", "admin_keys")
+    @classmethod
+    def _keys(cls, v: list[SecretStr]) -> list[SecretStr]:
+        return [SecretStr(check_key(k.get_secret_value())) for k in v]
+
+    @field_validator("demo_key")
+    @classmethod
+    def _demo_key(cls, v: SecretStr | None) -> SecretStr | None:
+        """Normalized as every key is: the page is handed the key the server checks."""
+        if v is None:
+            return None
+        return SecretStr(check_key(v.get_secret_value()))
 
     @field_validator("cors_origins", mode="before")
     @classmethod

@@ -31,6 +31,7 @@ from torch import nn
 from models.backbone import load_bert, resolve_model_dir
 from models.classifiers import POOLINGS, mean_pool
 from models.data import example_payload_arrays
+from models.manifest import update_manifest
 from models.onnx_classifier import OnnxClassifier, onnx_session  # noqa: F401  (re-exported)
 from shared.bundle import EdgeBundle, save_atomically
 
@@ -223,6 +224,7 @@ def export_classifier_onnx(model_dir: str | os.PathLike, seed: int = 0, int8: bo
     tmp_cfg = cfg_path.with_name(f".{CONFIG_FILE}.tmp")
     tmp_cfg.write_text(json.dumps(cfg, indent=2, sort_keys=True) + "\n")
     os.replace(tmp_cfg, cfg_path)
+    update_manifest(model_dir, [ONNX_FILE, CONFIG_FILE])  # a sealed version stays whole
     if int8:
         from models.quantize import quantize_classifier
 

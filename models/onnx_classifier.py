@@ -23,6 +23,7 @@ from pathlib import Path
 import numpy as np
 
 from models.data import collate_payloads
+from models.manifest import file_sha256
 from models.version_folder import INT8_FILE, ONNX_FILE, read_config
 from shared.mechanisms.int8_pass import VNNI_FLAGS, cpu_flags
 
@@ -46,16 +47,6 @@ def onnx_session(data: bytes | str, threads: int | None = None):
         opts.intra_op_num_threads = threads
         opts.inter_op_num_threads = 1
     return ort.InferenceSession(data, opts, providers=["CPUExecutionProvider"])
-
-
-def file_sha256(path: str | os.PathLike) -> str:
-    import hashlib
-
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
-            h.update(block)
-    return h.hexdigest()
 
 
 def _probe_model(weights: str, weight: int, dim: int, cols: int) -> bytes:

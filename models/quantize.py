@@ -37,7 +37,8 @@ from pathlib import Path
 import numpy as np
 import onnx  # the quantizer needs it (train extra); ImportError here = cannot quantize
 
-from models.onnx_classifier import META_BUNDLE, META_SCHEME, META_SOURCE, file_sha256
+from models.manifest import file_sha256, update_manifest
+from models.onnx_classifier import META_BUNDLE, META_SCHEME, META_SOURCE
 from models.version_folder import CONFIG_FILE, INT8_FILE, ONNX_FILE, read_config
 
 
@@ -183,6 +184,7 @@ def quantize_classifier(model_dir: str | os.PathLike, scheme: QuantScheme = DEFA
     tmp = d / f".{CONFIG_FILE}.tmp"
     tmp.write_text(json.dumps(cfg, indent=2, sort_keys=True) + "\n")
     os.replace(tmp, d / CONFIG_FILE)
+    update_manifest(d, [INT8_FILE, CONFIG_FILE])  # a sealed version stays whole
     return path
 
 

@@ -12,6 +12,9 @@ Layout of a version folder::
                        one (``models.denoiser``): without it the version refuses to load
     data.json          fingerprint of the training (and dev) records, counts, hyperparameters
     classifier.onnx    optional, written by ``export_classifier_onnx``
+    manifest.json      every other file's SHA-256 (``models.manifest``): written when the
+                       folder is registered in ``$PRIVBERT_HOME``, kept current by the
+                       writers that add files later (ONNX export, int8), checked on load
 
 Nothing in a version folder holds raw text: payloads are privatized, labels are short
 class names.
@@ -33,6 +36,7 @@ from torch import nn
 
 from models.classifiers import architecture, classifier_from_architecture
 from models.data import collate_payloads, kind_of
+from models.manifest import MANIFEST_FILE, verify_folder
 from models.version_folder import (  # noqa: F401  (the names are used from here too)
     CONFIG_FILE,
     DATA_FILE,
@@ -96,7 +100,8 @@ def save_model_version(out_dir: str | os.PathLike, module: nn.Module, config: di
         (tmp / METRICS_FILE).write_bytes(_json_bytes(metrics))
         (tmp / DATA_FILE).write_bytes(_json_bytes(data_info))
         for name, data in extra_files.items():
-            if name in (CONFIG_FILE, WEIGHTS_FILE, METRICS_FILE, DATA_FILE) or "/" in name:
+            if name in (CONFIG_FILE, WEIGHTS_FILE, METRICS_FILE, DATA_FILE, MANIFEST_FILE) or \
+                    "/" in name:
                 raise ValueError(f"extra file name {name!r} is reserved or not a plain name")
             (tmp / name).write_bytes(data)
         (tmp / CONFIG_FILE).write_bytes(_json_bytes(cfg))  # last: its presence = complete
@@ -173,7 +178,7 @@ class ModelVersion:
                              f"{self.bundle_id[:12]}… (fetch the model's bundle)")
         compared = registry.get(self.mechanism).compared_params  # TextHide: m, not k
         got, want = compared(payload.params.model_dump()), compared(self.params)
-        if got != want:
+        if registry.differing_params(got, want):
             raise ValueError(f"payload parameters {got} do not match the model's {want}")
         arch = self.config["architecture"]
         arr = payload.data_array()
@@ -225,11 +230,15 @@ def attach_version_denoiser(module: nn.Module, path: Path, cfg: dict) -> None:
     module.attach_denoiser(d)
 
 
-def load_model(path: str | os.PathLike, device: torch.device | str = "cpu") -> ModelVersion:
-    """Load a model version folder written by :func:`save_model_version`."""
+def load_model(path: str | os.PathLike, device: torch.device | str = "cpu",
+               verify: bool = True) -> ModelVersion:
+    """Load a model version folder written by :func:`save_model_version`; with ``verify``,
+    first checked whole (``models.manifest.verify_folder``: IntegrityError, a ValueError)."""
     from safetensors.torch import load_file
 
     p = Path(path)
+    if verify:
+        verify_folder(p, digest_unsealed=False)
     cfg = read_config(p)
     if not (p / WEIGHTS_FILE).is_file():
         raise ValueError(f"{p}: no {WEIGHTS_FILE}")

@@ -40,7 +40,7 @@ import os
 from typing import Protocol
 
 from cloud_api.errors import Conflict
-from cloud_api.home import ModelHome
+from cloud_api.home import ModelHome, seal_folder
 from cloud_api.jobs.children import compare_command, exit_reason
 from cloud_api.jobs.files import AttemptFiles
 from cloud_api.jobs.retrain import promotion_decision
@@ -88,10 +88,11 @@ class Publisher:
         if job.kind == JobKind.PRETRAIN:
             return self._base(job, files, result)
         model_id = job.spec["model_id"]
+        seal_folder(files.output)  # whole, finite and sealed, before any lock is taken
         if result["promote"]["decision"]:
             result, version, promoted, reason = self._promote(attempt, result)
         else:
-            version = self.home.register(model_id, files.output, move=True)
+            version = self.home.register(model_id, files.output, move=True, sealed=True)
             promoted, reason = False, result["promote"]["reason"]
         log.info("job %s: registered %s %s%s", job.id, model_id, version,
                  " and promoted it" if promoted else f", not promoted: {reason}")
@@ -116,22 +117,25 @@ class Publisher:
                     raise Interrupted(stop)
                 compared = now
                 if not promote:
-                    return result, self.home.register(model_id, output, move=True), False, reason
+                    version = self.home.register(model_id, output, move=True, sealed=True)
+                    return result, version, False, reason
             with self.home.promotion_lock(model_id):  # only for the swap
                 now = self.home.promoted(model_id)
                 if now == compared:
-                    version = self.home.register(model_id, output, move=True)
+                    version = self.home.register(model_id, output, move=True, sealed=True)
                     self.home.write_promoted(model_id, version)
                     return result, version, True, reason
         reason = (f"not promoted: the promoted version kept changing while the job compared "
                   f"with it ({comparisons} comparisons, the last with {compared or 'none'}, "
                   f"now {now or 'none'}); promote by hand if wanted")
-        return result, self.home.register(model_id, output, move=True), False, reason
+        version = self.home.register(model_id, output, move=True, sealed=True)
+        return result, version, False, reason
 
     def _base(self, job: Job, files: AttemptFiles, result: dict) -> dict:
         name = job.spec["name"]
         dest = self.home.base_dir(name)
         dest.parent.mkdir(parents=True, exist_ok=True)
+        seal_folder(files.output)  # a base is whole when a retraining job reads it
         try:
             dest.mkdir()  # reserve the name atomically
         except FileExistsError:

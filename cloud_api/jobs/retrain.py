@@ -1,6 +1,8 @@
 """What a retraining job does (in the child process, rank 0 reading the database).
 
-1. Snapshot the task's records up to the job's watermark (``store.snapshot.snapshot``).
+1. Snapshot the task's records up to the job's watermark (``store.snapshot.snapshot``);
+   verify whole every folder it reads (the base, the promoted version's posterior or
+   denoiser: ``models.manifest``).
 2. Split them by a hash of the record id: train / dev / test, 80/10/10 (the same record
    always lands in the same part, in every job).
 3. Fine-tune with ``models.experiment.train_from_records`` (from the job's base, else the
@@ -107,6 +109,7 @@ def run(job: dict, files: AttemptFiles, dist_ctx=None) -> dict | None:
 
         loaded = distributed.broadcast_object(loaded, dist_ctx)
     task, rows, watermark = loaded
+    read_whole(spec)
     parts = split_rows(rows)
     counts = {p: len(v) for p, v in parts.items()}
     log.info("job %s: %d records up to id %s: train %d, dev %d, test %d", job["job_id"],
@@ -191,6 +194,20 @@ def run(job: dict, files: AttemptFiles, dist_ctx=None) -> dict | None:
     }
     progress.update(force=True, phase="done")
     return result
+
+
+def read_whole(spec: dict) -> None:
+    """Every folder the job reads (its base, the promoted version whose posterior or
+    denoiser it reads) verified whole before it is read (``models.manifest``), as when it
+    was submitted: a file changed since is refused in one line, never copied forward."""
+    from models.manifest import verify_folder
+
+    folders = {Path(p).parent for p in (spec.get("posterior_path"), spec.get("denoiser_path"))
+               if p}
+    if spec.get("base_path"):
+        folders.add(Path(spec["base_path"]))
+    for folder in sorted(folders):
+        verify_folder(folder, digest_unsealed=False)
 
 
 def _bundle(home, bundle_id: str):

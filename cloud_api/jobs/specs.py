@@ -1,6 +1,7 @@
 """The checks made when a job is submitted (422 at POST, not a failed job later): the task
 exists (404), it has enough records of every label, the model id serves the same payloads as
-the task, the base was made for the task's bundle and mechanism; epochs and learning rate
+the task, the base was made for the task's bundle and mechanism, and what the job will read
+is whole (the promoted version, the base: ``models.manifest``); epochs and learning rate
 are in range already (the bodies, ``cloud_api.jobs.requests``).
 
     spec = check_retrain(db, home, bundles, settings, RetrainRequest(task="sst2", ...))
@@ -33,7 +34,8 @@ from cloud_api.store.tasks import (
     get_task,
     privacy_floor_refusal,
 )
-from shared.mechanisms.registry import mechanisms
+from models.manifest import IntegrityError, verify_folder
+from shared.mechanisms.registry import differing_params, mechanisms
 
 VECTOR_MECHANISMS = tuple(c.name for c in mechanisms() if not c.payload_kind.reads_tokens)
 
@@ -43,8 +45,10 @@ def check_retrain(db: Database, home: ModelHome, bundles, settings: Settings,
                   req: RetrainRequest) -> dict:
     """The job spec of a valid request; NotFound / InvalidRequest otherwise."""
     task = get_task(db, req.task)  # NotFound (404)
-    _check_counts(db, task, settings.min_records_per_label)
     current = home.promoted(req.model_id)
+    if current is not None:  # the job reads it (posterior, denoiser) and compares with it
+        home.verify(req.model_id, current, seal_missing=False)
+    _check_counts(db, task, settings.min_records_per_label)
     cfg = home.read_config(req.model_id, current) if current is not None else None
     if cfg is not None:
         _check_model_fits(task, req.model_id, current, cfg)
@@ -168,7 +172,7 @@ def _check_model_fits(task: Task, model_id: str, version: str, cfg: dict) -> Non
                               canonical_params(task.mechanism, cfg.get("params") or {}))
     except InvalidRequest:
         got = cfg.get("params")
-    if got != want:
+    if not isinstance(got, dict) or differing_params(got, want):
         raise InvalidRequest(f"{where} serves parameters {got}, task {task.name} holds "
                              f"records with {want}")
     if list(cfg.get("labels") or []) != list(task.labels):
@@ -186,6 +190,10 @@ def _retrain_base(home: ModelHome, bundles, task: Task, req: RetrainRequest,
             raise InvalidRequest(f"base does not apply to {task.mechanism}: its classifier "
                                  "is an MLP over the sentence vector, not a BERT")
         path = _existing_base(home, req.base)
+        try:
+            verify_folder(path, digest_unsealed=False)
+        except IntegrityError as exc:
+            raise InvalidRequest(f"base {req.base} is not whole: {exc}") from None
         info = base_info(path)
         if info["bundle_id"] != task.bundle_id:
             raise InvalidRequest(f"base {req.base} was made for bundle "

@@ -3,8 +3,10 @@
 The records body is validated here, by hand, because what a record may be depends on its
 task (labels, mechanism, parameters, bundle): the envelope first, the count (413 above
 ``max_payloads_per_request``), then every record against the task, and every payload
-through the same checks as a prediction's (``serving.checks.PayloadChecker.for_task``). Only when every record
-is good is anything written, in one transaction (``cloud_api.store.records``).
+through the same checks as a prediction's (``serving.checks.PayloadChecker.for_task``: the
+same parameter tolerance, and the length the model serving the task reads, where one
+does). Only when every record is good is anything written, in one transaction
+(``cloud_api.store.records``): a refused request leaves no row anywhere.
 """
 
 from __future__ import annotations
@@ -63,15 +65,17 @@ class TaskInfo(BaseModel):
 _CHECKERS: dict[tuple, PayloadChecker] = {}
 
 
-def _check_as_predictions(task, bundle, recs, max_tokens: int | None) -> None:
+def _check_as_predictions(task, bundle, recs, max_tokens: int | None,
+                          served: tuple[int, str] | None) -> None:
     """Every record's payload through the checks of a prediction (``PayloadChecker``:
-    special and [unused] ids, pairs against the task, lengths against the bundle's
-    max_length): a record that a model of the task would refuse to read is refused here
-    (422 payload-mismatch), never stored for retraining."""
-    key = (task.id, task.name, task.bundle_id, task.pairs, max_tokens)
+    special and [unused] ids, pairs against the task, lengths against the max_length of
+    the model serving the task, else the bundle's; ``served``: that model's, from
+    ``ServedModels.length_for_task``): a record that a model of the task would refuse to
+    read is refused here (422 payload-mismatch), never stored for retraining."""
+    key = (task.id, task.name, task.bundle_id, task.pairs, max_tokens, served)
     checker = _CHECKERS.get(key)
     if checker is None:
-        checker = _CHECKERS[key] = PayloadChecker.for_task(task, bundle, max_tokens)
+        checker = _CHECKERS[key] = PayloadChecker.for_task(task, bundle, max_tokens, served)
     found = checker.first_problem([r.payload for r in recs])
     if found is not None:
         i, why = found
@@ -94,7 +98,9 @@ def _store(state, env: store.RecordsBody, key_id: str, device_id: str,
     limits = Limits.for_bundle(bundle, labels=task.labels,
                                max_tokens=s.max_tokens_per_payload or bundle.max_length)
     recs = store.validate_records(task, env.records, limits)
-    _check_as_predictions(task, bundle, recs, s.max_tokens_per_payload)
+    served = state.served_models.length_for_task(task.name, task.mechanism, task.params,
+                                                 task.bundle_id)
+    _check_as_predictions(task, bundle, recs, s.max_tokens_per_payload, served)
     charge = charging.charge_of(s, key_id, device_id, charging.records_cost(task, recs, bundle))
     return store.add_records(state.db, task, recs, key_id, idem,
                              store.body_digest(env) if idem is not None else None,

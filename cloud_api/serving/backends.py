@@ -15,9 +15,10 @@ class probabilities (N, C) float32, in input order.
   served by its ``classifier.onnx`` or refused, as ``PRIVBERT_INT8_FALLBACK`` says; a file
   made from another version's ONNX file is always refused.
 
-Both run one warm-up forward when loaded, so a loaded backend is a warmed one. A backend is
-not safe for concurrent forwards: the batcher calls :meth:`Backend.forward` from one thread
-at a time.
+Both run one warm-up forward when loaded, so a loaded backend is a warmed one, and one whose
+warm-up scores are finite (:func:`warm_up`). A backend is not safe for concurrent forwards:
+the batcher calls :meth:`Backend.forward` from one thread at a time. The version folder is
+verified whole before a backend reads it (``cloud_api.serving.loading``).
 """
 
 from __future__ import annotations
@@ -66,6 +67,16 @@ def _collate(config: dict, payloads: Sequence, as_numpy: bool = False) -> dict:
     return collate_payloads(payloads, config, as_numpy=as_numpy)
 
 
+def warm_up(backend) -> None:
+    """One forward of :func:`warmup_payloads`; BackendError when a score is not finite (the
+    version's weights are corrupt, or its training diverged)."""
+    probs = backend.forward(warmup_payloads(backend.config))
+    if not np.isfinite(probs).all():
+        raise BackendError(f"{backend.path}: non-finite scores on the warm-up payloads (the "
+                           "version's weights are corrupt or its training diverged); "
+                           "promote another version")
+
+
 def warmup_payloads(config: dict, n: int = 2) -> list:
     """Small valid payloads for ``config``'s model (random contents; never user data)."""
     from models.data import example_payload_arrays
@@ -104,7 +115,7 @@ class TorchBackend:
         try:
             self.device = pick_device(settings.device)
             self.amp = autocast_dtype(self.device, settings.precision)
-            self.version = load_model(self.path, self.device)
+            self.version = load_model(self.path, self.device, verify=False)  # loading.py did
         except ValueError as exc:
             raise BackendError(str(exc)) from None
         except (OSError, KeyError, RuntimeError) as exc:
@@ -113,7 +124,7 @@ class TorchBackend:
         self.config = self.version.config
         self.metrics = self.version.metrics
         self._torch = torch
-        self.forward(warmup_payloads(self.config))
+        warm_up(self)
 
     def forward(self, payloads: Sequence) -> np.ndarray:
         torch = self._torch
@@ -194,7 +205,7 @@ class OnnxBackend:
         import json
 
         self.metrics = json.loads(mpath.read_text()) if mpath.is_file() else {}
-        self.forward(warmup_payloads(self.config))
+        warm_up(self)
 
     def forward(self, payloads: Sequence) -> np.ndarray:
         return _softmax(self.classifier.logits(_collate(self.config, payloads, as_numpy=True)))

@@ -7,12 +7,12 @@ bundle ids, shapes and counts.
     checker.check(payloads)        # PayloadMismatch: "payloads[0]: eta 60 sent, model serves eta 65"
 
 The same checks as ``models.versions.ModelVersion.check_payload``, plus regular token ids,
-the token budget (``max_length`` less [CLS]/[SEP]) and sentence pairs.
+the token budget (``max_length`` less [CLS]/[SEP]), sentence pairs, and float values no
+larger than :data:`MAX_ABS_VALUE` (a sound model's scores stay finite below it).
 """
 
 from __future__ import annotations
 
-import math
 from collections.abc import Sequence
 
 import numpy as np
@@ -31,10 +31,13 @@ def _fmt(value) -> str:
     return str(value)
 
 
-def _same(a, b) -> bool:
-    if isinstance(a, int | float) and isinstance(b, int | float) and not isinstance(a, bool):
-        return math.isclose(float(a), float(b), rel_tol=1e-9, abs_tol=0.0)
-    return a == b
+# The largest magnitude a float payload value may have. No mechanism sends more at a
+# parameter worth using (dχ noise per coordinate is about n/(η·sqrt(n)): 2e7 at η 1e-6 on
+# MiniLM's 384 dimensions; Laplace noise b = r/ε: 4e11 at ε 1e-9), and a model's float32
+# arithmetic stays finite below it (BERT's first LayerNorm sums n squares: overflow needs
+# about 1e17); above it a payload could make NaN scores of a sound model: a bad input (422),
+# never a 500.
+MAX_ABS_VALUE = 1e12
 
 
 class PayloadChecker:
@@ -42,8 +45,9 @@ class PayloadChecker:
     of its bundle when the bundle is known."""
 
     def __init__(self, config: dict, bundle=None, max_tokens_setting: int | None = None,
-                 serves: str = "model serves"):
+                 serves: str = "model serves", length_of: str | None = None):
         self.serves = serves  # how refusals name the other side: "model serves", "task accepts"
+        self.length_of = length_of  # whose max_length it is, when not the model's own
         self.mechanism: str = config["mechanism"]
         self.kind = kind_of(self.mechanism)
         mech = registry.get(self.mechanism)
@@ -82,12 +86,15 @@ class PayloadChecker:
             self._irregular = mask
 
     @classmethod
-    def for_task(cls, task, bundle, max_tokens_setting: int | None = None) -> PayloadChecker:
+    def for_task(cls, task, bundle, max_tokens_setting: int | None = None,
+                 served: tuple[int, str] | None = None) -> PayloadChecker:
         """The same checks for the records of a task (``store.tasks.Task``) made with
         ``bundle``: the task's mechanism, parameters and bundle, sentence pairs or single
         sentences as the task says, the bundle's vocabulary, special and [unused] ids,
         dimensions and ``max_length`` (less [CLS]/[SEP]), as a model trained from them reads
-        them. Records and predictions are held to one contract."""
+        them; ``served``: (max_length, model id) of the model serving the task, whose
+        shorter max_length then holds (``ServedModels.length_for_task``). Records and
+        predictions are held to one contract."""
         kind = kind_of(task.mechanism)
         enc = bundle.meta.get("encoder") or {}
         arch: dict = {"bert_config": {"vocab_size": bundle.vocab_size,
@@ -95,11 +102,15 @@ class PayloadChecker:
         r = enc.get("output_dim")
         if kind == "vector" and r is not None:
             arch["in_dim"] = int(r) * registry.get(task.mechanism).values_per_dim(task.params)
+        max_length, length_of = bundle.max_length, None
+        if served is not None and served[0] < max_length:
+            max_length, length_of = served[0], f"model {served[1]}, which serves the task"
         config = {"mechanism": task.mechanism, "params": dict(task.params),
-                  "bundle_id": task.bundle_id, "max_length": bundle.max_length,
+                  "bundle_id": task.bundle_id, "max_length": max_length,
                   "source": {"pairs": bool(task.pairs)}, "architecture": arch,
                   "special_ids": dict(bundle.special_ids)}
-        return cls(config, bundle, max_tokens_setting, serves="task accepts")
+        return cls(config, bundle, max_tokens_setting, serves="task accepts",
+                   length_of=length_of)
 
     # -- limits for parsing -----------------------------------------------------------------
     def limits(self) -> Limits:
@@ -132,12 +143,12 @@ class PayloadChecker:
         got, want = self._compared(p.params.model_dump()), self._want
         if got != want:  # equal is the common case; else compare with a tolerance
             diffs = [f"{k} {_fmt(got.get(k))} sent, {self.serves} {k} {_fmt(want.get(k))}"
-                     for k in sorted(set(got) | set(want)) if not _same(got.get(k), want.get(k))]
+                     for k in registry.differing_params(got, want)]
             if diffs:
                 return "; ".join(diffs)
         shape = getattr(p, p.array_field).shape
         if self.kind == "vector":
-            return self._vector(int(shape[-1]))
+            return self._vector(int(shape[-1])) or self._magnitude(p)
         n = int(shape[0])
         segs = getattr(p, "segments", None)
         pair = segs is not None and len(segs) == 2
@@ -147,12 +158,25 @@ class PayloadChecker:
                     f"a single sentence sent, {who} reads sentence pairs")
         budget = self.max_tokens if not pair else min(self.max_tokens, self.max_length - 3)
         if n > budget:
-            why = (f"max_length {self.max_length} less [CLS] and [SEP]" if budget ==
+            of = f" of {self.length_of}" if self.length_of else ""
+            why = (f"max_length {self.max_length}{of} less [CLS] and [SEP]" if budget ==
                    self.max_length - (3 if pair else 2) else "the server's tokens-per-payload "
                    "limit")
             return f"{n} tokens sent, {self.serves} at most {budget} ({why})"
         if self.kind == "embeddings" and self.hidden is not None and shape[1] != self.hidden:
             return f"dimension {shape[1]} sent, {self.serves} {self.hidden}"
+        return self._magnitude(p) if self.kind == "embeddings" else None
+
+    def _magnitude(self, p) -> str | None:
+        """Float values beyond :data:`MAX_ABS_VALUE` (float16 cannot reach it)."""
+        arr = getattr(p, p.array_field)
+        if arr.dtype != "float32":
+            return None
+        values = arr.to_numpy()
+        if values.size and float(np.abs(values).max()) > MAX_ABS_VALUE:
+            return (f"values of magnitude above {MAX_ABS_VALUE:g} sent, {self.serves} at most "
+                    f"{MAX_ABS_VALUE:g} (no mechanism sends such values; they would overflow "
+                    "the model's arithmetic)")
         return None
 
     def _first_bad_ids(self, payloads: Sequence) -> tuple[int, str] | None:

@@ -13,8 +13,11 @@ Hot swap: the new version is loaded beside the old one in a thread
 requests go to the new version, requests already queued finish on the old one, then the old
 batcher drains and the old version is released. Choosing a version and queueing on it
 happen with no ``await`` in between, so no request can land on a batcher that is draining.
-A version that fails to load is logged, counted (``privbert_model_load_failure``) and shown
-in :meth:`ready`; the previous version keeps serving. Promotions by other processes (the
+A version that fails to load (one that is not whole included: ``models.manifest``) is
+logged, counted (``privbert_model_load_failure``) and shown in :meth:`ready`; the previous
+version keeps serving. A prediction whose scores are not all finite is never answered: a
+500 ``non-finite-scores`` (counted, ``privbert_predictions_nonfinite``), and the route
+refunds its charge. Promotions by other processes (the
 CLI, the job worker, another server sharing the home) are noticed by reading the
 ``promoted`` pointer files every ``settings.reload_interval_s``.
 """
@@ -29,7 +32,13 @@ from dataclasses import dataclass
 import numpy as np
 
 from cloud_api import metrics
-from cloud_api.errors import InvalidRequest, NotFound, ServiceError, Unavailable
+from cloud_api.errors import (
+    InvalidRequest,
+    NonFiniteScores,
+    NotFound,
+    ServiceError,
+    Unavailable,
+)
 from cloud_api.home import ModelHome, version_number
 from cloud_api.serving.backends import BackendError
 from cloud_api.serving.batcher import Batcher
@@ -37,6 +46,7 @@ from cloud_api.serving.bundles import BundleStore
 from cloud_api.serving.loading import Served, load_version
 from cloud_api.serving.payload_queue import Disconnected
 from cloud_api.settings import Settings
+from shared.mechanisms import registry as mechanisms
 from shared.payload import Limits
 
 log = logging.getLogger(__name__)
@@ -50,6 +60,20 @@ class Prediction:
     version: str
     labels: list[str]
     probs: np.ndarray
+
+
+def _non_finite(model_id: str, version: str, probs: np.ndarray) -> NonFiniteScores:
+    """The refusal of a prediction with a NaN or infinite score (counted, logged)."""
+    bad = np.flatnonzero(~np.isfinite(probs).all(axis=1))
+    metrics.NONFINITE.labels(model=model_id, version=version).inc(len(bad))
+    log.error("model %s %s gave non-finite scores for %d of %d payloads: its files may be "
+              "corrupt (cloud-api models verify)", model_id, version, len(bad), len(probs))
+    return NonFiniteScores(f"model {model_id} {version} gave non-finite scores for "
+                           f"payloads[{int(bad[0])}]" + (f" and {len(bad) - 1} more"
+                                                         if len(bad) > 1 else "") +
+                           "; nothing is answered and nothing is charged (the charge is "
+                           "refunded). The operator is alerted by "
+                           "privbert_predictions_nonfinite_total")
 
 
 class ServedModels:
@@ -143,6 +167,20 @@ class ServedModels:
         s = self._served.get(model_id)
         return s.version if s else None
 
+    def length_for_task(self, task: str, mechanism: str, params: dict, bundle_id: str
+                        ) -> tuple[int, str] | None:
+        """(max_length, model id) of the served model of ``task`` that reads its payloads
+        (the same mechanism, parameters and bundle) with the fewest tokens, or None: records
+        of a task are held to the length its model reads, as predictions are. Safe from any
+        thread (one copy of the served versions, taken at once)."""
+        compared = mechanisms.get(mechanism).compared_params
+        found = [(int(s.info["max_length"]), s.model_id) for s in tuple(self._served.values())
+                 if s.info.get("task") == task and s.info["mechanism"] == mechanism
+                 and s.info["bundle_id"] == bundle_id
+                 and not mechanisms.differing_params(compared(s.info["params"]),
+                                                     compared(params))]
+        return min(found) if found else None
+
     def limits_for(self, model_id: str) -> Limits:
         """Limits to parse the request bodies of ``model_id``."""
         return self._get(model_id).checker.limits()
@@ -207,14 +245,17 @@ class ServedModels:
 
         async def answer() -> Prediction:
             probs = await wait()
+            if not np.isfinite(probs).all():
+                raise _non_finite(model_id, served.version, probs)
             return Prediction(model_id, served.version, served.labels, probs)
         return answer
 
     # -- promotions -------------------------------------------------------------------------
     async def promote(self, model_id: str, version: str) -> None:
         """Load ``version`` of ``model_id``, point the model at it and serve it. A version that
-        cannot be loaded leaves the pointer and the serving version unchanged
-        (InvalidRequest saying why); an unknown version is NotFound."""
+        cannot be loaded (one that is not whole included: loading verifies it) leaves the
+        pointer and the serving version unchanged (InvalidRequest saying why); an unknown
+        version is NotFound."""
         path = self.home.version_dir(model_id, version)
         if version not in await asyncio.to_thread(self.home.versions, model_id):
             raise NotFound(f"model {model_id} has no version {version}")
@@ -226,7 +267,7 @@ class ServedModels:
                 except BackendError as exc:
                     raise InvalidRequest(f"version {version} of model {model_id} cannot be "
                                          f"served: {exc}") from None
-            await asyncio.to_thread(self.home.promote, model_id, version)
+            await asyncio.to_thread(self.home.promote, model_id, version, verify=False)
             if current is None or current.version != version:
                 self._install(served)
         log.info("model %s promoted to %s (%s)", model_id, version, path.name)

@@ -2,6 +2,11 @@
 checker of its payloads, its edge bundle and its ``/v1/models`` entry. Runs in a thread
 (it reads the folder and loads the weights); :mod:`cloud_api.serving.hot_swap` decides
 which version to load and when.
+
+A version is verified whole before anything of it is read (``models.manifest``: every file
+against its SHA-256 in ``manifest.json``); one from before manifests is checked for finite
+weights, loaded, and sealed once its backends have loaded and warmed with finite scores
+(its first verified load). A version that is not whole is a BackendError naming the file.
 """
 
 from __future__ import annotations
@@ -12,12 +17,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from cloud_api.errors import NotFound, ServiceError
-from cloud_api.home import ModelHome
+from cloud_api.home import ModelHome, seal_verified
 from cloud_api.serving.backends import Backend, BackendError, load_backend
 from cloud_api.serving.batcher import Batcher
 from cloud_api.serving.bundles import BundleStore
 from cloud_api.serving.checks import PayloadChecker
 from cloud_api.settings import Settings
+from models.manifest import IntegrityError, verify_folder
 from shared.mechanisms import registry as mechanisms
 
 log = logging.getLogger(__name__)
@@ -60,6 +66,10 @@ def load_version(settings: Settings, home: ModelHome, bundles: BundleStore, mode
 
     path = home.version_dir(model_id, version)
     try:
+        verified = verify_folder(path)
+    except IntegrityError as exc:
+        raise BackendError(str(exc)) from None
+    try:
         config = read_config(path)
     except ValueError as exc:
         raise BackendError(str(exc)) from None
@@ -80,6 +90,8 @@ def load_version(settings: Settings, home: ModelHome, bundles: BundleStore, mode
             b.close()
         raise
     backend = backends[0]
+    if not verified.sealed:  # its first verified load: loaded and warmed with finite scores
+        seal_verified(verified, f"version {version} of model {model_id}")
     checker = PayloadChecker(backend.config, bundle, settings.max_tokens_per_payload)
     info = models_entry(model_id, version, backend, checker)
     return Served(model_id, version, backends, checker, info,

@@ -24,7 +24,11 @@ charges of one key never deadlock), and a locked row is read in its latest commi
 version, so the decision is taken on what concurrent charges committed; the locks are held
 until the commit. SQLite: ``BEGIN IMMEDIATE`` holds the write lock from the start.
 Concurrent requests never pass a cap together; a refused request changes nothing, and the
-caller's transaction is rolled back.
+caller's transaction is rolled back. A refused charge of a key or device seen for the
+first time makes no row either (the charge writer commits a group of charges together,
+refused ones included): it is judged on the rows as they would be made, before any is,
+and the rows made for a charge that a concurrent one then leaves no room for are rolled
+back to a savepoint.
 
 A prediction charged but never answered (the client went away, the forward failed) is
 refunded (:func:`refund`): the same amounts taken off the same rows, and an audit row in
@@ -220,13 +224,24 @@ def _float(x) -> float | None:
     return None if x is None else float(x)
 
 
+@dataclass(frozen=True)
+class _Row:
+    spent: float
+    cap: float | None
+
+
 def _refusal(conn: Connection, ch: Charge) -> BudgetExhausted | None:
-    """The refusal of ``ch`` on the ledgers as they are (None: both rows exist and fit)."""
-    have = {r.device_id: r for r in conn.execute(
+    """The refusal of ``ch`` on the ledgers as they are, a missing row counted as it would
+    be made (nothing spent, its default cap); None: it fits."""
+    have = {r.device_id: _Row(r.spent, r.cap) for r in conn.execute(
         select(budgets.c.device_id, budgets.c.spent, budgets.c.cap).where(
             budgets.c.key_id == ch.key_id, budgets.c.device_id.in_(["", ch.device_id])))}
-    if "" not in have or (ch.device_id and ch.device_id not in have):
-        return None
+    if "" not in have:
+        have[""] = _Row(0.0, ch.default_cap)
+    if ch.device_id and ch.device_id not in have:
+        cap, key_cap = ch.default_device_cap, have[""].cap
+        have[ch.device_id] = _Row(0.0, cap if cap is None or key_cap is None
+                                  else min(cap, key_cap))
     eps = ch.cost.epsilon
     key = have[""]
     left = ledger.remaining(key.spent, key.cap)
@@ -248,18 +263,20 @@ def charge(conn: Connection, ch: Charge) -> Charged:
     params = _params(ch, now)
     rows = conn.execute(stmt, params).all()
     if not rows:
-        refused = _refusal(conn, ch)
+        refused = _refusal(conn, ch)  # a new key's or device's rows as they would be made
         if refused is not None:
-            raise refused
-        _ensure(conn, ch, now)  # the first charge of this key or device
-        rows = conn.execute(stmt, params).all()
-        if not rows:
-            raise _refusal(conn, ch) or BudgetExhausted(ch.cost.epsilon, 0.0, 0.0, ch.key_id,
-                                                        ch.device_id)
+            raise refused  # before any row is made: a refusal leaves no row behind
+        with conn.begin_nested():  # a concurrent charge took the rest meanwhile: the rows
+            _ensure(conn, ch, now)  # made here go with the refusal (a savepoint)
+            rows = conn.execute(stmt, params).all()
+            if not rows:
+                raise _refusal(conn, ch) or BudgetExhausted(ch.cost.epsilon, 0.0, 0.0,
+                                                            ch.key_id, ch.device_id)
     return _charged(rows, ch.cost)
 
 
-REFUND_REASONS = ("client-gone", "forward-failed", "overloaded", "unavailable", "cancelled")
+REFUND_REASONS = ("client-gone", "forward-failed", "overloaded", "unavailable", "cancelled",
+                  "non-finite")
 
 
 def refund(conn: Connection, ch: Charge, reason: str) -> None:

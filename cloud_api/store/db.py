@@ -7,7 +7,9 @@
     with db.session() as s:                 # the same, as an ORM Session
         s.execute(...)
 
-SQLite: WAL journal, ``busy_timeout``, foreign keys on, and ``BEGIN IMMEDIATE`` for
+SQLite: a database file of mode 0600 (:func:`private_sqlite_file`; records, budgets and
+key ids are nobody else's to read), WAL journal, ``busy_timeout``, foreign keys on, and
+``BEGIN IMMEDIATE`` for
 ``write=True`` transactions (the write lock is taken at the start, so a read-then-write
 cannot race another writer). PostgreSQL: psycopg 3 (``postgresql+psycopg://``), a connect
 timeout, and pool pre-ping. SQL parameters (payload bytes, idempotency keys) never appear
@@ -68,6 +70,35 @@ def _reason(exc: BaseException) -> str:
     return f"{type(orig).__name__}: {first[:200]}"
 
 
+def private_sqlite_file(path: str) -> None:
+    """A SQLite database file readable by its owner only (0600): made so before SQLite
+    opens it (SQLite makes its -wal and -shm files with the database file's mode), and an
+    older one with group or other bits has them taken off (logged). Its folder is made
+    where missing."""
+    import os
+    import stat
+    from pathlib import Path
+
+    db = Path(path)
+    db.parent.mkdir(parents=True, exist_ok=True)
+    try:
+        os.close(os.open(db, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600))
+        return  # an empty file is an empty SQLite database
+    except FileExistsError:
+        pass
+    for f in (db, db.with_name(db.name + "-wal"), db.with_name(db.name + "-shm")):
+        try:
+            mode = stat.S_IMODE(f.stat().st_mode)
+            if mode & 0o077:
+                os.chmod(f, mode & 0o700)
+                log.warning("%s was readable by others (mode %o): now %o", f, mode,
+                            mode & 0o700)
+        except FileNotFoundError:
+            continue
+        except PermissionError as exc:  # someone else's file: say so, SQLite decides
+            log.warning("%s is mode %o and cannot be made private: %s", f, mode, exc)
+
+
 class Database:
     """An engine for ``url`` with the settings above; thread-safe; one per process."""
 
@@ -84,9 +115,7 @@ class Database:
         self.auto_upgrade = (self.dialect == "sqlite") if auto_upgrade is None else auto_upgrade
         if self.dialect == "sqlite":
             if u.database and u.database != ":memory:":
-                from pathlib import Path
-
-                Path(u.database).parent.mkdir(parents=True, exist_ok=True)
+                private_sqlite_file(u.database)
             self.engine = create_engine(u, echo=echo, pool_pre_ping=True, hide_parameters=True,
                                         connect_args={"timeout": busy_timeout_s})
             _sqlite_events(self.engine, int(busy_timeout_s * 1000))

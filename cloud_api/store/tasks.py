@@ -84,12 +84,12 @@ def _show(value: Any) -> str:
 
 
 def params_difference(sent: dict, accepted: dict, who: str = "task accepts") -> str | None:
-    """``"eta 60 sent, task accepts eta 65"``, or None when the dicts are equal."""
-    if sent == accepted:
-        return None
+    """``"eta 60 sent, task accepts eta 65"``, or None when the parameters are the same
+    (``registry.same_param``: the tolerance predictions are checked with, so records and
+    predictions give one verdict)."""
     diffs = [f"{k} {_show(sent.get(k, '(none)'))} sent, {who} {k} {_show(accepted.get(k, '(none)'))}"
-             for k in sorted(set(sent) | set(accepted)) if sent.get(k) != accepted.get(k)]
-    return "; ".join(diffs)
+             for k in registry.differing_params(sent, accepted)]
+    return "; ".join(diffs) or None
 
 
 class TaskDeclaration(BaseModel):

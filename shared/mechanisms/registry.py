@@ -36,6 +36,7 @@ after the plugins are loaded).
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Mapping
 from enum import StrEnum
 from typing import TYPE_CHECKING, Any, ClassVar, Protocol, runtime_checkable
@@ -352,6 +353,30 @@ def as_mechanism(mechanism: Any) -> Mechanism:
 
 
 # -- helpers for from_params --------------------------------------------------------------------
+PARAM_RTOL = 1e-9  # parameters this close are the same (JSON and float rounding)
+
+
+def same_param(a: Any, b: Any) -> bool:
+    """Whether two parameter values are the same: numbers within :data:`PARAM_RTOL` of each
+    other, anything else equal. The one comparison of a payload's parameters with its
+    model's or its task's (predictions and records alike)."""
+    numbers = (int, float)
+    if isinstance(a, numbers) and isinstance(b, numbers) and not isinstance(a, bool) \
+            and not isinstance(b, bool):
+        return math.isclose(float(a), float(b), rel_tol=PARAM_RTOL, abs_tol=0.0)
+    return a == b
+
+
+def differing_params(sent: Mapping[str, Any], wanted: Mapping[str, Any]) -> list[str]:
+    """The names (sorted) whose values are not :func:`same_param` (missing on one side
+    included)."""
+    if sent == wanted:
+        return []
+    missing = object()
+    return [k for k in sorted(set(sent) | set(wanted))
+            if not same_param(sent.get(k, missing), wanted.get(k, missing))]
+
+
 def need(mechanism: str, params: Mapping[str, Any], key: str) -> Any:
     """``params[key]``; :class:`MissingParameter` when absent or None."""
     value = params.get(key)

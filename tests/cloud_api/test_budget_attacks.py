@@ -1,10 +1,13 @@
 """The privacy budget against a hostile client, through a real `cloud-api serve` on a real
 PostgreSQL (migrated by `cloud-api db upgrade`), with a queue of 4 payloads per model:
 
-* new X-Device-Id values add nothing to what a key may spend (its cap is the key's);
+* new X-Device-Id values add nothing to what a key may spend (its cap is the key's), and a
+  refused one leaves no ledger row behind;
 * overload: a request refused for load (429) or larger than the queue (413, naming the
   limit) is never charged; what the key's ledger holds is exactly what was answered;
 * one malformed corpus to predict and to records: the same verdicts, nothing refused stored;
+  lengths the model serving the task cannot read, and the tolerance of eta, the same on
+  both routes; a refused request leaves no row anywhere;
 * the server's budget-exhausted 403 makes the real `edge-agent` and the real `privbert-edge`
   (the Node edge) exit 3 naming what remains.
 
@@ -40,11 +43,12 @@ def srv(tiny_home, pg_cluster, tmp_path_factory):
     url = pg_cluster.create_database("budget_attacks")
     up = cloud_api("db", "upgrade", "--database-url", url)
     assert up.returncode == 0, up.stderr
-    s = ServerProcess(tiny_home.root, tmp / "serve.log", new_keys(app=5), {
+    s = ServerProcess(tiny_home.root, tmp / "serve.log", new_keys(app=7), {
         "PRIVBERT_DATABASE_URL": url, "PRIVBERT_RATE_LIMIT_PER_KEY": "0",
         "PRIVBERT_WORKER_IN_SERVE": "0", "PRIVBERT_MAX_QUEUE_SIZE": str(QUEUE),
         "PRIVBERT_MAX_CONCURRENT_REQUESTS": "256", "PRIVBERT_INFERENCE_WORKERS": "1"})
     s.start()
+    s.database_url = url
     yield s
     s.stop()
 
@@ -106,9 +110,12 @@ def test_rotating_device_ids_never_pass_the_keys_cap(srv, tiny_bundle_of_home):
             assert g.json()["type"] == problem_type("budget-exhausted")
     view = key_view(srv, key)
     print(f"\nrotating device ids: {codes.count(200)} of 100 answered; the key's spend "
-          f"{view['spent']:.6g} = {view['spent'] / cap:.3f} of its cap C")
+          f"{view['spent']:.6g} = {view['spent'] / cap:.3f} of its cap C; device rows "
+          f"{len(view['devices'])}")
     assert view["spent"] <= cap and view["spent"] == pytest.approx(10 * c, rel=1e-9)
     assert sum(d["spent"] for d in view["devices"]) == pytest.approx(view["spent"], rel=1e-9)
+    # a refused device id leaves no row behind (issue 34: 50 of 50 refusals left one)
+    assert len(view["devices"]) == 10 and all(d["sends"] == 1 for d in view["devices"])
     r = admin(srv, "PUT", f"/admin/budgets/{key_id(key)}/devices/dev-1", json={"cap": cap * 2})
     assert r.status_code == 422 and "never above its key" in r.json()["detail"]
     r = admin(srv, "PUT", f"/admin/budgets/{key_id(key)}/devices/dev-1", json={"cap": c / 2})
@@ -240,3 +247,81 @@ def test_the_servers_budget_refusal_makes_privbert_edge_exit_3(srv, tmp_path):
     assert last.startswith("privbert-edge: error: server answered 403"), last
     assert "remaining 0" in last and "may not use" not in last, last
     assert not out.exists() or out.read_text() == ""
+
+
+def _rows_of(srv, kid: str) -> dict[str, int]:
+    """The rows a key id has in the database, by table."""
+    from sqlalchemy import func, select
+
+    from cloud_api.store.db import Database
+    from cloud_api.store.tables import budgets, records
+
+    db = Database(srv.database_url)
+    try:
+        with db.begin() as conn:
+            return {t.name: int(conn.execute(select(func.count()).select_from(t).where(
+                t.c.key_id == kid)).scalar_one()) for t in (budgets, records)}
+    finally:
+        db.dispose()
+
+
+def test_records_are_held_to_the_length_and_eta_that_predict_reads(srv, tiny_bundle_of_home):
+    """The finding: with the model's max_length shorter than its bundle's, records stored
+    payloads that predict refused by length, and an eta within float rounding of the task's
+    passed predict and was refused by records. Here the emb model reads at most 14 tokens
+    (max_length 16) of a bundle that allows 62: payloads of 1 to 62 tokens, eta 5 + 1e-12
+    and 5 x (1 + 1e-6), and finite values so large they would make the model's scores NaN
+    (a bad input: 422, never a 500), get one verdict from predict and from records (a task
+    of the model's mechanism, parameters and bundle, named as the model's); what is refused
+    (sent with a key of its own) leaves no row in any table."""
+    from tests.cloud_api.conftest import EMB_MAX_LENGTH
+
+    good, bad = srv.keys["app"][5], srv.keys["app"][6]
+    b = tiny_bundle_of_home
+    model = next(m for m in httpx.get(f"{srv.url}/v1/models", headers=srv.headers(good),
+                                      timeout=30).json()["models"] if m["id"] == "emb")
+    assert model["max_length"] == EMB_MAX_LENGTH < b.max_length
+    r = admin(srv, "POST", "/admin/tasks", json={
+        "task": model["task"], "labels": model["labels"], "mechanism": model["mechanism"],
+        "params": model["params"], "bundle_id": b.bundle_id})
+    assert r.status_code in (200, 201), r.text
+    rng = np.random.default_rng(0)
+    eta = float(model["params"]["eta"])
+    cases = {f"{n} tokens": (n, eta, 1.0) for n in (1, EMB_MAX_LENGTH - 2, EMB_MAX_LENGTH - 1,
+                                                      20, 40, b.max_length - 2)}
+    cases.update({"eta + 1e-12": (4, eta + 1e-12, 1.0),
+                  "eta x (1 + 1e-6)": (4, eta * (1 + 1e-6), 1.0),
+                  "values of 3e38 (finite, overflow a LayerNorm)": (4, eta, 3e38)})
+
+    def send(key: str, body: dict) -> tuple[int, int]:
+        headers = {**srv.headers(key), "X-Device-Id": f"d-{key[-6:]}"}
+        pr = httpx.post(f"{srv.url}/v1/models/emb/predict", headers=headers,
+                        json={"payloads": [body]}, timeout=30)
+        rr = httpx.post(f"{srv.url}/v1/records", headers=headers, json={
+            "task": model["task"], "records": [{"payload": body, "label": model["labels"][0]}]},
+            timeout=30)
+        return pr.status_code, rr.status_code
+
+    verdicts, refused, stored_before = {}, [], _task_records(srv, model["task"])
+    for name, (n, e, scale) in cases.items():
+        values = rng.normal(0, 1, (n, b.dim)) if scale == 1.0 else np.full((n, b.dim), scale)
+        body = make_payload("dchi-embedding", {"eta": e}, b.bundle_id,
+                            values.astype(np.float32)).model_dump(mode="json", exclude_none=True)
+        verdicts[name] = send(good, body)
+        if verdicts[name] == (422, 422):
+            refused.append(send(bad, body))
+    print(f"\nrecords and predict, model max_length {model['max_length']}, bundle "
+          f"{b.max_length}: {verdicts}")
+    want = {name: (200, 201) if (n <= EMB_MAX_LENGTH - 2 and e in (eta, eta + 1e-12)
+                                 and scale == 1.0)
+            else (422, 422) for name, (n, e, scale) in cases.items()}
+    assert verdicts == want
+    assert refused == [(422, 422)] * sum(v == (422, 422) for v in want.values())
+    accepted = sum(v == (200, 201) for v in verdicts.values())
+    assert _task_records(srv, model["task"]) == stored_before + accepted
+    assert _rows_of(srv, key_id(bad)) == {"budgets": 0, "records": 0}
+
+
+def _task_records(srv, task: str) -> int:
+    tasks = admin(srv, "GET", "/admin/tasks").json()["tasks"]
+    return next(t for t in tasks if t["task"] == task)["records"]

@@ -36,6 +36,7 @@ def _copy(src, home, model_id: str, edit=None) -> None:
     shutil.copytree(src, tmp)
     if edit is not None:
         edit(tmp)
+        (tmp / "manifest.json").unlink()  # changed on purpose: sealed anew by register
     home.promote(model_id, home.register(model_id, tmp, move=True))
 
 

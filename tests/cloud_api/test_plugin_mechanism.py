@@ -55,6 +55,7 @@ def toy_server(tiny_home, tmp_path):
     config = json.loads((copy / "config.json").read_text())
     config.update(mechanism="toy-rr", params={"epsilon": EPSILON}, guarantee=None)
     (copy / "config.json").write_text(json.dumps(config))
+    (copy / "manifest.json").unlink()  # changed on purpose: sealed anew by register
     home.promote("toy", home.register("toy", copy, move=True))
     path = f"{REPO}:{plugin}"
     srv = ServerProcess(home.root, tmp_path / "serve.log", new_keys(), env={

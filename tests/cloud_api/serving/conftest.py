@@ -100,3 +100,16 @@ def broken_copy(src: Path, dest: Path) -> Path:
     w = dest / "model.safetensors"
     w.write_bytes(w.read_bytes()[:100])
     return dest
+
+
+def add_broken_version(home: ModelHome, model_id: str, src: Path, promote: bool = True) -> str:
+    """A version registered whole (``register`` refuses a broken folder), then its weights
+    file cut short in the home (a disk error, a hand edit); promoted (the pointer written
+    without the check a promotion makes: as after the cut) when ``promote``."""
+    version = home.register(model_id, src)
+    w = home.version_dir(model_id, version) / "model.safetensors"
+    w.write_bytes(w.read_bytes()[:100])
+    if promote:
+        with home.promotion_lock(model_id):
+            home.write_promoted(model_id, version)
+    return version

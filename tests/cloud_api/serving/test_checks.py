@@ -158,6 +158,25 @@ def test_vector_dimension_and_laplace_parameters(vector_checker, bundle):
         "epsilon 2 sent, model serves epsilon 1000")
 
 
+def test_float_values_a_model_cannot_read_are_refused(embedding_checker, vector_checker,
+                                                      bundle):
+    """Finite values so large that a sound model's float32 arithmetic would overflow (NaN
+    scores: issue 34) are a bad input, 422, at MAX_ABS_VALUE and not below; float16 cannot
+    reach it."""
+    from cloud_api.serving.checks import MAX_ABS_VALUE
+
+    params = {"epsilon": 1000.0, "calibration": "coordinate", "word_dropout": 0.0}
+    for checker, make in (
+            (embedding_checker, lambda v, dt=np.float32: make_payload(
+                "dchi-embedding", {"eta": ETA}, bundle.bundle_id, np.full((3, 16), v, dt))),
+            (vector_checker, lambda v, dt=np.float32: make_payload(
+                "laplace", params, bundle.bundle_id, np.full(24, v, dt)))):
+        checker.check([make(MAX_ABS_VALUE), make(-MAX_ABS_VALUE), make(6e4, np.float16)])
+        for v in (MAX_ABS_VALUE * 1.01, -3e38):
+            why = refusal(checker, make(v))
+            assert "magnitude above 1e+12" in why and "3e+38" not in why
+
+
 def test_limits_parse_request_bodies_for_the_model(text_checker, vector_checker, bundle):
     lim = text_checker.limits()
     assert (lim.max_tokens, lim.vocab_size) == (126, bundle.vocab_size)

@@ -16,8 +16,8 @@ from cloud_api.errors import InvalidRequest, NotFound, Unavailable
 from cloud_api.serving import BundleStore, ServedModels
 from models.versions import load_model
 from tests.cloud_api.serving.conftest import (
+    add_broken_version,
     add_version,
-    broken_copy,
     run,
     settings_for,
     until,
@@ -172,21 +172,24 @@ def _failures(model: str) -> float:
 def test_broken_version_promoted_elsewhere_keeps_the_old_one_serving(home, trained, records,
                                                                      tmp_path):
     add_version(home, "sent", trained["a"])
-    v2 = add_version(home, "sent", broken_copy(trained["a"], tmp_path / "broken"),
-                     promote=False)
+    v2 = add_broken_version(home, "sent", trained["a"], promote=False)
     before = _failures("sent")
+    with pytest.raises(InvalidRequest, match="model.safetensors does not match its SHA-256"):
+        home.promote("sent", v2)  # a promotion checks the version whole first
+    assert home.promoted("sent") == "v1"
 
     async def main():
         served = make_served(home)
         await served.start()
-        home.promote("sent", v2)
+        with home.promotion_lock("sent"):  # a pointer moved without that check
+            home.write_promoted("sent", v2)
         await served.refresh()
         ok, problems = served.ready()
         pred = await served.predict("sent", [records[0].payload])
         await served.refresh()  # a known failure is not retried on every poll
         after_two_polls = _failures("sent")
-        # the operator mends the folder and promotes the same version again
-        shutil.copy(trained["b"] / "model.safetensors", home.version_dir("sent", v2))
+        # the operator restores the file and promotes the same version again
+        shutil.copy(trained["a"] / "model.safetensors", home.version_dir("sent", v2))
         home.promote("sent", v2)
         await served.refresh()
         mended = (await served.predict("sent", [records[0].payload])).version, served.ready()
@@ -198,13 +201,13 @@ def test_broken_version_promoted_elsewhere_keeps_the_old_one_serving(home, train
     assert pred.version == "v1"
     assert ok is True  # the model is still served ...
     assert problems["sent"].startswith("v2 failed to load") and "serving v1" in problems["sent"]
+    assert "model.safetensors does not match its SHA-256 in manifest.json" in problems["sent"]
     assert after == before + 1
 
 
 def test_broken_version_promoted_through_the_api_is_refused(home, trained, records, tmp_path):
     add_version(home, "sent", trained["a"])
-    v2 = add_version(home, "sent", broken_copy(trained["a"], tmp_path / "broken"),
-                     promote=False)
+    v2 = add_broken_version(home, "sent", trained["a"], promote=False)
 
     async def main():
         served = make_served(home)
@@ -225,7 +228,7 @@ def test_broken_version_promoted_through_the_api_is_refused(home, trained, recor
 
 def test_broken_version_at_start_with_nothing_else_is_not_ready(home, trained, records,
                                                                 tmp_path):
-    add_version(home, "bad", broken_copy(trained["a"], tmp_path / "broken"))
+    add_broken_version(home, "bad", trained["a"])
     add_version(home, "sent", trained["a"])
 
     async def main():

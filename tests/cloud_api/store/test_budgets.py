@@ -250,3 +250,35 @@ def test_a_prediction_without_an_answer_is_refunded_once_its_charge_commits(db):
     with db.begin() as conn:
         reasons = sorted(r.reason for r in conn.execute(select(budget_refunds)))
     assert reasons == ["cancelled", "client-gone"]
+
+
+def test_refused_charges_of_new_devices_leave_no_row(db):
+    """Thirty charges of 1.5 from thirty new device ids against a key's cap of 5.0, through
+    three charge writers at once (three server processes: group commits that hold refused
+    charges beside committed ones, and that race each other): three get through, and only
+    their devices have a row (issue 34: each refusal left a zero row behind)."""
+    import asyncio
+
+    from cloud_api.store.charge_writer import ChargeWriter
+    from cloud_api.store.tables import budgets as budgets_table
+
+    budget_admin.set_cap(db, "rot2", 5.0, {"rot2"}, None)
+
+    async def run():
+        writers = [ChargeWriter(db) for _ in range(3)]
+        try:
+            return await asyncio.gather(*(
+                writers[i % 3].charge(budgets.Charge("rot2", f"d{i}", laplace(1.5)))
+                for i in range(30)), return_exceptions=True)
+        finally:
+            for w in writers:
+                w.close()
+
+    out = asyncio.run(run())
+    ok = [o for o in out if isinstance(o, budgets.Charged)]
+    assert len(ok) == 3 and all(isinstance(o, budgets.BudgetExhausted)
+                                for o in out if o not in ok), out
+    with db.begin() as conn:
+        rows = conn.execute(select(budgets_table.c.device_id, budgets_table.c.sends).where(
+            budgets_table.c.key_id == "rot2")).all()
+    assert sorted(s for d, s in rows if d) == [1, 1, 1] and len(rows) == 4, rows

@@ -79,6 +79,46 @@ def test_cli_db_upgrade_and_current(tmp_path):
     db.dispose()
 
 
+def test_the_sqlite_file_and_its_journal_are_the_owners_alone(tmp_path):
+    """Records, budgets and key ids are nobody else's to read (issue 34: the database was
+    0644): a new file is 0600 whatever the umask, and so are its -wal and -shm files; an
+    older file readable by others is made private when the service opens it; `cloud-api db
+    upgrade` makes it so too."""
+    import os
+    import stat
+
+    from tests.cloud_api.conftest import cloud_api
+
+    def modes(path) -> dict[str, int]:
+        return {f.name: stat.S_IMODE(f.stat().st_mode) for f in sorted(path.parent.iterdir())
+                if f.name.startswith(path.name)}
+
+    new = tmp_path / "new" / "privbert.db"
+    old_umask = os.umask(0)
+    try:
+        db = Database(f"sqlite:///{new}")
+        db.upgrade()
+        with db.begin(write=True) as conn:  # a write, with the connection kept: -wal, -shm
+            conn.execute(text("CREATE TABLE t (x INTEGER)"))
+            conn.execute(text("INSERT INTO t VALUES (1)"))
+        with db.engine.connect() as conn:
+            conn.execute(text("SELECT x FROM t")).all()
+            seen = modes(new)
+        db.dispose()
+    finally:
+        os.umask(old_umask)
+    assert seen == {"privbert.db": 0o600, "privbert.db-shm": 0o600, "privbert.db-wal": 0o600}
+    older = tmp_path / "older.db"
+    sqlite3.connect(older).close()
+    older.chmod(0o644)
+    Database(f"sqlite:///{older}").dispose()
+    assert modes(older) == {"older.db": 0o600}
+    cli = tmp_path / "cli" / "privbert.db"
+    r = cloud_api("db", "upgrade", "--database-url", f"sqlite:///{cli}")
+    assert r.returncode == 0, r.stderr
+    assert modes(cli)["privbert.db"] == 0o600
+
+
 def test_postgres_not_migrated_refuses_to_start_unless_auto_upgrade(fresh_postgres_url):
     db = Database(fresh_postgres_url)
     with pytest.raises(RuntimeError, match="cloud-api db upgrade"):
