@@ -10,6 +10,7 @@ import type { EdgeBundle } from "./bundle.js";
 import type { BundleCache, PrivbertClient, ProgressCallback } from "./client.js";
 import type { FloorCache } from "./floor.js";
 import type { Cost } from "./ledger.js";
+import { loadOrt } from "./ort.js";
 import { Privatizer, type PrivatizerOptions, type TokenizedText } from "./privatizer.js";
 import type { BitSource } from "./random.js";
 
@@ -53,7 +54,12 @@ export type PlainPrivatizerOptions = Omit<PrivatizerOptions, "floorCache">;
 export async function openLocal(client: PrivbertClient, bundleId: string, options: PlainPrivatizerOptions & {
   bundleCache: BundleCache | null; floorCache: FloorCache | null; onProgress?: ProgressCallback | null;
 }): Promise<LocalEngine> {
-  const { bundle, fetched } = await client.bundle(bundleId, options.bundleCache, options.onProgress ?? null);
+  // onnxruntime-web starts while the bundle downloads; a WebAssembly that cannot be loaded
+  // fails the session here, with its URL, not at the first privatization
+  const [{ bundle, fetched }] = await Promise.all([
+    client.bundle(bundleId, options.bundleCache, options.onProgress ?? null),
+    loadOrt(options.threads ?? 1),
+  ]);
   options.onProgress?.({ phase: "prepare", loaded: 0, total: null });
   const { bundleCache: _b, onProgress: _p, ...rest } = options;
   // the model's limit, within the bundle's (null: the bundle's, or the encoder's)

@@ -49,7 +49,9 @@ function normalize(p: WasmPaths | null): WasmPaths | null {
   if (p === null || p === undefined) return null;
   if (typeof p === "string") {
     if (p === "") throw new RangeError("wasmPaths must be a URL or a folder URL ending in '/', got an empty string");
-    return p.endsWith("/") ? p : { wasm: p };  // a file URL: onnxruntime-web's {wasm} form
+    // a folder: the file in it (a string prefix would make onnxruntime-web fetch its .mjs
+    // glue from there too, which its bundled build carries already)
+    return { wasm: p.endsWith("/") ? p + WASM_FILE : p };
   }
   if (typeof p !== "object" || (p.wasm === undefined && p.mjs === undefined)) {
     throw new RangeError(`wasmPaths must be a URL string or { wasm: URL }, got ${JSON.stringify(p)}`);
@@ -71,33 +73,46 @@ async function start(threads: number): Promise<Ort> {
   ort.env.wasm.numThreads = Math.max(1, Math.floor(threads));
   ort.env.logLevel = "error";
   if (wasmPaths !== null) ort.env.wasm.wasmPaths = wasmPaths as never;
-  const startedAt = now();
+  const seen: string[] = [];
+  const unspy = spyWasmFetches(seen);
   try {
     // a one-value MatMul: creating any session starts the WebAssembly runtime
     const s = await ort.InferenceSession.create(matmulModel(new Float32Array([1]), 1, 1),
       { executionProviders: ["wasm"] });
     await s.release();
   } catch (exc) {
-    throw await explainStart(exc, ort, startedAt);
+    throw await explainStart(exc, ort, seen);
+  } finally {
+    unspy();
   }
   return ort;
 }
 
-function now(): number {
-  return globalThis.performance?.now() ?? 0;
+/** Note the URLs of `.wasm` files fetched while the runtime starts (onnxruntime-web's fetch
+ * of its WebAssembly: the page cannot otherwise tell which URL it tried). Every call goes on
+ * to the real fetch unchanged; the spy is removed once the runtime has started or failed. */
+function spyWasmFetches(seen: string[]): () => void {
+  const g = globalThis as { fetch?: typeof fetch; location?: { href: string } };
+  const real = g.fetch;
+  if (typeof real !== "function" || g.location === undefined) return () => undefined;
+  const spy: typeof fetch = (input, init) => {
+    const url = typeof input === "string" ? input : input instanceof URL ? input.href : (input as Request).url;
+    if (/\.wasm(\?|#|$)/.test(url)) seen.push(new URL(url, g.location!.href).href);
+    return real.call(globalThis, input, init);
+  };
+  g.fetch = spy;
+  return () => {
+    if (g.fetch === spy) g.fetch = real;  // a wrapper added meanwhile stays (it calls ours)
+  };
 }
 
 /** The URL onnxruntime-web asked for its WebAssembly, as far as the page can tell. */
-function triedUrl(startedAt: number): string | null {
-  if (wasmPaths !== null) {
-    if (typeof wasmPaths === "string") return new URL(wasmPaths + WASM_FILE, globalThis.location?.href).href;
-    if (wasmPaths.wasm !== undefined) return new URL(String(wasmPaths.wasm), globalThis.location?.href).href;
+function triedUrl(seen: string[]): string | null {
+  if (seen.length) return seen[seen.length - 1]!;
+  if (wasmPaths !== null && typeof wasmPaths === "object" && wasmPaths.wasm !== undefined) {
+    return new URL(String(wasmPaths.wasm), globalThis.location?.href).href;
   }
-  const perf = globalThis.performance;
-  if (!perf?.getEntriesByType) return null;
-  const seen = perf.getEntriesByType("resource")
-    .filter((e) => e.startTime >= startedAt - 1 && /\.wasm(\?|#|$)/.test(e.name));
-  return seen.length ? seen[seen.length - 1]!.name : null;
+  return null;
 }
 
 /** What the URL gives now: a status, a type that is not WebAssembly, or no answer. */
@@ -117,13 +132,13 @@ async function probe(url: string): Promise<string> {
   }
 }
 
-async function explainStart(exc: unknown, ort: Ort, startedAt: number): Promise<Error> {
+async function explainStart(exc: unknown, ort: Ort, seen: string[]): Promise<Error> {
   const why = exc instanceof Error ? exc.message : String(exc);
   if (typeof document === "undefined" && typeof (globalThis as { WorkerGlobalScope?: unknown }).WorkerGlobalScope === "undefined") {
     return new RuntimeLoadError(`onnxruntime-web failed to start: ${why}`, null);  // Node: files, not URLs
   }
   const version = (ort.env.versions as { web?: string } | undefined)?.web ?? "";
-  const url = triedUrl(startedAt);
+  const url = triedUrl(seen);
   const what = url === null ? "onnxruntime-web's WebAssembly (" + WASM_FILE + ")" : url;
   const found = url === null ? "no request for it was seen" : await probe(url);
   const fix = `serve node_modules/onnxruntime-web/dist/${WASM_FILE} (onnxruntime-web${version ? "@" + version : ""}, `

@@ -3,3 +3,4 @@ export { main } from "./cli.js";
 export { FileLedgerStore, defaultLedgerPath, LEDGER_ENV } from "./file_ledger.js";
 export { DirBundleCache, DirFloorCache, cacheRoot, loadBundleDir, CACHE_ENV } from "./caches.js";
 export { nodeHandler } from "./forwarder_node.js";
+export { ortWasmPath } from "./wasm_file.js";
