@@ -98,7 +98,15 @@ async function state(page) {
       remaining: await text(page, "ledger-remaining"), sends: await text(page, "ledger-sends") },
     privatizeMs: Number(await page.evaluate(() => document.body.dataset.privatizeMs)),
     keyFieldShown: await page.locator("#key").isVisible(),
+    progress: JSON.parse(await page.evaluate(() => document.body.dataset.progress || "[]")),
+    legend: await text(page, "legend"), bundleNote: await text(page, "bundle-note"),
   };
+}
+
+/** What this visit transferred (Resource Timing: 0 for a file from the HTTP cache). */
+async function transferred(page) {
+  return page.evaluate(() => [...performance.getEntriesByType("navigation"), ...performance.getEntriesByType("resource")]
+    .map((e) => ({ name: e.name, transferSize: e.transferSize, decodedBodySize: e.decodedBodySize })));
 }
 
 const SCENARIOS = {
@@ -113,6 +121,19 @@ const SCENARIOS = {
     first.guaranteeNotes = await p.page.locator("#guarantee-notes li").allTextContents();
     await click(p.page, "go");
     return { first, repeat: await state(p.page) };
+  },
+  // the page opened twice in one profile: the second visit downloads nothing it had
+  async revisit(p) {
+    await ready(p.page);
+    const firstState = await state(p.page);
+    const first = await transferred(p.page);
+    // the page keeps the bundle in the Cache API once it is ready (in the background)
+    await p.page.waitForFunction(async () => (await (await caches.open("privbert-bundles")).keys()).length > 0,
+      null, { polling: 200 });
+    await p.page.goto("about:blank");
+    opened.delete(p.page);
+    await ready(p.page);
+    return { first, firstState, second: await transferred(p.page), state: await state(p.page) };
   },
   async empty(p) {
     await ready(p.page);
