@@ -84,6 +84,27 @@ function short(text: string, limit: number): string {
   return line.length <= limit ? line : line.slice(0, limit - 1) + "…";
 }
 
+/** A streamed answer's watchdog: abort when no more of its body comes for ``ms``. */
+const watchdogs = new WeakMap<Response, { ms: number; abort: () => void }>();
+
+/** ``resp`` with its body read under the call's timer (then cleared): a small answer is
+ * bounded as a whole, as before. */
+async function settled(resp: Response, timer: ReturnType<typeof setTimeout>): Promise<Response> {
+  try {
+    let body: ArrayBuffer;
+    try {
+      body = await resp.arrayBuffer();
+    } catch (exc) {
+      throw new ApiError(`the answer of ${resp.url} broke off (${(exc as Error).message})`, resp.status);
+    }
+    const out = new Response(body, { status: resp.status, statusText: resp.statusText, headers: resp.headers });
+    Object.defineProperty(out, "url", { value: resp.url });
+    return out;
+  } finally {
+    clearTimeout(timer);
+  }
+}
+
 /** The page's origin when this runs in a page or a worker (null in Node). */
 function pageOrigin(): string | null {
   const loc = (globalThis as { location?: { origin?: string } }).location;
@@ -202,8 +223,12 @@ export class PrivbertClient {
       + "Content-Security-Policy (connect-src) blocks it", null, "unreachable");
   }
 
-  /** One call with retries; a non-2xx final answer raises ApiError. */
-  async request(method: string, path: string, body?: string, headers: Record<string, string> = {}): Promise<Response> {
+  /** One call with retries; a non-2xx final answer raises ApiError. ``timeout`` seconds
+   * bound the whole call, or with ``stream`` the wait for the answer's headers and then each
+   * wait for more of its body (a large download on a slow network is not cut off while it
+   * flows: {@link bodyWatchdog}). */
+  async request(method: string, path: string, body?: string, headers: Record<string, string> = {},
+                stream = false): Promise<Response> {
     const url = `${this.baseUrl}${path}`;
     const discovery = method === "GET" && (path === "/v1/models" || path.startsWith("/v1/bundles/")) ? path : null;
     const origin = this.audience === "page" ? pageOrigin() : null;
@@ -212,10 +237,18 @@ export class PrivbertClient {
     let status: number | null = null;
     for (let attempt = 0; attempt <= this.retries; attempt++) {
       let resp: Response | null = null;
+      const ctl = new AbortController();
+      const timer = setTimeout(() => ctl.abort(new DOMException(`no answer in ${this.timeout} s`, "TimeoutError")),
+        this.timeout * 1000);
       try {
-        resp = await this.fetchFn(url, { method, body, headers: { ...this.headers, ...headers },
-          signal: AbortSignal.timeout(this.timeout * 1000) });
+        resp = await this.fetchFn(url, { method, body, headers: { ...this.headers, ...headers }, signal: ctl.signal });
+        if (stream) {
+          clearTimeout(timer);
+          watchdogs.set(resp, { ms: this.timeout * 1000, abort: () => ctl.abort(new DOMException(
+            `no data for ${this.timeout} s`, "TimeoutError")) });
+        }
       } catch (exc) {
+        clearTimeout(timer);
         const e = exc as Error & { cause?: { code?: string; message?: string } };
         const timedOut = e.name === "TimeoutError" || e.name === "AbortError";
         if (crossOrigin && !timedOut) throw await this.crossOriginFailure(url, origin, e.message);
@@ -226,10 +259,15 @@ export class PrivbertClient {
       if (resp !== null) {
         status = resp.status;
         if (!RETRY_STATUS.includes(resp.status)) {
-          if (resp.ok) return resp;
-          throw await this.problem(resp, discovery, path);
+          if (resp.ok) return stream ? resp : await settled(resp, timer);
+          try {
+            throw await this.problem(resp, discovery, path);
+          } finally {
+            clearTimeout(timer);
+          }
         }
         last = (await this.problem(resp, discovery, path)).message;
+        clearTimeout(timer);
       }
       if (attempt < this.retries) await new Promise((r) => setTimeout(r, 1000 * this.delay(attempt, resp)));
     }
@@ -274,16 +312,11 @@ export class PrivbertClient {
   async bundleBytes(bundleId: string, onProgress?: ProgressCallback | null): Promise<Uint8Array> {
     if (!BUNDLE_ID.test(bundleId)) throw new ApiError(`not a bundle id (64 hex digits): ${JSON.stringify(bundleId)}`);
     const path = `/v1/bundles/${bundleId}`;
-    const resp = await this.request("GET", path);
+    const resp = await this.request("GET", path, undefined, {}, true);
     const declared = Number(resp.headers.get(BUNDLE_BYTES_HEADER)
       ?? (resp.headers.get("Content-Encoding") ? NaN : resp.headers.get("Content-Length") ?? NaN));
     const total = Number.isInteger(declared) && declared >= 0 ? declared : null;
-    if (!onProgress || resp.body === null) {
-      const out = new Uint8Array(await resp.arrayBuffer());
-      onProgress?.({ phase: "download", loaded: out.length, total: out.length });
-      return out;
-    }
-    return readWithProgress(resp.body, total, onProgress, `${this.baseUrl}${path}`);
+    return readWithProgress(resp, total, onProgress ?? (() => undefined), `${this.baseUrl}${path}`);
   }
 
   /**
@@ -362,18 +395,27 @@ export class PrivbertClient {
 /** The body's bytes, into one buffer (of ``total`` when known: no copy at the end), with
  * progress at most every 100 ms and once at the end. A body cut short (fewer bytes than
  * announced) is left to the bundle's verification, which names what is missing. */
-async function readWithProgress(body: ReadableStream<Uint8Array>, total: number | null,
+async function readWithProgress(resp: Response, total: number | null,
                                 onProgress: ProgressCallback, url: string): Promise<Uint8Array> {
-  const reader = body.getReader();
+  if (resp.body === null) {
+    const out = new Uint8Array(await resp.arrayBuffer());
+    onProgress({ phase: "download", loaded: out.length, total: out.length });
+    return out;
+  }
+  const reader = resp.body.getReader();
+  const dog = watchdogs.get(resp);
   let buf = new Uint8Array(total ?? 1 << 20);
   let loaded = 0;
   let told = 0;
   for (;;) {
     let chunk: ReadableStreamReadResult<Uint8Array>;
+    const stall = dog ? setTimeout(dog.abort, dog.ms) : undefined;
     try {
       chunk = await reader.read();
     } catch (exc) {
       throw new ApiError(`the download of ${url} broke off after ${loaded} bytes (${(exc as Error).message})`);
+    } finally {
+      clearTimeout(stall);
     }
     if (chunk.done) break;
     const v = chunk.value;

@@ -18,6 +18,11 @@ before(async () => {
     };
     if (req.url === "/v1/models") return problem(401, "unauthorized", "Missing or unknown API key", "no such key");
     if (req.url === "/v1/models/m/predict") return problem(403, "budget-exhausted", "Privacy budget exhausted", "the ledger of key k1 has spent 10 of its cap 10");
+    if (req.url.startsWith("/v1/bundles/dd")) {  // one piece, then nothing: a stalled download
+      res.writeHead(200, { "Content-Type": "application/x-tar", "X-Bundle-Bytes": "300000" });
+      res.write(new Uint8Array(1000));
+      return setTimeout(() => res.end(), 1500);
+    }
     if (req.url.startsWith("/v1/bundles/")) {
       const body = new Uint8Array(300_000).fill(7);
       res.writeHead(200, { "Content-Type": "application/x-tar", "X-Bundle-Bytes": String(body.length) });
@@ -101,4 +106,10 @@ test("the bundle's download reports its progress against X-Bundle-Bytes", async 
   assert.deepEqual(seen.map((p) => p.loaded), [...seen.map((p) => p.loaded)].sort((a, b) => a - b));
   assert.equal(seen.at(-1).loaded, 300_000);
   assert.ok(bytes.every((b) => b === 7));
+});
+
+test("a download that flows longer than the timeout goes on; one that stalls is cut with a message", async () => {
+  const c = new PrivbertClient(base, { retries: 0, timeout: 0.4 });  // the body takes 0.6 s
+  assert.equal((await c.bundleBytes("c".repeat(64))).length, 300_000);
+  await assert.rejects(c.bundleBytes("d".repeat(64)), /the download of .*\/v1\/bundles\/d+ broke off after 1000 bytes/);
 });
