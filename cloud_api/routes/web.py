@@ -159,9 +159,11 @@ class PrecompressedFiles(StaticFiles):
     async def get_response(self, path: str, scope: Scope) -> Response:
         accept = Headers(scope=scope).get("accept-encoding", "")
         variants = False
-        if scope["method"] in ("GET", "HEAD") and path not in ("", "."):
+        if scope["method"] in ("GET", "HEAD"):
+            # the folder itself is its index.html (StaticFiles' html mode)
+            target = "index.html" if path in ("", ".") else path
             for coding, suffix in ENCODINGS:
-                full, found = self.lookup_path(path + suffix)
+                full, found = self.lookup_path(target + suffix)
                 if found is None or not stat.S_ISREG(found.st_mode):
                     continue
                 variants = True
@@ -169,7 +171,7 @@ class PrecompressedFiles(StaticFiles):
                     answer = self.file_response(full, found, scope)
                     answer.headers["content-encoding"] = coding
                     answer.headers["content-type"] = (
-                        self._type_of(path) or answer.headers.get("content-type", ""))
+                        self._type_of(target) or answer.headers.get("content-type", ""))
                     answer.headers["vary"] = "Accept-Encoding"
                     return answer
         answer = await super().get_response(path, scope)

@@ -37,6 +37,7 @@ def page_dir(tmp_path_factory):
     (d / "assets" / "ort.wasm").write_bytes(b"\0asm\1\0\0\0")
     # what the page's build writes beside a file (web_edge/demo/vite.config.ts)
     (d / "assets" / "ort.wasm.br").write_bytes(b"brotli copy of ort.wasm")
+    (d / "index.html.br").write_bytes(b"brotli copy of index.html")
     (d / "assets" / "ort.wasm.gz").write_bytes(gzip.compress(b"\0asm\1\0\0\0", mtime=0))
     return d
 
@@ -238,9 +239,11 @@ def test_demo_assets_are_immutable_and_sent_precompressed(web_server, page_dir):
     r, _ = raw(url, {"Accept-Encoding": "br"})
     same = httpx.get(url, headers={"Accept-Encoding": "br", "If-None-Match": r.headers["etag"]})
     assert same.status_code == 304
-    # the page itself is revalidated; a missing asset is never kept
-    page = httpx.get(f"{on.url}/demo/")
-    assert page.headers["cache-control"] == "no-cache"
+    # the page itself is revalidated (and precompressed too); a missing asset is never kept
+    page = httpx.get(f"{on.url}/demo/", headers={"Accept-Encoding": "gzip"})
+    assert page.headers["cache-control"] == "no-cache" and "<title>explorer" in page.text
+    r, body = raw(f"{on.url}/demo/", {"Accept-Encoding": "br"})
+    assert body == b"brotli copy of index.html" and r.headers["content-type"].startswith("text/html")
     missing = httpx.get(f"{on.url}/demo/assets/nope.js")
     assert missing.status_code == 404 and "immutable" not in missing.headers.get("cache-control", "")
 
