@@ -113,3 +113,11 @@ test("a download that flows longer than the timeout goes on; one that stalls is 
   assert.equal((await c.bundleBytes("c".repeat(64))).length, 300_000);
   await assert.rejects(c.bundleBytes("d".repeat(64)), /the download of .*\/v1\/bundles\/d+ broke off after 1000 bytes/);
 });
+
+test("a wrong server or bundle path is one error naming the URL", async () => {
+  const c = new PrivbertClient(`${base}/wrong`, { retries: 0 });
+  await assert.rejects(c.models(), (e) => e.status === 404 && e.message.startsWith(`GET ${base}/wrong/v1/models: server answered 404`)
+    && /is `server` the URL of a privbert service, or of your forwarding backend\?/.test(e.message));
+  await assert.rejects(c.bundleBytes("e".repeat(64)), (e) => e.status === 404
+    && e.message.startsWith(`GET ${base}/wrong/v1/bundles/${"e".repeat(64)}: server answered 404`));
+});
