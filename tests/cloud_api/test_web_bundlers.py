@@ -280,9 +280,10 @@ def test_no_request_and_no_log_holds_a_word_of_the_sentence(report, servers):
             for w in WORDS:
                 assert w not in url and w not in body, (name, w, q["url"], body[:300])
     assert seen > 40
+    said = [w for w in WORDS if w != "but"]  # "but" is a word of our own messages too
     for name, scene in report.items():  # what the pages said, errors included
         shown = json.dumps(scene["first"].get("error")) + str(scene["first"].get("shownError"))
-        assert not [w for w in WORDS if w in shown], (name, shown)
+        assert not [w for w in said if w in shown], (name, shown)
     logs = {"service": servers["service"].log.read_text(),
             "forwarder": servers["forwarder_log"].read_text(),
             "pages": "\n".join(servers["static_log"])}

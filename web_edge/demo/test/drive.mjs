@@ -102,6 +102,23 @@ async function state(page) {
   };
 }
 
+/** Wait until the page has stored a bundle of at least ``bytes`` in the Cache API (it does
+ * so in the background once it is ready). Polled here: waitForFunction would take the
+ * predicate's promise itself for a true value. */
+async function bundleCached(page, bytes) {
+  const deadline = Date.now() + TIMEOUT;
+  for (;;) {
+    const size = await page.evaluate(async () => {
+      const c = await caches.open("privbert-bundles");
+      const [k] = await c.keys();
+      return k === undefined ? 0 : (await (await c.match(k)).arrayBuffer()).byteLength;
+    });
+    if (size >= bytes) return;
+    if (Date.now() > deadline) throw new Error(`the page did not store the bundle in the Cache API in ${TIMEOUT} ms`);
+    await new Promise((r) => setTimeout(r, 200));
+  }
+}
+
 /** What this visit transferred (Resource Timing: 0 for a file from the HTTP cache). */
 async function transferred(page) {
   return page.evaluate(() => [...performance.getEntriesByType("navigation"), ...performance.getEntriesByType("resource")]
@@ -126,9 +143,9 @@ const SCENARIOS = {
     await ready(p.page);
     const firstState = await state(p.page);
     const first = await transferred(p.page);
-    // the page keeps the bundle in the Cache API once it is ready (in the background)
-    await p.page.waitForFunction(async () => (await (await caches.open("privbert-bundles")).keys()).length > 0,
-      null, { polling: 200 });
+    // the page keeps the bundle in the Cache API once it is ready (in the background): wait
+    // until the whole of it is there
+    await bundleCached(p.page, first.find((e) => e.name.includes("/v1/bundles/"))?.decodedBodySize ?? 1);
     await p.page.goto("about:blank");
     opened.delete(p.page);
     await ready(p.page);
@@ -294,8 +311,7 @@ async function visits(p) {
     await click(p.page, "preview");
     warm.push((await state(p.page)).privatizeMs);
   }
-  await p.page.waitForFunction(async () => (await (await caches.open("privbert-bundles")).keys()).length > 0,
-    null, { polling: 500 });
+  await bundleCached(p.page, 1);
   const second = await one();
   return { first, second, warm };
 }
