@@ -18,6 +18,21 @@ The service runs a dχ-text (η = 65) model on the MiniLM bundle: ``--home`` nam
 one (``scripts/demo.sh`` makes ./var), else a throwaway home gets a quick one-layer model
 (``cloud-api bootstrap --layers 1 --limit 64``): the page's timings do not depend on the
 model, only on the bundle.
+
+Throttled (``--profiles``, default ``10mbit mobile``): two visits of the page in one browser
+profile under Chromium's own emulation (CDP ``Network.emulateNetworkConditions``,
+``Emulation.setCPUThrottlingRate``): ``10mbit`` is 10 Mbit/s each way with 40 ms latency;
+``mobile`` is Lighthouse's mobile profile, 1.6 Mbit/s down (1,638.4 kbit/s), 750 kbit/s up,
+150 ms, the CPU slowed 4x. For each visit: the time from navigation to the first privatized
+tokens on screen ("Privatize only"), and every request before them, by file, as transferred
+(headers and body as they came over the wire; 0 for a file from the HTTP cache). The second
+visit is the same profile after the page stored the bundle (its HTTP cache, Cache API and
+IndexedDB kept). Targets: first visit <= 8 MB (with the compact bundle; else the figure is
+reported), second visit <= 100 KB, first privatization at 10 Mbit/s <= 5 s (compact bundle).
+
+``--bundle DIR`` makes the throwaway home's quick model on that bundle (``cloud-api bootstrap
+--bundle DIR``), to rerun all of it with another bundle; ``--model ID`` picks a model of
+``--home``.
 """
 
 from __future__ import annotations
@@ -41,14 +56,23 @@ SENTENCE = ("the film is a gripping , funny and moving story about two old frien
 ETA = 65.0
 
 
-def quick_home(root: Path) -> Path:
+PROFILES = {  # Chromium's emulation: network (latency, Mbit/s each way) and CPU slowdown
+    "10mbit": {"label": "10 Mbit/s, 40 ms", "network": {"latencyMs": 40, "downMbps": 10,
+                                                        "upMbps": 10}, "cpuSlowdown": 1},
+    "mobile": {"label": "Lighthouse mobile: 1.6 Mbit/s down, 0.75 up, 150 ms, CPU 4x",
+               "network": {"latencyMs": 150, "downMbps": 1.6384, "upMbps": 0.75},
+               "cpuSlowdown": 4},
+}
+
+
+def quick_home(root: Path, bundle: Path | None = None) -> Path:
     home = root / "home"
     cmd = [sys.executable, "-m", "cloud_api.cli", "bootstrap",
            "--data", str(SENTENCES / "train.tsv"), "--dev", str(SENTENCES / "dev.tsv"),
            "--mechanism", "dchi-text", "--eta", str(ETA),
            "--limit", "64", "--dev-limit", "32", "--dev-draws", "0", "--epochs", "1",
            "--layers", "1", "--model-id", "sst2", "--home", str(home), "--device", "cpu",
-           "--no-progress"]
+           "--no-progress", *(["--bundle", str(bundle)] if bundle else [])]
     subprocess.run(cmd, cwd=REPO, env=cli_env({}), check=True, capture_output=True)
     return home
 
@@ -76,18 +100,28 @@ def main() -> int:
     ap.add_argument("--home", type=Path, help="a home serving a dchi-text eta=65 model on the "
                     "MiniLM bundle (default: a throwaway one with a quick model)")
     ap.add_argument("--repeats", type=int, default=20)
-    ap.add_argument("--threads", type=int, nargs="+", default=[1, 2], help="WebAssembly "
-                    "threads of the page's search, one page run each (1 2)")
+    ap.add_argument("--threads", type=int, nargs="*", default=[1, 2], help="WebAssembly "
+                    "threads of the page's search, one loopback page run each (1 2; none: "
+                    "skip the loopback runs)")
+    ap.add_argument("--profiles", nargs="*", default=list(PROFILES), choices=list(PROFILES),
+                    help="throttled two-visit runs (default: all: " + ", ".join(PROFILES) + ")")
+    ap.add_argument("--bundle", type=Path, help="the throwaway home's model on this bundle "
+                    "directory (default: the packaged MiniLM's)")
+    ap.add_argument("--model", help="the model of --home to open (default: its first "
+                    "dchi-text model)")
     args = ap.parse_args()
+    if args.home and args.bundle:
+        ap.error("--bundle makes a throwaway home: not with --home")
     tmp = Path(tempfile.mkdtemp(prefix="bench-web-"))
-    home = args.home or quick_home(tmp)
+    home = args.home or quick_home(tmp, args.bundle)
     proc, url, _ = serve(home, tmp / "serve.log")
     try:
         import httpx
 
         key = httpx.get(f"{url}/demo/config.json").json()["api_key"]
         models = httpx.get(f"{url}/v1/models", headers={"Authorization": f"Bearer {key}"}).json()
-        model = next(m for m in models["models"] if m["mechanism"] == "dchi-text")
+        model = next(m for m in models["models"] if m["mechanism"] == "dchi-text"
+                     and (args.model is None or m["id"] == args.model))
         # the service has served this bundle before (it builds the tarball once, at the first
         # request): the page's first load is timed against a running service, not a cold one
         httpx.get(f"{url}/v1/bundles/{model['bundle_id']}",
@@ -101,6 +135,17 @@ def main() -> int:
             if r.returncode != 0:
                 raise SystemExit(r.stderr[-3000:])
             runs[threads] = json.loads(r.stdout)
+        throttled = {}
+        for name in args.profiles:  # one fresh browser each: two visits in one profile
+            prof = PROFILES[name]
+            drive = {"url": f"{url}/demo/?model={model['id']}&threads=1", "sentence": SENTENCE,
+                     "scenarios": ["visits"], "repeats": 5, "timeout": 900_000,
+                     "network": prof["network"], "cpuSlowdown": prof["cpuSlowdown"]}
+            r = subprocess.run(["node", "test/drive.mjs", json.dumps(drive)], cwd=DEMO,
+                               capture_output=True, text=True, timeout=2400)
+            if r.returncode != 0:
+                raise SystemExit(r.stderr[-3000:])
+            throttled[name] = json.loads(r.stdout)
     finally:
         proc.terminate()
         proc.wait(30)
@@ -112,7 +157,42 @@ def main() -> int:
     for threads, report in runs.items():
         print(f"-- page with {threads} WebAssembly thread(s)")
         show(report, py_ms)
+    for name, report in throttled.items():
+        show_visits(PROFILES[name]["label"], report)
     return 0
+
+
+def _file(url: str) -> str:
+    path = url.split("?", 1)[0].split("://", 1)[-1].split("/", 1)[-1]
+    if path.startswith("v1/bundles/"):
+        return f"/v1/bundles/{path.rsplit('/', 1)[-1][:12]}… (the bundle)"
+    return "/" + path
+
+
+def show_visits(label: str, report: dict) -> None:
+    """Both visits of one throttled profile: time to the first privatization, and every
+    request before it, by file, as transferred."""
+    scene = report["scenarios"]["visits"]
+    if "failed" in scene:
+        raise SystemExit(json.dumps(scene, indent=1)[:4000])
+    res = scene["result"]
+    print(f"-- {label}, one WebAssembly thread")
+    for visit, target in (("first", 8_000_000), ("second", 100_000)):
+        v = res[visit]
+        if v["error"]:
+            raise SystemExit(f"the page refused on the {visit} visit: {v['error']}")
+        total = sum(q["bytes"] for q in v["requests"])
+        print(f"{visit} visit: first privatization {v['firstMs'] / 1000:.2f} s after navigation "
+              f"(page ready {v['readyMs'] / 1000:.2f} s; the privatization itself "
+              f"{v['privatizeMs']:.0f} ms); {total:,} bytes transferred before it in "
+              f"{len(v['requests'])} requests | target <= {target:,}: "
+              f"{'met' if total <= target else 'NOT met'}")
+        for q in sorted(v["requests"], key=lambda q: -q["bytes"]):
+            how = "from cache" if q.get("fromCache") else (q.get("encoding") or "identity")
+            print(f"  {q['bytes']:>12,} B  {_file(q['url'])} ({q.get('status', '?')}, {how})")
+    if res["warm"]:
+        print(f"warm privatization at this CPU, median of {len(res['warm'])}: "
+              f"{statistics.median(res['warm']):.1f} ms")
 
 
 def show(report: dict, py_ms: float) -> None:

@@ -6,8 +6,9 @@ Extending it (records, jobs, ...): append a router module to :data:`ROUTERS` and
 needs something started, an ``async def step(app, stack)`` to :data:`LIFESPAN`. Steps run
 in order at start; each registers its own shutdown on ``stack`` (an ``AsyncExitStack``),
 so components stop in reverse order. ``app.state`` holds ``settings``, ``home``, ``keys``,
-``rate_limiter``, ``bundles``, ``served_models`` and ``ready_checks`` (callables returning
-``(ready, {component: problem})``, or an awaitable of it, read by ``/readyz``).
+``rate_limiter``, ``bundles``, ``compressed_tarballs`` (gzip copies of bundle tarballs),
+``served_models`` and ``ready_checks`` (callables returning ``(ready, {component:
+problem})``, or an awaitable of it, read by ``/readyz``).
 
 Graceful shutdown: uvicorn stops accepting connections and waits for the requests in
 flight; then the lifespan exits and ``served_models.stop()`` drains the batch queues before
@@ -39,6 +40,7 @@ from cloud_api.routes import (
     records,
     web,
 )
+from cloud_api.routes.compression import CompressedTarballs
 from cloud_api.routes.middleware import ServiceMiddleware
 from cloud_api.settings import Settings
 
@@ -113,6 +115,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
                   docs_url="/docs", redoc_url=None, openapi_url="/openapi.json",
                   telemetry={"tracing": False, "metrics": False, "logs": False})
     app.state.settings = settings
+    app.state.compressed_tarballs = CompressedTarballs()  # gzip copies of bundle tarballs
     problems.install(app)
     predict.install(app)  # first in the router: the hot route is tried first
     for router in ROUTERS:

@@ -12,7 +12,8 @@
 4. with ``PRIVBERT_BACKEND=onnx``, ``classifier.onnx`` is exported into the version (what the
    onnx backend serves: the serve image);
 5. the version folder is moved into the home as the model's next version and promoted;
-   a running server picks it up without a restart;
+   a running server picks it up without a restart; ``--label-names 0=negative,1=positive``
+   names the TSV's labels (what predictions and records say: ``GET /v1/models``' ``labels``);
 6. prints the version, its dev accuracy and the guarantee (``shared.accounting.summary``).
 """
 
@@ -20,6 +21,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import re
 import shutil
 import sys
 import time
@@ -73,6 +75,9 @@ def register(subparsers) -> None:
     p.add_argument("--model-id", metavar="ID", help="model id (default: the name of the "
                    "folder holding TRAIN.tsv, e.g. sst2, else 'default')")
     p.add_argument("--task", metavar="NAME", help="task name (default: the model id)")
+    p.add_argument("--label-names", metavar="L=NAME,...", type=_label_names,
+                   help="names for the TSV's labels, e.g. 0=negative,1=positive: what "
+                        "predictions answer and records send (default: the labels as written)")
     p.add_argument("--base", metavar="BERT", help="BERT folder (default: the packaged "
                    "MiniLM-L6-H384)")
     home_arg(p)
@@ -83,6 +88,37 @@ def register(subparsers) -> None:
     _recipe_args(p)
     _device_args(p)
     p.set_defaults(func=_guarded(run))
+
+
+LABEL_NAME = re.compile(r"^[A-Za-z0-9_.:-]{1,64}$")  # a task's label name (store/tasks.py)
+
+
+def _label_names(value: str) -> dict[str, str]:
+    """``0=negative,1=positive`` as {"0": "negative", "1": "positive"}."""
+    out: dict[str, str] = {}
+    for part in value.split(","):
+        label, sep, name = part.strip().partition("=")
+        if not sep or not label or not LABEL_NAME.match(name) or label in out:
+            raise argparse.ArgumentTypeError(
+                f"expected LABEL=NAME pairs, e.g. 0=negative,1=positive (names of letters, "
+                f"digits, '_', '.', ':', '-'), got {value!r}")
+        out[label] = name
+    if len(set(out.values())) != len(out):
+        raise argparse.ArgumentTypeError(f"label names must be distinct, got {value!r}")
+    return out
+
+
+def _renamed(labels: list[str], names: dict[str, str] | None) -> list[str]:
+    """The model's labels under ``--label-names`` (every label named, in the model's order)."""
+    if not names:
+        return labels
+    missing = [lb for lb in labels if lb not in names]
+    unknown = sorted(set(names) - set(labels))
+    if missing or unknown:
+        raise ValueError(f"--label-names must name exactly the data's labels {labels}"
+                         + (f"; missing {missing}" if missing else "")
+                         + (f"; not in the data: {unknown}" if unknown else ""))
+    return [names[lb] for lb in labels]
 
 
 def _say(message: str) -> None:
@@ -130,8 +166,13 @@ def run(args) -> int:
     from cloud_api.serving.bundles import BundleStore
     from models.data import read_labelled_tsv
 
+    data = read_labelled_tsv(args.data)
+    rows = len(data)
+    if args.label_names:  # checked before minutes of training, against the whole file
+        from models.data import label_names_from
+
+        _renamed(label_names_from(data.labels), args.label_names)
     BundleStore(home).add(bundle)
-    rows = len(read_labelled_tsv(args.data))
     limit = args.limit or None
     if limit is not None and limit < rows:
         _say(f"training on the first {limit:,} of {rows:,} rows of {args.data} (a subset, so "
@@ -230,6 +271,7 @@ def _train_and_register(args, home, model_id: str, task: str, bundle, params: di
         config_path = res.model_dir / CONFIG_FILE
         config = json.loads(config_path.read_text())
         config["task"] = task
+        config["labels"] = _renamed(list(config["labels"]), args.label_names)
         write_atomically(config_path, json.dumps(config, indent=2, sort_keys=True) + "\n",
                          durable=False)  # the folder is not served before register's rename
         version = home.register(model_id, res.model_dir, move=True)

@@ -1,6 +1,12 @@
 """``GET /v1/models`` (the served models) and ``GET /v1/bundles/{bundle_id}`` (an edge bundle
-as a tarball). Predict, ``POST /v1/models/{model_id}/predict``, is its own route:
+as a tarball, gzip when the client accepts it: :mod:`cloud_api.routes.compression`).
+Predict, ``POST /v1/models/{model_id}/predict``, is its own route:
 :mod:`cloud_api.routes.predict`.
+
+A bundle is named by its content (the id is its hash): ``Cache-Control: private,
+max-age=31536000, immutable`` (private: it is answered to a key, so no shared cache may hand
+it to whoever asks), ``ETag`` the id, and ``X-Bundle-Bytes`` its length before compression
+(a page's download progress: ``Content-Length`` counts the compressed bytes).
 """
 
 from __future__ import annotations
@@ -15,9 +21,13 @@ from starlette.responses import Response
 from cloud_api.auth import AppCaller
 from cloud_api.problems import responses
 from cloud_api.routes.common import json_response
+from cloud_api.routes.compression import CompressedTarballs, accepts_gzip
 from cloud_api.routes.predict import TAGS
 
 router = APIRouter(prefix="/v1", tags=TAGS)
+
+BUNDLE_BYTES_HEADER = "X-Bundle-Bytes"
+BUNDLE_CACHE_CONTROL = "private, max-age=31536000, immutable"
 
 BundleId = Annotated[str, Path(description="bundle id: 64 hex digits",
                                pattern=r"^[0-9a-f]{64}$")]
@@ -58,14 +68,22 @@ async def list_models(request: Request, caller: AppCaller) -> Response:
                304: {"description": "If-None-Match matched the bundle id"},
                **responses(401, 403, 404, 422, 429, 503)})
 async def get_bundle(bundle_id: BundleId, request: Request, caller: AppCaller,
-                     if_none_match: Annotated[str | None, Header()] = None) -> Response:
+                     if_none_match: Annotated[str | None, Header()] = None,
+                     accept_encoding: Annotated[str | None, Header()] = None) -> Response:
     bundles = request.app.state.bundles
     await run_in_threadpool(bundles.get, bundle_id)  # NotFound before any 304
     etag = f'"{bundle_id}"'
-    headers = {"ETag": etag, "Cache-Control": "private, max-age=31536000, immutable"}
+    headers = {"ETag": etag, "Cache-Control": BUNDLE_CACHE_CONTROL, "Vary": "Accept-Encoding"}
     if if_none_match is not None and _matches(if_none_match, etag):
         return Response(status_code=304, headers=headers)
     data = await run_in_threadpool(bundles.tarball, bundle_id)
+    headers[BUNDLE_BYTES_HEADER] = str(len(data))
+    if accepts_gzip(accept_encoding):
+        copies: CompressedTarballs = request.app.state.compressed_tarballs
+        packed = await run_in_threadpool(copies.gzip, bundle_id, data)
+        if packed is not None:
+            return Response(packed, media_type="application/x-tar",
+                            headers={**headers, "Content-Encoding": "gzip"})
     return Response(data, media_type="application/x-tar", headers=headers)
 
 

@@ -117,3 +117,21 @@ def test_bootstrap_keeps_three_layers_of_the_packaged_minilm_only():
     assert _layers(args(base="var/pre/denoise-65")) is None
     assert _layers(args(mechanism="laplace")) is None
     assert _layers(args(layers=6)) == 6 and _layers(args(layers=2, base="b")) == 2
+
+
+def test_bootstrap_names_the_labels_or_refuses_names_that_miss_one(tiny_home, tmp_path):
+    """--label-names: predictions and records say "negative"/"positive", not the TSV's
+    labels; names that do not cover the data's labels are refused before any training."""
+    home = tmp_path / "home"
+    common = ["--data", str(tiny_home.data), "--base", str(tiny_home.base), "--home", str(home),
+              "--eta", "5", "--epochs", "1", "--limit", "8", "--dev-draws", "0",
+              "--device", "cpu", "--no-progress"]
+    bad = cloud_api("bootstrap", *common, "--model-id", "bad", "--label-names", "0=negative,1=positive")
+    assert bad.returncode == 2 and "Traceback" not in bad.stderr
+    assert "--label-names must name exactly the data's labels ['neg', 'pos']" in bad.stderr
+    assert not (home / "models" / "bad").exists()
+    r = cloud_api("bootstrap", *common, "--model-id", "named", "--label-names",
+                  "neg=negative,pos=positive")
+    assert r.returncode == 0, r.stderr[-2000:]
+    config = json.loads((home / "models" / "named" / "versions" / "v1" / "config.json").read_text())
+    assert config["labels"] == ["negative", "positive"]

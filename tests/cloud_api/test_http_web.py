@@ -1,9 +1,14 @@
 """The service and browsers, against a real `cloud-api serve`: CORS on /v1 only (predictions
-included), by setting, none by default; /demo off unless enabled, served with a
-strict Content-Security-Policy, its key handed out only when set, never an admin key; a
-clear refusal to start when the page is not built."""
+included), by setting, none by default, a refused preflight logged; /demo off unless enabled,
+served with a strict Content-Security-Policy, its key handed out only when set, never an
+admin key; its content-named assets immutable and sent precompressed; the bundle gzip, with
+its length before compression; a clear refusal to start when the page is not built."""
 
 from __future__ import annotations
+
+import gzip
+import io
+import tarfile
 
 import httpx
 import pytest
@@ -30,6 +35,10 @@ def page_dir(tmp_path_factory):
     (d / "assets").mkdir()
     (d / "assets" / "page.js").write_text("export {};\n")
     (d / "assets" / "ort.wasm").write_bytes(b"\0asm\1\0\0\0")
+    # what the page's build writes beside a file (web_edge/demo/vite.config.ts)
+    (d / "assets" / "ort.wasm.br").write_bytes(b"brotli copy of ort.wasm")
+    (d / "index.html.br").write_bytes(b"brotli copy of index.html")
+    (d / "assets" / "ort.wasm.gz").write_bytes(gzip.compress(b"\0asm\1\0\0\0", mtime=0))
     return d
 
 
@@ -190,3 +199,69 @@ def test_serve_refuses_an_unbuilt_demo_an_admin_demo_key_and_a_bad_origin(tmp_pa
     assert "PRIVBERT_DEMO_KEY is an admin key" in line
     line = _serve_refusal(tmp_path, {"PRIVBERT_CORS_ORIGINS": "https://app.test/path"})
     assert "PRIVBERT_CORS_ORIGINS" in line and "not an origin" in line
+
+
+def test_a_refused_preflight_is_logged_with_origin_method_and_headers(web_server):
+    on = web_server
+    pre = httpx.options(f"{on.url}/v1/models/text/predict", headers={
+        "Origin": OTHER, "Access-Control-Request-Method": "POST",
+        "Access-Control-Request-Headers": "authorization, content-type"})
+    assert pre.status_code == 400
+    refused = [ln for ln in on.log_lines() if ln.get("message", "").startswith("CORS preflight")]
+    assert refused, on.log_tail()
+    last = refused[-1]
+    assert last["level"] == "WARNING" and last["origin"] == OTHER and last["method"] == "POST"
+    assert last["headers"] == "authorization, content-type" and "origin" in last["refused"]
+
+
+def raw(url: str, headers: dict) -> tuple[httpx.Response, bytes]:
+    """The answer and its bytes as they came over the wire (not decoded)."""
+    with httpx.stream("GET", url, headers=headers) as r:
+        return r, b"".join(r.iter_raw())
+
+
+def test_demo_assets_are_immutable_and_sent_precompressed(web_server, page_dir):
+    on = web_server
+    url = f"{on.url}/demo/assets/ort.wasm"
+    r, body = raw(url, {"Accept-Encoding": "gzip, br"})
+    assert r.status_code == 200 and r.headers["content-encoding"] == "br"
+    assert body == (page_dir / "assets" / "ort.wasm.br").read_bytes()
+    assert r.headers["content-type"] == "application/wasm" and r.headers["vary"] == "Accept-Encoding"
+    assert r.headers["cache-control"] == "public, max-age=31536000, immutable"
+    assert r.headers["content-security-policy"].startswith("default-src 'none'")
+    r, body = raw(url, {"Accept-Encoding": "gzip"})
+    assert r.headers["content-encoding"] == "gzip" and gzip.decompress(body) == b"\0asm\1\0\0\0"
+    r, body = raw(url, {"Accept-Encoding": "identity"})
+    assert "content-encoding" not in r.headers and body == b"\0asm\1\0\0\0"
+    assert r.headers["vary"] == "Accept-Encoding"
+    again = httpx.get(url, headers={"Accept-Encoding": "br", "If-None-Match": r.headers["etag"]})
+    assert again.status_code == 200  # the identity file's ETag is not the br copy's
+    r, _ = raw(url, {"Accept-Encoding": "br"})
+    same = httpx.get(url, headers={"Accept-Encoding": "br", "If-None-Match": r.headers["etag"]})
+    assert same.status_code == 304
+    # the page itself is revalidated (and precompressed too); a missing asset is never kept
+    page = httpx.get(f"{on.url}/demo/", headers={"Accept-Encoding": "gzip"})
+    assert page.headers["cache-control"] == "no-cache" and "<title>explorer" in page.text
+    r, body = raw(f"{on.url}/demo/", {"Accept-Encoding": "br"})
+    assert body == b"brotli copy of index.html" and r.headers["content-type"].startswith("text/html")
+    missing = httpx.get(f"{on.url}/demo/assets/nope.js")
+    assert missing.status_code == 404 and "immutable" not in missing.headers.get("cache-control", "")
+
+
+def test_the_bundle_is_sent_gzip_with_its_length_before_compression(web_server,
+                                                                    tiny_bundle_of_home):
+    on = web_server
+    url = f"{on.url}/v1/bundles/{tiny_bundle_of_home.bundle_id}"
+    r, body = raw(url, {**on.headers(), "Accept-Encoding": "gzip", "Origin": ORIGIN})
+    assert r.status_code == 200 and r.headers["content-encoding"] == "gzip", r.headers
+    tar = gzip.decompress(body)
+    assert int(r.headers["x-bundle-bytes"]) == len(tar) > len(body)
+    with tarfile.open(fileobj=io.BytesIO(tar)) as t:
+        assert "bundle.json" in {m.name.split("/")[-1] for m in t.getmembers()}
+    assert r.headers["cache-control"] == "private, max-age=31536000, immutable"
+    assert "Accept-Encoding" in r.headers["vary"]  # and Origin: CORS adds it
+    exposed = {h.strip().lower() for h in r.headers["access-control-expose-headers"].split(",")}
+    assert "x-bundle-bytes" in exposed  # a page's download progress reads it
+    plain, body = raw(url, {**on.headers(), "Accept-Encoding": "identity"})
+    assert "content-encoding" not in plain.headers and body == tar
+    assert int(plain.headers["content-length"]) == len(tar)

@@ -6,6 +6,8 @@ download included), no line of the server's log and no byte of its database hold
 it. Each kind of bad input shows a visible message and sends nothing to predict: empty text,
 text past the model's length, an η past the privacy floor, a device ledger over its cap or
 that cannot be written, a bundle with a flipped bit or cut short, a service that is down.
+The page shows the bundle's download as it goes, says in words what the bundle and the
+highlighted tokens are, and a second visit downloads none of its files again.
 """
 
 from __future__ import annotations
@@ -33,7 +35,7 @@ WEAK_ETA = 1000  # far past the tiny table's privacy floor (about 13)
 OTHER_ETA = 3  # under the floor, and not the model's η (5)
 # empty, too_long, weak_eta and server_down run one after the other on one page (drive.mjs)
 SCENARIOS = ["predict", "other_eta", "empty", "too_long", "weak_eta", "server_down", "over_cap",
-             "ledger_unwritable", "wrong_hash", "truncated", "server_down_at_start"]
+             "ledger_unwritable", "wrong_hash", "truncated", "server_down_at_start", "revisit"]
 
 
 def _missing() -> str | None:
@@ -189,3 +191,30 @@ def test_the_page_draws_no_math_random():
     hits = [f.name for f in files if MATH_RANDOM.search(f.read_text())]
     assert hits == []
     assert MATH_RANDOM.search("const u = Math.random();")  # the check itself can fail
+
+
+def test_the_page_shows_the_download_and_says_what_it_is(report, page_server):
+    first = report["scenarios"]["predict"]["result"]["first"]
+    progress = first["progress"]
+    download = [p for p in progress if p["phase"] == "download"]
+    assert download and download[-1]["loaded"] == download[-1]["total"] > 0, progress
+    phases = [p["phase"] for p in progress]
+    assert phases.index("download") < phases.index("verify") < phases.index("prepare")
+    ready = report["scenarios"]["revisit"]["result"]["firstState"]["status"]
+    assert re.match(r"Ready: the word list of [\d,]+ word pieces is here \([\d.]+ MB downloaded, "
+                    r"checked\) after [\d.]+ s\.$", ready), ready
+    assert "bundle" in first["bundleNote"] and "on your device" in first["bundleNote"]
+    assert "unchanged" in first["legend"] and "sent as you typed it" in first["legend"]
+
+
+def test_a_second_visit_downloads_none_of_the_pages_files(report):
+    res = report["scenarios"]["revisit"]["result"]
+    first = {e["name"]: e for e in res["first"]}
+    second = res["second"]
+    assert any("/v1/bundles/" in n for n in first)  # the first visit downloaded it
+    again = [e for e in second if "/v1/bundles/" in e["name"]]
+    assert not again, (again, report["scenarios"]["revisit"]["console"], res["state"]["status"])
+    assets = [e for e in second if "/demo/assets/" in e["name"]]
+    assert len(assets) >= 3 and all(e["transferSize"] == 0 for e in assets), assets  # immutable
+    assert sum(e["transferSize"] for e in second) <= 100_000, second
+    assert "kept in this browser" in res["state"]["status"]

@@ -188,11 +188,15 @@ globalThis.caches = { async open(name) {
   return stores.get(name);
 } };
 const apiKey = process.env.KEY;
+const progress = [];
+const showProgress = (p) => progress.push(p);
 """
 AFTER = """
 const again = await s.predict(["a sentence typed by the user", "the plot was dull"]);
-console.log(JSON.stringify({ sent, predictions, again: again.sent, guarantee: s.guarantee,
-  status: await s.status(), cached: (await new CacheApiBundleCache().get(s.bundle.bundleId))?.bundleId }));
+const { CacheApiBundleCache } = await import("@privbert/edge");
+console.log(JSON.stringify({ sent, predictions, again: again.sent, guarantee: s.guarantee, progress,
+  labels: s.labels, status: await s.status(),
+  cached: (await new CacheApiBundleCache().get(s.info.bundleId))?.bundleId }));
 await s.close();
 """
 
@@ -217,6 +221,7 @@ def test_the_readme_example_runs_against_a_real_server(server, tmp_path, tiny_bu
 
     block = readme_example()
     assert '"https://api.example"' in block and 'model: "sst2"' in block
+    assert 's.predict("a sentence typed by the user")' in block  # a string: a batch of one
     code = block.replace('"https://api.example"', "process.env.URL").replace('model: "sst2"', 'model: "text"')
     # run from web_edge/, where "@privbert/edge" is the package itself
     p = subprocess.run(["node", "--input-type=module", "-e", PLATFORM + code + AFTER],
@@ -227,6 +232,10 @@ def test_the_readme_example_runs_against_a_real_server(server, tmp_path, tiny_bu
     out = json.loads(p.stdout)
     labels = server.model("text")["labels"]
     assert len(out["predictions"]) == 1 and out["predictions"][0]["label"] in labels
+    assert out["labels"] == labels  # the task's label names
+    download = [p for p in out["progress"] if p["phase"] == "download"]
+    assert download and download[-1]["loaded"] == download[-1]["total"]  # X-Bundle-Bytes
+    assert [p["phase"] for p in out["progress"]][-2:] == ["verify", "prepare"]
     first, (repeat, other) = out["sent"][0], out["again"]
     assert parse_payload(first["payload"]).bundle_id == tiny_bundle_of_home.bundle_id
     assert "sentence" not in first["payload"] and "typed" not in first["payload"]
@@ -239,3 +248,48 @@ def test_the_readme_example_runs_against_a_real_server(server, tmp_path, tiny_bu
     assert out["status"]["spent"] == pytest.approx(want, rel=1e-6)
     assert out["status"]["memoized"] == 2
     assert out["guarantee"]["worst_case"]["epsilon"] == pytest.approx(5.0 * d, rel=1e-6)
+
+
+SESSION = """
+import "fake-indexeddb/auto";
+import { EdgeSession } from "@privbert/edge";
+const [url, key] = [process.env.URL, process.env.KEY];
+const caught = async (f) => { try { await f(); return null; } catch (e) {
+  return { name: e.name, message: e.message, reason: e.reason ?? null, status: e.status ?? null }; } };
+const long = Array(200).fill("good movie").join(" ");
+const s = await EdgeSession.open({ server: url, apiKey: key, model: "text" });
+const refused = await caught(() => s.predict(long));
+const before = await s.status();
+const t = await EdgeSession.open({ server: url, apiKey: key, model: "text", truncate: "first" });
+const cut = await t.predict(long);
+const one = await s.predict("a good film");
+console.log(JSON.stringify({ refused, sendsBefore: before.sends, cut: cut.sent[0].tokens,
+  cutLabel: cut.predictions[0].label, one: one.predictions.length, maxLength: s.info.maxLength,
+  notStrings: await caught(() => s.predict([1, 2])),
+  badTruncate: await caught(() => EdgeSession.open({ server: url, apiKey: key, truncate: "cut" })),
+  wrongKey: await caught(() => EdgeSession.open({ server: url, apiKey: "not-a-key", model: "text" })),
+  noKey: await caught(() => EdgeSession.open({ server: url, model: "text" })) }));
+await s.close();
+await t.close();
+"""
+
+
+def test_a_session_takes_a_string_refuses_a_long_text_and_words_errors_for_a_page(server):
+    """EdgeSession in Node against a real service: a string is a batch of one; a text past
+    the model's length is refused unless truncate is "first" (nothing charged); a wrong or
+    missing key is said in a web developer's words (no CLI flags)."""
+    p = subprocess.run(["node", "--input-type=module", "-e", SESSION], cwd=REPO / "web_edge",
+                       env={"PATH": os.environ["PATH"], "URL": server.url, "KEY": server.app_key},
+                       capture_output=True, text=True, timeout=180)
+    assert p.returncode == 0, p.stderr
+    out = json.loads(p.stdout)
+    assert out["refused"]["name"] == "TextError" and out["refused"]["reason"] == "too_long"
+    assert out["sendsBefore"] == 0  # refused before anything was charged
+    assert out["cut"] == out["maxLength"] - 2 and out["cutLabel"] in server.model("text")["labels"]
+    assert out["one"] == 1
+    assert out["notStrings"]["name"] == "TypeError" and "string" in out["notStrings"]["message"]
+    assert out["badTruncate"]["name"] == "RangeError"
+    for k, hint in (("wrongKey", "does not know this API key"), ("noKey", "no API key was given")):
+        err = out[k]
+        assert err["name"] == "ApiError" and err["status"] == 401 and hint in err["message"], err
+        assert "--api-key" not in err["message"] and "apiKey" in err["message"]

@@ -35,3 +35,12 @@ export class TextError extends RangeError {
     super(`text ${index + 1} ${detail}`);
   }
 }
+
+/** onnxruntime-web's WebAssembly could not be loaded: `url` is the URL tried (null when the
+ * page could not tell, or in Node); the message says what came back and how to fix it. */
+export class RuntimeLoadError extends Error {
+  override name = "RuntimeLoadError";
+  constructor(message: string, readonly url: string | null) {
+    super(message);
+  }
+}

@@ -4,16 +4,20 @@
  */
 
 export { EdgeBundle, type BundleMeta } from "./bundle.js";
-export { PrivbertClient, type BundleCache, type ClientOptions, type ModelInfo } from "./client.js";
+export {
+  BUNDLE_BYTES_HEADER, PrivbertClient, type Audience, type BundleCache, type ClientOptions, type ModelInfo,
+  type Prediction, type Progress, type ProgressCallback,
+} from "./client.js";
 export { DChiEmbedding, DChiText, checkDchiEta } from "./dchi.js";
-export { ApiError, BudgetRefused, BundleError, TextError, WeakPrivacyError } from "./errors.js";
+export { ApiError, BudgetRefused, BundleError, RuntimeLoadError, TextError, WeakPrivacyError } from "./errors.js";
 export { DChiFloor, THRESHOLD, checkDchiFloor, gammaCdf, type FloorCache } from "./floor.js";
 export {
   Ledger, MemoKeys, MemoryLedgerStore, dchiCost, diameter, fits, fmtEps, total,
   type Charged, type Cost, type LedgerState, type LedgerStore, type MemoSetting, type Status,
 } from "./ledger.js";
 export { ExactNearest, type NearestOptions } from "./nearest.js";
-export { warmUp } from "./warm_up.js";
+export { warmUp, type WarmUpOptions } from "./warm_up.js";
+export { WASM_FILE, configureRuntime, type WasmPaths } from "./ort.js";
 export { recordLine, tokenPayloadJson, type FloatDtype } from "./payload.js";
 export { Pcg64Source } from "./pcg64.js";
 export {
@@ -24,5 +28,6 @@ export { sampleDchiNoise, standardGamma, standardNormal } from "./samplers.js";
 export { TextTokenizer } from "./tokenizer.js";
 export { CacheApiBundleCache, IndexedDbFloorCache, IndexedDbLedgerStore } from "./browser_stores.js";
 export { guarantee, summary, type Guarantee } from "./accounting.js";
-export { EdgeSession, type SessionOptions } from "./session.js";
+export { EdgeSession, type Sent, type SessionOptions } from "./session.js";
+export type { EngineInfo } from "./engine.js";
 export { Laplace, OME, SentenceEncoder, bitFlipEpsilon } from "./vector.js";

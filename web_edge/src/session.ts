@@ -3,20 +3,30 @@
  * fetched and verified (and cached), the privatizer at the model's η, the device ledger, and
  * one call that privatizes, charges (before anything is sent) and predicts.
  *
- *     const s = await EdgeSession.open({ server: "https://api.example", apiKey, eta: 65 });
+ *     const s = await EdgeSession.open({ server: "https://api.example", apiKey, onProgress });
  *     const r = await s.predict("a sentence");   // r.sent: the only thing that left the device
+ *     r.predictions[0].label;                      // the task's label name, e.g. "positive"
+ *
+ * With ``worker`` the bundle's verification, the exact search's table, the privacy floor and
+ * every privatization run in that Worker (src/worker.ts); the ledger stays here.
  */
 
 import { guarantee, type Guarantee } from "./accounting.js";
-import type { EdgeBundle } from "./bundle.js";
-import { PrivbertClient, type BundleCache, type ModelInfo } from "./client.js";
+import { CacheApiBundleCache, IndexedDbFloorCache } from "./browser_stores.js";
+import {
+  PrivbertClient, type BundleCache, type ModelInfo, type Prediction, type ProgressCallback,
+} from "./client.js";
+import { openLocal, type Engine, type PlainPrivatizerOptions } from "./engine.js";
 import { TextError } from "./errors.js";
 import type { FloorCache } from "./floor.js";
 import { Ledger, MemoryLedgerStore, type Cost, type LedgerStore, type Status } from "./ledger.js";
-import { Privatizer, nTokens, type TokenizedText } from "./privatizer.js";
+import { configureRuntime, type WasmPaths } from "./ort.js";
+import { nTokens } from "./privatizer.js";
 import type { BitSource } from "./random.js";
+import { RemoteEngine } from "./remote.js";
 
 export interface SessionOptions {
+  /** the service's URL, or your forwarding backend's (which adds the key) */
   server: string;
   apiKey?: string | null;
   /** the served model (default: the only one) */
@@ -25,12 +35,27 @@ export interface SessionOptions {
   eta?: number;
   /** default: the model's */
   mechanism?: string;
+  /** a text past the model's length: "error" (default) refuses it with a TextError, nothing
+   * charged or sent; "first" keeps its first word pieces (edge-agent's --truncate first) */
+  truncate?: "error" | "first";
   ledger?: LedgerStore;
-  bundleCache?: BundleCache | null;
-  floorCache?: FloorCache | null;
+  /** verified bundles between visits: true = the Cache API, or your own; default none */
+  bundleCache?: BundleCache | boolean | null;
+  /** the privacy floor's distances between visits: true = IndexedDB, or your own */
+  floorCache?: FloorCache | boolean | null;
   /** WebAssembly threads of the nearest-token search */
   threads?: number;
   allowWeakPrivacy?: boolean;
+  /** where the page serves onnxruntime-web's WebAssembly (default: beside its script, where
+   * Vite and webpack put it) */
+  wasmPaths?: WasmPaths | null;
+  /** the bundle's download (bytes so far, of total), its verification, the preparation */
+  onProgress?: ProgressCallback | null;
+  /** privatize in this module Worker, whose script imports "@privbert/edge/worker" */
+  worker?: Worker | null;
+  /** seconds per request, and retries (429, 503, a same-origin service out of reach) */
+  timeout?: number;
+  retries?: number;
 }
 
 /** What one privatization sent and cost. */
@@ -44,67 +69,116 @@ export interface Sent {
   cost: Cost | null;
 }
 
+/** A string is a batch of one: the answers are lists either way. */
+function asList(texts: string | string[]): string[] {
+  if (typeof texts === "string") return [texts];
+  if (!Array.isArray(texts) || texts.some((t) => typeof t !== "string")) {
+    throw new TypeError(`texts must be a string or an array of strings, got ${describe(texts)}`);
+  }
+  return texts;
+}
+
+function describe(v: unknown): string {
+  if (Array.isArray(v)) return `an array holding ${describe(v.find((t) => typeof t !== "string"))}`;
+  return v === null ? "null" : typeof v;
+}
+
 export class EdgeSession {
   private constructor(readonly client: PrivbertClient, readonly model: ModelInfo,
-                      readonly bundle: EdgeBundle, readonly privatizer: Privatizer,
-                      readonly ledger: Ledger, readonly diameter: number) {}
+                      private readonly engine: Engine, readonly ledger: Ledger) {}
 
   static async open(o: SessionOptions): Promise<EdgeSession> {
-    const client = new PrivbertClient(o.server, { apiKey: o.apiKey ?? null });
+    const truncate = o.truncate ?? "error";
+    if (truncate !== "error" && truncate !== "first") {
+      throw new RangeError(`truncate must be "error" or "first", got ${JSON.stringify(truncate)}`);
+    }
+    if (o.wasmPaths !== undefined && !o.worker) configureRuntime({ wasmPaths: o.wasmPaths });
+    const client = new PrivbertClient(o.server, { apiKey: o.apiKey ?? null, timeout: o.timeout, retries: o.retries });
     const model = await client.model(o.model ?? null);
-    const { bundle } = await client.bundle(model.bundle_id, o.bundleCache ?? null);
     const mechanism = o.mechanism ?? model.mechanism;
     const token = mechanism === "dchi-text" || mechanism === "dchi-embedding";
-    const limit = token && typeof model.max_length === "number" && model.max_length >= 4
-      ? Math.min(model.max_length, bundle.maxLength) : null;
+    const limit = token && typeof model.max_length === "number" && model.max_length >= 4 ? model.max_length : null;
     const mp = model.params as Record<string, unknown>;
-    const privatizer = await Privatizer.create(bundle, {
+    const options: PlainPrivatizerOptions = {
       mechanism, eta: o.eta ?? Number(mp.eta), epsilon: Number(mp.epsilon), lam: Number(mp.lam),
       calibration: (mp.calibration as "vector" | "coordinate" | undefined) ?? "vector",
-      wordDropout: Number(mp.word_dropout ?? 0), maxLength: limit,
-      floorCache: o.floorCache ?? null, threads: o.threads, allowWeakPrivacy: o.allowWeakPrivacy,
-    });
-    return new EdgeSession(client, model, bundle, privatizer, new Ledger(o.ledger ?? new MemoryLedgerStore()),
-      2 * bundle.regularMaxNorm); // ledger.diameter
+      wordDropout: Number(mp.word_dropout ?? 0), maxLength: limit, truncate,
+      threads: o.threads, allowWeakPrivacy: o.allowWeakPrivacy,
+    };
+    let engine: Engine;
+    if (o.worker) {
+      for (const [k, v] of [["bundleCache", o.bundleCache], ["floorCache", o.floorCache]] as const) {
+        if (v !== undefined && v !== null && typeof v !== "boolean") {
+          throw new RangeError(`${k}: a session in a Worker keeps the browser's own caches; pass true or false, not an object`);
+        }
+      }
+      engine = await RemoteEngine.open(o.worker, {
+        server: client.baseUrl, apiKey: o.apiKey ?? null,
+        client: { timeout: o.timeout, retries: o.retries }, bundleId: model.bundle_id, options,
+        bundleCache: o.bundleCache === true, floorCache: o.floorCache === true,
+        wasmPaths: absolute(o.wasmPaths ?? null),
+      }, o.onProgress);
+    } else {
+      engine = await openLocal(client, model.bundle_id, {
+        ...options,
+        bundleCache: o.bundleCache === true ? new CacheApiBundleCache() : o.bundleCache || null,
+        floorCache: o.floorCache === true ? new IndexedDbFloorCache() : o.floorCache || null,
+        onProgress: o.onProgress,
+      });
+    }
+    return new EdgeSession(client, model, engine, new Ledger(o.ledger ?? new MemoryLedgerStore()));
+  }
+
+  /** The mechanism, its parameters, the bundle, the length limit: what payloads are made with. */
+  get info(): Engine["info"] {
+    return this.engine.info;
+  }
+
+  /** The task's label names (what predictions' `label` is one of). */
+  get labels(): string[] {
+    return Array.isArray(this.model.labels) ? [...this.model.labels] : [];
   }
 
   /** The published and worst-case guarantee (dχ: per token; laplace, ome: per sentence). */
   get guarantee(): Guarantee | { mechanism: string; params: Record<string, number | string>; worst_case: { epsilon: number } } {
-    const p = this.privatizer;
-    if (p.name === "dchi-text" || p.name === "dchi-embedding") {
-      return guarantee(p.name, Number(p.params.eta), this.diameter, this.bundle.dim);
+    const i = this.engine.info;
+    if (i.name === "dchi-text" || i.name === "dchi-embedding") {
+      return guarantee(i.name, Number(i.params.eta), i.diameter, i.dim);
     }
-    return { mechanism: p.name, params: p.params, worst_case: { epsilon: p.cost({ idsA: [], idsB: null, nBefore: 0 }).epsilon! } };
+    return { mechanism: i.name, params: i.params, worst_case: { epsilon: i.vectorEpsilon! } };
   }
 
-  /** Privatize ``texts`` and charge the ledger (BudgetRefused before anything is sent). */
-  async privatize(texts: string[], source?: BitSource | null): Promise<Sent[]> {
-    const items = this.privatizer.tokenize(texts) as TokenizedText[];
-    const data = await this.privatizer.privatizeData(items, source);
-    const fresh = this.privatizer.payloads(items, data);
-    const p = this.privatizer;
-    const keys = await this.ledger.memoKeys({ mechanism: p.name, params: p.params, bundle_id: this.bundle.bundleId });
+  /**
+   * Privatize ``texts`` (a string, or an array of them) and charge the ledger (BudgetRefused
+   * before anything is sent). A text past the model's length is a TextError unless the session
+   * was opened with ``truncate: "first"``; an empty text is a TextError.
+   */
+  async privatize(texts: string | string[], source?: BitSource | null): Promise<Sent[]> {
+    const list = asList(texts);
+    const { items, payloads: fresh, costs } = await this.engine.privatize(list, source);
+    const info = this.engine.info;
+    const keys = await this.ledger.memoKeys({ mechanism: info.name, params: info.params, bundle_id: info.bundleId });
     const memo = await Promise.all(items.map((it) => keys.keyOf(it.idsA, it.idsB)));
-    const costs = items.map((it) => p.cost(it));
     const charged = await this.ledger.charge(costs, fresh, memo,
-      { mechanism: p.name, params: p.params, bundleId: this.bundle.bundleId });
+      { mechanism: info.name, params: info.params, bundleId: info.bundleId });
+    const texts_ = info.name === "dchi-text"
+      ? await this.engine.decode(charged.payloads.map((p) => decodeIds(JSON.parse(p).token_ids.data as string)))
+      : null;
     const seen = new Set<string>();
     return charged.payloads.map((payload, i) => {
       const first = payload === fresh[i] && !seen.has(memo[i]!);
       seen.add(memo[i]!);
-      let text: string | null = null;
-      if (p.name === "dchi-text") {
-        const ids = JSON.parse(payload).token_ids.data as string;
-        text = p.tokenizer.decode(decodeIds(ids));
-      }
-      return { payload, privatizedText: text, tokens: nTokens(items[i]!), cost: first ? costs[i]! : null };
+      return { payload, privatizedText: texts_?.[i] ?? null, tokens: nTokens(items[i]!), cost: first ? costs[i]! : null };
     });
   }
 
-  /** Privatize, charge, then ask the model: the prediction for each text. */
-  async predict(texts: string[], source?: BitSource | null): Promise<{ sent: Sent[]; predictions: { label: string; scores: Record<string, number> }[] }> {
-    if (texts.some((t) => t.trim() === "")) throw new TextError(texts.findIndex((t) => t.trim() === ""), "empty", "has no tokens");
-    const sent = await this.privatize(texts, source);
+  /** Privatize, charge, then ask the model: the prediction for each text (its label is the
+   * task's label name). */
+  async predict(texts: string | string[], source?: BitSource | null): Promise<{ sent: Sent[]; predictions: Prediction[] }> {
+    const list = asList(texts);
+    const empty = list.findIndex((t) => t.trim() === "");
+    if (empty >= 0) throw new TextError(empty, "empty", "has no tokens");
+    const sent = await this.privatize(list, source);
     const predictions = await this.client.predict(this.model.id, sent.map((s) => s.payload));
     return { sent, predictions };
   }
@@ -114,8 +188,17 @@ export class EdgeSession {
   }
 
   async close(): Promise<void> {
-    await this.privatizer.release();
+    await this.engine.close();
   }
+}
+
+/** wasmPaths as absolute URLs: a Worker resolves relative ones against its own script. */
+function absolute(p: WasmPaths | null): WasmPaths | null {
+  const base = globalThis.location?.href;
+  if (p === null || base === undefined) return p;
+  if (typeof p === "string") return new URL(p, base).href;
+  return { ...(p.wasm !== undefined ? { wasm: new URL(String(p.wasm), base).href } : {}),
+    ...(p.mjs !== undefined ? { mjs: new URL(String(p.mjs), base).href } : {}) };
 }
 
 function decodeIds(b64: string): number[] {

@@ -10,7 +10,8 @@
 import {
   ApiError, BudgetRefused, BundleError, CacheApiBundleCache, CryptoSource, DChiText, IndexedDbFloorCache,
   IndexedDbLedgerStore, Ledger, PrivbertClient, Privatizer, TextError, WeakPrivacyError, dchiCost,
-  nTokens, warmUp, type BundleCache, type EdgeBundle, type FloorCache, type ModelInfo, type Status, type TokenizedText,
+  nTokens, warmUp, type BundleCache, type EdgeBundle, type FloorCache, type ModelInfo, type ProgressCallback,
+  type Status, type TokenizedText,
 } from "@privbert/edge";
 
 /** Regular tokens the inversion rate is measured on (its standard error is at most 3.1%). */
@@ -110,9 +111,10 @@ export class Edge {
   }
 
   /** The model's bundle (verified, cached) and the privatizer at the model's η. */
-  static async open(client: PrivbertClient, model: ModelInfo): Promise<Edge> {
+  static async open(client: PrivbertClient, model: ModelInfo, onProgress?: ProgressCallback): Promise<Edge> {
     const t0 = performance.now();
-    const { bundle, fetched } = await client.bundle(model.bundle_id, OPTIONAL_BUNDLE_CACHE);
+    const { bundle, fetched } = await client.bundle(model.bundle_id, OPTIONAL_BUNDLE_CACHE, onProgress);
+    onProgress?.({ phase: "prepare", loaded: 0, total: null });
     const t1 = performance.now();
     const limit = typeof model.max_length === "number" && model.max_length >= 4
       ? Math.min(model.max_length, bundle.maxLength) : bundle.maxLength;

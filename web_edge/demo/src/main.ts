@@ -5,7 +5,7 @@
  * send) and shows what happened, or one visible message and nothing sent.
  */
 
-import { guarantee, summary, type ModelInfo, type PrivbertClient } from "@privbert/edge";
+import { guarantee, summary, type ModelInfo, type PrivbertClient, type Progress } from "@privbert/edge";
 
 import { readConfig } from "./api.js";
 import { Edge, explain, type Privatized } from "./edge.js";
@@ -27,6 +27,8 @@ const ui = {
   go: $<HTMLButtonElement>("go"),
   preview: $<HTMLButtonElement>("preview"),
   status: $("status"),
+  progress: $<HTMLProgressElement>("progress"),
+  bundleNote: $("bundle-note"),
   error: $("error"),
   sentNote: $("sent-note"),
   tokens: $<HTMLOListElement>("tokens"),
@@ -108,18 +110,57 @@ async function selectModel(t0: number = performance.now()): Promise<void> {
   if (!m) return;
   ui.go.disabled = ui.preview.disabled = true;
   setEta(Number(m.params.eta));
-  status(`fetching bundle ${m.bundle_id.slice(0, 12)}… and checking its SHA-256`);
+  status("downloading the word list…");
   const previous = edge;
   edge = null;
   await previous?.close();
-  edge = await Edge.open(client, m);
-  status(`bundle ${m.bundle_id.slice(0, 12)}… verified (${edge.vocabSize.toLocaleString("en-US")} tokens × ${edge.dim}), ` +
-    `loaded in ${Math.round(performance.now() - t0)} ms`);
+  let bytes: number | null = null;
+  try {
+    edge = await Edge.open(client, m, (p) => {
+      showProgress(p);
+      if (p.phase === "download") bytes = p.total ?? p.loaded;
+    });
+  } finally {
+    ui.progress.hidden = true;
+  }
+  const size = bytes === null ? "kept in this browser from an earlier visit" : `${mb(bytes)} downloaded`;
+  status(`Ready: the word list of ${edge.vocabSize.toLocaleString("en-US")} word pieces is here (${size}, ` +
+    `checked) after ${((performance.now() - t0) / 1000).toFixed(1)} s.`);
+  ui.bundleNote.title = `bundle ${m.bundle_id} (${edge.vocabSize} × ${edge.dim}, SHA-256 of every file checked)`;
   document.body.dataset.bundleMs = String(performance.now() - t0);
   // when the page's script started (ms after navigation), then the phases of opening
   document.body.dataset.phases = JSON.stringify({ scriptMs: t0, ...edge.phases });
   ui.go.disabled = ui.preview.disabled = false;
   await showLedger();
+}
+
+function mb(bytes: number): string {
+  return `${(bytes / 1e6).toFixed(bytes < 1e7 ? 1 : 0)} MB`;
+}
+
+const progressLog: (Progress & { at: number })[] = [];
+
+/** The opening's progress: the download (of its total when the service says), the check,
+ * the preparation of the search. */
+function showProgress(p: Progress): void {
+  ui.progress.hidden = false;
+  if (p.phase === "download") {
+    if (p.total) {
+      ui.progress.value = p.loaded / p.total;
+      status(`downloading the word list: ${mb(p.loaded)} of ${mb(p.total)} (${Math.floor((100 * p.loaded) / p.total)}%)`);
+    } else {
+      ui.progress.removeAttribute("value");
+      status(`downloading the word list: ${mb(p.loaded)}`);
+    }
+  } else if (p.phase === "verify") {
+    ui.progress.removeAttribute("value");
+    status(p.cached ? "checking the word list kept in this browser…" : "checking the word list against its fingerprint…");
+  } else {
+    ui.progress.removeAttribute("value");
+    status("preparing the search for nearby word pieces…");
+  }
+  progressLog.push({ ...p, at: Math.round(performance.now()) });
+  document.body.dataset.progress = JSON.stringify(progressLog);  // for the browser test
 }
 
 function setEta(v: number): void {

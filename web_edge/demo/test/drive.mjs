@@ -13,9 +13,8 @@ import { chromium } from "playwright-core";
 const CHROMIUM = process.env.PRIVBERT_CHROMIUM || "/usr/bin/chromium";
 const FLAGS = ["--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
   "--disable-background-networking", "--disable-component-update", "--disable-sync"];
-const TIMEOUT = 60_000;
-
 const args = JSON.parse(process.argv[2]);
+const TIMEOUT = args.timeout ?? 60_000;
 const report = { scenarios: {} };
 
 // one browser (its own fresh --user-data-dir, made and removed by playwright), a new
@@ -98,7 +97,32 @@ async function state(page) {
       remaining: await text(page, "ledger-remaining"), sends: await text(page, "ledger-sends") },
     privatizeMs: Number(await page.evaluate(() => document.body.dataset.privatizeMs)),
     keyFieldShown: await page.locator("#key").isVisible(),
+    progress: JSON.parse(await page.evaluate(() => document.body.dataset.progress || "[]")),
+    legend: await text(page, "legend"), bundleNote: await text(page, "bundle-note"),
   };
+}
+
+/** Wait until the page has stored a bundle of at least ``bytes`` in the Cache API (it does
+ * so in the background once it is ready). Polled here: waitForFunction would take the
+ * predicate's promise itself for a true value. */
+async function bundleCached(page, bytes) {
+  const deadline = Date.now() + TIMEOUT;
+  for (;;) {
+    const size = await page.evaluate(async () => {
+      const c = await caches.open("privbert-bundles");
+      const [k] = await c.keys();
+      return k === undefined ? 0 : (await (await c.match(k)).arrayBuffer()).byteLength;
+    });
+    if (size >= bytes) return;
+    if (Date.now() > deadline) throw new Error(`the page did not store the bundle in the Cache API in ${TIMEOUT} ms`);
+    await new Promise((r) => setTimeout(r, 200));
+  }
+}
+
+/** What this visit transferred (Resource Timing: 0 for a file from the HTTP cache). */
+async function transferred(page) {
+  return page.evaluate(() => [...performance.getEntriesByType("navigation"), ...performance.getEntriesByType("resource")]
+    .map((e) => ({ name: e.name, transferSize: e.transferSize, decodedBodySize: e.decodedBodySize })));
 }
 
 const SCENARIOS = {
@@ -113,6 +137,19 @@ const SCENARIOS = {
     first.guaranteeNotes = await p.page.locator("#guarantee-notes li").allTextContents();
     await click(p.page, "go");
     return { first, repeat: await state(p.page) };
+  },
+  // the page opened twice in one profile: the second visit downloads nothing it had
+  async revisit(p) {
+    await ready(p.page);
+    const firstState = await state(p.page);
+    const first = await transferred(p.page);
+    // the page keeps the bundle in the Cache API once it is ready (in the background): wait
+    // until the whole of it is there
+    await bundleCached(p.page, first.find((e) => e.name.includes("/v1/bundles/"))?.decodedBodySize ?? 1);
+    await p.page.goto("about:blank");
+    opened.delete(p.page);
+    await ready(p.page);
+    return { first, firstState, second: await transferred(p.page), state: await state(p.page) };
   },
   async empty(p) {
     await ready(p.page);
@@ -223,6 +260,62 @@ const SCENARIOS = {
       phases: JSON.parse(await p.page.evaluate(() => document.body.dataset.phases || "{}")) };
   },
 };
+
+/**
+ * bench: two visits of one profile under Chromium's own network and CPU emulation (CDP
+ * Network.emulateNetworkConditions, Emulation.setCPUThrottlingRate); for each, the time from
+ * navigation to the first privatized tokens on screen and every request before them, as
+ * transferred (Network.loadingFinished's encodedDataLength: headers and body as they came
+ * over the wire; 0 for a file from the HTTP cache). The second visit is the same profile
+ * (its HTTP cache, Cache API and IndexedDB kept) once the page has stored the bundle.
+ */
+async function visits(p) {
+  const cdp = await p.ctx.newCDPSession(p.page);
+  await cdp.send("Network.enable");
+  const net = args.network;
+  if (net) {
+    await cdp.send("Network.emulateNetworkConditions", { offline: false, latency: net.latencyMs,
+      downloadThroughput: net.downMbps * 1e6 / 8, uploadThroughput: net.upMbps * 1e6 / 8 });
+  }
+  if (args.cpuSlowdown) await cdp.send("Emulation.setCPUThrottlingRate", { rate: args.cpuSlowdown });
+  let log = new Map();
+  cdp.on("Network.requestWillBeSent", (e) => log.set(e.requestId, { url: e.request.url, bytes: 0, fromCache: false }));
+  cdp.on("Network.requestServedFromCache", (e) => { const r = log.get(e.requestId); if (r) r.fromCache = true; });
+  cdp.on("Network.responseReceived", (e) => {
+    const r = log.get(e.requestId);
+    if (!r) return;
+    const h = Object.fromEntries(Object.entries(e.response.headers).map(([k, v]) => [k.toLowerCase(), v]));
+    Object.assign(r, { status: e.response.status, encoding: h["content-encoding"] ?? null,
+      fromCache: r.fromCache || Boolean(e.response.fromDiskCache), cacheControl: h["cache-control"] ?? null });
+  });
+  cdp.on("Network.loadingFinished", (e) => { const r = log.get(e.requestId); if (r) r.bytes = e.encodedDataLength; });
+  cdp.on("Network.loadingFailed", (e) => { const r = log.get(e.requestId); if (r) r.failed = e.errorText; });
+  const one = async () => {
+    log = new Map();
+    opened.delete(p.page);
+    const t0 = Date.now();
+    await p.page.goto(args.url);
+    await p.page.waitForFunction(() => !document.querySelector("#preview").disabled
+      || !document.querySelector("#error").hidden);
+    const readyMs = Date.now() - t0;
+    await p.page.fill("#text", args.sentence);
+    await click(p.page, "preview");
+    const firstMs = Date.now() - t0;
+    const st = await state(p.page);
+    const requests = [...log.values()];
+    return { readyMs, firstMs, error: st.error, privatizeMs: st.privatizeMs, status: st.status, requests };
+  };
+  const first = await one();
+  const warm = [];
+  for (let i = 0; i < (args.repeats ?? 20); i++) {
+    await click(p.page, "preview");
+    warm.push((await state(p.page)).privatizeMs);
+  }
+  await bundleCached(p.page, 1);
+  const second = await one();
+  return { first, second, warm };
+}
+SCENARIOS.visits = visits;
 
 // IndexedDB that cannot be opened, as in a browser that refuses storage to the page
 const NO_INDEXEDDB = () => {

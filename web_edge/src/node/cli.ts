@@ -380,7 +380,8 @@ async function runPrivatize(positionals: string[], v: Values): Promise<number> {
   if (v.server) {
     try {
       client = new PrivbertClient(v.server, { apiKey: v["api-key"] ?? process.env.PRIVBERT_API_KEY ?? null,
-        timeout: num("timeout", v.timeout) ?? 30, retries: num("retries", v.retries, true) ?? 5, batchSize: o.postBatch });
+        timeout: num("timeout", v.timeout) ?? 30, retries: num("retries", v.retries, true) ?? 5, batchSize: o.postBatch,
+        audience: "cli" });
     } catch (exc) {
       throw new UsageError((exc as Error).message);
     }

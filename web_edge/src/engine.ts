@@ -1,0 +1,97 @@
+/**
+ * The privatizing side of an {@link EdgeSession}: the verified bundle and a privatizer, in the
+ * page's thread ({@link LocalEngine}) or in a Worker (`RemoteEngine`, src/remote.ts, talking to
+ * src/worker.ts). Either gives the session the same things: for each text its word-piece ids
+ * (the device ledger's memo key is made from them), its payload JSON and its cost; the raw
+ * text never leaves the page (a Worker is part of it).
+ */
+
+import type { EdgeBundle } from "./bundle.js";
+import type { BundleCache, PrivbertClient, ProgressCallback } from "./client.js";
+import type { FloorCache } from "./floor.js";
+import type { Cost } from "./ledger.js";
+import { loadOrt } from "./ort.js";
+import { Privatizer, type PrivatizerOptions, type TokenizedText } from "./privatizer.js";
+import type { BitSource } from "./random.js";
+
+/** What the session needs to know of the privatizer and its bundle. */
+export interface EngineInfo {
+  name: string;
+  params: Record<string, number | string>;
+  bundleId: string;
+  dim: number;
+  vocabSize: number;
+  /** the model's length limit in word pieces, [CLS]/[SEP] included */
+  maxLength: number;
+  truncate: "first" | "error";
+  /** D = 2 max‖φ‖ over the regular tokens (ledger.diameter) */
+  diameter: number;
+  /** the bundle was downloaded (false: from the cache) */
+  fetched: boolean;
+  /** laplace, ome: the worst-case ε of one payload (null for the dχ mechanisms) */
+  vectorEpsilon: number | null;
+}
+
+/** Texts privatized: per text its tokenized form, payload JSON and cost (not yet charged). */
+export interface EngineOutput {
+  items: TokenizedText[];
+  payloads: string[];
+  costs: Cost[];
+}
+
+export interface Engine {
+  readonly info: EngineInfo;
+  privatize(texts: string[], source?: BitSource | null): Promise<EngineOutput>;
+  /** the text of privatized token ids (dchi-text payloads), one string per list */
+  decode(ids: number[][]): Promise<string[]>;
+  close(): Promise<void>;
+}
+
+/** The privatizer options that travel to a Worker (no objects, no functions). */
+export type PlainPrivatizerOptions = Omit<PrivatizerOptions, "floorCache">;
+
+/** Open the model's bundle (cache, or download and verify) and a privatizer on it. */
+export async function openLocal(client: PrivbertClient, bundleId: string, options: PlainPrivatizerOptions & {
+  bundleCache: BundleCache | null; floorCache: FloorCache | null; onProgress?: ProgressCallback | null;
+}): Promise<LocalEngine> {
+  // onnxruntime-web starts while the bundle downloads; a WebAssembly that cannot be loaded
+  // fails the session here, with its URL, not at the first privatization
+  const [{ bundle, fetched }] = await Promise.all([
+    client.bundle(bundleId, options.bundleCache, options.onProgress ?? null),
+    loadOrt(options.threads ?? 1),
+  ]);
+  options.onProgress?.({ phase: "prepare", loaded: 0, total: null });
+  const { bundleCache: _b, onProgress: _p, ...rest } = options;
+  // the model's limit, within the bundle's (null: the bundle's, or the encoder's)
+  const maxLength = rest.maxLength == null ? null : Math.min(rest.maxLength, bundle.maxLength);
+  const privatizer = await Privatizer.create(bundle, { ...rest, maxLength });
+  return new LocalEngine(bundle, privatizer, fetched);
+}
+
+/** The engine in this thread. */
+export class LocalEngine implements Engine {
+  readonly info: EngineInfo;
+
+  constructor(readonly bundle: EdgeBundle, readonly privatizer: Privatizer, fetched: boolean) {
+    const p = privatizer;
+    this.info = { name: p.name, params: p.params, bundleId: bundle.bundleId, dim: bundle.dim,
+      vocabSize: bundle.vocabSize, maxLength: p.maxLength, truncate: p.truncate,
+      diameter: 2 * bundle.regularMaxNorm, fetched,
+      vectorEpsilon: p.isVector ? p.cost({ idsA: [], idsB: null, nBefore: 0 }).epsilon : null };
+  }
+
+  async privatize(texts: string[], source?: BitSource | null): Promise<EngineOutput> {
+    const p = this.privatizer;
+    const items = p.tokenize(texts) as TokenizedText[];
+    const data = await p.privatizeData(items, source);
+    return { items, payloads: p.payloads(items, data), costs: items.map((it) => p.cost(it)) };
+  }
+
+  async decode(ids: number[][]): Promise<string[]> {
+    return ids.map((x) => this.privatizer.tokenizer.decode(x));
+  }
+
+  async close(): Promise<void> {
+    await this.privatizer.release();
+  }
+}
