@@ -52,7 +52,9 @@ test("401 and 403 in a web developer's words; the CLI keeps its flags", async ()
     && /privacy budget this key, or this device, has on the service is spent/.test(e.message) && /PUT \/admin\/budgets/.test(e.message));
   const cli = new PrivbertClient(base, { apiKey: "wrong", retries: 0, audience: "cli" });
   await assert.rejects(cli.models(), /check --api-key or \$PRIVBERT_API_KEY/);
-  await assert.rejects(cli.predict("m", ["{}"]), /this key may not use that endpoint/);
+  // the CLI's words for a spent budget are edge-agent's: what remains, never "may not use"
+  await assert.rejects(cli.predict("m", ["{}"]), (e) => /its admin sets the cap/.test(e.message)
+    && !/may not use/.test(e.message));
 });
 
 function asPage(origin, fn) {
