@@ -106,7 +106,7 @@ function argmin(x: Float32Array, from: number, to: number): number {
 }
 
 /** ‖y[yo ..] − t[to ..]‖² over ``dim`` coordinates, in float64. */
-function sqDist(y: Float64Array, yo: number, t: Float32Array, to: number, dim: number): number {
+export function sqDist(y: Float64Array, yo: number, t: Float32Array, to: number, dim: number): number {
   let d = 0;
   for (let k = 0; k < dim; k++) {
     const diff = y[yo + k]! - t[to + k]!;
@@ -300,9 +300,11 @@ export class Int8CandidatePass {
 
   /**
    * Nearest rows of the float64 queries ``y`` (m × dim, one chunk) into ``out`` (−1 where the
-   * query must take the float32 pass); returns how many were decided in float64.
+   * query must take the float32 pass); returns how many were decided in float64. With
+   * ``exclude``, query i never gets row ``exclude[i]``: its score is set to +∞ before the
+   * threshold is drawn, so the bound of step 5 is the one of the table without that row.
    */
-  async searchChunk(y: Float64Array, m: number, out: Int32Array): Promise<number> {
+  async searchChunk(y: Float64Array, m: number, out: Int32Array, exclude: Int32Array | null = null): Promise<number> {
     const dim = this.dim;
     out.fill(-1, 0, m);
     let top = 0;
@@ -343,7 +345,9 @@ export class Int8CandidatePass {
     for (let i = 0; i < m; i++) {
       first[i] = nc;
       const off = i * padded;
+      if (exclude !== null && exclude[i]! >= 0) o[off + exclude[i]!] = Infinity;
       const k = argmin(o, off, off + rows) - off;
+      if (!Number.isFinite(o[off + k]!)) continue; // no other row: the float32 pass says so
       const ok = o[off + k]!;
       const rk = this.pairBound(en[i]!, yn[i]!, k);
       const thr32 = nextUpF32(ok + this.delta[k]! + rk + bigM

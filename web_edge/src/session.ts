@@ -1,7 +1,8 @@
 /**
  * A privatizing session against one served model, for a page or a script: the model's bundle
- * fetched and verified (and cached), the privatizer at the model's η, the device ledger, and
- * one call that privatizes, charges (before anything is sent) and predicts.
+ * checked against this device's pin (./pins.ts), fetched and verified (and cached), the
+ * privatizer at the model's η (checked against the privacy floor, measured afresh), the device
+ * ledger, and one call that privatizes, charges (before anything is sent) and predicts.
  *
  *     const s = await EdgeSession.open({ server: "https://api.example", apiKey, eta: 65 });
  *     const r = await s.predict("a sentence");   // r.sent: the only thing that left the device
@@ -11,9 +12,10 @@ import { guarantee, type Guarantee } from "./accounting.js";
 import type { EdgeBundle } from "./bundle.js";
 import { PrivbertClient, type BundleCache, type ModelInfo } from "./client.js";
 import { TextError } from "./errors.js";
-import type { FloorCache } from "./floor.js";
+import { IndexedDbPinStore } from "./browser_stores.js";
 import { Ledger, MemoryLedgerStore, type Cost, type LedgerStore, type Status } from "./ledger.js";
 import { Privatizer, nTokens, type TokenizedText } from "./privatizer.js";
+import { MemoryPinStore, parseIds, pinnedBundle, type PinStore } from "./pins.js";
 import type { BitSource } from "./random.js";
 
 export interface SessionOptions {
@@ -27,7 +29,14 @@ export interface SessionOptions {
   mechanism?: string;
   ledger?: LedgerStore;
   bundleCache?: BundleCache | null;
-  floorCache?: FloorCache | null;
+  /** the bundle pins (default: IndexedDB where the page has it, else this process's memory) */
+  pins?: PinStore | null;
+  /** bundle ids the user accepts for the model in place of the one this device pinned */
+  acceptBundle?: string | readonly string[] | null;
+  /** if any: the only bundle ids this app uses (any other is refused) */
+  trustedBundles?: string | readonly string[] | null;
+  /** what the privacy floor's check draws from: OS entropy unless given (tests only) */
+  floorSource?: BitSource | null;
   /** WebAssembly threads of the nearest-token search */
   threads?: number;
   allowWeakPrivacy?: boolean;
@@ -51,8 +60,11 @@ export class EdgeSession {
 
   static async open(o: SessionOptions): Promise<EdgeSession> {
     const client = new PrivbertClient(o.server, { apiKey: o.apiKey ?? null });
+    const accept = parseIds(o.acceptBundle, "acceptBundle");
+    const trusted = parseIds(o.trustedBundles, "trustedBundles");
     const model = await client.model(o.model ?? null);
-    const { bundle } = await client.bundle(model.bundle_id, o.bundleCache ?? null);
+    const pins = o.pins ?? (globalThis.indexedDB ? new IndexedDbPinStore() : new MemoryPinStore());
+    const { bundle } = await pinnedBundle(client, o.server, model, o.bundleCache ?? null, pins, { accept, trusted });
     const mechanism = o.mechanism ?? model.mechanism;
     const token = mechanism === "dchi-text" || mechanism === "dchi-embedding";
     const limit = token && typeof model.max_length === "number" && model.max_length >= 4
@@ -62,17 +74,17 @@ export class EdgeSession {
       mechanism, eta: o.eta ?? Number(mp.eta), epsilon: Number(mp.epsilon), lam: Number(mp.lam),
       calibration: (mp.calibration as "vector" | "coordinate" | undefined) ?? "vector",
       wordDropout: Number(mp.word_dropout ?? 0), maxLength: limit,
-      floorCache: o.floorCache ?? null, threads: o.threads, allowWeakPrivacy: o.allowWeakPrivacy,
+      floorSource: o.floorSource ?? null, threads: o.threads, allowWeakPrivacy: o.allowWeakPrivacy,
     });
     return new EdgeSession(client, model, bundle, privatizer, new Ledger(o.ledger ?? new MemoryLedgerStore()),
-      2 * bundle.regularMaxNorm); // ledger.diameter
+      2 * bundle.regularMaxNorm); // ledger.diameter (of the privatization table)
   }
 
   /** The published and worst-case guarantee (dχ: per token; laplace, ome: per sentence). */
   get guarantee(): Guarantee | { mechanism: string; params: Record<string, number | string>; worst_case: { epsilon: number } } {
     const p = this.privatizer;
     if (p.name === "dchi-text" || p.name === "dchi-embedding") {
-      return guarantee(p.name, Number(p.params.eta), this.diameter, this.bundle.dim);
+      return guarantee(p.name, Number(p.params.eta), this.diameter, this.bundle.tableDim);
     }
     return { mechanism: p.name, params: p.params, worst_case: { epsilon: p.cost({ idsA: [], idsB: null, nBefore: 0 }).epsilon! } };
   }
