@@ -30,8 +30,10 @@ import { DChiFloor } from "./floor_estimate.js";
 import type { ExactNearest, NearestOptions } from "./nearest.js";
 import { resolveSource, type BitSource } from "./random.js";
 import { choiceWithoutReplacement } from "./samplers.js";
+import { identicalRows, nearDuplicates } from "./table_checks.js";
 
 export { DChiFloor, gammaCdf } from "./floor_estimate.js";
+export { DUPLICATE_SAMPLE, NEAR_DUPLICATE } from "./table_checks.js";
 
 export const THRESHOLD = 0.97;
 /** tokens privatized per step of the direct measurement */
@@ -40,10 +42,6 @@ export const MEASURE_BATCH = 128;
 export const MEASURE_MAX = 2048;
 /** the Wilson interval's z: a wrong early decision has probability < 1e-6 */
 export const MEASURE_Z = 5.0;
-/** rows nearer than this share of the median nearest-row distance are near-duplicates */
-export const NEAR_DUPLICATE = 1e-3;
-/** rows whose nearest other row is measured (drawn afresh at each check) */
-export const DUPLICATE_SAMPLE = 256;
 /** (token, direction) pairs of the estimate a refusal quotes */
 export const ESTIMATE_TOKENS = 256;
 const F32_MAX = 3.4028234663852886e38;
@@ -77,80 +75,9 @@ function pct(p: number): string {
 }
 
 const thousands = (n: number): string => n.toLocaleString("en-US");
-
 // -- the table itself ----------------------------------------------------------------------------
 /** Identical regular rows, per verified bundle (its content cannot change; nothing persists). */
 const IDENTICAL = new WeakMap<EdgeBundle, string | null>();
-
-/** Why the regular rows hold non-finite values or identical rows (bit for bit, as numpy's
- * unique over their bytes), else null. */
-function identicalRows(bundle: EdgeBundle): string | null {
-  const t = bundle.regularTable;
-  const n = bundle.regularIds.length;
-  const dim = bundle.tableDim;
-  for (const x of t) if (!Number.isFinite(x)) return "its table has non-finite values";
-  const bits = new Uint32Array(t.buffer, t.byteOffset, t.length);
-  const hash = (v: number): number => {
-    let h = 0x811c9dc5;
-    for (let k = v * dim; k < (v + 1) * dim; k++) h = Math.imul(h ^ bits[k]!, 0x01000193);
-    return h >>> 0;
-  };
-  const same = (a: number, b: number): boolean => {
-    for (let k = 0; k < dim; k++) if (bits[a * dim + k] !== bits[b * dim + k]) return false;
-    return true;
-  };
-  const buckets = new Map<number, number[][]>(); // hash -> groups of equal rows
-  for (let v = 0; v < n; v++) {
-    const h = hash(v);
-    const groups = buckets.get(h);
-    if (groups === undefined) {
-      buckets.set(h, [[v]]);
-      continue;
-    }
-    const g = groups.find((x) => same(x[0]!, v));
-    if (g) g.push(v);
-    else groups.push([v]);
-  }
-  let rows = 0;
-  let tokens = 0;
-  for (const groups of buckets.values()) {
-    for (const g of groups) {
-      if (g.length > 1) {
-        rows++;
-        tokens += g.length;
-      }
-    }
-  }
-  if (rows === 0) return null;
-  return `${tokens} of its ${thousands(n)} regular tokens share ${thousands(rows)} rows `
-    + "(identical rows: the search can never return some of them)";
-}
-
-function median(x: Float64Array): number {
-  const s = Float64Array.from(x).sort();
-  const m = s.length;
-  return m % 2 ? s[(m - 1) / 2]! : (s[m / 2 - 1]! + s[m / 2]!) / 2;
-}
-
-/** Regular rows nearer to another than {@link NEAR_DUPLICATE} of the median nearest-row
- * distance, among {@link DUPLICATE_SAMPLE} drawn from ``source`` (their nearest other row by
- * the exact search ``index`` over the regular table). */
-async function nearDuplicates(bundle: EdgeBundle, index: ExactNearest, source: BitSource): Promise<string | null> {
-  const reg = bundle.regularIds.length;
-  const n = Math.min(DUPLICATE_SAMPLE, reg);
-  if (n < 2) return null;
-  const picked = choiceWithoutReplacement(source, reg, n);
-  const { dist2 } = await index.nearestOther(picked);
-  const nearest = dist2.map((d) => Math.sqrt(Math.max(d, 0)));
-  const med = median(nearest);
-  let close = 0;
-  for (const d of nearest) if (d < NEAR_DUPLICATE * med) close++;
-  if (med > 0 && close) {
-    return `${close} of ${n} regular rows drawn at random lie within ${fmtG(NEAR_DUPLICATE)} x the median `
-      + "nearest-row distance of another row (near-duplicate rows)";
-  }
-  return null;
-}
 
 /**
  * Null for a usable privatization table, else why it is degenerate (one clause, as

@@ -187,6 +187,39 @@ export class ExactNearest {
     return { rows, dist2 };
   }
 
+  /**
+   * Bounds [lo, hi] on the squared distance from each of the table's rows ``which`` to its
+   * nearest other row: from the int8 candidate pass's scores alone where it runs (one integer
+   * GEMM, no search: rows whose bounds decide a question need nothing more), else exact
+   * (lo = hi, {@link nearestOther}).
+   */
+  async nearestOtherBounds(which: Int32Array): Promise<{ lo: Float64Array; hi: Float64Array }> {
+    if (this.int8 === null) {
+      const { dist2 } = await this.nearestOther(which);
+      return { lo: dist2, hi: Float64Array.from(dist2) };
+    }
+    const lo = new Float64Array(which.length);
+    const hi = new Float64Array(which.length);
+    for (let s0 = 0; s0 < which.length; s0 += this.chunk) {
+      const rows = which.subarray(s0, Math.min(which.length, s0 + this.chunk));
+      const q = new Float64Array(rows.length * this.dim);
+      rows.forEach((r, i) => {
+        if (!(r >= 0 && r < this.rows)) throw new RangeError(`row ${r} is outside the table [0, ${this.rows})`);
+        for (let k = 0; k < this.dim; k++) q[i * this.dim + k] = this.table[r * this.dim + k]!;
+      });
+      await this.int8.nearestBounds(q, rows.length, rows, lo.subarray(s0), hi.subarray(s0));
+    }
+    const missing = Int32Array.from(which.filter((_, i) => Number.isNaN(lo[i]!)));
+    if (missing.length) {
+      const { dist2 } = await this.nearestOther(missing);
+      let k = 0;
+      which.forEach((_, i) => {
+        if (Number.isNaN(lo[i]!)) lo[i] = hi[i] = dist2[k++]!;
+      });
+    }
+    return { lo, hi };
+  }
+
   /** Rows of the exact nearest rows of the ``queries``, query i never answered by row
    * ``exclude[i]`` (null: none left out). */
   private async searchRows(queries: Float64Array, exclude: Int32Array | null): Promise<Int32Array> {
