@@ -214,7 +214,8 @@ START = re.compile(r"starts near eta=[\d.e+-]+|inf\)")
 def test_eta_under_the_floor_gets_edge_agents_refusal(tiny_dir, tmp_path, eta):
     """The same refusal, word for word, but the estimate of where the floor starts: each edge
     draws its own tokens and pairs with OS entropy (the seeded comparison is in
-    test_floor_conformance.py). At eta 1000 every token comes back: 896 of them settle it."""
+    test_floor_conformance.py). Every token comes back at both: 832 of the 32 regular tokens
+    (26 rounds) settle it."""
     inp = tmp_path / "in.txt"
     write_lines(inp, ["the movie was good"])
     args = ["privatize", str(inp), "--eta", eta, "--bundle", str(tiny_dir)]
@@ -223,8 +224,7 @@ def test_eta_under_the_floor_gets_edge_agents_refusal(tiny_dir, tmp_path, eta):
     assert js.returncode == py.returncode == 2, js.stderr + py.stderr
     assert js.stdout == py.stdout == ""
     assert START.sub("X", js.stderr) == START.sub("X", py.stderr.replace("edge-agent", "privbert-edge"))
-    assert ("came back unchanged" in js.stderr and "100% of 896 tokens" in js.stderr) \
-        if eta == "1000" else "too small" in js.stderr
+    assert ": 100% of 832 tokens drawn at random came back unchanged (floor 97.00%; " in js.stderr
     ok = js_edge("privatize", str(inp), "--eta", eta, "--bundle", str(tiny_dir),
                  "--allow-weak-privacy", tmp=tmp_path)
     assert ok.returncode == 0 and "WEAK PRIVACY" in ok.stderr

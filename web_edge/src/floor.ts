@@ -70,7 +70,8 @@ function fixed2(x: number): string {
   return x.toFixed(2);
 }
 
-function pct(p: number): string {
+/** shared.floor._pct: "100%" or the share with two decimals, as Python formats it. */
+export function pct(p: number): string {
   return p >= 1 ? "100%" : `${fixed2(100 * p)}%`;
 }
 
