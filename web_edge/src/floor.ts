@@ -31,6 +31,7 @@ import type { ExactNearest, NearestOptions } from "./nearest.js";
 import { resolveSource, type BitSource } from "./random.js";
 import { choiceWithoutReplacement } from "./samplers.js";
 import { identicalRows, nearDuplicates } from "./table_checks.js";
+import { measure, now } from "./timing.js";
 
 export { DChiFloor, gammaCdf } from "./floor_estimate.js";
 export { DUPLICATE_SAMPLE, NEAR_DUPLICATE } from "./table_checks.js";
@@ -87,7 +88,11 @@ const IDENTICAL = new WeakMap<EdgeBundle, string | null>();
  */
 export async function tableProblem(bundle: EdgeBundle, index: ExactNearest,
                                    source?: BitSource | null): Promise<string | null> {
-  if (!IDENTICAL.has(bundle)) IDENTICAL.set(bundle, identicalRows(bundle));
+  if (!IDENTICAL.has(bundle)) {
+    const t0 = now();
+    IDENTICAL.set(bundle, identicalRows(bundle));
+    measure("floor-identical", t0);
+  }
   const found = IDENTICAL.get(bundle)!;
   if (found !== null) return found;
   return nearDuplicates(bundle, index, resolveSource(source));
@@ -140,7 +145,9 @@ export async function dchiWeakReason(name: DChiName, eta: number, bundle: EdgeBu
   if (name === "dchi-embedding") void bundle.embeddings; // BundleError: a designed table serves dchi-text only
   const src = resolveSource(options.source);
   const head = `${name} eta=${fmtG(eta)} is weaker than the privacy floor`;
+  let t0 = now();
   const problem = await tableProblem(bundle, text.index, src);
+  measure("floor-table", t0);
   if (problem !== null) return `${head}: the bundle's table is degenerate: ${problem}`;
   // shared.floor sums the squares in float32: a sum past float32's range is not finite there
   const top2 = bundle.regularMaxNorm ** 2;
@@ -148,7 +155,9 @@ export async function dchiWeakReason(name: DChiName, eta: number, bundle: EdgeBu
   if (!Number.isFinite(eta * 2 * tMax)) {
     return `${head}: the worst-case epsilon per token (eta x 2 max||phi||) is not finite`;
   }
+  t0 = now();
   const [same, drawn] = await measureUnchanged(text, src, threshold);
+  measure("floor-measure", t0);
   if (same / drawn <= threshold) return null;
   const what = name === "dchi-text" ? "came back unchanged" : "were their own nearest token after the noise";
   const reg = bundle.regularIds;

@@ -109,7 +109,19 @@ function sorted(bundle: EdgeBundle): Sorted {
   const spread = Array.from(sum2, (q, k) => q / m - (sum[k]! / m) ** 2);
   const coords = [...spread.keys()].sort((a, b) => spread[b]! - spread[a]!).slice(0, FILTER_COORDS);
   const c0 = coords[0]!;
-  const order = Int32Array.from({ length: n }, (_, i) => i).sort((a, b) => t[a * dim + c0]! - t[b * dim + c0]!);
+  // rows by their first coordinate, in one native numeric sort: each key is the value's
+  // float32 bits made order-preserving (an unsigned 32-bit integer) times 2^b plus the row,
+  // an integer below 2^53, so exact in a double
+  const bits = new Uint32Array(t.buffer, t.byteOffset, t.length);
+  const b = Math.max(1, Math.ceil(Math.log2(n + 1)));
+  const keys = new Float64Array(n);
+  for (let v = 0; v < n; v++) {
+    const x = bits[v * dim + c0]!;
+    const u = x & 0x80000000 ? ~x >>> 0 : (x | 0x80000000) >>> 0;
+    keys[v] = u * 2 ** b + v;
+  }
+  keys.sort();
+  const order = Int32Array.from(keys, (k) => k % 2 ** b);
   const values = Float64Array.from(order, (v) => t[v * dim + c0]!);
   const rank = new Int32Array(n);
   order.forEach((v, i) => {
@@ -158,12 +170,14 @@ function noneNear(bundle: EdgeBundle, picked: Int32Array): boolean {
   });
   const limit = NEAR_DUPLICATE * median(upper) * (1 + 1e-9); // rounding: a wider net is still sound
   if (!(limit > 0) || !Number.isFinite(limit)) return false;
-  const [c0, ...rest] = s.coords;
+  const c0 = s.coords[0]!;
+  const rest = Int32Array.from(s.coords.slice(1));
   for (const r of picked) {
-    const x0 = t[r * dim + c0!]!;
-    for (let q = lowerBound(s.values, x0 - limit); q < n && s.values[q]! <= x0 + limit; q++) {
+    const x0 = t[r * dim + c0]!;
+    candidates: for (let q = lowerBound(s.values, x0 - limit); q < n && s.values[q]! <= x0 + limit; q++) {
       const v = s.order[q]!;
-      if (v === r || rest.some((k) => Math.abs(t[r * dim + k]! - t[v * dim + k]!) > limit)) continue;
+      if (v === r) continue;
+      for (const k of rest) if (Math.abs(t[r * dim + k]! - t[v * dim + k]!) > limit) continue candidates;
       if (dist(t, dim, r, v) <= limit) return false;
     }
   }
