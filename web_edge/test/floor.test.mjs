@@ -10,7 +10,7 @@ import { EdgeBundle } from "../dist/bundle.js";
 import { DChiText } from "../dist/dchi.js";
 import { WeakPrivacyError } from "../dist/errors.js";
 import {
-  MEASURE_BATCH, MEASURE_MAX, THRESHOLD, checkDchiFloor, dchiWeakReason, measureUnchanged, tableProblem, wilsonInterval,
+  MEASURE_BATCH, MEASURE_MAX, THRESHOLD, dchiWeakReason, measureUnchanged, pct, tableProblem, wilsonInterval,
 } from "../dist/floor.js";
 import { ExactNearest } from "../dist/nearest.js";
 import { Pcg64Source } from "../dist/pcg64.js";
@@ -48,6 +48,15 @@ test("the Wilson interval is shared.floor's, to the last bit", () => {
   for (const [k, n, lo, hi] of want) assert.deepEqual(wilsonInterval(k, n), [lo, hi], `${k}/${n}`);
   assert.deepEqual(wilsonInterval(0, 0), [0, 1]);
   assert.equal(THRESHOLD, 0.97);
+});
+
+test("shares print as shared.floor._pct prints them: exact ties to the even digit", () => {
+  // Python's outputs (f"{100 * p:.2f}%"), where JS's toFixed would round the tie up
+  for (const [k, n, want] of [[4, 128, "3.12%"], [12, 128, "9.38%"], [20, 128, "15.62%"], [36, 128, "28.12%"],
+    [1984, 2048, "96.88%"], [1728, 2048, "84.38%"]]) assert.equal(pct(k / n), want, `${k}/${n}`);
+  assert.equal(pct(0.97), "97.00%");
+  assert.equal(pct(1990 / 2048), "97.17%");
+  assert.equal(pct(1), "100%");
 });
 
 test("an honest table passes at a low eta in one step and is refused far past its floor", async () => {
