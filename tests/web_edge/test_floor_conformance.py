@@ -106,8 +106,9 @@ def test_hostile_bundles_are_refused_by_both_edges(hostile_dirs, tmp_path, varia
         assert len(errors) == 1 and why in errors[0], p.stderr
         lines[prog] = errors[0].removeprefix(f"{prog}: error: ")
     assert json.loads(js_edge("budget", tmp=tmp_path).stdout)["spent"] == 0
-    same = (lambda s: NUMBERS.sub("N", START.sub("X", s)))
-    assert same(lines["privbert-edge"]) == same(lines["edge-agent"])
+    js_line, py_line = (NUMBERS.sub("N", START.sub("X", lines[p]))
+                        for p in ("privbert-edge", "edge-agent"))
+    assert js_line == py_line
 
 
 def test_dchi_embedding_on_a_designed_table_is_refused_alike(table_dirs, tmp_path):
