@@ -5,7 +5,9 @@ A sentence typed into the page gets a prediction, and no request the page sends 
 download included), no line of the server's log and no byte of its database holds a word of
 it. Each kind of bad input shows a visible message and sends nothing to predict: empty text,
 text past the model's length, an η past the privacy floor, a device ledger over its cap or
-that cannot be written, a bundle with a flipped bit or cut short, a service that is down.
+that cannot be written, a bundle with a flipped bit or cut short, a service that is down, a
+hostile server's bundle (issue 34: its table scaled x1000, a valid bundle_id), and a server
+that swaps the bundle this browser pinned for the model.
 The page shows the bundle's download as it goes, says in words what the bundle and the
 highlighted tokens are, and a second visit downloads none of its files again.
 """
@@ -35,7 +37,8 @@ WEAK_ETA = 1000  # far past the tiny table's privacy floor (about 13)
 OTHER_ETA = 3  # under the floor, and not the model's η (5)
 # empty, too_long, weak_eta and server_down run one after the other on one page (drive.mjs)
 SCENARIOS = ["predict", "other_eta", "empty", "too_long", "weak_eta", "server_down", "over_cap",
-             "ledger_unwritable", "wrong_hash", "truncated", "server_down_at_start", "revisit"]
+             "ledger_unwritable", "wrong_hash", "truncated", "server_down_at_start", "revisit",
+             "hostile_bundle", "swapped_bundle"]
 
 
 def _missing() -> str | None:
@@ -71,9 +74,32 @@ def page_server(tiny_home, tmp_path_factory):
 
 
 @pytest.fixture(scope="module")
-def report(page_server) -> dict:
+def other_bundles(tiny_home, tmp_path_factory) -> dict:
+    """Tarballs a hostile server could send for the served model, with valid bundle_ids: the
+    model's table with every regular row scaled x1000 (the noise no longer moves a token), and
+    an honest but different bundle (the model's table projected on 8 principal components)."""
+    import numpy as np
+
+    from shared.bundle import EdgeBundle
+
+    root = tmp_path_factory.mktemp("other-bundles")
+    genuine = EdgeBundle.from_model(tiny_home.base)
+    emb = np.array(genuine.embeddings)
+    emb[genuine.regular_ids] *= 1000.0
+    meta = {k: v for k, v in genuine.meta.items() if k not in ("files", "bundle_id")}
+    out = {}
+    for name, b in (("hostile", EdgeBundle(genuine._tokenizer_json, emb, meta)),
+                    ("other", genuine.with_table("pca8"))):
+        path = root / f"{name}.tar"
+        path.write_bytes(b.to_tar_bytes())
+        out[name] = {"id": b.bundle_id, "tar": str(path)}
+    return out
+
+
+@pytest.fixture(scope="module")
+def report(page_server, other_bundles) -> dict:
     args = {"url": f"{page_server.url}/demo/", "sentence": SENTENCE, "weakEta": WEAK_ETA, "otherEta": OTHER_ETA,
-            "scenarios": SCENARIOS}
+            "scenarios": SCENARIOS, **other_bundles}
     r = subprocess.run(["node", "test/drive.mjs", json.dumps(args)], cwd=DEMO,
                        capture_output=True, text=True, timeout=180)
     assert r.returncode == 0, r.stderr[-4000:]
@@ -178,6 +204,34 @@ def test_bad_input_shows_a_message_and_sends_nothing(report, scenario, message):
     if scenario == "server_down":  # it was tried and refused by the (simulated) network only
         assert scene["result"]["prediction"] == "–"
     assert scene["result"]["prediction"] == "–"
+
+
+def test_a_hostile_servers_bundle_is_refused_in_the_page(report, other_bundles):
+    """Issue 34: the bundle verifies (the server signed it), the floor measures its output and
+    refuses it; the page says so and sends nothing."""
+    scene = report["scenarios"]["hostile_bundle"]
+    shown = scene["result"]["error"]
+    assert shown and "is weaker than the privacy floor" in shown, (shown, scene["console"])
+    assert "came back unchanged" in shown and "nothing was sent" in shown
+    fetched = [r for r in scene["requests"] if "/v1/bundles/" in r["url"]]
+    assert fetched and fetched[0]["url"].endswith(other_bundles["hostile"]["id"])
+    assert predicts(scene["requests"]) == [] and scene["result"]["prediction"] == "–"
+    assert scene["result"]["tokens"] == []
+
+
+def test_a_swapped_bundle_is_refused_by_the_pin_in_the_page(report, other_bundles, page_server):
+    """The bundle this browser first accepted for the model is pinned (IndexedDB); a server
+    that later names another is refused, naming both, before any of the new one is fetched."""
+    scene = report["scenarios"]["swapped_bundle"]
+    res = scene["result"]
+    assert res["before"] is None, res  # the genuine bundle was accepted (and pinned)
+    shown = res["error"]
+    genuine = page_server.model("text")["bundle_id"]
+    new = other_bundles["other"]["id"]
+    assert shown and "never changes silently" in shown, (shown, scene["console"])
+    assert genuine[:12] in shown and new[:12] in shown and "?accept-bundle=" in shown
+    assert not [r for r in scene["requests"] if r["url"].endswith(f"/v1/bundles/{new}")]
+    assert predicts(scene["requests"]) == [] and res["prediction"] == "–"
 
 
 MATH_RANDOM = re.compile(r"\bMath\s*\.\s*random\b|\bMath\s*\[\s*[\"']random[\"']\s*\]")

@@ -77,7 +77,12 @@ def tiny_dir(tiny_bundle, tmp_path_factory) -> Path:
 
 
 @pytest.fixture(scope="session")
-def floor_cache(tmp_path_factory) -> Path:
-    """One bundle/floor cache for the session: the MiniLM floor is computed once."""
-    return tmp_path_factory.mktemp("edge-cache")
+def table_dirs(minilm_bundle, minilm_dir, tmp_path_factory) -> dict[str, Path]:
+    """Bundle directories of every kind of privatization table (issue 33): the model's 384-d
+    embeddings ("none"), its top 32 principal components in int8, its top 64 in float32."""
+    root = tmp_path_factory.mktemp("tables")
+    out = {"none": minilm_dir}
+    for name in ("pca32-int8", "pca64"):
+        out[name] = minilm_bundle.with_table(name).save(root / name)
+    return out
 

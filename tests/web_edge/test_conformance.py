@@ -1,8 +1,10 @@
 """The web edge (`privbert-edge`, Node) against the Python edge (`edge-agent`) and `shared`:
-the same token ids, byte-identical payloads for the same seed, payloads `shared.payload`
-accepts, the same ledger costs, the same privacy floor refusal, the same empty and
-over-length policies, and clear one-line errors (nothing written) for a damaged bundle, a cap
-that refuses and a ledger that cannot be written."""
+the same token ids, byte-identical payloads for the same seed on every kind of privatization
+table (the model's 384-d embeddings, a PCA-32 int8 and a PCA-64 float32 table), payloads
+`shared.payload` accepts, the same ledger costs, the same privacy floor refusal, the same
+empty and over-length policies, and clear one-line errors (nothing written) for a damaged
+bundle, a cap that refuses and a ledger that cannot be written. The floor's own conformance
+(seeded messages, hostile bundles) and pinning are in test_floor_conformance.py."""
 
 from __future__ import annotations
 
@@ -17,7 +19,8 @@ from tests.web_edge.conftest import js_edge, py_edge
 
 DEV = DATA / "sst2_sentences" / "dev.tsv"
 
-# lines WordPiece ports are known to get wrong (DESIGN.md "The web edge"), written with escapes
+# lines WordPiece ports are known to get wrong (normalization, CJK, emoji, control and
+# zero-width characters, typed special tokens), written with escapes
 HARD = [
     "Café naïve résumé Ångström façade — coöperate ÉCOLE ÎLE İstanbul ß ẞ",
     "日本語のテキストと中文字符混合 한국어 텍스트 ｆｕｌｌｗｉｄｔｈ ＡＢＣ １２３",
@@ -75,48 +78,56 @@ def _summary(stderr: str, prog: str) -> str:
     return next(ln for ln in stderr.splitlines() if ln.startswith(f"{prog}: ") and " records, " in ln)
 
 
-def test_seeded_payloads_are_byte_identical_to_edge_agent_and_valid(
-        minilm_bundle, minilm_dir, floor_cache, tmp_path):
-    """The same seed gives the same noise (numpy's PCG64 and samplers reproduced), hence the
-    same exact nearest tokens and the same bytes; shared.payload accepts every record; the
-    inversion rate (tokens that come back unchanged) is the same on the same sentences."""
+@pytest.mark.parametrize("table", ["none", "pca32-int8", "pca64"])
+def test_seeded_payloads_are_byte_identical_to_edge_agent_and_valid(table, table_dirs, tmp_path):
+    """On every kind of table: the same seed gives the same noise (numpy's PCG64 and samplers
+    reproduced), hence the same exact nearest tokens and the same bytes; shared.payload
+    accepts every record; the inversion rate (tokens that come back unchanged) is the same on
+    the same sentences; the ledger cost is shared.ledger's with the diameter of that table."""
+    from shared.bundle import EdgeBundle
     from shared.ledger import bundle_diameter, payload_cost
     from shared.payload import Limits, parse_record
 
+    bundle_dir = table_dirs[table]
+    bundle = EdgeBundle.load(bundle_dir)
     texts = dev_sentences(48)  # two batches: 16 then 32 lines
     inp = tmp_path / "in.txt"
     write_lines(inp, texts)
-    env = {"PRIVBERT_CACHE": str(floor_cache)}
-    args = ["privatize", str(inp), "--eta", "65", "--bundle", str(minilm_dir), "--seed", "11"]
-    js = js_edge(*args, "-o", str(tmp_path / "js.jsonl"), tmp=tmp_path, env=env)
+    args = ["privatize", str(inp), "--eta", "65", "--bundle", str(bundle_dir), "--seed", "11"]
+    js = js_edge(*args, "-o", str(tmp_path / "js.jsonl"), tmp=tmp_path)
     assert js.returncode == 0, js.stderr
-    py = py_edge(*args, "-o", str(tmp_path / "py.jsonl"), "--no-progress", tmp=tmp_path, env=env)
+    py = py_edge(*args, "-o", str(tmp_path / "py.jsonl"), "--no-progress", tmp=tmp_path)
     assert py.returncode == 0, py.stderr
     js_bytes = (tmp_path / "js.jsonl").read_bytes()
     assert js_bytes == (tmp_path / "py.jsonl").read_bytes()
-    limits = Limits.for_bundle(minilm_bundle)
+    limits = Limits.for_bundle(bundle)
     records = [parse_record(line, limits) for line in js_bytes.splitlines()]
     assert len(records) == 48
-    assert {r.payload.bundle_id for r in records} == {minilm_bundle.bundle_id}
-    regular = set(minilm_bundle.regular_ids.tolist())
+    assert {r.payload.bundle_id for r in records} == {bundle.bundle_id}
+    regular = set(bundle.regular_ids.tolist())
     out = [r.payload.data_array().tolist() for r in records]
     assert all(set(ids) <= regular for ids in out)
-    # inversion rate: the same on the same sentences (the target is within 0.02)
-    raw = token_ids(minilm_bundle, texts)
+    # inversion rate: the same on the same sentences (the same ids); eta 65 leaves about a
+    # third unchanged on the 384-d table, more on the compact ones (issue 33's sweep)
+    raw = token_ids(bundle, texts)
     n = sum(len(x) for x in raw)
     rate = sum(a == b for r, o in zip(raw, out, strict=True) for a, b in zip(r, o, strict=True)) / n
-    assert 0.2 < rate < 0.6  # eta 65 on MiniLM: about a third come back unchanged
-    # the same ledger cost as shared.ledger on the same payloads (D in float64 here, float32
-    # sums in shared: 1e-6 relative)
-    status = json.loads(js_edge("budget", tmp=tmp_path, env=env).stdout)
-    want = sum(payload_cost(r.payload, bundle_diameter(minilm_bundle)).epsilon for r in records)
+    assert (0.2 < rate < 0.6) if table == "none" else (0.3 < rate < 0.97), rate
+    # the same ledger cost as shared.ledger on the same payloads, with D = 2 max||phi|| of this
+    # table (D in float64 here, float32 sums in shared: 1e-6 relative)
+    status = json.loads(js_edge("budget", tmp=tmp_path).stdout)
+    diameter = bundle_diameter(bundle)
+    want = sum(payload_cost(r.payload, diameter).epsilon for r in records)
     assert status["families"]["dchi"]["epsilon"] == pytest.approx(want, rel=1e-6)
     assert status["families"]["dchi"]["tokens"] == n
     assert status["sends"] == 48
-    # the summary line reports the same guarantee as edge-agent's
-    g = re.compile(r"dchi-text: published eta=65; holds eta=65, worst eps [\d.]+/token")
-    assert g.search(_summary(js.stderr, "privbert-edge")).group(0) == \
-        g.search(_summary(py.stderr, "edge-agent")).group(0)
+    py_status = json.loads(py_edge("budget", "--json", tmp=tmp_path).stdout)
+    assert py_status["spent"] == pytest.approx(status["spent"], rel=1e-6)  # edge-agent's own ledger
+    # the summary line reports the same guarantee as edge-agent's (eta x D of this table)
+    g = re.compile(r"dchi-text: published eta=65; holds eta=65, worst eps ([\d.]+)/token")
+    js_g, py_g = g.search(_summary(js.stderr, "privbert-edge")), g.search(_summary(py.stderr, "edge-agent"))
+    assert js_g.group(0) == py_g.group(0)
+    assert float(js_g.group(1)) == pytest.approx(65 * diameter, abs=0.05)
 
 
 def test_pairs_and_labels_are_byte_identical_to_edge_agent(tiny_dir, tmp_path):
@@ -199,8 +210,15 @@ def test_a_ledger_that_cannot_be_written_refuses(tiny_dir, tmp_path):
     assert not out.exists()
 
 
+START = re.compile(r"starts near eta=[\d.e+-]+|inf\)")
+
+
 @pytest.mark.parametrize("eta", ["1000", "1e300"])
 def test_eta_under_the_floor_gets_edge_agents_refusal(tiny_dir, tmp_path, eta):
+    """The same refusal, word for word, but the estimate of where the floor starts: each edge
+    draws its own tokens and pairs with OS entropy (the seeded comparison is in
+    test_floor_conformance.py). Every token comes back at both: 832 of the 32 regular tokens
+    (26 rounds) settle it."""
     inp = tmp_path / "in.txt"
     write_lines(inp, ["the movie was good"])
     args = ["privatize", str(inp), "--eta", eta, "--bundle", str(tiny_dir)]
@@ -208,8 +226,8 @@ def test_eta_under_the_floor_gets_edge_agents_refusal(tiny_dir, tmp_path, eta):
     py = py_edge(*args, "--no-progress", tmp=tmp_path)
     assert js.returncode == py.returncode == 2, js.stderr + py.stderr
     assert js.stdout == py.stdout == ""
-    assert js.stderr == py.stderr.replace("edge-agent", "privbert-edge")
-    assert "is weaker than the privacy floor" in js.stderr or "too small" in js.stderr
+    assert START.sub("X", js.stderr) == START.sub("X", py.stderr.replace("edge-agent", "privbert-edge"))
+    assert ": 100% of 832 tokens drawn at random came back unchanged (floor 97.00%; " in js.stderr
     ok = js_edge("privatize", str(inp), "--eta", eta, "--bundle", str(tiny_dir),
                  "--allow-weak-privacy", tmp=tmp_path)
     assert ok.returncode == 0 and "WEAK PRIVACY" in ok.stderr

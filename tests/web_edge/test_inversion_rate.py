@@ -17,18 +17,16 @@ from tests.web_edge.test_conformance import dev_sentences, token_ids, write_line
 
 
 @pytest.mark.slow
-def test_inversion_rate_at_eta_65_is_the_python_edges(minilm_bundle, minilm_dir, floor_cache,
-                                                      tmp_path):
+def test_inversion_rate_at_eta_65_is_the_python_edges(minilm_bundle, minilm_dir, tmp_path):
     texts = dev_sentences()
     inp = tmp_path / "dev.txt"
     write_lines(inp, texts)
     raw = token_ids(minilm_bundle, texts)
-    env = {"PRIVBERT_CACHE": str(floor_cache)}
     rates = {}
     for name, run in (("js", js_edge), ("py", py_edge)):
         extra = ["--no-progress"] if name == "py" else []
         p = run("privatize", str(inp), "--eta", "65", "--bundle", str(minilm_dir), "--no-memo",
-                *extra, tmp=tmp_path, env=env, timeout=1800)
+                *extra, tmp=tmp_path, timeout=1800)
         assert p.returncode == 0, p.stderr
         out = [json.loads(x)["payload"] for x in p.stdout.splitlines()]
         from shared.payload import parse_payload

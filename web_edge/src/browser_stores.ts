@@ -2,13 +2,14 @@
  * Browser storage behind the library's small interfaces: the device ledger in IndexedDB
  * ({@link IndexedDbLedgerStore}: one readwrite transaction per charge, the memo key a
  * non-extractable CryptoKey), verified bundles in the Cache API ({@link CacheApiBundleCache}),
- * and the privacy floor's exit distances in IndexedDB ({@link IndexedDbFloorCache}).
+ * and the bundle pins in IndexedDB ({@link IndexedDbPinStore}: ./pins.ts). Nothing of the
+ * privacy floor is stored: it is measured at every check.
  * Web APIs only; exercised by the page's browser test.
  */
 
 import { EdgeBundle } from "./bundle.js";
 import type { BundleCache } from "./client.js";
-import type { FloorCache } from "./floor.js";
+import type { PinStore } from "./pins.js";
 import { emptyState, newHmacKey, type LedgerState, type LedgerStore } from "./ledger.js";
 
 const STORE = "kv";
@@ -108,25 +109,36 @@ export class CacheApiBundleCache implements BundleCache {
   }
 }
 
-/** The privacy floor's exit distances per bundle in IndexedDB. */
-export class IndexedDbFloorCache implements FloorCache {
+/** The bundle pins (server and model → the bundle first accepted) in IndexedDB (database
+ * ``name``, default "privbert-pins"). A database the page may not open is an error, never a
+ * fresh start. */
+export class IndexedDbPinStore implements PinStore {
+  readonly where: string;
   private db: Promise<IDBDatabase> | null = null;
 
-  constructor(private readonly name = "privbert-floors") {}
+  constructor(private readonly name = "privbert-pins") {
+    this.where = `IndexedDB ${name}`;
+  }
 
   private open(): Promise<IDBDatabase> {
     this.db ??= openDb(this.name);
     return this.db;
   }
 
-  async get(bundleId: string): Promise<Float64Array | null> {
+  async get(key: string): Promise<string | null> {
     const db = await this.open();
-    const got = await request(db.transaction(STORE).objectStore(STORE).get(bundleId)) as Float64Array | undefined;
-    return got instanceof Float64Array ? got : null;
+    const got = await request(db.transaction(STORE).objectStore(STORE).get(key)) as unknown;
+    return typeof got === "string" ? got : null;
   }
 
-  async put(bundleId: string, exit: Float64Array): Promise<void> {
+  async put(key: string, bundleId: string): Promise<void> {
     const db = await this.open();
-    await request(db.transaction(STORE, "readwrite").objectStore(STORE).put(exit, bundleId));
+    const tx = db.transaction(STORE, "readwrite", { durability: "strict" });
+    const done = new Promise<void>((resolve, reject) => {
+      tx.oncomplete = () => resolve();
+      tx.onabort = tx.onerror = () => reject(tx.error ?? new Error("IndexedDB transaction failed"));
+    });
+    tx.objectStore(STORE).put(bundleId, key);
+    await done;
   }
 }

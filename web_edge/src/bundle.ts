@@ -1,16 +1,20 @@
 /**
- * The edge bundle (shared/bundle.py): `tokenizer.json`, `embeddings.npy`, optionally
- * `encoder.onnx`, and `bundle.json`, from a tarball (`GET /v1/bundles/{id}`) or any map of
- * file names to bytes. Every file is checked against its SHA-256 in `bundle.json`, and
- * `bundle_id` against the SHA-256 of the hashed metadata, before anything is used; a bundle
- * that fails is refused with a {@link BundleError} and never used.
+ * The edge bundle (shared/bundle.py): `tokenizer.json`, `bundle.json`, optionally
+ * `encoder.onnx`, and the privatization table: either `embeddings.npy` (the model's word
+ * embeddings, the original layout) or a designed table (`table.npy`, plus `table_scale.npy`
+ * for int8: ./table.ts), from a tarball (`GET /v1/bundles/{id}`) or any map of file names to
+ * bytes. Every file is checked against its SHA-256 in `bundle.json`, `bundle_id` against the
+ * SHA-256 of the hashed metadata, the arrays against the dtype and shape it states, and the
+ * whole against the id it reproduces, before anything is used; a bundle that fails is refused
+ * with a {@link BundleError} and never used.
  */
 
 import { parseTar } from "nanotar";
 
 import { BundleError } from "./errors.js";
-import { readNpyF32 } from "./npy.js";
+import { readNpy, type NpyFile } from "./npy.js";
 import { parseRaw, pyDumps, rawGet, type RawJson } from "./pyjson.js";
+import { pyTruthy, readTable, TABLE_FILE, TABLE_SCALE_FILE, type DesignedTable } from "./table.js";
 import { sha256Hex } from "./sha256.js";
 import { measure, now } from "./timing.js";
 
@@ -22,6 +26,7 @@ export const ENCODER_FILE = "encoder.onnx";
 export const META_FILE = "bundle.json";
 const HASHED_META = ["format", "format_version", "vocab_size", "dim", "max_length", "special_ids",
   "unused_ids", "encoder", "files"];
+const HASHED_IF_PRESENT = ["table"]; // absent from the original layout: its ids stay as they were
 const BUNDLE_ID = /^[0-9a-f]{64}$/;
 
 /** What `bundle.json` says, read as plain values. */
@@ -34,6 +39,8 @@ export interface BundleMeta {
   unused_ids: number[];
   encoder: Record<string, unknown> | null;
   files: Record<string, string>;
+  /** a designed privatization table's description (absent: the model's embeddings) */
+  table?: Record<string, unknown> | null;
   info?: unknown;
 }
 
@@ -41,14 +48,27 @@ export interface BundleMeta {
 export class EdgeBundle {
   /** Regular token ids: every id but the special and `[unused]` ones (what dχ-text returns). */
   readonly regularIds: Int32Array;
+  /** The privatization table, row-major float32 (vocab_size × {@link tableDim}): the model's
+   * word embeddings, or a designed table's (dequantized) values. */
+  readonly table: Float32Array;
+  /** Its dimension k (the model's {@link dim} in the original layout). */
+  readonly tableDim: number;
 
   constructor(
     readonly meta: BundleMeta,
-    /** The word-embedding table, row-major float32 (vocab_size × dim). */
-    readonly embeddings: Float32Array,
+    /** The model's word-embedding table, row-major float32 (vocab_size × dim); null when the
+     * bundle carries a designed privatization table instead. */
+    private readonly modelEmbeddings: Float32Array | null,
     readonly tokenizerJson: string,
     readonly encoderOnnx: Uint8Array | null,
+    /** a designed privatization table (./table.ts), else null */
+    private readonly designed: DesignedTable | null = null,
   ) {
+    if ((modelEmbeddings === null) === (designed === null)) {
+      throw new BundleError("a bundle holds either the model's embeddings or a designed privatization table, exactly one of them");
+    }
+    this.table = designed?.values ?? modelEmbeddings!;
+    this.tableDim = designed?.dim ?? meta.dim;
     const excluded = new Set<number>([...Object.values(meta.special_ids), ...meta.unused_ids]);
     const reg: number[] = [];
     for (let i = 0; i < meta.vocab_size; i++) if (!excluded.has(i)) reg.push(i);
@@ -58,18 +78,57 @@ export class EdgeBundle {
   private regular: Float32Array | null = null;
   private norms2: Float64Array | null = null;
 
-  /** The rows of the regular tokens (row-major float32, made once and shared: the exact
-   * search and the privacy floor read it in place). */
+  /** Whether the bundle carries the model's own word embeddings (dchi-embedding needs them). */
+  get hasEmbeddings(): boolean {
+    return this.modelEmbeddings !== null;
+  }
+
+  /** The model's word embeddings (vocab × dim, float32); a BundleError (shared.bundle's
+   * message) when the bundle carries a designed privatization table instead. */
+  get embeddings(): Float32Array {
+    if (this.modelEmbeddings === null) {
+      throw new BundleError(`bundle ${this.bundleId.slice(0, 12)}… carries the privatization table `
+        + `${this.tableName} (${this.tableDim} dimensions), not the model's word embeddings: it serves `
+        + "dchi-text only (dchi-embedding needs a bundle with the model's table, e.g. cloud-api make-bundle --table none)");
+    }
+    return this.modelEmbeddings;
+  }
+
+  /** The `table` block of bundle.json (for the original layout, the same fields describing the
+   * model's own table), as shared.bundle's `table_info`. */
+  get tableInfo(): Record<string, unknown> {
+    if (this.designed !== null) return { ...this.designed.info };
+    const info = (this.meta.info ?? {}) as { source?: unknown };
+    return { name: "none", dim: this.dim, dtype: "float32", projection: { kind: "none" }, quantization: null,
+      source: { model: info.source ?? null, dim: this.dim }, file: EMBEDDINGS_FILE };
+  }
+
+  get tableName(): string {
+    return String(this.tableInfo.name);
+  }
+
+  /** One plain line: which table this is (shared.bundle's `describe_table`). */
+  describeTable(): string {
+    const info = this.tableInfo as { name: string; dim: number; dtype: string;
+      projection?: { kind?: string; k?: number }; source?: { model?: string | null; dim?: number } };
+    const src = info.source?.model || "the model";
+    const what = info.projection?.kind === "none" ? `the model's ${info.dim}-d word embeddings`
+      : `the top ${info.projection?.k} principal components of the model's ${info.source?.dim}-d word embeddings`;
+    return `table ${info.name}: ${what} (${src}), ${info.dtype}`;
+  }
+
+  /** The rows of the regular tokens of the privatization table (row-major float32, made once
+   * and shared: the exact search and the privacy floor read it in place). */
   get regularTable(): Float32Array {
-    this.regular ??= this.rows(this.regularIds);
+    this.regular ??= this.tableRows(this.regularIds);
     return this.regular;
   }
 
-  /** ‖φ(x)‖² of every row (float64 sums, in one pass, made once). */
+  /** ‖φ(x)‖² of every row of the privatization table (float64 sums, in one pass, made once). */
   get rowNorms2(): Float64Array {
     if (this.norms2 === null) {
-      const n = this.dim;
-      const e = this.embeddings;
+      const n = this.tableDim;
+      const e = this.table;
       const out = new Float64Array(this.vocabSize);
       for (let v = 0; v < out.length; v++) {
         let s = 0;
@@ -87,8 +146,8 @@ export class EdgeBundle {
     return Float64Array.from(this.regularIds, (v) => all[v]!);
   }
 
-  /** max ‖φ(x)‖ over the regular tokens: half the diameter D of the worst-case guarantee
-   * (ledger.diameter). */
+  /** max ‖φ(x)‖ over the regular tokens of the privatization table: half the diameter D of the
+   * worst-case guarantee (ledger.diameter: shared.ledger reads ``bundle.table``). */
   get regularMaxNorm(): number {
     const all = this.rowNorms2;
     let best = 0;
@@ -96,7 +155,7 @@ export class EdgeBundle {
     return Math.sqrt(best);
   }
 
-  /** max ‖φ(x)‖ over every row of the table. */
+  /** max ‖φ(x)‖ over every row of the privatization table. */
   get maxNorm(): number {
     let best = 0;
     for (const x of this.rowNorms2) if (x > best) best = x;
@@ -107,6 +166,7 @@ export class EdgeBundle {
     return this.meta.bundle_id;
   }
 
+  /** The model's embedding dimension (bundle.json's `dim`). */
   get dim(): number {
     return this.meta.dim;
   }
@@ -119,17 +179,15 @@ export class EdgeBundle {
     return this.meta.max_length;
   }
 
-  /** The rows of ``ids`` of the table, row-major float32. */
+  /** The rows of ``ids`` of the model's word embeddings, row-major float32 (dchi-embedding;
+   * BundleError for a bundle with a designed table). */
   rows(ids: ArrayLike<number>): Float32Array {
-    const n = this.dim;
-    const out = new Float32Array(ids.length * n);
-    for (let i = 0; i < ids.length;) {
-      let j = i + 1; // a run of consecutive ids is one copy
-      while (j < ids.length && ids[j] === ids[j - 1]! + 1) j++;
-      out.set(this.embeddings.subarray(ids[i]! * n, (ids[j - 1]! + 1) * n), i * n);
-      i = j;
-    }
-    return out;
+    return copyRows(this.embeddings, this.dim, ids);
+  }
+
+  /** The rows of ``ids`` of the privatization table, row-major float32. */
+  tableRows(ids: ArrayLike<number>): Float32Array {
+    return copyRows(this.table, this.tableDim, ids);
   }
 
   /** The bundle from its uncompressed tarball (what `GET /v1/bundles/{id}` serves). */
@@ -205,11 +263,17 @@ export class EdgeBundle {
           + "(corrupted or modified); fetch the bundle again");
       }
     }
-    for (const required of [TOKENIZER_FILE, EMBEDDINGS_FILE]) {
+    const tableRaw = rawGet(raw, "table");
+    const designed = pyTruthy(tableRaw);
+    for (const required of [TOKENIZER_FILE, designed ? TABLE_FILE : EMBEDDINGS_FILE]) {
       if (!blobs.has(required)) throw new BundleError(`${where}/${META_FILE}: does not list ${required}`);
     }
     const hashed: [string, RawJson][] = HASHED_META.map(
       (k) => [k, rawGet(raw, k) ?? { kind: "lit", value: null }]);
+    for (const k of HASHED_IF_PRESENT) {
+      const v = rawGet(raw, k);
+      if (v !== undefined && !(v.kind === "lit" && v.value === null)) hashed.push([k, v]);
+    }
     const id = await sha256Hex(new TextEncoder().encode(pyDumps({ kind: "obj", entries: hashed })));
     if (meta.bundle_id !== id) {
       throw new BundleError(`${where}/${META_FILE}: bundle_id does not match the contents`);
@@ -224,13 +288,56 @@ export class EdgeBundle {
     } catch {
       throw new BundleError(`${where}: unreadable ${TOKENIZER_FILE} (not UTF-8)`);
     }
-    const emb = readNpyF32(blobs.get(EMBEDDINGS_FILE)!, `${where}/${EMBEDDINGS_FILE}`);
-    if (emb.rows !== m.vocab_size || emb.cols !== m.dim) {
-      throw new BundleError(`${where}/${EMBEDDINGS_FILE}: shape (${emb.rows}, ${emb.cols}) does not `
-        + `match vocab_size x dim in ${META_FILE}`);
+    let emb: Float32Array | null = null;
+    let table: DesignedTable | null = null;
+    let arrays: NpyFile[];
+    if (designed) {
+      table = readTable(blobs, tableRaw!, m.vocab_size, where);
+      arrays = table.files;
+    } else {
+      const e = readNpy(blobs.get(EMBEDDINGS_FILE)!, EMBEDDINGS_FILE, "<f4", [m.vocab_size, m.dim], where);
+      emb = e.values as Float32Array;
+      arrays = [e.file];
     }
-    return new EdgeBundle(m, emb.data, tokenizerJson, blobs.get(ENCODER_FILE) ?? null);
+    if (!reproducesId(Object.keys(files), arrays, tableRaw, table)) {
+      throw new BundleError(`${where}: contents do not reproduce bundle_id ${m.bundle_id}`);
+    }
+    return new EdgeBundle(m, emb, tokenizerJson, blobs.get(ENCODER_FILE) ?? null, table);
   }
+}
+
+/** Row ``ids`` of a row-major ``table`` of width ``n``, copied (a run of consecutive ids in one copy). */
+function copyRows(table: Float32Array, n: number, ids: ArrayLike<number>): Float32Array {
+  const out = new Float32Array(ids.length * n);
+  for (let i = 0; i < ids.length;) {
+    let j = i + 1;
+    while (j < ids.length && ids[j] === ids[j - 1]! + 1) j++;
+    out.set(table.subarray(ids[i]! * n, (ids[j - 1]! + 1) * n), i * n);
+    i = j;
+  }
+  return out;
+}
+
+/**
+ * Whether writing the bundle back as shared.bundle does (its files as numpy saves them, its
+ * table block as the table describes itself) gives the same bundle_id: the files listed are
+ * exactly the ones such a bundle has, each array file is numpy's bytes for its array, and the
+ * table block is one shared.bundle writes (a float32 table has no scale file; a falsy block
+ * that was hashed is dropped when written back, so it cannot reproduce the id).
+ */
+function reproducesId(listed: string[], arrays: NpyFile[], tableRaw: RawJson | undefined,
+                      table: DesignedTable | null): boolean {
+  const want = new Set([TOKENIZER_FILE]);
+  if (table === null) want.add(EMBEDDINGS_FILE);
+  else {
+    want.add(TABLE_FILE);
+    if (table.dtype === "int8") want.add(TABLE_SCALE_FILE);
+  }
+  if (listed.includes(ENCODER_FILE)) want.add(ENCODER_FILE);
+  if (listed.length !== want.size || !listed.every((f) => want.has(f))) return false;
+  if (!arrays.every((a) => a.canonical)) return false;
+  if (table === null) return tableRaw === undefined || (tableRaw.kind === "lit" && tableRaw.value === null);
+  return table.dtype === "int8" || rawGet(tableRaw!, "scale_file") === undefined;
 }
 
 /** The fields the edge reads, type-checked (the hash already proved they are the server's). */

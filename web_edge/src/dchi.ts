@@ -79,7 +79,9 @@ export class DChiEmbedding {
   }
 }
 
-/** Text-to-text privatization: the exact nearest regular token to φ(x) + N (§3.2.4). */
+/** Text-to-text privatization: the exact nearest regular token to φ(x) + N (§3.2.4), over the
+ * bundle's privatization table (the model's embeddings, or a designed table's dequantized
+ * values: EdgeBundle.table). */
 export class DChiText {
   readonly name = "dchi-text";
 
@@ -90,12 +92,12 @@ export class DChiText {
   static async create(bundle: EdgeBundle, eta: number, options: NearestOptions = {}): Promise<DChiText> {
     positive("eta", eta);
     const t0 = now();
-    checkDchiEta(eta, bundle.dim, bundle.maxNorm);
+    checkDchiEta(eta, bundle.tableDim, bundle.maxNorm);
     const reg = bundle.regularIds;
     const table = bundle.regularTable;
     const norms = bundle.regularNorms2();
     measure("table", t0);
-    const index = await ExactNearest.create(table, reg.length, bundle.dim, reg, { ...options, norms });
+    const index = await ExactNearest.create(table, reg.length, bundle.tableDim, reg, { ...options, norms });
     return new DChiText(bundle, eta, index);
   }
 
@@ -117,9 +119,9 @@ export class DChiText {
   /** φ(x) + N in float64 for each id: the input of the nearest-token step. */
   noisyEmbeddings(ids: ArrayLike<number>, source?: BitSource | null): Float64Array {
     this.checkIds(ids);
-    const n = this.bundle.dim;
+    const n = this.bundle.tableDim;
     const y = sampleDchiNoise(ids.length, n, this.eta, source);
-    const emb = this.bundle.embeddings;
+    const emb = this.bundle.table;
     for (let i = 0; i < ids.length; i++) {
       const o = ids[i]! * n;
       for (let k = 0; k < n; k++) y[i * n + k] = emb[o + k]! + y[i * n + k]!;

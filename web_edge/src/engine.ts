@@ -8,7 +8,6 @@
 
 import type { EdgeBundle } from "./bundle.js";
 import type { BundleCache, PrivbertClient, ProgressCallback } from "./client.js";
-import type { FloorCache } from "./floor.js";
 import type { Cost } from "./ledger.js";
 import { loadOrt } from "./ort.js";
 import { Privatizer, type PrivatizerOptions, type TokenizedText } from "./privatizer.js";
@@ -19,6 +18,7 @@ export interface EngineInfo {
   name: string;
   params: Record<string, number | string>;
   bundleId: string;
+  /** the privatization table's dimension (the noise's n) */
   dim: number;
   vocabSize: number;
   /** the model's length limit in word pieces, [CLS]/[SEP] included */
@@ -48,11 +48,11 @@ export interface Engine {
 }
 
 /** The privatizer options that travel to a Worker (no objects, no functions). */
-export type PlainPrivatizerOptions = Omit<PrivatizerOptions, "floorCache">;
+export type PlainPrivatizerOptions = Omit<PrivatizerOptions, "floorSource">;
 
 /** Open the model's bundle (cache, or download and verify) and a privatizer on it. */
 export async function openLocal(client: PrivbertClient, bundleId: string, options: PlainPrivatizerOptions & {
-  bundleCache: BundleCache | null; floorCache: FloorCache | null; onProgress?: ProgressCallback | null;
+  bundleCache: BundleCache | null; floorSource?: BitSource | null; onProgress?: ProgressCallback | null;
 }): Promise<LocalEngine> {
   // onnxruntime-web starts while the bundle downloads; a WebAssembly that cannot be loaded
   // fails the session here, with its URL, not at the first privatization
@@ -74,7 +74,7 @@ export class LocalEngine implements Engine {
 
   constructor(readonly bundle: EdgeBundle, readonly privatizer: Privatizer, fetched: boolean) {
     const p = privatizer;
-    this.info = { name: p.name, params: p.params, bundleId: bundle.bundleId, dim: bundle.dim,
+    this.info = { name: p.name, params: p.params, bundleId: bundle.bundleId, dim: bundle.tableDim,
       vocabSize: bundle.vocabSize, maxLength: p.maxLength, truncate: p.truncate,
       diameter: 2 * bundle.regularMaxNorm, fetched,
       vectorEpsilon: p.isVector ? p.cost({ idsA: [], idsB: null, nBefore: 0 }).epsilon : null };

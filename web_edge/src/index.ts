@@ -10,7 +10,15 @@ export {
 } from "./client.js";
 export { DChiEmbedding, DChiText, checkDchiEta } from "./dchi.js";
 export { ApiError, BudgetRefused, BundleError, RuntimeLoadError, TextError, WeakPrivacyError } from "./errors.js";
-export { DChiFloor, THRESHOLD, checkDchiFloor, gammaCdf, type FloorCache } from "./floor.js";
+export {
+  DChiFloor, THRESHOLD, checkDchiFloor, dchiWeakReason, gammaCdf, measureUnchanged, tableProblem, wilsonInterval,
+  type FloorOptions,
+} from "./floor.js";
+export {
+  BundleChanged, MemoryPinStore, TRUSTED_ENV, checkPin, checkTrusted, parseIds, pinnedBundle, serverKey,
+  type PinOptions, type PinStore,
+} from "./pins.js";
+export { dequantize, type DesignedTable } from "./table.js";
 export {
   Ledger, MemoKeys, MemoryLedgerStore, dchiCost, diameter, fits, fmtEps, total,
   type Charged, type Cost, type LedgerState, type LedgerStore, type MemoSetting, type Status,
@@ -26,7 +34,7 @@ export {
 export { BitSource, CryptoSource } from "./random.js";
 export { sampleDchiNoise, standardGamma, standardNormal } from "./samplers.js";
 export { TextTokenizer } from "./tokenizer.js";
-export { CacheApiBundleCache, IndexedDbFloorCache, IndexedDbLedgerStore } from "./browser_stores.js";
+export { CacheApiBundleCache, IndexedDbLedgerStore, IndexedDbPinStore } from "./browser_stores.js";
 export { guarantee, summary, type Guarantee } from "./accounting.js";
 export { EdgeSession, type Sent, type SessionOptions } from "./session.js";
 export type { EngineInfo } from "./engine.js";

@@ -106,7 +106,7 @@ function argmin(x: Float32Array, from: number, to: number): number {
 }
 
 /** ‖y[yo ..] − t[to ..]‖² over ``dim`` coordinates, in float64. */
-function sqDist(y: Float64Array, yo: number, t: Float32Array, to: number, dim: number): number {
+export function sqDist(y: Float64Array, yo: number, t: Float32Array, to: number, dim: number): number {
   let d = 0;
   for (let k = 0; k < dim; k++) {
     const diff = y[yo + k]! - t[to + k]!;
@@ -293,18 +293,11 @@ export class Int8CandidatePass {
     return { bigM, scale: betaMax + bigMax };
   }
 
-  /** r_j(y) of step 4 for the query norms (‖e‖, ‖ŷ‖) and row j. */
-  private pairBound(en: number, yn: number, j: number): number {
-    return en * this.twoTn[j]! + yn * this.fnThat[j]! + GAMMA4 * Math.abs(this.beta32[j]!);
-  }
-
-  /**
-   * Steps 1–4 for a chunk of queries ``y`` (m × dim): the kernel's scores o (m × padded rows),
-   * each query's ‖e‖ and ‖ŷ‖, and the chunk's M and max |β| + max R; null where the chunk's scale
-   * would underflow (it takes the float32 pass).
-   */
-  private async kernel(y: Float64Array, m: number): Promise<{ o: Float32Array; en: Float64Array; yn: Float64Array;
-    bigM: number; scale: number } | null> {
+  /** Step 3 for a chunk of queries: one scale a (a float32) for the chunk, the operands
+   * round(y / a) + 128, and per query ‖e‖ (e = y − a·q) and ‖ŷ‖ = a‖q‖; null where a · b_j could
+   * underflow in the kernel (the float32 pass takes the chunk). */
+  private quantizeQueries(y: Float64Array, m: number): { ops: Uint8Array; en: Float64Array; yn: Float64Array;
+                                                          eMax: number; yMax: number; a: number } | null {
     const dim = this.dim;
     let top = 0;
     for (let i = 0; i < m * dim; i++) top = Math.max(top, Math.abs(y[i]!));
@@ -330,41 +323,117 @@ export class Int8CandidatePass {
       if (en[i]! > eMax) eMax = en[i]!;
       if (yn[i]! > yMax) yMax = yn[i]!;
     }
-    const { bigM, scale } = this.chunkBias(eMax, yMax);
-    return { o: await this.run(ops, m, a), en, yn, bigM, scale };
+    return { ops, en, yn, eMax, yMax, a };
+  }
+
+  /**
+   * Bounds on the squared distance from each query to its nearest row other than
+   * ``exclude[i]`` (−1: none left out), from one integer GEMM and no search: every row's real
+   * score n_j − 2 y·t_j lies within o_j + δ_j ± (r_j(y) + slack), the bounds of step 7 taken
+   * over every row, so min_j of the lower (upper) ends plus ‖y‖² bounds the nearest distance
+   * from below (above). NaN for both where the chunk cannot be quantized (the caller then
+   * searches exactly). For the privacy floor's near-duplicate check: most rows are decided by
+   * their bounds, and only the undecided ones need the exact search.
+   */
+  async nearestBounds(y: Float64Array, m: number, exclude: Int32Array | null,
+                      lo2: Float64Array, hi2: Float64Array): Promise<void> {
+    lo2.fill(NaN, 0, m);
+    hi2.fill(NaN, 0, m);
+    const qy = this.quantizeQueries(y, m);
+    if (qy === null) return;
+    const { ops, en, yn, a } = qy;
+    const { scale } = this.chunkBias(qy.eMax, qy.yMax);
+    const o = await this.run(ops, m, a);
+    const rows = this.rows;
+    const padded = this.padded;
+    // the slack of step 7 is the same for every pair: taken out of the minima, then applied
+    // with max |o| over the chunk and an upper bound of max r (a larger slack is still a bound)
+    let oMax = 0;
+    let tnMax = 0;
+    let fnMax = 0;
+    let betaMax = 0;
+    for (let j = 0; j < rows; j++) {
+      tnMax = Math.max(tnMax, this.twoTn[j]!);
+      fnMax = Math.max(fnMax, this.fnThat[j]!);
+      betaMax = Math.max(betaMax, Math.abs(this.beta32[j]!));
+    }
+    const dim = this.dim;
+    const y2 = new Float64Array(m);
+    for (let i = 0; i < m; i++) {
+      const off = i * padded;
+      const skip = exclude === null ? -1 : exclude[i]!;
+      const e = en[i]!;
+      const q = yn[i]!;
+      let lo = Infinity;
+      let hi = Infinity;
+      for (let j = 0; j < rows; j++) {
+        const oj = o[off + j]!;
+        if (Math.abs(oj) > oMax) oMax = Math.abs(oj);
+        if (j === skip) continue;
+        const c = oj + this.delta[j]!;
+        const r = e * this.twoTn[j]! + q * this.fnThat[j]! + GAMMA4 * Math.abs(this.beta32[j]!);
+        if (c - r < lo) lo = c - r;
+        if (c + r < hi) hi = c + r;
+      }
+      lo2[i] = lo;
+      hi2[i] = hi;
+      let s2 = 0;
+      for (let k = i * dim; k < (i + 1) * dim; k++) s2 += y[k]! ** 2;
+      y2[i] = s2;
+    }
+    const rMax = qy.eMax * tnMax + qy.yMax * fnMax + GAMMA4 * betaMax;
+    const slack = SLACK * (oMax + rMax + 2 * this.nMax + 2 * scale);
+    for (let i = 0; i < m; i++) {
+      const lo = lo2[i]! - slack;
+      const hi = hi2[i]! + slack;
+      const eps = 1e-12 * (y2[i]! + Math.abs(lo) + Math.abs(hi)); // float64 rounding of the sums
+      lo2[i] = Math.max(0, y2[i]! + lo - eps);
+      hi2[i] = y2[i]! + hi + eps;
+    }
   }
 
   /**
    * What the pass reads for a chunk of queries ``y`` (m × dim), m × rows: ``score`` o_ij + δ_j,
    * its stand-in for s_ij = ‖t_j‖² − 2 y_i·t_j, and ``bound`` r_j(y_i), step 4's proven bound on
    * |s_ij − score_ij| (tests hold it against measured errors); null where the chunk takes the
-   * float32 pass.
+   * float32 pass. The same steps as {@link searchChunk}.
    */
   async scoreBounds(y: Float64Array, m: number): Promise<{ score: Float64Array; bound: Float64Array } | null> {
-    const k = await this.kernel(y, m);
-    if (k === null) return null;
+    const qy = this.quantizeQueries(y, m);
+    if (qy === null) return null;
+    this.chunkBias(qy.eMax, qy.yMax);
+    const o = await this.run(qy.ops, m, qy.a);
     const rows = this.rows;
     const score = new Float64Array(m * rows);
     const bound = new Float64Array(m * rows);
     for (let i = 0; i < m; i++) {
       for (let j = 0; j < rows; j++) {
-        score[i * rows + j] = k.o[i * this.padded + j]! + this.delta[j]!;
-        bound[i * rows + j] = this.pairBound(k.en[i]!, k.yn[i]!, j);
+        score[i * rows + j] = o[i * this.padded + j]! + this.delta[j]!;
+        bound[i * rows + j] = this.pairBound(qy.en[i]!, qy.yn[i]!, j);
       }
     }
     return { score, bound };
   }
 
+  /** r_j(y) of step 4 for the query norms (‖e‖, ‖ŷ‖) and row j. */
+  private pairBound(en: number, yn: number, j: number): number {
+    return en * this.twoTn[j]! + yn * this.fnThat[j]! + GAMMA4 * Math.abs(this.beta32[j]!);
+  }
+
   /**
    * Nearest rows of the float64 queries ``y`` (m × dim, one chunk) into ``out`` (−1 where the
-   * query must take the float32 pass); returns how many were decided in float64.
+   * query must take the float32 pass); returns how many were decided in float64. With
+   * ``exclude``, query i never gets row ``exclude[i]``: its score is set to +∞ before the
+   * threshold is drawn, so the bound of step 5 is the one of the table without that row.
    */
-  async searchChunk(y: Float64Array, m: number, out: Int32Array): Promise<number> {
+  async searchChunk(y: Float64Array, m: number, out: Int32Array, exclude: Int32Array | null = null): Promise<number> {
     const dim = this.dim;
     out.fill(-1, 0, m);
-    const kern = await this.kernel(y, m);
-    if (kern === null) return 0;
-    const { o, en, yn, bigM, scale } = kern;
+    const qy = this.quantizeQueries(y, m);
+    if (qy === null) return 0;
+    const { ops, en, yn, a } = qy;
+    const { bigM, scale } = this.chunkBias(qy.eMax, qy.yMax);
+    const o = await this.run(ops, m, a);
     const rows = this.rows;
     const padded = this.padded;
 
@@ -377,7 +446,9 @@ export class Int8CandidatePass {
     for (let i = 0; i < m; i++) {
       first[i] = nc;
       const off = i * padded;
+      if (exclude !== null && exclude[i]! >= 0) o[off + exclude[i]!] = Infinity;
       const k = argmin(o, off, off + rows) - off;
+      if (!Number.isFinite(o[off + k]!)) continue; // no other row: the float32 pass says so
       const ok = o[off + k]!;
       const rk = this.pairBound(en[i]!, yn[i]!, k);
       const thr32 = nextUpF32(ok + this.delta[k]! + rk + bigM

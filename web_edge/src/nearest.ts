@@ -19,7 +19,7 @@
  */
 
 import { nextUpF32 } from "./float32.js";
-import { Int8CandidatePass } from "./int8_pass.js";
+import { Int8CandidatePass, sqDist } from "./int8_pass.js";
 import { LoopTableProduct, OrtTableProduct, type OrtOptions, type TableProduct } from "./table_product.js";
 
 export { nextUpF32 } from "./float32.js";
@@ -163,6 +163,66 @@ export class ExactNearest {
 
   /** Ids of the exact nearest rows of the ``queries`` (m × dim, row-major float64). */
   async search(queries: Float64Array): Promise<Int32Array> {
+    const rows = await this.searchRows(queries, null);
+    return rows.map((r) => this.ids[r]!);
+  }
+
+  /**
+   * For the table's rows ``which`` (row numbers), the nearest *other* row of each (−1 if the
+   * table has no other row) and its squared distance ‖t_r − t_j‖², summed in float64: the same
+   * exact search, with the row itself left out (the privacy floor's near-duplicate check).
+   */
+  async nearestOther(which: Int32Array): Promise<{ rows: Int32Array; dist2: Float64Array }> {
+    const q = new Float64Array(which.length * this.dim);
+    for (let i = 0; i < which.length; i++) {
+      const r = which[i]!;
+      if (!(r >= 0 && r < this.rows)) throw new RangeError(`row ${r} is outside the table [0, ${this.rows})`);
+      for (let k = 0; k < this.dim; k++) q[i * this.dim + k] = this.table[r * this.dim + k]!;
+    }
+    const rows = await this.searchRows(q, which);
+    const dist2 = new Float64Array(which.length).fill(Infinity);
+    rows.forEach((j, i) => {
+      if (j >= 0) dist2[i] = sqDist(q, i * this.dim, this.table, j * this.dim, this.dim);
+    });
+    return { rows, dist2 };
+  }
+
+  /**
+   * Bounds [lo, hi] on the squared distance from each of the table's rows ``which`` to its
+   * nearest other row: from the int8 candidate pass's scores alone where it runs (one integer
+   * GEMM, no search: rows whose bounds decide a question need nothing more), else exact
+   * (lo = hi, {@link nearestOther}).
+   */
+  async nearestOtherBounds(which: Int32Array): Promise<{ lo: Float64Array; hi: Float64Array }> {
+    if (this.int8 === null) {
+      const { dist2 } = await this.nearestOther(which);
+      return { lo: dist2, hi: Float64Array.from(dist2) };
+    }
+    const lo = new Float64Array(which.length);
+    const hi = new Float64Array(which.length);
+    for (let s0 = 0; s0 < which.length; s0 += this.chunk) {
+      const rows = which.subarray(s0, Math.min(which.length, s0 + this.chunk));
+      const q = new Float64Array(rows.length * this.dim);
+      rows.forEach((r, i) => {
+        if (!(r >= 0 && r < this.rows)) throw new RangeError(`row ${r} is outside the table [0, ${this.rows})`);
+        for (let k = 0; k < this.dim; k++) q[i * this.dim + k] = this.table[r * this.dim + k]!;
+      });
+      await this.int8.nearestBounds(q, rows.length, rows, lo.subarray(s0), hi.subarray(s0));
+    }
+    const missing = Int32Array.from(which.filter((_, i) => Number.isNaN(lo[i]!)));
+    if (missing.length) {
+      const { dist2 } = await this.nearestOther(missing);
+      let k = 0;
+      which.forEach((_, i) => {
+        if (Number.isNaN(lo[i]!)) lo[i] = hi[i] = dist2[k++]!;
+      });
+    }
+    return { lo, hi };
+  }
+
+  /** Rows of the exact nearest rows of the ``queries``, query i never answered by row
+   * ``exclude[i]`` (null: none left out). */
+  private async searchRows(queries: Float64Array, exclude: Int32Array | null): Promise<Int32Array> {
     if (queries.length % this.dim !== 0) {
       throw new RangeError(`queries must have shape (m, ${this.dim})`);
     }
@@ -184,57 +244,56 @@ export class ExactNearest {
     for (let start = 0; start < m; start += this.chunk) {
       const k = Math.min(this.chunk, m - start);
       const block = queries.subarray(start * this.dim, (start + k) * this.dim);
+      const skip = exclude === null ? null : exclude.subarray(start, start + k);
       if (this.int8 !== null) {
-        this.lastRerankCount += await this.int8.searchChunk(block, k, rows);
+        this.lastRerankCount += await this.int8.searchChunk(block, k, rows, skip);
         const back: number[] = [];
         for (let i = 0; i < k; i++) {
-          if (rows[i]! >= 0) out[start + i] = this.ids[rows[i]!]!;
+          if (rows[i]! >= 0) out[start + i] = rows[i]!;
           else back.push(i);
         }
         // the few it hands back: the float32 pass, by the plain loop
         for (const i of back) {
           const q = block.subarray(i * this.dim, (i + 1) * this.dim);
           const s = await this.scores(q, 1, true, this.loopProduct());
-          out[start + i] = this.ids[this.decide(q, 0, s)]!;
+          out[start + i] = this.decide(q, 0, s, skip === null ? -1 : skip[i]!);
         }
         this.lastFallbackCount += back.length;
         continue;
       }
       const s = await this.scores(block, k, true, this.f32!);
-      for (let i = 0; i < k; i++) out[start + i] = this.ids[this.decide(block, i, s)]!;
+      for (let i = 0; i < k; i++) out[start + i] = this.decide(block, i, s, skip === null ? -1 : skip[i]!);
     }
     return out;
   }
 
-  /** The row of the nearest neighbour of query ``i`` of a block, from its float32 scores. */
-  private decide(block: Float64Array, i: number, s: Float32Array): number {
+  /** The row of the nearest neighbour of query ``i`` of a block, from its float32 scores; row
+   * ``exclude`` is never the answer (−1 when it is the only row). */
+  private decide(block: Float64Array, i: number, s: Float32Array, exclude = -1): number {
     const rows = this.rows;
     const off = i * rows;
-    let best = 0;
-    let smin = s[off]!;
-    for (let v = 1; v < rows; v++) {
+    let best = -1;
+    let smin = Infinity;
+    for (let v = 0; v < rows; v++) {
       const x = s[off + v]!;
-      if (x < smin) {
+      if (v !== exclude && (best < 0 || x < smin)) {
         smin = x;
         best = v;
       }
     }
+    if (best < 0) return -1;
     let yn2 = 0;
     for (let k = 0; k < this.dim; k++) yn2 += block[i * this.dim + k]! ** 2;
     // threshold in float64, then rounded up to float32 so that no candidate is lost
     const thr32 = nextUpF32(smin + 2 * this.scoreBound(Math.sqrt(yn2)));
     const cands: number[] = [];
-    for (let v = 0; v < rows; v++) if (v === best || s[off + v]! <= thr32) cands.push(v);
+    for (let v = 0; v < rows; v++) if (v === best || (v !== exclude && s[off + v]! <= thr32)) cands.push(v);
     if (cands.length === 1) return best;
     this.lastRerankCount++;
     let bestD = Infinity;
     let bestRow = -1;
     for (const v of cands) { // increasing rows: a strict < keeps the smallest row on a tie
-      let d = 0;
-      for (let k = 0; k < this.dim; k++) {
-        const diff = block[i * this.dim + k]! - this.table[v * this.dim + k]!;
-        d += diff * diff;
-      }
+      const d = sqDist(block, i * this.dim, this.table, v * this.dim, this.dim);
       if (d < bestD) {
         bestD = d;
         bestRow = v;

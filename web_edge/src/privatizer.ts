@@ -17,9 +17,9 @@
 import type { EdgeBundle } from "./bundle.js";
 import { DChiEmbedding, DChiText, checkDchiEta } from "./dchi.js";
 import { TextError } from "./errors.js";
-import { checkDchiFloor, type FloorCache } from "./floor.js";
+import { checkDchiFloor } from "./floor.js";
 import { dchiCost, vectorCost, type Cost } from "./ledger.js";
-import { ExactNearest, type NearestOptions } from "./nearest.js";
+import type { NearestOptions } from "./nearest.js";
 import {
   floatBytes, int32Bytes, tokenPayloadJson, vectorPayloadJson, type FloatDtype,
 } from "./payload.js";
@@ -85,8 +85,9 @@ export interface PrivatizerOptions extends NearestOptions {
   floatDtype?: FloatDtype;
   /** privatize even below the privacy floor (the output is then close to the raw text) */
   allowWeakPrivacy?: boolean;
-  /** where the floor's exit distances are kept between runs (per bundle) */
-  floorCache?: FloorCache | null;
+  /** what the privacy floor's check draws from: OS entropy by default (at every check); a
+   * seeded generator only for reproducible tests */
+  floorSource?: BitSource | null;
 }
 
 type Mech = DChiText | DChiEmbedding | Laplace | OME;
@@ -107,7 +108,7 @@ export class Privatizer {
     const t0 = now();
     this.tokenizer = new TextTokenizer(bundle.tokenizerJson);
     measure("tokenizer", t0);
-    this.diam = name.startsWith("dchi") ? 2 * bundle.regularMaxNorm : 0; // ledger.diameter
+    this.diam = name.startsWith("dchi") ? 2 * bundle.regularMaxNorm : 0; // ledger.diameter: of the privatization table
   }
 
   /**
@@ -145,36 +146,27 @@ export class Privatizer {
     const eta = options.eta as number;
     const maxLength = checkLength(options.maxLength ?? bundle.maxLength, bundle.maxLength);
     let mech: DChiText | DChiEmbedding;
-    let index: ExactNearest;
-    const makeIndex = (t: Float32Array, rows: number): Promise<ExactNearest> =>
-      ExactNearest.create(t, rows, bundle.dim, null, { ...options, backend: "ort" });
     if (name === "dchi-text") {
       const t0 = now();
-      const m = await DChiText.create(bundle, eta, options);
+      mech = await DChiText.create(bundle, eta, options);
       measure("search", t0);
-      mech = m;
-      index = m.index;
     } else {
       mech = new DChiEmbedding(eta);
       let tMax = 0;
-      for (const x of bundle.embeddings) tMax = Math.max(tMax, Math.abs(x));
+      for (const x of bundle.embeddings) tMax = Math.max(tMax, Math.abs(x)); // BundleError: a designed table
       checkDchiEta(eta, bundle.dim, tMax, floatDtype, false);
-      const reg = bundle.regularIds;
-      // only the privacy floor reads this search: no candidate pass is built up front
-      index = await ExactNearest.create(bundle.regularTable, reg.length, bundle.dim, reg, { ...options, backend: "loop", norms: bundle.regularNorms2() });
     }
     try {
       const t0 = now();
-      const weak = await checkDchiFloor(name as "dchi-text" | "dchi-embedding", eta, bundle, index, {
-        cache: options.floorCache ?? null, allowWeak, makeIndex,
-      });
+      // the floor measures the output at every check (shared.floor): dchi-embedding by the
+      // nearest-token guess of dchi-text at the same η, on a search built for the check
+      const weak = await checkDchiFloor(name as "dchi-text" | "dchi-embedding", eta, bundle,
+        mech instanceof DChiText ? mech : null, { source: options.floorSource ?? null, allowWeak, search: options });
       measure("floor", t0);
       return new Privatizer(bundle, name as Mechanism, mech, { eta }, maxLength, truncate, floatDtype, null, weak);
     } catch (exc) {
       if (mech instanceof DChiText) await mech.release();
       throw exc;
-    } finally {
-      if (name === "dchi-embedding") await index.release();
     }
   }
 

@@ -1,7 +1,8 @@
 /**
  * A privatizing session against one served model, for a page or a script: the model's bundle
- * fetched and verified (and cached), the privatizer at the model's η, the device ledger, and
- * one call that privatizes, charges (before anything is sent) and predicts.
+ * checked against this device's pin (./pins.ts), fetched and verified (and cached), the
+ * privatizer at the model's η (checked against the privacy floor, measured afresh), the device
+ * ledger, and one call that privatizes, charges (before anything is sent) and predicts.
  *
  *     const s = await EdgeSession.open({ server: "https://api.example", apiKey, onProgress });
  *     const r = await s.predict("a sentence");   // r.sent: the only thing that left the device
@@ -12,16 +13,16 @@
  */
 
 import { guarantee, type Guarantee } from "./accounting.js";
-import { CacheApiBundleCache, IndexedDbFloorCache } from "./browser_stores.js";
+import { CacheApiBundleCache, IndexedDbPinStore } from "./browser_stores.js";
 import {
   PrivbertClient, type BundleCache, type ModelInfo, type Prediction, type ProgressCallback,
 } from "./client.js";
 import { openLocal, type Engine, type PlainPrivatizerOptions } from "./engine.js";
 import { TextError } from "./errors.js";
-import type { FloorCache } from "./floor.js";
 import { Ledger, MemoryLedgerStore, type Cost, type LedgerStore, type Status } from "./ledger.js";
 import { configureRuntime, type WasmPaths } from "./ort.js";
 import { nTokens } from "./privatizer.js";
+import { MemoryPinStore, checkPin, parseIds, type PinStore } from "./pins.js";
 import type { BitSource } from "./random.js";
 import { RemoteEngine } from "./remote.js";
 
@@ -41,8 +42,15 @@ export interface SessionOptions {
   ledger?: LedgerStore;
   /** verified bundles between visits: true = the Cache API, or your own; default none */
   bundleCache?: BundleCache | boolean | null;
-  /** the privacy floor's distances between visits: true = IndexedDB, or your own */
-  floorCache?: FloorCache | boolean | null;
+  /** the bundle pins (default: IndexedDB where the page has it, else this process's memory) */
+  pins?: PinStore | null;
+  /** bundle ids the user accepts for the model in place of the one this device pinned */
+  acceptBundle?: string | readonly string[] | null;
+  /** if any: the only bundle ids this app uses (any other is refused) */
+  trustedBundles?: string | readonly string[] | null;
+  /** what the privacy floor's check draws from: OS entropy unless given (tests only; not
+   * with ``worker``) */
+  floorSource?: BitSource | null;
   /** WebAssembly threads of the nearest-token search */
   threads?: number;
   allowWeakPrivacy?: boolean;
@@ -94,7 +102,13 @@ export class EdgeSession {
     }
     if (o.wasmPaths !== undefined && !o.worker) configureRuntime({ wasmPaths: o.wasmPaths });
     const client = new PrivbertClient(o.server, { apiKey: o.apiKey ?? null, timeout: o.timeout, retries: o.retries });
+    const accept = parseIds(o.acceptBundle, "acceptBundle");
+    const trusted = parseIds(o.trustedBundles, "trustedBundles");
     const model = await client.model(o.model ?? null);
+    // the pin is checked before a byte of the bundle is fetched, and recorded once it is verified
+    const pins = o.pins ?? (globalThis.indexedDB ? new IndexedDbPinStore() : new MemoryPinStore());
+    const modelId = String(model.id);
+    await checkPin(pins, o.server, modelId, model.bundle_id, { accept, trusted, record: false });
     const mechanism = o.mechanism ?? model.mechanism;
     const token = mechanism === "dchi-text" || mechanism === "dchi-embedding";
     const limit = token && typeof model.max_length === "number" && model.max_length >= 4 ? model.max_length : null;
@@ -107,25 +121,26 @@ export class EdgeSession {
     };
     let engine: Engine;
     if (o.worker) {
-      for (const [k, v] of [["bundleCache", o.bundleCache], ["floorCache", o.floorCache]] as const) {
-        if (v !== undefined && v !== null && typeof v !== "boolean") {
-          throw new RangeError(`${k}: a session in a Worker keeps the browser's own caches; pass true or false, not an object`);
-        }
+      if (o.bundleCache !== undefined && o.bundleCache !== null && typeof o.bundleCache !== "boolean") {
+        throw new RangeError("bundleCache: a session in a Worker keeps the browser's own cache; pass true or false, not an object");
       }
+      if (o.floorSource) throw new RangeError("floorSource: a seeded floor is for tests in this thread, not in a Worker");
       engine = await RemoteEngine.open(o.worker, {
         server: client.baseUrl, apiKey: o.apiKey ?? null,
         client: { timeout: o.timeout, retries: o.retries }, bundleId: model.bundle_id, options,
-        bundleCache: o.bundleCache === true, floorCache: o.floorCache === true,
+        bundleCache: o.bundleCache === true,
         wasmPaths: absolute(o.wasmPaths ?? null),
       }, o.onProgress);
     } else {
       engine = await openLocal(client, model.bundle_id, {
         ...options,
         bundleCache: o.bundleCache === true ? new CacheApiBundleCache() : o.bundleCache || null,
-        floorCache: o.floorCache === true ? new IndexedDbFloorCache() : o.floorCache || null,
+        floorSource: o.floorSource ?? null,
         onProgress: o.onProgress,
       });
     }
+    if (engine.info.bundleId !== model.bundle_id) throw new Error("the engine opened another bundle than the model's");
+    await checkPin(pins, o.server, modelId, model.bundle_id, { accept, trusted, record: true });
     return new EdgeSession(client, model, engine, new Ledger(o.ledger ?? new MemoryLedgerStore()));
   }
 

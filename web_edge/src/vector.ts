@@ -19,6 +19,7 @@
 import type { EdgeBundle } from "./bundle.js";
 import { fmtG } from "./dchi.js";
 import { WeakPrivacyError } from "./errors.js";
+import { pct, THRESHOLD } from "./floor.js";
 import { loadOrt } from "./ort.js";
 import type { BitSource } from "./random.js";
 import { resolveSource } from "./random.js";
@@ -27,7 +28,6 @@ import { positive } from "./samplers.js";
 const F32_MAX = 3.4028234663852886e38;
 const TAIL = 40;
 const LAPLACE_STEP = 2 ** -23; // the float32 step at 1
-const THRESHOLD = 0.99;
 
 function sigmoid(x: number): number {
   if (x >= 0) return 1 / (1 + Math.exp(-x));
@@ -35,9 +35,6 @@ function sigmoid(x: number): number {
   return e / (1 + e);
 }
 
-function pct(p: number): string {
-  return p >= 1 ? "100%" : `${(100 * p).toFixed(2)}%`;
-}
 
 /** A Laplace(0, scale) draw as numpy's random_laplace. */
 export function laplaceDraw(src: BitSource, scale: number): number {

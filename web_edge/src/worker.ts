@@ -18,7 +18,7 @@
  * GET /v1/bundles/{id}; never a text.
  */
 
-import { CacheApiBundleCache, IndexedDbFloorCache } from "./browser_stores.js";
+import { CacheApiBundleCache } from "./browser_stores.js";
 import { PrivbertClient, type ClientOptions } from "./client.js";
 import { openLocal, type LocalEngine, type PlainPrivatizerOptions } from "./engine.js";
 import { configureRuntime, type WasmPaths } from "./ort.js";
@@ -32,9 +32,8 @@ export interface OpenArgs {
   client: Pick<ClientOptions, "timeout" | "retries">;
   bundleId: string;
   options: PlainPrivatizerOptions;
-  /** keep verified bundles in the Cache API / the floor's distances in IndexedDB */
+  /** keep verified bundles in the Cache API */
   bundleCache: boolean;
-  floorCache: boolean;
   wasmPaths: WasmPaths | null;
 }
 
@@ -57,7 +56,6 @@ async function handle(req: Request, scope: Scope): Promise<unknown> {
       engine = await openLocal(client, a.bundleId, {
         ...a.options,
         bundleCache: a.bundleCache ? new CacheApiBundleCache() : null,
-        floorCache: a.floorCache ? quiet(new IndexedDbFloorCache()) : null,
         onProgress: (progress) => scope.postMessage({ id: req.id, progress }),
       });
       return engine.info;
@@ -78,11 +76,6 @@ async function handle(req: Request, scope: Scope): Promise<unknown> {
 function need(): LocalEngine {
   if (engine === null) throw new Error("the privbert worker has no bundle open (EdgeSession.open first)");
   return engine;
-}
-
-/** A floor cache the page may not be allowed to use is only a cache: failures are misses. */
-function quiet(c: IndexedDbFloorCache): IndexedDbFloorCache {
-  return { get: (id: string) => c.get(id).catch(() => null), put: (id: string, x: Float64Array) => c.put(id, x).catch(() => undefined) } as IndexedDbFloorCache;
 }
 
 /** Answer the session's messages in ``scope`` (the worker's global scope). */

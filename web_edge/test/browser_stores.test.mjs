@@ -1,13 +1,14 @@
 // The IndexedDB ledger store (what a page uses), on fake-indexeddb's in-memory IndexedDB:
 // charges commit, the cap refuses, the memo key is one non-extractable CryptoKey kept in the
-// database, and a store whose transaction fails refuses the charge. The floor cache keeps its
-// Float64Array.
+// database, and a store whose transaction fails refuses the charge. The pin store keeps the
+// bundle first accepted for a model, and a changed bundle is refused until accepted.
 import "fake-indexeddb/auto";
 import assert from "node:assert/strict";
 import { test } from "node:test";
 
-import { IndexedDbFloorCache, IndexedDbLedgerStore } from "../dist/browser_stores.js";
+import { IndexedDbLedgerStore, IndexedDbPinStore } from "../dist/browser_stores.js";
 import { BudgetRefused } from "../dist/errors.js";
+import { BundleChanged, checkPin } from "../dist/pins.js";
 import { Ledger, dchiCost } from "../dist/ledger.js";
 
 const INFO = { mechanism: "dchi-text", params: { eta: 65 }, bundleId: "b".repeat(64) };
@@ -44,9 +45,17 @@ test("a transaction that fails refuses the charge: nothing is sent uncharged", a
     (e) => e instanceof BudgetRefused && /cannot be written \(quota exceeded\)/.test(e.message));
 });
 
-test("the IndexedDB floor cache keeps exit distances per bundle", async () => {
-  const cache = new IndexedDbFloorCache("f1");
-  assert.equal(await cache.get("c".repeat(64)), null);
-  await cache.put("c".repeat(64), Float64Array.of(1.5, Infinity, 0));
-  assert.deepEqual(await cache.get("c".repeat(64)), Float64Array.of(1.5, Infinity, 0));
+test("the IndexedDB pin store pins the first bundle and refuses a silent change", async () => {
+  const [a, b] = ["a".repeat(64), "b".repeat(64)];
+  const store = new IndexedDbPinStore("p1");
+  assert.equal(await checkPin(store, "https://api.example/", "m1", a), "pinned");
+  // another handle on the same database (a reload of the page) holds the pin
+  const again = new IndexedDbPinStore("p1");
+  assert.equal(await again.get("https://api.example|m1"), a);
+  assert.equal(await checkPin(again, "https://API.example", "m1", a), "same");
+  await assert.rejects(checkPin(again, "https://api.example", "m1", b),
+    (e) => e instanceof BundleChanged && e.message.includes(a.slice(0, 12)) && e.message.includes(b.slice(0, 12)));
+  assert.equal(await again.get("https://api.example|m1"), a); // refused: the pin stands
+  assert.equal(await checkPin(again, "https://api.example", "m1", b, { accept: new Set([b]) }), "accepted");
+  assert.equal(await new IndexedDbPinStore("p1").get("https://api.example|m1"), b);
 });

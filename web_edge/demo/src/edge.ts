@@ -1,35 +1,50 @@
 /**
- * The page's use of `@privbert/edge`: one served dχ-text model, its bundle fetched from the
- * service, verified (SHA-256 of every file and the bundle id, Web Crypto) and cached (Cache
- * API), a privatizer per η (each checked against the privacy floor first), and the device
- * ledger in IndexedDB. Nothing here privatizes, verifies, encodes or counts by itself: it
+ * The page's use of `@privbert/edge`: one served dχ-text model, its bundle checked against
+ * the one this browser first accepted for the model (pins in IndexedDB: a server that swaps
+ * it is refused before it is fetched, unless the page is opened with ?accept-bundle=ID),
+ * fetched from the service, verified (SHA-256 of every file and the bundle id, Web Crypto) and
+ * cached (Cache API), a privatizer per η (each checked against the privacy floor first,
+ * measured afresh), and the device ledger in IndexedDB. Nothing here privatizes, verifies, encodes or counts by itself: it
  * calls the library in the order the Python edge does, and turns its errors into one line a
  * person can act on.
  */
 
 import {
-  ApiError, BudgetRefused, BundleError, CacheApiBundleCache, CryptoSource, DChiText, IndexedDbFloorCache,
-  IndexedDbLedgerStore, Ledger, PrivbertClient, Privatizer, TextError, WeakPrivacyError, dchiCost,
-  nTokens, warmUp, type BundleCache, type EdgeBundle, type FloorCache, type ModelInfo, type ProgressCallback,
-  type Status, type TokenizedText,
+  ApiError, BudgetRefused, BundleChanged, BundleError, CacheApiBundleCache, CryptoSource, DChiText,
+  IndexedDbLedgerStore, IndexedDbPinStore, Ledger, PrivbertClient, Privatizer, TextError, WeakPrivacyError, dchiCost,
+  nTokens, parseIds, pinnedBundle, warmUp, type BundleCache, type EdgeBundle, type ModelInfo, type PinStore,
+  type ProgressCallback, type Status, type TokenizedText,
 } from "@privbert/edge";
 
 /** Regular tokens the inversion rate is measured on (its standard error is at most 3.1%). */
 export const INVERSION_TOKENS = 256;
 const INVERSION_BATCH = 32;
 
-/** The floor's cache is only a cache: storage the page may not use means computing it again. */
-const FLOORS = new IndexedDbFloorCache();
 /** The device ledger. */
 const LEDGER = new IndexedDbLedgerStore();
+/** The bundle pins: storage the page may not use means no pin can be checked, and then
+ * nothing is privatized (a swapped bundle would go unseen). */
+const PINS = new IndexedDbPinStore();
+const STRICT_PINS: PinStore = {
+  where: PINS.where,
+  get: (key) => PINS.get(key).catch((err: unknown) => {
+    throw new Error(`the device's storage (IndexedDB) cannot be used (${(err as Error).message}): the bundle pins `
+      + "and the privacy ledger need it, so this page privatizes nothing: nothing was sent");
+  }),
+  put: (key, id) => PINS.put(key, id),
+};
 // both databases are opened now (a fresh profile creates them), while the bundle downloads;
 // a failure shows where they are used
-void FLOORS.get("").catch(() => undefined);
+void PINS.get("").catch(() => undefined);
 void LEDGER.read().catch(() => undefined);
-const OPTIONAL_FLOOR_CACHE: FloorCache = {
-  get: (id) => FLOORS.get(id).catch(() => null),
-  put: (id, exit) => FLOORS.put(id, exit).catch(() => undefined),
-};
+/** Bundle ids the person accepts in place of the pinned one: ?accept-bundle=ID (explicit). */
+const ACCEPT = (() => {
+  try {
+    return parseIds(new URLSearchParams(location.search).getAll("accept-bundle"), "?accept-bundle");
+  } catch {
+    return new Set<string>();
+  }
+})();
 
 const BUNDLES = new CacheApiBundleCache();
 const OPTIONAL_BUNDLE_CACHE: BundleCache = {
@@ -85,6 +100,10 @@ export interface Answer {
 /** One line for a person: what went wrong, and that nothing was sent where that holds. */
 export function explain(err: unknown): string {
   if (err instanceof TextError) return `the text ${err.detail}: nothing was sent`;
+  if (err instanceof BundleChanged) {
+    return `${err.message.replace(/ \(accept it with --accept-bundle [0-9a-f]+\)$/, "")}: the bundle was refused and `
+      + "nothing was sent (to accept the new one, open this page with ?accept-bundle=<its id>)";
+  }
   if (err instanceof WeakPrivacyError) return `${err.message}: nothing was sent`;
   if (err instanceof BudgetRefused) return err.message.includes("nothing was sent") ? err.message : `${err.message}: nothing was sent`;
   if (err instanceof BundleError) return `${err.message}: the bundle was refused and nothing was sent`;
@@ -113,13 +132,15 @@ export class Edge {
   /** The model's bundle (verified, cached) and the privatizer at the model's η. */
   static async open(client: PrivbertClient, model: ModelInfo, onProgress?: ProgressCallback): Promise<Edge> {
     const t0 = performance.now();
-    const { bundle, fetched } = await client.bundle(model.bundle_id, OPTIONAL_BUNDLE_CACHE, onProgress);
+    // the pin first (before a byte of a changed bundle is fetched), recorded once verified
+    const { bundle, fetched } = await pinnedBundle(client, location.origin, model, OPTIONAL_BUNDLE_CACHE, STRICT_PINS,
+      { accept: ACCEPT }, onProgress ?? null);
     onProgress?.({ phase: "prepare", loaded: 0, total: null });
     const t1 = performance.now();
     const limit = typeof model.max_length === "number" && model.max_length >= 4
       ? Math.min(model.max_length, bundle.maxLength) : bundle.maxLength;
     const ledger = new Ledger(LEDGER);
-    const edge = new Edge(client, model, bundle, ledger, 2 * bundle.regularMaxNorm, limit); // ledger.diameter
+    const edge = new Edge(client, model, bundle, ledger, 2 * bundle.regularMaxNorm, limit); // ledger.diameter: of the privatization table
     const t2 = performance.now();
     await edge.privatizer(Number(model.params.eta)).finally(() => setTimeout(pageReady, 1000));
     edge.phases = { bundleMs: t1 - t0, fetched, setupMs: t2 - t1, privatizerMs: performance.now() - t2,
@@ -127,8 +148,9 @@ export class Edge {
     return edge;
   }
 
+  /** The dimension of the privatization table (the noise's: k for a designed table). */
   get dim(): number {
-    return this.bundle.dim;
+    return this.bundle.tableDim;
   }
 
   get vocabSize(): number {
@@ -147,8 +169,7 @@ export class Edge {
         void q.then((x) => x.release()).catch(() => undefined);
       }
       p = Privatizer.create(this.bundle, {
-        mechanism: "dchi-text", eta, maxLength: this.maxLength, truncate: "error",
-        floorCache: OPTIONAL_FLOOR_CACHE, threads: THREADS,
+        mechanism: "dchi-text", eta, maxLength: this.maxLength, truncate: "error", threads: THREADS,
       });
       this.privatizers.set(eta, p);
       p.catch(() => this.privatizers.delete(eta));

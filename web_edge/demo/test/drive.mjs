@@ -6,6 +6,7 @@
 //   node test/drive.mjs '{"url": "http://127.0.0.1:PORT/demo/", "sentence": "...",
 //                         "scenarios": ["predict", "empty", ...]}'
 
+import { readFileSync } from "node:fs";
 import { gzipSync } from "node:zlib";
 
 import { chromium } from "playwright-core";
@@ -85,6 +86,20 @@ async function click(page, id) {
   await page.click(`#${id}`);
   await page.evaluate(() => window.privbertAnswered);
   await page.waitForFunction(() => document.body.dataset.done === "1");
+}
+
+/** Act as a server that names another bundle for its models: /v1/models says ``id`` and
+ * /v1/bundles/``id`` serves the tarball at ``tar`` (a valid bundle_id: the server signs what it
+ * likes). */
+async function serveBundle(page, { id, tar }) {
+  const body = readFileSync(tar);
+  await page.route("**/v1/models", async (route) => {
+    const r = await route.fetch();
+    const models = await r.json();
+    for (const m of models.models ?? models) m.bundle_id = id;
+    await route.fulfill({ response: r, json: models });
+  });
+  await page.route(`**/v1/bundles/${id}`, (route) => route.fulfill({ status: 200, contentType: "application/x-tar", body }));
 }
 
 async function state(page) {
@@ -225,6 +240,26 @@ const SCENARIOS = {
     });
     await ready(p.page);
     return state(p.page);
+  },
+  // a hostile server's bundle (issue 34: its table scaled x1000): verified, then refused by
+  // the privacy floor before anything is privatized or sent
+  async hostile_bundle(p) {
+    await serveBundle(p.page, args.hostile);
+    await ready(p.page);
+    return state(p.page);
+  },
+  // the bundle this browser pinned for the model, then a server that names another one: the
+  // reloaded page refuses it before fetching it
+  async swapped_bundle(p) {
+    await ready(p.page);
+    const before = await state(p.page);
+    await serveBundle(p.page, args.other);
+    await p.page.reload();
+    await p.page.waitForFunction(() => !document.querySelector("#error").hidden
+      || (!document.querySelector("#go").disabled && document.body.dataset.bundleMs));
+    await p.page.fill("#text", args.sentence);
+    await click(p.page, "go");
+    return { ...(await state(p.page)), before: before.error };
   },
   async ledger_unwritable(p) {
     await ready(p.page);

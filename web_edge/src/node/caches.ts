@@ -1,8 +1,9 @@
 /**
- * Node's caches: verified bundles in a directory per bundle id, in the Python edge's layout
- * (``$PRIVBERT_CACHE/<bundle_id>/`` if set, else ``$XDG_CACHE_HOME/privbert/bundles/<id>``),
- * so both edges share one cache; and the privacy floor's exit distances beside them
- * (``.floors/<bundle_id>.f64``). Every load verifies each file against ``bundle.json`` and the id.
+ * Node's bundle cache: verified bundles in a directory per bundle id, in the Python edge's
+ * layout (``$PRIVBERT_CACHE/<bundle_id>/`` if set, else ``$XDG_CACHE_HOME/privbert/bundles/<id>``),
+ * so both edges share one cache (and its ``pins.json``: ./pins.ts). Every load verifies each file
+ * against ``bundle.json`` and the id. Nothing of the privacy floor is cached: it is measured at
+ * every check (a cached figure could be poisoned; issue 34).
  */
 
 import { mkdirSync, mkdtempSync, readFileSync, renameSync, rmSync, writeFileSync, existsSync } from "node:fs";
@@ -12,7 +13,6 @@ import { join } from "node:path";
 import { EdgeBundle, META_FILE } from "../bundle.js";
 import type { BundleCache } from "../client.js";
 import { BundleError } from "../errors.js";
-import type { FloorCache } from "../floor.js";
 import { parseTar } from "nanotar";
 
 export const CACHE_ENV = "PRIVBERT_CACHE";
@@ -71,37 +71,5 @@ export class DirBundleCache implements BundleCache {
     } finally {
       rmSync(tmp, { recursive: true, force: true });
     }
-  }
-}
-
-export class DirFloorCache implements FloorCache {
-  constructor(readonly root: string = cacheRoot()) {}
-
-  private file(key: string): string {
-    if (!/^[0-9a-f]{64}(\.bound\d+)?$/.test(key)) throw new BundleError(`not a floor key: ${JSON.stringify(key)}`);
-    return join(this.root, ".floors", `${key}.f64`);
-  }
-
-  async get(bundleId: string): Promise<Float64Array | null> {
-    try {
-      const b = readFileSync(this.file(bundleId));
-      if (b.length % 8) return null;
-      const out = new Float64Array(b.length / 8);
-      for (let i = 0; i < out.length; i++) out[i] = b.readDoubleLE(8 * i);
-      return out;
-    } catch {
-      return null;
-    }
-  }
-
-  async put(bundleId: string, exit: Float64Array): Promise<void> {
-    try {
-      mkdirSync(join(this.root, ".floors"), { recursive: true });
-      const b = Buffer.alloc(exit.length * 8);
-      exit.forEach((v, i) => b.writeDoubleLE(v, 8 * i));
-      const f = this.file(bundleId);
-      writeFileSync(`${f}.${process.pid}.tmp`, b);
-      renameSync(`${f}.${process.pid}.tmp`, f);
-    } catch { /* a cache that cannot be written only costs time */ }
   }
 }

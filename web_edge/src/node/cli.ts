@@ -20,7 +20,7 @@ import { parseArgs } from "node:util";
 import type { EdgeBundle } from "../bundle.js";
 import { PrivbertClient, type ModelInfo } from "../client.js";
 import { guarantee, summary } from "../accounting.js";
-import { ApiError, BudgetRefused, BundleError, TextError, WeakPrivacyError } from "../errors.js";
+import { ApiError, BudgetRefused, TextError, WeakPrivacyError } from "../errors.js";
 import { BUDGET_EXHAUSTED } from "../client.js";
 import { fmtG } from "../dchi.js";
 import { Ledger, diameter, fmtEps, total, type Cost, type MemoKeys } from "../ledger.js";
@@ -28,10 +28,12 @@ import { recordLine } from "../payload.js";
 import { Pcg64Source } from "../pcg64.js";
 import { Privatizer, nTokens, type TokenizedText } from "../privatizer.js";
 import { TextTokenizer } from "../tokenizer.js";
-import { DirBundleCache, DirFloorCache, loadBundleDir } from "./caches.js";
+import { checkTrusted, parseIds, pinnedBundle, TRUSTED_ENV } from "../pins.js";
+import { DirBundleCache, loadBundleDir } from "./caches.js";
 import { nodeClock } from "./clock.js";
 import { FileLedgerStore, defaultLedgerPath } from "./file_ledger.js";
 import { batches, InputError, type Batch, type Line } from "./input.js";
+import { FilePinStore } from "./pins.js";
 
 const PROG = "privbert-edge";
 
@@ -50,6 +52,7 @@ const USAGE = `usage: ${PROG} privatize FILE ([--mechanism dchi-text|dchi-embedd
          [--ledger FILE] [--cap EPS] [--per-day EPS] [--no-memo] [--empty skip|error] [--truncate first|error]
          [--max-length N] [--batch-size N] [--post-batch N] [--float16] [--seed N]
          [--allow-weak-privacy] [--timeout S] [--retries N]
+         [--accept-bundle ID] [--trusted-bundles IDS]
        ${PROG} budget [--ledger FILE] [--cap EPS|none] [--per-day EPS|none]
        ${PROG} tokenize FILE --bundle DIR   (word-piece ids per line, as JSON; nothing is sent)
 
@@ -66,6 +69,13 @@ privacy budget: every payload is charged to the device ledger (--ledger FILE, de
   budget refuses (403 budget-exhausted). The ledger is created 0600; one that other users can
   write is refused, one they can read is warned about; a symlinked --ledger charges its target. The same text (same token ids, mechanism,
   parameters, bundle) gets the payload stored the first time, at no cost (--no-memo: fresh draws).
+bundles: the first bundle a server names for a model is pinned (pins.json beside the bundle
+  cache, shared with edge-agent); another one later is refused until accepted with
+  --accept-bundle ID. --trusted-bundles IDS (default $PRIVBERT_TRUSTED_BUNDLES): the only
+  bundle ids this app uses, comma-separated.
+privacy floor: measured on the bundle at every run (tokens drawn with OS entropy, privatized
+  at --eta); a degenerate table or an eta that leaves more than 97% of tokens unchanged is
+  refused (exit 2) unless --allow-weak-privacy.
 randomness: OS entropy (crypto.getRandomValues). --seed makes the noise reproducible (numpy's
   default_rng(seed), as edge-agent --seed) and predictable: experiments only.
 `;
@@ -107,6 +117,7 @@ const OPTIONS = {
   "post-batch": { type: "string" }, float16: { type: "boolean" }, seed: { type: "string" },
   "allow-weak-privacy": { type: "boolean" }, timeout: { type: "string" }, retries: { type: "string" },
   format: { type: "string" }, help: { type: "boolean", short: "h" },
+  "accept-bundle": { type: "string", multiple: true }, "trusted-bundles": { type: "string" },
 } as const;
 
 type Values = ReturnType<typeof parseArgs<{ options: typeof OPTIONS; allowPositionals: true }>>["values"];
@@ -377,6 +388,10 @@ async function runPrivatize(positionals: string[], v: Values): Promise<number> {
   let client: PrivbertClient | null = null;
   let model: ModelInfo | null = null;
   let bundle: EdgeBundle;
+  // bundle pinning (edge_agent.service.pins): ids the user accepts, ids the app trusts
+  const accept = parseIds(v["accept-bundle"] ?? [], "--accept-bundle");
+  const trusted = v["trusted-bundles"] !== undefined ? parseIds(v["trusted-bundles"], "--trusted-bundles")
+    : parseIds(process.env[TRUSTED_ENV], `$${TRUSTED_ENV}`);
   if (v.server) {
     try {
       client = new PrivbertClient(v.server, { apiKey: v["api-key"] ?? process.env.PRIVBERT_API_KEY ?? null,
@@ -395,15 +410,23 @@ async function runPrivatize(positionals: string[], v: Values): Promise<number> {
       throw new CliError(`${v.bundle}: not a bundle directory (no bundle.json); make one with cloud-api export-bundle or edge-agent bundle fetch`);
     }
     bundle = await loadBundleDir(v.bundle);
+    checkTrusted(bundle.bundleId, trusted);
     if (model && model.bundle_id !== bundle.bundleId) {
       throw new CliError(`--bundle ${v.bundle} is ${bundle.bundleId.slice(0, 12)}…, but model ${model.id} expects bundle `
         + `${String(model.bundle_id).slice(0, 12)}…; drop --bundle to fetch the right one`);
     }
   } else {
-    if (typeof model!.bundle_id !== "string") throw new BundleError(`model '${model!.id}' names no bundle_id`);
     const cache = new DirBundleCache();
-    const got = await client!.bundle(model!.bundle_id, cache);
+    // the pin is checked before a byte of the bundle is fetched, recorded once it is verified
+    const got = await pinnedBundle(client!, v.server!, model!, cache, new FilePinStore(), { accept, trusted });
     bundle = got.bundle;
+    const id = bundle.bundleId.slice(0, 12);
+    if (got.pin === "pinned") {
+      info(`bundle ${id}… pinned for model ${model!.id}: this device will refuse another one from this server `
+        + "unless accepted with --accept-bundle");
+    } else if (got.pin === "accepted") {
+      info(`bundle ${id}… accepted for model ${model!.id} (--accept-bundle)`);
+    }
     info(`bundle ${bundle.bundleId.slice(0, 12)}… of model ${model!.id} ${got.fetched ? "fetched and cached in" : "from cache"} ${cache.path(bundle.bundleId)}`);
   }
   let maxLength = o.maxLength;
@@ -418,7 +441,7 @@ async function runPrivatize(positionals: string[], v: Values): Promise<number> {
     priv = await Privatizer.create(bundle, { mechanism: o.mechanism, eta: o.eta, epsilon: o.epsilon, lam: o.lam,
       calibration: o.calibration, wordDropout: o.wordDropout, maxLength, truncate: o.truncate,
       floatDtype: o.float16 ? "float16" : "float32", allowWeakPrivacy: v["allow-weak-privacy"] ?? false,
-      floorCache: new DirFloorCache(), threads: 1 });
+      threads: 1 });
   } catch (exc) {
     if (exc instanceof WeakPrivacyError) throw new UsageError(`${exc.message}; --allow-weak-privacy privatizes anyway`);
     if (exc instanceof RangeError) throw new UsageError(exc.message);
@@ -520,7 +543,7 @@ async function runPrivatize(positionals: string[], v: Values): Promise<number> {
     }
     const elapsed = (performance.now() - t0) / 1000;
     const streaming = (performance.now() - tLoop) / 1000;
-    const line = guaranteeLine(priv, diam, bundle.dim, nRecords ? nTok / nRecords : null);
+    const line = guaranteeLine(priv, diam, bundle.tableDim, nRecords ? nTok / nRecords : null);
     const c = total(charged);
     const after = await ledger.status();
     const spent = c === null ? "charged nothing" : `charged worst-case epsilon ${fmtEps(c.epsilon)} for ${c.sends} payload(s)`;

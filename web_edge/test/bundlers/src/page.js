@@ -39,7 +39,6 @@ async function open() {
       wasmPaths: q.get("wasm") || undefined,
       worker,
       bundleCache: true,
-      floorCache: true,
       onProgress: (p) => state.progress.push({ ...p, at: Math.round(performance.now() - t0) }),
     });
     state.openMs = performance.now() - t0;

@@ -1,0 +1,30 @@
+// The web edge's privacy floor on a bundle directory with a seeded generator, for the
+// conformance tests (tests/web_edge/test_floor_conformance.py): prints one JSON line
+// {"reason": ... | null, "error": ... | null} for each eta.
+//
+//   node tests/web_edge/floor_reason.mjs BUNDLE_DIR SEED MECHANISM ETA [ETA ...]
+//
+// The generator is numpy's default_rng(SEED) (Pcg64Source), as the Python side passes it to
+// shared.floor.weak_privacy_reason: the same tokens, noise, decision and message.
+import { DChiText } from "../../web_edge/dist/dchi.js";
+import { dchiWeakReason } from "../../web_edge/dist/floor.js";
+import { loadBundleDir } from "../../web_edge/dist/node/caches.js";
+import { Pcg64Source } from "../../web_edge/dist/pcg64.js";
+
+const [dir, seed, mechanism, ...etas] = process.argv.slice(2);
+const bundle = await loadBundleDir(dir);
+for (const e of etas) {
+  const eta = Number(e);
+  let out;
+  try {
+    const text = await DChiText.create(bundle, eta);
+    try {
+      out = { reason: await dchiWeakReason(mechanism, eta, bundle, text, { source: new Pcg64Source(Number(seed)) }), error: null };
+    } finally {
+      await text.release();
+    }
+  } catch (exc) {
+    out = { reason: null, error: `${exc.name}: ${exc.message}` };
+  }
+  process.stdout.write(JSON.stringify(out) + "\n");
+}

@@ -1,0 +1,246 @@
+"""The privacy floor, the bundle checks and bundle pinning of issues 33 and 34 in both edges.
+
+* For a seeded generator, `@privbert/edge`'s floor (tests/web_edge/floor_reason.mjs) and
+  `shared.floor.weak_privacy_reason` draw the same tokens, noise and pairs and give the same
+  decision and message, on every kind of table and on the hostile tables.
+* The hostile bundles of issue 34 (tests/edge_agent/test_hostile_bundle.py) are refused by the
+  real `privbert-edge` as by `edge-agent`: exit 2, one line, nothing written, nothing charged
+  (each edge draws with OS entropy: the figures in the lines differ, the rest does not).
+* A designed table that does not match its description is refused in the same line by both.
+* A served model whose bundle changes is refused by both before any of the new bundle is
+  fetched; the two edges share one pins.json.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import subprocess
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from tests.conftest import REPO
+from tests.edge_agent.conftest import FakeServer
+from tests.edge_agent.test_hostile_bundle import hostile
+from tests.edge_agent.test_server_paths import serve_model
+from tests.web_edge.conftest import js_edge, py_edge
+from tests.web_edge.test_conformance import write_lines
+
+FLOOR_JS = Path(__file__).with_name("floor_reason.mjs")
+START = re.compile(r"starts near eta=[\d.e+-]+|inf\)")
+NUMBERS = re.compile(r"\d[\d,.]*%?")
+SENTENCES = ["a gripping , funny film", "the plot is thin and the acting worse"]
+
+
+def js_floor(bundle_dir: Path, seed: int, mechanism: str, *etas: float) -> list[str | None]:
+    p = subprocess.run(["node", str(FLOOR_JS), str(bundle_dir), str(seed), mechanism,
+                        *map(repr, etas)], cwd=REPO, capture_output=True, text=True, timeout=900)
+    assert p.returncode == 0, p.stderr
+    out = [json.loads(x) for x in p.stdout.splitlines()]
+    assert all(o["error"] is None for o in out), out
+    return [o["reason"] for o in out]
+
+
+def py_floor(bundle, seed: int, mechanism: str, eta: float) -> str | None:
+    from shared.floor import weak_privacy_reason
+    from shared.mechanisms import DChiEmbedding, DChiText
+
+    mech = DChiText(bundle, eta) if mechanism == "dchi-text" else DChiEmbedding(eta)
+    return weak_privacy_reason(mech, bundle, rng=np.random.default_rng(seed))
+
+
+@pytest.mark.parametrize(("table", "mechanism", "etas"), [
+    ("none", "dchi-text", (65.0, 1e4)),
+    ("none", "dchi-embedding", (1e4,)),
+    ("pca32-int8", "dchi-text", (65.0, 200.0, 1e4)),  # 200: near its floor, 2,048 tokens drawn
+    ("pca64", "dchi-text", (65.0, 1e4)),
+])
+def test_a_seeded_floor_gives_the_python_edges_decision_and_message(table_dirs, table, mechanism,
+                                                                      etas):
+    from shared.bundle import EdgeBundle
+
+    bundle = EdgeBundle.load(table_dirs[table])
+    got = js_floor(table_dirs[table], 7, mechanism, *etas)
+    want = [py_floor(bundle, 7, mechanism, eta) for eta in etas]
+    assert got == want
+    assert want[-1] is not None and (len(etas) == 1 or want[0] is None)  # refused; 65 passes
+    if table == "pca32-int8":
+        assert "of 2,048 tokens drawn at random" in want[1]
+
+
+@pytest.fixture(scope="module")
+def hostile_dirs(minilm_bundle, tmp_path_factory) -> dict[str, Path]:
+    root = tmp_path_factory.mktemp("hostile-web")
+    return {name: b.save(root / name) for name, b in {
+        "copies": hostile(minilm_bundle),
+        "scaled": hostile(minilm_bundle, copies=False),
+        "near-copies": hostile(minilm_bundle, jitter=1e-4),
+    }.items()}
+
+
+@pytest.mark.parametrize(("variant", "why"), [
+    ("copies", "identical rows"),
+    ("near-copies", "near-duplicate rows"),
+    ("scaled", "tokens drawn at random came back unchanged"),
+])
+def test_hostile_bundles_are_refused_by_both_edges(hostile_dirs, tmp_path, variant, why):
+    from shared.bundle import EdgeBundle
+
+    # seeded: the same message from both
+    want = py_floor(EdgeBundle.load(hostile_dirs[variant]), 5, "dchi-text", 65.0)
+    assert js_floor(hostile_dirs[variant], 5, "dchi-text", 65.0) == [want]
+    assert why in want
+    # the command lines, with OS entropy: refused, nothing written, nothing charged
+    inp = tmp_path / "in.txt"
+    write_lines(inp, SENTENCES)
+    lines = {}
+    for prog, run, extra in (("privbert-edge", js_edge, []), ("edge-agent", py_edge, ["--no-progress"])):
+        out = tmp_path / f"{prog}.jsonl"
+        p = run("privatize", str(inp), "--eta", "65", "--bundle", str(hostile_dirs[variant]),
+                "-o", str(out), *extra, tmp=tmp_path)
+        assert p.returncode == 2, p.stderr
+        assert p.stdout == "" and not out.exists()
+        errors = [ln for ln in p.stderr.splitlines() if ln.startswith(f"{prog}: error: ")]
+        assert len(errors) == 1 and why in errors[0], p.stderr
+        lines[prog] = errors[0].removeprefix(f"{prog}: error: ")
+    assert json.loads(js_edge("budget", tmp=tmp_path).stdout)["spent"] == 0
+    js_line, py_line = (NUMBERS.sub("N", START.sub("X", lines[p]))
+                        for p in ("privbert-edge", "edge-agent"))
+    assert js_line == py_line
+
+
+def test_dchi_embedding_on_a_designed_table_is_refused_alike(table_dirs, tmp_path):
+    inp = tmp_path / "in.txt"
+    write_lines(inp, SENTENCES)
+    args = ["privatize", str(inp), "--mechanism", "dchi-embedding", "--eta", "65", "--bundle",
+            str(table_dirs["pca32-int8"])]
+    js = js_edge(*args, tmp=tmp_path)
+    py = py_edge(*args, "--no-progress", tmp=tmp_path)
+    assert js.returncode == py.returncode == 1, js.stderr + py.stderr
+    assert js.stderr == py.stderr.replace("edge-agent", "privbert-edge")
+    assert "serves dchi-text only" in js.stderr and js.stdout == ""
+
+
+def _rewrite(src: Path, dst: Path, change) -> Path:
+    """A copy of the bundle directory ``src`` with ``change(meta, dir)`` applied, its file
+    hashes and bundle_id recomputed (a server signs what it likes)."""
+    import shutil
+
+    from shared.bundle import EdgeBundle, _sha256
+
+    shutil.copytree(src, dst)
+    meta = json.loads((dst / "bundle.json").read_text())
+    change(meta, dst)
+    meta["files"] = {n: _sha256((dst / n).read_bytes()) for n in sorted(meta["files"])}
+    meta["bundle_id"] = EdgeBundle._compute_id(meta)
+    (dst / "bundle.json").write_text(json.dumps(meta, indent=2, sort_keys=True))
+    return dst
+
+
+def _as_int8(meta, d):
+    meta["table"].update(dtype="int8", scale_file="table_scale.npy")
+    np.save(d / "table_scale.npy", np.ones(meta["table"]["dim"], np.float32))
+    meta["files"]["table_scale.npy"] = ""
+
+
+def _zero_scale(meta, d):
+    s = np.load(d / "table_scale.npy")
+    s[3] = 0.0
+    np.save(d / "table_scale.npy", s)
+
+
+@pytest.mark.parametrize(("table", "change", "message"), [
+    ("pca64", _as_int8, "table.npy: dtype float32 is not the int8 bundle.json describes"),
+    ("pca64", lambda m, d: m["table"].update(dim=63),
+     "table.npy: shape (30522, 64) does not match (30522, 63) in bundle.json"),
+    ("pca64", lambda m, d: m["table"].update(dtype="float16"),
+     "the table's dtype 'float16' or dim 64 is not one this edge reads (float32 or int8, dim >= 1)"),
+    ("pca32-int8", _zero_scale,
+     "table_scale.npy: the table's scale must be finite and > 0 in every column"),
+    ("pca32-int8", lambda m, d: (m["table"].pop("scale_file"), m["files"].pop("table_scale.npy")),
+     "bundle.json: an int8 table needs its table_scale.npy"),
+    ("pca64", lambda m, d: m["table"].update(scale_file="table_scale.npy"),
+     "contents do not reproduce bundle_id"),
+])
+def test_a_table_that_does_not_match_its_description_is_refused_alike(table_dirs, tmp_path,
+                                                                      table, change, message):
+    bad = _rewrite(table_dirs[table], tmp_path / "bad", change)
+    inp = tmp_path / "in.txt"
+    write_lines(inp, SENTENCES)
+    out = tmp_path / "out.jsonl"
+    js = js_edge("privatize", str(inp), "--eta", "65", "--bundle", str(bad), "-o", str(out),
+                 tmp=tmp_path)
+    py = py_edge("privatize", str(inp), "--eta", "65", "--bundle", str(bad), "-o", str(out),
+                 "--no-progress", tmp=tmp_path)
+    assert js.returncode == py.returncode == 1, js.stderr + py.stderr
+    assert js.stderr == py.stderr.replace("edge-agent", "privbert-edge")
+    assert message in js.stderr and js.stderr.count("\n") == 1
+    assert not out.exists()
+
+
+@pytest.fixture
+def server():
+    s = FakeServer()
+    yield s
+    s.close()
+
+
+def test_a_swapped_bundle_is_refused_by_the_pin_in_both_edges(server, minilm_bundle, tmp_path):
+    """The two edges share pins.json: what one pinned, the other holds to."""
+    first = minilm_bundle.with_table("pca16-int8")
+    second = minilm_bundle.with_table("pca8-int8")
+    pins = tmp_path / "cache" / "pins.json"
+    inp = tmp_path / "in.txt"
+    write_lines(inp, SENTENCES)
+
+    def run(prog, *extra, env=None):
+        if prog == "js":
+            return js_edge("privatize", str(inp), "--eta", "30", "--server", server.url,
+                           "--model", "m1", *extra, tmp=tmp_path, env=env)
+        return py_edge("privatize", str(inp), "--eta", "30", "--server", server.url,
+                       "--model", "m1", "--no-progress", *extra, tmp=tmp_path, env=env)
+
+    serve_model(server, first, params={"eta": 30.0})
+    ok = run("js")
+    assert ok.returncode == 0, ok.stderr
+    assert f"privbert-edge: bundle {first.bundle_id[:12]}… pinned for model m1" in ok.stderr
+    assert json.loads(pins.read_text()) == {
+        "version": 1, "pins": {f"{server.url}|m1": first.bundle_id}}
+    assert pins.stat().st_mode & 0o777 == 0o600
+    assert run("py").returncode == 0  # edge-agent reads the web edge's pin: the same bundle
+
+    serve_model(server, second, params={"eta": 30.0})
+    fetches = sum(r["path"] == f"/v1/bundles/{second.bundle_id}" for r in server.requests)
+    js, py = run("js"), run("py")
+    assert js.returncode == py.returncode == 1, js.stderr + py.stderr
+    assert js.stdout == py.stdout == ""
+    assert js.stderr == py.stderr.replace("edge-agent", "privbert-edge")
+    assert "never changes silently" in js.stderr and js.stderr.count("\n") == 1
+    assert first.bundle_id[:12] in js.stderr and f"--accept-bundle {second.bundle_id}" in js.stderr
+    assert sum(r["path"] == f"/v1/bundles/{second.bundle_id}"
+               for r in server.requests) == fetches  # refused before a byte was fetched
+
+    for extra, env in ((("--trusted-bundles", first.bundle_id), None),
+                       ((), {"PRIVBERT_TRUSTED_BUNDLES": first.bundle_id})):
+        js, py = run("js", *extra, env=env), run("py", *extra, env=env)
+        assert js.returncode == py.returncode == 1
+        assert js.stderr == py.stderr.replace("edge-agent", "privbert-edge")
+        assert "not one of the 1 bundle id(s) this app trusts" in js.stderr
+    js, py = run("js", "--accept-bundle", "xyz"), run("py", "--accept-bundle", "xyz")
+    assert js.returncode == py.returncode == 1
+    assert js.stderr == py.stderr.replace("edge-agent", "privbert-edge")
+
+    accepted = run("js", "--accept-bundle", second.bundle_id)
+    assert accepted.returncode == 0, accepted.stderr
+    assert f"bundle {second.bundle_id[:12]}… accepted for model m1 (--accept-bundle)" in \
+        accepted.stderr
+    assert run("py").returncode == 0  # the new pin holds for both
+    assert run("js").returncode == 0
+
+    pins.write_text("{not json")
+    js, py = run("js"), run("py")
+    assert js.returncode == py.returncode == 1
+    assert js.stderr == py.stderr.replace("edge-agent", "privbert-edge")
+    assert "not a privbert pins file" in js.stderr

@@ -1,0 +1,81 @@
+/**
+ * The Node edge's bundle pins: `pins.json` beside the bundle cache (`$PRIVBERT_CACHE`), the
+ * Python edge's file (edge_agent/service/pins.py): `{"version": 1, "pins": {key: bundle_id}}`,
+ * written atomically (a temporary file, mode 0600, renamed into place). A file that cannot be
+ * read as pins is an error, never a silent fresh start.
+ */
+
+import { closeSync, mkdirSync, openSync, readFileSync, renameSync, rmSync, writeSync } from "node:fs";
+import { randomBytes } from "node:crypto";
+import { dirname, join } from "node:path";
+
+import type { PinStore } from "../pins.js";
+import { pyString } from "../pyjson.js";
+import { cacheRoot } from "./caches.js";
+
+export const PINS_FILE = "pins.json";
+const BUNDLE_ID = /^[0-9a-f]{64}$/;
+
+/** The pins file's text as Python's json.dump(indent=1, sort_keys=True) writes it. */
+function dumps(pins: Record<string, string>): string {
+  const keys = Object.keys(pins).sort((a, b) => (a < b ? -1 : a > b ? 1 : 0));
+  const body = keys.length === 0 ? "{}"
+    : `{\n${keys.map((k) => `  ${pyString(k)}: ${pyString(pins[k]!)}`).join(",\n")}\n }`;
+  return `{\n "pins": ${body},\n "version": 1\n}`;
+}
+
+export class FilePinStore implements PinStore {
+  readonly where: string;
+
+  constructor(readonly path: string = join(cacheRoot(), PINS_FILE)) {
+    this.where = path;
+  }
+
+  /** Every pin; an Error (one line, the Python edge's words) for a file that is not pins. */
+  read(): Record<string, string> {
+    let raw: string;
+    try {
+      raw = readFileSync(this.path, "utf-8");
+    } catch (exc) {
+      const code = (exc as NodeJS.ErrnoException).code;
+      if (code === "ENOENT") return {};
+      throw new Error(`${this.path}: the bundle pins cannot be read (${code ?? (exc as Error).message})`);
+    }
+    let pins: unknown;
+    try {
+      const data = JSON.parse(raw) as { version?: unknown; pins?: unknown };
+      pins = data.pins;
+      if (data.version !== 1 || typeof pins !== "object" || pins === null || Array.isArray(pins)
+          || !Object.values(pins).every((v) => typeof v === "string" && BUNDLE_ID.test(v))) {
+        throw new SyntaxError("not pins");
+      }
+    } catch {
+      throw new Error(`${this.path}: not a privbert pins file; move it away to pin bundles afresh `
+        + "(the next bundle each server names is accepted)");
+    }
+    return { ...(pins as Record<string, string>) };
+  }
+
+  async get(key: string): Promise<string | null> {
+    return this.read()[key] ?? null;
+  }
+
+  async put(key: string, bundleId: string): Promise<void> {
+    const pins = this.read();
+    pins[key] = bundleId;
+    mkdirSync(dirname(this.path), { recursive: true });
+    const tmp = join(dirname(this.path), `.pins.${randomBytes(6).toString("hex")}`);
+    const fd = openSync(tmp, "wx", 0o600);
+    try {
+      try {
+        writeSync(fd, dumps(pins));
+      } finally {
+        closeSync(fd);
+      }
+      renameSync(tmp, this.path);
+    } catch (exc) {
+      rmSync(tmp, { force: true });
+      throw exc;
+    }
+  }
+}

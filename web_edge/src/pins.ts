@@ -1,0 +1,139 @@
+/**
+ * Bundle pinning (edge_agent/service/pins.py): a device remembers the bundle it first accepted
+ * for a served model.
+ *
+ * The bundle decides what privatization means (its table is the space the noise is added in),
+ * and it comes from a server the device need not trust. So the first bundle a device accepts
+ * for (server, model) is pinned, and a server that later names another one is refused in one
+ * line naming both ids, before any of the new bundle is fetched, until the user accepts the new
+ * id explicitly (`--accept-bundle ID`, the `acceptBundle` option). An app can also ship the ids
+ * it trusts (`--trusted-bundles`, `$PRIVBERT_TRUSTED_BUNDLES`, the `trustedBundles` option):
+ * any other bundle is then refused, pinned or not.
+ *
+ * Where pins live is a {@link PinStore}: `pins.json` beside the bundle cache in Node (the Python
+ * edge's file: ./node/pins.ts), IndexedDB in a page (./browser_stores.ts), memory in tests.
+ */
+
+import { PrivbertClient, type BundleCache, type ModelInfo, type ProgressCallback } from "./client.js";
+import type { EdgeBundle } from "./bundle.js";
+import { BundleError } from "./errors.js";
+
+export const TRUSTED_ENV = "PRIVBERT_TRUSTED_BUNDLES";
+const BUNDLE_ID = /^[0-9a-f]{64}$/;
+
+/** The server names a bundle other than the one this device pinned (or trusts). */
+export class BundleChanged extends BundleError {
+  override name = "BundleChanged";
+}
+
+/** Where the pins are kept: server key → bundle id. A store that cannot be read throws (a
+ * damaged store is never a fresh start: that would accept whatever the server says). */
+export interface PinStore {
+  readonly where: string;
+  get(key: string): Promise<string | null>;
+  put(key: string, bundleId: string): Promise<void>;
+}
+
+/** Pins in memory (tests; a process that must not remember). */
+export class MemoryPinStore implements PinStore {
+  readonly where = "memory";
+  readonly pins = new Map<string, string>();
+
+  async get(key: string): Promise<string | null> {
+    return this.pins.get(key) ?? null;
+  }
+
+  async put(key: string, bundleId: string): Promise<void> {
+    this.pins.set(key, bundleId);
+  }
+}
+
+/** Bundle ids from a comma-separated string or a list; RangeError naming ``what`` for a
+ * malformed one (pins.parse_ids). */
+export function parseIds(text: string | readonly string[] | null | undefined, what: string): Set<string> {
+  if (text === null || text === undefined) return new Set();
+  const items = typeof text === "string" ? text.split(",") : [...text];
+  const ids = new Set(items.map((s) => s.trim().toLowerCase()).filter((s) => s !== ""));
+  for (const s of ids) {
+    if (!BUNDLE_ID.test(s)) throw new RangeError(`${what}: '${s}' is not a bundle id (64 hex digits)`);
+  }
+  return ids;
+}
+
+/** ``scheme://host:port/path|model``: one pin per service and model, as pins.server_key writes
+ * it (urllib's urlsplit: host lowercased, the port only when the URL gives one, no trailing /). */
+export function serverKey(server: string, modelId: string): string {
+  const m = /^([^:/?#]+):(?:\/\/([^/?#]*))?([^?#]*)/.exec(server.trim());
+  const scheme = (m?.[1] ?? "").toLowerCase();
+  let netloc = m?.[2] ?? "";
+  const path = (m?.[3] ?? "").replace(/\/+$/, "");
+  netloc = netloc.slice(netloc.lastIndexOf("@") + 1);
+  let host = netloc;
+  let port = "";
+  const v6 = /^\[([^\]]*)\](?::(\d*))?$/.exec(netloc);
+  if (v6) {
+    host = v6[1]!;
+    port = v6[2] ?? "";
+  } else if (netloc.includes(":")) {
+    host = netloc.slice(0, netloc.lastIndexOf(":"));
+    port = netloc.slice(netloc.lastIndexOf(":") + 1);
+  }
+  const p = /^\d+$/.test(port) && Number(port) !== 0 ? `:${Number(port)}` : ""; // Python: "if u.port"
+  return `${scheme}://${host.toLowerCase()}${p}${path}|${modelId}`;
+}
+
+/** BundleChanged unless ``bundleId`` is one of ``trusted`` (when the app names any). */
+export function checkTrusted(bundleId: string, trusted: ReadonlySet<string>): void {
+  if (trusted.size && !trusted.has(bundleId)) {
+    throw new BundleChanged(`bundle ${bundleId.slice(0, 12)}… is not one of the ${trusted.size} bundle `
+      + `id(s) this app trusts (--trusted-bundles / $${TRUSTED_ENV}); refusing it`);
+  }
+}
+
+export interface PinOptions {
+  /** ids the user accepts in place of a pin */
+  accept?: ReadonlySet<string>;
+  /** if any: the only ids this edge uses */
+  trusted?: ReadonlySet<string>;
+  /** false: check only (before the bundle is fetched); the pin is recorded once it is verified */
+  record?: boolean;
+}
+
+/**
+ * Pin ``bundleId`` for (server, model) on first use, or check it against the pin: "pinned"
+ * (first use), "same", or "accepted" (a change the user accepted); BundleChanged (one line,
+ * both ids, the Python edge's words) otherwise.
+ */
+export async function checkPin(store: PinStore, server: string, modelId: string, bundleId: string,
+                               options: PinOptions = {}): Promise<"pinned" | "same" | "accepted"> {
+  const accept = options.accept ?? new Set<string>();
+  const trusted = options.trusted ?? new Set<string>();
+  checkTrusted(bundleId, trusted);
+  const key = serverKey(server, modelId);
+  const old = await store.get(key);
+  if (old === bundleId) return "same";
+  if (old !== null && !accept.has(bundleId) && !trusted.has(bundleId)) {
+    throw new BundleChanged(`model ${modelId} at ${server} now names bundle ${bundleId.slice(0, 12)}…, not the `
+      + `bundle ${old.slice(0, 12)}… this device accepted for it first; a bundle decides what `
+      + `privatization means, so it never changes silently (accept it with --accept-bundle ${bundleId})`);
+  }
+  if (options.record ?? true) await store.put(key, bundleId);
+  return old === null ? "pinned" : "accepted";
+}
+
+/**
+ * The served ``model``'s bundle, pinned: the pin checked before a byte of the bundle is
+ * fetched, the bundle fetched (or read from ``cache``) and verified, then the pin recorded.
+ * ``server`` is the URL as the user gave it (the pin's key).
+ */
+export async function pinnedBundle(client: PrivbertClient, server: string, model: ModelInfo,
+                                   cache: BundleCache | null, pins: PinStore, options: PinOptions = {},
+                                   onProgress: ProgressCallback | null = null
+): Promise<{ bundle: EdgeBundle; fetched: boolean; pin: "pinned" | "same" | "accepted" }> {
+  if (typeof model.bundle_id !== "string") throw new BundleError(`model '${model.id}' names no bundle_id`);
+  const modelId = String(model.id);
+  await checkPin(pins, server, modelId, model.bundle_id, { ...options, record: false });
+  const got = await client.bundle(model.bundle_id, cache, onProgress);
+  const pin = await checkPin(pins, server, modelId, model.bundle_id, { ...options, record: true });
+  return { ...got, pin };
+}

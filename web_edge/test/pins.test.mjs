@@ -1,0 +1,69 @@
+// Bundle pinning (edge_agent/service/pins.py): the first bundle a device accepts for a served
+// model is pinned; another one is refused in one line naming both ids until accepted; trusted
+// ids refuse any other; the Node store is the Python edge's pins.json (same text, mode 0600,
+// replaced atomically) and a damaged file is an error, never a fresh start.
+import assert from "node:assert/strict";
+import { mkdtempSync, readFileSync, statSync, writeFileSync, readdirSync } from "node:fs";
+import { tmpdir } from "node:os";
+import { join } from "node:path";
+import { test } from "node:test";
+
+import { FilePinStore } from "../dist/node/pins.js";
+import { BundleChanged, MemoryPinStore, checkPin, checkTrusted, parseIds, serverKey } from "../dist/pins.js";
+
+const A = "a".repeat(64);
+const B = "b".repeat(64);
+
+test("the pin key is pins.server_key's (urllib.parse.urlsplit)", () => {
+  assert.equal(serverKey("http://127.0.0.1:8000", "m1"), "http://127.0.0.1:8000|m1");
+  assert.equal(serverKey(" HTTPS://API.Example.com/base/ ", "sst2"), "https://api.example.com/base|sst2");
+  assert.equal(serverKey("http://user:pw@Host:0080/x//", "m"), "http://host:80/x|m");
+  assert.equal(serverKey("http://h:0/", "m"), "http://h|m"); // port 0 is falsy in Python
+  assert.equal(serverKey("http://[::1]:9000/v", "m"), "http://::1:9000/v|m");
+  assert.equal(serverKey("http://h", "m"), "http://h|m");
+});
+
+test("bundle ids are parsed as pins.parse_ids parses them", () => {
+  assert.deepEqual([...parseIds(` ${A.toUpperCase()} ,, ${B}`, "--trusted-bundles")].sort(), [A, B]);
+  assert.deepEqual([...parseIds([A, A], "--accept-bundle")], [A]);
+  assert.equal(parseIds(undefined, "x").size, 0);
+  assert.throws(() => parseIds("abc", "--accept-bundle"), { message: "--accept-bundle: 'abc' is not a bundle id (64 hex digits)" });
+});
+
+test("pinned on first use, the same again, a change refused until accepted, trusted ids", async () => {
+  const store = new MemoryPinStore();
+  assert.equal(await checkPin(store, "http://s", "m1", A, { record: false }), "pinned");
+  assert.equal(store.pins.size, 0); // the check before the fetch writes nothing
+  assert.equal(await checkPin(store, "http://s", "m1", A), "pinned");
+  assert.equal(await checkPin(store, "http://s/", "m1", A), "same");
+  await assert.rejects(checkPin(store, "http://s", "m1", B), (e) => e instanceof BundleChanged
+    && e.message === `model m1 at http://s now names bundle ${B.slice(0, 12)}…, not the bundle ${A.slice(0, 12)}… this `
+      + "device accepted for it first; a bundle decides what privatization means, so it never changes silently "
+      + `(accept it with --accept-bundle ${B})`);
+  assert.equal(await checkPin(store, "http://s", "m2", B), "pinned"); // another model: its own pin
+  assert.equal(await checkPin(store, "http://s", "m1", B, { accept: new Set([B]) }), "accepted");
+  assert.equal(await checkPin(store, "http://s", "m1", B), "same");
+  await assert.rejects(checkPin(store, "http://s", "m1", B, { trusted: new Set([A]) }),
+    { message: `bundle ${B.slice(0, 12)}… is not one of the 1 bundle id(s) this app trusts (--trusted-bundles / $PRIVBERT_TRUSTED_BUNDLES); refusing it` });
+  assert.equal(await checkPin(store, "http://s", "m1", A, { trusted: new Set([A]) }), "accepted"); // a trusted id replaces the pin
+  assert.doesNotThrow(() => checkTrusted(B, new Set()));
+});
+
+test("pins.json is the Python edge's file: its text, mode 0600, atomic, damage is an error", async () => {
+  const dir = mkdtempSync(join(tmpdir(), "privbert-pins-"));
+  const path = join(dir, "cache", "pins.json");
+  const store = new FilePinStore(path);
+  assert.equal(await store.get("k"), null);
+  await checkPin(store, "http://127.0.0.1:8000", "m1", A);
+  await checkPin(store, "http://127.0.0.1:8000", "m0", B);
+  // json.dump({"version": 1, "pins": pins}, f, indent=1, sort_keys=True)
+  assert.equal(readFileSync(path, "utf-8"), `{\n "pins": {\n  "http://127.0.0.1:8000|m0": "${B}",\n`
+    + `  "http://127.0.0.1:8000|m1": "${A}"\n },\n "version": 1\n}`);
+  assert.equal(statSync(path).mode & 0o777, 0o600);
+  assert.deepEqual(readdirSync(join(dir, "cache")), ["pins.json"]); // no temporary file left
+  for (const bad of ["{not json", '{"version": 2, "pins": {}}', `{"version": 1, "pins": {"k": "short"}}`, "[]"]) {
+    writeFileSync(path, bad);
+    await assert.rejects(store.get("k"), { message: `${path}: not a privbert pins file; move it away to pin bundles afresh `
+      + "(the next bundle each server names is accepted)" });
+  }
+});
