@@ -47,10 +47,10 @@ test("EdgeSession pins the model's bundle, refuses a swap, accepts it on request
   try {
     srv.state.bundle = { id: first.id, tar: tarOf(first) };
     const s = await EdgeSession.open({ server: srv.url, pins });
-    assert.equal(s.bundle.bundleId, first.id);
-    assert.equal(s.bundle.tableDim, 8);
+    assert.equal(s.info.bundleId, first.id);
+    assert.equal(s.info.dim, 8); // the privatization table's dimension, not the model's 384
     assert.equal(s.guarantee.worst_case.dim, 8); // the guarantee is the table's
-    assert.equal(s.diameter, 2 * s.bundle.regularMaxNorm);
+    assert.equal(s.guarantee.worst_case.epsilon, 2.0 * s.info.diameter); // eta x D of this table
     await s.close();
     assert.equal(await pins.get(`${srv.url}|m1`), first.id);
 
@@ -62,7 +62,7 @@ test("EdgeSession pins the model's bundle, refuses a swap, accepts it on request
     await assert.rejects(EdgeSession.open({ server: srv.url, pins, acceptBundle: [first.id], trustedBundles: first.id }),
       (e) => e instanceof BundleChanged && /not one of the 1 bundle id\(s\) this app trusts/.test(e.message));
     const s2 = await EdgeSession.open({ server: srv.url, pins, acceptBundle: second.id });
-    assert.equal(s2.bundle.bundleId, second.id);
+    assert.equal(s2.info.bundleId, second.id);
     await s2.close();
     assert.equal(await pins.get(`${srv.url}|m1`), second.id);
     await assert.rejects(EdgeSession.open({ server: srv.url, pins, acceptBundle: "nope" }),
