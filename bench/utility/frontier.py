@@ -237,9 +237,20 @@ def cmd_denoise(a) -> int:
 def frontier_rows(out: Path) -> list[dict]:
     """One row per (table, η) with what was measured there (the latest of each kind)."""
     rows: dict[tuple, dict] = {}
-    for r in _records(out):
-        key = (r["table"], round(float(r["eta"]), 4))
-        row = rows.setdefault(key, {"table": r["table"], "eta": float(r["eta"])})
+    recs = _records(out)
+    # one point per table and η; an η within 0.3% of another (a matched η interpolated twice)
+    # is the same point, shown at the first η measured there
+    points: dict[str, list[float]] = {}
+    for r in recs:
+        etas = points.setdefault(r["table"], [])
+        eta = float(r["eta"])
+        if not any(abs(eta - e) <= 0.003 * e for e in etas):
+            etas.append(eta)
+    for r in recs:
+        eta = float(r["eta"])
+        first = next(e for e in points[r["table"]] if abs(eta - e) <= 0.003 * e)
+        key = (r["table"], first)
+        row = rows.setdefault(key, {"table": r["table"], "eta": first})
         if r["kind"] == "sweep":
             row.update(survive=r["survive"], context_free=r["context_free"],
                        worst_case_eps=r["worst_case_eps"], table_dim=r["table_dim"],
