@@ -75,7 +75,7 @@ def test_dchi_embedding_is_refused_on_a_table_bundle(tiny_home, tmp_path):
 def test_served_and_privatized_over_the_table(trained, tiny_home, tmp_path):
     home = tmp_path / "home"
     shutil.copytree(trained["out"], tmp_path / "m")
-    reg = cloud_api("models", "register", "tab", str(tmp_path / "m"), "--promote",
+    reg = cloud_api("models", "register", "--model-id", "tab", str(tmp_path / "m"), "--promote",
                     "--home", str(home))
     assert reg.returncode == 0, reg.stderr
     assert "warning" not in reg.stderr  # the version's own bundle went into the home
