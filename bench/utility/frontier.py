@@ -164,25 +164,33 @@ def matched_eta(points: list[tuple[float, float]], target: float) -> float | Non
     return None
 
 
-def matches(out: Path, reference=REFERENCE) -> tuple[float | None, dict[str, float | None]]:
-    recs = [r for r in _records(out) if r["kind"] == "sweep"]
-    ref = [r for r in recs if r["table"] == reference[0] and r["eta"] == reference[1]]
-    if not ref:
+def matches(out: Path, reference=REFERENCE, attack: str = "context_free"
+            ) -> tuple[float | None, dict[str, float | None]]:
+    """The reference's recovery by ``attack`` ("context_free", or "strongest": the larger of
+    the context-free and the contextual attack, where the denoiser was trained) and, per
+    table, the η with the same recovery (interpolated in log η)."""
+    rows = frontier_rows(out)
+    key = "context_free" if attack == "context_free" else "strongest"
+    ref = [r for r in rows if r["table"] == reference[0]
+           and abs(r["eta"] - reference[1]) <= 0.003 * reference[1]]
+    if not ref or ref[0].get(key) is None or (key == "strongest" and "contextual" not in ref[0]):
         return None, {}
-    target = ref[-1]["context_free"]
-    tables = sorted({r["table"] for r in recs})
-    return target, {t: matched_eta([(r["eta"], r["context_free"]) for r in recs
-                                    if r["table"] == t], target) for t in tables}
+    target = ref[0][key]
+    pts: dict[str, list[tuple[float, float]]] = {}
+    for r in rows:
+        if r.get(key) is not None and (key == "context_free" or "contextual" in r):
+            pts.setdefault(r["table"], []).append((r["eta"], r[key]))
+    return target, {t: matched_eta(p, target) for t, p in sorted(pts.items())}
 
 
 def cmd_match(a) -> int:
     out = Path(a.out)
     ref_table, ref_eta = a.reference.split(":")
-    target, m = matches(out, (ref_table, float(ref_eta)))
+    target, m = matches(out, (ref_table, float(ref_eta)), a.attack)
     if target is None:
         print(f"no sweep point for the reference {a.reference}: run sweep first")
         return 1
-    print(f"reference {a.reference}: context-free recovery {target:.4f}")
+    print(f"reference {a.reference}: {a.attack.replace('_', '-')} recovery {target:.4f}")
     for t, eta in m.items():
         print(f"  {t}: matched eta {'not bracketed' if eta is None else f'{eta:.4g}'}")
         if eta is not None and a.check:
@@ -289,19 +297,28 @@ def cmd_report(a) -> int:
                      _fmt(r.get("sent_mean")),
                      " ".join(f"{x:.3f}" for x in r.get("sent_draws", [])) or "—",
                      _fmt(r.get("phrase2000"))] for r in rows]))
-    target, m = matches(out)
-    if target is not None:
-        print(f"\nmatched privacy: context-free recovery {target:.4f} (the 384-d table at "
-              f"eta 65)")
+    for attack, what in (("context_free", "the context-free Bayes attack"),
+                         ("strongest", "the strongest attack (context-free or contextual)")):
+        target, m = matches(out, attack=attack)
+        if target is None:
+            continue
+        print(f"\nmatched privacy by {what}: recovery {target:.4f} (the 384-d table at eta 65)")
         for t, eta in m.items():
+            if t == REFERENCE[0]:
+                continue
             near = [r for r in rows if r["table"] == t and eta is not None
                     and abs(r["eta"] - eta) <= 0.02 * eta and "sent_mean" in r]
             acc = near[0]["sent_mean"] if near else None
-            print(f"  {t}: eta {_fmt(eta, '.4g')}, accuracy {_fmt(acc)}")
+            print(f"  {t}: eta {_fmt(eta, '.4g')}, accuracy "
+                  f"{_fmt(acc)}{measured_at(near)}")
     if a.png:
         plot(rows, Path(a.png))
         print(f"\nwrote {a.png}")
     return 0
+
+
+def measured_at(near: list[dict]) -> str:
+    return f" (measured at eta {near[0]['eta']:g})" if near else ""
 
 
 def plot(rows: list[dict], path: Path) -> None:
@@ -341,6 +358,8 @@ def parse_args(argv=None) -> argparse.Namespace:
                             help="measure again points already measured (channel tables are "
                                  "kept and reused)")
     s["match"].add_argument("--reference", default="none:65")
+    s["match"].add_argument("--attack", choices=("context_free", "strongest"),
+                            default="context_free")
     s["match"].add_argument("--check", action="store_true",
                             help="sweep each matched η to check it")
     for name in ("train", "denoise"):
