@@ -30,6 +30,7 @@ from pathlib import Path
 
 from cloud_api.cli import PROG, _guarded, fail, home_arg, settings_for
 from shared.mechanisms import DChiText, registry
+from shared.table import DEFAULT_TABLE, MATCHED_ETA
 
 # The quick start's defaults: at about the same compute, half of MiniLM's layers over more
 # epochs of fresh noise read privatized text better than the whole model over one epoch
@@ -37,7 +38,7 @@ from shared.mechanisms import DChiText, registry
 DEFAULT_LIMIT = 12000
 DEFAULT_DEV_LIMIT = 1000
 DEFAULT_EPOCHS = 2
-DEFAULT_ETA = 65.0
+DEFAULT_ETA = 65.0  # on the model's own (384-d) table; a designed table has its own
 DEFAULT_DEV_DRAWS = 3
 DEFAULT_BERT_LR = 2e-4  # a few short epochs: 2e-5 (models' default) leaves the BERT underfit
 DEFAULT_LAYERS = 3  # of the packaged MiniLM's 6 (a --base keeps all of its layers)
@@ -156,8 +157,12 @@ def run(args) -> int:
     _check_device(args)
     recipe = recipe_from_args(args, args.mechanism, raw_text=True)
     params = _mechanism_params(args)
+    if _default_table(args) and args.mechanism == DChiText.name:
+        _say(f"privatization table {DEFAULT_TABLE} (the default for new models: "
+             "bench/results/frontier.md; --table none for the model's 384-d table)")
     if "eta" in registry.get(args.mechanism).param_names() and params["eta"] is None:
-        params["eta"] = DEFAULT_ETA  # the dχ mechanisms
+        # the dχ mechanisms: the η of this table matched to the 384-d table at η 65
+        params["eta"] = MATCHED_ETA.get(args.table or "none", DEFAULT_ETA)
     bundle = _bundle(args)
     weak = _check_floor(args, bundle, params)
     if weak is not None:
@@ -182,6 +187,16 @@ def run(args) -> int:
     if args.dev is None:
         _say("no --dev: no dev accuracy will be measured")
     return _train_and_register(args, home, model_id, task, bundle, params, rows, t0, recipe)
+
+
+def _default_table(args) -> bool:
+    """dchi-text on the default MiniLM with no bundle or table asked for gets the default
+    privatization table (sets ``args.table``); True when it did."""
+    if args.mechanism == DChiText.name and args.bundle is None and args.base is None \
+            and getattr(args, "table", None) is None:
+        args.table = DEFAULT_TABLE
+        return True
+    return False
 
 
 def _bundle(args):

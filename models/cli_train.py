@@ -381,6 +381,14 @@ def run_train(args) -> int:
         den = (_denoiser_file(args.denoiser_file, args.bundle) if args.denoiser_file
                else None)
         bundle = args.bundle
+        if args.table is None and args.bundle is None and args.base is None \
+                and args.mechanism == "dchi-text":
+            from shared.table import DEFAULT_TABLE, MATCHED_ETA
+
+            args.table = DEFAULT_TABLE
+            _info(f"note: privatization table {DEFAULT_TABLE}, the default for new dchi-text "
+                  f"models (eta {MATCHED_ETA[DEFAULT_TABLE]:g} on it matches eta "
+                  f"{MATCHED_ETA['none']:g} on the 384-d table; --table none for that one)")
         if args.table is not None:
             from models.privatize import load_bundle
 
@@ -531,7 +539,7 @@ def run_attack(args) -> int:
         if args.mechanism is None:
             raise ValueError("--attack needs --mechanism (and its parameters) or --model")
         name, params = args.mechanism, None
-        bundle = load_bundle(bundle_dir=args.bundle)
+        bundle = load_bundle(bundle_dir=args.bundle, table=args.table)
     if args.denoiser is not None and name not in DENOISER_MECHANISMS:
         raise ValueError(f"--denoiser makes no sense for {name}: a contextual denoiser "
                          f"exists for {' and '.join(DENOISER_MECHANISMS)} only")

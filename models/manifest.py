@@ -32,6 +32,9 @@ FORMAT = "privbert-manifest"
 FORMAT_VERSION = 1
 _FLOATS = {"F16": np.float16, "F32": np.float32, "F64": np.float64}
 _BF16_EXPONENT = 0x7F80  # bfloat16: all exponent bits set = inf or NaN
+# tensors that are log-probabilities with -inf on the tokens that can never occur (the
+# dchi-embedding posterior's prior, models/classifiers.py): -inf is their value, not damage
+MASKS = ("log_prior",)
 
 
 class IntegrityError(ValueError):
@@ -198,10 +201,16 @@ def check_finite_safetensors(path: str | os.PathLike) -> None:
         width = np.dtype(_FLOATS[dtype]).itemsize if dtype in _FLOATS else 2
         if dtype in (*_FLOATS, "BF16") and raw.size % width:
             raise IntegrityError(f"{p}: tensor {name} is not a whole number of {dtype} values")
+        masked = name.endswith(MASKS)  # -inf there means "never this token", by design
         if dtype in _FLOATS:
-            finite = bool(np.isfinite(raw.view(_FLOATS[dtype])).all())
+            v = raw.view(_FLOATS[dtype])
+            finite = bool((np.isfinite(v) | (masked & np.isneginf(v))).all())
         elif dtype == "BF16":
-            finite = not bool(((raw.view(np.uint16) & _BF16_EXPONENT) == _BF16_EXPONENT).any())
+            bits = raw.view(np.uint16)
+            special = (bits & _BF16_EXPONENT) == _BF16_EXPONENT
+            if masked:
+                special &= bits != 0xFF80  # bfloat16 -inf
+            finite = not bool(special.any())
         else:
             continue
         if not finite:
