@@ -140,7 +140,7 @@ class ServedModels:
             failed = self._failed.get(model_id)
             if served is not None and served.version == version:
                 continue
-            if failed is not None:
+            if failed is not None and not self._wants(model_id, version):
                 now = f"; serving {served.version}" if served else "; nothing served"
                 problems[model_id] = f"{failed[0]} failed to load: {failed[1]}{now}"
             elif served is not None:
