@@ -198,39 +198,38 @@ def dchi_floor_eta(bundle: EdgeBundle, threshold: float = THRESHOLD,
 
 
 # -- dχ: the table itself ------------------------------------------------------------------------
-_TABLE_PROBLEMS: dict[tuple, str | None] = {}
+_IDENTICAL: dict[tuple, str | None] = {}
 
 
 def table_problem(bundle: EdgeBundle, rng: np.random.Generator | None = None) -> str | None:
     """None for a usable privatization table, else why it is degenerate (one clause):
-    identical regular rows (all of them compared), or a regular row nearer to another than
-    ``NEAR_DUPLICATE`` of the median nearest-row distance (``DUPLICATE_SAMPLE`` rows drawn
-    from ``rng``, OS entropy by default). The answer is kept per table content in this
-    process (the table is verified against its hash when the bundle is loaded)."""
+    identical regular rows (all of them compared; the answer is kept per table content in
+    this process, as the table is verified against its hash when the bundle is loaded), or a
+    regular row nearer to another than ``NEAR_DUPLICATE`` of the median nearest-row distance
+    (``DUPLICATE_SAMPLE`` rows drawn from ``rng`` at every call, OS entropy by default: the
+    web edge draws the same rows from the same generator)."""
     reg = np.asarray(bundle.regular_ids, dtype=np.int64)
     files = bundle.meta.get("files") or {}
     key = (files.get("table.npy") or files.get("embeddings.npy"), files.get("table_scale.npy"),
            hashlib.sha256(reg.tobytes()).hexdigest())
-    if key not in _TABLE_PROBLEMS:
-        table = np.ascontiguousarray(bundle.table[reg], dtype=np.float32)
-        _TABLE_PROBLEMS[key] = (_identical_rows(table)
-                                or _near_duplicates(table, resolve_rng(rng)))
-    return _TABLE_PROBLEMS[key]
+    table = np.ascontiguousarray(bundle.table[reg], dtype=np.float32)
+    if key not in _IDENTICAL:
+        _IDENTICAL[key] = _identical_rows(table)
+    return _IDENTICAL[key] or _near_duplicates(table, resolve_rng(rng))
 
 
 def _identical_rows(t: np.ndarray) -> str | None:
     """Bit-identical rows of ``t`` (each row's bytes as a dictionary key)."""
     if not np.all(np.isfinite(t)):
         return "its table has non-finite values"
-    seen: set[bytes] = set()
-    repeats = 0
+    count: dict[bytes, int] = {}
     for row in t:
         key = row.tobytes()
-        repeats += key in seen
-        seen.add(key)
-    if repeats:
-        return (f"{repeats} of its {t.shape[0]:,} regular rows repeat another row exactly "
-                "(identical rows: the search can never return some of them)")
+        count[key] = count.get(key, 0) + 1
+    groups = [c for c in count.values() if c > 1]
+    if groups:
+        return (f"{sum(groups):,} of its {t.shape[0]:,} regular tokens share {len(groups):,} "
+                "rows (identical rows: the search can never return some of them)")
     return None
 
 

@@ -67,7 +67,7 @@ export function identicalRows(bundle: EdgeBundle): string | null {
     }
   }
   if (rows === 0) return null;
-  return `${tokens} of its ${thousands(n)} regular tokens share ${thousands(rows)} rows `
+  return `${thousands(tokens)} of its ${thousands(n)} regular tokens share ${thousands(rows)} rows `
     + "(identical rows: the search can never return some of them)";
 }
 
