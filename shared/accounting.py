@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from shared.mechanisms.binary import OME, _FixedPointBits
+from shared.mechanisms.binary import OME, FixedPointBits
 from shared.mechanisms.dchi import DChiEmbedding, DChiText
 from shared.mechanisms.laplace import Laplace, dropout_epsilon
 from shared.mechanisms.nearest import kth_neighbour_distances
@@ -176,8 +176,8 @@ def _laplace(mech: Laplace, bundle: EdgeBundle | None, *, dim: int | None,
     return g
 
 
-@GUARANTEE.register(_FixedPointBits)
-def _bits(mech: _FixedPointBits, bundle: EdgeBundle | None, *, dim: int | None,
+@GUARANTEE.register(FixedPointBits)
+def _bits(mech: FixedPointBits, bundle: EdgeBundle | None, *, dim: int | None,
           sample: int) -> dict:
     p, q = mech.bit_probabilities()
     worst = bit_flip_epsilon(p, q)

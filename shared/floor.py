@@ -44,9 +44,9 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from shared.accounting import bit_flip_epsilon, laplace_vector_epsilon, sentence_vector_dim
-from shared.mechanisms.binary import _FixedPointBits
+from shared.mechanisms.binary import FixedPointBits
 from shared.mechanisms.computable import (  # noqa: F401 (part of this module's API)
-    _F32_MAX,
+    F32_MAX,
     TAIL,
     check_dchi_eta,
     dchi_noise_limit,
@@ -350,8 +350,8 @@ def _laplace_reason(mech: Laplace, bundle: EdgeBundle | None, *, threshold: floa
             f"(floor {_pct(threshold)})")
 
 
-@FLOOR.register(_FixedPointBits)
-def _bits_reason(mech: _FixedPointBits, bundle: EdgeBundle | None, *, threshold: float,
+@FLOOR.register(FixedPointBits)
+def _bits_reason(mech: FixedPointBits, bundle: EdgeBundle | None, *, threshold: float,
                  dim: int | None, **_: Any) -> str | None:
     p, q = mech.bit_probabilities()
     params = ", ".join(f"{k}={v:g}" for k, v in mech.params.items() if k in ("epsilon", "lam"))
@@ -429,6 +429,6 @@ def _dchi_embedding_computable(mech: DChiEmbedding, bundle: EdgeBundle | None, *
 def _laplace_computable(mech: Laplace, bundle: EdgeBundle | None, *, dim: int | None,
                         float_dtype: str) -> None:
     b = mech.scale(_vector_dim(mech, bundle, dim))  # inf if r/ε overflows
-    if not math.isfinite(b) or 1.0 + b * TAIL > _F32_MAX / 4.0:
+    if not math.isfinite(b) or 1.0 + b * TAIL > F32_MAX / 4.0:
         raise ValueError(f"epsilon={mech.epsilon:g} is too small to compute: the "
                          f"Laplace noise (scale {b:.3g}) overflows float32")

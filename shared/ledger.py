@@ -37,7 +37,7 @@ from typing import Any
 
 from shared.accounting import bit_flip_epsilon, dchi_diameter_bound, laplace_vector_epsilon
 from shared.mechanisms import registry
-from shared.mechanisms.binary import OME, _FixedPointBits
+from shared.mechanisms.binary import OME, FixedPointBits
 from shared.mechanisms.dchi import DChiEmbedding, DChiText
 from shared.mechanisms.laplace import Laplace
 from shared.mechanisms.plain import NoPrivacy
@@ -156,7 +156,7 @@ def _ome_cost(cls: type, params: Mapping[str, Any], *, dim: int | None, **size: 
     return Cost(cls.family, _finite(cls.name, eps))
 
 
-@COST.register(_FixedPointBits)
+@COST.register(FixedPointBits)
 def _bits_cost(cls: type, params: Mapping[str, Any], *, dim: int | None, **size: Any
                ) -> Cost:
     """SUE, OUE: the worst case over their bits (objects only: they have no payload)."""

@@ -25,8 +25,8 @@ from typing import Annotated
 import numpy as np
 from pydantic import BaseModel, Field, model_validator
 
-from shared.arrays import _STRICT, PosFloat
-from shared.mechanisms._checks import finite_array, positive, positive_int
+from shared.arrays import STRICT, PosFloat
+from shared.mechanisms.checks import finite_array, positive, positive_int
 from shared.mechanisms.registry import BaseMechanism, PayloadKind, encoder_dim, need
 from shared.rng import resolve_rng
 
@@ -50,7 +50,7 @@ def z_score(vec: np.ndarray) -> np.ndarray:
 class OMEParams(BaseModel):
     """OME: ε > 0, λ > 0, fixed-point layout (1 sign + int_bits + frac_bits)."""
 
-    model_config = _STRICT
+    model_config = STRICT
     epsilon: PosFloat
     lam: PosFloat
     int_bits: Annotated[int, Field(strict=True, ge=0, le=29)] = 4
@@ -71,13 +71,13 @@ class OMEParams(BaseModel):
 class SUEParams(BaseModel):
     """SUE and OUE (baselines without a payload): ε > 0 and the fixed-point layout."""
 
-    model_config = _STRICT
+    model_config = STRICT
     epsilon: PosFloat
     int_bits: Annotated[int, Field(strict=True, ge=0, le=29)] = 4
     frac_bits: Annotated[int, Field(strict=True, ge=0, le=29)] = 5
 
 
-class _FixedPointBits(BaseMechanism):
+class FixedPointBits(BaseMechanism):
     """Sign + integer + fraction bit encoding shared by OME, SUE and OUE."""
 
     name = ""
@@ -143,7 +143,7 @@ class _FixedPointBits(BaseMechanism):
         return self.privatize(vectors, rng), None
 
 
-class OME(_FixedPointBits):
+class OME(FixedPointBits):
     """Optimized Multiple Encoding (Theorem 1)."""
 
     name = "ome"
@@ -190,7 +190,7 @@ class OME(_FixedPointBits):
         return p, q
 
 
-class SUE(_FixedPointBits):
+class SUE(FixedPointBits):
     """Symmetric unary-style randomized response: p = e^a/(1+e^a), q = 1/(1+e^a), a = ε/(r·l)."""
 
     name = "sue"

@@ -22,8 +22,8 @@ from typing import Annotated, Literal
 import numpy as np
 from pydantic import BaseModel, Field
 
-from shared.arrays import _STRICT, PosFloat
-from shared.mechanisms._checks import finite_array, in_unit_interval, positive
+from shared.arrays import STRICT, PosFloat
+from shared.mechanisms.checks import finite_array, in_unit_interval, positive
 from shared.mechanisms.registry import BaseMechanism, PayloadKind, encoder_dim, need
 from shared.rng import resolve_rng
 
@@ -48,7 +48,7 @@ def dropout_epsilon(epsilon: float, mu: float) -> float:
 class LaplaceParams(BaseModel):
     """DPNR: ε > 0, calibration, word dropout μ in [0, 1)."""
 
-    model_config = _STRICT
+    model_config = STRICT
     epsilon: PosFloat
     calibration: Literal["vector", "coordinate"] = "vector"
     word_dropout: Annotated[float, Field(strict=True, ge=0, lt=1)] = 0.0

@@ -18,8 +18,8 @@ import os
 import numpy as np
 from pydantic import BaseModel
 
-from shared.arrays import _STRICT, PosInt
-from shared.mechanisms._checks import finite_array, positive, positive_int
+from shared.arrays import STRICT, PosInt
+from shared.mechanisms.checks import finite_array, positive, positive_int
 from shared.mechanisms.registry import BaseMechanism, PayloadKind, encoder_dim, need
 from shared.rng import resolve_rng
 
@@ -56,7 +56,7 @@ def check_pool_memory(m: int, dim: int) -> None:
 class TextHideParams(BaseModel):
     """TextHide: pool of m masks, k examples mixed."""
 
-    model_config = _STRICT
+    model_config = STRICT
     m: PosInt
     k: PosInt
 
