@@ -28,6 +28,7 @@ from pathlib import Path
 
 import numpy as np
 
+from shared import messages as msg
 from shared.table import PROJECTIONS, Table, TableError, TableSpec, build_table, dequantize
 
 FORMAT = "privbert-edge-bundle"
@@ -177,11 +178,8 @@ class EdgeBundle:
         """The model's frozen word embeddings (vocab × n, float32); BundleError if this
         bundle carries a designed privatization table instead."""
         if self._embeddings is None:
-            raise BundleError(
-                f"bundle {self.bundle_id[:12]}… carries the privatization table "
-                f"{self.table_name} ({self.table_dim} dimensions), not the model's word "
-                "embeddings: it serves dchi-text only (dchi-embedding needs a bundle with "
-                "the model's table, e.g. cloud-api make-bundle --table none)")
+            raise BundleError(msg.TABLE_ONLY.format(
+                bundle_id12=self.bundle_id[:12], table=self.table_name, dim=self.table_dim))
         return self._embeddings
 
     @property

@@ -11,6 +11,7 @@ import math
 
 import numpy as np
 
+from shared import messages as msg
 from shared.mechanisms.nearest import scores_overflow
 
 TAIL = 40.0  # noise tails are bounded with probability 1 - e^-40 (about 4e-18)
@@ -43,6 +44,5 @@ def check_dchi_eta(eta: float, dim: int, t_max: float, float_dtype: str = "float
     if search and not bad:  # the rule ExactNearest.search applies to the noisy queries
         bad = scores_overflow(r + t_max, t_max)
     if bad:
-        what = "a float16 payload" if float_dtype == "float16" else "float32"
-        raise ValueError(f"eta={eta:g} is too small to compute: the noise norm (up to "
-                         f"{r:.3g}) overflows {what}")
+        where = msg.WHERE_FLOAT16 if float_dtype == "float16" else msg.WHERE_FLOAT32
+        raise ValueError(msg.DCHI_TOO_SMALL.format(eta=eta, norm=r, where=where))
