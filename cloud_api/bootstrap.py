@@ -190,9 +190,9 @@ def _check_floor(args, bundle, params: dict) -> str | None:
 def _train_and_register(args, home, model_id: str, task: str, bundle, params: dict,
                         rows: int, t0: float, recipe) -> int:
     from cloud_api.home import write_atomically
+    from models.backbone import model_embeddings
     from models.cli_train import _posterior_table, _rng
     from models.data import kind_of
-    from models.backbone import model_embeddings
     from models.denoiser import Denoiser
     from models.experiment import train_from_tsv
     from models.finetune import TrainConfig

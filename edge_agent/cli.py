@@ -21,9 +21,9 @@ from edge_agent.service.connect import make_client, resolve_bundle
 
 # -- parser -----------------------------------------------------------------------------------
 def _report_mechanisms() -> tuple[str, ...]:
-    from edge_agent.report import REPORT_MECHANISMS
+    from shared.mechanisms.registry import dchi_names
 
-    return REPORT_MECHANISMS
+    return dchi_names()
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -18,7 +18,7 @@ import json
 import sys
 
 from edge_agent.errors import one_line
-from models.recipe import DEFAULT_EPOCHS, DENOISER_MECHANISMS
+from models.recipe import DEFAULT_EPOCHS
 
 PROG = "cloud-api"
 
@@ -532,9 +532,9 @@ def run_attack(args) -> int:
             raise ValueError("--attack needs --mechanism (and its parameters) or --model")
         name, params = args.mechanism, None
         bundle = load_bundle(bundle_dir=args.bundle)
-    if args.denoiser is not None and name not in DENOISER_MECHANISMS:
+    if args.denoiser is not None and name not in registry.substituting_names():
         raise ValueError(f"--denoiser makes no sense for {name}: a contextual denoiser "
-                         f"exists for {' and '.join(DENOISER_MECHANISMS)} only")
+                         f"exists for {' and '.join(registry.substituting_names())} only")
     texts = attack.read_sentences(args.data, args.limit)
     cls = registry.get(name)
     if cls.family == "dchi":  # token by token: the dχ report

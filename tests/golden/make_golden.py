@@ -274,6 +274,10 @@ def make_floor() -> dict:
     from shared import floor
     from shared.mechanisms import create
 
+    # the floor keeps each table's degeneracy check per process, and only the first check of
+    # a table draws its sample from the generator: start from an empty memory, as the
+    # process that wrote floor.json did
+    floor._TABLE_PROBLEMS.clear()
     bundle, small = tiny_bundle(), tiny_int8_bundle()
     cases = []
     for label, b, name, params, dim, seed in (
