@@ -35,9 +35,9 @@ FORMAT = "privbert-edge-bundle"
 FORMAT_VERSION = 1
 SPECIAL_TOKENS = {"pad": "[PAD]", "unk": "[UNK]", "cls": "[CLS]", "sep": "[SEP]", "mask": "[MASK]"}
 _UNUSED = re.compile(r"^\[unused\d+\]$")
-_HASHED_META = ("format", "format_version", "vocab_size", "dim", "max_length", "special_ids",
+HASHED_META = ("format", "format_version", "vocab_size", "dim", "max_length", "special_ids",
                 "unused_ids", "encoder", "files")
-_HASHED_IF_PRESENT = ("table",)  # absent from the original layout: its ids stay as they were
+HASHED_IF_PRESENT = ("table",)  # absent from the original layout: its ids stay as they were
 TOKENIZER_FILE, EMBEDDINGS_FILE, ENCODER_FILE, META_FILE = (
     "tokenizer.json", "embeddings.npy", "encoder.onnx", "bundle.json")
 TABLE_FILE, TABLE_SCALE_FILE = "table.npy", "table_scale.npy"
@@ -279,8 +279,8 @@ class EdgeBundle:
 
     @staticmethod
     def _compute_id(meta: dict) -> str:
-        hashed = {k: meta.get(k) for k in _HASHED_META}
-        hashed.update({k: meta[k] for k in _HASHED_IF_PRESENT if meta.get(k) is not None})
+        hashed = {k: meta.get(k) for k in HASHED_META}
+        hashed.update({k: meta[k] for k in HASHED_IF_PRESENT if meta.get(k) is not None})
         return _sha256(json.dumps(hashed, sort_keys=True, separators=(",", ":")).encode())
 
     # -- construction ---------------------------------------------------------------------

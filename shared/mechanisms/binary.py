@@ -148,6 +148,8 @@ class OME(FixedPointBits):
 
     name = "ome"
     Params = OMEParams
+    param_help = {"epsilon": "epsilon > 0", "lam": "randomized-response factor lambda > 0"}
+    fixed_params = frozenset({"int_bits", "frac_bits"})  # the edge's layout: 1 + 4 + 5 bits
 
     def __init__(self, epsilon: float, lam: float, dim: int, int_bits: int = 4, frac_bits: int = 5):
         super().__init__(dim, int_bits, frac_bits)

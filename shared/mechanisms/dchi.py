@@ -67,6 +67,7 @@ class DChiEmbedding(BaseMechanism):
     payload_kind = PayloadKind.EMBEDDINGS
     family = "dchi"
     edge_options = frozenset({"float16"})
+    param_help = {"eta": "dχ-privacy eta > 0"}
 
     def __init__(self, eta: float):
         self.eta = positive("eta", eta)
@@ -106,6 +107,7 @@ class DChiText(BaseMechanism):
     Params = DChiParams
     payload_kind = PayloadKind.TOKENS
     family = "dchi"
+    param_help = {"eta": "dχ-privacy eta > 0"}
 
     def __init__(self, bundle: EdgeBundle, eta: float, chunk: int = 256):
         self.eta = positive("eta", eta)

@@ -61,6 +61,13 @@ class Laplace(BaseMechanism):
     Params = LaplaceParams
     payload_kind = PayloadKind.VECTOR
     family = "laplace"
+    param_help = {
+        "epsilon": "epsilon > 0",
+        "calibration": "noise scale r/eps (vector, default: the whole vector is eps-DP) or "
+                       "1/eps (coordinate, as published: r*eps for the vector)",
+        "word_dropout": "DPNR word dropout rate in [0, 1), before encoding",
+    }
+    param_metavar = {"word_dropout": "MU"}
 
     def __init__(self, epsilon: float, calibration: str = "vector", word_dropout: float = 0.0):
         self.epsilon = positive("epsilon", epsilon)

@@ -163,8 +163,8 @@ class BaseMechanism:
     settings besides the parameters that apply to it, e.g. TextHide's key). For the command
     lines, which make a flag of each parameter (``shared.spec``): ``param_help`` (one
     phrase per parameter), ``fixed_params`` (parameters no command line offers: their
-    default always, e.g. OME's bit layout) and ``edge_defaults`` (the edge's value for a
-    required parameter not given, e.g. TextHide's k = 1).
+    default always, e.g. OME's bit layout), ``edge_defaults`` (the edge's value for a
+    required parameter not given, e.g. TextHide's k = 1) and ``param_metavar``.
     """
 
     name: ClassVar[str] = ""
@@ -177,6 +177,7 @@ class BaseMechanism:
     param_help: ClassVar[Mapping[str, str]] = {}
     fixed_params: ClassVar[frozenset[str]] = frozenset()
     edge_defaults: ClassVar[Mapping[str, Any]] = {}
+    param_metavar: ClassVar[Mapping[str, str]] = {}
 
     @property
     def params(self) -> dict:
