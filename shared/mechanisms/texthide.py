@@ -71,8 +71,7 @@ class TextHide(BaseMechanism):
     has_epsilon = False
     edge_options = frozenset({"texthide_key", "texthide_seed", "num_labels"})
     param_help = {"m": "size of the secret mask pool",
-                  "k": "inputs mixed per record (predictions use 1; k > 1 mixes labelled "
-                       "records)"}
+                  "k": "inputs mixed per record (predictions use 1)"}
     edge_defaults = {"k": 1}  # the edge: one input per payload unless asked
 
     def __init__(

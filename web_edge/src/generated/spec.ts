@@ -475,7 +475,7 @@ export const SPEC = {
           "default": null,
           "edge_default": 1,
           "flag": "--k",
-          "help": "inputs mixed per record (predictions use 1; k > 1 mixes labelled records)",
+          "help": "inputs mixed per record (predictions use 1)",
           "metavar": null,
           "param": "k",
           "required": true,
