@@ -305,8 +305,8 @@ def new_denoiser(posterior, bundle, *, layers: int = 2, candidates: int = 4096, 
                  meta: dict | None = None) -> Denoiser:
     """An untrained denoiser (= the context-free posterior of ``posterior``) whose encoder
     is the first ``layers`` layers of ``base`` (None: MiniLM), checked against ``bundle``."""
-    from models.backbone import check_same_bundle
-    from models.finetune import keep_layers, load_backbone
+    from models.backbone import check_same_bundle, keep_layers
+    from models.version_module import load_backbone
 
     if posterior.bundle_id != bundle.bundle_id:
         raise ValueError("the posterior table was built for another bundle")
