@@ -75,7 +75,7 @@ class ParamFlag:
 
     param: str
     flag: str
-    type: str  # JSON Schema: number, integer, string
+    json_type: str  # number, integer, string
     choices: tuple[str, ...] | None
     metavar: str | None
     mechanisms: tuple[str, ...]
@@ -98,7 +98,7 @@ class ParamFlag:
 
     @property
     def python_type(self) -> type:
-        return _TYPES[self.type]
+        return _TYPES[self.json_type]
 
 
 def param_flags(mechs: Iterable[dict] | None = None) -> list[ParamFlag]:

@@ -23,6 +23,7 @@ from __future__ import annotations
 import math
 import time
 from dataclasses import dataclass, field
+from typing import cast
 
 import numpy as np
 
@@ -249,6 +250,7 @@ def build_report(bundle: EdgeBundle, mechanism: str, *, eta: float | None = None
         eta, _ = target_eta(draw, target, tol=tol)
         mech.eta = float(eta)  # the same index serves every η: no second build
         timings["target_eta"] = time.perf_counter() - t0
+    eta = cast(float, eta)  # given, or found for the target
     grid = sorted({float(e) for e in (etas or default_etas(bundle.table_dim))} | {float(eta)})
     t1 = time.perf_counter()
     table = [(e, draw.accuracy(e)) for e in grid]

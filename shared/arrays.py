@@ -20,7 +20,7 @@ from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, ValidationInfo, 
 try:  # SIMD base64 (10x the standard library's speed); same bytes, same errors
     from pybase64 import b64decode, b64encode
 except ImportError:  # pragma: no cover - the edge and cloud extras install it
-    from base64 import b64decode, b64encode
+    from base64 import b64decode, b64encode  # type: ignore[assignment]
 
 MAX_JSON_BYTES = 8 * 1024 * 1024
 DTYPES = {"float16": "<f2", "float32": "<f4", "int32": "<i4", "bits": "u1"}

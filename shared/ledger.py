@@ -33,7 +33,7 @@ import math
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from functools import lru_cache
-from typing import Any
+from typing import Any, cast
 
 from shared.accounting import bit_flip_epsilon, dchi_diameter_bound, laplace_vector_epsilon
 from shared.mechanisms import registry
@@ -172,12 +172,12 @@ def cost(mechanism: str, params: Mapping[str, Any], *, tokens: int | None = None
 
 # -- the cost of each mechanism (registered: ``mechanism.cost(...)`` finds them) --------------
 @COST.register(TextHide, NoPrivacy)
-def _counted(cls: type, params: Mapping[str, Any], **size: Any) -> Cost:
+def _counted(cls: Any, params: Mapping[str, Any], **size: Any) -> Cost:
     return Cost(cls.family, None)
 
 
 @COST.register(DChiText, DChiEmbedding)
-def _dchi_cost(cls: type, params: Mapping[str, Any], *, tokens: int | None,
+def _dchi_cost(cls: Any, params: Mapping[str, Any], *, tokens: int | None,
                dim: int | None, diameter: float | None) -> Cost:
     eta = check_amount("eta", params["eta"])
     n = _count("tokens", tokens)
@@ -189,7 +189,7 @@ def _dchi_cost(cls: type, params: Mapping[str, Any], *, tokens: int | None,
 
 
 @COST.register(Laplace)
-def _laplace_cost(cls: type, params: Mapping[str, Any], *, dim: int | None, **size: Any
+def _laplace_cost(cls: Any, params: Mapping[str, Any], *, dim: int | None, **size: Any
                   ) -> Cost:
     r = _count("vector size", dim)
     eps = laplace_vector_epsilon(float(params["epsilon"]), params.get("calibration", "vector"),
@@ -198,7 +198,7 @@ def _laplace_cost(cls: type, params: Mapping[str, Any], *, dim: int | None, **si
 
 
 @COST.register(OME)
-def _ome_cost(cls: type, params: Mapping[str, Any], *, dim: int | None, **size: Any) -> Cost:
+def _ome_cost(cls: Any, params: Mapping[str, Any], *, dim: int | None, **size: Any) -> Cost:
     r = _count("vector size", dim)
     eps = _bits_epsilon(float(params["epsilon"]), float(params["lam"]), r,
                         int(params.get("int_bits", 4)), int(params.get("frac_bits", 5)))
@@ -206,7 +206,7 @@ def _ome_cost(cls: type, params: Mapping[str, Any], *, dim: int | None, **size: 
 
 
 @COST.register(FixedPointBits)
-def _bits_cost(cls: type, params: Mapping[str, Any], *, dim: int | None, **size: Any
+def _bits_cost(cls: Any, params: Mapping[str, Any], *, dim: int | None, **size: Any
                ) -> Cost:
     """SUE, OUE: the worst case over their bits (objects only: they have no payload)."""
     mech = cls(float(params["epsilon"]), _count("vector size", dim),
@@ -267,7 +267,7 @@ def batch_cost(payloads: Iterable[Any], mechanism: str, params: Mapping[str, Any
     if not has_epsilon(family_of(mechanism)):
         return Cost(family_of(mechanism), None, sends=n)
     each = [(cost(mechanism, params, **dict(size)), k) for size, k in sizes.items()]
-    eps = math.fsum(c.epsilon * k for c, k in each)
+    eps = math.fsum(cast(float, c.epsilon) * k for c, k in each)
     return Cost(family_of(mechanism), _finite(mechanism, eps), sends=n,
                 tokens=sum(c.tokens * k for c, k in each))
 
@@ -354,7 +354,7 @@ def total(costs: Iterable[Cost]) -> Cost | None:
     if len(fams) != 1:
         raise ValueError(f"one family per batch, got {sorted(fams)}")
     fam = fams.pop()
-    eps = math.fsum(c.epsilon for c in costs) if has_epsilon(fam) else None
+    eps = math.fsum(cast(float, c.epsilon) for c in costs) if has_epsilon(fam) else None
     etas = {c.eta for c in costs}
     return Cost(fam, eps, metric=math.fsum(c.metric for c in costs),
                 tokens=sum(c.tokens for c in costs), sends=sum(c.sends for c in costs),

@@ -13,7 +13,7 @@ Size limits come from a :class:`Limits` in pydantic's validation context::
 
 from __future__ import annotations
 
-from typing import Annotated, Any, ClassVar, Literal, Union
+from typing import TYPE_CHECKING, Annotated, Any, ClassVar, Literal, TypeAlias, Union
 
 import numpy as np
 from pydantic import (
@@ -183,10 +183,11 @@ class OMEPayload(_Base):
         _expect("vector dimension r", n // per, lim.vector_dim)
 
 
-def _plugin_payload(mech: type) -> type[_Base]:
+def _plugin_payload(mech: Any) -> type[_Base]:
     """The payload class of a mechanism added by a plugin (``shared.mechanisms.registry``):
     token ids or one float32 vector, with the mechanism's own params model."""
     kind = mech.payload_kind
+    base: type[_Base]
     if kind is registry.PayloadKind.TOKENS:
         base, field = _TokenBase, "token_ids"
     elif kind is registry.PayloadKind.VECTOR:
@@ -194,9 +195,9 @@ def _plugin_payload(mech: type) -> type[_Base]:
     else:
         raise ValueError(f"mechanism {mech.name}: a plugin's payload carries tokens or a "
                          f"vector, not {kind}")
-    cls = create_model(f"{mech.__name__}Payload", __base__=base, __module__=__name__,
-                       mechanism=(Literal[mech.name], ...), params=(mech.Params, ...),
-                       **{field: (Array, ...)})
+    cls = create_model(f"{mech.__name__}Payload", __base__=base,  # type: ignore[call-overload]
+                       __module__=__name__, mechanism=(Literal[mech.name], ...),
+                       params=(mech.Params, ...), **{field: (Array, ...)})
     cls.array_field = field
     return cls
 
@@ -206,11 +207,15 @@ def _plugin_payload(mech: type) -> type[_Base]:
 _BUILT_IN = (DChiEmbeddingPayload, DChiTextPayload, LaplacePayload, OMEPayload,
              TextHidePayload, NonePayload)
 PAYLOAD_CLASSES: dict[str, type[_Base]] = {
-    cls.model_fields["mechanism"].annotation.__args__[0]: cls for cls in _BUILT_IN}
+    cls.model_fields["mechanism"].annotation.__args__[0]: cls  # type: ignore[union-attr]
+    for cls in _BUILT_IN}
 PAYLOAD_CLASSES.update({m.name: _plugin_payload(m) for m in registry.mechanisms()
                         if m.name not in PAYLOAD_CLASSES})
-Payload = Annotated[Union[tuple(PAYLOAD_CLASSES.values())],  # noqa: UP007 (built from a tuple)
-                    Field(discriminator="mechanism")]
+if TYPE_CHECKING:  # the union is built at run time from the registry (plugins included)
+    Payload: TypeAlias = Any
+else:
+    Payload = Annotated[Union[tuple(PAYLOAD_CLASSES.values())],  # noqa: UP007 (a tuple)
+                        Field(discriminator="mechanism")]
 PAYLOAD_ADAPTER: TypeAdapter[Payload] = TypeAdapter(Payload)
 SoftLabel = Annotated[
     list[Annotated[float, Field(strict=True, allow_inf_nan=False)]],

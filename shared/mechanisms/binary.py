@@ -83,6 +83,7 @@ class FixedPointBits(BaseMechanism):
     name = ""
     payload_kind = PayloadKind.BITS
     family = "randomized-response"
+    epsilon: float  # each subclass's own
 
     def __init__(self, dim: int, int_bits: int = 4, frac_bits: int = 5):
         self.dim = positive_int("dim", dim)

@@ -14,6 +14,7 @@ Weights: ``"abs-normal"`` as published (|N(0, I_k)| normalised to sum to 1),
 from __future__ import annotations
 
 import os
+from typing import cast
 
 import numpy as np
 from pydantic import BaseModel
@@ -48,7 +49,7 @@ def check_pool_memory(m: int, dim: int) -> None:
     limit = POOL_LIMIT if avail is None else min(POOL_LIMIT, avail // 2)
     if need > limit:
         where = "the 1 GiB limit" if limit == POOL_LIMIT else \
-            f"half of the {avail / 2**30:.3g} GiB of memory available"
+            f"half of the {cast(int, avail) / 2**30:.3g} GiB of memory available"
         raise ValueError(f"m={m} is too large: the mask pool needs {need / 2**30:.3g} GiB "
                          f"({m} masks x {dim} values), more than {where}")
 

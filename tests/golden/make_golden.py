@@ -272,12 +272,22 @@ def degenerate_bundle():
 
 def make_floor() -> dict:
     from shared import floor
-    from shared.mechanisms import create
 
     # the floor keeps each table's degeneracy check per process, and only the first check of
     # a table draws its sample from the generator: start from an empty memory, as the
-    # process that wrote floor.json did
+    # process that wrote floor.json did, and give the process its memory back after
+    saved = dict(floor._TABLE_PROBLEMS)
     floor._TABLE_PROBLEMS.clear()
+    try:
+        return _floor_cases(floor)
+    finally:
+        floor._TABLE_PROBLEMS.clear()
+        floor._TABLE_PROBLEMS.update(saved)
+
+
+def _floor_cases(floor) -> dict:
+    from shared.mechanisms import create
+
     bundle, small = tiny_bundle(), tiny_int8_bundle()
     cases = []
     for label, b, name, params, dim, seed in (
