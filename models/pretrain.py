@@ -144,7 +144,7 @@ def compose_inputs_embeds(word_embeddings: nn.Embedding, input_ids: torch.Tensor
                           embeds: torch.Tensor, embed_pos: torch.Tensor) -> torch.Tensor:
     """dchi-embedding input (B, L, n): the frozen rows E[id] for [CLS]/[SEP]/[PAD]/[MASK],
     the perturbed rows at ``embed_pos`` (flat positions); BERT adds position and segment
-    embeddings and LayerNorm on top (contract §3)."""
+    embeddings and LayerNorm on top (the layout of ``models.data``)."""
     x = word_embeddings(input_ids)
     x.view(-1, x.shape[-1])[embed_pos] = embeds.to(x.dtype)
     return x
