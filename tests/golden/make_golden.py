@@ -350,6 +350,10 @@ def _bundle_json(b) -> dict:
            "meta": {k: v for k, v in b.meta.items() if k != "bundle_id"}}
     if b.has_embeddings:
         out["embeddings_equal_table"] = True
+    else:  # a designed table: what table.npy and table_scale.npy hold
+        designed = b._table  # its private Table: the arrays the bundle writes
+        out["stored"] = [int(x) for x in designed.stored.reshape(-1)]
+        out["scale"] = _fl(designed.scale)
     return out
 
 
