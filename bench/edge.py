@@ -143,7 +143,7 @@ def ledger_calls_main(tsv: Path, eta: float, work: Path) -> None:
     from shared.bundle import EdgeBundle
 
     led = work / f"calls-{os.getpid()}.sqlite3"
-    opts = PrivatizeOptions(str(tsv), mechanism=MechanismOptions(eta=eta),
+    opts = PrivatizeOptions(str(tsv), mechanism=MechanismOptions(values={"eta": eta}),
                             ledger=LedgerOptions(path=str(led)))
     bundle = EdgeBundle.from_model()
     _, priv = make_privatizer(opts, bundle, None)

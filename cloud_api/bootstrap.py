@@ -28,7 +28,7 @@ import time
 import uuid
 from pathlib import Path
 
-from cloud_api.cli import PROG, _guarded, fail, home_arg, settings_for
+from cloud_api.cli import PROG, fail, guarded, home_arg, settings_for
 from shared.mechanisms import DChiText, registry
 from shared.table import DEFAULT_TABLE, MATCHED_ETA
 
@@ -45,7 +45,12 @@ DEFAULT_LAYERS = 3  # of the packaged MiniLM's 6 (a --base keeps all of its laye
 
 
 def register(subparsers) -> None:
-    from models.cli_train import _device_args, _mechanism_args, _positive_int, _recipe_args
+    from models.cli_args import (
+        add_device_args,
+        add_mechanism_args,
+        add_recipe_args,
+        positive_int,
+    )
 
     p = subparsers.add_parser(
         "bootstrap", help="export the bundle, train, register and promote a first model",
@@ -54,7 +59,7 @@ def register(subparsers) -> None:
                    help="labelled TSV: sentence<TAB>label (or sentence_a, sentence_b, label)")
     p.add_argument("--dev", metavar="DEV.tsv", help="dev set (privatized the same way): the "
                    "dev accuracy printed at the end and the epoch kept")
-    _mechanism_args(p)
+    add_mechanism_args(p)
     p.set_defaults(mechanism=DChiText.name)
     p.add_argument("--limit", type=int, default=DEFAULT_LIMIT, metavar="N",
                    help=f"first N training rows ({DEFAULT_LIMIT}; 0 = the whole file)")
@@ -63,13 +68,13 @@ def register(subparsers) -> None:
     p.add_argument("--dev-draws", type=int, default=DEFAULT_DEV_DRAWS, metavar="N",
                    help="evaluate the kept model on the dev set privatized afresh N times "
                         f"(noise the epoch choice never saw; {DEFAULT_DEV_DRAWS}; 0 = skip)")
-    p.add_argument("--epochs", type=_positive_int, default=DEFAULT_EPOCHS,
+    p.add_argument("--epochs", type=positive_int, default=DEFAULT_EPOCHS,
                    help=f"training epochs ({DEFAULT_EPOCHS})")
     p.add_argument("--lr", type=float, help=f"learning rate (default {DEFAULT_BERT_LR:g} for the "
                    "BERT classifiers; 1e-3 for the vector MLP)")
-    p.add_argument("--batch-size", type=_positive_int, default=32)
-    p.add_argument("--max-length", type=_positive_int, default=128)
-    p.add_argument("--layers", type=_positive_int, metavar="N",
+    p.add_argument("--batch-size", type=positive_int, default=32)
+    p.add_argument("--max-length", type=positive_int, default=128)
+    p.add_argument("--layers", type=positive_int, metavar="N",
                    help="keep the first N transformer layers of the base (smaller and faster "
                         f"to train and serve; default: {DEFAULT_LAYERS} of the packaged "
                         "MiniLM's 6, all of a --base)")
@@ -86,9 +91,9 @@ def register(subparsers) -> None:
                    help="do nothing when the model already has a promoted version")
     p.add_argument("--allow-weak-privacy", action="store_true",
                    help="train even below the privacy floor (experiments only)")
-    _recipe_args(p)
-    _device_args(p)
-    p.set_defaults(func=_guarded(run))
+    add_recipe_args(p)
+    add_device_args(p)
+    p.set_defaults(func=guarded(run))
 
 
 LABEL_NAME = re.compile(r"^[A-Za-z0-9_.:-]{1,64}$")  # a task's label name (store/tasks.py)
@@ -152,11 +157,12 @@ def run(args) -> int:
         print(f"model={model_id} version={v} (already promoted; nothing to do)")
         _declare_task(args, task, home.read_config(model_id, v))  # so records can be uploaded
         return 0
-    from models.cli_train import _check_device, _mechanism_params, recipe_from_args
+    from models.cli_args import check_device, mechanism_settings
+    from models.cli_train import recipe_from_args
 
-    _check_device(args)
+    check_device(args)
     recipe = recipe_from_args(args, args.mechanism, raw_text=True)
-    params = _mechanism_params(args)
+    params = mechanism_settings(args)
     if _default_table(args) and args.mechanism == DChiText.name:
         _say(f"privatization table {DEFAULT_TABLE} (the default for new models: "
              "bench/results/frontier.md; --table none for the model's 384-d table)")
@@ -246,9 +252,9 @@ def _check_floor(args, bundle, params: dict) -> str | None:
 def _train_and_register(args, home, model_id: str, task: str, bundle, params: dict,
                         rows: int, t0: float, recipe) -> int:
     from cloud_api.home import write_atomically
-    from models.cli_train import _posterior_table, _rng
-    from models.data import kind_of
     from models.backbone import model_embeddings
+    from models.cli_args import posterior_table, seeded_rng
+    from models.data import kind_of
     from models.denoiser import Denoiser
     from models.experiment import train_from_tsv
     from models.finetune import TrainConfig
@@ -267,10 +273,10 @@ def _train_and_register(args, home, model_id: str, task: str, bundle, params: di
     try:
         res = train_from_tsv(args.data, work, args.mechanism, params, dev_tsv=args.dev,
                              bundle=bundle, base=args.base, cfg=cfg, limit=args.limit or None,
-                             dev_limit=args.dev_limit or None, rng=_rng(args),
+                             dev_limit=args.dev_limit or None, rng=seeded_rng(args),
                              allow_weak_privacy=args.allow_weak_privacy, recipe=recipe,
                              teacher=args.teacher,
-                             posterior=(_posterior_table(args.posterior_table)
+                             posterior=(posterior_table(args.posterior_table)
                                         if args.posterior_table else None),
                              posterior_cache=home.posteriors_dir,
                              denoiser=(Denoiser.load(args.denoiser_file,

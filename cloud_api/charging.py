@@ -8,7 +8,7 @@ neither is known the request cannot be accounted for and is refused (503), never
 uncounted.
 
 No charge without an answer. A prediction is admitted to its model's queue before it is
-charged (``Registry.admit``): one refused for load (429), or larger than the queue (413), is
+charged (``ServedModels.admit``, ``serving/hot_swap.py``): one refused for load (429), or larger than the queue (413), is
 never charged. Its charge then commits on the charge writer's thread while the model runs,
 and the answer waits for the commit (no request is answered whose charge did not commit).
 When no answer comes after the charge committed (the client went away, the forward failed

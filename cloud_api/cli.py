@@ -50,7 +50,7 @@ def fail(message: str) -> int:
     return 2
 
 
-def _guarded(fn):
+def guarded(fn):
     """Expected failures (bad flags, a missing folder, an unusable bundle, a refused change)
     as one line, exit 2."""
 
@@ -120,7 +120,7 @@ def register_serve(sub) -> None:
     p.add_argument("--graceful-timeout", type=int, default=30, metavar="S",
                    help="seconds to finish requests in flight at shutdown (30)")
     home_arg(p)
-    p.set_defaults(func=_guarded(run_serve))
+    p.set_defaults(func=guarded(run_serve))
 
 
 def run_serve(args) -> int:
@@ -192,18 +192,18 @@ def register_models(sub) -> None:
     ls = msub.add_parser("list", help="models, versions, the promoted one, dev accuracy")
     ls.add_argument("--json", action="store_true", help="one JSON document")
     home_arg(ls)
-    ls.set_defaults(func=_guarded(run_models_list))
+    ls.set_defaults(func=guarded(run_models_list))
     pr = msub.add_parser("promote", help="serve VERSION of MODEL (atomic pointer switch)")
     pr.add_argument("model_id", metavar="MODEL")
     pr.add_argument("version", metavar="VERSION", help="e.g. v2")
     home_arg(pr)
-    pr.set_defaults(func=_guarded(run_models_promote))
+    pr.set_defaults(func=guarded(run_models_promote))
     vf = msub.add_parser("verify", help="check versions whole against their manifest.json; "
                          "seal those from before manifests (exit 1 if one is not whole)")
     vf.add_argument("model_id", metavar="MODEL", nargs="?", help="default: every model")
     vf.add_argument("version", metavar="VERSION", nargs="?", help="default: every version")
     home_arg(vf)
-    vf.set_defaults(func=_guarded(run_models_verify))
+    vf.set_defaults(func=guarded(run_models_verify))
     rg = msub.add_parser("register", help="copy a version folder made by `cloud-api train` "
                          "into the home as the next version")
     rg.add_argument("dir", metavar="DIR", help="model version folder (cloud-api train --out)")
@@ -212,7 +212,7 @@ def register_models(sub) -> None:
     rg.add_argument("--bundle", metavar="DIR", help="also add the edge bundle it was trained "
                     "with (needed unless it is the default MiniLM bundle or already there)")
     home_arg(rg)
-    rg.set_defaults(func=_guarded(run_models_register))
+    rg.set_defaults(func=guarded(run_models_register))
 
 
 def _home(args):

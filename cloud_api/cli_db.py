@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import argparse
 
-from cloud_api.cli import _guarded, fail, home_arg, settings_for
+from cloud_api.cli import fail, guarded, home_arg, settings_for
 
 
 def register(sub) -> None:
@@ -22,10 +22,10 @@ def register(sub) -> None:
     dsub = p.add_subparsers(dest="db_command", metavar="ACTION", required=True)
     up = dsub.add_parser("upgrade", help="apply the migrations up to head (or --revision)")
     up.add_argument("--revision", default="head", help="target revision (head)")
-    up.set_defaults(func=_guarded(run_upgrade))
+    up.set_defaults(func=guarded(run_upgrade))
     cur = dsub.add_parser("current", help="the revision the database is at, and the head")
     cur.add_argument("--check", action="store_true", help="exit 1 unless at head")
-    cur.set_defaults(func=_guarded(run_current))
+    cur.set_defaults(func=guarded(run_current))
     for q in (up, cur):
         q.add_argument("--database-url", metavar="URL", help="SQLAlchemy URL (default "
                        "$PRIVBERT_DATABASE_URL, else sqlite:///$PRIVBERT_HOME/privbert.db)")

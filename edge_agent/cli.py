@@ -20,10 +20,18 @@ from edge_agent.service.connect import make_client, resolve_bundle
 
 
 # -- parser -----------------------------------------------------------------------------------
-def _report_mechanisms() -> tuple[str, ...]:
-    from edge_agent.report import REPORT_MECHANISMS
+def _usage(parser: argparse.ArgumentParser):
+    """A command that prints ``parser``'s help on stderr and exits 2 (no action given)."""
+    def show(_args) -> int:
+        parser.print_help(sys.stderr)
+        return 2
+    return show
 
-    return REPORT_MECHANISMS
+
+def _report_mechanisms() -> tuple[str, ...]:
+    from shared.mechanisms.registry import dchi_names
+
+    return dchi_names()
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -70,7 +78,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(func=run_report)
 
     b = sub.add_parser("bundle", help="fetch or inspect an edge bundle")
-    b.set_defaults(func=lambda _args: b.print_help(sys.stderr) or 2)
+    b.set_defaults(func=_usage(b))
     bsub = b.add_subparsers(dest="bundle_command", metavar="ACTION", parser_class=Parser)
     f = bsub.add_parser("fetch", help="fetch a served model's bundle into the cache")
     f.add_argument("--server", metavar="URL", required=True)
@@ -130,7 +138,8 @@ def run_report(args) -> int:
         print(json.dumps(rep.to_json()))
     else:
         print(format_report(rep))
-    if args.target_inversion is not None and abs(rep.inversion_accuracy - rep.target) > 0.01:
+    if args.target_inversion is not None and \
+            abs(rep.inversion_accuracy - args.target_inversion) > 0.01:
         warn(f"no eta reaches inversion accuracy {rep.target:g} within 0.01 on this sample "
              f"(closest: {rep.inversion_accuracy:.4f} at eta={rep.eta:.4g})")
     if args.plot:
@@ -265,7 +274,8 @@ def describe(exc: Exception) -> str:
     if type(exc).__name__ == "ValidationError" and callable(errors):  # pydantic
         first = (errors(include_input=False, include_url=False) or [{}])[0]
         loc = ".".join(str(x) for x in first.get("loc", ()))
-        return f"invalid {exc.title}: {loc or 'value'}: {first.get('msg', 'invalid value')}"
+        return (f"invalid {getattr(exc, 'title', 'value')}: {loc or 'value'}: "
+                f"{first.get('msg', 'invalid value')}")
     if isinstance(exc, FileNotFoundError):
         return f"{exc.filename}: no such file"
     if isinstance(exc, IsADirectoryError):

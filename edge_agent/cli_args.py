@@ -5,9 +5,11 @@ from __future__ import annotations
 
 import argparse
 import sys
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from typing import Any
 
 from edge_agent.errors import PROG
+from edge_agent.mechanism_spec import ParamFlag, param_flags
 from edge_agent.service.connect import ServerOptions
 
 
@@ -83,3 +85,27 @@ def server_options(args: argparse.Namespace) -> ServerOptions:
                                                  "--accept-bundle"),
                          trusted_bundles=(parse_ids(trusted, "--trusted-bundles")
                                           if trusted is not None else trusted_from_env()))
+
+
+def add_param_flags(group: argparse._ActionsContainer, *, with_defaults: bool,
+                    mechs: Iterable[dict] | None = None, required: bool = False,
+                    suffix: dict[str, str] | None = None) -> list[ParamFlag]:
+    """Add one flag per parameter of ``mechs`` to ``group``. ``with_defaults``: a flag not
+    given is the default its mechanisms share (``cloud-api train``); else None, so that
+    the edge can tell given flags from others. ``required``: every flag must be given
+    (``cloud-api pretrain``). ``suffix``: more help for a parameter on this command."""
+    flags = param_flags(mechs)
+    for f in flags:
+        kwargs: dict[str, Any] = {"type": f.python_type, "help": f.help.replace("%", "%%")}
+        if f.choices:
+            kwargs["choices"] = f.choices
+        if f.metavar:
+            kwargs["metavar"] = f.metavar
+        if with_defaults and f.common_default is not None:
+            kwargs["default"] = f.common_default
+        if required:
+            kwargs["required"] = True
+        if suffix and f.param in suffix:
+            kwargs["help"] += f" ({suffix[f.param]})"
+        group.add_argument(f.flag, **kwargs)
+    return flags

@@ -88,6 +88,17 @@ def check_same_bundle(bert, bundle: EdgeBundle) -> None:
                          f"for another bundle (expected {bundle.bundle_id[:12]}…)")
 
 
+def keep_layers(bert, n: int) -> None:
+    """Keep the first ``n`` transformer layers of ``bert`` (a smaller, faster model whose
+    lower layers are the pretrained ones; Sajjad et al. 2023 "On the effect of dropping
+    layers of pre-trained transformer models"). ValueError if it has fewer."""
+    have = len(bert.encoder.layer)
+    if not 1 <= n <= have:
+        raise ValueError(f"--layers {n}: the base BERT has {have} layers")
+    bert.encoder.layer = bert.encoder.layer[:n]
+    bert.config.num_hidden_layers = n
+
+
 def model_embeddings(bundle: EdgeBundle, model_dir: str | os.PathLike | None = None
                      ) -> np.ndarray:
     """The model-space word embeddings (vocab × n) that go with ``bundle``: its own, or for a

@@ -13,6 +13,10 @@ from __future__ import annotations
 import argparse
 import sys
 
+from edge_agent.cli_args import add_param_flags
+from edge_agent.mechanism_spec import entries
+from shared.mechanisms import registry
+
 _PROG = "cloud-api"
 
 
@@ -28,8 +32,11 @@ def register(subparsers) -> None:
                     "task's mechanism and eta; the word-embedding table stays frozen.")
     p.error = _error  # one line, no usage dump
     p.add_argument("--objective", required=True, help="vanilla | prob | denoising")
-    p.add_argument("--mechanism", required=True, help="dchi-text | dchi-embedding")
-    p.add_argument("--eta", type=float, required=True, help="the same eta as the target task")
+    dchi = registry.dchi_names()  # pretraining simulates the dχ mechanisms
+    p.add_argument("--mechanism", required=True, help=" | ".join(dchi))
+    add_param_flags(p, with_defaults=False, required=True,
+                    mechs=[e for e in entries() if e["name"] in dchi],
+                    suffix={"eta": "the same eta as the target task"})
     p.add_argument("--base", default=None, help="BERT folder (default: the packaged MiniLM-L6-H384)")
     p.add_argument("--bundle", default=None,
                    help="edge bundle folder to pretrain for (default: the base's own bundle)")

@@ -12,24 +12,24 @@ Bad input prints one line ``cloud-api: error: ...`` and exits 2 before any train
 
 from __future__ import annotations
 
-import argparse
 import dataclasses
 import json
 import sys
 
 from edge_agent.errors import one_line
-from models.recipe import DEFAULT_EPOCHS, DENOISER_MECHANISMS
-
-PROG = "cloud-api"
-
-
-def _table_name(text: str) -> str:
-    from shared.table import TableError, TableSpec
-
-    try:
-        return TableSpec.parse(text).name
-    except TableError as exc:
-        raise argparse.ArgumentTypeError(str(exc)) from None
+from models.cli_args import (
+    PROG,
+    add_device_args,
+    add_mechanism_args,
+    add_recipe_args,
+    check_device,
+    mechanism_settings,
+    positive_int,
+    posterior_table,
+    seeded_rng,
+    table_name,
+)
+from models.recipe import DEFAULT_EPOCHS
 
 
 def _error(message: str) -> None:
@@ -53,106 +53,8 @@ def _guarded(fn):
     return run
 
 
-def _texthide_key(text: str) -> int:
-    """The mask-pool seed of a hex key, checked as the edge agent checks it."""
-    import argparse
-
-    from edge_agent.privatize.texthide_key import key_to_seed
-
-    try:
-        return key_to_seed(text)
-    except ValueError as exc:
-        raise argparse.ArgumentTypeError(str(exc)) from None
-
-
 def _info(message: str) -> None:
     print(f"{PROG}: {message}", file=sys.stderr)
-
-
-def _positive_int(s: str) -> int:
-    try:
-        v = int(s)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected an integer, got {s!r}") from None
-    if v < 1:
-        raise argparse.ArgumentTypeError(f"expected an integer >= 1, got {v}")
-    return v
-
-
-def _mechanism_args(p: argparse.ArgumentParser) -> None:
-    from shared.payload import MECHANISMS as MECHANISM_CHOICES  # not models.*: torch
-
-    g = p.add_argument_group("privatization (as on the edge)")
-    g.add_argument("--mechanism", choices=MECHANISM_CHOICES,
-                   help="payload mechanism (none = Null-privacy baseline)")
-    g.add_argument("--eta", type=float, help="dchi-text / dchi-embedding: eta > 0")
-    g.add_argument("--epsilon", type=float, help="laplace / ome: epsilon > 0")
-    g.add_argument("--calibration", choices=("vector", "coordinate"), default="vector",
-                   help="laplace: noise scale r/eps (vector, honest) or 1/eps (coordinate, "
-                        "as published)")
-    g.add_argument("--word-dropout", type=float, default=0.0, metavar="MU",
-                   help="laplace: DPNR word dropout rate in [0, 1)")
-    g.add_argument("--lam", type=float, help="ome: randomized-response factor lambda")
-    g.add_argument("--m", type=int, help="texthide: size of the mask pool")
-    g.add_argument("--k", type=int, help="texthide: examples mixed per record")
-    g.add_argument("--texthide-key", type=_texthide_key, metavar="HEX",
-                   help="texthide: the client's secret mask-pool key, >= 32 hex digits as for "
-                        "edge-agent (needed again to evaluate; never stored with the model)")
-    g.add_argument("--bundle", metavar="DIR",
-                   help="edge bundle (needed for laplace/ome/texthide: cloud-api export-bundle)")
-    g.add_argument("--table", metavar="NAME", type=_table_name,
-                   help="dchi-text: build the bundle with this privatization table from the "
-                        "base model (shared.table: none, pca32-int8, pca64, ...; "
-                        "cloud-api export-bundle --table writes one to a folder)")
-    g.add_argument("--seed", type=int,
-                   help="reproducible privatization and training (prints a warning)")
-
-
-def _recipe_args(p: argparse.ArgumentParser) -> None:
-    """The training recipe's levers (models.recipe); unset = the default for the mechanism."""
-    g = p.add_argument_group(
-        "recipe (models.recipe; default: the best measured recipe for the mechanism, "
-        "bench/results/utility_levers.md)")
-    g.add_argument("--fresh-noise", action=argparse.BooleanOptionalAction, default=None,
-                   help="privatize the public training text afresh in every epoch")
-    g.add_argument("--posterior", action=argparse.BooleanOptionalAction, default=None,
-                   help="read each token through the channel posterior E[phi(x) | y] "
-                        "(dchi-text, dchi-embedding; post-processing: no privacy cost)")
-    g.add_argument("--posterior-table", metavar="FILE",
-                   help="a posterior.npz to read (default: built from the public training "
-                        "text; with --records: the --base version's)")
-    g.add_argument("--denoise", type=float, metavar="LAMBDA",
-                   help="weight of the auxiliary loss predicting the original tokens (0 = off)")
-    g.add_argument("--distill", type=float, metavar="ALPHA",
-                   help="weight of distillation from a teacher reading the original text "
-                        "(0 = off)")
-    g.add_argument("--rtd", type=float, metavar="RHO",
-                   help="weight of replaced-token detection: predict at each position whether "
-                        "the mechanism changed the token (ELECTRA-style; 0 = off)")
-    g.add_argument("--ema", type=float, metavar="DECAY",
-                   help="keep and evaluate an exponential moving average of the weights with "
-                        "this decay per step, e.g. 0.999 (0 = off)")
-    g.add_argument("--warm-start", action=argparse.BooleanOptionalAction, default=None,
-                   help="start from a teacher fine-tuned on the original text, then fine-tune "
-                        "on the privatized text")
-    g.add_argument("--teacher", metavar="DIR", help="the teacher of --distill / --warm-start: a "
-                   "model version of mechanism none (default: one trained on the same text "
-                   "first, one epoch)")
-    g.add_argument("--denoiser", action=argparse.BooleanOptionalAction, default=None,
-                   help="read each token through a contextual denoiser E[phi(x) | y, context] "
-                        "trained on public text (dchi-text; post-processing: no privacy cost)")
-    g.add_argument("--denoiser-file", metavar="FILE",
-                   help="a trained denoiser.safetensors to read (default: trained on the public "
-                        "training text; with --records: the --base version's)")
-    g.add_argument("--denoiser-corpus", metavar="FILE",
-                   help="more public text (one per line) to train the denoiser on")
-    g.add_argument("--denoiser-layers", type=_positive_int, metavar="N",
-                   help="transformer layers of the denoiser (default 2)")
-    g.add_argument("--denoiser-candidates", type=_positive_int, metavar="N",
-                   help="most frequent public-text tokens it scores, besides the output "
-                        "itself (default 4096)")
-    g.add_argument("--denoiser-epochs", type=_positive_int, metavar="N",
-                   help="passes over the public text, privatized afresh each (default 1)")
 
 
 def recipe_from_args(args, mechanism: str, raw_text: bool):
@@ -222,23 +124,6 @@ def records_denoiser(file, base, bundle_dir=None):
     return None
 
 
-def _mechanism_params(args) -> dict:
-    return {"eta": args.eta, "epsilon": args.epsilon, "calibration": args.calibration,
-            "word_dropout": args.word_dropout, "lam": args.lam, "m": args.m, "k": args.k,
-            "texthide_key": args.texthide_key}
-
-
-def _rng(args):
-    import numpy as np
-
-    if args.seed is None:
-        return None
-    from models.privatize import SEED_WARNING
-
-    print(f"{PROG}: {SEED_WARNING}", file=sys.stderr)
-    return np.random.default_rng(args.seed)
-
-
 def register(subparsers) -> None:
     t = subparsers.add_parser("train", help="privatize a labelled TSV (or read edge records) "
                               "and fine-tune a classifier",
@@ -252,7 +137,7 @@ def register(subparsers) -> None:
     dev = t.add_mutually_exclusive_group()
     dev.add_argument("--dev", metavar="DEV.tsv", help="dev set, privatized the same way")
     dev.add_argument("--dev-records", metavar="FILE.jsonl", help="dev records (JSONL)")
-    _mechanism_args(t)
+    add_mechanism_args(t)
     t.add_argument("--allow-weak-privacy", action="store_true",
                    help="train even with parameters weaker than the privacy floor "
                         "(shared.floor: privatized text close to the raw text); refused "
@@ -260,21 +145,21 @@ def register(subparsers) -> None:
     t.add_argument("--base", metavar="DIR", help="BERT folder or pretraining checkpoint "
                    "(default: the packaged MiniLM-L6-H384)")
     t.add_argument("--out", required=True, metavar="DIR", help="new model version folder")
-    t.add_argument("--epochs", type=_positive_int, default=DEFAULT_EPOCHS,
+    t.add_argument("--epochs", type=positive_int, default=DEFAULT_EPOCHS,
                    help=f"passes over the training set ({DEFAULT_EPOCHS})")
     t.add_argument("--lr", type=float, help="learning rate (default: 1e-4 for a BERT reading "
                    "token ids, 2e-5 for one reading embeddings, 1e-3 for the vector MLP)")
-    t.add_argument("--batch-size", type=_positive_int, default=32)
-    t.add_argument("--max-length", type=_positive_int, default=128)
+    t.add_argument("--batch-size", type=positive_int, default=32)
+    t.add_argument("--max-length", type=positive_int, default=128)
     t.add_argument("--pooling", choices=("mean", "cls"), default="mean",
                    help="sentence pooling of the BERT classifiers")
-    t.add_argument("--layers", type=_positive_int, metavar="N",
+    t.add_argument("--layers", type=positive_int, metavar="N",
                    help="keep the first N transformer layers of the base (a smaller, faster "
                         "model; default: all)")
-    t.add_argument("--limit", type=_positive_int, help="first N training rows only")
-    t.add_argument("--dev-limit", type=_positive_int, help="first N dev rows only")
-    _recipe_args(t)
-    _device_args(t)
+    t.add_argument("--limit", type=positive_int, help="first N training rows only")
+    t.add_argument("--dev-limit", type=positive_int, help="first N dev rows only")
+    add_recipe_args(t)
+    add_device_args(t)
     t.set_defaults(func=_guarded(run_train))
 
     e = subparsers.add_parser("evaluate", help="accuracy of a model on a privatized test set, "
@@ -285,9 +170,9 @@ def register(subparsers) -> None:
     esrc = e.add_mutually_exclusive_group(required=True)
     esrc.add_argument("--data", metavar="TEST.tsv", help="labelled TSV (attack: its sentences)")
     esrc.add_argument("--records", metavar="FILE.jsonl", help="privatized labelled records")
-    e.add_argument("--limit", type=_positive_int, help="first N rows only")
+    e.add_argument("--limit", type=positive_int, help="first N rows only")
     e.add_argument("--json", action="store_true", help="print the full report as JSON")
-    _mechanism_args(e)
+    add_mechanism_args(e)
     a = e.add_argument_group("privacy evaluation (--attack)")
     a.add_argument("--attack", action="store_true",
                    help="dchi: token inversion and N_w/S_w; laplace/ome/texthide: attacker MLP")
@@ -295,19 +180,19 @@ def register(subparsers) -> None:
                    help="dchi: find the eta whose inversion accuracy is P instead of --eta")
     a.add_argument("--tokens", default=None, metavar="N|all",
                    help="dchi: vocabulary tokens for N_w/S_w (default all on GPU, 500 on CPU)")
-    a.add_argument("--samples", type=_positive_int, default=1000, metavar="K",
+    a.add_argument("--samples", type=positive_int, default=1000, metavar="K",
                    help="dchi: perturbations per token for N_w/S_w (1000, Qu et al. §5.3)")
-    a.add_argument("--inversion-tokens", type=_positive_int, default=20000, metavar="M",
+    a.add_argument("--inversion-tokens", type=positive_int, default=20000, metavar="M",
                    help="dchi: token occurrences of the data for the inversion attack")
     a.add_argument("--denoiser", metavar="VERSION|FILE",
                    help="dchi-text: also the contextual attack, with this model version's "
                         "denoiser (or a denoiser.safetensors) trained on public text")
-    a.add_argument("--draws", type=_positive_int, default=3, metavar="D",
+    a.add_argument("--draws", type=positive_int, default=3, metavar="D",
                    help="dchi-text with --denoiser: fresh privatizations of the data (3)")
-    a.add_argument("--words", type=_positive_int, default=30, metavar="W",
+    a.add_argument("--words", type=positive_int, default=30, metavar="W",
                    help="vector kinds: most frequent content words to recover (30)")
-    a.add_argument("--max-length", type=_positive_int, default=128)
-    _device_args(e)
+    a.add_argument("--max-length", type=positive_int, default=128)
+    add_device_args(e)
     e.set_defaults(func=_guarded(run_evaluate))
 
     x = subparsers.add_parser("export-bundle", help="write the edge bundle with encoder.onnx, "
@@ -318,26 +203,13 @@ def register(subparsers) -> None:
     x.add_argument("--model-dir", metavar="BERT", help="BERT folder (default: MiniLM-L6-H384)")
     x.add_argument("--pooling", choices=("mean", "cls"), default="mean",
                    help="sentence pooling of the encoder (mean: MiniLM's own, unnormalised)")
-    x.add_argument("--table", metavar="NAME", type=_table_name,
+    x.add_argument("--table", metavar="NAME", type=table_name,
                    help="a bundle for dchi-text with this privatization table (shared.table: "
                         "pca32-int8, pca64, none-int8, ...; no encoder.onnx): the projection "
                         "is fitted on the model's own word embeddings, never on text")
     x.add_argument("--onnx", action="store_true", help="export a trained model's classifier")
     x.add_argument("--model", metavar="DIR", help="model version folder (with --onnx)")
     x.set_defaults(func=_guarded(run_export))
-
-
-def _device_args(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--device", default="auto", help="auto | cpu | cuda | cuda:N")
-    p.add_argument("--precision", default="auto", choices=("auto", "fp32", "bf16", "fp16"),
-                   help="autocast on CUDA (auto: bf16 where supported, else fp16; CPU: fp32)")
-    p.add_argument("--no-progress", action="store_true", help="no progress bars")
-
-
-def _check_device(args) -> None:
-    from models.backbone import autocast_dtype, pick_device
-
-    autocast_dtype(pick_device(args.device), args.precision)
 
 
 # -- train -----------------------------------------------------------------------------------
@@ -361,8 +233,8 @@ def run_train(args) -> int:
     from models.experiment import train_from_records, train_from_tsv
     from models.finetune import TrainConfig
 
-    _check_device(args)
-    rng = _rng(args)
+    check_device(args)
+    rng = seeded_rng(args)
     cfg = TrainConfig(epochs=args.epochs, lr=args.lr, batch_size=args.batch_size,
                       max_length=args.max_length, pooling=args.pooling, seed=args.seed,
                       device=args.device, precision=args.precision,
@@ -377,7 +249,7 @@ def run_train(args) -> int:
         from shared.floor import WeakPrivacyError
 
         recipe = recipe_from_args(args, args.mechanism, raw_text=True)
-        table = _posterior_table(args.posterior_table) if args.posterior_table else None
+        table = posterior_table(args.posterior_table) if args.posterior_table else None
         den = (_denoiser_file(args.denoiser_file, args.bundle) if args.denoiser_file
                else None)
         bundle = args.bundle
@@ -394,7 +266,7 @@ def run_train(args) -> int:
 
             bundle = load_bundle(bundle_dir=args.bundle, model_dir=args.base, table=args.table)
         try:
-            res = train_from_tsv(args.data, args.out, args.mechanism, _mechanism_params(args),
+            res = train_from_tsv(args.data, args.out, args.mechanism, mechanism_settings(args),
                                  dev_tsv=args.dev, bundle=bundle, base=args.base,
                                  cfg=cfg, limit=args.limit, dev_limit=args.dev_limit, rng=rng,
                                  allow_weak_privacy=args.allow_weak_privacy, recipe=recipe,
@@ -447,12 +319,6 @@ def run_train(args) -> int:
     return 0
 
 
-def _posterior_table(path):
-    from models.posterior import ChannelPosterior
-
-    return ChannelPosterior.load(path)
-
-
 def records_posterior(table_path, base):
     """The posterior table for device records: ``--posterior-table``, else the ``--base``
     model version's ``posterior.npz``, else None."""
@@ -462,9 +328,9 @@ def records_posterior(table_path, base):
     from models.versions import is_model_dir
 
     if table_path is not None:
-        return _posterior_table(table_path)
+        return posterior_table(table_path)
     if base is not None and is_model_dir(base) and (Path(base) / POSTERIOR_FILE).is_file():
-        return _posterior_table(Path(base) / POSTERIOR_FILE)
+        return posterior_table(Path(base) / POSTERIOR_FILE)
     return None
 
 
@@ -497,9 +363,9 @@ def run_evaluate(args) -> int:
 
     if args.model is None:
         raise ValueError("evaluate needs --model DIR (or --attack)")
-    _check_device(args)
+    check_device(args)
     if args.data is not None:
-        rng = _rng(args)
+        rng = seeded_rng(args)
         rep = evaluate_tsv(args.model, args.data, bundle=args.bundle, rng=rng, limit=args.limit,
                            texthide_key=args.texthide_key, device=args.device,
                            precision=args.precision,
@@ -528,7 +394,7 @@ def run_attack(args) -> int:
 
     if args.data is None:
         raise ValueError("--attack needs --data (a TSV or text file of sentences)")
-    rng = _rng(args)
+    rng = seeded_rng(args)
     if args.model is not None:
         cfg = read_config(args.model)
         name, params = cfg["mechanism"], dict(cfg["params"])
@@ -540,9 +406,9 @@ def run_attack(args) -> int:
             raise ValueError("--attack needs --mechanism (and its parameters) or --model")
         name, params = args.mechanism, None
         bundle = load_bundle(bundle_dir=args.bundle, table=args.table)
-    if args.denoiser is not None and name not in DENOISER_MECHANISMS:
+    if args.denoiser is not None and name not in registry.substituting_names():
         raise ValueError(f"--denoiser makes no sense for {name}: a contextual denoiser "
-                         f"exists for {' and '.join(DENOISER_MECHANISMS)} only")
+                         f"exists for {' and '.join(registry.substituting_names())} only")
     texts = attack.read_sentences(args.data, args.limit)
     cls = registry.get(name)
     if cls.family == "dchi":  # token by token: the dχ report
@@ -555,7 +421,7 @@ def run_attack(args) -> int:
         denoiser = (attack.load_denoiser(args.denoiser, bundle, name, eta)
                     if args.denoiser is not None else None)  # refused before any work
         tokens = None if args.tokens is None else (
-            "all" if args.tokens == "all" else _positive_int(args.tokens))
+            "all" if args.tokens == "all" else positive_int(args.tokens))
         rep = attack.token_privacy(bundle, name, eta=eta, target=args.target_inversion,
                                    texts=texts, tokens=tokens, samples=args.samples,
                                    inversion_tokens=args.inversion_tokens, rng=rng,
@@ -576,7 +442,7 @@ def run_attack(args) -> int:
     else:
         from models.privatize import build_mechanism
 
-        mech = build_mechanism(name, bundle, **_mechanism_params(args))
+        mech = build_mechanism(name, bundle, **mechanism_settings(args))
     rep = attack.vector_attack(bundle, mech, texts, n_words=args.words, rng=rng,
                                device=args.device, max_length=args.max_length,
                                progress=not args.no_progress)

@@ -5,7 +5,8 @@ Readers take the edge agent's JSONL of :class:`shared.payload.Record` lines, or
 :class:`PayloadDataset` keeps only the payload arrays (numpy, compact), the
 targets and a fingerprint; there is no raw text anywhere in it.
 
-Model input from payloads follows docs/contract §3:
+Model input from payloads (token payloads carry no [CLS]/[SEP]: the server adds them,
+ARCHITECTURE.md "Payloads"):
 
 * ``dchi-text`` / ``none``: ``[CLS] ids [SEP]`` (pairs ``[CLS] a [SEP] b [SEP]``, token
   type 0 up to and including the first [SEP], 1 after);
@@ -307,8 +308,9 @@ def read_records_jsonl(path: str | os.PathLike, limits: Limits | None = None,
 
 # -- collation -------------------------------------------------------------------------------
 def fit_segments(len_a: int, len_b: int, budget: int) -> tuple[int, int]:
-    """Trim a pair to ``budget`` tokens: the edge's policy "first" (contract §1; the longer
-    segment first, the second on a tie), so server and edge truncate alike."""
+    """Trim a pair to ``budget`` tokens: the edge's policy "first" (the longer segment
+    first, the second on a tie: ``edge_agent.privatize.privatizer.trim_pair``), so server
+    and edge truncate alike."""
     from edge_agent.privatize.privatizer import trim_pair
 
     return trim_pair(len_a, len_b, budget)

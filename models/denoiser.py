@@ -37,12 +37,11 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from models.recipe import DENOISER_MECHANISMS
 from models.version_folder import DENOISER_FILE, check_denoiser_meta, denoiser_header
 from models.version_folder import DENOISER_FORMAT as FORMAT
 from models.version_folder import DENOISER_FORMAT_VERSION as FORMAT_VERSION
+from shared.mechanisms.registry import substituting_names
 
-MECHANISMS = DENOISER_MECHANISMS
 MAX_SUPPORT = 64  # observed context-free pairs kept per output y (the MC table has ≤ 60 at η 65)
 NEG = -1e4  # "impossible" logit (finite: fp16/ONNX-safe)
 WORD_EMBEDDINGS = "bert.embeddings.word_embeddings.weight"  # the bundle's: never stored here
@@ -67,8 +66,8 @@ def channel_bias(posterior, candidates: np.ndarray, regular_ids: np.ndarray,
     ``sparse_slot`` / ``sparse_val`` (V, M) the observed pairs x ≠ y, x in the candidates
     (slot = index in ``candidates``; padding: slot 0, value 0).
     """
-    if posterior.mechanism not in MECHANISMS:
-        raise ValueError(f"a contextual denoiser exists for {', '.join(MECHANISMS)} only, "
+    if posterior.mechanism not in substituting_names():
+        raise ValueError(f"a contextual denoiser exists for {', '.join(substituting_names())} only, "
                          f"not {posterior.mechanism}")
     V = posterior.vocab_size
     log_prior = posterior.log_prior(regular_ids).astype(np.float64)
@@ -140,8 +139,8 @@ class Denoiser(nn.Module):
         nn.init.zeros_(self.out.bias)
         self.token_bias = nn.Parameter(torch.zeros(V))
         self.meta = dict(meta)
-        if self.meta.get("mechanism") not in MECHANISMS:
-            raise ValueError(f"a contextual denoiser exists for {', '.join(MECHANISMS)} only")
+        if self.meta.get("mechanism") not in substituting_names():
+            raise ValueError(f"a contextual denoiser exists for {', '.join(substituting_names())} only")
 
     # -- identity ------------------------------------------------------------------------------
     def check_for(self, mechanism: str, params: dict, bundle_id: str) -> None:
@@ -306,8 +305,8 @@ def new_denoiser(posterior, bundle, *, layers: int = 2, candidates: int = 4096, 
                  meta: dict | None = None) -> Denoiser:
     """An untrained denoiser (= the context-free posterior of ``posterior``) whose encoder
     is the first ``layers`` layers of ``base`` (None: MiniLM), checked against ``bundle``."""
-    from models.backbone import check_same_bundle
-    from models.finetune import keep_layers, load_backbone
+    from models.backbone import check_same_bundle, keep_layers
+    from models.version_module import load_backbone
 
     if posterior.bundle_id != bundle.bundle_id:
         raise ValueError("the posterior table was built for another bundle")

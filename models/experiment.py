@@ -359,8 +359,8 @@ def _check_base(mechanism: str, bundle: EdgeBundle, base, cfg: TrainConfig) -> N
                 raise ValueError(f"{flag} does not apply to {mechanism}: its classifier is an "
                                  "MLP over the sentence vector, not a BERT")
         return
-    from models.backbone import check_same_bundle
-    from models.finetune import keep_layers, load_backbone
+    from models.backbone import check_same_bundle, keep_layers
+    from models.version_module import load_backbone
 
     bert = load_backbone(base)
     check_same_bundle(bert, bundle)

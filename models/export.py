@@ -1,6 +1,7 @@
 """Export: the edge bundle with its frozen sentence encoder, and classifiers for ONNX Runtime.
 
-Encoder (contract §2): inputs ``input_ids``, ``attention_mask``, ``token_type_ids`` int64
+Encoder (the bundle's ``encoder.onnx``, ARCHITECTURE.md "The edge bundle"; the edge reads
+it with ``edge_agent.privatize.encoder``): inputs ``input_ids``, ``attention_mask``, ``token_type_ids`` int64
 [batch, seq]; output ``sentence_embedding`` float32 [batch, r]. Pooling "mean" = mean of
 the last hidden states over the attention mask (MiniLM's sentence-transformers pooling,
 without its final L2 normalisation), or "cls" = the last hidden state of [CLS]. Each

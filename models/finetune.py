@@ -16,19 +16,24 @@ import os
 import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
-from pathlib import Path
 
 import numpy as np
 import torch
 from torch import nn
 
 from models import distributed
-from models.backbone import autocast_dtype, check_same_bundle, load_bert, pick_device
+from models.backbone import (
+    autocast_dtype,
+    check_same_bundle,
+    keep_layers,
+    pick_device,
+)
 from models.classifiers import build_classifier, classification_loss
 from models.data import PayloadDataset, collate_dataset, collate_originals, length_buckets
 from models.distributed import DistContext
 from models.objectives import Objective, teacher_targets
 from models.recipe import DEFAULT_EPOCHS, DEFAULT_LR
+from models.version_module import load_backbone
 from shared.bundle import EdgeBundle
 from shared.mechanisms import registry
 
@@ -126,22 +131,6 @@ def report_from_confusion(conf: np.ndarray, names: list[str]) -> dict:
 
 
 # -- building the model ----------------------------------------------------------------------
-def load_backbone(base: str | os.PathLike | None):
-    """A BertModel from a BERT folder (None = MiniLM), a pretraining checkpoint folder, or
-    a privbert model version (its BERT)."""
-    from models.versions import is_model_dir, load_model
-
-    if base is not None and is_model_dir(base):
-        mv = load_model(base)
-        bert = getattr(mv.module, "bert", None)
-        if bert is None:
-            raise ValueError(f"{base}: a {mv.mechanism} model has no BERT to start from")
-        return bert
-    if base is not None and not Path(base).is_dir():
-        raise ValueError(f"{base}: no such BERT folder")
-    return load_bert(base)
-
-
 def build_model(train: PayloadDataset, bundle: EdgeBundle, base=None,
                 cfg: TrainConfig | None = None, posterior=None, denoiser=None) -> nn.Module:
     """The classifier for ``train``'s mechanism, its backbone checked against ``bundle``;
@@ -178,17 +167,6 @@ def build_model(train: PayloadDataset, bundle: EdgeBundle, base=None,
     return build_classifier(train.mechanism, n_labels, bert=bert, pooling=cfg.pooling,
                             posterior=posterior, regular_ids=bundle.regular_ids,
                             denoiser=denoiser)
-
-
-def keep_layers(bert, n: int) -> None:
-    """Keep the first ``n`` transformer layers of ``bert`` (a smaller, faster model whose
-    lower layers are the pretrained ones; Sajjad et al. 2023 "On the effect of dropping
-    layers of pre-trained transformer models"). ValueError if it has fewer."""
-    have = len(bert.encoder.layer)
-    if not 1 <= n <= have:
-        raise ValueError(f"--layers {n}: the base BERT has {have} layers")
-    bert.encoder.layer = bert.encoder.layer[:n]
-    bert.config.num_hidden_layers = n
 
 
 def check_token_ids(ds: PayloadDataset, bundle: EdgeBundle, where: str) -> None:

@@ -30,8 +30,6 @@ import numpy as np
 from shared.mechanisms import registry
 
 POSTERIOR_FILE = "posterior.npz"
-# the dχ mechanisms, which privatize tokens one by one
-MECHANISMS = tuple(c.name for c in registry.mechanisms() if c.family == "dchi")
 FORMAT = "privbert-posterior"
 FORMAT_VERSION = 1
 PRIOR_SMOOTHING = 0.5  # add-½ counts on every regular token for the embedding prior
@@ -62,8 +60,8 @@ class ChannelPosterior:
     source: dict = field(default_factory=dict)
 
     def __post_init__(self) -> None:
-        if self.mechanism not in MECHANISMS:
-            raise ValueError(f"a channel posterior exists for {', '.join(MECHANISMS)} only, "
+        if self.mechanism not in registry.dchi_names():
+            raise ValueError(f"a channel posterior exists for {', '.join(registry.dchi_names())} only, "
                              f"not {self.mechanism}")
         if not (math.isfinite(self.eta) and self.eta > 0):
             raise ValueError(f"eta must be finite and > 0, got {self.eta}")
@@ -231,9 +229,9 @@ def build_posterior(bundle, mechanism: str, eta: float, texts: Sequence[str], *,
     runs at least per distinct token); cost ≈ one search per run.
     ``dchi-embedding``: the prior only (no sampling).
     """
-    if mechanism not in MECHANISMS:
+    if mechanism not in registry.dchi_names():
         raise ValueError(f"a channel posterior makes no sense for {mechanism}: only "
-                         f"{', '.join(MECHANISMS)} privatize tokens one by one")
+                         f"{', '.join(registry.dchi_names())} privatize tokens one by one")
     if not (passes > 0 and math.isfinite(passes)) or min_draws < 1:
         raise ValueError(f"passes must be > 0 and min_draws >= 1, got {passes}, {min_draws}")
     counts = token_counts(bundle, texts)

@@ -47,7 +47,6 @@ from models.backbone import (
 )
 from models.mlm import OBJECTIVES, MLMHead, mlm_loss
 from models.pretrain_data import (
-    MECHANISMS,
     BatchPrivatizer,
     MLMBatch,
     batch_indices,
@@ -59,6 +58,7 @@ from models.pretrain_data import (
 )
 from shared.accounting import guarantee
 from shared.bundle import EdgeBundle
+from shared.mechanisms import registry
 
 TOKENIZER_FILES = ("tokenizer.json", "vocab.txt", "tokenizer_config.json", "special_tokens_map.json")
 HEAD_FILE, STATE_FILE, INFO_FILE = "mlm_head.safetensors", "trainer_state.pt", "pretrain.json"
@@ -91,9 +91,9 @@ class PretrainConfig:
         """ValueError with one clear sentence for anything that cannot run."""
         if self.objective not in OBJECTIVES:
             raise ValueError(f"unknown objective {self.objective!r} (choose vanilla, prob or denoising)")
-        if self.mechanism not in MECHANISMS:
+        if self.mechanism not in registry.dchi_names():
             raise ValueError(f"unknown mechanism {self.mechanism!r} for pretraining "
-                             f"(choose {' or '.join(MECHANISMS)})")
+                             f"(choose {' or '.join(registry.dchi_names())})")
         if not (isinstance(self.eta, int | float) and math.isfinite(self.eta) and self.eta > 0):
             raise ValueError(f"--eta must be a positive finite number, got {self.eta}")
         if (self.steps is None) == (self.epochs is None):
@@ -144,7 +144,7 @@ def compose_inputs_embeds(word_embeddings: nn.Embedding, input_ids: torch.Tensor
                           embeds: torch.Tensor, embed_pos: torch.Tensor) -> torch.Tensor:
     """dchi-embedding input (B, L, n): the frozen rows E[id] for [CLS]/[SEP]/[PAD]/[MASK],
     the perturbed rows at ``embed_pos`` (flat positions); BERT adds position and segment
-    embeddings and LayerNorm on top (contract §3)."""
+    embeddings and LayerNorm on top (the layout of ``models.data``)."""
     x = word_embeddings(input_ids)
     x.view(-1, x.shape[-1])[embed_pos] = embeds.to(x.dtype)
     return x

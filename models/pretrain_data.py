@@ -29,9 +29,8 @@ from models.mlm import (
     choose_replacements,
 )
 from shared.bundle import EdgeBundle
-from shared.mechanisms import DChiEmbedding, DChiText
+from shared.mechanisms import DChiEmbedding, DChiText, registry
 
-MECHANISMS = (DChiText.name, DChiEmbedding.name)  # pretraining simulates these two
 DATA = Path(__file__).resolve().parent.parent.parent / "shared" / "data"
 
 
@@ -107,9 +106,9 @@ class BatchPrivatizer:
 
     def __init__(self, bundle: EdgeBundle, mechanism: str, eta: float, search: str = "numpy",
                  device=None):
-        if mechanism not in MECHANISMS:
+        if mechanism not in registry.dchi_names():  # pretraining simulates dχ
             raise ValueError(f"unknown mechanism {mechanism!r} for pretraining "
-                             f"(choose {' or '.join(MECHANISMS)})")
+                             f"(choose {' or '.join(registry.dchi_names())})")
         if search not in ("numpy", "torch"):
             raise ValueError(f"search must be numpy or torch, got {search!r}")
         self.bundle = bundle

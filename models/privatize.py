@@ -48,20 +48,23 @@ def encoder_dim(bundle: EdgeBundle) -> int:
     return int(desc["output_dim"])
 
 
-def build_mechanism(name: str, bundle: EdgeBundle, *, eta: float | None = None,
-                    epsilon: float | None = None, calibration: str = "vector",
-                    word_dropout: float = 0.0, lam: float | None = None, m: int | None = None,
-                    k: int | None = None, texthide_key: int | None = None,
-                    int_bits: int = 4, frac_bits: int = 5):
-    """The ``shared.mechanisms`` object for ``name`` from the command line's settings;
+def build_mechanism(name: str, bundle: EdgeBundle, *, texthide_key: int | None = None,
+                    **settings):
+    """The ``shared.mechanisms`` object for ``name`` from the command line's settings: one
+    per parameter of the mechanism's ``Params`` (``models.cli_args.mechanism_settings``;
+    others are ignored), a setting that is None or absent taking the parameter's default;
     ValueError names a missing or invalid parameter."""
     from shared.mechanisms import registry
 
     cls = registry.get(name)
-    given = {"eta": eta, "epsilon": epsilon, "calibration": calibration,
-             "word_dropout": word_dropout, "lam": lam, "m": m, "k": k,
-             "int_bits": int_bits, "frac_bits": frac_bits}
-    params = {p: given[p] for p in cls.param_names() if p in given}
+    fields = cls.Params.model_fields
+    params = {}
+    for p in cls.param_names():
+        value = settings.get(p)
+        if value is None and not fields[p].is_required():
+            value = fields[p].get_default(call_default_factory=True)
+        if value is not None or p in settings:
+            params[p] = value
     return mechanism_from_params(name, params, bundle, texthide_key=texthide_key)
 
 

@@ -32,11 +32,6 @@ from dataclasses import asdict, dataclass, fields, replace
 from shared.mechanisms import registry
 
 RAW_TEXT_LEVERS = ("fresh_noise", "denoise", "rtd", "distill", "warm_start")
-# a channel posterior: mechanisms that privatize token by token with dχ-privacy
-POSTERIOR_MECHANISMS = tuple(c.name for c in registry.mechanisms() if c.family == "dchi")
-# a contextual denoiser (models.denoiser): dχ mechanisms whose payload is token ids
-DENOISER_MECHANISMS = tuple(c.name for c in registry.mechanisms()
-                            if registry.substitutes_tokens(c))
 # payloads of word pieces (a BERT over token ids reads them)
 TOKEN_MECHANISMS = tuple(c.name for c in registry.mechanisms()
                          if c.payload_kind.reads_tokens)
@@ -106,12 +101,12 @@ class Recipe:
                 and self.denoiser_epochs >= 1):
             raise ValueError("--denoiser-layers must be in [1, 48], --denoiser-candidates and "
                              "--denoiser-epochs >= 1")
-        if self.denoiser and mechanism not in DENOISER_MECHANISMS:
+        if self.denoiser and mechanism not in registry.substituting_names():
             raise ValueError(f"--denoiser makes no sense for {mechanism}: a contextual "
-                             f"denoiser exists for {' and '.join(DENOISER_MECHANISMS)} only")
-        if self.posterior and mechanism not in POSTERIOR_MECHANISMS:
+                             f"denoiser exists for {' and '.join(registry.substituting_names())} only")
+        if self.posterior and mechanism not in registry.dchi_names():
             raise ValueError(f"--posterior makes no sense for {mechanism}: a channel "
-                             f"posterior exists for {' and '.join(POSTERIOR_MECHANISMS)} only")
+                             f"posterior exists for {' and '.join(registry.dchi_names())} only")
         if self.denoise and mechanism not in TOKEN_MECHANISMS:
             raise ValueError(f"--denoise makes no sense for {mechanism}: its payload has no "
                              "tokens to denoise")
@@ -155,7 +150,7 @@ DEFAULT_EPOCHS = 2
 def default_recipe(mechanism: str, raw_text: bool) -> Recipe:
     """The recipe ``cloud-api train`` and ``bootstrap`` use unless told otherwise: the
     winner of the ablation where it applies (bench/results/utility_levers.md)."""
-    if mechanism not in POSTERIOR_MECHANISMS:
+    if mechanism not in registry.dchi_names():
         return Recipe()
     r = Recipe(fresh_noise=True, posterior=True)
     return r if raw_text else r.for_records()

@@ -22,6 +22,17 @@ BUNDLE_DIR = "bundle"  # the edge bundle a version was trained with, when it is 
 # default one (a designed privatization table: ``cloud-api train --table``)
 
 
+def is_model_dir(path: str | os.PathLike) -> bool:
+    """True if ``path`` is a privbert model version folder (not a plain BERT folder)."""
+    cfg = Path(path) / CONFIG_FILE
+    if not cfg.is_file():
+        return False
+    try:
+        return json.loads(cfg.read_text()).get("format") == FORMAT
+    except (json.JSONDecodeError, OSError, AttributeError):
+        return False
+
+
 def read_config(path: str | os.PathLike) -> dict:
     """config.json of a model version folder; ValueError if it is not one."""
     p = Path(path)

@@ -34,9 +34,9 @@ import numpy as np
 import torch
 from torch import nn
 
-from models.classifiers import architecture, classifier_from_architecture
+from models.classifiers import architecture
 from models.data import collate_payloads, kind_of
-from models.manifest import MANIFEST_FILE, verify_folder
+from models.manifest import MANIFEST_FILE
 from models.version_folder import (  # noqa: F401  (the names are used from here too)
     CONFIG_FILE,
     DATA_FILE,
@@ -46,8 +46,10 @@ from models.version_folder import (  # noqa: F401  (the names are used from here
     METRICS_FILE,
     ONNX_FILE,
     WEIGHTS_FILE,
+    is_model_dir,
     read_config,
 )
+from models.version_module import load_classifier
 from shared.mechanisms import registry
 
 
@@ -119,15 +121,6 @@ def save_model_version(out_dir: str | os.PathLike, module: nn.Module, config: di
     return out
 
 
-def is_model_dir(path: str | os.PathLike) -> bool:
-    """True if ``path`` is a privbert model version folder (not a plain BERT folder)."""
-    cfg = Path(path) / CONFIG_FILE
-    if not cfg.is_file():
-        return False
-    try:
-        return json.loads(cfg.read_text()).get("format") == FORMAT
-    except (json.JSONDecodeError, OSError, AttributeError):
-        return False
 
 
 @dataclass
@@ -234,21 +227,8 @@ def load_model(path: str | os.PathLike, device: torch.device | str = "cpu",
                verify: bool = True) -> ModelVersion:
     """Load a model version folder written by :func:`save_model_version`; with ``verify``,
     first checked whole (``models.manifest.verify_folder``: IntegrityError, a ValueError)."""
-    from safetensors.torch import load_file
-
     p = Path(path)
-    if verify:
-        verify_folder(p, digest_unsealed=False)
-    cfg = read_config(p)
-    if not (p / WEIGHTS_FILE).is_file():
-        raise ValueError(f"{p}: no {WEIGHTS_FILE}")
-    module = classifier_from_architecture(cfg["architecture"])
-    state = load_file(str(p / WEIGHTS_FILE))
-    missing, unexpected = module.load_state_dict(state, strict=False)
-    missing = [k for k in missing if not k.endswith("position_ids")]
-    if missing or unexpected:
-        raise ValueError(f"{p / WEIGHTS_FILE}: weights do not fit the architecture "
-                         f"(missing {missing[:3]}, unexpected {unexpected[:3]})")
+    cfg, module = load_classifier(p, verify)
     if getattr(module, "contextual", False):
         attach_version_denoiser(module, p, cfg)
     module.to(device).eval()

@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # The tests, from a fresh clone: set up .venv, PostgreSQL, Chromium, the web edge's
-# node_modules and the privacy explorer page (web_edge/demo) when missing, then run README's
-# test command and the web edge's JS tests (both must pass). Extra arguments go to pytest.
+# node_modules and the privacy explorer page (web_edge/demo) when missing, then run the
+# checks (ruff on the repository, mypy on shared/ and edge_agent/, the generated files of
+# the mechanism spec), README's test command and the web edge's JS tests (all must pass).
+# Extra arguments go to pytest.
 . "$(dirname "$0")/_env.sh"
 ensure_postgres
 ensure_chromium
@@ -10,11 +12,18 @@ ensure_web_edge
 ensure_web_demo
 cd "$ROOT"
 set +e
+checks_rc=0
+ruff check . || { echo "tests: ruff found problems (ruff check .)" >&2; checks_rc=1; }
+mypy || { echo "tests: the type check failed (mypy: shared/ and edge_agent/)" >&2; checks_rc=1; }
+python -m shared.spec --check || checks_rc=1
 (cd web_edge && npm test --silent)
 js_rc=$?
 python -m pytest -m "not slow" -q "$@"
 rc=$?
 set -e
+if [ "$checks_rc" -ne 0 ]; then
+    exit 1
+fi
 if [ "$js_rc" -ne 0 ]; then
     echo "tests: the web edge's JS tests failed (cd web_edge && npm test)" >&2
     exit 1

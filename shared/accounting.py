@@ -13,11 +13,11 @@ See ARCHITECTURE.md "Honest accounting". The formulas are pure functions below.
 from __future__ import annotations
 
 import math
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from shared.mechanisms.binary import OME, _FixedPointBits
+from shared.mechanisms.binary import OME, FixedPointBits
 from shared.mechanisms.dchi import DChiEmbedding, DChiText
 from shared.mechanisms.laplace import Laplace, dropout_epsilon
 from shared.mechanisms.nearest import kth_neighbour_distances
@@ -79,7 +79,7 @@ def _dchi(mech: DChiEmbedding | DChiText, bundle: EdgeBundle | None, *, dim: int
     if bundle is None and isinstance(mech, DChiText):
         bundle = mech.bundle
     eta = mech.eta
-    g = {
+    g: dict[str, Any] = {
         "nominal": {"eta": eta, "epsilon": None,
                     "statement": "eta*d(x, x')-privacy per token, d = Euclidean distance "
                                  "between word embeddings (Qu et al. 2021 §3.2)"},
@@ -142,7 +142,7 @@ def _laplace(mech: Laplace, bundle: EdgeBundle | None, *, dim: int | None,
         dim = sentence_vector_dim(bundle)
     eps, mu = mech.epsilon, mech.word_dropout
     nominal = dropout_epsilon(eps, mu) if mu else eps
-    g = {"nominal": {"epsilon": nominal,
+    g: dict[str, Any] = {"nominal": {"epsilon": nominal,
                      "statement": f"epsilon = {eps:g} per sentence vector (Lyu et al. 2020, "
                                   "DPNR Theorem 1)"
                                   + (f", word dropout mu={mu:g} gives ln((1-mu)e^eps+mu) "
@@ -176,12 +176,12 @@ def _laplace(mech: Laplace, bundle: EdgeBundle | None, *, dim: int | None,
     return g
 
 
-@GUARANTEE.register(_FixedPointBits)
-def _bits(mech: _FixedPointBits, bundle: EdgeBundle | None, *, dim: int | None,
+@GUARANTEE.register(FixedPointBits)
+def _bits(mech: FixedPointBits, bundle: EdgeBundle | None, *, dim: int | None,
           sample: int) -> dict:
     p, q = mech.bit_probabilities()
     worst = bit_flip_epsilon(p, q)
-    g = {"nominal": {"epsilon": mech.epsilon},
+    g: dict[str, Any] = {"nominal": {"epsilon": mech.epsilon},
          "worst_case": {"epsilon": worst, "n_bits": mech.n_bits}, "notes": []}
     if isinstance(mech, OME):
         p_even, p_odd, q = mech.flip_probabilities()

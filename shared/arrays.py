@@ -20,7 +20,7 @@ from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, ValidationInfo, 
 try:  # SIMD base64 (10x the standard library's speed); same bytes, same errors
     from pybase64 import b64decode, b64encode
 except ImportError:  # pragma: no cover - the edge and cloud extras install it
-    from base64 import b64decode, b64encode
+    from base64 import b64decode, b64encode  # type: ignore[assignment]
 
 MAX_JSON_BYTES = 8 * 1024 * 1024
 DTYPES = {"float16": "<f2", "float32": "<f4", "int32": "<i4", "bits": "u1"}
@@ -61,27 +61,27 @@ class Limits:
                    **sizes)
 
 
-_DEFAULT_LIMITS = Limits()
+DEFAULT_LIMITS = Limits()
 
 
-def _limits(info: ValidationInfo) -> Limits:
+def limits_of(info: ValidationInfo) -> Limits:
     ctx = info.context if isinstance(info.context, dict) else {}
     lim = ctx.get("limits")
     if lim is not None and not isinstance(lim, Limits):
         raise TypeError(f"context['limits'] must be a Limits, got {type(lim).__name__}")
-    return lim or _DEFAULT_LIMITS
+    return lim or DEFAULT_LIMITS
 
 
 NonNegInt = Annotated[int, Field(strict=True, ge=0, le=2**31 - 1)]
 PosInt = Annotated[int, Field(strict=True, ge=1, le=2**31 - 1)]
 PosFloat = Annotated[float, Field(strict=True, gt=0, allow_inf_nan=False)]
-_STRICT = ConfigDict(extra="forbid", frozen=True)
+STRICT = ConfigDict(extra="forbid", frozen=True)
 
 
 class Array(BaseModel):
     """An n-d array: dtype, shape and base64 (standard, padded) little-endian bytes."""
 
-    model_config = _STRICT
+    model_config = STRICT
     dtype: Literal["float16", "float32", "int32", "bits"]
     shape: Annotated[tuple[NonNegInt, ...], Field(max_length=8)]
     data: Annotated[str, Field(pattern=_B64)]
@@ -102,12 +102,12 @@ class Array(BaseModel):
     def _decode(self, info: ValidationInfo) -> Array:
         private = getattr(self, "__pydantic_private__", None) or {}
         if "_values" in private:  # built by encode_array from checked values (never from JSON)
-            if self.nbytes() > _limits(info).max_array_bytes:
+            if self.nbytes() > limits_of(info).max_array_bytes:
                 raise ValueError(f"array of {self.nbytes()} bytes exceeds max_array_bytes="
-                                 f"{_limits(info).max_array_bytes}")
+                                 f"{limits_of(info).max_array_bytes}")
             return self
         n = self.nbytes()
-        limit = _limits(info).max_array_bytes
+        limit = limits_of(info).max_array_bytes
         if n > limit:
             raise ValueError(f"array of {n} bytes exceeds max_array_bytes={limit}")
         if len(self.data) != 4 * ((n + 2) // 3):
@@ -172,7 +172,7 @@ def _checked(arr, dtype: str) -> np.ndarray:
     return cast
 
 
-def _wrap(dtype: str, values: np.ndarray, data: str) -> Array:
+def wrap_array(dtype: str, values: np.ndarray, data: str) -> Array:
     """An Array of checked ``values`` (read-only, native order) and their base64 ``data``."""
     out = Array.model_construct(dtype=dtype, shape=tuple(int(x) for x in values.shape),
                                 data=data)
@@ -183,7 +183,7 @@ def _wrap(dtype: str, values: np.ndarray, data: str) -> Array:
 
 
 def _too_big(nbytes: int, limits: Limits | None) -> None:
-    lim = limits or _DEFAULT_LIMITS
+    lim = limits or DEFAULT_LIMITS
     if nbytes > lim.max_array_bytes:
         raise ValueError(f"array of {nbytes} bytes exceeds max_array_bytes={lim.max_array_bytes}")
 
@@ -198,7 +198,7 @@ def encode_array(arr: np.ndarray, dtype: str, limits: Limits | None = None) -> A
     values = _checked(arr, dtype)
     raw = np.packbits(values.ravel()).tobytes() if dtype == "bits" else values.tobytes()
     _too_big(len(raw), limits)
-    return _wrap(dtype, values, b64encode(raw).decode("ascii"))
+    return wrap_array(dtype, values, b64encode(raw).decode("ascii"))
 
 
 def encode_rows(arr: np.ndarray, lengths, dtype: str,
@@ -208,7 +208,7 @@ def encode_rows(arr: np.ndarray, lengths, dtype: str,
     whole number of base64 groups (3 bytes; 384 float32 or float16 values are), one base64
     encoding for all of them. Not for "bits" (each array is packed on its own)."""
     values, starts, ends, datas = encoded_rows(arr, lengths, dtype, limits)
-    return [_wrap(dtype, values[a:b], d) for a, b, d in zip(starts, ends, datas, strict=True)]
+    return [wrap_array(dtype, values[a:b], d) for a, b, d in zip(starts, ends, datas, strict=True)]
 
 
 def encoded_rows(arr: np.ndarray, lengths, dtype: str, limits: Limits | None = None

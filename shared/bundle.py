@@ -25,18 +25,20 @@ import re
 import tarfile
 import tempfile
 from pathlib import Path
+from typing import IO, cast
 
 import numpy as np
 
+from shared import messages as msg
 from shared.table import PROJECTIONS, Table, TableError, TableSpec, build_table, dequantize
 
 FORMAT = "privbert-edge-bundle"
 FORMAT_VERSION = 1
 SPECIAL_TOKENS = {"pad": "[PAD]", "unk": "[UNK]", "cls": "[CLS]", "sep": "[SEP]", "mask": "[MASK]"}
 _UNUSED = re.compile(r"^\[unused\d+\]$")
-_HASHED_META = ("format", "format_version", "vocab_size", "dim", "max_length", "special_ids",
+HASHED_META = ("format", "format_version", "vocab_size", "dim", "max_length", "special_ids",
                 "unused_ids", "encoder", "files")
-_HASHED_IF_PRESENT = ("table",)  # absent from the original layout: its ids stay as they were
+HASHED_IF_PRESENT = ("table",)  # absent from the original layout: its ids stay as they were
 TOKENIZER_FILE, EMBEDDINGS_FILE, ENCODER_FILE, META_FILE = (
     "tokenizer.json", "embeddings.npy", "encoder.onnx", "bundle.json")
 TABLE_FILE, TABLE_SCALE_FILE = "table.npy", "table_scale.npy"
@@ -64,7 +66,7 @@ def _npy_sha256(arr: np.ndarray, dtype: str = "<f4") -> str:
     np.lib.format.write_array_header_1_0(header, np.lib.format.header_data_from_array_1_0(a))
     h = hashlib.sha256()
     h.update(header.getvalue())
-    h.update(memoryview(a).cast("B"))
+    h.update(a.data.cast("B"))
     return h.hexdigest()
 
 
@@ -177,11 +179,8 @@ class EdgeBundle:
         """The model's frozen word embeddings (vocab × n, float32); BundleError if this
         bundle carries a designed privatization table instead."""
         if self._embeddings is None:
-            raise BundleError(
-                f"bundle {self.bundle_id[:12]}… carries the privatization table "
-                f"{self.table_name} ({self.table_dim} dimensions), not the model's word "
-                "embeddings: it serves dchi-text only (dchi-embedding needs a bundle with "
-                "the model's table, e.g. cloud-api make-bundle --table none)")
+            raise BundleError(msg.TABLE_ONLY.format(
+                bundle_id12=self.bundle_id[:12], table=self.table_name, dim=self.table_dim))
         return self._embeddings
 
     @property
@@ -189,7 +188,8 @@ class EdgeBundle:
         """The privatization table (vocab × k, float32): the space in which ``dchi-text``
         adds its noise and searches the nearest regular token (the dequantized values of
         an int8 table). The model's embeddings in the original layout."""
-        return self._table.values if self._table is not None else self._embeddings
+        return self._table.values if self._table is not None else cast(np.ndarray,
+                                                                         self._embeddings)
 
     @property
     def table_dim(self) -> int:
@@ -281,8 +281,8 @@ class EdgeBundle:
 
     @staticmethod
     def _compute_id(meta: dict) -> str:
-        hashed = {k: meta.get(k) for k in _HASHED_META}
-        hashed.update({k: meta[k] for k in _HASHED_IF_PRESENT if meta.get(k) is not None})
+        hashed = {k: meta.get(k) for k in HASHED_META}
+        hashed.update({k: meta[k] for k in HASHED_IF_PRESENT if meta.get(k) is not None})
         return _sha256(json.dumps(hashed, sort_keys=True, separators=(",", ":")).encode())
 
     # -- construction ---------------------------------------------------------------------
@@ -399,7 +399,7 @@ class EdgeBundle:
             def read(name: str) -> bytes:
                 if name not in members:
                     raise FileNotFoundError(name)
-                return tar.extractfile(members[name]).read()
+                return cast(IO[bytes], tar.extractfile(members[name])).read()
 
             return cls._from_reader(read, "bundle tarball", expected_id)
 
@@ -423,8 +423,8 @@ class EdgeBundle:
         if meta.get("format") != FORMAT or meta.get("format_version") != FORMAT_VERSION:
             raise BundleError(f"{where}/{META_FILE}: not a {FORMAT} v{FORMAT_VERSION} file")
         blobs = {}
-        files, shape = meta.get("files"), (meta.get("vocab_size"), meta.get("dim"))
-        if not isinstance(files, dict) or not all(isinstance(x, int) for x in shape):
+        files, vocab, dim = meta.get("files"), meta.get("vocab_size"), meta.get("dim")
+        if not isinstance(files, dict) or not isinstance(vocab, int) or not isinstance(dim, int):
             raise BundleError(f"{where}/{META_FILE}: lacks its files, vocab_size or dim")
         for name, digest in sorted(files.items()):
             blobs[name] = get(name)
@@ -446,9 +446,9 @@ class EdgeBundle:
             raise BundleError(f"{where}: unreadable {TOKENIZER_FILE} ({exc})") from None
         emb, table = None, None
         if table_meta:
-            table = _read_table(blobs, table_meta, shape[0], where)
+            table = _read_table(blobs, table_meta, vocab, where)
         else:
-            emb = _read_npy(blobs, EMBEDDINGS_FILE, "<f4", shape, where)
+            emb = _read_npy(blobs, EMBEDDINGS_FILE, "<f4", (vocab, dim), where)
         bundle = cls(tokenizer_json, emb, meta, blobs.get(ENCODER_FILE), table=table)
         if bundle.bundle_id != meta["bundle_id"]:  # re-serialisation must reproduce the id
             raise BundleError(f"{where}: contents do not reproduce bundle_id {meta['bundle_id']}")

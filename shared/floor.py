@@ -43,10 +43,11 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from shared import messages as msg
 from shared.accounting import bit_flip_epsilon, laplace_vector_epsilon, sentence_vector_dim
-from shared.mechanisms.binary import _FixedPointBits
+from shared.mechanisms.binary import FixedPointBits
 from shared.mechanisms.computable import (  # noqa: F401 (part of this module's API)
-    _F32_MAX,
+    F32_MAX,
     TAIL,
     check_dchi_eta,
     dchi_noise_limit,
@@ -221,15 +222,15 @@ def table_problem(bundle: EdgeBundle, rng: np.random.Generator | None = None) ->
 def _identical_rows(t: np.ndarray) -> str | None:
     """Bit-identical rows of ``t`` (each row's bytes as a dictionary key)."""
     if not np.all(np.isfinite(t)):
-        return "its table has non-finite values"
+        return msg.TABLE_NON_FINITE
     count: dict[bytes, int] = {}
     for row in t:
         key = row.tobytes()
         count[key] = count.get(key, 0) + 1
     groups = [c for c in count.values() if c > 1]
     if groups:
-        return (f"{sum(groups):,} of its {t.shape[0]:,} regular tokens share {len(groups):,} "
-                "rows (identical rows: the search can never return some of them)")
+        return msg.TABLE_IDENTICAL.format(tokens=sum(groups), rows=t.shape[0],
+                                          groups=len(groups))
     return None
 
 
@@ -247,9 +248,7 @@ def _near_duplicates(t: np.ndarray, rng: np.random.Generator) -> str | None:
     median = float(np.median(dist))
     close = int((dist < NEAR_DUPLICATE * median).sum())
     if median > 0 and close:
-        return (f"{close} of {n} regular rows drawn at random lie within "
-                f"{NEAR_DUPLICATE:g} x the median nearest-row distance of another row "
-                "(near-duplicate rows)")
+        return msg.TABLE_NEAR_DUPLICATES.format(close=close, n=n, near=NEAR_DUPLICATE)
     return None
 
 
@@ -297,10 +296,6 @@ def _vector_dim(mechanism: Any, bundle: EdgeBundle | None, dim: int | None) -> i
     return int(dim)
 
 
-def _pct(p: float) -> str:
-    return "100%" if p >= 1.0 else f"{100 * p:.2f}%"
-
-
 # -- each mechanism's floor (registered: ``mechanism.weak_privacy_reason(...)`` finds them) ----
 @FLOOR.register(DChiEmbedding, DChiText)
 def _dchi_reason(mech: DChiEmbedding | DChiText, bundle: EdgeBundle | None, *,
@@ -313,22 +308,22 @@ def _dchi_reason(mech: DChiEmbedding | DChiText, bundle: EdgeBundle | None, *,
                          "floor is measured on its embedding table)")
     if isinstance(mech, DChiEmbedding):
         bundle.embeddings  # noqa: B018 (BundleError: a designed table serves dchi-text only)
-    head = f"{mech.name} eta={mech.eta:g} is weaker than the privacy floor"
+    head = msg.weak_head(msg.DCHI_WHAT.format(mechanism=mech.name, eta=mech.eta))
     problem = table_problem(bundle, rng)
     if problem is not None:
-        return f"{head}: the bundle's table is degenerate: {problem}"
+        return msg.DCHI_DEGENERATE.format(head=head, problem=problem)
     reg = np.asarray(bundle.regular_ids)
     t_max = float(np.sqrt(np.einsum("ij,ij->i", bundle.table[reg], bundle.table[reg]).max()))
     if not math.isfinite(mech.eta * 2.0 * t_max):
-        return f"{head}: the worst-case epsilon per token (eta x 2 max||phi||) is not finite"
+        return msg.DCHI_NOT_FINITE.format(head=head)
     same, drawn = measure_unchanged(mech, bundle, threshold=threshold, rng=rng)
     if same / drawn <= threshold:
         return None
-    what = "came back unchanged" if isinstance(mech, DChiText) else \
-        "were their own nearest token after the noise"
+    outcome = msg.DCHI_TEXT_OUTCOME if isinstance(mech, DChiText) else \
+        msg.DCHI_EMBEDDING_OUTCOME
     start = dchi_floor(bundle, tokens=256, rng=rng).floor_eta(threshold)
-    return (f"{head}: {_pct(same / drawn)} of {drawn:,} tokens drawn at random {what} "
-            f"(floor {_pct(threshold)}; on this bundle it starts near eta={start:.3g})")
+    return msg.DCHI_MEASURED.format(head=head, share=msg.pct(same / drawn), drawn=drawn,
+                                    outcome=outcome, floor=msg.pct(threshold), start=start)
 
 
 @FLOOR.register(Laplace)
@@ -336,34 +331,32 @@ def _laplace_reason(mech: Laplace, bundle: EdgeBundle | None, *, threshold: floa
                     dim: int | None, **_: Any) -> str | None:
     dim = _vector_dim(mech, bundle, dim)
     eps = mech.epsilon
-    head = f"laplace epsilon={eps:g} is weaker than the privacy floor"
+    head = msg.weak_head(msg.LAPLACE_WHAT.format(epsilon=eps))
     if not math.isfinite(laplace_vector_epsilon(eps, mech.calibration, dim)):
-        return f"{head}: the worst-case epsilon of the vector is not finite"
+        return msg.LAPLACE_NOT_FINITE.format(head=head)
     b = mech.scale(dim)
     within = -math.expm1(-LAPLACE_STEP / b) if b > 0 else 1.0  # Pr[|noise| <= 2^-23]
     p = math.exp(dim * math.log(within)) if within > 0 else 0.0
     if p <= threshold:
         return None
-    return (f"{head}: the noise (scale {b:.3g}) leaves every coordinate within float32 "
-            f"rounding (2^-23) of the raw vector with probability {_pct(p)} "
-            f"(floor {_pct(threshold)})")
+    return msg.LAPLACE_ROUNDING.format(head=head, scale=b, share=msg.pct(p),
+                                       floor=msg.pct(threshold))
 
 
-@FLOOR.register(_FixedPointBits)
-def _bits_reason(mech: _FixedPointBits, bundle: EdgeBundle | None, *, threshold: float,
+@FLOOR.register(FixedPointBits)
+def _bits_reason(mech: FixedPointBits, bundle: EdgeBundle | None, *, threshold: float,
                  dim: int | None, **_: Any) -> str | None:
     p, q = mech.bit_probabilities()
     params = ", ".join(f"{k}={v:g}" for k, v in mech.params.items() if k in ("epsilon", "lam"))
-    head = f"{mech.name} {params} is weaker than the privacy floor"
+    head = msg.weak_head(msg.BITS_WHAT.format(mechanism=mech.name, params=params))
     if not math.isfinite(bit_flip_epsilon(p, q)):
-        return (f"{head}: the worst-case epsilon is not finite (a flip probability rounds to 0 "
-                "or 1, so some outputs certify the input)")
+        return msg.BITS_NOT_FINITE.format(head=head)
     det = np.minimum(np.maximum(p, 1.0 - p), max(q, 1.0 - q))
     prob = math.exp(float(np.log(det).sum()))
     if prob <= threshold:
         return None
-    return (f"{head}: with probability {_pct(prob)} every one of the {mech.n_bits} bits is a "
-            f"fixed function of the input bit (floor {_pct(threshold)})")
+    return msg.BITS_FIXED.format(head=head, share=msg.pct(prob), n_bits=mech.n_bits,
+                                 floor=msg.pct(threshold))
 
 
 @FLOOR.register(TextHide)
@@ -375,7 +368,7 @@ def _texthide_reason(mech: TextHide, bundle: EdgeBundle | None, *, threshold: fl
 @FLOOR.register(NoPrivacy)
 def _none_reason(mech: NoPrivacy, bundle: EdgeBundle | None, *, threshold: float,
                  dim: int | None, **_: Any) -> str | None:
-    return "mechanism none sends plain token ids: there is no privatization at all"
+    return msg.NONE_REFUSED
 
 
 def weak_privacy_reason(mechanism: Any, bundle: EdgeBundle | None = None, *,
@@ -428,6 +421,6 @@ def _dchi_embedding_computable(mech: DChiEmbedding, bundle: EdgeBundle | None, *
 def _laplace_computable(mech: Laplace, bundle: EdgeBundle | None, *, dim: int | None,
                         float_dtype: str) -> None:
     b = mech.scale(_vector_dim(mech, bundle, dim))  # inf if r/ε overflows
-    if not math.isfinite(b) or 1.0 + b * TAIL > _F32_MAX / 4.0:
+    if not math.isfinite(b) or 1.0 + b * TAIL > F32_MAX / 4.0:
         raise ValueError(f"epsilon={mech.epsilon:g} is too small to compute: the "
                          f"Laplace noise (scale {b:.3g}) overflows float32")

@@ -33,19 +33,70 @@ import math
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from functools import lru_cache
-from typing import Any
+from typing import Any, cast
 
 from shared.accounting import bit_flip_epsilon, dchi_diameter_bound, laplace_vector_epsilon
 from shared.mechanisms import registry
-from shared.mechanisms.binary import OME, _FixedPointBits
+from shared.mechanisms.binary import OME, FixedPointBits
 from shared.mechanisms.dchi import DChiEmbedding, DChiText
 from shared.mechanisms.laplace import Laplace
 from shared.mechanisms.plain import NoPrivacy
 from shared.mechanisms.registry import COST, as_mechanism
 from shared.mechanisms.texthide import TextHide
 
-FAMILIES = ("dchi", "laplace", "randomized-response", "texthide", "none")
-NO_EPSILON = ("texthide", "none")  # families without a differential-privacy ε
+
+@dataclass(frozen=True)
+class BudgetFamily:
+    """A budget family: the costs of its mechanisms compose in the units of its guarantee
+    (module docstring). ``epsilon``: its costs carry a worst-case ε (texthide and none only
+    count their sends); ``metric``: it also counts the dχ metric total Σ η·n and the tokens;
+    ``memo``: a repeat of the same input is sent again from the device's memo at no cost
+    (RAPPOR's lesson, ``edge_agent.budget.memo``); TextHide's and none's are never kept."""
+
+    name: str
+    epsilon: bool = True
+    metric: bool = False
+    memo: bool = True
+
+
+_FAMILIES: dict[str, BudgetFamily] = {}
+
+
+def register_family(family: BudgetFamily) -> BudgetFamily:
+    """Add a budget family (a plugin mechanism with a guarantee of a new kind registers its
+    own); the ledgers of both edges and the server's count it without a migration."""
+    if _FAMILIES.get(family.name, family) != family:
+        raise ValueError(f"budget family {family.name!r} is registered already, otherwise")
+    _FAMILIES[family.name] = family
+    return family
+
+
+for _f in (BudgetFamily("dchi", metric=True), BudgetFamily("laplace"),
+           BudgetFamily("randomized-response"),
+           BudgetFamily("texthide", epsilon=False, memo=False),
+           BudgetFamily("none", epsilon=False, memo=False)):
+    register_family(_f)
+
+FAMILIES = tuple(_FAMILIES)  # the built-in families, in the order the views list them
+NO_EPSILON = tuple(f.name for f in _FAMILIES.values() if not f.epsilon)
+
+
+def families() -> tuple[BudgetFamily, ...]:
+    """Every registered budget family (the built-in ones first)."""
+    return tuple(_FAMILIES.values())
+
+
+def budget_family(name: str) -> BudgetFamily:
+    """The family registered as ``name``; ValueError otherwise."""
+    try:
+        return _FAMILIES[name]
+    except (KeyError, TypeError):
+        raise ValueError(f"unknown budget family {name!r}") from None
+
+
+def has_epsilon(family: str) -> bool:
+    """Whether costs of ``family`` carry a worst-case ε (ValueError for an unknown one)."""
+    return budget_family(family).epsilon
 
 
 @dataclass(frozen=True)
@@ -63,9 +114,7 @@ class Cost:
     eta: float | None = None  # dχ: the η of this privatization
 
     def __post_init__(self) -> None:
-        if self.family not in FAMILIES:
-            raise ValueError(f"unknown budget family {self.family!r}")
-        if (self.epsilon is None) != (self.family in NO_EPSILON):
+        if (self.epsilon is None) == has_epsilon(self.family):
             what = "has no" if self.epsilon is not None else "needs an"
             raise ValueError(f"family {self.family} {what} epsilon")
         if self.epsilon is not None:
@@ -106,7 +155,7 @@ def family_of(mechanism: str) -> str:
         fam = registry.get(mechanism).family
     except registry.UnknownMechanism:
         raise ValueError(f"no budget family for mechanism {mechanism!r}") from None
-    if fam not in FAMILIES:
+    if fam not in _FAMILIES:
         raise ValueError(f"mechanism {mechanism}: unknown budget family {fam!r}")
     return fam
 
@@ -123,12 +172,12 @@ def cost(mechanism: str, params: Mapping[str, Any], *, tokens: int | None = None
 
 # -- the cost of each mechanism (registered: ``mechanism.cost(...)`` finds them) --------------
 @COST.register(TextHide, NoPrivacy)
-def _counted(cls: type, params: Mapping[str, Any], **size: Any) -> Cost:
+def _counted(cls: Any, params: Mapping[str, Any], **size: Any) -> Cost:
     return Cost(cls.family, None)
 
 
 @COST.register(DChiText, DChiEmbedding)
-def _dchi_cost(cls: type, params: Mapping[str, Any], *, tokens: int | None,
+def _dchi_cost(cls: Any, params: Mapping[str, Any], *, tokens: int | None,
                dim: int | None, diameter: float | None) -> Cost:
     eta = check_amount("eta", params["eta"])
     n = _count("tokens", tokens)
@@ -140,7 +189,7 @@ def _dchi_cost(cls: type, params: Mapping[str, Any], *, tokens: int | None,
 
 
 @COST.register(Laplace)
-def _laplace_cost(cls: type, params: Mapping[str, Any], *, dim: int | None, **size: Any
+def _laplace_cost(cls: Any, params: Mapping[str, Any], *, dim: int | None, **size: Any
                   ) -> Cost:
     r = _count("vector size", dim)
     eps = laplace_vector_epsilon(float(params["epsilon"]), params.get("calibration", "vector"),
@@ -149,15 +198,15 @@ def _laplace_cost(cls: type, params: Mapping[str, Any], *, dim: int | None, **si
 
 
 @COST.register(OME)
-def _ome_cost(cls: type, params: Mapping[str, Any], *, dim: int | None, **size: Any) -> Cost:
+def _ome_cost(cls: Any, params: Mapping[str, Any], *, dim: int | None, **size: Any) -> Cost:
     r = _count("vector size", dim)
     eps = _bits_epsilon(float(params["epsilon"]), float(params["lam"]), r,
                         int(params.get("int_bits", 4)), int(params.get("frac_bits", 5)))
     return Cost(cls.family, _finite(cls.name, eps))
 
 
-@COST.register(_FixedPointBits)
-def _bits_cost(cls: type, params: Mapping[str, Any], *, dim: int | None, **size: Any
+@COST.register(FixedPointBits)
+def _bits_cost(cls: Any, params: Mapping[str, Any], *, dim: int | None, **size: Any
                ) -> Cost:
     """SUE, OUE: the worst case over their bits (objects only: they have no payload)."""
     mech = cls(float(params["epsilon"]), _count("vector size", dim),
@@ -215,10 +264,10 @@ def batch_cost(payloads: Iterable[Any], mechanism: str, params: Mapping[str, Any
         n += 1
     if n == 0:
         return None
-    if family_of(mechanism) in NO_EPSILON:
+    if not has_epsilon(family_of(mechanism)):
         return Cost(family_of(mechanism), None, sends=n)
     each = [(cost(mechanism, params, **dict(size)), k) for size, k in sizes.items()]
-    eps = math.fsum(c.epsilon * k for c, k in each)
+    eps = math.fsum(cast(float, c.epsilon) * k for c, k in each)
     return Cost(family_of(mechanism), _finite(mechanism, eps), sends=n,
                 tokens=sum(c.tokens * k for c, k in each))
 
@@ -279,7 +328,7 @@ class Spend:
 
     def add(self, c: Cost) -> Spend:
         f = self.families.setdefault(c.family, FamilySpend(
-            None if c.family in NO_EPSILON else 0.0))
+            0.0 if has_epsilon(c.family) else None))
         if c.epsilon is not None:
             f.epsilon = (f.epsilon or 0.0) + c.epsilon
         f.metric += c.metric
@@ -305,7 +354,7 @@ def total(costs: Iterable[Cost]) -> Cost | None:
     if len(fams) != 1:
         raise ValueError(f"one family per batch, got {sorted(fams)}")
     fam = fams.pop()
-    eps = None if fam in NO_EPSILON else math.fsum(c.epsilon for c in costs)
+    eps = math.fsum(cast(float, c.epsilon) for c in costs) if has_epsilon(fam) else None
     etas = {c.eta for c in costs}
     return Cost(fam, eps, metric=math.fsum(c.metric for c in costs),
                 tokens=sum(c.tokens for c in costs), sends=sum(c.sends for c in costs),

@@ -13,7 +13,7 @@ Size limits come from a :class:`Limits` in pydantic's validation context::
 
 from __future__ import annotations
 
-from typing import Annotated, Any, ClassVar, Literal, Union
+from typing import TYPE_CHECKING, Annotated, Any, ClassVar, Literal, TypeAlias, Union
 
 import numpy as np
 from pydantic import (
@@ -26,19 +26,19 @@ from pydantic import (
 )
 
 from shared.arrays import (  # noqa: F401 (part of this module's API)
-    _DEFAULT_LIMITS,
-    _STRICT,
+    DEFAULT_LIMITS,
     DTYPES,
     FLOAT_DTYPES,
     MAX_JSON_BYTES,
+    STRICT,
     Array,
     Limits,
     NonNegInt,
     PosFloat,
     PosInt,
-    _limits,
     encode_array,
     encode_rows,
+    limits_of,
 )
 from shared.mechanisms import registry
 from shared.mechanisms.binary import OMEParams
@@ -63,7 +63,7 @@ def _expect(name: str, value: int, want: int | None) -> None:
 
 
 class _Base(BaseModel):
-    model_config = _STRICT
+    model_config = STRICT
     version: Literal[1] = 1
     bundle_id: BundleId
     array_field: ClassVar[str] = ""
@@ -81,7 +81,7 @@ class _Base(BaseModel):
             raise ValueError(f"{name} must have dtype in {self.array_dtypes}, got {arr.dtype!r}")
         if len(arr.shape) != self.array_ndim:
             raise ValueError(f"{name} must have {self.array_ndim} dimension(s), got {arr.shape}")
-        self._check_shape(arr, _limits(info))
+        self._check_shape(arr, limits_of(info))
         return self
 
     def _check_shape(self, arr: Array, lim: Limits) -> None:
@@ -183,10 +183,11 @@ class OMEPayload(_Base):
         _expect("vector dimension r", n // per, lim.vector_dim)
 
 
-def _plugin_payload(mech: type) -> type[_Base]:
+def _plugin_payload(mech: Any) -> type[_Base]:
     """The payload class of a mechanism added by a plugin (``shared.mechanisms.registry``):
     token ids or one float32 vector, with the mechanism's own params model."""
     kind = mech.payload_kind
+    base: type[_Base]
     if kind is registry.PayloadKind.TOKENS:
         base, field = _TokenBase, "token_ids"
     elif kind is registry.PayloadKind.VECTOR:
@@ -194,9 +195,9 @@ def _plugin_payload(mech: type) -> type[_Base]:
     else:
         raise ValueError(f"mechanism {mech.name}: a plugin's payload carries tokens or a "
                          f"vector, not {kind}")
-    cls = create_model(f"{mech.__name__}Payload", __base__=base, __module__=__name__,
-                       mechanism=(Literal[mech.name], ...), params=(mech.Params, ...),
-                       **{field: (Array, ...)})
+    cls = create_model(f"{mech.__name__}Payload", __base__=base,  # type: ignore[call-overload]
+                       __module__=__name__, mechanism=(Literal[mech.name], ...),
+                       params=(mech.Params, ...), **{field: (Array, ...)})
     cls.array_field = field
     return cls
 
@@ -206,11 +207,15 @@ def _plugin_payload(mech: type) -> type[_Base]:
 _BUILT_IN = (DChiEmbeddingPayload, DChiTextPayload, LaplacePayload, OMEPayload,
              TextHidePayload, NonePayload)
 PAYLOAD_CLASSES: dict[str, type[_Base]] = {
-    cls.model_fields["mechanism"].annotation.__args__[0]: cls for cls in _BUILT_IN}
+    cls.model_fields["mechanism"].annotation.__args__[0]: cls  # type: ignore[union-attr]
+    for cls in _BUILT_IN}
 PAYLOAD_CLASSES.update({m.name: _plugin_payload(m) for m in registry.mechanisms()
                         if m.name not in PAYLOAD_CLASSES})
-Payload = Annotated[Union[tuple(PAYLOAD_CLASSES.values())],  # noqa: UP007 (built from a tuple)
-                    Field(discriminator="mechanism")]
+if TYPE_CHECKING:  # the union is built at run time from the registry (plugins included)
+    Payload: TypeAlias = Any
+else:
+    Payload = Annotated[Union[tuple(PAYLOAD_CLASSES.values())],  # noqa: UP007 (a tuple)
+                        Field(discriminator="mechanism")]
 PAYLOAD_ADAPTER: TypeAdapter[Payload] = TypeAdapter(Payload)
 SoftLabel = Annotated[
     list[Annotated[float, Field(strict=True, allow_inf_nan=False)]],
@@ -221,7 +226,7 @@ SoftLabel = Annotated[
 class Record(BaseModel):
     """One labelled privatized example (a JSONL line of the edge agent)."""
 
-    model_config = _STRICT
+    model_config = STRICT
     payload: Payload
     label: Annotated[int, Field(strict=True)] | SoftLabel | Annotated[
         str, Field(pattern=_LABEL)] | None = None
@@ -230,7 +235,7 @@ class Record(BaseModel):
     def _known_label(self, info: ValidationInfo) -> Record:
         """With ``Limits.labels``: a class name of the task, an index into it, or a soft
         label of its length (a free-form string cannot carry text to a server that checks)."""
-        names = _limits(info).labels
+        names = limits_of(info).labels
         lab = self.label
         if names is None or lab is None:
             return self
@@ -245,25 +250,26 @@ class Record(BaseModel):
 
 # every mechanism name a payload may carry, in the order the CLIs list them
 MECHANISMS = registry.names()
-_KINDS = {  # mechanism -> (array field, array dtype; None = float_dtype)
+PAYLOAD_FIELDS = {  # mechanism -> (array field, array dtype; None = float_dtype)
     name: (cls.array_field, cls.array_dtypes[0] if len(cls.array_dtypes) == 1 else None)
     for name, cls in PAYLOAD_CLASSES.items()}
+_KINDS = PAYLOAD_FIELDS  # its former name
 
 
 def make_payload(mechanism: str, params: dict, bundle_id: str, data: np.ndarray,
                  segments: list[int] | None = None, float_dtype: str = "float32",
                  limits: Limits | None = None) -> Payload:
     """Build and validate the payload of ``mechanism`` around ``data``."""
-    if mechanism not in _KINDS:
-        raise ValueError(f"mechanism must be one of {tuple(_KINDS)}, got {mechanism!r}")
+    if mechanism not in PAYLOAD_FIELDS:
+        raise ValueError(f"mechanism must be one of {tuple(PAYLOAD_FIELDS)}, got {mechanism!r}")
     if float_dtype not in FLOAT_DTYPES:
         raise ValueError(f"float_dtype must be one of {FLOAT_DTYPES}, got {float_dtype!r}")
-    field, dtype = _KINDS[mechanism]
+    field, dtype = PAYLOAD_FIELDS[mechanism]
     obj: dict[str, Any] = {"mechanism": mechanism, "params": params, "bundle_id": bundle_id,
                            field: encode_array(data, dtype or float_dtype, limits)}
     if segments is not None:
         obj["segments"] = [int(s) if isinstance(s, np.integer) else s for s in segments]
-    return PAYLOAD_ADAPTER.validate_python(obj, context={"limits": limits or _DEFAULT_LIMITS})
+    return PAYLOAD_ADAPTER.validate_python(obj, context={"limits": limits or DEFAULT_LIMITS})
 
 
 def make_payloads(mechanism: str, params: dict, bundle_id: str, data: np.ndarray,
@@ -272,14 +278,14 @@ def make_payloads(mechanism: str, params: dict, bundle_id: str, data: np.ndarray
     """Payloads of a token mechanism around consecutive rows of ``data`` (``lengths[i]``
     rows each): :func:`make_payload` with one cast, check and base64 pass for the batch
     (:func:`shared.arrays.encode_rows`)."""
-    if mechanism not in _KINDS or not registry.get(mechanism).payload_kind.reads_tokens:
+    if mechanism not in PAYLOAD_FIELDS or not registry.get(mechanism).payload_kind.reads_tokens:
         raise ValueError(f"make_payloads is for token mechanisms, got {mechanism!r}")
     if float_dtype not in FLOAT_DTYPES:
         raise ValueError(f"float_dtype must be one of {FLOAT_DTYPES}, got {float_dtype!r}")
-    field, dtype = _KINDS[mechanism]
+    field, dtype = PAYLOAD_FIELDS[mechanism]
     arrays = encode_rows(data, lengths, dtype or float_dtype, limits)
     segments = segments if segments is not None else [None] * len(arrays)
-    ctx = {"limits": limits or _DEFAULT_LIMITS}
+    ctx = {"limits": limits or DEFAULT_LIMITS}
     out = []
     for arr, seg in zip(arrays, segments, strict=True):
         obj: dict[str, Any] = {"mechanism": mechanism, "params": params, "bundle_id": bundle_id,
@@ -291,7 +297,7 @@ def make_payloads(mechanism: str, params: dict, bundle_id: str, data: np.ndarray
 
 
 def _parse(validator, obj: dict | str | bytes, limits: Limits | None):
-    lim = limits or _DEFAULT_LIMITS
+    lim = limits or DEFAULT_LIMITS
     ctx = {"limits": lim}
     if isinstance(obj, str | bytes | bytearray):
         n = len(obj) if not isinstance(obj, str) else len(obj.encode("utf-8", "surrogatepass"))

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import hashlib
 from dataclasses import dataclass, field
+from typing import cast
 
 import numpy as np
 
@@ -141,7 +142,7 @@ def pca_basis(embeddings: np.ndarray, rows: np.ndarray, k: int) -> tuple[np.ndar
 def table_digest(values: np.ndarray) -> str:
     """SHA-256 of a float32 table's little-endian bytes (the source named in provenance)."""
     a = np.ascontiguousarray(values, dtype="<f4")
-    return hashlib.sha256(memoryview(a).cast("B")).hexdigest()
+    return hashlib.sha256(a.data.cast("B")).hexdigest()
 
 
 def build_table(embeddings: np.ndarray, regular_ids: np.ndarray, spec: TableSpec,
@@ -157,9 +158,10 @@ def build_table(embeddings: np.ndarray, regular_ids: np.ndarray, spec: TableSpec
         raise TableError(f"embeddings must be a non-empty 2-D table, got shape {emb.shape}")
     rows = np.asarray(regular_ids, dtype=np.int64)
     if spec.projection == "pca":
-        mean, basis = pca_basis(emb, rows, int(spec.k))
+        k = int(cast(int, spec.k))  # TableSpec: pca has a whole k >= 1
+        mean, basis = pca_basis(emb, rows, k)
         projected = ((emb.astype(np.float64) - mean) @ basis).astype(np.float32)
-        projection = {"kind": "pca", "k": int(spec.k), "fitted_on": "table",
+        projection = {"kind": "pca", "k": k, "fitted_on": "table",
                       "centred": True,
                       "explained_variance": _explained(emb, rows, basis, mean)}
     else:

@@ -1,7 +1,9 @@
-"""The import graph of `shared` and `edge_agent`: no circles, and each layer imports only
-below itself; and no web framework below the HTTP layer of `cloud_api` (the job package,
-the store, serving). Every import counts (module level, inside functions, lazy), except those
-under ``if TYPE_CHECKING:``; read from the source with ast, nothing is imported."""
+"""The import graph of the product (`shared`, `edge_agent`, `models`, `cloud_api`): no
+circles anywhere (every import counts: module level, inside functions, lazy, and those under
+``if TYPE_CHECKING:`` too, a circle of types being a circle), each layer of `shared` and
+`edge_agent` imports only below itself, no module imports another module's private names,
+and no web framework below the HTTP layer of `cloud_api` (the job package, the store,
+serving). Read from the source with ast, nothing is imported."""
 
 from __future__ import annotations
 
@@ -11,6 +13,7 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
 PACKAGES = ("shared", "edge_agent")
+PRODUCT = ("shared", "edge_agent", "models", "cloud_api")
 
 
 def module_name(path: Path) -> str:
@@ -18,13 +21,15 @@ def module_name(path: Path) -> str:
     return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
 
 
-def _import_nodes(tree: ast.Module, top_only: bool = False
+def _import_nodes(tree: ast.Module, top_only: bool = False, typing: bool = False
                   ) -> list[ast.Import | ast.ImportFrom]:
-    """The import statements of a module, less those under ``if TYPE_CHECKING:``;
-    ``top_only``: only those that run when the module is imported (not in a function)."""
+    """The import statements of a module, less those under ``if TYPE_CHECKING:`` (unless
+    ``typing``); ``top_only``: only those that run when the module is imported (not in a
+    function)."""
     skip: set[int] = set()
     for node in ast.walk(tree):
-        if isinstance(node, ast.If) and "TYPE_CHECKING" in ast.unparse(node.test):
+        if not typing and isinstance(node, ast.If) and \
+                "TYPE_CHECKING" in ast.unparse(node.test):
             skip.update(id(n) for stmt in node.body for n in ast.walk(stmt))
         if top_only and isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda)):
             skip.update(id(n) for n in ast.walk(node))
@@ -33,12 +38,12 @@ def _import_nodes(tree: ast.Module, top_only: bool = False
 
 
 def imports(path: Path, known: set[str], top_only: bool = False,
-            tree: ast.Module | None = None) -> set[str]:
+            tree: ast.Module | None = None, typing: bool = False) -> set[str]:
     """Project modules imported by ``path`` (``from a.b import c``: ``a.b.c`` when that is a
     module, else ``a.b``)."""
     tree = tree or ast.parse(path.read_text(encoding="utf-8"))
     out: set[str] = set()
-    for node in _import_nodes(tree, top_only):
+    for node in _import_nodes(tree, top_only, typing):
         if isinstance(node, ast.Import):
             out.update(a.name for a in node.names if a.name in known)
         elif node.module and node.level == 0:
@@ -49,11 +54,11 @@ def imports(path: Path, known: set[str], top_only: bool = False,
     return {m for m in out if m in known and m != me}
 
 
-def graph(packages: tuple[str, ...] = PACKAGES, top_only: bool = False
-          ) -> dict[str, set[str]]:
+def graph(packages: tuple[str, ...] = PACKAGES, top_only: bool = False,
+          typing: bool = False) -> dict[str, set[str]]:
     files = [p for pkg in packages for p in (REPO / pkg).rglob("*.py")]
     known = {module_name(p) for p in files}
-    return {module_name(p): imports(p, known, top_only) for p in files}
+    return {module_name(p): imports(p, known, top_only, typing=typing) for p in files}
 
 
 def cycles(g: dict[str, set[str]]) -> list[list[str]]:
@@ -92,7 +97,8 @@ def cycles(g: dict[str, set[str]]) -> list[list[str]]:
 
 
 def test_no_import_circles():
-    assert cycles(graph()) == []
+    """In every package of the product, type-only imports included."""
+    assert cycles(graph(PRODUCT, typing=True)) == []
 
 
 def test_the_cycle_finder_finds_one():
@@ -212,9 +218,6 @@ def test_the_web_framework_finder_finds_one():
     assert "cloud_api.cli" in graph(("cloud_api",), top_only=True)["cloud_api.jobs.cli"]
 
 
-PRODUCT = ("shared", "edge_agent", "models", "cloud_api")
-
-
 def _top_level_names(tree: ast.Module) -> set[str]:
     """Names a module defines when imported: assignments, defs, classes, imports and
     ``__all__``, also under a top-level ``if``/``try``/``with`` (not inside functions)."""
@@ -291,3 +294,43 @@ def test_the_missing_import_finder_finds_one(tmp_path):
     found = missing_imports([src])
     assert [f.split(": ")[1] for f in found] == [
         "edge_agent.cli_budget", "edge_agent.privatize_run", "edge_agent.errors.no_such_name"]
+
+
+def _private(name: str) -> bool:
+    return any(part.startswith("_") and not part.startswith("__") for part in name.split("."))
+
+
+def private_imports(paths: list[Path]) -> list[str]:
+    """``path: name`` for each import of a project module's private name (``from a.b import
+    _c``) or of a private module (``import a._b``, ``from a._b import c``), made by any other
+    module: what a module keeps to itself is for it alone (a name two modules need is
+    public, in the module where it belongs)."""
+    out = []
+    for path in paths:
+        tree = ast.parse(path.read_text(encoding="utf-8"))
+        for node in _import_nodes(tree, typing=True):
+            if isinstance(node, ast.Import):
+                names = [a.name for a in node.names]
+            elif node.module and node.level == 0:
+                names = [node.module] + [f"{node.module}.{a.name}" for a in node.names
+                                         if a.name != "*"]
+            else:
+                continue
+            names = [n for n in names if n.split(".")[0] in (*PRODUCT, "tests")]
+            where = path.relative_to(REPO) if path.is_relative_to(REPO) else path.name
+            out.extend(f"{where}: {n}" for n in names if _private(n))
+    return sorted(set(out))
+
+
+def test_no_module_imports_another_modules_private_names():
+    """The product, and the toy mechanism a plugin adds through the public path."""
+    paths = [p for pkg in PRODUCT for p in (REPO / pkg).rglob("*.py")]
+    assert private_imports(paths + [REPO / "tests" / "toy_mechanism.py"]) == []
+
+
+def test_the_private_import_finder_finds_them(tmp_path):
+    src = tmp_path / "probe.py"
+    src.write_text("from shared.arrays import STRICT, _secret\nimport shared._hidden\n"
+                   "from models.cli_train import __doc__\n")
+    found = private_imports([src])
+    assert [f.split(": ")[1] for f in found] == ["shared._hidden", "shared.arrays._secret"]

@@ -20,9 +20,9 @@ from typing import Any
 import numpy as np
 from pydantic import BaseModel
 
-from shared.arrays import _STRICT, PosFloat
+from shared.arrays import STRICT, PosFloat
 from shared.ledger import Cost
-from shared.mechanisms._checks import positive
+from shared.mechanisms.checks import positive
 from shared.mechanisms.registry import (
     COST,
     FLOOR,
@@ -35,7 +35,7 @@ from shared.rng import resolve_rng
 
 
 class ToyRRParams(BaseModel):
-    model_config = _STRICT
+    model_config = STRICT
     epsilon: PosFloat
 
 

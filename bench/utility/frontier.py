@@ -157,7 +157,7 @@ def matched_eta(points: list[tuple[float, float]], target: float) -> float | Non
     """The η whose recovery is ``target``, by linear interpolation in log η between the two
     swept points around it (recovery increases with η); None if it is not bracketed."""
     pts = sorted(points)
-    for (e0, r0), (e1, r1) in zip(pts, pts[1:]):
+    for (e0, r0), (e1, r1) in zip(pts, pts[1:], strict=False):
         if r0 <= target <= r1 and r1 > r0:
             f = (target - r0) / (r1 - r0)
             return float(math.exp(math.log(e0) + f * (math.log(e1) - math.log(e0))))

@@ -19,23 +19,39 @@ import shutil
 import signal
 import subprocess
 import time
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 from cloud_api.errors import ServiceError
+from cloud_api.home import ModelHome
 from cloud_api.jobs import children, queue
 from cloud_api.jobs.files import AttemptFiles
-from cloud_api.jobs.publisher import Interrupted
+from cloud_api.jobs.publisher import Interrupted, Publisher
 from cloud_api.jobs.states import AttemptEnd, ChildExit, JobKind, JobState
 from cloud_api.jobs.table import Job
+from cloud_api.settings import Settings
+from cloud_api.store.db import Database
 from edge_agent.errors import one_line
-
-if TYPE_CHECKING:
-    from cloud_api.jobs.supervisor import Worker
 
 log = logging.getLogger("cloud_api.worker")  # one logger name for the whole worker
 
 CANCEL_GRACE_S = 10.0   # after the cancel flag, before SIGTERM
 POLL_S = 0.2            # how often the child is checked for having exited
+
+
+class Worker(Protocol):
+    """The worker running an attempt, as the attempt uses it (``supervisor.Worker``)."""
+
+    id: str
+    db: Database
+    home: ModelHome
+    settings: Settings
+    nproc: int
+    publisher: Publisher
+
+    @property
+    def stopping(self) -> bool: ...
+
+    def maybe_reap(self, force: bool = False) -> list[tuple[int, JobState]]: ...
 
 
 class Attempt:

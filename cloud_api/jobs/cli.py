@@ -15,7 +15,7 @@ from __future__ import annotations
 import argparse
 import signal
 
-from cloud_api.cli import _guarded, fail, home_arg, settings_for
+from cloud_api.cli import fail, guarded, home_arg, settings_for
 
 
 def register(sub) -> None:
@@ -29,7 +29,7 @@ def register(sub) -> None:
     p.add_argument("--worker-id", metavar="ID", help="name in the job table (default "
                    "host:pid:random)")
     home_arg(p)
-    p.set_defaults(func=_guarded(run_worker))
+    p.set_defaults(func=guarded(run_worker))
 
 
 def run_worker(args) -> int:

@@ -13,11 +13,10 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from cloud_api.home import ID_PATTERN
 from models.recipe import DEFAULT_EPOCHS
-from shared.mechanisms.registry import mechanisms
+from shared.mechanisms.registry import dchi_names
 
 Name = Annotated[str, Field(pattern=ID_PATTERN,
                             description="1-64 letters, digits, '_', '.', '-'")]
-PRETRAIN_MECHANISMS = tuple(c.name for c in mechanisms() if c.family == "dchi")
 
 
 class RecipeRequest(BaseModel):
@@ -73,7 +72,7 @@ class PretrainRequest(BaseModel):
 
     model_config = ConfigDict(extra="forbid", strict=True)
     objective: Literal["vanilla", "prob", "denoising"]
-    mechanism: Literal[PRETRAIN_MECHANISMS]  # type: ignore[valid-type]
+    mechanism: Literal[dchi_names()]  # type: ignore[valid-type]
     params: dict = Field(description='the mechanism\'s parameters, e.g. {"eta": 65}')
     steps: int = Field(ge=1, le=10_000_000)
     name: Name = Field(description="the base's name in $PRIVBERT_HOME/bases (new)")

@@ -68,13 +68,13 @@ def _retrain_denoiser(home: ModelHome, task: Task, req: RetrainRequest,
                       current: str | None) -> str | None:
     """The denoiser the job reads (the promoted version's ``denoiser.safetensors``), or None;
     InvalidRequest when one is asked for and none fits (training one needs public text)."""
-    from models.recipe import DENOISER_MECHANISMS
     from models.version_folder import DENOISER_FILE, check_denoiser_meta, denoiser_header
+    from shared.mechanisms.registry import substituting_names
 
     asked = (req.recipe or RecipeRequest()).denoiser
     if asked is False:
         return None
-    if task.mechanism not in DENOISER_MECHANISMS:
+    if task.mechanism not in substituting_names():
         if asked:
             raise InvalidRequest(f"recipe.denoiser makes no sense for {task.mechanism}: a "
                                  "contextual denoiser exists for dchi-text only")
@@ -104,7 +104,8 @@ def _retrain_posterior(home: ModelHome, task: Task, req: RetrainRequest,
     """The posterior table the job reads (the promoted version's ``posterior.npz``), or None;
     InvalidRequest for a lever that needs raw text, or a posterior asked for but absent."""
     from models.posterior import POSTERIOR_FILE  # numpy only
-    from models.recipe import POSTERIOR_MECHANISMS, RAW_TEXT_LEVERS
+    from models.recipe import RAW_TEXT_LEVERS
+    from shared.mechanisms.registry import dchi_names
 
     r = req.recipe or RecipeRequest()
     asked = [name for name in RAW_TEXT_LEVERS if getattr(r, name)]
@@ -114,7 +115,7 @@ def _retrain_posterior(home: ModelHome, task: Task, req: RetrainRequest,
                              "applies)")
     if r.posterior is False:
         return None
-    if task.mechanism not in POSTERIOR_MECHANISMS:
+    if task.mechanism not in dchi_names():
         if r.posterior:
             raise InvalidRequest(f"recipe.posterior makes no sense for {task.mechanism}: a "
                                  "channel posterior exists for dchi-text and dchi-embedding "

@@ -7,11 +7,10 @@ from __future__ import annotations
 
 from datetime import UTC, datetime
 
-from sqlalchemy import Connection, select, update
+from sqlalchemy import Connection, delete, select, update
 
 from cloud_api.errors import InvalidRequest, NotFound
 from cloud_api.store.budgets import (
-    COUNTERS,
     check_device_id,
     insert_ignoring,
     least,
@@ -19,9 +18,8 @@ from cloud_api.store.budgets import (
     row_of,
 )
 from cloud_api.store.db import Database
-from cloud_api.store.tables import BUDGET_FAMILY_COLUMNS, budgets
+from cloud_api.store.tables import budget_families, budgets
 from shared import ledger
-from shared.ledger import NO_EPSILON
 
 
 def _fmt(x: float | None) -> str:
@@ -29,11 +27,17 @@ def _fmt(x: float | None) -> str:
 
 
 def _families(r) -> dict:
+    """Each registered family's figures on ledger row ``r`` (its ``families``: the family
+    rows by name; a family without a row has spent nothing: 0.0, or 0 on a ledger not made
+    yet, as its columns used to read)."""
+    zero = 0.0 if "id" in r else 0
     out = {}
-    for fam, slug in BUDGET_FAMILY_COLUMNS.items():
-        out[fam] = {"epsilon": None if fam in NO_EPSILON else r[f"{slug}_epsilon"],
-                    "sends": r[f"{slug}_sends"]}
-    out["dchi"].update(metric=r["dchi_metric"], tokens=r["dchi_tokens"])
+    for fam in ledger.families():
+        f = r["families"].get(fam.name)
+        out[fam.name] = {"epsilon": (f.epsilon if f else zero) if fam.epsilon else None,
+                         "sends": f.sends if f else 0}
+        if fam.metric:
+            out[fam.name].update(metric=f.metric if f else zero, tokens=f.tokens if f else 0)
     return out
 
 
@@ -50,7 +54,7 @@ def _key_view(key_id: str, rows: list, default_cap: float | None) -> dict:
     own = next((r for r in rows if r["device_id"] == ""), None)
     view = {"key_id": key_id, "units": "worst-case epsilon"}
     view.update(_ledger(own) if own is not None else _ledger(
-        new_row(key_id, "", default_cap, datetime.now(UTC))))
+        {**new_row(key_id, "", default_cap, datetime.now(UTC)), "families": {}}))
     key_left = view["remaining"]
     view["devices"] = []
     for r in rows:
@@ -63,10 +67,17 @@ def _key_view(key_id: str, rows: list, default_cap: float | None) -> dict:
 
 
 def _rows(conn: Connection, key_id: str | None = None) -> list:
+    """The ledger rows (of ``key_id``, else all), each with its ``families`` rows by name."""
     q = select(budgets).order_by(budgets.c.key_id, budgets.c.device_id)
+    f = select(budget_families)
     if key_id is not None:
         q = q.where(budgets.c.key_id == key_id)
-    return [dict(r._mapping) for r in conn.execute(q)]
+        f = f.where(budget_families.c.key_id == key_id)
+    fams: dict[tuple[str, str], dict] = {}
+    for r in conn.execute(f):
+        fams.setdefault((r.key_id, r.device_id), {})[r.family] = r
+    return [{**r._mapping, "families": fams.get((r.key_id, r.device_id), {})}
+            for r in conn.execute(q)]
 
 
 def list_budgets(db: Database, known: set[str], default_cap: float | None) -> list[dict]:
@@ -140,7 +151,8 @@ def reset(db: Database, key_id: str, known: set[str], default_cap: float | None)
     now = datetime.now(UTC)
     with db.begin(write=True) as conn:
         got = conn.execute(update(budgets).where(budgets.c.key_id == key_id).values(
-            spent=0.0, sends=0, updated_at=now, **dict.fromkeys(COUNTERS, 0)))
+            spent=0.0, sends=0, updated_at=now))
+        conn.execute(delete(budget_families).where(budget_families.c.key_id == key_id))
         if got.rowcount == 0 and key_id not in known:
             raise NotFound(f"no key {key_id!r}: not configured here and never charged")
         rows = _rows(conn, key_id)

@@ -48,15 +48,13 @@ from sqlalchemy import Connection, and_, insert, select, text
 from sqlalchemy.dialects import postgresql, sqlite
 
 from cloud_api.errors import InvalidRequest, ServiceError
-from cloud_api.store.tables import BUDGET_FAMILY_COLUMNS, budget_refunds, budgets
+from cloud_api.store.tables import budget_refunds, budgets
 from shared import ledger
-from shared.ledger import NO_EPSILON, Cost
+from shared.ledger import Cost
 
 ID_PATTERN = r"^[A-Za-z0-9_.:-]{1,64}$"
 _ID = re.compile(ID_PATTERN)
 REMAINING_HEADER = "X-Privacy-Budget-Remaining"
-COUNTERS = [c.name for c in budgets.columns if c.name.endswith(("_epsilon", "_metric",
-                                                                  "_tokens", "_sends"))]
 
 
 class BudgetExhausted(ServiceError):
@@ -130,51 +128,58 @@ def check_device_id(value: str | None) -> str:
 
 # -- the check-and-charge ----------------------------------------------------------------------
 _FITS = "(cap IS NULL OR (cap > 0 AND spent + :eps <= cap))"
+_ROWS = "key_id = :k AND device_id IN ('', :d)"
+# the charged family's row of each charged ledger, made at its first charge (tables.py)
+_FAMILY_ADD = (
+    "INSERT INTO budget_families (key_id, device_id, family, epsilon, metric, tokens, sends) "
+    "{rows} ON CONFLICT (key_id, device_id, family) DO UPDATE SET "
+    "epsilon = budget_families.epsilon + excluded.epsilon, "
+    "metric = budget_families.metric + excluded.metric, "
+    "tokens = budget_families.tokens + excluded.tokens, "
+    "sends = budget_families.sends + excluded.sends")
 
 
-def _sets(family: str, sign: str) -> list[str]:
-    """``SET`` terms adding (``sign`` '+') or taking off ('-') a cost of ``family``."""
-    slug = BUDGET_FAMILY_COLUMNS[family]
-    out = [f"sends = sends {sign} :sends", f"{slug}_sends = {slug}_sends {sign} :sends",
-           "updated_at = :now"]
-    if family not in NO_EPSILON:
-        if sign == "+":
-            out += ["spent = spent + :eps", f"{slug}_epsilon = {slug}_epsilon + :eps"]
-        else:  # never below zero (float rounding)
-            out += [f"{c} = CASE WHEN {c} > :eps THEN {c} - :eps ELSE 0.0 END"
-                    for c in ("spent", f"{slug}_epsilon")]
-    if family == "dchi":
-        if sign == "+":
-            out += ["dchi_metric = dchi_metric + :metric", "dchi_tokens = dchi_tokens + :tokens"]
-        else:
-            out += ["dchi_metric = CASE WHEN dchi_metric > :metric THEN dchi_metric - :metric "
-                    "ELSE 0.0 END", "dchi_tokens = dchi_tokens - :tokens"]
+def _sets(epsilon: bool, sign: str) -> list[str]:
+    """``SET`` terms of the ledger rows adding (``sign`` '+') or taking off ('-') a cost of a
+    family with (``epsilon``) or without a worst-case ε."""
+    out = [f"sends = sends {sign} :sends", "updated_at = :now"]
+    if epsilon:
+        out.append("spent = spent + :eps" if sign == "+" else  # never below zero (rounding)
+                   "spent = CASE WHEN spent > :eps THEN spent - :eps ELSE 0.0 END")
     return out
 
 
-def _update(family: str, dialect: str):
-    """The check-and-charge statement of ``family`` on ``dialect``, with bound parameters k
-    (key id), d (device id; '' for none), n (rows: 1 or 2), eps, metric, tokens, sends and
-    now: it updates the key's and the device's rows only if both exist and every one fits
-    (module docstring). Built once per family and dialect."""
-    fits = "cap IS NULL" if family in NO_EPSILON else _FITS
-    rows = "key_id = :k AND device_id IN ('', :d)"
-    sets = ", ".join(_sets(family, "+"))
+def _update(epsilon: bool, dialect: str):
+    """The check-and-charge statement of a family with or without ε on ``dialect``, with
+    bound parameters k (key id), d (device id; '' for none), n (rows: 1 or 2), eps, feps
+    (the family row's ε: 0 without one), family, metric, tokens, sends and now: it updates
+    the key's and the device's rows only if both exist and every one fits (module
+    docstring), and adds the cost to their rows of the family (PostgreSQL: in the same
+    statement; SQLite: :data:`_FAMILY_SQLITE` follows it in the transaction, which holds
+    the write lock). Built once per kind and dialect."""
+    fits = _FITS if epsilon else "cap IS NULL"
+    sets = ", ".join(_sets(epsilon, "+"))
     if dialect == "postgresql":
-        sql = (f"WITH locked AS MATERIALIZED (SELECT spent, cap FROM budgets WHERE {rows} "
+        sql = (f"WITH locked AS MATERIALIZED (SELECT spent, cap FROM budgets WHERE {_ROWS} "
                f"ORDER BY device_id FOR UPDATE), ok AS (SELECT count(*) = :n AND "
-               f"coalesce(bool_and({fits}), false) AS fits FROM locked) "
-               f"UPDATE budgets SET {sets} FROM ok WHERE budgets.key_id = :k AND "
-               "budgets.device_id IN ('', :d) AND ok.fits RETURNING budgets.device_id, budgets.spent, budgets.cap")
+               f"coalesce(bool_and({fits}), false) AS fits FROM locked), "
+               f"upd AS (UPDATE budgets SET {sets} FROM ok WHERE budgets.key_id = :k AND "
+               "budgets.device_id IN ('', :d) AND ok.fits RETURNING budgets.device_id, "
+               "budgets.spent, budgets.cap), fam AS ("
+               + _FAMILY_ADD.format(rows="SELECT :k, upd.device_id, :family, :feps, :metric, "
+                                         ":tokens, :sends FROM upd")
+               + ") SELECT device_id, spent, cap FROM upd")
     else:
-        sql = (f"UPDATE budgets SET {sets} WHERE {rows} AND (SELECT count(*) = :n AND "
-               f"coalesce(min({fits}), 0) FROM budgets WHERE {rows}) "
+        sql = (f"UPDATE budgets SET {sets} WHERE {_ROWS} AND (SELECT count(*) = :n AND "
+               f"coalesce(min({fits}), 0) FROM budgets WHERE {_ROWS}) "
                "RETURNING device_id, spent, cap")
     return text(sql)
 
 
-_UPDATES = {(family, dialect): _update(family, dialect) for family in BUDGET_FAMILY_COLUMNS
+_UPDATES = {(epsilon, dialect): _update(epsilon, dialect) for epsilon in (True, False)
             for dialect in ("postgresql", "sqlite")}
+_FAMILY_SQLITE = text(_FAMILY_ADD.format(
+    rows="VALUES (:k, :d, :family, :feps, :metric, :tokens, :sends)"))
 
 
 def row_of(key_id: str, device_id: str):
@@ -189,7 +194,7 @@ def insert_ignoring(conn: Connection, values: dict) -> None:
 
 def new_row(key_id: str, device_id: str, cap: float | None, now: datetime) -> dict:
     return {"key_id": key_id, "device_id": device_id, "cap": cap, "spent": 0.0, "sends": 0,
-            "updated_at": now, **dict.fromkeys(COUNTERS, 0)}
+            "updated_at": now}
 
 
 def _ensure(conn: Connection, ch: Charge, now: datetime) -> None:
@@ -208,8 +213,14 @@ def _ensure(conn: Connection, ch: Charge, now: datetime) -> None:
 def _params(ch: Charge, now: datetime) -> dict:
     c = ch.cost
     return {"k": ch.key_id, "d": ch.device_id, "n": 2 if ch.device_id else 1,
-            "eps": c.epsilon, "metric": c.metric, "tokens": c.tokens, "sends": c.sends,
-            "now": now}
+            "eps": c.epsilon, "feps": c.epsilon or 0.0, "family": c.family,
+            "metric": c.metric, "tokens": c.tokens, "sends": c.sends, "now": now}
+
+
+def _add_to_families(conn: Connection, rows, params: dict) -> None:
+    """SQLite: the charged family's rows of the ledgers the charge updated."""
+    if conn.dialect.name != "postgresql":
+        conn.execute(_FAMILY_SQLITE, [{**params, "d": r.device_id} for r in rows])
 
 
 def _charged(rows, cost: Cost) -> Charged:
@@ -259,7 +270,7 @@ def charge(conn: Connection, ch: Charge) -> Charged:
     """Check and charge ``ch`` in the caller's write transaction, to the key's ledger and to
     its device's: :class:`BudgetExhausted` (nothing changed) unless both fit."""
     now = datetime.now(UTC)
-    stmt = _UPDATES[ch.cost.family, conn.dialect.name]
+    stmt = _UPDATES[ledger.has_epsilon(ch.cost.family), conn.dialect.name]
     params = _params(ch, now)
     rows = conn.execute(stmt, params).all()
     if not rows:
@@ -272,6 +283,9 @@ def charge(conn: Connection, ch: Charge) -> Charged:
             if not rows:
                 raise _refusal(conn, ch) or BudgetExhausted(ch.cost.epsilon, 0.0, 0.0,
                                                             ch.key_id, ch.device_id)
+            _add_to_families(conn, rows, params)
+        return _charged(rows, ch.cost)
+    _add_to_families(conn, rows, params)
     return _charged(rows, ch.cost)
 
 
@@ -286,13 +300,17 @@ def refund(conn: Connection, ch: Charge, reason: str) -> None:
         raise ValueError(f"refund reason must be one of {REFUND_REASONS}, got {reason!r}")
     now = datetime.now(UTC)
     p = _params(ch, now)
-    conn.execute(_REFUNDS[ch.cost.family], p)
+    conn.execute(_REFUNDS[ledger.has_epsilon(ch.cost.family)], p)
+    conn.execute(_FAMILY_REFUND, p)
     c = ch.cost
     conn.execute(insert(budget_refunds).values(
         key_id=ch.key_id, device_id=ch.device_id, family=c.family, epsilon=c.epsilon,
         metric=c.metric, tokens=c.tokens, sends=c.sends, reason=reason, created_at=now))
 
 
-_REFUNDS = {family: text(f"UPDATE budgets SET {', '.join(_sets(family, '-'))} "
-                         "WHERE key_id = :k AND device_id IN ('', :d)")
-            for family in BUDGET_FAMILY_COLUMNS}
+_REFUNDS = {epsilon: text(f"UPDATE budgets SET {', '.join(_sets(epsilon, '-'))} "
+                          f"WHERE {_ROWS}") for epsilon in (True, False)}
+_FAMILY_REFUND = text(  # ε and the metric never below zero (float rounding)
+    "UPDATE budget_families SET epsilon = CASE WHEN epsilon > :feps THEN epsilon - :feps "
+    "ELSE 0.0 END, metric = CASE WHEN metric > :metric THEN metric - :metric ELSE 0.0 END, "
+    f"tokens = tokens - :tokens, sends = sends - :sends WHERE {_ROWS} AND family = :family")

@@ -5,7 +5,7 @@ records, idempotency; ``0002_jobs``: jobs, defined in ``cloud_api/jobs/table.py`
 ``metadata``; ``0003_job_names``: the base name a live pretraining job reserves, unique
 per kind; ``0004_budgets``: the privacy budget ledgers;
 ``0005_key_caps``: a key's ledger counts all its devices, device caps, refunds, a task's
-``pairs``). A payload's array is kept as its decoded little-endian bytes
+``pairs``; ``0006_budget_families``: the ledgers' per-family figures as rows). A payload's array is kept as its decoded little-endian bytes
 (``LargeBinary``) with dtype and shape beside it, never as JSON or base64 text.
 """
 
@@ -100,11 +100,8 @@ idempotency = Table(
 
 
 # The privacy budget ledgers (cloud_api.store.budgets): one row per API key id ('': the
-# key's own, everything it sent) and one per device under it. Worst-case epsilon in total and
-# per family (shared.ledger.FAMILIES; "rr" = randomized-response), the dχ metric total and
-# tokens, and sends; ``cap``: the key's cap on its row, a device's own (NULL: none) on its.
-BUDGET_FAMILY_COLUMNS = {"dchi": "dchi", "laplace": "laplace", "randomized-response": "rr",
-                         "texthide": "texthide", "none": "none"}
+# key's own, everything it sent) and one per device under it: worst-case epsilon in total and
+# sends; ``cap``: the key's cap on its row, a device's own (NULL: none) on its.
 budgets = Table(
     "budgets", metadata,
     Column("id", BigId, primary_key=True),
@@ -113,18 +110,25 @@ budgets = Table(
     Column("cap", Double),                           # worst-case epsilon; NULL: no cap
     Column("spent", Double, nullable=False),         # worst-case epsilon, all families
     Column("sends", BigInteger, nullable=False),
-    Column("dchi_epsilon", Double, nullable=False),
-    Column("dchi_metric", Double, nullable=False),   # sum of eta * n
-    Column("dchi_tokens", BigInteger, nullable=False),
-    Column("dchi_sends", BigInteger, nullable=False),
-    Column("laplace_epsilon", Double, nullable=False),
-    Column("laplace_sends", BigInteger, nullable=False),
-    Column("rr_epsilon", Double, nullable=False),
-    Column("rr_sends", BigInteger, nullable=False),
-    Column("texthide_sends", BigInteger, nullable=False),
-    Column("none_sends", BigInteger, nullable=False),
     Column("updated_at", DateTime(timezone=True), nullable=False),
     UniqueConstraint("key_id", "device_id"),
+)
+
+# What each ledger spent per budget family (shared.ledger.families()): one row per key id,
+# device id and family, made at the family's first charge, so a new family (a plugin's)
+# needs no migration. ``epsilon``: worst-case (0 for a family without one); ``metric`` and
+# ``tokens``: the dχ metric total Σ η·n and the tokens (families that count them).
+budget_families = Table(
+    "budget_families", metadata,
+    Column("id", BigId, primary_key=True),
+    Column("key_id", String(64), nullable=False),
+    Column("device_id", String(64), nullable=False),
+    Column("family", String(32), nullable=False),
+    Column("epsilon", Double, nullable=False),
+    Column("metric", Double, nullable=False),
+    Column("tokens", BigInteger, nullable=False),
+    Column("sends", BigInteger, nullable=False),
+    UniqueConstraint("key_id", "device_id", "family"),
 )
 
 # Charges of predictions that got no answer, taken back (cloud_api.store.budgets.refund): the

@@ -46,7 +46,7 @@ from edge_agent.budget.ledger_files import check_private, open_read_only, resolv
 from edge_agent.budget.memo import LegacyMemoKeys, MemoKeys, key_path, load_secret
 from edge_agent.errors import BudgetRefused, CliError
 from shared import ledger
-from shared.ledger import NO_EPSILON, Cost, FamilySpend, Spend
+from shared.ledger import Cost, FamilySpend, Spend, families
 
 LEDGER_ENV = "PRIVBERT_LEDGER"
 DAY_S = 86_400.0
@@ -230,9 +230,10 @@ class DeviceLedger:
 
     def _status(self, now: float, memo_count: bool = False) -> Status:
         spend = Spend()
+        epsilon = {f.name: f.epsilon for f in families()}  # a family not registered: as stored
         for fam, eps, metric, tokens, sends in self._db.execute(
                 "SELECT family, epsilon, metric, tokens, sends FROM spend ORDER BY family"):
-            spend.families[fam] = FamilySpend(None if fam in NO_EPSILON else eps, metric,
+            spend.families[fam] = FamilySpend(eps if epsilon.get(fam, True) else None, metric,
                                               tokens, sends)
         per_day = self._setting("per_day")
         day = 0.0

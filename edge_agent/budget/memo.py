@@ -32,8 +32,7 @@ import numpy as np
 
 from edge_agent.errors import CliError
 
-SECRET_BYTES = 32
-MEMO_FAMILIES = ("dchi", "laplace", "randomized-response")  # TextHide and none: never
+SECRET_BYTES = 32  # which budget families are memoized: shared.ledger.BudgetFamily.memo
 
 
 def key_path(ledger_path: Path) -> Path:

@@ -68,8 +68,8 @@ def tokenized(opts: PrivatizeOptions, priv, reader, batch) -> Prepared:
             break
         else:
             n_skipped += 1
-    k = m.k or 1
-    if m.mixes and 0 < len(keep) < k:  # the last lines, or too many skipped
+    k = m.mixed
+    if k > 1 and 0 < len(keep) < k:  # the last lines, or too many skipped
         first, last = keep[0][0].number, keep[-1][0].number
         where = f"line {first}" if first == last else f"lines {first}-{last}"
         short = (f"texthide --k {k} mixes {k} labelled lines; only {len(keep)} remain "

@@ -15,7 +15,6 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 
 from edge_agent.budget.ledger import DeviceLedger, Status, fmt
-from edge_agent.budget.memo import MEMO_FAMILIES
 from edge_agent.errors import BudgetRefused
 from edge_agent.privatize.options import PrivatizeOptions
 from shared import ledger
@@ -41,7 +40,7 @@ class RunBudget:
         self.bundle_id = bundle.bundle_id
         self.family = ledger.family_of(priv.name)
         self.keys = self.legacy = None
-        if opts.ledger.memo and self.family in MEMO_FAMILIES:
+        if opts.ledger.memo and ledger.budget_family(self.family).memo:
             self.keys = self.ledger.memo_keys({
                 "mechanism": priv.name, "params": priv.params, "bundle_id": bundle.bundle_id})
             self.legacy = self.ledger.legacy_memo_keys({  # texts memoized by a version-1 ledger

@@ -5,7 +5,14 @@ from __future__ import annotations
 
 import argparse
 
-from edge_agent.cli_args import LazyChoices, add_bundle_args, add_ledger_arg, server_options
+from edge_agent.cli_args import (
+    LazyChoices,
+    add_bundle_args,
+    add_ledger_arg,
+    add_param_flags,
+    server_options,
+)
+from edge_agent.mechanism_spec import flag_values
 from edge_agent.privatize.options import (
     DEFAULT_MECHANISM,
     InputOptions,
@@ -55,17 +62,8 @@ def register(sub) -> None:
     m.add_argument("--mechanism", choices=LazyChoices(mechanisms), default=DEFAULT_MECHANISM,
                    metavar="NAME", help="%(choices)s; default dchi-text; none sends plain "
                    "token ids (needs --allow-none)")
-    m.add_argument("--eta", type=float, help="dχ-privacy eta > 0 (dchi-text, dchi-embedding)")
-    m.add_argument("--epsilon", type=float, help="epsilon > 0 (laplace, ome)")
-    m.add_argument("--calibration", choices=("vector", "coordinate"),
-                   help="laplace noise scale r/eps (vector, default: the whole vector is "
-                        "eps-DP) or 1/eps (coordinate, as published: r*eps for the vector)")
-    m.add_argument("--word-dropout", type=float, metavar="MU",
-                   help="laplace: DPNR word dropout rate in [0, 1) before encoding")
-    m.add_argument("--lam", type=float, help="ome: randomized-response factor lambda > 0")
-    m.add_argument("--m", type=int, help="texthide: size of the secret mask pool")
-    m.add_argument("--k", type=int, help="texthide: inputs mixed per record (default 1; "
-                   "predictions use 1, k > 1 needs --tsv labels)")
+    # one flag per parameter of the mechanisms' Params (edge_agent.mechanism_spec)
+    add_param_flags(m, with_defaults=False, suffix={"k": "default 1; k > 1 needs --tsv labels"})
     m.add_argument("--texthide-key", metavar="HEX",
                    help=f"texthide: the client's secret mask-pool key, >= 32 hex digits "
                         f"(or ${KEY_ENV})")
@@ -112,7 +110,8 @@ def options(args: argparse.Namespace) -> PrivatizeOptions:
     v = vars(args)
     return PrivatizeOptions(
         file=args.file, output=args.output, format=args.format,
-        mechanism=options_of(MechanismOptions, {**v, "name": args.mechanism}),
+        mechanism=options_of(MechanismOptions, {**v, "name": args.mechanism,
+                                                "values": flag_values(v)}),
         input=options_of(InputOptions, {**v, "progress": not args.no_progress}),
         post=PostOptions(mode=args.post, task=args.task, batch=args.post_batch),
         server=server_options(args),

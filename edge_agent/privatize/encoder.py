@@ -8,7 +8,7 @@ privatize these vectors (Lyu et al. 2020; Huang et al. 2020). No torch here.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, cast
 
 import numpy as np
 
@@ -95,6 +95,7 @@ class SentenceEncoder:
                                      f"says output_dim={self.output_dim}")
                 out = np.empty((len(seqs), vec.shape[1]), dtype=np.float32)
             out[idx] = vec
+        out = cast(np.ndarray, out)  # made by the first chunk
         if not np.isfinite(out).all():
             raise ValueError("encoder.onnx returned NaN or Inf")
         return out

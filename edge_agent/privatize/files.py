@@ -12,6 +12,7 @@ import os
 import stat
 import sys
 from pathlib import Path
+from typing import cast
 
 from edge_agent.errors import CliError, UsageError
 from edge_agent.privatize.lines import FdLines
@@ -137,8 +138,9 @@ class Output:
         """Cut a regular file back to its last complete line; the one-line message."""
         cut = ""
         try:
-            if stat.S_ISREG(os.fstat(self._fd).st_mode):
-                os.ftruncate(self._fd, self._start + self.nbytes)
+            fd = cast(int, self._fd)  # an output file (stdout has none and never fails so)
+            if stat.S_ISREG(os.fstat(fd).st_mode):
+                os.ftruncate(fd, self._start + self.nbytes)
                 cut = ", cut back to its last complete line"
         except OSError as err:
             cut = f"; cutting it back failed too ({err.strerror or err})"

@@ -17,7 +17,7 @@ import stat
 import threading
 from collections.abc import Iterator
 from dataclasses import dataclass, field
-from typing import BinaryIO
+from typing import BinaryIO, cast
 
 _INT = re.compile(r"^[+-]?\d+$")
 _LABEL = re.compile(r"^[A-Za-z0-9_.:-]{1,64}$")  # shared.payload's short class name
@@ -221,7 +221,7 @@ class LineReader:
                            "not the label of any other line) but was privatized as a record: "
                            "use --header yes to skip it")
             else:
-                kinds[self._kind_of_first] = 1
+                kinds[cast(str, self._kind_of_first)] = 1
         if len(kinds) > 1:
             out.append(f"labels of mixed kinds: integers (first on line {kinds['integer']}) "
                        f"and class names (first on line {kinds['class name']}); a model "

@@ -7,54 +7,53 @@ incomplete options (``UsageError``) before any work is done.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, field, fields
 from functools import cache
+from typing import Any
 
+from edge_agent import mechanism_spec as mspec
 from edge_agent.errors import UsageError, warn
 from edge_agent.privatize.texthide_key import resolve_key
 from edge_agent.service.connect import ServerOptions
 
 DEFAULT_MECHANISM = "dchi-text"
-_DEFAULTS = {"calibration": "vector", "word_dropout": 0.0, "k": 1}
-_SETTINGS = ("eta", "epsilon", "calibration", "word_dropout", "lam", "m", "k")  # as flags
 
 
-# The mechanisms come from the registry (``shared.mechanisms``), imported on first use: the
-# parser is built without numpy (``edge-agent --help`` stays light).
-def _registry():
-    from shared.mechanisms import registry
-
-    return registry
-
-
+# The mechanisms and their parameters come from the mechanism spec (``shared.spec``, read by
+# ``edge_agent.mechanism_spec`` without numpy: ``edge-agent --help`` stays light).
 @cache
 def mechanisms() -> tuple[str, ...]:
     """The registered mechanisms, the private ones first (the order of --mechanism's
     choices)."""
-    classes = _registry().mechanisms()
-    return tuple(c.name for c in sorted(classes, key=lambda c: not c.private))
+    return tuple(e["name"] for e in sorted(mspec.entries(), key=lambda e: not e["private"]))
 
 
 def params_of(name: str) -> list[str]:
     """The mechanism's parameters that are edge options (OME's bit layout is not)."""
-    return [p for p in _registry().get(name).param_names() if p in _SETTINGS]
+    return [f["param"] for f in mspec.entry(name)["flags"]]
+
+
+def param_names() -> tuple[str, ...]:
+    """Every parameter some mechanism takes as a flag."""
+    return tuple(f.param for f in mspec.param_flags())
 
 
 @cache
 def mechanism_flags() -> dict[str, frozenset[str]]:
     """The options that configure each mechanism; any other one given is a usage error."""
-    reg = _registry()
-    return {n: frozenset(params_of(n)) | reg.get(n).edge_options for n in mechanisms()}
+    return {n: frozenset(params_of(n)) | frozenset(mspec.entry(n)["edge_options"])
+            for n in mechanisms()}
 
 
-def _writes_text(cls) -> bool:
+def _writes_text(e: dict) -> bool:
     """A private mechanism whose payloads are token ids of the vocabulary can be written
     back as text (``--format text``)."""
-    return cls.private and cls.payload_kind is _registry().PayloadKind.TOKENS
+    return e["private"] and e["payload"]["kind"] == "tokens"
 
 
 def text_mechanisms() -> tuple[str, ...]:
-    return tuple(n for n in mechanisms() if _writes_text(_registry().get(n)))
+    return tuple(n for n in mechanisms() if _writes_text(mspec.entry(n)))
 
 
 def flag(name: str) -> str:
@@ -62,18 +61,20 @@ def flag(name: str) -> str:
     return "--" + name.replace("_", "-")
 
 
+def _default(name: str, param: str):
+    """The value of a parameter not given: the edge's default for it, else its Params
+    default (None: it has none)."""
+    f = next(f for f in mspec.entry(name)["flags"] if f["param"] == param)
+    return f["edge_default"] if f["edge_default"] is not None else f["default"]
+
+
 @dataclass(frozen=True)
 class MechanismOptions:
-    """The mechanism and its parameters (None: not given)."""
+    """The mechanism, its parameters as given (``values``: parameter name -> value, None or
+    absent: not given) and the edge's settings for it."""
 
     name: str = DEFAULT_MECHANISM
-    eta: float | None = None
-    epsilon: float | None = None
-    calibration: str | None = None
-    word_dropout: float | None = None
-    lam: float | None = None
-    m: int | None = None
-    k: int | None = None
+    values: Mapping[str, Any] = field(default_factory=dict)
     texthide_key: str | None = None
     texthide_seed: str | None = None
     num_labels: int | None = None
@@ -84,13 +85,15 @@ class MechanismOptions:
 
     def given(self) -> set[str]:
         """Mechanism options that were given (``--eta 0`` is given: identity, not truth)."""
-        return {f for f in set().union(*mechanism_flags().values())
-                if getattr(self, f) is not None and getattr(self, f) is not False}
+        params = {p for p, v in self.values.items() if v is not None and v is not False}
+        edge = {f for f in set().union(*mechanism_flags().values()) - set(param_names())
+                if getattr(self, f, None) is not None and getattr(self, f, None) is not False}
+        return params | edge
 
     def params(self) -> dict:
         """The payload parameters these options name (before the mechanism is built)."""
-        return {n: getattr(self, n) if getattr(self, n) is not None else _DEFAULTS.get(n)
-                for n in params_of(self.name)}
+        return {n: self.values.get(n) if self.values.get(n) is not None
+                else _default(self.name, n) for n in params_of(self.name)}
 
     def texthide_seed_value(self, quiet: bool = False) -> int | None:
         """The mask-pool seed from --texthide-key (or its alias); UsageError for a weak key."""
@@ -108,7 +111,14 @@ class MechanismOptions:
     @property
     def mixes(self) -> bool:
         """TextHide with k > 1: records mix k inputs and their labels."""
-        return _registry().get(self.name).mixes_inputs(self.params())
+        from shared.mechanisms import registry
+
+        return registry.get(self.name).mixes_inputs(self.params())
+
+    @property
+    def mixed(self) -> int:
+        """How many inputs a record mixes (TextHide's k; 1 for every other mechanism)."""
+        return int(self.params().get("k") or 1) if self.mixes else 1
 
 
 @dataclass(frozen=True)
@@ -164,14 +174,14 @@ class PrivatizeOptions:
         if stray:
             raise UsageError(f"{', '.join(map(flag, stray))} do(es) not apply to --mechanism "
                              f"{m.name}")
-        cls = _registry().get(m.name)
-        for f in cls.required_params():
-            if f in _SETTINGS and f not in _DEFAULTS and getattr(m, f) is None:
-                raise UsageError(f"--mechanism {m.name} needs {flag(f)}")
-        if not cls.private and not m.allow_none:
+        spec = mspec.entry(m.name)
+        for f in spec["flags"]:
+            if f["required"] and f["edge_default"] is None and m.values.get(f["param"]) is None:
+                raise UsageError(f"--mechanism {m.name} needs {flag(f['param'])}")
+        if not spec["private"] and not m.allow_none:
             raise UsageError(f"--mechanism {m.name} sends plain token ids the server can read; "
                              "add --allow-none for the Null-privacy baseline")
-        if self.format == "text" and (not _writes_text(cls) or post.mode):
+        if self.format == "text" and (not _writes_text(spec) or post.mode):
             raise UsageError(f"--format text is for --mechanism {' or '.join(text_mechanisms())} "
                              "without --post")
         if self.input.batch_size < 1 or post.batch < 1:
@@ -187,7 +197,7 @@ class PrivatizeOptions:
             raise UsageError("--task goes with --post records")
         if self.ledger.dry_run and (post.mode or self.output):
             raise UsageError("--dry-run writes and sends nothing: drop -o and --post")
-        if "texthide_key" in cls.edge_options:
+        if "texthide_key" in spec["edge_options"]:
             m.texthide_seed_value(quiet=True)
 
 

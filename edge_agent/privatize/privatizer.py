@@ -19,7 +19,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 import numpy as np
 
@@ -28,6 +28,7 @@ from shared.payload import Record, make_payload, make_payloads
 from shared.rng import resolve_rng
 
 if TYPE_CHECKING:
+    from edge_agent.privatize.encoder import SentenceEncoder
     from shared.bundle import EdgeBundle
 
 TRUNCATE_POLICIES = ("first", "error")
@@ -202,13 +203,15 @@ class Privatizer:
     def privatize(self, texts: list[str], rng=None, *,
                   pairs: list[str] | None = None) -> list:
         """One payload per text (``pairs[i]`` is the second sentence of pair i)."""
-        return self.privatize_tokenized(self.tokenize(texts, pairs), rng)
+        return self.privatize_tokenized(cast(list[TokenizedText], self.tokenize(texts, pairs)),
+                                        rng)  # without allow_empty: no None
 
     def privatize_records(self, texts: list[str], labels: list, rng=None, *,
                           pairs: list[str] | None = None,
                           num_labels: int | None = None) -> list[Record]:
         """Labelled records; TextHide with k > 1 mixes labels into soft vectors."""
-        return self.records_tokenized(self.tokenize(texts, pairs), labels, num_labels, rng)
+        return self.records_tokenized(cast(list[TokenizedText], self.tokenize(texts, pairs)),
+                                      labels, num_labels, rng)
 
     def privatize_tokenized(self, items: list[TokenizedText], rng=None) -> list:
         """Payloads for already tokenized texts (no None entries)."""
@@ -274,7 +277,7 @@ class Privatizer:
                 vecs, mixed = self._mechanism_on_vectors(items, onehot, rng)
             payloads = self._vector_payloads(items, vecs)
             return [Record(payload=p, label=[float(x) for x in row])
-                    for p, row in zip(payloads, mixed, strict=True)]
+                    for p, row in zip(payloads, cast(np.ndarray, mixed), strict=True)]
         payloads = self.privatize_tokenized(items, rng)
         return labelled(payloads, labels)
 
@@ -312,7 +315,8 @@ class Privatizer:
     def _mechanism_on_vectors(self, items: list[TokenizedText], onehot: np.ndarray | None,
                               rng) -> tuple[np.ndarray, np.ndarray | None]:
         seqs, types = self.sequences(items, rng)
-        return self.mechanism.privatize_vectors(self.encoder.encode(seqs, types), onehot, rng)
+        encoder = cast("SentenceEncoder", self.encoder)  # vector kinds have one
+        return self.mechanism.privatize_vectors(encoder.encode(seqs, types), onehot, rng)
 
 
 @contextmanager

@@ -21,8 +21,8 @@ from typing import Any
 import numpy as np
 import orjson
 
-from shared.arrays import _DEFAULT_LIMITS, Limits, _wrap, encoded_rows
-from shared.payload import _KINDS, PAYLOAD_ADAPTER, Record, make_payloads
+from shared.arrays import DEFAULT_LIMITS, Limits, encoded_rows, wrap_array
+from shared.payload import PAYLOAD_ADAPTER, PAYLOAD_FIELDS, Record, make_payloads
 
 
 def _rows_pass(lengths: np.ndarray, segments: list, ids: np.ndarray | None,
@@ -88,8 +88,8 @@ def token_rows(mechanism: str, params: dict, bundle_id: str, data: np.ndarray,
         raise ValueError("no records")
     segments = [None if s is None else [int(x) for x in s] for s in segments]
     labels = [None] * n if labels is None else list(labels)
-    lim = limits or _DEFAULT_LIMITS
-    field, dtype = _KINDS[mechanism]
+    lim = limits or DEFAULT_LIMITS
+    field, dtype = PAYLOAD_FIELDS[mechanism]
     dtype = dtype or float_dtype
     values, starts, ends, datas = encoded_rows(data, lengths, dtype, limits)  # cast, check
     ids = values if dtype == "int32" else None
@@ -101,7 +101,7 @@ def token_rows(mechanism: str, params: dict, bundle_id: str, data: np.ndarray,
         return TokenRows(payloads[0], [orjson.dumps(d["payload"]) for d in dumps],
                          [d.get("label") for d in dumps], [p.n_tokens for p in payloads])
     obj: dict[str, Any] = {"mechanism": mechanism, "params": params, "bundle_id": bundle_id,
-                           field: _wrap(dtype, values[starts[0]:ends[0]], datas[0])}
+                           field: wrap_array(dtype, values[starts[0]:ends[0]], datas[0])}
     if segments[0] is not None:
         obj["segments"] = segments[0]
     first = PAYLOAD_ADAPTER.validate_python(obj, context={"limits": lim})

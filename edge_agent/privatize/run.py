@@ -69,7 +69,7 @@ def _run(opts: PrivatizeOptions, stream, size, out: Output | None, t0: float) ->
     rng = np.random.default_rng(m.seed) if m.seed is not None else None
     if m.mixes and (m.num_labels or 2) < 2:
         raise UsageError(f"--num-labels must be an integer >= 2, got {m.num_labels}")
-    minimum = (m.k or 1) if m.mixes else 1
+    minimum = m.mixed
     budget = RunBudget(opts, priv, bundle)
     try:
         if opts.ledger.dry_run or budget.capped:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import cast
 
 from edge_agent.errors import CliError, UsageError, info
 
@@ -32,7 +33,7 @@ def make_client(opts: ServerOptions, batch_size: int = 64):
     if opts.retries < 0:
         raise UsageError(f"--retries must be >= 0, got {opts.retries}")
     try:
-        return PrivbertClient(opts.server, opts.api_key, timeout=opts.timeout,
+        return PrivbertClient(cast(str, opts.server), opts.api_key, timeout=opts.timeout,
                               retries=opts.retries, batch_size=batch_size)
     except ValueError as exc:
         raise UsageError(str(exc)) from None

@@ -24,6 +24,7 @@ from pathlib import Path
 from urllib.parse import urlsplit
 
 from edge_agent.errors import CliError
+from shared.messages import PIN_CHANGED, PIN_NOT_TRUSTED
 
 PINS_FILE = "pins.json"
 TRUSTED_ENV = "PRIVBERT_TRUSTED_BUNDLES"
@@ -97,9 +98,8 @@ class Pins:
 
 def check_trusted(bundle_id: str, trusted: frozenset[str]) -> None:
     if trusted and bundle_id not in trusted:
-        raise BundleChanged(f"bundle {bundle_id[:12]}… is not one of the {len(trusted)} bundle "
-                            "id(s) this app trusts (--trusted-bundles / "
-                            f"${TRUSTED_ENV}); refusing it")
+        raise BundleChanged(PIN_NOT_TRUSTED.format(bundle_id12=bundle_id[:12],
+                                                   count=len(trusted), env=TRUSTED_ENV))
 
 
 def check_pin(pins: Pins, server: str, model_id: str, bundle_id: str, *,
@@ -119,11 +119,9 @@ def check_pin(pins: Pins, server: str, model_id: str, bundle_id: str, *,
     if old == bundle_id:
         return "same"
     if old is not None and bundle_id not in accept and bundle_id not in trusted:
-        raise BundleChanged(
-            f"model {model_id} at {server} now names bundle {bundle_id[:12]}…, not the "
-            f"bundle {old[:12]}… this device accepted for it first; a bundle decides what "
-            f"privatization means, so it never changes silently (accept it with "
-            f"--accept-bundle {bundle_id})")
+        raise BundleChanged(PIN_CHANGED.format(model_id=model_id, server=server,
+                                               bundle_id12=bundle_id[:12], pinned12=old[:12],
+                                               bundle_id=bundle_id))
     if record:
         current[key] = bundle_id
         pins.write(current)

@@ -25,8 +25,8 @@ from typing import Annotated
 import numpy as np
 from pydantic import BaseModel, Field, model_validator
 
-from shared.arrays import _STRICT, PosFloat
-from shared.mechanisms._checks import finite_array, positive, positive_int
+from shared.arrays import STRICT, PosFloat
+from shared.mechanisms.checks import finite_array, positive, positive_int
 from shared.mechanisms.registry import BaseMechanism, PayloadKind, encoder_dim, need
 from shared.rng import resolve_rng
 
@@ -50,7 +50,7 @@ def z_score(vec: np.ndarray) -> np.ndarray:
 class OMEParams(BaseModel):
     """OME: ε > 0, λ > 0, fixed-point layout (1 sign + int_bits + frac_bits)."""
 
-    model_config = _STRICT
+    model_config = STRICT
     epsilon: PosFloat
     lam: PosFloat
     int_bits: Annotated[int, Field(strict=True, ge=0, le=29)] = 4
@@ -71,18 +71,19 @@ class OMEParams(BaseModel):
 class SUEParams(BaseModel):
     """SUE and OUE (baselines without a payload): ε > 0 and the fixed-point layout."""
 
-    model_config = _STRICT
+    model_config = STRICT
     epsilon: PosFloat
     int_bits: Annotated[int, Field(strict=True, ge=0, le=29)] = 4
     frac_bits: Annotated[int, Field(strict=True, ge=0, le=29)] = 5
 
 
-class _FixedPointBits(BaseMechanism):
+class FixedPointBits(BaseMechanism):
     """Sign + integer + fraction bit encoding shared by OME, SUE and OUE."""
 
     name = ""
     payload_kind = PayloadKind.BITS
     family = "randomized-response"
+    epsilon: float  # each subclass's own
 
     def __init__(self, dim: int, int_bits: int = 4, frac_bits: int = 5):
         self.dim = positive_int("dim", dim)
@@ -143,11 +144,13 @@ class _FixedPointBits(BaseMechanism):
         return self.privatize(vectors, rng), None
 
 
-class OME(_FixedPointBits):
+class OME(FixedPointBits):
     """Optimized Multiple Encoding (Theorem 1)."""
 
     name = "ome"
     Params = OMEParams
+    param_help = {"epsilon": "epsilon > 0", "lam": "randomized-response factor lambda > 0"}
+    fixed_params = frozenset({"int_bits", "frac_bits"})  # the edge's layout: 1 + 4 + 5 bits
 
     def __init__(self, epsilon: float, lam: float, dim: int, int_bits: int = 4, frac_bits: int = 5):
         super().__init__(dim, int_bits, frac_bits)
@@ -190,7 +193,7 @@ class OME(_FixedPointBits):
         return p, q
 
 
-class SUE(_FixedPointBits):
+class SUE(FixedPointBits):
     """Symmetric unary-style randomized response: p = e^a/(1+e^a), q = 1/(1+e^a), a = ε/(r·l)."""
 
     name = "sue"

@@ -11,11 +11,12 @@ import math
 
 import numpy as np
 
+from shared import messages as msg
 from shared.mechanisms.nearest import scores_overflow
 
 TAIL = 40.0  # noise tails are bounded with probability 1 - e^-40 (about 4e-18)
-_F32_MAX = float(np.finfo(np.float32).max)
-_F16_MAX = float(np.finfo(np.float16).max)
+F32_MAX = float(np.finfo(np.float32).max)
+F16_MAX = float(np.finfo(np.float16).max)
 
 
 def gamma_tail(n: int, tail: float = TAIL) -> float:
@@ -38,11 +39,10 @@ def check_dchi_eta(eta: float, dim: int, t_max: float, float_dtype: str = "float
     r = dchi_noise_limit(eta, dim)
     # a coordinate is at most the norm: float16 payloads hold up to its maximum, float32
     # keeps a factor 4 of room for the arithmetic that follows
-    top = _F16_MAX if float_dtype == "float16" else _F32_MAX / 4.0
+    top = F16_MAX if float_dtype == "float16" else F32_MAX / 4.0
     bad = not math.isfinite(r) or r + t_max > top
     if search and not bad:  # the rule ExactNearest.search applies to the noisy queries
         bad = scores_overflow(r + t_max, t_max)
     if bad:
-        what = "a float16 payload" if float_dtype == "float16" else "float32"
-        raise ValueError(f"eta={eta:g} is too small to compute: the noise norm (up to "
-                         f"{r:.3g}) overflows {what}")
+        where = msg.WHERE_FLOAT16 if float_dtype == "float16" else msg.WHERE_FLOAT32
+        raise ValueError(msg.DCHI_TOO_SMALL.format(eta=eta, norm=r, where=where))

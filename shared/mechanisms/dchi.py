@@ -18,8 +18,8 @@ from typing import TYPE_CHECKING
 import numpy as np
 from pydantic import BaseModel
 
-from shared.arrays import _STRICT, PosFloat
-from shared.mechanisms._checks import finite_array, positive, positive_int
+from shared.arrays import STRICT, PosFloat
+from shared.mechanisms.checks import finite_array, positive, positive_int
 from shared.mechanisms.computable import check_dchi_eta
 from shared.mechanisms.nearest import ExactNearest
 from shared.mechanisms.registry import BaseMechanism, PayloadKind, need
@@ -55,7 +55,7 @@ def sample_dchi_noise(
 class DChiParams(BaseModel):
     """dχ-privacy: η > 0."""
 
-    model_config = _STRICT
+    model_config = STRICT
     eta: PosFloat
 
 
@@ -67,6 +67,7 @@ class DChiEmbedding(BaseMechanism):
     payload_kind = PayloadKind.EMBEDDINGS
     family = "dchi"
     edge_options = frozenset({"float16"})
+    param_help = {"eta": "dχ-privacy eta > 0"}
 
     def __init__(self, eta: float):
         self.eta = positive("eta", eta)
@@ -106,6 +107,7 @@ class DChiText(BaseMechanism):
     Params = DChiParams
     payload_kind = PayloadKind.TOKENS
     family = "dchi"
+    param_help = {"eta": "dχ-privacy eta > 0"}
 
     def __init__(self, bundle: EdgeBundle, eta: float, chunk: int = 256):
         self.eta = positive("eta", eta)

@@ -68,13 +68,13 @@ import numpy as np
 from shared.mechanisms.onnx_graph import one_node_model, value_info
 
 MAX_DIM = 1040  # 127^2 * 1040 < 2^24: the integer scores are exact in int32 and float32
-_U = 2.0**-24
-_GAMMA4 = 4 * _U / (1 - 4 * _U)
-_SLACK = 2.0**-36
-_TINY = 2.0**-100  # smallest a * b_j: no float32 underflow in the kernel's multiplier
+U = 2.0**-24
+GAMMA4 = 4 * U / (1 - 4 * U)
+SLACK = 2.0**-36
+TINY = 2.0**-100  # smallest a * b_j: no float32 underflow in the kernel's multiplier
 VNNI_FLAGS = frozenset({"avx512_vnni", "avx_vnni", "amx_int8"})
 BLOCK = 16  # rows j ≡ c (mod V/16) share a block: one strided min pass finds the best
-_PAD_BIAS = 1e38  # score of the padding rows (zero integers): never a candidate
+PAD_BIAS = 1e38  # score of the padding rows (zero integers): never a candidate
 
 
 def cpu_flags() -> set[str]:
@@ -208,8 +208,8 @@ class Int8CandidatePass:
         self.signed, self.cap = signed, int(cap)
         self._two_tn = 2 * self.tn
         self._two_fn = 2 * self.fn
-        self._g_that = 2 * _GAMMA4 * self.that_n
-        self._gamma_d = self.dim * _U / (1 - self.dim * _U)
+        self._g_that = 2 * GAMMA4 * self.that_n
+        self._gamma_d = self.dim * U / (1 - self.dim * U)
         self.padded = -(-v // BLOCK) * BLOCK  # rows padded to a multiple of BLOCK
         self.blocks = self.padded // BLOCK
         pad = self.padded - v
@@ -222,10 +222,10 @@ class Int8CandidatePass:
                    ) -> tuple[np.ndarray, np.ndarray, float, float]:
         """(β as float32, δ = n - β, M, max |β| + max R) for a chunk (steps 4-5)."""
         spread = e_max * self._two_tn + y_max * (self._two_fn + self._g_that)
-        beta32 = np.full(self.padded, _PAD_BIAS, dtype=np.float32)
-        beta32[: self.n.size] = self.n - spread - _GAMMA4 * self.n
+        beta32 = np.full(self.padded, PAD_BIAS, dtype=np.float32)
+        beta32[: self.n.size] = self.n - spread - GAMMA4 * self.n
         beta = beta32[: self.n.size].astype(np.float64)
-        big = spread + _GAMMA4 * np.abs(beta)
+        big = spread + GAMMA4 * np.abs(beta)
         delta = self.n - beta
         return beta32, delta, float((big - delta).max()), float(np.abs(beta).max() + big.max())
 
@@ -233,7 +233,7 @@ class Int8CandidatePass:
                    beta32: np.ndarray) -> np.ndarray:
         """r_j(y) of step 4 for query norms (||e||, ||ŷ||) and table rows ``rows``."""
         return (en * self._two_tn[rows] + yn * (self._two_fn[rows] + self._g_that[rows])
-                + _GAMMA4 * np.abs(beta32[rows].astype(np.float64)))
+                + GAMMA4 * np.abs(beta32[rows].astype(np.float64)))
 
     def buffers(self, chunk: int) -> tuple[np.ndarray, np.ndarray]:
         """Work space of :meth:`search_chunk` for up to ``chunk`` queries (one per thread)."""
@@ -249,7 +249,7 @@ class Int8CandidatePass:
         res = np.full(m, -1, dtype=np.int64)
         top = float(np.abs(y).max())
         a = float(f32_up(top / 127.0)) if top > 0 else 1.0
-        if a * self.b_min < _TINY:
+        if a * self.b_min < TINY:
             return res, 0
         q = np.rint(y / a)  # |y / a| <= 127
         e = y - q * a
@@ -269,7 +269,7 @@ class Int8CandidatePass:
         k = ov[ar, :, kb].argmin(axis=1) * self.blocks + kb
         ok = o[ar, k].astype(np.float64)
         rk = self.pair_bound(en, yn, k, beta32)
-        thr = ok + delta[k] + rk + big_m + _SLACK * (np.abs(ok) + rk + 2 * self.n_max + 2 * scale)
+        thr = ok + delta[k] + rk + big_m + SLACK * (np.abs(ok) + rk + 2 * self.n_max + 2 * scale)
         thr32 = np.nextafter(thr.astype(np.float32), np.float32(np.inf))
         rq, blk = np.divmod(np.flatnonzero(bm <= thr32[:, None]), self.blocks)
         pos, t = np.divmod(np.flatnonzero(ov[rq, :, blk] <= thr32[rq, None]), BLOCK)
@@ -284,14 +284,14 @@ class Int8CandidatePass:
         # step 7: the query's own bounds on the int8 scores, then float32, then float64
         oc = o[r, c].astype(np.float64)
         rb = self.pair_bound(en[r], yn[r], c, beta32)
-        slack = _SLACK * (float(np.abs(oc).max()) + float(rb.max()) + 2 * self.n_max + 2 * scale)
+        slack = SLACK * (float(np.abs(oc).max()) + float(rb.max()) + 2 * self.n_max + 2 * scale)
         r, c = _keep_possible(r, c, oc + delta[c], rb + slack)
         y32 = y.astype(np.float32)
         dots = np.einsum("ij,ij->i", y32[r], self.t32[c])
         s32 = self.n[c] - 2.0 * dots.astype(np.float64)
         ynorm = np.sqrt(np.einsum("ij,ij->i", y, y))
-        w = (2 * (self._gamma_d * (1 + _U) + _U) * ynorm[r] * self.tn[c]
-             + _SLACK * (np.abs(s32) + self.n_max))
+        w = (2 * (self._gamma_d * (1 + U) + U) * ynorm[r] * self.tn[c]
+             + SLACK * (np.abs(s32) + self.n_max))
         r, c = _keep_possible(r, c, s32, w)
         n_left = np.bincount(r, minlength=m)
         single = n_left[r] == 1

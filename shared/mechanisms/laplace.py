@@ -22,8 +22,8 @@ from typing import Annotated, Literal
 import numpy as np
 from pydantic import BaseModel, Field
 
-from shared.arrays import _STRICT, PosFloat
-from shared.mechanisms._checks import finite_array, in_unit_interval, positive
+from shared.arrays import STRICT, PosFloat
+from shared.mechanisms.checks import finite_array, in_unit_interval, positive
 from shared.mechanisms.registry import BaseMechanism, PayloadKind, encoder_dim, need
 from shared.rng import resolve_rng
 
@@ -48,7 +48,7 @@ def dropout_epsilon(epsilon: float, mu: float) -> float:
 class LaplaceParams(BaseModel):
     """DPNR: ε > 0, calibration, word dropout μ in [0, 1)."""
 
-    model_config = _STRICT
+    model_config = STRICT
     epsilon: PosFloat
     calibration: Literal["vector", "coordinate"] = "vector"
     word_dropout: Annotated[float, Field(strict=True, ge=0, lt=1)] = 0.0
@@ -61,6 +61,13 @@ class Laplace(BaseMechanism):
     Params = LaplaceParams
     payload_kind = PayloadKind.VECTOR
     family = "laplace"
+    param_help = {
+        "epsilon": "epsilon > 0",
+        "calibration": "noise scale r/eps (vector, default: the whole vector is eps-DP) or "
+                       "1/eps (coordinate, as published: r*eps for the vector)",
+        "word_dropout": "DPNR word dropout rate in [0, 1), before encoding",
+    }
+    param_metavar = {"word_dropout": "MU"}
 
     def __init__(self, epsilon: float, calibration: str = "vector", word_dropout: float = 0.0):
         self.epsilon = positive("epsilon", epsilon)

@@ -38,8 +38,12 @@ import os
 import queue
 import time
 from concurrent.futures import ThreadPoolExecutor
+from typing import TYPE_CHECKING, cast
 
 import numpy as np
+
+if TYPE_CHECKING:
+    from shared.mechanisms.int8_pass import Int8CandidatePass
 
 _U32 = float(np.finfo(np.float32).eps) / 2  # unit roundoff of float32
 _F32_MAX = float(np.finfo(np.float32).max)
@@ -104,7 +108,7 @@ class ExactNearest:
         if backend not in BACKENDS:
             raise ValueError(f"backend must be one of {BACKENDS}, got {backend!r}")
         self.kernel_info: dict = {"requested": backend}
-        self._int8 = None
+        self._int8: Int8CandidatePass | None = None
         self._timings: dict[str, list[float]] = {"int8": [], "fp32": []}
         self.backend = "fp32"  # the pass in use; "probing" while auto times the two
         cores = (len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity")
@@ -230,10 +234,12 @@ class ExactNearest:
         chunks = [np.arange(s, min(s + self.chunk, y64.shape[0]))
                   for s in range(0, y64.shape[0], self.chunk)]
 
+        int8 = cast("Int8CandidatePass", self._int8)  # built before this pass runs
+
         def run(sel: np.ndarray) -> tuple[np.ndarray, int]:
             bufs = self._buffers.get()
             try:
-                return self._int8.search_chunk(y64[sel], *bufs)
+                return int8.search_chunk(y64[sel], *bufs)
             finally:
                 self._buffers.put(bufs)
 

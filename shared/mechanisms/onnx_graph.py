@@ -85,6 +85,6 @@ def one_node_model(op_type: str, domain: str, inputs: list[str], outputs: list[s
     for vi in graph_outputs:
         graph += _len(12, vi)
     model = _int(1, IR_VERSION) + _len(7, graph)
-    for d, v in opsets.items():
-        model += _len(8, _len(1, d) + _int(2, v))
+    for domain, version in opsets.items():
+        model += _len(8, _len(1, domain) + _int(2, version))
     return b"".join(model)

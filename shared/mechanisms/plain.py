@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 from pydantic import BaseModel
 
-from shared.arrays import _STRICT
+from shared.arrays import STRICT
 from shared.mechanisms.registry import BaseMechanism, PayloadKind
 
 if TYPE_CHECKING:
@@ -21,7 +21,7 @@ if TYPE_CHECKING:
 class NoneParams(BaseModel):
     """No privatization (Null-privacy baseline): no parameters."""
 
-    model_config = _STRICT
+    model_config = STRICT
 
 
 class NoPrivacy(BaseMechanism):

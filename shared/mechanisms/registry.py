@@ -160,7 +160,11 @@ class BaseMechanism:
     model), ``payload_kind``, ``family`` (the ledger's budget family), ``private`` (False
     only for the named Null-privacy baseline), ``has_epsilon`` (False where there is no
     differential-privacy ε to count or to judge: TextHide, none), ``edge_options`` (edge
-    settings besides the parameters that apply to it, e.g. TextHide's key).
+    settings besides the parameters that apply to it, e.g. TextHide's key). For the command
+    lines, which make a flag of each parameter (``shared.spec``): ``param_help`` (one
+    phrase per parameter), ``fixed_params`` (parameters no command line offers: their
+    default always, e.g. OME's bit layout), ``edge_defaults`` (the edge's value for a
+    required parameter not given, e.g. TextHide's k = 1) and ``param_metavar``.
     """
 
     name: ClassVar[str] = ""
@@ -170,6 +174,10 @@ class BaseMechanism:
     private: ClassVar[bool] = True
     has_epsilon: ClassVar[bool] = True
     edge_options: ClassVar[frozenset[str]] = frozenset()
+    param_help: ClassVar[Mapping[str, str]] = {}
+    fixed_params: ClassVar[frozenset[str]] = frozenset()
+    edge_defaults: ClassVar[Mapping[str, Any]] = {}
+    param_metavar: ClassVar[Mapping[str, str]] = {}
 
     @property
     def params(self) -> dict:
@@ -326,6 +334,17 @@ def substitutes_tokens(cls: type[BaseMechanism]) -> bool:
 def names() -> tuple[str, ...]:
     """Every registered mechanism name."""
     return tuple(c.name for c in mechanisms())
+
+
+def dchi_names() -> tuple[str, ...]:
+    """The dχ mechanisms (budget family ``dchi``): they privatize token by token with one η,
+    which is what the privacy report, the channel posterior and pretraining are about."""
+    return tuple(c.name for c in mechanisms() if c.family == "dchi")
+
+
+def substituting_names() -> tuple[str, ...]:
+    """The mechanisms of :func:`substitutes_tokens` (a contextual denoiser reads them)."""
+    return tuple(c.name for c in mechanisms() if substitutes_tokens(c))
 
 
 def get(name: str) -> type[BaseMechanism]:

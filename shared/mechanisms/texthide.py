@@ -14,12 +14,13 @@ Weights: ``"abs-normal"`` as published (|N(0, I_k)| normalised to sum to 1),
 from __future__ import annotations
 
 import os
+from typing import cast
 
 import numpy as np
 from pydantic import BaseModel
 
-from shared.arrays import _STRICT, PosInt
-from shared.mechanisms._checks import finite_array, positive, positive_int
+from shared.arrays import STRICT, PosInt
+from shared.mechanisms.checks import finite_array, positive, positive_int
 from shared.mechanisms.registry import BaseMechanism, PayloadKind, encoder_dim, need
 from shared.rng import resolve_rng
 
@@ -48,7 +49,7 @@ def check_pool_memory(m: int, dim: int) -> None:
     limit = POOL_LIMIT if avail is None else min(POOL_LIMIT, avail // 2)
     if need > limit:
         where = "the 1 GiB limit" if limit == POOL_LIMIT else \
-            f"half of the {avail / 2**30:.3g} GiB of memory available"
+            f"half of the {cast(int, avail) / 2**30:.3g} GiB of memory available"
         raise ValueError(f"m={m} is too large: the mask pool needs {need / 2**30:.3g} GiB "
                          f"({m} masks x {dim} values), more than {where}")
 
@@ -56,7 +57,7 @@ def check_pool_memory(m: int, dim: int) -> None:
 class TextHideParams(BaseModel):
     """TextHide: pool of m masks, k examples mixed."""
 
-    model_config = _STRICT
+    model_config = STRICT
     m: PosInt
     k: PosInt
 
@@ -70,6 +71,9 @@ class TextHide(BaseMechanism):
     family = "texthide"
     has_epsilon = False
     edge_options = frozenset({"texthide_key", "texthide_seed", "num_labels"})
+    param_help = {"m": "size of the secret mask pool",
+                  "k": "inputs mixed per record (predictions use 1)"}
+    edge_defaults = {"k": 1}  # the edge: one input per payload unless asked
 
     def __init__(
         self,

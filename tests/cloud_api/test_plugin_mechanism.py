@@ -1,26 +1,27 @@
 """Adding a mechanism is one file plus one registry line: a toy mechanism that the product
-does not have (``tests/toy_mechanism.py``, k-ary randomized response on word pieces) is
-registered by the entry point of a test-only distribution -- the plugin hook of
-``shared.mechanisms.registry``, which reads installed distributions only -- and then works
-through the real `edge-agent privatize` (its flags, its payloads, the device ledger) and a
-real `cloud-api serve` prediction (the payload union, the model's contract, the budget).
+does not have (``tests/toy_mechanism.py``, k-ary randomized response on word pieces, which
+imports only public names) is registered by the entry point of a test-only distribution --
+the plugin hook of ``shared.mechanisms.registry``, which reads installed distributions only
+-- and then works through the real `cloud-api bootstrap` (its flags from the toy's
+``Params``, the floor, the privatization of the training text, fine-tuning, the ONNX export,
+the version, the task), the real `edge-agent privatize` (its flags, its payloads, the device
+ledger) and a real `cloud-api serve` prediction (the payload union, the model's contract,
+the budget). No file of the product and no copied configuration is edited.
 
-The served model is the session's bootstrapped ``text`` v1 (its classifier reads token ids,
-which is what the toy sends) registered again as ``toy`` with the toy's mechanism; the
-server runs on the onnx backend (no torch start).
+The model is trained on the session's tiny BERT and sentiment TSV; the server runs on the
+onnx backend (no torch start).
 """
 
 from __future__ import annotations
 
 import json
-import shutil
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 
-from tests.cloud_api.conftest import ServerProcess, cli_env, new_keys, onnx_home
+from tests.cloud_api.conftest import ServerProcess, cli_env, new_keys
 from tests.conftest import REPO
 
 EPSILON = 2.0  # keeps 7.4/(7.4 + V - 1) of the tiny vocabulary's tokens: above the floor
@@ -45,20 +46,20 @@ def edge(*args: str, env: dict) -> subprocess.CompletedProcess:
 
 @pytest.fixture
 def toy_server(tiny_home, tmp_path):
-    from cloud_api.home import ModelHome
-
     plugin = install_plugin(tmp_path / "plugin")
-    home, _ = onnx_home(tiny_home, tmp_path / "home")
-    src = ModelHome(tiny_home.root).version_dir("text", tiny_home.promoted_at_start["text"])
-    copy = tmp_path / "toy-v1"
-    shutil.copytree(src, copy)
-    config = json.loads((copy / "config.json").read_text())
-    config.update(mechanism="toy-rr", params={"epsilon": EPSILON}, guarantee=None)
-    (copy / "config.json").write_text(json.dumps(config))
-    (copy / "manifest.json").unlink()  # changed on purpose: sealed anew by register
-    home.promote("toy", home.register("toy", copy, move=True))
     path = f"{REPO}:{plugin}"
-    srv = ServerProcess(home.root, tmp_path / "serve.log", new_keys(), env={
+    home = tmp_path / "home"
+    boot = subprocess.run(
+        [sys.executable, "-m", "cloud_api.cli", "bootstrap", "--data", str(tiny_home.data),
+         "--dev", str(tiny_home.dev), "--mechanism", "toy-rr", "--epsilon", str(EPSILON),
+         "--epochs", "1", "--limit", "32", "--dev-draws", "0", "--base", str(tiny_home.base),
+         "--model-id", "toy", "--home", str(home), "--device", "cpu", "--no-progress"],
+        cwd=REPO, env=cli_env({"PYTHONPATH": path, "PRIVBERT_BACKEND": "onnx"}),
+        capture_output=True, text=True, timeout=600)
+    assert boot.returncode == 0, boot.stderr[-3000:]
+    assert 'mechanism=toy-rr params={"epsilon": 2.0}' in boot.stdout
+    assert "task=toy declared" in boot.stdout
+    srv = ServerProcess(home, tmp_path / "serve.log", new_keys(), env={
         "PYTHONPATH": path, "PRIVBERT_BACKEND": "onnx", "PRIVBERT_WORKER_IN_SERVE": "0"})
     srv.start()
     try:

@@ -1,4 +1,4 @@
-"""models/data.py: TSV reading, records -> dataset, collation per contract §3, buckets."""
+"""models/data.py: TSV reading, records -> dataset, collation (token payloads: [CLS]/[SEP] added), buckets."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Exports: the bundle's encoder.onnx follows contract §2 and matches torch; classifier.onnx
+"""Exports: the bundle's encoder.onnx takes the inputs the edge gives it and matches torch; classifier.onnx
 matches the torch model for every kind of classifier."""
 
 from __future__ import annotations
@@ -73,7 +73,7 @@ def test_encoder_matches_torch_any_batch_and_length(tiny_encoder_bundle, tiny_be
 
 
 def test_edge_encoder_reads_the_export(tiny_encoder_bundle, tiny_bert_dir):
-    """The consumer's side of contract §2: edge_agent's SentenceEncoder on the bundle."""
+    """The consumer's side of encoder.onnx: edge_agent's SentenceEncoder on the bundle."""
     from edge_agent.privatize.encoder import SentenceEncoder as EdgeEncoder
 
     edge = EdgeEncoder.from_bundle(tiny_encoder_bundle)

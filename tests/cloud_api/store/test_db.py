@@ -379,7 +379,6 @@ def test_upgrade_to_0005_folds_devices_into_their_key_and_keeps_records(db_url, 
     from datetime import UTC, datetime
 
     from cloud_api.store import budget_admin, budgets
-    from cloud_api.store.tables import budgets as budgets_table
     from shared import ledger
 
     db = Database(db_url)
@@ -388,11 +387,13 @@ def test_upgrade_to_0005_folds_devices_into_their_key_and_keeps_records(db_url, 
         now = datetime.now(UTC)
         zeros = {c: 0 for c in ("dchi_epsilon", "dchi_metric", "dchi_tokens", "dchi_sends",
                                 "rr_epsilon", "rr_sends", "texthide_sends", "none_sends")}
-        with db.begin(write=True) as conn:
+        row = {"key_id": "k", "cap": 10.0, "sends": 2, "laplace_sends": 2, "updated_at": now,
+               **zeros}
+        with db.begin(write=True) as conn:  # the table of 0004 (its columns, not today's)
             for dev, spent in (("", 1.0), ("d1", 8.0), ("d2", 7.0)):
-                conn.execute(budgets_table.insert().values(
-                    key_id="k", device_id=dev, cap=10.0, spent=spent, sends=2,
-                    laplace_epsilon=spent, laplace_sends=2, updated_at=now, **zeros))
+                values = {**row, "device_id": dev, "spent": spent, "laplace_epsilon": spent}
+                conn.execute(text(f"INSERT INTO budgets ({', '.join(values)}) VALUES "
+                                  f"({', '.join(':' + c for c in values)})"), values)
             for name, segs in (("single", None), ("pair", "[2, 3]")):
                 tid = conn.execute(text(
                     "INSERT INTO tasks (name, labels, mechanism, params, bundle_id, "

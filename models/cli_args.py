@@ -1,0 +1,151 @@
+"""The command-line pieces the training commands share (``cloud-api train``, ``evaluate``,
+``bootstrap``): the mechanism flags (derived from the mechanism spec, one per parameter of a
+mechanism's ``Params``), the recipe's levers, the device, argument types, and what a parsed
+command line gives (the mechanism's settings, a seeded generator, a posterior table).
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+from edge_agent.cli_args import add_param_flags
+from edge_agent.mechanism_spec import flag_values
+
+PROG = "cloud-api"
+
+
+def table_name(text: str) -> str:
+    from shared.table import TableError, TableSpec
+
+    try:
+        return TableSpec.parse(text).name
+    except TableError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
+def texthide_key(text: str) -> int:
+    """The mask-pool seed of a hex key, checked as the edge agent checks it."""
+    from edge_agent.privatize.texthide_key import key_to_seed
+
+    try:
+        return key_to_seed(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
+def positive_int(s: str) -> int:
+    try:
+        v = int(s)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected an integer, got {s!r}") from None
+    if v < 1:
+        raise argparse.ArgumentTypeError(f"expected an integer >= 1, got {v}")
+    return v
+
+
+def add_mechanism_args(p: argparse.ArgumentParser) -> None:
+    """--mechanism and one flag per parameter of the mechanisms' ``Params`` (from the
+    mechanism spec: ``edge_agent.mechanism_spec``), a flag not given taking the default its
+    mechanisms share; the TextHide key, the bundle, its table and the seed."""
+    from edge_agent.mechanism_spec import names
+
+    g = p.add_argument_group("privatization (as on the edge)")
+    g.add_argument("--mechanism", choices=names(),
+                   help="payload mechanism (none = Null-privacy baseline)")
+    add_param_flags(g, with_defaults=True)
+    g.add_argument("--texthide-key", type=texthide_key, metavar="HEX",
+                   help="texthide: the client's secret mask-pool key, >= 32 hex digits as for "
+                        "edge-agent (needed again to evaluate; never stored with the model)")
+    g.add_argument("--bundle", metavar="DIR",
+                   help="edge bundle (needed for laplace/ome/texthide: cloud-api export-bundle)")
+    g.add_argument("--table", metavar="NAME", type=table_name,
+                   help="dchi-text: build the bundle with this privatization table from the "
+                        "base model (shared.table: none, pca32-int8, pca64, ...; "
+                        "cloud-api export-bundle --table writes one to a folder)")
+    g.add_argument("--seed", type=int,
+                   help="reproducible privatization and training (prints a warning)")
+
+
+def add_recipe_args(p: argparse.ArgumentParser) -> None:
+    """The training recipe's levers (models.recipe); unset = the default for the mechanism."""
+    g = p.add_argument_group(
+        "recipe (models.recipe; default: the best measured recipe for the mechanism, "
+        "bench/results/utility_levers.md)")
+    g.add_argument("--fresh-noise", action=argparse.BooleanOptionalAction, default=None,
+                   help="privatize the public training text afresh in every epoch")
+    g.add_argument("--posterior", action=argparse.BooleanOptionalAction, default=None,
+                   help="read each token through the channel posterior E[phi(x) | y] "
+                        "(dchi-text, dchi-embedding; post-processing: no privacy cost)")
+    g.add_argument("--posterior-table", metavar="FILE",
+                   help="a posterior.npz to read (default: built from the public training "
+                        "text; with --records: the --base version's)")
+    g.add_argument("--denoise", type=float, metavar="LAMBDA",
+                   help="weight of the auxiliary loss predicting the original tokens (0 = off)")
+    g.add_argument("--distill", type=float, metavar="ALPHA",
+                   help="weight of distillation from a teacher reading the original text "
+                        "(0 = off)")
+    g.add_argument("--rtd", type=float, metavar="RHO",
+                   help="weight of replaced-token detection: predict at each position whether "
+                        "the mechanism changed the token (ELECTRA-style; 0 = off)")
+    g.add_argument("--ema", type=float, metavar="DECAY",
+                   help="keep and evaluate an exponential moving average of the weights with "
+                        "this decay per step, e.g. 0.999 (0 = off)")
+    g.add_argument("--warm-start", action=argparse.BooleanOptionalAction, default=None,
+                   help="start from a teacher fine-tuned on the original text, then fine-tune "
+                        "on the privatized text")
+    g.add_argument("--teacher", metavar="DIR", help="the teacher of --distill / --warm-start: a "
+                   "model version of mechanism none (default: one trained on the same text "
+                   "first, one epoch)")
+    g.add_argument("--denoiser", action=argparse.BooleanOptionalAction, default=None,
+                   help="read each token through a contextual denoiser E[phi(x) | y, context] "
+                        "trained on public text (dchi-text; post-processing: no privacy cost)")
+    g.add_argument("--denoiser-file", metavar="FILE",
+                   help="a trained denoiser.safetensors to read (default: trained on the public "
+                        "training text; with --records: the --base version's)")
+    g.add_argument("--denoiser-corpus", metavar="FILE",
+                   help="more public text (one per line) to train the denoiser on")
+    g.add_argument("--denoiser-layers", type=positive_int, metavar="N",
+                   help="transformer layers of the denoiser (default 2)")
+    g.add_argument("--denoiser-candidates", type=positive_int, metavar="N",
+                   help="most frequent public-text tokens it scores, besides the output "
+                        "itself (default 4096)")
+    g.add_argument("--denoiser-epochs", type=positive_int, metavar="N",
+                   help="passes over the public text, privatized afresh each (default 1)")
+
+
+def mechanism_settings(args) -> dict:
+    """The mechanism's settings from the command line: every parameter flag (None: not
+    given, or the default its mechanisms share) and the TextHide key, as
+    ``models.privatize.build_mechanism`` takes them."""
+    return {**flag_values(vars(args)), "texthide_key": args.texthide_key}
+
+
+def seeded_rng(args):
+    import numpy as np
+
+    if args.seed is None:
+        return None
+    from models.privatize import SEED_WARNING
+
+    print(f"{PROG}: {SEED_WARNING}", file=sys.stderr)
+    return np.random.default_rng(args.seed)
+
+
+def add_device_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--device", default="auto", help="auto | cpu | cuda | cuda:N")
+    p.add_argument("--precision", default="auto", choices=("auto", "fp32", "bf16", "fp16"),
+                   help="autocast on CUDA (auto: bf16 where supported, else fp16; CPU: fp32)")
+    p.add_argument("--no-progress", action="store_true", help="no progress bars")
+
+
+def check_device(args) -> None:
+    from models.backbone import autocast_dtype, pick_device
+
+    autocast_dtype(pick_device(args.device), args.precision)
+
+
+def posterior_table(path):
+    from models.posterior import ChannelPosterior
+
+    return ChannelPosterior.load(path)

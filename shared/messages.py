@@ -1,0 +1,73 @@
+"""The refusals both edges word identically, as templates: the privacy floor's, a table's,
+the bundle that serves dchi-text only, the bundle pins'. Python formats them here
+(``TEMPLATE.format(**values)``); the mechanism spec (``shared.spec``) carries them to the
+web edge, which formats the same fields the same way.
+
+Placeholders are Python format fields: ``{name}`` as is, ``{name:g}`` (%g: 6 significant
+digits), ``{name:.3g}``, ``{name:,}`` (an integer with thousands commas). A share ``p`` is
+written by :func:`pct`: "100%" at 1, else 100·p with two decimals and "%".
+"""
+
+from __future__ import annotations
+
+# -- the privacy floor (shared.floor) -----------------------------------------------------------
+WEAK_HEAD = "{what} is weaker than the privacy floor"
+DCHI_WHAT = "{mechanism} eta={eta:g}"
+DCHI_DEGENERATE = "{head}: the bundle's table is degenerate: {problem}"
+DCHI_NOT_FINITE = "{head}: the worst-case epsilon per token (eta x 2 max||phi||) is not finite"
+DCHI_MEASURED = ("{head}: {share} of {drawn:,} tokens drawn at random {outcome} "
+                 "(floor {floor}; on this bundle it starts near eta={start:.3g})")
+DCHI_TEXT_OUTCOME = "came back unchanged"
+DCHI_EMBEDDING_OUTCOME = "were their own nearest token after the noise"
+LAPLACE_WHAT = "laplace epsilon={epsilon:g}"
+LAPLACE_NOT_FINITE = "{head}: the worst-case epsilon of the vector is not finite"
+LAPLACE_ROUNDING = ("{head}: the noise (scale {scale:.3g}) leaves every coordinate within "
+                    "float32 rounding (2^-23) of the raw vector with probability {share} "
+                    "(floor {floor})")
+BITS_WHAT = "{mechanism} {params}"  # params: "epsilon=1, lam=2" (each value with :g)
+BITS_NOT_FINITE = ("{head}: the worst-case epsilon is not finite (a flip probability rounds to "
+                   "0 or 1, so some outputs certify the input)")
+BITS_FIXED = ("{head}: with probability {share} every one of the {n_bits} bits is a fixed "
+              "function of the input bit (floor {floor})")
+NONE_REFUSED = "mechanism none sends plain token ids: there is no privatization at all"
+
+# -- a degenerate privatization table (shared.floor.table_problem) --------------------------
+TABLE_NON_FINITE = "its table has non-finite values"
+TABLE_IDENTICAL = ("{repeats} of its {rows:,} regular rows repeat another row exactly "
+                   "(identical rows: the search can never return some of them)")
+TABLE_NEAR_DUPLICATES = ("{close} of {n} regular rows drawn at random lie within {near:g} x the "
+                         "median nearest-row distance of another row (near-duplicate rows)")
+
+# -- parameters the arithmetic cannot carry (shared.mechanisms.computable) ------------------
+DCHI_TOO_SMALL = ("eta={eta:g} is too small to compute: the noise norm (up to {norm:.3g}) "
+                  "overflows {where}")
+WHERE_FLOAT16 = "a float16 payload"
+WHERE_FLOAT32 = "float32"
+
+# -- bundles (shared.bundle) ----------------------------------------------------------------------
+TABLE_ONLY = ("bundle {bundle_id12}… carries the privatization table {table} ({dim} "
+              "dimensions), not the model's word embeddings: it serves dchi-text only "
+              "(dchi-embedding needs a bundle with the model's table, e.g. cloud-api "
+              "make-bundle --table none)")
+
+# -- bundle pins (edge_agent.service.pins; the web edge's pins) -----------------------------
+PIN_NOT_TRUSTED = ("bundle {bundle_id12}… is not one of the {count} bundle id(s) this app "
+                   "trusts (--trusted-bundles / ${env}); refusing it")
+PIN_CHANGED = ("model {model_id} at {server} now names bundle {bundle_id12}…, not the bundle "
+               "{pinned12}… this device accepted for it first; a bundle decides what "
+               "privatization means, so it never changes silently (accept it with "
+               "--accept-bundle {bundle_id})")
+
+
+def pct(p: float) -> str:
+    """A share as the refusals write it: "100%" at 1, else two decimals ("97.31%")."""
+    return "100%" if p >= 1.0 else f"{100 * p:.2f}%"
+
+
+def weak_head(what: str) -> str:
+    return WEAK_HEAD.format(what=what)
+
+
+def templates() -> dict[str, str]:
+    """Every template of this module by name (what the spec carries)."""
+    return {k: v for k, v in globals().items() if k.isupper() and isinstance(v, str)}

@@ -1,0 +1,582 @@
+// The mechanism spec (shared/spec/mechanisms.json), generated from the Python registry by
+// `python -m shared.spec`; do not edit by hand (tests/shared/test_spec.py fails when this
+// file differs from what the generator writes).
+
+export const SPEC = {
+  "bundle": {
+    "files": {
+      "embeddings": "embeddings.npy",
+      "encoder": "encoder.onnx",
+      "meta": "bundle.json",
+      "table": "table.npy",
+      "table_scale": "table_scale.npy",
+      "tokenizer": "tokenizer.json"
+    },
+    "format": "privbert-edge-bundle",
+    "format_version": 1,
+    "hashed_if_present": [
+      "table"
+    ],
+    "hashed_meta": [
+      "format",
+      "format_version",
+      "vocab_size",
+      "dim",
+      "max_length",
+      "special_ids",
+      "unused_ids",
+      "encoder",
+      "files"
+    ]
+  },
+  "computable": {
+    "F16_MAX": 65504.0,
+    "F32_MAX": 3.4028234663852886e+38,
+    "TAIL": 40.0
+  },
+  "families": [
+    {
+      "epsilon": true,
+      "memo": true,
+      "metric": true,
+      "name": "dchi"
+    },
+    {
+      "epsilon": true,
+      "memo": true,
+      "metric": false,
+      "name": "laplace"
+    },
+    {
+      "epsilon": true,
+      "memo": true,
+      "metric": false,
+      "name": "randomized-response"
+    },
+    {
+      "epsilon": false,
+      "memo": false,
+      "metric": false,
+      "name": "texthide"
+    },
+    {
+      "epsilon": false,
+      "memo": false,
+      "metric": false,
+      "name": "none"
+    }
+  ],
+  "floor": {
+    "DIRECTIONS": 256,
+    "DUPLICATE_SAMPLE": 256,
+    "FLOOR_TOKENS": 1000,
+    "LAPLACE_STEP": 1.1920928955078125e-07,
+    "MEASURE_BATCH": 128,
+    "MEASURE_MAX": 2048,
+    "MEASURE_Z": 5.0,
+    "NEAR_DUPLICATE": 0.001,
+    "THRESHOLD": 0.97
+  },
+  "generated_by": "python -m shared.spec",
+  "int8_pass": {
+    "BLOCK": 16,
+    "GAMMA4": 2.384186359449949e-07,
+    "MAX_DIM": 1040,
+    "PAD_BIAS": 1e+38,
+    "SLACK": 1.4551915228366852e-11,
+    "TINY": 7.888609052210118e-31,
+    "U": 5.960464477539063e-08
+  },
+  "mechanisms": [
+    {
+      "compared_params": [],
+      "edge_options": [
+        "allow_none"
+      ],
+      "family": "none",
+      "fixed_params": [],
+      "flags": [],
+      "has_epsilon": false,
+      "memo": false,
+      "name": "none",
+      "param_names": [],
+      "params": {
+        "additionalProperties": false,
+        "description": "No privatization (Null-privacy baseline): no parameters.",
+        "properties": {},
+        "title": "NoneParams",
+        "type": "object"
+      },
+      "payload": {
+        "classifier": "tokens",
+        "dtypes": [
+          "int32"
+        ],
+        "field": "token_ids",
+        "kind": "tokens",
+        "ndim": 1,
+        "reads_tokens": true
+      },
+      "prediction_params": {},
+      "private": false,
+      "required_params": [],
+      "substitutes_tokens": false
+    },
+    {
+      "compared_params": [
+        "eta"
+      ],
+      "edge_options": [],
+      "family": "dchi",
+      "fixed_params": [],
+      "flags": [
+        {
+          "choices": null,
+          "default": null,
+          "edge_default": null,
+          "flag": "--eta",
+          "help": "dχ-privacy eta > 0",
+          "metavar": null,
+          "param": "eta",
+          "required": true,
+          "type": "number"
+        }
+      ],
+      "has_epsilon": true,
+      "memo": true,
+      "name": "dchi-text",
+      "param_names": [
+        "eta"
+      ],
+      "params": {
+        "additionalProperties": false,
+        "description": "dχ-privacy: η > 0.",
+        "properties": {
+          "eta": {
+            "exclusiveMinimum": 0,
+            "title": "Eta",
+            "type": "number"
+          }
+        },
+        "required": [
+          "eta"
+        ],
+        "title": "DChiParams",
+        "type": "object"
+      },
+      "payload": {
+        "classifier": "tokens",
+        "dtypes": [
+          "int32"
+        ],
+        "field": "token_ids",
+        "kind": "tokens",
+        "ndim": 1,
+        "reads_tokens": true
+      },
+      "prediction_params": {},
+      "private": true,
+      "required_params": [
+        "eta"
+      ],
+      "substitutes_tokens": true
+    },
+    {
+      "compared_params": [
+        "eta"
+      ],
+      "edge_options": [
+        "float16"
+      ],
+      "family": "dchi",
+      "fixed_params": [],
+      "flags": [
+        {
+          "choices": null,
+          "default": null,
+          "edge_default": null,
+          "flag": "--eta",
+          "help": "dχ-privacy eta > 0",
+          "metavar": null,
+          "param": "eta",
+          "required": true,
+          "type": "number"
+        }
+      ],
+      "has_epsilon": true,
+      "memo": true,
+      "name": "dchi-embedding",
+      "param_names": [
+        "eta"
+      ],
+      "params": {
+        "additionalProperties": false,
+        "description": "dχ-privacy: η > 0.",
+        "properties": {
+          "eta": {
+            "exclusiveMinimum": 0,
+            "title": "Eta",
+            "type": "number"
+          }
+        },
+        "required": [
+          "eta"
+        ],
+        "title": "DChiParams",
+        "type": "object"
+      },
+      "payload": {
+        "classifier": "embeddings",
+        "dtypes": [
+          "float16",
+          "float32"
+        ],
+        "field": "embeddings",
+        "kind": "embeddings",
+        "ndim": 2,
+        "reads_tokens": true
+      },
+      "prediction_params": {},
+      "private": true,
+      "required_params": [
+        "eta"
+      ],
+      "substitutes_tokens": false
+    },
+    {
+      "compared_params": [
+        "calibration",
+        "epsilon",
+        "word_dropout"
+      ],
+      "edge_options": [],
+      "family": "laplace",
+      "fixed_params": [],
+      "flags": [
+        {
+          "choices": null,
+          "default": null,
+          "edge_default": null,
+          "flag": "--epsilon",
+          "help": "epsilon > 0",
+          "metavar": null,
+          "param": "epsilon",
+          "required": true,
+          "type": "number"
+        },
+        {
+          "choices": [
+            "vector",
+            "coordinate"
+          ],
+          "default": "vector",
+          "edge_default": null,
+          "flag": "--calibration",
+          "help": "noise scale r/eps (vector, default: the whole vector is eps-DP) or 1/eps (coordinate, as published: r*eps for the vector)",
+          "metavar": null,
+          "param": "calibration",
+          "required": false,
+          "type": "string"
+        },
+        {
+          "choices": null,
+          "default": 0.0,
+          "edge_default": null,
+          "flag": "--word-dropout",
+          "help": "DPNR word dropout rate in [0, 1), before encoding",
+          "metavar": "MU",
+          "param": "word_dropout",
+          "required": false,
+          "type": "number"
+        }
+      ],
+      "has_epsilon": true,
+      "memo": true,
+      "name": "laplace",
+      "param_names": [
+        "epsilon",
+        "calibration",
+        "word_dropout"
+      ],
+      "params": {
+        "additionalProperties": false,
+        "description": "DPNR: ε > 0, calibration, word dropout μ in [0, 1).",
+        "properties": {
+          "calibration": {
+            "default": "vector",
+            "enum": [
+              "vector",
+              "coordinate"
+            ],
+            "title": "Calibration",
+            "type": "string"
+          },
+          "epsilon": {
+            "exclusiveMinimum": 0,
+            "title": "Epsilon",
+            "type": "number"
+          },
+          "word_dropout": {
+            "default": 0.0,
+            "exclusiveMaximum": 1,
+            "minimum": 0,
+            "title": "Word Dropout",
+            "type": "number"
+          }
+        },
+        "required": [
+          "epsilon"
+        ],
+        "title": "LaplaceParams",
+        "type": "object"
+      },
+      "payload": {
+        "classifier": "vector",
+        "dtypes": [
+          "float32"
+        ],
+        "field": "vector",
+        "kind": "vector",
+        "ndim": 1,
+        "reads_tokens": false
+      },
+      "prediction_params": {},
+      "private": true,
+      "required_params": [
+        "epsilon"
+      ],
+      "substitutes_tokens": false
+    },
+    {
+      "compared_params": [
+        "epsilon",
+        "frac_bits",
+        "int_bits",
+        "lam"
+      ],
+      "edge_options": [],
+      "family": "randomized-response",
+      "fixed_params": [
+        "frac_bits",
+        "int_bits"
+      ],
+      "flags": [
+        {
+          "choices": null,
+          "default": null,
+          "edge_default": null,
+          "flag": "--epsilon",
+          "help": "epsilon > 0",
+          "metavar": null,
+          "param": "epsilon",
+          "required": true,
+          "type": "number"
+        },
+        {
+          "choices": null,
+          "default": null,
+          "edge_default": null,
+          "flag": "--lam",
+          "help": "randomized-response factor lambda > 0",
+          "metavar": null,
+          "param": "lam",
+          "required": true,
+          "type": "number"
+        }
+      ],
+      "has_epsilon": true,
+      "memo": true,
+      "name": "ome",
+      "param_names": [
+        "epsilon",
+        "lam",
+        "int_bits",
+        "frac_bits"
+      ],
+      "params": {
+        "additionalProperties": false,
+        "description": "OME: ε > 0, λ > 0, fixed-point layout (1 sign + int_bits + frac_bits).",
+        "properties": {
+          "epsilon": {
+            "exclusiveMinimum": 0,
+            "title": "Epsilon",
+            "type": "number"
+          },
+          "frac_bits": {
+            "default": 5,
+            "maximum": 29,
+            "minimum": 0,
+            "title": "Frac Bits",
+            "type": "integer"
+          },
+          "int_bits": {
+            "default": 4,
+            "maximum": 29,
+            "minimum": 0,
+            "title": "Int Bits",
+            "type": "integer"
+          },
+          "lam": {
+            "exclusiveMinimum": 0,
+            "title": "Lam",
+            "type": "number"
+          }
+        },
+        "required": [
+          "epsilon",
+          "lam"
+        ],
+        "title": "OMEParams",
+        "type": "object"
+      },
+      "payload": {
+        "classifier": "vector",
+        "dtypes": [
+          "bits"
+        ],
+        "field": "bits",
+        "kind": "bits",
+        "ndim": 1,
+        "reads_tokens": false
+      },
+      "prediction_params": {},
+      "private": true,
+      "required_params": [
+        "epsilon",
+        "lam"
+      ],
+      "substitutes_tokens": false
+    },
+    {
+      "compared_params": [
+        "m"
+      ],
+      "edge_options": [
+        "num_labels",
+        "texthide_key",
+        "texthide_seed"
+      ],
+      "family": "texthide",
+      "fixed_params": [],
+      "flags": [
+        {
+          "choices": null,
+          "default": null,
+          "edge_default": null,
+          "flag": "--m",
+          "help": "size of the secret mask pool",
+          "metavar": null,
+          "param": "m",
+          "required": true,
+          "type": "integer"
+        },
+        {
+          "choices": null,
+          "default": null,
+          "edge_default": 1,
+          "flag": "--k",
+          "help": "inputs mixed per record (predictions use 1)",
+          "metavar": null,
+          "param": "k",
+          "required": true,
+          "type": "integer"
+        }
+      ],
+      "has_epsilon": false,
+      "memo": false,
+      "name": "texthide",
+      "param_names": [
+        "m",
+        "k"
+      ],
+      "params": {
+        "additionalProperties": false,
+        "description": "TextHide: pool of m masks, k examples mixed.",
+        "properties": {
+          "k": {
+            "maximum": 2147483647,
+            "minimum": 1,
+            "title": "K",
+            "type": "integer"
+          },
+          "m": {
+            "maximum": 2147483647,
+            "minimum": 1,
+            "title": "M",
+            "type": "integer"
+          }
+        },
+        "required": [
+          "m",
+          "k"
+        ],
+        "title": "TextHideParams",
+        "type": "object"
+      },
+      "payload": {
+        "classifier": "vector",
+        "dtypes": [
+          "float32"
+        ],
+        "field": "vector",
+        "kind": "vector",
+        "ndim": 1,
+        "reads_tokens": false
+      },
+      "prediction_params": {
+        "k": 1
+      },
+      "private": true,
+      "required_params": [
+        "m",
+        "k"
+      ],
+      "substitutes_tokens": false
+    }
+  ],
+  "messages": {
+    "format": "Python str.format fields: {name}; {name:g} is %g (6 significant digits); {name:.3g}; {name:,} an integer with thousands commas. A share p is written '100%' at 1, else 100 p with two decimals and '%'.",
+    "templates": {
+      "BITS_FIXED": "{head}: with probability {share} every one of the {n_bits} bits is a fixed function of the input bit (floor {floor})",
+      "BITS_NOT_FINITE": "{head}: the worst-case epsilon is not finite (a flip probability rounds to 0 or 1, so some outputs certify the input)",
+      "BITS_WHAT": "{mechanism} {params}",
+      "DCHI_DEGENERATE": "{head}: the bundle's table is degenerate: {problem}",
+      "DCHI_EMBEDDING_OUTCOME": "were their own nearest token after the noise",
+      "DCHI_MEASURED": "{head}: {share} of {drawn:,} tokens drawn at random {outcome} (floor {floor}; on this bundle it starts near eta={start:.3g})",
+      "DCHI_NOT_FINITE": "{head}: the worst-case epsilon per token (eta x 2 max||phi||) is not finite",
+      "DCHI_TEXT_OUTCOME": "came back unchanged",
+      "DCHI_TOO_SMALL": "eta={eta:g} is too small to compute: the noise norm (up to {norm:.3g}) overflows {where}",
+      "DCHI_WHAT": "{mechanism} eta={eta:g}",
+      "LAPLACE_NOT_FINITE": "{head}: the worst-case epsilon of the vector is not finite",
+      "LAPLACE_ROUNDING": "{head}: the noise (scale {scale:.3g}) leaves every coordinate within float32 rounding (2^-23) of the raw vector with probability {share} (floor {floor})",
+      "LAPLACE_WHAT": "laplace epsilon={epsilon:g}",
+      "NONE_REFUSED": "mechanism none sends plain token ids: there is no privatization at all",
+      "PIN_CHANGED": "model {model_id} at {server} now names bundle {bundle_id12}…, not the bundle {pinned12}… this device accepted for it first; a bundle decides what privatization means, so it never changes silently (accept it with --accept-bundle {bundle_id})",
+      "PIN_NOT_TRUSTED": "bundle {bundle_id12}… is not one of the {count} bundle id(s) this app trusts (--trusted-bundles / ${env}); refusing it",
+      "TABLE_IDENTICAL": "{repeats} of its {rows:,} regular rows repeat another row exactly (identical rows: the search can never return some of them)",
+      "TABLE_NEAR_DUPLICATES": "{close} of {n} regular rows drawn at random lie within {near:g} x the median nearest-row distance of another row (near-duplicate rows)",
+      "TABLE_NON_FINITE": "its table has non-finite values",
+      "TABLE_ONLY": "bundle {bundle_id12}… carries the privatization table {table} ({dim} dimensions), not the model's word embeddings: it serves dchi-text only (dchi-embedding needs a bundle with the model's table, e.g. cloud-api make-bundle --table none)",
+      "WEAK_HEAD": "{what} is weaker than the privacy floor",
+      "WHERE_FLOAT16": "a float16 payload",
+      "WHERE_FLOAT32": "float32"
+    }
+  },
+  "param_rtol": 1e-09,
+  "spec_version": 1
+} as const;
+
+export const SPEC_VERSION = SPEC.spec_version;
+export const FLOOR = SPEC.floor;
+export const COMPUTABLE = SPEC.computable;
+export const INT8_PASS = SPEC.int8_pass;
+export const PARAM_RTOL = SPEC.param_rtol;
+export const BUNDLE_FORMAT = SPEC.bundle;
+export const FAMILIES = SPEC.families;
+export const MESSAGES = SPEC.messages.templates;
+export const MECHANISMS = SPEC.mechanisms;
+
+export type MechanismSpec = (typeof MECHANISMS)[number];
+export type MechanismName = MechanismSpec["name"];
+export type FamilyName = (typeof FAMILIES)[number]["name"];
+export type MessageName = keyof typeof MESSAGES;
