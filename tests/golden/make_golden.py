@@ -273,16 +273,16 @@ def degenerate_bundle():
 def make_floor() -> dict:
     from shared import floor
 
-    # the floor keeps each table's degeneracy check per process, and only the first check of
-    # a table draws its sample from the generator: start from an empty memory, as the
-    # process that wrote floor.json did, and give the process its memory back after
-    saved = dict(floor._TABLE_PROBLEMS)
-    floor._TABLE_PROBLEMS.clear()
+    # the floor keeps each table's identical-rows answer per process (the near-duplicate
+    # sample is drawn at every check): start from an empty memory, as the process that wrote
+    # floor.json did, and give the process its memory back after
+    saved = dict(floor._IDENTICAL)
+    floor._IDENTICAL.clear()
     try:
         return _floor_cases(floor)
     finally:
-        floor._TABLE_PROBLEMS.clear()
-        floor._TABLE_PROBLEMS.update(saved)
+        floor._IDENTICAL.clear()
+        floor._IDENTICAL.update(saved)
 
 
 def _floor_cases(floor) -> dict:
