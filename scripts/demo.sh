@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # The main job, from a fresh clone with ../shared beside it:
 #   1. set up .venv when missing (scripts/_env.sh);
-#   2. bootstrap a dχ-privacy (nearest-token text, eta 65) SST-2 classifier into
-#      $PRIVBERT_HOME (default ./var) unless one is already promoted: trained on
+#   2. bootstrap a dχ-privacy (nearest-token text over the compact pca32-int8 table, eta 45:
+#      bench/results/frontier.md) SST-2 classifier into $PRIVBERT_HOME (default ./var)
+#      unless one is already promoted: trained on
 #      ../shared/data/sst2_sentences/train.tsv with the default recipe (fresh noise each epoch,
 #      channel-posterior inputs), its accuracy measured on whole held-out sentences;
 #   3. start `cloud-api serve` on a free loopback port with throwaway keys;
@@ -18,11 +19,10 @@ cd "$ROOT"
 DATA="$ROOT/../shared/data/sst2_sentences"
 export PRIVBERT_HOME="${PRIVBERT_HOME:-$ROOT/var}"
 MODEL=sst2
-ETA=65
 [ -f "$DATA/train.tsv" ] || { echo "demo: $DATA/train.tsv not found (../shared beside the clone?)" >&2; exit 1; }
 
 cloud-api bootstrap --data "$DATA/train.tsv" --dev "$DATA/dev.tsv" --mechanism dchi-text \
-    --eta "$ETA" --model-id "$MODEL" --if-missing --no-progress "$@"
+    --model-id "$MODEL" --if-missing --no-progress "$@"
 
 work="$(mktemp -d)"
 server_pid=""
@@ -62,6 +62,16 @@ while time.monotonic() < deadline:
     time.sleep(0.3)
 sys.exit(1)
 PY
+
+# the edge privatizes at the eta the served model was trained for (its bundle comes with it)
+ETA="$(python - "$URL" "$MODEL" <<'PY'
+import os, sys, httpx
+url, model = sys.argv[1:3]
+info = httpx.get(f"{url}/v1/models", timeout=10,
+                 headers={"Authorization": f"Bearer {os.environ['PRIVBERT_API_KEYS']}"}).json()
+print(next(m for m in info["models"] if m["id"] == model)["params"]["eta"])
+PY
+)" || { echo "demo: the service does not list model $MODEL" >&2; exit 1; }
 
 cat > "$work/examples.txt" <<'TXT'
 a gripping, beautifully acted story that stays with you

@@ -17,7 +17,7 @@ DATA="$ROOT/../shared/data/sst2_sentences"
 export PRIVBERT_HOME="${PRIVBERT_HOME:-$ROOT/var}"
 [ -f "$DATA/train.tsv" ] || { echo "web_demo: $DATA/train.tsv not found (../shared beside the clone?)" >&2; exit 1; }
 cloud-api bootstrap --data "$DATA/train.tsv" --dev "$DATA/dev.tsv" --mechanism dchi-text \
-    --eta 65 --model-id sst2 --label-names 0=negative,1=positive --if-missing --no-progress "$@"
+    --model-id sst2 --label-names 0=negative,1=positive --if-missing --no-progress "$@"
 
 key() { python -c 'import secrets; print(secrets.token_urlsafe(24))'; }
 PRIVBERT_API_KEYS="$(key)" PRIVBERT_ADMIN_KEYS="$(key)" PRIVBERT_DEMO_KEY="demo-$(key)"

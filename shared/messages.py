@@ -33,7 +33,7 @@ NONE_REFUSED = "mechanism none sends plain token ids: there is no privatization 
 
 # -- a degenerate privatization table (shared.floor.table_problem) --------------------------
 TABLE_NON_FINITE = "its table has non-finite values"
-TABLE_IDENTICAL = ("{repeats} of its {rows:,} regular rows repeat another row exactly "
+TABLE_IDENTICAL = ("{tokens:,} of its {rows:,} regular tokens share {groups:,} rows "
                    "(identical rows: the search can never return some of them)")
 TABLE_NEAR_DUPLICATES = ("{close} of {n} regular rows drawn at random lie within {near:g} x the "
                          "median nearest-row distance of another row (near-duplicate rows)")

@@ -553,7 +553,7 @@ export const SPEC = {
       "NONE_REFUSED": "mechanism none sends plain token ids: there is no privatization at all",
       "PIN_CHANGED": "model {model_id} at {server} now names bundle {bundle_id12}…, not the bundle {pinned12}… this device accepted for it first; a bundle decides what privatization means, so it never changes silently (accept it with --accept-bundle {bundle_id})",
       "PIN_NOT_TRUSTED": "bundle {bundle_id12}… is not one of the {count} bundle id(s) this app trusts (--trusted-bundles / ${env}); refusing it",
-      "TABLE_IDENTICAL": "{repeats} of its {rows:,} regular rows repeat another row exactly (identical rows: the search can never return some of them)",
+      "TABLE_IDENTICAL": "{tokens:,} of its {rows:,} regular tokens share {groups:,} rows (identical rows: the search can never return some of them)",
       "TABLE_NEAR_DUPLICATES": "{close} of {n} regular rows drawn at random lie within {near:g} x the median nearest-row distance of another row (near-duplicate rows)",
       "TABLE_NON_FINITE": "its table has non-finite values",
       "TABLE_ONLY": "bundle {bundle_id12}… carries the privatization table {table} ({dim} dimensions), not the model's word embeddings: it serves dchi-text only (dchi-embedding needs a bundle with the model's table, e.g. cloud-api make-bundle --table none)",
