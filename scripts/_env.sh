@@ -71,14 +71,16 @@ ensure_web_edge() {
     want="$(cat "$dir/package.json" "$dir/package-lock.json" | sha256sum | cut -c1-64)"
     if [ "$(cat "$stamp" 2>/dev/null)" != "$want" ]; then
         echo "web_edge: npm ci" >&2
-        (cd "$dir" && npm ci --no-audit --no-fund --loglevel=error >&2)  # builds dist/ too
+        (cd "$dir" && npm ci --no-audit --no-fund --loglevel=error >&2) \
+            || { echo "web_edge: npm ci failed (it builds dist/ with tsc too: cd web_edge && npm ci)" >&2; return 1; }
         echo "$want" > "$stamp"
         installed=1
     fi
     built="$(cat "$dir"/package.json "$dir"/tsconfig*.json $(find "$dir/src" -name '*.ts' | sort) \
              | sha256sum | cut -c1-64)"
     if [ "$installed" -eq 0 ] && [ "$(cat "$dir/dist/.privbert-built" 2>/dev/null)" != "$built" ]; then
-        (cd "$dir" && npm run --silent build >&2)
+        (cd "$dir" && npm run --silent build >&2) \
+            || { echo "web_edge: the build failed (cd web_edge && npm run build)" >&2; return 1; }
     fi
     echo "$built" > "$dir/dist/.privbert-built"
 }
@@ -101,7 +103,8 @@ ensure_web_demo() {
              "$ROOT/web_edge/dist/.privbert-built" $(find "$dir/src" -type f | sort) \
              | sha256sum | cut -c1-64)"
     if [ "$(cat "$dir/dist/.privbert-built" 2>/dev/null)" != "$built" ]; then
-        (cd "$dir" && npm run --silent build >&2)
+        (cd "$dir" && npm run --silent build >&2) \
+            || { echo "web_edge/demo: the build failed (cd web_edge/demo && npm run build)" >&2; return 1; }
         echo "$built" > "$dir/dist/.privbert-built"
     fi
 }

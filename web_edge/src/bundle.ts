@@ -284,7 +284,7 @@ export class EdgeBundle {
     const m = checkMeta(meta, where);
     let tokenizerJson: string;
     try {
-      tokenizerJson = new TextDecoder("utf-8", { fatal: true }).decode(blobs.get(TOKENIZER_FILE)!);
+      tokenizerJson = new TextDecoder("utf-8", { fatal: true }).decode(blobs.get(TOKENIZER_FILE));
     } catch {
       throw new BundleError(`${where}: unreadable ${TOKENIZER_FILE} (not UTF-8)`);
     }

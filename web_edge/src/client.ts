@@ -83,6 +83,7 @@ export interface BundleCache {
 }
 
 function short(text: string, limit: number): string {
+  // eslint-disable-next-line no-control-regex -- the control characters are what it removes
   const line = text.split(/\s+/).join(" ").replace(/[\u0000-\u001f\u007f]/g, "").trim();
   return line.length <= limit ? line : line.slice(0, limit - 1) + "…";
 }
@@ -193,6 +194,7 @@ export class PrivbertClient {
     } catch { /* not JSON */ }
     const ctype = (resp.headers.get("Content-Type") ?? "").split(";")[0]!.trim().toLowerCase();
     const isProblem = Object.keys(problem).length > 0 && ctype === "application/problem+json";
+    // eslint-disable-next-line @typescript-eslint/no-base-to-string -- as the Python edge's str(title)
     const title = short(String(problem.title ?? (resp.statusText || "error")), 80);
     let detail: string | null = problem.detail === undefined || problem.detail === null ? null
       : typeof problem.detail === "string" ? problem.detail : JSON.stringify(problem.detail);
@@ -390,7 +392,7 @@ export class PrivbertClient {
         if (!Array.isArray(got) || got.length !== batch.length) {
           throw new ApiError(`records: expected ${batch.length} record ids, got ${Array.isArray(got) ? got.length : "none"}`);
         }
-        ids.push(...got);
+        ids.push(...(got as unknown[]));
       }
     } catch (exc) {
       if (exc instanceof ApiError) exc.partial = ids;

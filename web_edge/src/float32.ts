@@ -7,15 +7,15 @@ const U32V = new Uint32Array(F32.buffer);
  * first rounded to float32. */
 export function nextUpF32(x: number): number {
   F32[0] = x;
-  const v = F32[0]!;
+  const v = F32[0];
   if (v === Infinity || Number.isNaN(v)) return v;
   if (v === 0) {
     U32V[0] = 1;
-    return F32[0]!;
+    return F32[0];
   }
   if (v > 0) U32V[0] = U32V[0]! + 1;
   else U32V[0] = U32V[0]! - 1;
-  return F32[0]!;
+  return F32[0];
 }
 
 /** The smallest float32 >= ``x`` (shared.mechanisms.int8_pass.f32_up). */

@@ -248,7 +248,7 @@ function checkPayload(p: unknown, i: number): Record<string, unknown> {
     if (!Array.isArray(s) || s.length < 1 || s.length > 2 || !s.every((x) => Number.isInteger(x) && (x as number) > 0)) {
       throw notPayload(`${where}: segments must be one or two positive integers`);
     }
-    out.segments = [...s];
+    out.segments = [...(s as number[])];
   }
   return out;
 }

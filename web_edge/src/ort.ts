@@ -69,10 +69,10 @@ export function loadOrt(threads = 1): Promise<Ort> {
 }
 
 async function start(threads: number): Promise<Ort> {
-  const ort = (await import("#ort")) as Ort;
+  const ort = await import("#ort");
   ort.env.wasm.numThreads = Math.max(1, Math.floor(threads));
   ort.env.logLevel = "error";
-  if (wasmPaths !== null) ort.env.wasm.wasmPaths = wasmPaths as never;
+  if (wasmPaths !== null) ort.env.wasm.wasmPaths = wasmPaths;
   const seen: string[] = [];
   const unspy = spyWasmFetches(seen);
   try {
@@ -96,7 +96,7 @@ function spyWasmFetches(seen: string[]): () => void {
   const real = g.fetch;
   if (typeof real !== "function" || g.location === undefined) return () => undefined;
   const spy: typeof fetch = (input, init) => {
-    const url = typeof input === "string" ? input : input instanceof URL ? input.href : (input as Request).url;
+    const url = typeof input === "string" ? input : input instanceof URL ? input.href : input.url;
     if (/\.wasm(\?|#|$)/.test(url)) seen.push(new URL(url, g.location!.href).href);
     return real.call(globalThis, input, init);
   };

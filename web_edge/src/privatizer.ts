@@ -67,7 +67,9 @@ export function trimPair(lenA: number, lenB: number, budget: number): [number, n
 }
 
 export interface PrivatizerOptions extends NearestOptions {
-  mechanism: Mechanism | string;
+  /** a {@link Mechanism}; any other name gets create()'s RangeError (the Python-only ones
+   * name the Python edge) */
+  mechanism: string;
   /** dχ: eta */
   eta?: number;
   /** laplace, ome: epsilon */
@@ -118,12 +120,12 @@ export class Privatizer {
    */
   static async create(bundle: EdgeBundle, options: PrivatizerOptions): Promise<Privatizer> {
     const name = options.mechanism;
-    if (name in PYTHON_ONLY) throw new RangeError(PYTHON_ONLY[name]!);
+    if (name in PYTHON_ONLY) throw new RangeError(PYTHON_ONLY[name]);
     if (!(MECHANISMS as readonly string[]).includes(name)) {
       throw new RangeError(`no payload format for mechanism ${JSON.stringify(name)}; one of ${MECHANISMS.join(", ")}`);
     }
     const truncate = options.truncate ?? "first";
-    if (truncate !== "first" && truncate !== "error") throw new RangeError(`truncate must be one of first, error, got ${truncate}`);
+    if (truncate !== "first" && truncate !== "error") throw new RangeError(`truncate must be one of first, error, got ${String(truncate)}`);
     const floatDtype = options.floatDtype ?? "float32";
     const allowWeak = options.allowWeakPrivacy ?? false;
     if (name === "laplace" || name === "ome") {

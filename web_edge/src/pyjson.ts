@@ -168,7 +168,7 @@ export function pyDumps(v: PyValue | RawJson): string {
 }
 
 function isRaw(v: object): v is RawJson {
-  return "kind" in v && typeof (v as { kind: unknown }).kind === "string"
+  return "kind" in v && typeof v.kind === "string"
     && ["num", "str", "lit", "arr", "obj"].includes((v as { kind: string }).kind)
     && Object.keys(v).length === 2;
 }

@@ -112,7 +112,7 @@ export class EdgeSession {
     const mechanism = o.mechanism ?? model.mechanism;
     const token = mechanism === "dchi-text" || mechanism === "dchi-embedding";
     const limit = token && typeof model.max_length === "number" && model.max_length >= 4 ? model.max_length : null;
-    const mp = model.params as Record<string, unknown>;
+    const mp = model.params;
     const options: PlainPrivatizerOptions = {
       mechanism, eta: o.eta ?? Number(mp.eta), epsilon: Number(mp.epsilon), lam: Number(mp.lam),
       calibration: (mp.calibration as "vector" | "coordinate" | undefined) ?? "vector",
@@ -177,7 +177,7 @@ export class EdgeSession {
     const charged = await this.ledger.charge(costs, fresh, memo,
       { mechanism: info.name, params: info.params, bundleId: info.bundleId });
     const texts_ = info.name === "dchi-text"
-      ? await this.engine.decode(charged.payloads.map((p) => decodeIds(JSON.parse(p).token_ids.data as string)))
+      ? await this.engine.decode(charged.payloads.map((p) => decodeIds((JSON.parse(p) as { token_ids: { data: string } }).token_ids.data)))
       : null;
     const seen = new Set<string>();
     return charged.payloads.map((payload, i) => {

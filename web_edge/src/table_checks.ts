@@ -102,8 +102,8 @@ function sorted(bundle: EdgeBundle): Sorted {
   for (let v = 0; v < n; v += stride, m++) {
     for (let k = 0; k < dim; k++) {
       const x = t[v * dim + k]!;
-      sum[k] += x;
-      sum2[k] += x * x;
+      sum[k] = sum[k]! + x; // k < dim, the arrays' length
+      sum2[k] = sum2[k]! + x * x;
     }
   }
   const spread = Array.from(sum2, (q, k) => q / m - (sum[k]! / m) ** 2);

@@ -8,6 +8,16 @@
 
 import { Tokenizer } from "@huggingface/tokenizers";
 
+/** The part of `Tokenizer` used here, as @huggingface/tokenizers 0.2.0 declares it
+ * (types/core/Tokenizer.d.ts): that package's declarations import each other without file
+ * extensions, which NodeNext resolution does not follow, so TypeScript sees the class as
+ * untyped. */
+interface WordPieceTokenizer {
+  encode(text: string, options: { add_special_tokens: boolean }): { ids: number[]; tokens: string[] };
+  decode(ids: number[]): string;
+}
+const WordPieceTokenizer = Tokenizer as new (tokenizerJson: object, config: object) => WordPieceTokenizer;
+
 interface TokenizerJson {
   added_tokens?: { special?: boolean }[];
   padding?: unknown;
@@ -16,7 +26,7 @@ interface TokenizerJson {
 }
 
 export class TextTokenizer {
-  private readonly tok: Tokenizer;
+  private readonly tok: WordPieceTokenizer;
 
   constructor(tokenizerJson: string) {
     const cfg = JSON.parse(tokenizerJson) as TokenizerJson;
@@ -24,7 +34,7 @@ export class TextTokenizer {
     cfg.truncation = null;
     // special tokens are not split out of the text: "[CLS]" typed by a user is plain text
     cfg.added_tokens = (cfg.added_tokens ?? []).filter((t) => !t.special);
-    this.tok = new Tokenizer(cfg, {});
+    this.tok = new WordPieceTokenizer(cfg, {});
   }
 
   /** Word-piece ids of ``text`` (no special tokens added). */

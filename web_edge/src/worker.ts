@@ -79,7 +79,7 @@ function need(): LocalEngine {
 }
 
 /** Answer the session's messages in ``scope`` (the worker's global scope). */
-export function serveWorker(scope: Scope = globalThis as unknown as Scope): void {
+export function serveWorker(scope: Scope = globalThis): void {
   scope.addEventListener("message", (ev) => {
     const req = ev.data;
     if (!req || typeof req.id !== "number" || typeof req.op !== "string") return;  // not ours

@@ -98,7 +98,7 @@ async function start(): Promise<void> {
 async function loadModels(t0: number): Promise<void> {
   models = (await client.models()).filter((m) => m.mechanism === "dchi-text");
   if (models.length === 0) throw new Error("the service serves no dchi-text model: nothing to explore");
-  ui.model.replaceChildren(...models.map((m) => new Option(`${m.id} (${m.version ?? "?"}, η = ${m.params.eta})`, m.id)));
+  ui.model.replaceChildren(...models.map((m) => new Option(`${m.id} (${(m.version as string | null | undefined) ?? "?"}, η = ${String(m.params.eta)})`, m.id)));
   const wanted = new URLSearchParams(location.search).get("model");
   if (wanted && models.some((m) => m.id === wanted)) ui.model.value = wanted;
   ui.model.disabled = false;
@@ -221,7 +221,7 @@ async function run(send: boolean): Promise<void> {
       return;
     }
     if (e !== Number(m.params.eta)) {  // exploring another η: shown here, never sent
-      ui.sentNote.textContent = `Not sent: model ${m.id} reads payloads made at η = ${m.params.eta} ` +
+      ui.sentNote.textContent = `Not sent: model ${m.id} reads payloads made at η = ${String(m.params.eta)} ` +
         `(the service refuses any other); this one is at η = ${e}. Nothing was charged.`;
       status("");
       return;
@@ -248,9 +248,10 @@ async function run(send: boolean): Promise<void> {
     document.body.dataset.done = "1";  // for the browser test: this click is answered
     document.body.dataset.doneAt = String(performance.now());
     document.dispatchEvent(new Event("privbert-answered"));
-    if (!ui.error.hidden || measuredEta === eta()) return;
-    // after the answer is painted: the measurement takes the main thread for a while
-    requestAnimationFrame(() => setTimeout(refreshInversion, 0));
+    if (ui.error.hidden && measuredEta !== eta()) {
+      // after the answer is painted: the measurement takes the main thread for a while
+      requestAnimationFrame(() => setTimeout(refreshInversion, 0));
+    }
   }
 }
 

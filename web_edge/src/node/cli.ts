@@ -23,7 +23,7 @@ import { guarantee, summary } from "../accounting.js";
 import { ApiError, BudgetRefused, TextError, WeakPrivacyError } from "../errors.js";
 import { BUDGET_EXHAUSTED } from "../client.js";
 import { fmtG } from "../dchi.js";
-import { Ledger, diameter, fmtEps, total, type Cost, type MemoKeys } from "../ledger.js";
+import { Ledger, fmtEps, total, type Cost } from "../ledger.js";
 import { recordLine } from "../payload.js";
 import { Pcg64Source } from "../pcg64.js";
 import { Privatizer, nTokens, type TokenizedText } from "../privatizer.js";
@@ -453,7 +453,7 @@ async function runPrivatize(positionals: string[], v: Values): Promise<number> {
     const info_ = { mechanism: priv.name, params: priv.params, bundleId: bundle.bundleId };
     const keys = o.memo ? await ledger.memoKeys({ mechanism: priv.name, params: priv.params, bundle_id: bundle.bundleId }) : null;
     const keyOf = (items: TokenizedText[]): Promise<(string | null)[]> =>
-      keys === null ? Promise.resolve(items.map(() => null)) : Promise.all(items.map((it) => (keys as MemoKeys).keyOf(it.idsA, it.idsB)));
+      keys === null ? Promise.resolve(items.map(() => null)) : Promise.all(items.map((it) => keys.keyOf(it.idsA, it.idsB)));
     const costOf = (it: TokenizedText): Cost => priv.cost(it);
     const opts = { tsv: o.tsv, header: o.header, batchSize: o.batchSize };
 

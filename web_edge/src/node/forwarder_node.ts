@@ -27,7 +27,7 @@ export function nodeHandler(forwarder: Forwarder): (req: IncomingMessage, res: S
       method, headers,
       body: hasBody ? (Readable.toWeb(req) as unknown as ReadableStream<Uint8Array>) : undefined,
       ...(hasBody ? { duplex: "half" } : {}),
-    } as RequestInit);
+    });
     const answer = await forwarder(request);
     res.statusCode = answer.status;
     answer.headers.forEach((v, k) => res.setHeader(k, v));

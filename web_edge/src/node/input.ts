@@ -26,6 +26,7 @@ export interface Batch {
 const INT = /^[+-]?\d+$/;
 // Python's str.isspace characters (str.strip() removes them): JS's trim() differs (\x1c-\x1f,
 // \x85 are Python whitespace; \ufeff is not)
+// eslint-disable-next-line no-control-regex -- \x1c-\x1f are Python whitespace
 const PY_SPACE = /^[\t\n\x0b\x0c\r\x1c-\x1f \x85\xa0\u1680\u2000-\u200a\u2028\u2029\u202f\u205f\u3000]*$/;
 
 /** Whether Python's ``not text.strip()`` holds. */
@@ -35,6 +36,7 @@ export function isBlank(text: string): boolean {
 
 /** ``text.strip()`` as Python strips. */
 function pyStrip(text: string): string {
+  // eslint-disable-next-line no-control-regex -- \x1c-\x1f are Python whitespace
   return text.replace(/^[\t\n\x0b\x0c\r\x1c-\x1f \x85\xa0\u1680\u2000-\u200a\u2028\u2029\u202f\u205f\u3000]+|[\t\n\x0b\x0c\r\x1c-\x1f \x85\xa0\u1680\u2000-\u200a\u2028\u2029\u202f\u205f\u3000]+$/g, "");
 }
 const LABEL = /^[A-Za-z0-9_.:-]{1,64}$/;
