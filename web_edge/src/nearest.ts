@@ -11,11 +11,13 @@
  * 3. Those candidates (almost always one) are re-ranked by ‖y − t‖² in float64; ties go to the
  *    smallest row.
  *
- * On a vocabulary-sized table the candidate pass is the int8 pass of
- * shared/mechanisms/int8_pass.py instead ({@link Int8CandidatePass}: its own proven bound, a
- * quarter of the float32 table's bytes), where onnxruntime-web's integer kernel proves exact
- * here; a query it cannot narrow to a few candidates takes the float32 pass above. Both
- * are exact, so which one runs changes no result.
+ * Where a query's work (rows × dim multiply-adds) is large — a vocabulary of 384-d rows — the
+ * candidate pass is the int8 pass of shared/mechanisms/int8_pass.py instead
+ * ({@link Int8CandidatePass}: its own proven bound, a quarter of the float32 table's bytes),
+ * where onnxruntime-web's integer kernel proves exact here; a query it cannot narrow to a few
+ * candidates takes the float32 pass above. Below {@link LARGE_WORK} (a compact table: 29,523
+ * rows × 32) the float32 pass is the plain JS loop, and onnxruntime-web (its WebAssembly, 2.4 MB
+ * brotli) is never loaded. All are exact, so which one runs changes no result.
  */
 
 import { nextUpF32 } from "./float32.js";
@@ -26,7 +28,16 @@ export { nextUpF32 } from "./float32.js";
 
 const U32 = 2 ** -24; // unit roundoff of float32
 const F32_MAX = 3.4028234663852886e38;
-const LARGE = 4096; // tables from this many rows get onnxruntime-web's kernels
+/** Multiply-adds per query (rows × dim) from which the search uses onnxruntime-web's kernels;
+ * below, the plain JS loop (bench/results/web_edge.md: on a 29,523 × 32 table the loop takes
+ * about 2 ms a query, no WebAssembly to fetch; a 30,522 × 384 table is 12× the work). */
+export const LARGE_WORK = 1 << 21;
+
+/** Whether the exact search over a table of ``rows`` × ``dim`` (with the "auto" backend) runs
+ * on onnxruntime-web, so that a page needs its WebAssembly. */
+export function searchUsesOrt(rows: number, dim: number): boolean {
+  return rows * dim >= LARGE_WORK;
+}
 
 /** Whether float32 scores ‖t‖² − 2 y·t of queries of norm up to ``queryNorm`` against rows of norm
  * up to ``tMax`` (with room for the error bound) can overflow. */
@@ -37,7 +48,8 @@ export function scoresOverflow(queryNorm: number, tMax: number): boolean {
 export interface NearestOptions extends OrtOptions {
   /** The candidate pass: "int8" (onnxruntime-web's integer kernel; an error where it is not
    * exact), "ort" (onnxruntime-web's float32 MatMul), "loop" (plain JS), or "auto" (the
-   * default): int8 for tables of 4,096 rows and more where it is exact, else ort; loop below. */
+   * default): int8 for tables of {@link LARGE_WORK} multiply-adds a query (rows × dim) and
+   * more, where it is exact, else ort; loop below (no onnxruntime-web at all). */
   backend?: "int8" | "ort" | "loop" | "auto";
   /** Queries per product (default 256). */
   chunk?: number;
@@ -109,13 +121,14 @@ export class ExactNearest {
     const threads = Math.max(1, Math.floor(options.threads ?? 1));
     const asked = options.backend ?? "auto";
     let int8: Int8CandidatePass | null = null;
-    if (asked === "int8" || (asked === "auto" && rows >= LARGE)) {
+    const large = searchUsesOrt(rows, dim);
+    if (asked === "int8" || (asked === "auto" && large)) {
       int8 = await Int8CandidatePass.create(table, rows, dim, norms, threads);
       if (int8 === null && asked === "int8") {
         throw new RangeError("the int8 candidate pass cannot run here: onnxruntime-web's integer kernel is not exact");
       }
     }
-    const backend = int8 !== null ? "int8" : asked === "auto" ? (rows >= LARGE ? "ort" : "loop") : asked;
+    const backend = int8 !== null ? "int8" : asked === "auto" ? (large ? "ort" : "loop") : asked;
     const f32 = backend === "ort" ? await OrtTableProduct.create(table, norms, rows, dim, width, { threads })
       : backend === "loop" ? new LoopTableProduct(table, norms, rows, dim, width) : null;
     return new ExactNearest(table, rows, dim, idMap, norms, f32, int8, Math.sqrt(maxNorm2), width,
@@ -129,10 +142,10 @@ export class ExactNearest {
   }
 
   /** The float32 product for {@link scores}: onnxruntime-web's MatMul on a large table (built
-   * on first use when the search does not hold one: the privacy floor's full computation),
-   * the plain loop on a small one. */
+   * on first use when the search does not hold one: the privacy floor's estimate), the plain
+   * loop on a small one (onnxruntime-web is not loaded for it). */
   private product(): Promise<TableProduct> {
-    if (this.ortF32 === null && this.rows < LARGE) return Promise.resolve(this.loopProduct());
+    if (this.ortF32 === null && !searchUsesOrt(this.rows, this.dim)) return Promise.resolve(this.loopProduct());
     this.ortF32 ??= OrtTableProduct.create(this.table, this.norms, this.rows, this.dim, this.width,
       { threads: this.threads });
     return this.ortF32;

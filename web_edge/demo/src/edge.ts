@@ -66,9 +66,9 @@ const ready = new Promise<void>((resolve) => {
  * isolation (cloud-api serve sends COOP/COEP with /demo). */
 const THREADS = threadsFor(new URLSearchParams(location.search).get("threads"));
 
-// onnxruntime-web's WebAssembly is fetched, compiled and started now, while the page asks for
-// its models and downloads the bundle, not after
-void warmUp(THREADS);
+// onnxruntime-web's WebAssembly is fetched, compiled and started only where the bundle needs it
+// (a vocabulary-sized 384-d table: as soon as the download's first file, bundle.json, says so,
+// while the rest downloads); a compact table's search is plain JS, and the page fetches none
 
 /** ``?threads=N`` (benchmarks) or up to 4 when isolated; 1 without cross-origin isolation. */
 function threadsFor(asked: string | null): number {
@@ -133,8 +133,12 @@ export class Edge {
   static async open(client: PrivbertClient, model: ModelInfo, onProgress?: ProgressCallback): Promise<Edge> {
     const t0 = performance.now();
     // the pin first (before a byte of a changed bundle is fetched), recorded once verified
+    const progress: ProgressCallback = (p) => {
+      if (p.shape) void warmUp({ threads: THREADS, shape: p.shape, mechanism: "dchi-text" });
+      onProgress?.(p);
+    };
     const { bundle, fetched } = await pinnedBundle(client, location.origin, model, OPTIONAL_BUNDLE_CACHE, STRICT_PINS,
-      { accept: ACCEPT }, onProgress ?? null);
+      { accept: ACCEPT }, progress);
     onProgress?.({ phase: "prepare", loaded: 0, total: null });
     const t1 = performance.now();
     const limit = typeof model.max_length === "number" && model.max_length >= 4
