@@ -56,15 +56,18 @@ export async function openLocal(client: PrivbertClient, bundleId: string, option
   bundleCache: BundleCache | null; floorSource?: BitSource | null; onProgress?: ProgressCallback | null;
 }): Promise<LocalEngine> {
   // onnxruntime-web starts while the bundle downloads, where the bundle needs it (an encoder
-  // mechanism: at once; a search over a large table: once bundle.json, the tarball's first
+  // mechanism or a search asked to run on it: at once; a search over a large table: once bundle.json, the tarball's first
   // file, says so); a compact table's search is plain JS and fetches no WebAssembly. A
   // WebAssembly that cannot be loaded fails the session here (Privatizer.create), with its URL.
   const threads = options.threads ?? 1;
-  const early = ENCODER_MECHANISMS.has(options.mechanism) ? loadOrt(threads) : null;
+  const onOrt = options.backend === "int8" || options.backend === "ort";
+  const early = ENCODER_MECHANISMS.has(options.mechanism) || onOrt ? loadOrt(threads) : null;
   const onProgress = options.onProgress ?? null;
   const [{ bundle, fetched }] = await Promise.all([
     client.bundle(bundleId, options.bundleCache, (p) => {
-      if (p.shape) void warmUp({ threads, shape: p.shape, mechanism: options.mechanism });
+      if (p.shape && (options.backend ?? "auto") === "auto") {
+        void warmUp({ threads, shape: p.shape, mechanism: options.mechanism });
+      }
       onProgress?.(p);
     }),
     early,
