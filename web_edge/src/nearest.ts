@@ -22,6 +22,7 @@
 
 import { nextUpF32 } from "./float32.js";
 import { Int8CandidatePass, sqDist } from "./int8_pass.js";
+import { ortAtHand } from "./ort.js";
 import { LoopTableProduct, OrtTableProduct, type OrtOptions, type TableProduct } from "./table_product.js";
 
 export { nextUpF32 } from "./float32.js";
@@ -32,6 +33,10 @@ const F32_MAX = 3.4028234663852886e38;
  * below, the plain JS loop (bench/results/web_edge.md: on a 29,523 × 32 table the loop takes
  * about 2 ms a query, no WebAssembly to fetch; a 30,522 × 384 table is 12× the work). */
 export const LARGE_WORK = 1 << 21;
+/** Multiply-adds per query from which a search on the plain loop switches to the int8 pass once
+ * onnxruntime-web is at hand (started by the page, or in Node): a compact table's loop costs
+ * about 35 ms of CPU per 20-token sentence, the int8 pass about 5 (bench/results/web_edge.md). */
+export const UPGRADE_WORK = 1 << 18;
 
 /** Whether the exact search over a table of ``rows`` × ``dim`` (with the "auto" backend) runs
  * on onnxruntime-web, so that a page needs its WebAssembly. */
@@ -49,7 +54,10 @@ export interface NearestOptions extends OrtOptions {
   /** The candidate pass: "int8" (onnxruntime-web's integer kernel; an error where it is not
    * exact), "ort" (onnxruntime-web's float32 MatMul), "loop" (plain JS), or "auto" (the
    * default): int8 for tables of {@link LARGE_WORK} multiply-adds a query (rows × dim) and
-   * more, where it is exact, else ort; loop below (no onnxruntime-web at all). */
+   * more, where it is exact, else ort; below, loop, which loads no onnxruntime-web; from
+   * {@link UPGRADE_WORK}, int8 where onnxruntime-web is at hand (Node; a page that started it),
+   * and a loop search switches to int8 once the page starts onnxruntime-web (e.g. `warmUp`
+   * after the first privatization). Every backend gives the same rows. */
   backend?: "int8" | "ort" | "loop" | "auto";
   /** Queries per product (default 256). */
   chunk?: number;
@@ -74,12 +82,15 @@ export class ExactNearest {
   /** onnxruntime-web's float32 MatMul for {@link scores} on a large table, built on first use */
   private ortF32: Promise<OrtTableProduct> | null;
   private loop: LoopTableProduct | null = null;
+  /** the int8 pass being built once onnxruntime-web is at hand (auto on a mid-sized table) */
+  private upgrading: Promise<void> | null = null;
+  private upgradable = false;
 
   private constructor(private readonly table: Float32Array, rows: number, dim: number,
                       private readonly ids: Int32Array, private readonly norms: Float64Array,
                       /** the float32 product of the search (null: built when first needed) */
                       f32: TableProduct | null,
-                      private readonly int8: Int8CandidatePass | null,
+                      private int8: Int8CandidatePass | null,
                       tMax: number, width: number, chunk: number,
                       private readonly threads: number) {
     this.rows = rows;
@@ -122,7 +133,8 @@ export class ExactNearest {
     const asked = options.backend ?? "auto";
     let int8: Int8CandidatePass | null = null;
     const large = searchUsesOrt(rows, dim);
-    if (asked === "int8" || (asked === "auto" && large)) {
+    const upgradable = asked === "auto" && !large && rows * dim >= UPGRADE_WORK;
+    if (asked === "int8" || (asked === "auto" && large) || (upgradable && ortAtHand())) {
       int8 = await Int8CandidatePass.create(table, rows, dim, norms, threads);
       if (int8 === null && asked === "int8") {
         throw new RangeError("the int8 candidate pass cannot run here: onnxruntime-web's integer kernel is not exact");
@@ -131,8 +143,22 @@ export class ExactNearest {
     const backend = int8 !== null ? "int8" : asked === "auto" ? (large ? "ort" : "loop") : asked;
     const f32 = backend === "ort" ? await OrtTableProduct.create(table, norms, rows, dim, width, { threads })
       : backend === "loop" ? new LoopTableProduct(table, norms, rows, dim, width) : null;
-    return new ExactNearest(table, rows, dim, idMap, norms, f32, int8, Math.sqrt(maxNorm2), width,
+    const index = new ExactNearest(table, rows, dim, idMap, norms, f32, int8, Math.sqrt(maxNorm2), width,
       Math.max(1, Math.floor(options.chunk ?? 256)), threads);
+    index.upgradable = upgradable && int8 === null && backend === "loop";
+    return index;
+  }
+
+  /** On a loop search that may switch: once onnxruntime-web is at hand, build the int8 pass
+   * in the background (searches meanwhile stay on the loop; both are exact). */
+  private maybeUpgrade(): void {
+    if (!this.upgradable || this.upgrading !== null || !ortAtHand()) return;
+    this.upgrading = Int8CandidatePass.create(this.table, this.rows, this.dim, this.norms, this.threads)
+      .then((pass) => {
+        if (pass !== null && this.upgradable) this.int8 = pass;
+        else void pass?.release();
+      })
+      .catch(() => undefined);  // not exact here, or no runtime: the loop stays
   }
 
   /** Which candidate pass searches: "int8", or the float32 product ("ort", "loop"). */
@@ -250,6 +276,7 @@ export class ExactNearest {
         && scoresOverflow(this.maxNorm(queries, m, top), this.tMax)) {
       throw new RangeError("queries are too large for the float32 candidate pass (their scores would overflow)");
     }
+    this.maybeUpgrade();
     this.lastRerankCount = 0;
     this.lastFallbackCount = 0;
     const out = new Int32Array(m);
@@ -327,6 +354,8 @@ export class ExactNearest {
   }
 
   async release(): Promise<void> {
+    this.upgradable = false;
+    await this.upgrading;
     await this.int8?.release();
     const ort = this.ortF32;
     this.ortF32 = null;
