@@ -23,7 +23,7 @@ export {
   Ledger, MemoKeys, MemoryLedgerStore, dchiCost, diameter, fits, fmtEps, total,
   type Charged, type Cost, type LedgerState, type LedgerStore, type MemoSetting, type Status,
 } from "./ledger.js";
-export { ExactNearest, LARGE_WORK, searchUsesOrt, type NearestOptions } from "./nearest.js";
+export { ExactNearest, LARGE_WORK, UPGRADE_WORK, searchUsesOrt, type NearestOptions } from "./nearest.js";
 export { runtimeNeeded, warmUp, type WarmUpOptions } from "./warm_up.js";
 export { WASM_FILE, configureRuntime, type WasmPaths } from "./ort.js";
 export { recordLine, tokenPayloadJson, type FloatDtype } from "./payload.js";

@@ -5,7 +5,7 @@ import assert from "node:assert/strict";
 import { test } from "node:test";
 
 import { integerGemmIsExact } from "../dist/int8_pass.js";
-import { ExactNearest, LARGE_WORK, nextUpF32, searchUsesOrt } from "../dist/nearest.js";
+import { ExactNearest, LARGE_WORK, nextUpF32, searchUsesOrt, UPGRADE_WORK } from "../dist/nearest.js";
 import { loadOrt } from "../dist/ort.js";
 import { Pcg64Source } from "../dist/pcg64.js";
 import { LoopTableProduct } from "../dist/table_product.js";
@@ -104,22 +104,22 @@ test("int8 pass: rows of very different scales", async () => {
   await idx.release();
 });
 
-test("auto: onnxruntime-web's int8 pass from LARGE_WORK multiply-adds a query, the plain loop below", async () => {
+test("auto: the int8 pass from LARGE_WORK multiply-adds a query; below, where onnxruntime-web is at hand (Node), from UPGRADE_WORK; else the loop", async () => {
   // by work per query (rows × dim), not rows: the 384-d MiniLM table runs on onnxruntime-web,
-  // the compact pca32-int8 one (29,523 regular rows × 32) is plain JS (no WebAssembly to fetch)
+  // the compact pca32-int8 one (29,523 regular rows × 32) is plain JS in a page that has not
+  // started onnxruntime-web (no WebAssembly to fetch; tests/cloud_api: the browser tests)
   assert.equal(searchUsesOrt(29523, 384), true);
   assert.equal(searchUsesOrt(29523, 32), false);
+  assert.ok(29523 * 32 >= UPGRADE_WORK);
   const dim = 256, rows = LARGE_WORK / dim;
   const table = randomTable(rows, dim, 11);
   const q = Float64Array.from({ length: 8 * dim }, (_, i) => table[(i * 37) % table.length] + 0.3 * Math.sin(i));
-  const want = brute(table, rows, dim, q);
-  const large = await ExactNearest.create(table, rows, dim, null, {});
-  assert.equal(large.backend, "int8");
-  assert.deepEqual(await large.search(q), want);
-  await large.release();
-  const small = await ExactNearest.create(table.subarray(0, (rows - 1) * dim), rows - 1, dim, null, {});
-  assert.equal(small.backend, "loop");
-  assert.deepEqual(await small.search(q), brute(table, rows - 1, dim, q));
+  for (const [n, want] of [[rows, "int8"], [rows - 1, "int8"], [UPGRADE_WORK / dim - 1, "loop"]]) {
+    const idx = await ExactNearest.create(table.subarray(0, n * dim), n, dim, null, {});
+    assert.equal(idx.backend, want, `${n} rows × ${dim}`);
+    assert.deepEqual(await idx.search(q), brute(table, n, dim, q));
+    await idx.release();
+  }
 });
 
 test("int8 pass: a query with more candidates than the cap takes the float32 pass", async () => {

@@ -12,7 +12,7 @@
 import {
   ApiError, BudgetRefused, BundleChanged, BundleError, CacheApiBundleCache, CryptoSource, DChiText,
   IndexedDbLedgerStore, IndexedDbPinStore, Ledger, PrivbertClient, Privatizer, TextError, WeakPrivacyError, dchiCost,
-  nTokens, parseIds, pinnedBundle, warmUp, type BundleCache, type EdgeBundle, type ModelInfo, type PinStore,
+  nTokens, parseIds, pinnedBundle, UPGRADE_WORK, warmUp, type BundleCache, type EdgeBundle, type ModelInfo, type PinStore,
   type ProgressCallback, type Status, type TokenizedText,
 } from "@privbert/edge";
 
@@ -194,7 +194,9 @@ export class Edge {
     const [payloadJson] = priv.payloads([item!], data);
     const ms = performance.now() - t0;
     const ids = [...item!.idsA, ...(item!.idsB ?? [])];
-    if (!this.runtimeAsked) {  // after this one is painted
+    // after this one is painted; where the search would switch (a table of no more work keeps
+    // the loop, and the page fetches no WebAssembly)
+    if (!this.runtimeAsked && this.bundle.regularIds.length * this.dim >= UPGRADE_WORK) {
       this.runtimeAsked = true;
       setTimeout(() => void warmUp({ threads: THREADS, dim: this.dim }), 0);
     }
