@@ -150,6 +150,9 @@ def test_a_sentence_typed_into_the_page_gets_a_prediction(report, page_server):
     assert len(calls) == 2 and calls[0]["body"] == calls[1]["body"]
     bundle = [r for r in scene["requests"] if "/v1/bundles/" in r["url"]]
     assert bundle and bundle[0]["url"].endswith(f"/v1/bundles/{model['bundle_id']}")
+    # the tiny table's exact search is plain JS (web_edge/src/nearest.ts LARGE_WORK): the page
+    # never fetches onnxruntime-web's WebAssembly
+    assert not [r["url"] for r in scene["requests"] if ".wasm" in r["url"]]
 
 
 def test_another_eta_is_privatized_and_shown_but_never_sent(report):
@@ -170,7 +173,7 @@ def test_no_request_of_the_page_holds_a_word_of_the_sentence(report):
             seen += 1
             for w in WORDS:
                 assert w not in url and w not in body, (name, w, url, body[:300])
-    assert seen > 20  # the page, its scripts and wasm, config, models, bundle, predictions
+    assert seen > 20  # the page, its scripts, config, models, bundle, predictions
 
 
 def test_the_server_log_and_database_hold_no_word_of_the_sentence(report, page_server):
@@ -269,6 +272,10 @@ def test_a_second_visit_downloads_none_of_the_pages_files(report):
     again = [e for e in second if "/v1/bundles/" in e["name"]]
     assert not again, (again, report["scenarios"]["revisit"]["console"], res["state"]["status"])
     assets = [e for e in second if "/demo/assets/" in e["name"]]
-    assert len(assets) >= 3 and all(e["transferSize"] == 0 for e in assets), assets  # immutable
+    # immutable: the script and the style sheet (the tiny table's search is plain JS: neither
+    # visit loads onnxruntime-web's script or WebAssembly)
+    assert len(assets) >= 2 and all(e["transferSize"] == 0 for e in assets), assets
+    assert not [n for n in [*first, *(e["name"] for e in second)]
+                if n.endswith(".wasm") or "/ort" in n]
     assert sum(e["transferSize"] for e in second) <= 100_000, second
     assert "kept in this browser" in res["state"]["status"]

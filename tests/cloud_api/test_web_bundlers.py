@@ -3,7 +3,9 @@ project (`npm install` of the tarball), the same page built with Vite, esbuild a
 (web_edge/test/bundlers), each driven in Debian's headless Chromium to a prediction from a
 real `cloud-api serve`.
 
-* Vite and webpack find onnxruntime-web's WebAssembly with no step; esbuild with the README's
+* A page on a compact table (the tiny model's) fetches no WebAssembly: its exact search is
+  plain JS. Pages whose search runs on onnxruntime-web (``search=int8``, as a 384-d table's
+  does): Vite and webpack find its WebAssembly with no step; esbuild with the README's
   recipe (the library's own file copied where the page serves it, named by ``wasmPaths``);
   without it, or with a wrong ``wasmPaths``, the page gets one error naming the URL tried
   and the fix.
@@ -156,20 +158,23 @@ def servers(app, tiny_home, tmp_path_factory):
 def report(app, servers) -> dict:
     s = servers["service"]
     direct = f"server={urllib.parse.quote(s.url)}&key={s.app_key}"
+    ort = "search=int8"  # the search on onnxruntime-web, as a vocabulary-sized table's is
     pages = servers["pages"]
     scenarios = [
         {"name": "vite", "url": f"{pages}/vite/index.html?{direct}", "text": SENTENCE},
-        {"name": "vite_worker", "url": f"{pages}/vite/index.html?{direct}&worker=1",
+        {"name": "vite_worker", "url": f"{pages}/vite/index.html?{direct}&{ort}&worker=1",
          "text": SENTENCE},
-        {"name": "esbuild", "url": f"{pages}/esbuild/index.html?{direct}&wasm=../esbuild-wasm/",
+        {"name": "esbuild",
+         "url": f"{pages}/esbuild/index.html?{direct}&{ort}&wasm=../esbuild-wasm/",
          "text": SENTENCE},
         {"name": "esbuild_worker",
-         "url": f"{pages}/esbuild/index.html?{direct}&wasm=../esbuild-wasm/&worker=1",
+         "url": f"{pages}/esbuild/index.html?{direct}&{ort}&wasm=../esbuild-wasm/&worker=1",
          "text": SENTENCE},
-        {"name": "esbuild_no_wasm", "url": f"{pages}/esbuild/index.html?{direct}"},
-        {"name": "esbuild_bad_wasm", "url": f"{pages}/esbuild/index.html?{direct}&wasm=/nope/"},
-        {"name": "webpack_forwarder", "url": f"{servers['forwarder']}/index.html?login={LOGIN}",
-         "text": SENTENCE},
+        {"name": "esbuild_no_wasm", "url": f"{pages}/esbuild/index.html?{direct}&{ort}"},
+        {"name": "esbuild_bad_wasm",
+         "url": f"{pages}/esbuild/index.html?{direct}&{ort}&wasm=/nope/"},
+        {"name": "webpack_forwarder",
+         "url": f"{servers['forwarder']}/index.html?login={LOGIN}&{ort}", "text": SENTENCE},
         {"name": "webpack_no_session", "url": f"{servers['forwarder']}/index.html"},
         {"name": "cors_refused", "url": f"{servers['other']}/vite/index.html?{direct}"},
         {"name": "too_long", "url": f"{pages}/vite/index.html?{direct}", "text": LONG},
@@ -215,7 +220,7 @@ def test_the_bundle_download_reports_progress(report, name):
 
 def test_the_worker_privatizes_off_the_main_thread(report):
     """The same answers; the work (the bundle, onnxruntime's WebAssembly) is the Worker's."""
-    main, worker = _first(report, "vite"), _first(report, "vite_worker")
+    main, worker = _first(report, "esbuild"), _first(report, "vite_worker")
     assert main["result"]["privatizedText"] and worker["result"]["privatizedText"]
     assert any(line.startswith("worker: ") for line in report["vite_worker"]["console"])
     for name in ("vite_worker", "esbuild_worker"):
@@ -225,6 +230,16 @@ def test_the_worker_privatizes_off_the_main_thread(report):
         assert not [u for u in page["mainFetched"] if u.endswith(".wasm") or "/v1/bundles/" in u]
     # without a Worker the page's thread fetches both
     assert len([u for u in main["mainFetched"] if u.endswith(".wasm") or "/v1/bundles/" in u]) == 2
+
+
+def test_a_compact_tables_page_fetches_no_webassembly(report):
+    """The tiny model's table is far below the search's onnxruntime-web threshold (nearest.ts
+    LARGE_WORK): its exact search is plain JS, and onnxruntime-web is never loaded."""
+    page = _first(report, "vite")
+    assert page["error"] is None and page["result"]["privatizedText"], page
+    fetched = page["mainFetched"] + page.get("workerFetched", [])
+    assert [u for u in fetched if "/v1/bundles/" in u], fetched
+    assert not [u for u in fetched if ".wasm" in u], fetched
 
 
 @pytest.mark.parametrize("name, path", [

@@ -78,10 +78,14 @@ def _summary(stderr: str, prog: str) -> str:
     return next(ln for ln in stderr.splitlines() if ln.startswith(f"{prog}: ") and " records, " in ln)
 
 
-@pytest.mark.parametrize("table", ["none", "pca32-int8", "pca64"])
-def test_seeded_payloads_are_byte_identical_to_edge_agent_and_valid(table, table_dirs, tmp_path):
+@pytest.mark.parametrize("table, search", [("none", "auto"), ("pca32-int8", "auto"),
+                                           ("pca32-int8", "loop"), ("pca64", "auto")])
+def test_seeded_payloads_are_byte_identical_to_edge_agent_and_valid(table, search, table_dirs,
+                                                                    tmp_path):
     """On every kind of table: the same seed gives the same noise (numpy's PCG64 and samplers
-    reproduced), hence the same exact nearest tokens and the same bytes; shared.payload
+    reproduced), hence the same exact nearest tokens and the same bytes, whichever candidate
+    pass searches (auto: the int8 pass in Node; loop: a page's on the compact table, with no
+    onnxruntime-web, $PRIVBERT_EDGE_SEARCH); shared.payload
     accepts every record; the inversion rate (tokens that come back unchanged) is the same on
     the same sentences; the ledger cost is shared.ledger's with the diameter of that table."""
     from shared.bundle import EdgeBundle
@@ -94,7 +98,8 @@ def test_seeded_payloads_are_byte_identical_to_edge_agent_and_valid(table, table
     inp = tmp_path / "in.txt"
     write_lines(inp, texts)
     args = ["privatize", str(inp), "--eta", "65", "--bundle", str(bundle_dir), "--seed", "11"]
-    js = js_edge(*args, "-o", str(tmp_path / "js.jsonl"), tmp=tmp_path)
+    js = js_edge(*args, "-o", str(tmp_path / "js.jsonl"), tmp=tmp_path,
+                 env={"PRIVBERT_EDGE_SEARCH": search})
     assert js.returncode == 0, js.stderr
     py = py_edge(*args, "-o", str(tmp_path / "py.jsonl"), "--no-progress", tmp=tmp_path)
     assert py.returncode == 0, py.stderr

@@ -351,3 +351,42 @@ function checkMeta(meta: Record<string, unknown>, where: string): BundleMeta {
   }
   return meta as unknown as BundleMeta;
 }
+
+/** What the start of a bundle tarball declares (unverified: a hint, e.g. whether to start
+ * onnxruntime-web while the rest downloads; the verified bundle decides everything). */
+export interface BundleShape {
+  /** rows (the vocabulary) and columns of the privatization table */
+  rows: number;
+  dim: number;
+  /** the bundle has a sentence encoder (encoder.onnx) */
+  encoder: boolean;
+}
+
+/**
+ * The shape ``bundle.json`` declares, from the first ``loaded`` bytes of a bundle tarball
+ * (bundle.json is its first file: the service writes the files sorted by name): null while
+ * bundle.json has not fully arrived, undefined where the tarball does not start with it or it
+ * does not parse (a hint only: nothing is refused here).
+ */
+export function peekBundleShape(head: Uint8Array, loaded: number): BundleShape | null | undefined {
+  if (loaded < 512) return null;
+  const text = (a: number, b: number): string => {
+    let end = a;
+    while (end < b && head[end] !== 0) end++;
+    return new TextDecoder().decode(head.subarray(a, end));
+  };
+  if (text(0, 100) !== META_FILE) return undefined;
+  const size = parseInt(text(124, 136).trim(), 8);
+  if (!(size > 0) || size > 1 << 24) return undefined;
+  if (loaded < 512 + size) return null;
+  try {
+    const meta = JSON.parse(text(512, 512 + size)) as { vocab_size?: unknown; dim?: unknown;
+      table?: { dim?: unknown } | null; encoder?: unknown };
+    const rows = Number(meta.vocab_size);
+    const dim = Number(meta.table?.dim ?? meta.dim);
+    if (!(Number.isInteger(rows) && rows > 0 && Number.isInteger(dim) && dim > 0)) return undefined;
+    return { rows, dim, encoder: meta.encoder != null };
+  } catch {
+    return undefined;
+  }
+}

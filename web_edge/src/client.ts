@@ -12,7 +12,7 @@
  * service that is down, and the error says which.
  */
 
-import { EdgeBundle } from "./bundle.js";
+import { EdgeBundle, peekBundleShape, type BundleShape } from "./bundle.js";
 import { ApiError, BundleError } from "./errors.js";
 import { fmtEps } from "./ledger.js";
 import { CryptoSource } from "./random.js";
@@ -53,6 +53,9 @@ export interface Progress {
   total: number | null;
   /** the bundle came from the cache: nothing was downloaded */
   cached?: boolean;
+  /** what the tarball's bundle.json declares, told once as soon as it has arrived (before the
+   * table: unverified, a hint, e.g. for `warmUp`) */
+  shape?: BundleShape;
 }
 export type ProgressCallback = (p: Progress) => void;
 
@@ -417,6 +420,7 @@ async function readWithProgress(resp: Response, total: number | null,
   let buf = new Uint8Array(total ?? 1 << 20);
   let loaded = 0;
   let told = 0;
+  let shape: BundleShape | null | undefined = null;  // null: bundle.json not in yet
   for (;;) {
     let chunk: ReadableStreamReadResult<Uint8Array>;
     const stall = dog ? setTimeout(dog.abort, dog.ms) : undefined;
@@ -436,6 +440,10 @@ async function readWithProgress(resp: Response, total: number | null,
     }
     buf.set(v, loaded);
     loaded += v.length;
+    if (shape === null) {
+      shape = peekBundleShape(buf, loaded);
+      if (shape) onProgress({ phase: "download", loaded, total, shape });
+    }
     const t = globalThis.performance?.now() ?? Date.now();
     if (t - told >= 100) {
       told = t;

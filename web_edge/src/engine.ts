@@ -12,6 +12,7 @@ import type { Cost } from "./ledger.js";
 import { loadOrt } from "./ort.js";
 import { Privatizer, type PrivatizerOptions, type TokenizedText } from "./privatizer.js";
 import type { BitSource } from "./random.js";
+import { ENCODER_MECHANISMS, warmUp } from "./warm_up.js";
 
 /** What the session needs to know of the privatizer and its bundle. */
 export interface EngineInfo {
@@ -54,11 +55,22 @@ export type PlainPrivatizerOptions = Omit<PrivatizerOptions, "floorSource">;
 export async function openLocal(client: PrivbertClient, bundleId: string, options: PlainPrivatizerOptions & {
   bundleCache: BundleCache | null; floorSource?: BitSource | null; onProgress?: ProgressCallback | null;
 }): Promise<LocalEngine> {
-  // onnxruntime-web starts while the bundle downloads; a WebAssembly that cannot be loaded
-  // fails the session here, with its URL, not at the first privatization
+  // onnxruntime-web starts while the bundle downloads, where the bundle needs it (an encoder
+  // mechanism or a search asked to run on it: at once; a search over a large table: once bundle.json, the tarball's first
+  // file, says so); a compact table's search is plain JS and fetches no WebAssembly. A
+  // WebAssembly that cannot be loaded fails the session here (Privatizer.create), with its URL.
+  const threads = options.threads ?? 1;
+  const onOrt = options.backend === "int8" || options.backend === "ort";
+  const early = ENCODER_MECHANISMS.has(options.mechanism) || onOrt ? loadOrt(threads) : null;
+  const onProgress = options.onProgress ?? null;
   const [{ bundle, fetched }] = await Promise.all([
-    client.bundle(bundleId, options.bundleCache, options.onProgress ?? null),
-    loadOrt(options.threads ?? 1),
+    client.bundle(bundleId, options.bundleCache, (p) => {
+      if (p.shape && (options.backend ?? "auto") === "auto") {
+        void warmUp({ threads, shape: p.shape, mechanism: options.mechanism });
+      }
+      onProgress?.(p);
+    }),
+    early,
   ]);
   options.onProgress?.({ phase: "prepare", loaded: 0, total: null });
   const { bundleCache: _b, onProgress: _p, ...rest } = options;

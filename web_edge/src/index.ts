@@ -3,7 +3,7 @@
  * IndexedDB, the Cache API); Node-only code (files, the command line) is in "@privbert/edge/node".
  */
 
-export { EdgeBundle, type BundleMeta } from "./bundle.js";
+export { EdgeBundle, peekBundleShape, type BundleMeta, type BundleShape } from "./bundle.js";
 export {
   BUNDLE_BYTES_HEADER, PrivbertClient, type Audience, type BundleCache, type ClientOptions, type ModelInfo,
   type Prediction, type Progress, type ProgressCallback,
@@ -23,8 +23,8 @@ export {
   Ledger, MemoKeys, MemoryLedgerStore, dchiCost, diameter, fits, fmtEps, total,
   type Charged, type Cost, type LedgerState, type LedgerStore, type MemoSetting, type Status,
 } from "./ledger.js";
-export { ExactNearest, type NearestOptions } from "./nearest.js";
-export { warmUp, type WarmUpOptions } from "./warm_up.js";
+export { ExactNearest, LARGE_WORK, UPGRADE_WORK, searchUsesOrt, type NearestOptions } from "./nearest.js";
+export { runtimeNeeded, warmUp, type WarmUpOptions } from "./warm_up.js";
 export { WASM_FILE, configureRuntime, type WasmPaths } from "./ort.js";
 export { recordLine, tokenPayloadJson, type FloatDtype } from "./payload.js";
 export { Pcg64Source } from "./pcg64.js";

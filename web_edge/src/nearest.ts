@@ -11,22 +11,38 @@
  * 3. Those candidates (almost always one) are re-ranked by ‖y − t‖² in float64; ties go to the
  *    smallest row.
  *
- * On a vocabulary-sized table the candidate pass is the int8 pass of
- * shared/mechanisms/int8_pass.py instead ({@link Int8CandidatePass}: its own proven bound, a
- * quarter of the float32 table's bytes), where onnxruntime-web's integer kernel proves exact
- * here; a query it cannot narrow to a few candidates takes the float32 pass above. Both
- * are exact, so which one runs changes no result.
+ * Where a query's work (rows × dim multiply-adds) is large — a vocabulary of 384-d rows — the
+ * candidate pass is the int8 pass of shared/mechanisms/int8_pass.py instead
+ * ({@link Int8CandidatePass}: its own proven bound, a quarter of the float32 table's bytes),
+ * where onnxruntime-web's integer kernel proves exact here; a query it cannot narrow to a few
+ * candidates takes the float32 pass above. Below {@link LARGE_WORK} (a compact table: 29,523
+ * rows × 32) the float32 pass is the plain JS loop, and onnxruntime-web (its WebAssembly, 2.4 MB
+ * brotli) is never loaded. All are exact, so which one runs changes no result.
  */
 
 import { nextUpF32 } from "./float32.js";
 import { Int8CandidatePass, sqDist } from "./int8_pass.js";
+import { ortAtHand } from "./ort.js";
 import { LoopTableProduct, OrtTableProduct, type OrtOptions, type TableProduct } from "./table_product.js";
 
 export { nextUpF32 } from "./float32.js";
 
 const U32 = 2 ** -24; // unit roundoff of float32
 const F32_MAX = 3.4028234663852886e38;
-const LARGE = 4096; // tables from this many rows get onnxruntime-web's kernels
+/** Multiply-adds per query (rows × dim) from which the search uses onnxruntime-web's kernels;
+ * below, the plain JS loop (bench/results/web_edge.md: on a 29,523 × 32 table the loop takes
+ * about 2 ms a query, no WebAssembly to fetch; a 30,522 × 384 table is 12× the work). */
+export const LARGE_WORK = 1 << 21;
+/** Multiply-adds per query from which a search on the plain loop switches to the int8 pass once
+ * onnxruntime-web is at hand (started by the page, or in Node): a compact table's loop costs
+ * about 35 ms of CPU per 20-token sentence, the int8 pass about 5 (bench/results/web_edge.md). */
+export const UPGRADE_WORK = 1 << 18;
+
+/** Whether the exact search over a table of ``rows`` × ``dim`` (with the "auto" backend) runs
+ * on onnxruntime-web, so that a page needs its WebAssembly. */
+export function searchUsesOrt(rows: number, dim: number): boolean {
+  return rows * dim >= LARGE_WORK;
+}
 
 /** Whether float32 scores ‖t‖² − 2 y·t of queries of norm up to ``queryNorm`` against rows of norm
  * up to ``tMax`` (with room for the error bound) can overflow. */
@@ -37,7 +53,11 @@ export function scoresOverflow(queryNorm: number, tMax: number): boolean {
 export interface NearestOptions extends OrtOptions {
   /** The candidate pass: "int8" (onnxruntime-web's integer kernel; an error where it is not
    * exact), "ort" (onnxruntime-web's float32 MatMul), "loop" (plain JS), or "auto" (the
-   * default): int8 for tables of 4,096 rows and more where it is exact, else ort; loop below. */
+   * default): int8 for tables of {@link LARGE_WORK} multiply-adds a query (rows × dim) and
+   * more, where it is exact, else ort; below, loop, which loads no onnxruntime-web; from
+   * {@link UPGRADE_WORK}, int8 where onnxruntime-web is at hand (Node; a page that started it),
+   * and a loop search switches to int8 once the page starts onnxruntime-web (e.g. `warmUp`
+   * after the first privatization). Every backend gives the same rows. */
   backend?: "int8" | "ort" | "loop" | "auto";
   /** Queries per product (default 256). */
   chunk?: number;
@@ -62,12 +82,15 @@ export class ExactNearest {
   /** onnxruntime-web's float32 MatMul for {@link scores} on a large table, built on first use */
   private ortF32: Promise<OrtTableProduct> | null;
   private loop: LoopTableProduct | null = null;
+  /** the int8 pass being built once onnxruntime-web is at hand (auto on a mid-sized table) */
+  private upgrading: Promise<void> | null = null;
+  private upgradable = false;
 
   private constructor(private readonly table: Float32Array, rows: number, dim: number,
                       private readonly ids: Int32Array, private readonly norms: Float64Array,
                       /** the float32 product of the search (null: built when first needed) */
                       f32: TableProduct | null,
-                      private readonly int8: Int8CandidatePass | null,
+                      private int8: Int8CandidatePass | null,
                       tMax: number, width: number, chunk: number,
                       private readonly threads: number) {
     this.rows = rows;
@@ -109,17 +132,33 @@ export class ExactNearest {
     const threads = Math.max(1, Math.floor(options.threads ?? 1));
     const asked = options.backend ?? "auto";
     let int8: Int8CandidatePass | null = null;
-    if (asked === "int8" || (asked === "auto" && rows >= LARGE)) {
+    const large = searchUsesOrt(rows, dim);
+    const upgradable = asked === "auto" && !large && rows * dim >= UPGRADE_WORK;
+    if (asked === "int8" || (asked === "auto" && large) || (upgradable && ortAtHand())) {
       int8 = await Int8CandidatePass.create(table, rows, dim, norms, threads);
       if (int8 === null && asked === "int8") {
         throw new RangeError("the int8 candidate pass cannot run here: onnxruntime-web's integer kernel is not exact");
       }
     }
-    const backend = int8 !== null ? "int8" : asked === "auto" ? (rows >= LARGE ? "ort" : "loop") : asked;
+    const backend = int8 !== null ? "int8" : asked === "auto" ? (large ? "ort" : "loop") : asked;
     const f32 = backend === "ort" ? await OrtTableProduct.create(table, norms, rows, dim, width, { threads })
       : backend === "loop" ? new LoopTableProduct(table, norms, rows, dim, width) : null;
-    return new ExactNearest(table, rows, dim, idMap, norms, f32, int8, Math.sqrt(maxNorm2), width,
+    const index = new ExactNearest(table, rows, dim, idMap, norms, f32, int8, Math.sqrt(maxNorm2), width,
       Math.max(1, Math.floor(options.chunk ?? 256)), threads);
+    index.upgradable = upgradable && int8 === null && backend === "loop";
+    return index;
+  }
+
+  /** On a loop search that may switch: once onnxruntime-web is at hand, build the int8 pass
+   * in the background (searches meanwhile stay on the loop; both are exact). */
+  private maybeUpgrade(): void {
+    if (!this.upgradable || this.upgrading !== null || !ortAtHand()) return;
+    this.upgrading = Int8CandidatePass.create(this.table, this.rows, this.dim, this.norms, this.threads)
+      .then((pass) => {
+        if (pass !== null && this.upgradable) this.int8 = pass;
+        else void pass?.release();
+      })
+      .catch(() => undefined);  // not exact here, or no runtime: the loop stays
   }
 
   /** Which candidate pass searches: "int8", or the float32 product ("ort", "loop"). */
@@ -129,10 +168,10 @@ export class ExactNearest {
   }
 
   /** The float32 product for {@link scores}: onnxruntime-web's MatMul on a large table (built
-   * on first use when the search does not hold one: the privacy floor's full computation),
-   * the plain loop on a small one. */
+   * on first use when the search does not hold one: the privacy floor's estimate), the plain
+   * loop on a small one (onnxruntime-web is not loaded for it). */
   private product(): Promise<TableProduct> {
-    if (this.ortF32 === null && this.rows < LARGE) return Promise.resolve(this.loopProduct());
+    if (this.ortF32 === null && !searchUsesOrt(this.rows, this.dim)) return Promise.resolve(this.loopProduct());
     this.ortF32 ??= OrtTableProduct.create(this.table, this.norms, this.rows, this.dim, this.width,
       { threads: this.threads });
     return this.ortF32;
@@ -237,6 +276,7 @@ export class ExactNearest {
         && scoresOverflow(this.maxNorm(queries, m, top), this.tMax)) {
       throw new RangeError("queries are too large for the float32 candidate pass (their scores would overflow)");
     }
+    this.maybeUpgrade();
     this.lastRerankCount = 0;
     this.lastFallbackCount = 0;
     const out = new Int32Array(m);
@@ -314,6 +354,8 @@ export class ExactNearest {
   }
 
   async release(): Promise<void> {
+    this.upgradable = false;
+    await this.upgrading;
     await this.int8?.release();
     const ort = this.ortF32;
     this.ortF32 = null;

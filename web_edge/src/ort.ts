@@ -27,7 +27,15 @@ export type WasmPaths = string | { wasm?: string | URL; mjs?: string | URL };
 export const WASM_FILE = "ort-wasm-simd-threaded.wasm";
 
 let ortModule: Promise<Ort> | null = null;
+let ortStarted = false;
 let wasmPaths: WasmPaths | null = null;
+
+/** Whether onnxruntime-web has started in this page or process (a search may switch to it
+ * now at no download), or costs no download to start (Node: its files are local). */
+export function ortAtHand(): boolean {
+  const g = globalThis as { process?: { versions?: { node?: string } }; document?: unknown };
+  return ortStarted || (typeof g.process?.versions?.node === "string" && g.document === undefined);
+}
 
 /**
  * Where the page serves onnxruntime-web's WebAssembly (see the module's comment): call before
@@ -64,7 +72,10 @@ function normalize(p: WasmPaths | null): WasmPaths | null {
  * more than one). A failed start is a {@link RuntimeLoadError}, and stays one: onnxruntime-web
  * starts at most once in a page, so the page must be reloaded once the file is served. */
 export function loadOrt(threads = 1): Promise<Ort> {
-  ortModule ??= start(threads);
+  ortModule ??= start(threads).then((ort) => {
+    ortStarted = true;
+    return ort;
+  });
   return ortModule;
 }
 

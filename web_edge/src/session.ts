@@ -53,6 +53,10 @@ export interface SessionOptions {
   floorSource?: BitSource | null;
   /** WebAssembly threads of the nearest-token search */
   threads?: number;
+  /** the nearest-token search's candidate pass (ExactNearest's ``backend``): "auto" (default:
+   * onnxruntime-web for a large table, a plain JS loop for a compact one, which fetches no
+   * WebAssembly), "int8" or "ort" (onnxruntime-web), "loop"; every one gives the same tokens */
+  backend?: "auto" | "int8" | "ort" | "loop";
   allowWeakPrivacy?: boolean;
   /** where the page serves onnxruntime-web's WebAssembly (default: beside its script, where
    * Vite and webpack put it) */
@@ -117,7 +121,7 @@ export class EdgeSession {
       mechanism, eta: o.eta ?? Number(mp.eta), epsilon: Number(mp.epsilon), lam: Number(mp.lam),
       calibration: (mp.calibration as "vector" | "coordinate" | undefined) ?? "vector",
       wordDropout: Number(mp.word_dropout ?? 0), maxLength: limit, truncate,
-      threads: o.threads, allowWeakPrivacy: o.allowWeakPrivacy,
+      threads: o.threads, backend: o.backend, allowWeakPrivacy: o.allowWeakPrivacy,
     };
     let engine: Engine;
     if (o.worker) {

@@ -21,8 +21,10 @@ export interface TableProduct {
 }
 
 /** The plain-loop product, read straight from the table and its norms (no augmented copy):
- * for small tables and for the few queries the int8 pass hands back (a vocabulary-sized table
- * is the WebAssembly kernels' work: {@link OrtTableProduct}, the int8 pass). */
+ * for small tables (rows × dim below nearest.ts's LARGE_WORK: no onnxruntime-web to load) and
+ * for the few queries the int8 pass hands back. Four queries share each pass over a table row
+ * (the row is read once for them: about twice the speed of one query at a time); each score is
+ * the same sum, in the same order, as one query alone gives. */
 export class LoopTableProduct implements TableProduct {
   constructor(private readonly table: Float32Array, private readonly norms: Float64Array,
               readonly rows: number, private readonly dim: number, readonly width: number) {}
@@ -30,14 +32,46 @@ export class LoopTableProduct implements TableProduct {
   async run(y: Float32Array, m: number): Promise<Float32Array> {
     const { rows, dim, width, table, norms } = this;
     const out = new Float32Array(m * rows);
-    for (let i = 0; i < m; i++) {
-      const yi = y.subarray(i * width, (i + 1) * width);
-      const yn = yi[dim]!;
+    let i = 0;
+    for (; i + 4 <= m; i += 4) {
+      const a = i * width;
+      const b = a + width;
+      const c = b + width;
+      const d = c + width;
+      const na = y[a + dim]!;
+      const nb = y[b + dim]!;
+      const nc = y[c + dim]!;
+      const nd = y[d + dim]!;
+      for (let v = 0; v < rows; v++) {
+        let s0 = 0;
+        let s1 = 0;
+        let s2 = 0;
+        let s3 = 0;
+        const o = v * dim;
+        for (let k = 0; k < dim; k++) {
+          const t = table[o + k]!;
+          s0 += y[a + k]! * t;
+          s1 += y[b + k]! * t;
+          s2 += y[c + k]! * t;
+          s3 += y[d + k]! * t;
+        }
+        const n = norms[v]!;
+        const w = i * rows + v;
+        // float64, rounded once: within the float32 bound
+        out[w] = na * n - 2 * s0;
+        out[w + rows] = nb * n - 2 * s1;
+        out[w + 2 * rows] = nc * n - 2 * s2;
+        out[w + 3 * rows] = nd * n - 2 * s3;
+      }
+    }
+    for (; i < m; i++) {
+      const a = i * width;
+      const na = y[a + dim]!;
       for (let v = 0; v < rows; v++) {
         let s = 0;
         const o = v * dim;
-        for (let k = 0; k < dim; k++) s += yi[k]! * table[o + k]!;
-        out[i * rows + v] = yn * norms[v]! - 2 * s; // float64, rounded once: within the float32 bound
+        for (let k = 0; k < dim; k++) s += y[a + k]! * table[o + k]!;
+        out[i * rows + v] = na * norms[v]! - 2 * s;
       }
     }
     return out;

@@ -22,7 +22,6 @@ import { CacheApiBundleCache } from "./browser_stores.js";
 import { PrivbertClient, type ClientOptions } from "./client.js";
 import { openLocal, type LocalEngine, type PlainPrivatizerOptions } from "./engine.js";
 import { configureRuntime, type WasmPaths } from "./ort.js";
-import { warmUp } from "./warm_up.js";
 import { plainError, type Reply, type Request } from "./worker_protocol.js";
 
 /** What `open` carries: the service, the bundle, the privatizer's options. */
@@ -51,7 +50,6 @@ async function handle(req: Request, scope: Scope): Promise<unknown> {
       await engine?.close();
       engine = null;
       if (a.wasmPaths !== null) configureRuntime({ wasmPaths: a.wasmPaths });
-      void warmUp({ threads: a.options.threads ?? 1 });  // while the bundle downloads
       const client = new PrivbertClient(a.server, { apiKey: a.apiKey, ...a.client });
       engine = await openLocal(client, a.bundleId, {
         ...a.options,

@@ -5,9 +5,10 @@ import assert from "node:assert/strict";
 import { test } from "node:test";
 
 import { integerGemmIsExact } from "../dist/int8_pass.js";
-import { ExactNearest, nextUpF32 } from "../dist/nearest.js";
+import { ExactNearest, LARGE_WORK, nextUpF32, searchUsesOrt, UPGRADE_WORK } from "../dist/nearest.js";
 import { loadOrt } from "../dist/ort.js";
 import { Pcg64Source } from "../dist/pcg64.js";
+import { LoopTableProduct } from "../dist/table_product.js";
 import { standardNormal } from "../dist/samplers.js";
 
 function brute(table, rows, dim, q) {
@@ -90,17 +91,35 @@ test("onnxruntime-web's integer kernel is exact here for both operand kinds (els
   for (const signed of [false, true]) assert.equal(await integerGemmIsExact(ort, signed, 384), true);
 });
 
-test("int8 pass: rows of very different scales, and a table large enough for auto", async () => {
+test("int8 pass: rows of very different scales", async () => {
   const rows = 4200, dim = 16;
   const src = new Pcg64Source(7);
   // each row scaled by 10^k, k in [-3, 3]: the per-row steps and bounds must hold for all
   const table = Float32Array.from({ length: rows * dim }, (_, i) =>
     standardNormal(src) * 10 ** ((Math.floor(i / dim) % 7) - 3));
   const q = Float64Array.from({ length: 120 * dim }, (_, i) => 2 * standardNormal(src) * 10 ** ((i % 5) - 2));
-  const idx = await ExactNearest.create(table, rows, dim, null, { chunk: 50 });
+  const idx = await ExactNearest.create(table, rows, dim, null, { backend: "int8", chunk: 50 });
   assert.equal(idx.backend, "int8");
   assert.deepEqual(await idx.search(q), brute(table, rows, dim, q));
   await idx.release();
+});
+
+test("auto: the int8 pass from LARGE_WORK multiply-adds a query; below, where onnxruntime-web is at hand (Node), from UPGRADE_WORK; else the loop", async () => {
+  // by work per query (rows × dim), not rows: the 384-d MiniLM table runs on onnxruntime-web,
+  // the compact pca32-int8 one (29,523 regular rows × 32) is plain JS in a page that has not
+  // started onnxruntime-web (no WebAssembly to fetch; tests/cloud_api: the browser tests)
+  assert.equal(searchUsesOrt(29523, 384), true);
+  assert.equal(searchUsesOrt(29523, 32), false);
+  assert.ok(29523 * 32 >= UPGRADE_WORK);
+  const dim = 256, rows = LARGE_WORK / dim;
+  const table = randomTable(rows, dim, 11);
+  const q = Float64Array.from({ length: 8 * dim }, (_, i) => table[(i * 37) % table.length] + 0.3 * Math.sin(i));
+  for (const [n, want] of [[rows, "int8"], [rows - 1, "int8"], [UPGRADE_WORK / dim - 1, "loop"]]) {
+    const idx = await ExactNearest.create(table.subarray(0, n * dim), n, dim, null, {});
+    assert.equal(idx.backend, want, `${n} rows × ${dim}`);
+    assert.deepEqual(await idx.search(q), brute(table, n, dim, q));
+    await idx.release();
+  }
 });
 
 test("int8 pass: a query with more candidates than the cap takes the float32 pass", async () => {
@@ -119,4 +138,27 @@ test("int8 pass: a query with more candidates than the cap takes the float32 pas
   assert.deepEqual(Array.from(got), [5, 307]); // the lowest of the tied rows; the row itself
   assert.equal(idx.lastFallbackCount, 1);
   await idx.release();
+});
+
+test("the plain loop scores four queries per pass exactly as one query alone", async () => {
+  const rows = 97, dim = 13, width = 16;
+  const table = randomTable(rows, dim, 5);
+  const norms = Float64Array.from({ length: rows }, (_, v) => {
+    let n = 0;
+    for (let k = 0; k < dim; k++) n += table[v * dim + k] ** 2;
+    return n;
+  });
+  const loop = new LoopTableProduct(table, norms, rows, dim, width);
+  const m = 7; // one block of four, three alone
+  const src = new Pcg64Source(9);
+  const y = new Float32Array(m * width);
+  for (let i = 0; i < m; i++) {
+    for (let k = 0; k < dim; k++) y[i * width + k] = standardNormal(src);
+    y[i * width + dim] = i % 2;
+  }
+  const all = await loop.run(y, m);
+  for (let i = 0; i < m; i++) {
+    const one = await loop.run(y.subarray(i * width, (i + 1) * width), 1);
+    assert.deepEqual(all.subarray(i * rows, (i + 1) * rows), one, `query ${i}`);
+  }
 });

@@ -12,7 +12,7 @@
 import {
   ApiError, BudgetRefused, BundleChanged, BundleError, CacheApiBundleCache, CryptoSource, DChiText,
   IndexedDbLedgerStore, IndexedDbPinStore, Ledger, PrivbertClient, Privatizer, TextError, WeakPrivacyError, dchiCost,
-  nTokens, parseIds, pinnedBundle, warmUp, type BundleCache, type EdgeBundle, type ModelInfo, type PinStore,
+  nTokens, parseIds, pinnedBundle, UPGRADE_WORK, warmUp, type BundleCache, type EdgeBundle, type ModelInfo, type PinStore,
   type ProgressCallback, type Status, type TokenizedText,
 } from "@privbert/edge";
 
@@ -66,9 +66,11 @@ const ready = new Promise<void>((resolve) => {
  * isolation (cloud-api serve sends COOP/COEP with /demo). */
 const THREADS = threadsFor(new URLSearchParams(location.search).get("threads"));
 
-// onnxruntime-web's WebAssembly is fetched, compiled and started now, while the page asks for
-// its models and downloads the bundle, not after
-void warmUp(THREADS);
+// onnxruntime-web's WebAssembly is fetched, compiled and started before the first privatization
+// only where the bundle needs it (a vocabulary-sized 384-d table: as soon as the download's first
+// file, bundle.json, says so, while the rest downloads); a compact table's search is plain JS,
+// and the page fetches it only after the first privatization is shown, for the later ones (the
+// search then switches to onnxruntime-web's int8 pass: the same tokens, about 6x less CPU)
 
 /** ``?threads=N`` (benchmarks) or up to 4 when isolated; 1 without cross-origin isolation. */
 function threadsFor(asked: string | null): number {
@@ -113,6 +115,7 @@ export function explain(err: unknown): string {
 
 export class Edge {
   private readonly privatizers = new Map<number, Promise<Privatizer>>();
+  private runtimeAsked = false;
   private readonly vocab: string[];
   /** how long opening took: the bundle (fetched and verified, or from the cache), the rest */
   phases: Record<string, number | boolean> = {};
@@ -133,8 +136,12 @@ export class Edge {
   static async open(client: PrivbertClient, model: ModelInfo, onProgress?: ProgressCallback): Promise<Edge> {
     const t0 = performance.now();
     // the pin first (before a byte of a changed bundle is fetched), recorded once verified
+    const progress: ProgressCallback = (p) => {
+      if (p.shape) void warmUp({ threads: THREADS, shape: p.shape, mechanism: "dchi-text" });
+      onProgress?.(p);
+    };
     const { bundle, fetched } = await pinnedBundle(client, location.origin, model, OPTIONAL_BUNDLE_CACHE, STRICT_PINS,
-      { accept: ACCEPT }, onProgress ?? null);
+      { accept: ACCEPT }, progress);
     onProgress?.({ phase: "prepare", loaded: 0, total: null });
     const t1 = performance.now();
     const limit = typeof model.max_length === "number" && model.max_length >= 4
@@ -187,6 +194,12 @@ export class Edge {
     const [payloadJson] = priv.payloads([item!], data);
     const ms = performance.now() - t0;
     const ids = [...item!.idsA, ...(item!.idsB ?? [])];
+    // after this one is painted; where the search would switch (a table of no more work keeps
+    // the loop, and the page fetches no WebAssembly)
+    if (!this.runtimeAsked && this.bundle.regularIds.length * this.dim >= UPGRADE_WORK) {
+      this.runtimeAsked = true;
+      setTimeout(() => void warmUp({ threads: THREADS, dim: this.dim }), 0);
+    }
     return { eta, item: item!, payloadJson: payloadJson!, ms,
       tokens: Array.from(data, (id) => this.vocab[id] ?? `[${id}]`),
       unchanged: Array.from(data, (id, i) => id === ids[i]) };

@@ -441,7 +441,7 @@ async function runPrivatize(positionals: string[], v: Values): Promise<number> {
     priv = await Privatizer.create(bundle, { mechanism: o.mechanism, eta: o.eta, epsilon: o.epsilon, lam: o.lam,
       calibration: o.calibration, wordDropout: o.wordDropout, maxLength, truncate: o.truncate,
       floatDtype: o.float16 ? "float16" : "float32", allowWeakPrivacy: v["allow-weak-privacy"] ?? false,
-      threads: 1 });
+      threads: 1, backend: searchBackend() });
   } catch (exc) {
     if (exc instanceof WeakPrivacyError) throw new UsageError(`${exc.message}; --allow-weak-privacy privatizes anyway`);
     if (exc instanceof RangeError) throw new UsageError(exc.message);
@@ -603,6 +603,16 @@ function describe(exc: unknown): string {
   const e = exc as Error;
   const text = (e && e.message) || String(exc);
   return text.split("\n").map((s) => s.trim()).filter(Boolean).slice(0, 3).join("; ");
+}
+
+/** $PRIVBERT_EDGE_SEARCH: the exact search's candidate pass (auto, int8, ort, loop: the same
+ * tokens; tests and benchmarks run a page's loop here). */
+function searchBackend(): "auto" | "int8" | "ort" | "loop" {
+  const b = process.env.PRIVBERT_EDGE_SEARCH || "auto";
+  if (b !== "auto" && b !== "int8" && b !== "ort" && b !== "loop") {
+    throw new UsageError(`$PRIVBERT_EDGE_SEARCH must be one of auto, int8, ort, loop, got ${JSON.stringify(b)}`);
+  }
+  return b;
 }
 
 export async function main(argv: string[]): Promise<number> {

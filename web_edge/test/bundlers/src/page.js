@@ -1,7 +1,8 @@
 // A web developer's page, from the README and docs/web.md only: one EdgeSession, a textarea
 // and a button. Built unchanged by Vite, esbuild and webpack (build.mjs). Its settings come
 // from the query string (the test's): server (default: this origin's /privbert, a forwarding
-// backend), key, wasm (wasmPaths), worker=1, login (the forwarder's toy sign-in).
+// backend), key, wasm (wasmPaths), search (the search's backend: int8 runs it on
+// onnxruntime-web, as a 384-d table's does), worker=1, login (the forwarder's toy sign-in).
 import { EdgeSession } from "@privbert/edge";
 
 const q = new URLSearchParams(location.search);
@@ -37,6 +38,7 @@ async function open() {
       server: q.get("server") || `${location.origin}/privbert`,
       apiKey: q.get("key"),
       wasmPaths: q.get("wasm") || undefined,
+      backend: q.get("search") || undefined,
       worker,
       bundleCache: true,
       onProgress: (p) => state.progress.push({ ...p, at: Math.round(performance.now() - t0) }),
