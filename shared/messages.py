@@ -24,7 +24,9 @@ LAPLACE_NOT_FINITE = "{head}: the worst-case epsilon of the vector is not finite
 LAPLACE_ROUNDING = ("{head}: the noise (scale {scale:.3g}) leaves every coordinate within "
                     "float32 rounding (2^-23) of the raw vector with probability {share} "
                     "(floor {floor})")
-BITS_WHAT = "{mechanism} {params}"  # params: "epsilon=1, lam=2" (each value with :g)
+BITS_WHAT = "{mechanism} {params}"  # params: BITS_PARAM of each, joined by BITS_PARAM_JOIN
+BITS_PARAM = "{name}={value:g}"
+BITS_PARAM_JOIN = ", "
 BITS_NOT_FINITE = ("{head}: the worst-case epsilon is not finite (a flip probability rounds to "
                    "0 or 1, so some outputs certify the input)")
 BITS_FIXED = ("{head}: with probability {share} every one of the {n_bits} bits is a fixed "
@@ -41,6 +43,10 @@ TABLE_NEAR_DUPLICATES = ("{close} of {n} regular rows drawn at random lie within
 # -- parameters the arithmetic cannot carry (shared.mechanisms.computable) ------------------
 DCHI_TOO_SMALL = ("eta={eta:g} is too small to compute: the noise norm (up to {norm:.3g}) "
                   "overflows {where}")
+DCHI_INVERSE_OVERFLOW = "eta={eta:g} is too small to compute: 1/eta overflows"
+DCHI_NOISE_OVERFLOW = "eta={eta:g} is too small to compute: the noise overflows float32"
+LAPLACE_TOO_SMALL = ("epsilon={epsilon:g} is too small to compute: the Laplace noise (scale "
+                     "{scale:.3g}) overflows float32")
 WHERE_FLOAT16 = "a float16 payload"
 WHERE_FLOAT32 = "float32"
 
