@@ -12,21 +12,24 @@
 import { parseTar } from "nanotar";
 
 import { BundleError } from "./errors.js";
+import { BUNDLE_FORMAT } from "./generated/spec.js";
+import { message } from "./messages.js";
 import { readNpy, type NpyFile } from "./npy.js";
 import { parseRaw, pyDumps, rawGet, type RawJson } from "./pyjson.js";
 import { pyTruthy, readTable, TABLE_FILE, TABLE_SCALE_FILE, type DesignedTable } from "./table.js";
 import { sha256Hex } from "./sha256.js";
 import { measure, now } from "./timing.js";
 
-export const FORMAT = "privbert-edge-bundle";
-export const FORMAT_VERSION = 1;
-export const TOKENIZER_FILE = "tokenizer.json";
-export const EMBEDDINGS_FILE = "embeddings.npy";
-export const ENCODER_FILE = "encoder.onnx";
-export const META_FILE = "bundle.json";
-const HASHED_META = ["format", "format_version", "vocab_size", "dim", "max_length", "special_ids",
-  "unused_ids", "encoder", "files"];
-const HASHED_IF_PRESENT = ["table"]; // absent from the original layout: its ids stay as they were
+// the format's names are shared.bundle's, read from the mechanism spec (shared/spec)
+export const FORMAT: string = BUNDLE_FORMAT.format;
+export const FORMAT_VERSION: number = BUNDLE_FORMAT.format_version;
+export const TOKENIZER_FILE: string = BUNDLE_FORMAT.files.tokenizer;
+export const EMBEDDINGS_FILE: string = BUNDLE_FORMAT.files.embeddings;
+export const ENCODER_FILE: string = BUNDLE_FORMAT.files.encoder;
+export const META_FILE: string = BUNDLE_FORMAT.files.meta;
+const HASHED_META: readonly string[] = BUNDLE_FORMAT.hashed_meta;
+/** absent from the original layout: its ids stay as they were */
+const HASHED_IF_PRESENT: readonly string[] = BUNDLE_FORMAT.hashed_if_present;
 const BUNDLE_ID = /^[0-9a-f]{64}$/;
 
 /** What `bundle.json` says, read as plain values. */
@@ -87,9 +90,8 @@ export class EdgeBundle {
    * message) when the bundle carries a designed privatization table instead. */
   get embeddings(): Float32Array {
     if (this.modelEmbeddings === null) {
-      throw new BundleError(`bundle ${this.bundleId.slice(0, 12)}… carries the privatization table `
-        + `${this.tableName} (${this.tableDim} dimensions), not the model's word embeddings: it serves `
-        + "dchi-text only (dchi-embedding needs a bundle with the model's table, e.g. cloud-api make-bundle --table none)");
+      throw new BundleError(message("TABLE_ONLY", { bundle_id12: this.bundleId.slice(0, 12), table: this.tableName,
+        dim: this.tableDim }));
     }
     return this.modelEmbeddings;
   }

@@ -23,16 +23,18 @@
 
 import { fmtG } from "./dchi.js";
 import { BudgetRefused } from "./errors.js";
+import { FAMILIES as SPEC_FAMILIES, MECHANISMS as MECHANISM_SPECS, type FamilyName } from "./generated/spec.js";
 import { pyDumps, type PyValue } from "./pyjson.js";
 
-export const FAMILIES = ["dchi", "laplace", "randomized-response", "texthide", "none"] as const;
-export type Family = (typeof FAMILIES)[number];
-const FAMILY_OF: Record<string, Family> = {
-  "dchi-text": "dchi", "dchi-embedding": "dchi", laplace: "laplace", ome: "randomized-response",
-  texthide: "texthide", none: "none",
-};
-const NO_EPSILON: Family[] = ["texthide", "none"];
-export const MEMO_FAMILIES: Family[] = ["dchi", "laplace", "randomized-response"];
+// the budget families, each mechanism's and the memo rule are shared.ledger's, read from the
+// mechanism spec (shared/spec)
+export type Family = FamilyName;
+export const FAMILIES: readonly Family[] = SPEC_FAMILIES.map((f) => f.name);
+const FAMILY_OF: Readonly<Record<string, Family>> = Object.fromEntries(MECHANISM_SPECS.map((m) => [m.name, m.family]));
+/** families without a differential-privacy ε (their spend has none) */
+const NO_EPSILON: readonly Family[] = SPEC_FAMILIES.filter((f) => !f.epsilon).map((f) => f.name);
+/** families whose repeats are memoized (free) */
+export const MEMO_FAMILIES: readonly Family[] = SPEC_FAMILIES.filter((f) => f.memo).map((f) => f.name);
 export const DAY_MS = 86_400_000;
 /** Epochs of the monotonic clock whose anchors a ledger keeps (the most recent). */
 export const MAX_ANCHORS = 16;

@@ -19,13 +19,14 @@
  */
 
 import { nextUpF32 } from "./float32.js";
+import { COMPUTABLE, INT8_PASS } from "./generated/spec.js";
 import { Int8CandidatePass, sqDist } from "./int8_pass.js";
 import { LoopTableProduct, OrtTableProduct, type OrtOptions, type TableProduct } from "./table_product.js";
 
 export { nextUpF32 } from "./float32.js";
 
-const U32 = 2 ** -24; // unit roundoff of float32
-const F32_MAX = 3.4028234663852886e38;
+const U32: number = INT8_PASS.U; // 2^-24: unit roundoff of float32 (shared.mechanisms.int8_pass.U)
+const F32_MAX: number = COMPUTABLE.F32_MAX;
 const LARGE = 4096; // tables from this many rows get onnxruntime-web's kernels
 
 /** Whether float32 scores ‖t‖² − 2 y·t of queries of norm up to ``queryNorm`` against rows of norm

@@ -12,12 +12,13 @@
  */
 
 import { BundleError } from "./errors.js";
+import { BUNDLE_FORMAT } from "./generated/spec.js";
 import { readNpy, type NpyFile } from "./npy.js";
 import { rawGet, type RawJson } from "./pyjson.js";
 
-export const TABLE_FILE = "table.npy";
-export const TABLE_SCALE_FILE = "table_scale.npy";
-const META_FILE = "bundle.json";
+export const TABLE_FILE: string = BUNDLE_FORMAT.files.table;
+export const TABLE_SCALE_FILE: string = BUNDLE_FORMAT.files.table_scale;
+const META_FILE: string = BUNDLE_FORMAT.files.meta;
 const NPY_DTYPES = { float32: "<f4", int8: "|i1" } as const;
 
 /** A designed privatization table, checked whole. */
