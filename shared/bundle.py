@@ -506,7 +506,7 @@ def _read_table(blobs: dict[str, bytes], info: dict, vocab: int, where: str) -> 
     else:
         values = np.ascontiguousarray(stored, dtype=np.float32)
         if not np.all(np.isfinite(values)):
-            raise BundleError(f"{where}/{TABLE_FILE}: the table has non-finite values")
+            raise BundleError(msg.BUNDLE_TABLE_NON_FINITE.format(where=where, file=TABLE_FILE))
     return Table(values=values, stored=stored, scale=scale, description=desc)
 
 

@@ -50,11 +50,17 @@ LAPLACE_TOO_SMALL = ("epsilon={epsilon:g} is too small to compute: the Laplace n
 WHERE_FLOAT16 = "a float16 payload"
 WHERE_FLOAT32 = "float32"
 
+# -- the budget ledger (shared.ledger) --------------------------------------------------------
+LEDGER_NOT_FINITE = ("{mechanism}: the worst-case epsilon of this privatization is not finite "
+                     "({epsilon}); the ledger cannot count it")
+
 # -- bundles (shared.bundle) ----------------------------------------------------------------------
 TABLE_ONLY = ("bundle {bundle_id12}… carries the privatization table {table} ({dim} "
               "dimensions), not the model's word embeddings: it serves dchi-text only "
               "(dchi-embedding needs a bundle with the model's table, e.g. cloud-api "
               "make-bundle --table none)")
+
+BUNDLE_TABLE_NON_FINITE = "{where}/{file}: the table has non-finite values"
 
 # -- bundle pins (edge_agent.service.pins; the web edge's pins) -----------------------------
 PIN_NOT_TRUSTED = ("bundle {bundle_id12}… is not one of the {count} bundle id(s) this app "

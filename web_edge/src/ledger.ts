@@ -23,6 +23,7 @@
 
 import { fmtG } from "./dchi.js";
 import { BudgetRefused } from "./errors.js";
+import { message } from "./messages.js";
 import { FAMILIES as SPEC_FAMILIES, MECHANISMS as MECHANISM_SPECS, type FamilyName } from "./generated/spec.js";
 import { pyDumps, type PyValue } from "./pyjson.js";
 
@@ -83,7 +84,7 @@ export function dchiCost(mechanism: string, eta: number, tokens: number, diam: n
   checkAmount("table diameter", diam);
   const eps = eta * tokens * diam;
   if (!Number.isFinite(eps)) {
-    throw new RangeError(`${mechanism}: the worst-case epsilon of this privatization is not finite (${eps}); the ledger cannot count it`);
+    throw new RangeError(message("LEDGER_NOT_FINITE", { mechanism, epsilon: eps }));
   }
   return { family: fam, epsilon: eps, metric: eta * tokens, tokens, sends: 1, eta };
 }
@@ -92,7 +93,7 @@ export function dchiCost(mechanism: string, eta: number, tokens: number, diam: n
  * vector's; ome: summed over the bits). */
 export function vectorCost(mechanism: "laplace" | "ome", epsilon: number): Cost {
   if (!Number.isFinite(epsilon) || epsilon < 0) {
-    throw new RangeError(`${mechanism}: the worst-case epsilon of this privatization is not finite (${epsilon}); the ledger cannot count it`);
+    throw new RangeError(message("LEDGER_NOT_FINITE", { mechanism, epsilon: epsilon }));
   }
   return { family: familyOf(mechanism), epsilon, metric: 0, tokens: 0, sends: 1, eta: null };
 }

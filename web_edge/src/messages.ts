@@ -57,7 +57,9 @@ function field(name: string, spec: string | undefined, value: FormatValue | unde
   if (value === undefined) throw new RangeError(`message field {${name}} has no value`);
   if (spec === undefined) {
     if (typeof value === "string") return value;
-    return Number.isInteger(value) ? String(value) : pyFloat(value); // Python's str(int), str(float)
+    if (Number.isInteger(value)) return String(value); // Python's str(int)
+    if (!Number.isFinite(value)) return Number.isNaN(value) ? "nan" : value > 0 ? "inf" : "-inf";
+    return pyFloat(value); // Python's str(float)
   }
   if (typeof value !== "number") throw new RangeError(`message field {${name}:${spec}} takes a number, got a string`);
   if (spec === "g") return fmtG(value);
@@ -83,7 +85,7 @@ export function message(name: MessageName, values: Readonly<Record<string, Forma
   return format(MESSAGES[name], values);
 }
 
-/** shared.messages.weak_head: "<what> is weaker than the privacy floor". */
+/** shared.messages.weak_head: the head of every floor refusal (WEAK_HEAD with ``what``). */
 export function weakHead(what: string): string {
   return message("WEAK_HEAD", { what });
 }

@@ -13,6 +13,7 @@
 
 import { BundleError } from "./errors.js";
 import { BUNDLE_FORMAT } from "./generated/spec.js";
+import { message } from "./messages.js";
 import { readNpy, type NpyFile } from "./npy.js";
 import { rawGet, type RawJson } from "./pyjson.js";
 
@@ -132,7 +133,7 @@ export function readTable(blobs: Map<string, Uint8Array>, info: RawJson, vocab: 
   } else {
     values = stored.values as Float32Array;
     for (const x of values) {
-      if (!Number.isFinite(x)) throw new BundleError(`${where}/${TABLE_FILE}: the table has non-finite values`);
+      if (!Number.isFinite(x)) throw new BundleError(message("BUNDLE_TABLE_NON_FINITE", { where, file: TABLE_FILE }));
     }
   }
   return { values, dim, dtype, info: plain(info) as Record<string, unknown>, files };

@@ -36,6 +36,7 @@ import { batches, InputError, type Batch, type Line } from "./input.js";
 import { FilePinStore } from "./pins.js";
 import { THRESHOLD } from "../floor.js";
 import { PARAM_RTOL } from "../generated/spec.js";
+import { message } from "../messages.js";
 import { mechanismFlags, mechanismParams, neededParams, paramFlags, usageAlternatives, type ParamFlag } from "./mechanism_flags.js";
 
 const PROG = "privbert-edge";
@@ -234,7 +235,7 @@ function options(positionals: string[], v: Values): Options {
   if (mech === "texthide" || mech === "none") {
     throw new UsageError(mech === "texthide"
       ? "--mechanism texthide stays in the Python edge (no differential-privacy guarantee, a secret mask pool): use edge-agent privatize"
-      : "--mechanism none sends plain token ids the server can read: the web edge does not send them; use edge-agent privatize --allow-none");
+      : `--${message("NONE_REFUSED")}; the web edge does not send it: use edge-agent privatize --allow-none`);
   }
   const mechanism = choice("mechanism", mech, MECHANISMS, DEFAULT_MECHANISM);
   // the mechanism flags given: every parameter flag, and the edge options the web edge has
