@@ -422,14 +422,13 @@ export class Ledger {
   refusal(st: Status, cost: Cost, what: string): string | null {
     if (st.cap === null && st.perDay === null) return null;
     const eps = cost.epsilon;
-    if (eps === null) {
-      return `${cost.family} has no differential-privacy epsilon, and this ledger has a cap: it cannot admit it (${TOOL} --cap none removes the cap)`;
-    }
+    if (eps === null) return message("BUDGET_NO_EPSILON", { family: cost.family, tool: TOOL });
     if (!fits(st.spent, eps, st.cap)) {
-      return `privacy budget: spent ${fmtEps(st.spent)}, ${what} needs ${fmtEps(eps)}, cap ${fmtEps(st.cap)} (worst-case epsilon; ${TOOL})`;
+      return message("BUDGET_CAP", { spent: fmtEps(st.spent), what, needs: fmtEps(eps), cap: fmtEps(st.cap), tool: TOOL });
     }
     if (!fits(st.daySpent, eps, st.perDay)) {
-      return `privacy budget: spent ${fmtEps(st.daySpent)} in the last 24 hours, ${what} needs ${fmtEps(eps)}, per-day cap ${fmtEps(st.perDay)} (worst-case epsilon; ${TOOL})`;
+      return message("BUDGET_PER_DAY", { spent: fmtEps(st.daySpent), what, needs: fmtEps(eps), cap: fmtEps(st.perDay),
+        tool: TOOL });
     }
     return null;
   }
