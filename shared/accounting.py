@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from shared import messages as msg
 from shared.mechanisms.binary import OME, FixedPointBits
 from shared.mechanisms.dchi import DChiEmbedding, DChiText
 from shared.mechanisms.laplace import Laplace, dropout_epsilon
@@ -81,8 +82,7 @@ def _dchi(mech: DChiEmbedding | DChiText, bundle: EdgeBundle | None, *, dim: int
     eta = mech.eta
     g: dict[str, Any] = {
         "nominal": {"eta": eta, "epsilon": None,
-                    "statement": "eta*d(x, x')-privacy per token, d = Euclidean distance "
-                                 "between word embeddings (Qu et al. 2021 §3.2)"},
+                    "statement": msg.DCHI_STATEMENT},
         "worst_case": {"eta": eta, "epsilon": None},
         "notes": [
             f"Two tokens at embedding distance d are eta*d = {eta:g}*d indistinguishable; "
@@ -107,7 +107,7 @@ def _dchi(mech: DChiEmbedding | DChiText, bundle: EdgeBundle | None, *, dim: int
     noise = dchi_expected_noise_norm(n, eta)
     wc = g["worst_case"]
     wc["epsilon"] = eta * diameter_bound
-    wc["epsilon_scope"] = "any two tokens of the vocabulary, per token (eta x 2 max ||phi||)"
+    wc["epsilon_scope"] = msg.DCHI_EPSILON_SCOPE
     wc["epsilon_to_neighbour"] = {str(k): eta * med[k] for k in ks}
     wc["neighbour_distance_median"] = {str(k): med[k] for k in ks}
     wc["expected_noise_norm"] = noise

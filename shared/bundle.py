@@ -142,8 +142,7 @@ class EdgeBundle:
         from tokenizers import Tokenizer
 
         if (embeddings is None) == (table is None):
-            raise BundleError("a bundle holds either the model's embeddings or a designed "
-                              "privatization table, exactly one of them")
+            raise BundleError(msg.BUNDLE_EITHER_TABLE)
         self._embeddings = None
         if embeddings is not None:
             self._embeddings = np.ascontiguousarray(embeddings, dtype=np.float32)
@@ -409,7 +408,7 @@ class EdgeBundle:
             try:
                 return read(name)
             except (FileNotFoundError, IsADirectoryError):
-                raise BundleError(f"{where}/{name}: missing") from None
+                raise BundleError(msg.BUNDLE_MISSING.format(where=where, file=name)) from None
             except OSError as exc:  # permissions, I/O errors
                 raise BundleError(f"{where}/{name}: cannot be read "
                                   f"({exc.strerror or type(exc).__name__})") from None
@@ -419,27 +418,28 @@ class EdgeBundle:
         except (json.JSONDecodeError, UnicodeDecodeError) as exc:
             raise BundleError(f"{where}/{META_FILE}: not valid JSON ({exc})") from None
         if not isinstance(meta, dict):
-            raise BundleError(f"{where}/{META_FILE}: not a JSON object")
+            raise BundleError(msg.BUNDLE_NOT_OBJECT.format(where=where, file=META_FILE))
         if meta.get("format") != FORMAT or meta.get("format_version") != FORMAT_VERSION:
-            raise BundleError(f"{where}/{META_FILE}: not a {FORMAT} v{FORMAT_VERSION} file")
+            raise BundleError(msg.BUNDLE_NOT_FORMAT.format(where=where, file=META_FILE,
+                                                           format=FORMAT, version=FORMAT_VERSION))
         blobs = {}
         files, vocab, dim = meta.get("files"), meta.get("vocab_size"), meta.get("dim")
         if not isinstance(files, dict) or not isinstance(vocab, int) or not isinstance(dim, int):
-            raise BundleError(f"{where}/{META_FILE}: lacks its files, vocab_size or dim")
+            raise BundleError(msg.BUNDLE_LACKS.format(where=where, file=META_FILE))
         for name, digest in sorted(files.items()):
             blobs[name] = get(name)
             if _sha256(blobs[name]) != digest:
-                raise BundleError(f"{where}/{name}: content does not match its hash in "
-                                  f"{META_FILE} (corrupted or modified); fetch the bundle again")
+                raise BundleError(msg.BUNDLE_HASH.format(where=where, file=name, meta=META_FILE))
         table_meta = meta.get("table")
         for required in (TOKENIZER_FILE, TABLE_FILE if table_meta else EMBEDDINGS_FILE):
             if required not in blobs:
-                raise BundleError(f"{where}/{META_FILE}: does not list {required}")
+                raise BundleError(msg.BUNDLE_UNLISTED.format(where=where, file=META_FILE,
+                                                             required=required))
         if meta.get("bundle_id") != cls._compute_id(meta):
-            raise BundleError(f"{where}/{META_FILE}: bundle_id does not match the contents")
+            raise BundleError(msg.BUNDLE_ID_MISMATCH.format(where=where, file=META_FILE))
         if expected_id is not None and meta["bundle_id"] != expected_id:
-            raise BundleError(f"{where}: bundle_id {meta['bundle_id']} is not the expected "
-                              f"{expected_id}")
+            raise BundleError(msg.BUNDLE_NOT_EXPECTED.format(where=where, bundle_id=meta["bundle_id"],
+                                                             expected=expected_id))
         try:
             tokenizer_json = blobs[TOKENIZER_FILE].decode()
         except UnicodeDecodeError as exc:
@@ -451,7 +451,8 @@ class EdgeBundle:
             emb = _read_npy(blobs, EMBEDDINGS_FILE, "<f4", (vocab, dim), where)
         bundle = cls(tokenizer_json, emb, meta, blobs.get(ENCODER_FILE), table=table)
         if bundle.bundle_id != meta["bundle_id"]:  # re-serialisation must reproduce the id
-            raise BundleError(f"{where}: contents do not reproduce bundle_id {meta['bundle_id']}")
+            raise BundleError(msg.BUNDLE_NOT_REPRODUCED.format(where=where,
+                                                               bundle_id=meta["bundle_id"]))
         return bundle
 
     def __repr__(self) -> str:
@@ -479,13 +480,14 @@ def _read_npy(blobs: dict[str, bytes], name: str, dtype: str, shape: tuple, wher
 def _read_table(blobs: dict[str, bytes], info: dict, vocab: int, where: str) -> Table:
     """A designed privatization table, checked whole against its ``table`` block."""
     if not isinstance(info, dict):
-        raise BundleError(f"{where}/{META_FILE}: its table block is not an object")
+        raise BundleError(msg.BUNDLE_TABLE_BLOCK.format(where=where, file=META_FILE))
     dtype, dim = info.get("dtype"), info.get("dim")
     if dtype not in _NPY_DTYPES or not isinstance(dim, int) or dim < 1:
-        raise BundleError(f"{where}/{META_FILE}: the table's dtype {dtype!r} or dim {dim!r} "
-                          "is not one this edge reads (float32 or int8, dim >= 1)")
+        raise BundleError(msg.BUNDLE_TABLE_KIND.format(where=where, file=META_FILE,
+                                                       dtype=repr(dtype), dim=repr(dim)))
     if info.get("file") != TABLE_FILE:
-        raise BundleError(f"{where}/{META_FILE}: the table must be stored in {TABLE_FILE}")
+        raise BundleError(msg.BUNDLE_TABLE_FILE.format(where=where, file=META_FILE,
+                                                       table_file=TABLE_FILE))
     proj = info.get("projection")
     if not isinstance(proj, dict) or proj.get("kind") not in PROJECTIONS or (
             proj.get("kind") != "none" and proj.get("fitted_on") != "table"):
@@ -497,7 +499,8 @@ def _read_table(blobs: dict[str, bytes], info: dict, vocab: int, where: str) -> 
     desc = {k: v for k, v in info.items() if k not in ("file", "scale_file")}
     if dtype == "int8":
         if info.get("scale_file") != TABLE_SCALE_FILE or TABLE_SCALE_FILE not in blobs:
-            raise BundleError(f"{where}/{META_FILE}: an int8 table needs its {TABLE_SCALE_FILE}")
+            raise BundleError(msg.BUNDLE_TABLE_SCALE.format(where=where, file=META_FILE,
+                                                            scale_file=TABLE_SCALE_FILE))
         scale = _read_npy(blobs, TABLE_SCALE_FILE, "<f4", (dim,), where)
         try:
             values = dequantize(stored, scale)
@@ -506,7 +509,7 @@ def _read_table(blobs: dict[str, bytes], info: dict, vocab: int, where: str) -> 
     else:
         values = np.ascontiguousarray(stored, dtype=np.float32)
         if not np.all(np.isfinite(values)):
-            raise BundleError(f"{where}/{TABLE_FILE}: the table has non-finite values")
+            raise BundleError(msg.BUNDLE_TABLE_NON_FINITE.format(where=where, file=TABLE_FILE))
     return Table(values=values, stored=stored, scale=scale, description=desc)
 
 

@@ -71,6 +71,9 @@ MEASURE_Z = 5.0  # the Wilson interval's z: a wrong early decision has probabili
 NEAR_DUPLICATE = 1e-3  # rows nearer than this share of the median nearest-row distance
 DUPLICATE_SAMPLE = 256  # rows whose nearest other row is measured (drawn afresh)
 DIRECTIONS = 256  # distinct directions among them on a large table
+SHARED_DIRECTIONS_ABOVE = 5e8  # table values x pairs above which the pairs share DIRECTIONS
+ESTIMATE_TOKENS = 256  # (token, direction) pairs of the estimate a dχ refusal quotes
+ESTIMATE_RTOL = 1e-4  # relative precision of the η the estimate quotes
 LAPLACE_STEP = float(np.finfo(np.float32).eps)  # 2^-23: the float32 step at 1
 
 
@@ -111,7 +114,7 @@ class DChiFloor:
         # pair is still a uniform token with a uniform direction). A large table gets
         # DIRECTIONS of them (one GEMM of that many rows instead of one per pair); a small
         # one a direction per pair, as the shared directions would dominate its variance.
-        ndir = rows.size if t.size * rows.size <= 5e8 else min(rows.size, DIRECTIONS)
+        ndir = rows.size if t.size * rows.size <= SHARED_DIRECTIONS_ABOVE else min(rows.size, DIRECTIONS)
         u = rng.standard_normal((ndir, self.dim))
         u /= np.linalg.norm(u, axis=1, keepdims=True)
         u = u.astype(np.float32)
@@ -161,7 +164,7 @@ class DChiFloor:
             z = float(eta) * self.exit
         return float(gamma_cdf(self.dim, z).mean())
 
-    def floor_eta(self, threshold: float = THRESHOLD, rtol: float = 1e-4) -> float:
+    def floor_eta(self, threshold: float = THRESHOLD, rtol: float = ESTIMATE_RTOL) -> float:
         """The smallest η (to ``rtol``) at which :meth:`unchanged` exceeds ``threshold``;
         inf if none does, 0 if every η does."""
         if float(np.mean(self.exit > 0)) <= threshold:
@@ -321,7 +324,7 @@ def _dchi_reason(mech: DChiEmbedding | DChiText, bundle: EdgeBundle | None, *,
         return None
     outcome = msg.DCHI_TEXT_OUTCOME if isinstance(mech, DChiText) else \
         msg.DCHI_EMBEDDING_OUTCOME
-    start = dchi_floor(bundle, tokens=256, rng=rng).floor_eta(threshold)
+    start = dchi_floor(bundle, tokens=ESTIMATE_TOKENS, rng=rng).floor_eta(threshold)
     return msg.DCHI_MEASURED.format(head=head, share=msg.pct(same / drawn), drawn=drawn,
                                     outcome=outcome, floor=msg.pct(threshold), start=start)
 
@@ -347,7 +350,8 @@ def _laplace_reason(mech: Laplace, bundle: EdgeBundle | None, *, threshold: floa
 def _bits_reason(mech: FixedPointBits, bundle: EdgeBundle | None, *, threshold: float,
                  dim: int | None, **_: Any) -> str | None:
     p, q = mech.bit_probabilities()
-    params = ", ".join(f"{k}={v:g}" for k, v in mech.params.items() if k in ("epsilon", "lam"))
+    params = msg.BITS_PARAM_JOIN.join(msg.BITS_PARAM.format(name=k, value=v)
+                                      for k, v in mech.params.items() if k in ("epsilon", "lam"))
     head = msg.weak_head(msg.BITS_WHAT.format(mechanism=mech.name, params=params))
     if not math.isfinite(bit_flip_epsilon(p, q)):
         return msg.BITS_NOT_FINITE.format(head=head)
@@ -422,5 +426,4 @@ def _laplace_computable(mech: Laplace, bundle: EdgeBundle | None, *, dim: int | 
                         float_dtype: str) -> None:
     b = mech.scale(_vector_dim(mech, bundle, dim))  # inf if r/ε overflows
     if not math.isfinite(b) or 1.0 + b * TAIL > F32_MAX / 4.0:
-        raise ValueError(f"epsilon={mech.epsilon:g} is too small to compute: the "
-                         f"Laplace noise (scale {b:.3g}) overflows float32")
+        raise ValueError(msg.LAPLACE_TOO_SMALL.format(epsilon=mech.epsilon, scale=b))

@@ -35,6 +35,7 @@ from dataclasses import dataclass, field
 from functools import lru_cache
 from typing import Any, cast
 
+from shared import messages as msg
 from shared.accounting import bit_flip_epsilon, dchi_diameter_bound, laplace_vector_epsilon
 from shared.mechanisms import registry
 from shared.mechanisms.binary import OME, FixedPointBits
@@ -295,8 +296,7 @@ def _count(name: str, n: Any) -> int:
 
 def _finite(mechanism: str, value: float) -> float:
     if not math.isfinite(value) or value < 0:
-        raise ValueError(f"{mechanism}: the worst-case epsilon of this privatization is "
-                         f"not finite ({value}); the ledger cannot count it")
+        raise ValueError(msg.LEDGER_NOT_FINITE.format(mechanism=mechanism, epsilon=value))
     return float(value)
 
 

@@ -24,7 +24,9 @@ LAPLACE_NOT_FINITE = "{head}: the worst-case epsilon of the vector is not finite
 LAPLACE_ROUNDING = ("{head}: the noise (scale {scale:.3g}) leaves every coordinate within "
                     "float32 rounding (2^-23) of the raw vector with probability {share} "
                     "(floor {floor})")
-BITS_WHAT = "{mechanism} {params}"  # params: "epsilon=1, lam=2" (each value with :g)
+BITS_WHAT = "{mechanism} {params}"  # params: BITS_PARAM of each, joined by BITS_PARAM_JOIN
+BITS_PARAM = "{name}={value:g}"
+BITS_PARAM_JOIN = ", "
 BITS_NOT_FINITE = ("{head}: the worst-case epsilon is not finite (a flip probability rounds to "
                    "0 or 1, so some outputs certify the input)")
 BITS_FIXED = ("{head}: with probability {share} every one of the {n_bits} bits is a fixed "
@@ -41,14 +43,56 @@ TABLE_NEAR_DUPLICATES = ("{close} of {n} regular rows drawn at random lie within
 # -- parameters the arithmetic cannot carry (shared.mechanisms.computable) ------------------
 DCHI_TOO_SMALL = ("eta={eta:g} is too small to compute: the noise norm (up to {norm:.3g}) "
                   "overflows {where}")
+DCHI_INVERSE_OVERFLOW = "eta={eta:g} is too small to compute: 1/eta overflows"
+DCHI_NOISE_OVERFLOW = "eta={eta:g} is too small to compute: the noise overflows float32"
+LAPLACE_TOO_SMALL = ("epsilon={epsilon:g} is too small to compute: the Laplace noise (scale "
+                     "{scale:.3g}) overflows float32")
 WHERE_FLOAT16 = "a float16 payload"
 WHERE_FLOAT32 = "float32"
+
+# -- the dχ guarantee (shared.accounting; the web edge's accounting) ----------------------------
+DCHI_STATEMENT = ("eta*d(x, x')-privacy per token, d = Euclidean distance between word "
+                  "embeddings (Qu et al. 2021 §3.2)")
+DCHI_EPSILON_SCOPE = "any two tokens of the vocabulary, per token (eta x 2 max ||phi||)"
+
+# -- the budget ledger (shared.ledger) --------------------------------------------------------
+LEDGER_NOT_FINITE = ("{mechanism}: the worst-case epsilon of this privatization is not finite "
+                     "({epsilon}); the ledger cannot count it")
+
+# -- the device ledger's filter (edge_agent.budget.ledger; the web edge's ledger) ---------------
+# spent, needs, cap: worst-case ε as the ledger writes them; tool: the command that sets caps
+BUDGET_NO_EPSILON = ("{family} has no differential-privacy epsilon, and this ledger has a cap: "
+                     "it cannot admit it ({tool} --cap none removes the cap)")
+BUDGET_CAP = ("privacy budget: spent {spent}, {what} needs {needs}, cap {cap} (worst-case "
+              "epsilon; {tool})")
+BUDGET_PER_DAY = ("privacy budget: spent {spent} in the last 24 hours, {what} needs {needs}, "
+                  "per-day cap {cap} (worst-case epsilon; {tool})")
 
 # -- bundles (shared.bundle) ----------------------------------------------------------------------
 TABLE_ONLY = ("bundle {bundle_id12}… carries the privatization table {table} ({dim} "
               "dimensions), not the model's word embeddings: it serves dchi-text only "
               "(dchi-embedding needs a bundle with the model's table, e.g. cloud-api "
               "make-bundle --table none)")
+
+BUNDLE_TABLE_NON_FINITE = "{where}/{file}: the table has non-finite values"
+# a bundle's verification ({where}: the directory or tarball; {file}: one of its files)
+BUNDLE_EITHER_TABLE = ("a bundle holds either the model's embeddings or a designed "
+                       "privatization table, exactly one of them")
+BUNDLE_MISSING = "{where}/{file}: missing"
+BUNDLE_NOT_OBJECT = "{where}/{file}: not a JSON object"
+BUNDLE_NOT_FORMAT = "{where}/{file}: not a {format} v{version} file"
+BUNDLE_LACKS = "{where}/{file}: lacks its files, vocab_size or dim"
+BUNDLE_HASH = ("{where}/{file}: content does not match its hash in {meta} (corrupted or "
+               "modified); fetch the bundle again")
+BUNDLE_UNLISTED = "{where}/{file}: does not list {required}"
+BUNDLE_ID_MISMATCH = "{where}/{file}: bundle_id does not match the contents"
+BUNDLE_NOT_EXPECTED = "{where}: bundle_id {bundle_id} is not the expected {expected}"
+BUNDLE_NOT_REPRODUCED = "{where}: contents do not reproduce bundle_id {bundle_id}"
+BUNDLE_TABLE_BLOCK = "{where}/{file}: its table block is not an object"
+BUNDLE_TABLE_KIND = ("{where}/{file}: the table's dtype {dtype} or dim {dim} is not one this "
+                     "edge reads (float32 or int8, dim >= 1)")  # dtype, dim: Python's repr
+BUNDLE_TABLE_FILE = "{where}/{file}: the table must be stored in {table_file}"
+BUNDLE_TABLE_SCALE = "{where}/{file}: an int8 table needs its {scale_file}"
 
 # -- bundle pins (edge_agent.service.pins; the web edge's pins) -----------------------------
 PIN_NOT_TRUSTED = ("bundle {bundle_id12}… is not one of the {count} bundle id(s) this app "

@@ -46,6 +46,7 @@ from edge_agent.budget.ledger_files import check_private, open_read_only, resolv
 from edge_agent.budget.memo import LegacyMemoKeys, MemoKeys, key_path, load_secret
 from edge_agent.errors import BudgetRefused, CliError
 from shared import ledger
+from shared import messages as msg
 from shared.ledger import Cost, FamilySpend, Spend, families
 
 LEDGER_ENV = "PRIVBERT_LEDGER"
@@ -78,6 +79,9 @@ _ADD = ("INSERT INTO spend (family, epsilon, metric, tokens, sends) VALUES (?, ?
         "ON CONFLICT (family) DO UPDATE SET epsilon = epsilon + excluded.epsilon, "
         "metric = metric + excluded.metric, tokens = tokens + excluded.tokens, "
         "sends = sends + excluded.sends")
+
+
+TOOL = "edge-agent budget"  # the command that shows the ledger and sets its caps
 
 
 def fmt(eps: float | None) -> str:
@@ -324,15 +328,13 @@ class DeviceLedger:
         if st.cap is None and st.per_day is None:
             return None
         if eps is None:
-            return (f"{cost.family} has no differential-privacy epsilon, and this ledger has a "
-                    "cap: it cannot admit it (edge-agent budget --cap none removes the cap)")
+            return msg.BUDGET_NO_EPSILON.format(family=cost.family, tool=TOOL)
         if not ledger.fits(st.spent, eps, st.cap):
-            return (f"privacy budget: spent {fmt(st.spent)}, {what} needs {fmt(eps)}, cap "
-                    f"{fmt(st.cap)} (worst-case epsilon; edge-agent budget)")
+            return msg.BUDGET_CAP.format(spent=fmt(st.spent), what=what, needs=fmt(eps),
+                                         cap=fmt(st.cap), tool=TOOL)
         if not ledger.fits(st.day_spent, eps, st.per_day):
-            return (f"privacy budget: spent {fmt(st.day_spent)} in the last 24 hours, {what} "
-                    f"needs {fmt(eps)}, per-day cap {fmt(st.per_day)} (worst-case epsilon; "
-                    "edge-agent budget)")
+            return msg.BUDGET_PER_DAY.format(spent=fmt(st.day_spent), what=what, needs=fmt(eps),
+                                             cap=fmt(st.per_day), tool=TOOL)
         return None
 
     def check(self, cost: Cost | None, what: str = "this run") -> Status:

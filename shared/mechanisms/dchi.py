@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 from pydantic import BaseModel
 
+from shared import messages as msg
 from shared.arrays import STRICT, PosFloat
 from shared.mechanisms.checks import finite_array, positive, positive_int
 from shared.mechanisms.computable import check_dchi_eta
@@ -40,7 +41,7 @@ def sample_dchi_noise(
     dim = positive_int("dim", dim)
     eta = positive("eta", eta)
     if not math.isfinite(1.0 / eta):
-        raise ValueError(f"eta={eta:g} is too small to compute: 1/eta overflows")
+        raise ValueError(msg.DCHI_INVERSE_OVERFLOW.format(eta=eta))
     rng = resolve_rng(rng)
     radius = rng.gamma(shape=dim, scale=1.0 / eta, size=count)
     direction = rng.standard_normal((count, dim))
@@ -96,8 +97,7 @@ class DChiEmbedding(BaseMechanism):
             with np.errstate(over="raise", invalid="raise"):
                 return (x.astype(np.float64) + noise).astype(np.float32)
         except FloatingPointError:
-            raise ValueError(f"eta={self.eta:g} is too small to compute: the noise overflows "
-                             "float32") from None
+            raise ValueError(msg.DCHI_NOISE_OVERFLOW.format(eta=self.eta)) from None
 
 
 class DChiText(BaseMechanism):

@@ -110,7 +110,8 @@ def build() -> dict:
                       "memo": f.memo} for f in ledger.families()],
         "floor": {k: getattr(floor, k) for k in (
             "THRESHOLD", "FLOOR_TOKENS", "MEASURE_BATCH", "MEASURE_MAX", "MEASURE_Z",
-            "NEAR_DUPLICATE", "DUPLICATE_SAMPLE", "DIRECTIONS", "LAPLACE_STEP")},
+            "NEAR_DUPLICATE", "DUPLICATE_SAMPLE", "DIRECTIONS", "LAPLACE_STEP",
+            "SHARED_DIRECTIONS_ABOVE", "ESTIMATE_TOKENS", "ESTIMATE_RTOL")},
         "computable": {"TAIL": computable.TAIL, "F32_MAX": computable.F32_MAX,
                        "F16_MAX": computable.F16_MAX},
         "int8_pass": {k: getattr(int8_pass, k) for k in (

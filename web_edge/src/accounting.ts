@@ -6,6 +6,7 @@
  */
 
 import { fmtG } from "./dchi.js";
+import { message } from "./messages.js";
 
 export interface Guarantee {
   mechanism: string;
@@ -19,10 +20,9 @@ export function guarantee(mechanism: "dchi-text" | "dchi-embedding", eta: number
   return {
     mechanism,
     params: { eta },
-    nominal: { eta, epsilon: null, statement: "eta*d(x, x')-privacy per token, d = Euclidean distance "
-      + "between word embeddings (Qu et al. 2021 §3.2)" },
+    nominal: { eta, epsilon: null, statement: message("DCHI_STATEMENT") },
     worst_case: { eta, epsilon: eta * diameter,
-      epsilon_scope: "any two tokens of the vocabulary, per token (eta x 2 max ||phi||)",
+      epsilon_scope: message("DCHI_EPSILON_SCOPE"),
       expected_noise_norm: dim / eta, dim },
   };
 }

@@ -12,21 +12,24 @@
 import { parseTar } from "nanotar";
 
 import { BundleError } from "./errors.js";
+import { BUNDLE_FORMAT } from "./generated/spec.js";
+import { message } from "./messages.js";
 import { readNpy, type NpyFile } from "./npy.js";
 import { parseRaw, pyDumps, rawGet, type RawJson } from "./pyjson.js";
 import { pyTruthy, readTable, TABLE_FILE, TABLE_SCALE_FILE, type DesignedTable } from "./table.js";
 import { sha256Hex } from "./sha256.js";
 import { measure, now } from "./timing.js";
 
-export const FORMAT = "privbert-edge-bundle";
-export const FORMAT_VERSION = 1;
-export const TOKENIZER_FILE = "tokenizer.json";
-export const EMBEDDINGS_FILE = "embeddings.npy";
-export const ENCODER_FILE = "encoder.onnx";
-export const META_FILE = "bundle.json";
-const HASHED_META = ["format", "format_version", "vocab_size", "dim", "max_length", "special_ids",
-  "unused_ids", "encoder", "files"];
-const HASHED_IF_PRESENT = ["table"]; // absent from the original layout: its ids stay as they were
+// the format's names are shared.bundle's, read from the mechanism spec (shared/spec)
+export const FORMAT: string = BUNDLE_FORMAT.format;
+export const FORMAT_VERSION: number = BUNDLE_FORMAT.format_version;
+export const TOKENIZER_FILE: string = BUNDLE_FORMAT.files.tokenizer;
+export const EMBEDDINGS_FILE: string = BUNDLE_FORMAT.files.embeddings;
+export const ENCODER_FILE: string = BUNDLE_FORMAT.files.encoder;
+export const META_FILE: string = BUNDLE_FORMAT.files.meta;
+const HASHED_META: readonly string[] = BUNDLE_FORMAT.hashed_meta;
+/** absent from the original layout: its ids stay as they were */
+const HASHED_IF_PRESENT: readonly string[] = BUNDLE_FORMAT.hashed_if_present;
 const BUNDLE_ID = /^[0-9a-f]{64}$/;
 
 /** What `bundle.json` says, read as plain values. */
@@ -65,7 +68,7 @@ export class EdgeBundle {
     private readonly designed: DesignedTable | null = null,
   ) {
     if ((modelEmbeddings === null) === (designed === null)) {
-      throw new BundleError("a bundle holds either the model's embeddings or a designed privatization table, exactly one of them");
+      throw new BundleError(message("BUNDLE_EITHER_TABLE"));
     }
     this.table = designed?.values ?? modelEmbeddings!;
     this.tableDim = designed?.dim ?? meta.dim;
@@ -87,9 +90,8 @@ export class EdgeBundle {
    * message) when the bundle carries a designed privatization table instead. */
   get embeddings(): Float32Array {
     if (this.modelEmbeddings === null) {
-      throw new BundleError(`bundle ${this.bundleId.slice(0, 12)}… carries the privatization table `
-        + `${this.tableName} (${this.tableDim} dimensions), not the model's word embeddings: it serves `
-        + "dchi-text only (dchi-embedding needs a bundle with the model's table, e.g. cloud-api make-bundle --table none)");
+      throw new BundleError(message("TABLE_ONLY", { bundle_id12: this.bundleId.slice(0, 12), table: this.tableName,
+        dim: this.tableDim }));
     }
     return this.modelEmbeddings;
   }
@@ -232,7 +234,7 @@ export class EdgeBundle {
                          where: string, expectedId?: string | null): Promise<EdgeBundle> {
     const get = async (name: string): Promise<Uint8Array> => {
       const b = await read(name);
-      if (b === undefined) throw new BundleError(`${where}/${name}: missing`);
+      if (b === undefined) throw new BundleError(message("BUNDLE_MISSING", { where, file: name }));
       return b;
     };
     let raw: RawJson;
@@ -242,31 +244,30 @@ export class EdgeBundle {
       if (exc instanceof BundleError) throw exc;
       throw new BundleError(`${where}/${META_FILE}: not valid JSON (${(exc as Error).message})`);
     }
-    if (raw.kind !== "obj") throw new BundleError(`${where}/${META_FILE}: not a JSON object`);
+    if (raw.kind !== "obj") throw new BundleError(message("BUNDLE_NOT_OBJECT", { where, file: META_FILE }));
     const meta = JSON.parse(pyDumps(raw)) as Record<string, unknown>;
     if (meta.format !== FORMAT || meta.format_version !== FORMAT_VERSION) {
-      throw new BundleError(`${where}/${META_FILE}: not a ${FORMAT} v${FORMAT_VERSION} file`);
+      throw new BundleError(message("BUNDLE_NOT_FORMAT", { where, file: META_FILE, format: FORMAT, version: FORMAT_VERSION }));
     }
     const files = meta.files;
     const vocab = meta.vocab_size;
     const dim = meta.dim;
     if (typeof files !== "object" || files === null || Array.isArray(files)
         || !Number.isInteger(vocab) || !Number.isInteger(dim)) {
-      throw new BundleError(`${where}/${META_FILE}: lacks its files, vocab_size or dim`);
+      throw new BundleError(message("BUNDLE_LACKS", { where, file: META_FILE }));
     }
     const blobs = new Map<string, Uint8Array>();
     for (const name of Object.keys(files).sort()) {
       const blob = await get(name);
       blobs.set(name, blob);
       if (await sha256Hex(blob) !== (files as Record<string, unknown>)[name]) {
-        throw new BundleError(`${where}/${name}: content does not match its hash in ${META_FILE} `
-          + "(corrupted or modified); fetch the bundle again");
+        throw new BundleError(message("BUNDLE_HASH", { where, file: name, meta: META_FILE }));
       }
     }
     const tableRaw = rawGet(raw, "table");
     const designed = pyTruthy(tableRaw);
     for (const required of [TOKENIZER_FILE, designed ? TABLE_FILE : EMBEDDINGS_FILE]) {
-      if (!blobs.has(required)) throw new BundleError(`${where}/${META_FILE}: does not list ${required}`);
+      if (!blobs.has(required)) throw new BundleError(message("BUNDLE_UNLISTED", { where, file: META_FILE, required }));
     }
     const hashed: [string, RawJson][] = HASHED_META.map(
       (k) => [k, rawGet(raw, k) ?? { kind: "lit", value: null }]);
@@ -276,10 +277,10 @@ export class EdgeBundle {
     }
     const id = await sha256Hex(new TextEncoder().encode(pyDumps({ kind: "obj", entries: hashed })));
     if (meta.bundle_id !== id) {
-      throw new BundleError(`${where}/${META_FILE}: bundle_id does not match the contents`);
+      throw new BundleError(message("BUNDLE_ID_MISMATCH", { where, file: META_FILE }));
     }
     if (expectedId != null && meta.bundle_id !== expectedId) {
-      throw new BundleError(`${where}: bundle_id ${String(meta.bundle_id)} is not the expected ${expectedId}`);
+      throw new BundleError(message("BUNDLE_NOT_EXPECTED", { where, bundle_id: String(meta.bundle_id), expected: expectedId }));
     }
     const m = checkMeta(meta, where);
     let tokenizerJson: string;
@@ -300,7 +301,7 @@ export class EdgeBundle {
       arrays = [e.file];
     }
     if (!reproducesId(Object.keys(files), arrays, tableRaw, table)) {
-      throw new BundleError(`${where}: contents do not reproduce bundle_id ${m.bundle_id}`);
+      throw new BundleError(message("BUNDLE_NOT_REPRODUCED", { where, bundle_id: m.bundle_id }));
     }
     return new EdgeBundle(m, emb, tokenizerJson, blobs.get(ENCODER_FILE) ?? null, table);
   }

@@ -9,10 +9,14 @@ import { ExactNearest, scoresOverflow, type NearestOptions } from "./nearest.js"
 import type { BitSource } from "./random.js";
 import { positive, sampleDchiNoise } from "./samplers.js";
 import { measure, now } from "./timing.js";
+import { COMPUTABLE } from "./generated/spec.js";
+import { message } from "./messages.js";
 
-const F32_MAX = 3.4028234663852886e38;
-const F16_MAX = 65504;
-export const TAIL = 40; // noise tails bounded with probability 1 - e^-40
+export { fmtG } from "./messages.js";
+
+const { F32_MAX, F16_MAX } = COMPUTABLE;
+/** noise tails bounded with probability 1 - e^-TAIL (shared.mechanisms.computable.TAIL) */
+export const TAIL: number = COMPUTABLE.TAIL;
 
 /** x with Pr[Gamma(n, 1) >= x] <= e^-tail (sub-gamma bound; Boucheron, Lugosi, Massart §2.4). */
 export function gammaTail(n: number, tail = TAIL): number {
@@ -29,26 +33,9 @@ export function checkDchiEta(eta: number, dim: number, tMax: number,
   let bad = !Number.isFinite(r) || r + tMax > top;
   if (search && !bad) bad = scoresOverflow(r + tMax, tMax);
   if (bad) {
-    const what = floatDtype === "float16" ? "a float16 payload" : "float32";
-    throw new RangeError(`eta=${fmtG(eta)} is too small to compute: the noise norm (up to `
-      + `${fmtG(r, 3)}) overflows ${what}`);
+    const where = message(floatDtype === "float16" ? "WHERE_FLOAT16" : "WHERE_FLOAT32");
+    throw new RangeError(message("DCHI_TOO_SMALL", { eta, norm: r, where }));
   }
-}
-
-/** Python's ``format(x, "g")`` (6 significant digits) or ``.{p}g``. */
-export function fmtG(x: number, precision = 6): string {
-  if (!Number.isFinite(x)) return Number.isNaN(x) ? "nan" : x > 0 ? "inf" : "-inf";
-  if (x === 0) return Object.is(x, -0) ? "-0" : "0";
-  const p = Math.max(precision, 1);
-  const [mant, e] = x.toExponential(p - 1).split("e") as [string, string];
-  const exp = Number(e);
-  if (exp < -4 || exp >= p) {
-    let m = mant.includes(".") ? mant.replace(/0+$/, "").replace(/\.$/, "") : mant;
-    if (m === "-0") m = "0";
-    return `${m}e${exp < 0 ? "-" : "+"}${String(Math.abs(exp)).padStart(2, "0")}`;
-  }
-  const fixed = x.toFixed(Math.max(p - 1 - exp, 0));
-  return fixed.includes(".") ? fixed.replace(/0+$/, "").replace(/\.$/, "") : fixed;
 }
 
 /** Token representation privatization M(x) = φ(x) + N (Qu et al. §3.2.3). */
@@ -71,7 +58,7 @@ export class DChiEmbedding {
     for (let i = 0; i < noise.length; i++) {
       const v = embeddings[i]! + noise[i]!;
       if (!Number.isFinite(Math.fround(v))) {
-        throw new RangeError(`eta=${fmtG(this.eta)} is too small to compute: the noise overflows float32`);
+        throw new RangeError(message("DCHI_NOISE_OVERFLOW", { eta: this.eta }));
       }
       noise[i] = v;
     }

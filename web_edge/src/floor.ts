@@ -2,7 +2,9 @@
  * The privacy floor of shared/floor.py for dχ-privacy: parameters that leave the output
  * (nearly) the raw input are refused, by the same rule and with the same message as the
  * Python edge. Unit = token: the share of regular tokens, drawn uniformly, that the mechanism
- * returns unchanged. Threshold τ = 0.97 (docs/privacy.md says why).
+ * returns unchanged. Threshold τ = 0.97 (docs/privacy.md says why). Every constant below and
+ * every refusal is shared.floor's, read from the mechanism spec (./generated/spec.ts) and worded
+ * by shared/messages.py's templates (./messages.ts); the numbers in this comment are theirs today.
  *
  * The bundle comes from a server the device need not trust, so nothing about its table is
  * trusted, and nothing is cached between checks (a cached figure could be poisoned):
@@ -24,9 +26,11 @@
  */
 
 import type { EdgeBundle } from "./bundle.js";
-import { DChiText, fmtG } from "./dchi.js";
+import { DChiText } from "./dchi.js";
 import { WeakPrivacyError } from "./errors.js";
 import { DChiFloor } from "./floor_estimate.js";
+import { COMPUTABLE, FLOOR } from "./generated/spec.js";
+import { message, pct, weakHead } from "./messages.js";
 import type { ExactNearest, NearestOptions } from "./nearest.js";
 import { resolveSource, type BitSource } from "./random.js";
 import { choiceWithoutReplacement } from "./samplers.js";
@@ -35,17 +39,20 @@ import { measure, now } from "./timing.js";
 
 export { DChiFloor, gammaCdf } from "./floor_estimate.js";
 export { DUPLICATE_SAMPLE, NEAR_DUPLICATE } from "./table_checks.js";
+export { pct } from "./messages.js";
 
-export const THRESHOLD = 0.97;
+// the floor's constants are shared.floor's, read from the mechanism spec (shared/spec)
+/** the share of unchanged tokens above which dχ is refused (shared.floor.THRESHOLD) */
+export const THRESHOLD: number = FLOOR.THRESHOLD;
 /** tokens privatized per step of the direct measurement */
-export const MEASURE_BATCH = 128;
+export const MEASURE_BATCH: number = FLOOR.MEASURE_BATCH;
 /** at most this many, then the estimate decides (its standard error is at most 0.011) */
-export const MEASURE_MAX = 2048;
+export const MEASURE_MAX: number = FLOOR.MEASURE_MAX;
 /** the Wilson interval's z: a wrong early decision has probability < 1e-6 */
-export const MEASURE_Z = 5.0;
+export const MEASURE_Z: number = FLOOR.MEASURE_Z;
 /** (token, direction) pairs of the estimate a refusal quotes */
-export const ESTIMATE_TOKENS = 256;
-const F32_MAX = 3.4028234663852886e38;
+export const ESTIMATE_TOKENS: number = FLOOR.ESTIMATE_TOKENS;
+const F32_MAX: number = COMPUTABLE.F32_MAX;
 
 type DChiName = "dchi-text" | "dchi-embedding";
 
@@ -60,23 +67,6 @@ export function wilsonInterval(k: number, n: number, z = MEASURE_Z): [number, nu
   return [Math.max(0, centre - half), Math.min(1, centre + half)];
 }
 
-/** Python's f"{x:.2f}" for x ≥ 0: JS rounds an exact tie up, Python to the even digit (a tie
- * at two decimals is a double x with 8x an odd integer). */
-function fixed2(x: number): string {
-  const t = 8 * x;
-  if (Number.isInteger(t) && t % 2 === 1) {
-    const lo = Math.floor(x * 100); // exact: x * 100 = 12.5 t
-    return ((lo % 2 === 0 ? lo : lo + 1) / 100).toFixed(2);
-  }
-  return x.toFixed(2);
-}
-
-/** shared.floor._pct: "100%" or the share with two decimals, as Python formats it. */
-export function pct(p: number): string {
-  return p >= 1 ? "100%" : `${fixed2(100 * p)}%`;
-}
-
-const thousands = (n: number): string => n.toLocaleString("en-US");
 // -- the table itself ----------------------------------------------------------------------------
 /** Identical regular rows, per verified bundle (its content cannot change; nothing persists). */
 const IDENTICAL = new WeakMap<EdgeBundle, string | null>();
@@ -144,28 +134,27 @@ export async function dchiWeakReason(name: DChiName, eta: number, bundle: EdgeBu
   if (text.bundle !== bundle || text.eta !== eta) throw new RangeError("the floor's dchi-text mechanism must be the bundle's, at the same eta");
   if (name === "dchi-embedding") void bundle.embeddings; // BundleError: a designed table serves dchi-text only
   const src = resolveSource(options.source);
-  const head = `${name} eta=${fmtG(eta)} is weaker than the privacy floor`;
+  const head = weakHead(message("DCHI_WHAT", { mechanism: name, eta }));
   let t0 = now();
   const problem = await tableProblem(bundle, text.index, src);
   measure("floor-table", t0);
-  if (problem !== null) return `${head}: the bundle's table is degenerate: ${problem}`;
+  if (problem !== null) return message("DCHI_DEGENERATE", { head, problem });
   // shared.floor sums the squares in float32: a sum past float32's range is not finite there
   const top2 = bundle.regularMaxNorm ** 2;
   const tMax = top2 > F32_MAX ? Infinity : Math.sqrt(top2);
   if (!Number.isFinite(eta * 2 * tMax)) {
-    return `${head}: the worst-case epsilon per token (eta x 2 max||phi||) is not finite`;
+    return message("DCHI_NOT_FINITE", { head });
   }
   t0 = now();
   const [same, drawn] = await measureUnchanged(text, src, threshold);
   measure("floor-measure", t0);
   if (same / drawn <= threshold) return null;
-  const what = name === "dchi-text" ? "came back unchanged" : "were their own nearest token after the noise";
+  const outcome = message(name === "dchi-text" ? "DCHI_TEXT_OUTCOME" : "DCHI_EMBEDDING_OUTCOME");
   const reg = bundle.regularIds;
   const estimate = await DChiFloor.compute(bundle.regularTable, reg.length, bundle.tableDim, text.index,
     ESTIMATE_TOKENS, src);
   const start = estimate.floorEta(threshold);
-  return `${head}: ${pct(same / drawn)} of ${thousands(drawn)} tokens drawn at random ${what} `
-    + `(floor ${pct(threshold)}; on this bundle it starts near eta=${fmtG(start, 3)})`;
+  return message("DCHI_MEASURED", { head, share: pct(same / drawn), drawn, outcome, floor: pct(threshold), start });
 }
 
 /**

@@ -12,11 +12,15 @@
  * differs.
  */
 
+import { FLOOR } from "./generated/spec.js";
 import type { ExactNearest } from "./nearest.js";
 import type { BitSource } from "./random.js";
 import { choiceWithoutReplacement, permutation, standardNormal } from "./samplers.js";
 
-export const DIRECTIONS = 256;
+/** distinct directions among the pairs on a large table (shared.floor.DIRECTIONS) */
+export const DIRECTIONS: number = FLOOR.DIRECTIONS;
+/** table values × pairs above which the pairs share DIRECTIONS directions */
+const SHARED_DIRECTIONS_ABOVE: number = FLOOR.SHARED_DIRECTIONS_ABOVE;
 
 /** Pr[Gamma(n, 1) ≤ z] for an integer shape n ≥ 1: 1 − Pr[Poisson(z) ≤ n − 1] (log-sum-exp). */
 export function gammaCdf(n: number, z: number): number {
@@ -110,7 +114,7 @@ export class DChiFloor {
 
   /** The smallest η (to ``rtol``) at which {@link unchanged} exceeds ``threshold``; Infinity if
    * none does, 0 if every η does. */
-  floorEta(threshold: number, rtol = 1e-4): number {
+  floorEta(threshold: number, rtol: number = FLOOR.ESTIMATE_RTOL): number {
     const n = this.exit.length;
     const pos = Array.from(this.exit).filter((e) => e > 0);
     if (pos.length / n <= threshold) return Infinity;
@@ -148,7 +152,7 @@ function floorPairs(rng: BitSource, rows: number, size: number, tokens: number
   } else {
     picked = choiceWithoutReplacement(rng, rows, tokens);
   }
-  const ndir = size * picked.length <= 5e8 ? picked.length : Math.min(picked.length, DIRECTIONS);
+  const ndir = size * picked.length <= SHARED_DIRECTIONS_ABOVE ? picked.length : Math.min(picked.length, DIRECTIONS);
   return { picked, ndir };
 }
 

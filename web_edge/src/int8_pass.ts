@@ -15,18 +15,20 @@
  */
 
 import { f32Up, nextUpF32 } from "./float32.js";
+import { INT8_PASS } from "./generated/spec.js";
 import { oneNodeModel } from "./onnx_model.js";
 import { loadOrt, type Ort } from "./ort.js";
 import { measure, now } from "./timing.js";
 import { Pcg64Source } from "./pcg64.js";
 
-export const MAX_DIM = 1040; // 127² · 1040 < 2^24: the integer scores are exact in int32 and float32
-const U = 2 ** -24;
-const GAMMA4 = (4 * U) / (1 - 4 * U);
-const SLACK = 2 ** -36;
-const TINY = 2 ** -100; // smallest a · b_j: no float32 underflow in the kernel's multiplier
-const PAD_BIAS = 1e38; // score of the padding rows (zero integers): never a candidate
-const PAD = 16; // rows padded to a multiple of 16 (MLAS's column blocks)
+// the bound's constants are shared.mechanisms.int8_pass's, read from the mechanism spec
+/** 127² · MAX_DIM < 2^24: the integer scores are exact in int32 and float32 */
+export const MAX_DIM: number = INT8_PASS.MAX_DIM;
+const GAMMA4: number = INT8_PASS.GAMMA4; // 4u / (1 − 4u), u = 2^-24 (float32's unit roundoff)
+const SLACK: number = INT8_PASS.SLACK; // 2^-36
+const TINY: number = INT8_PASS.TINY; // 2^-100: smallest a · b_j, no float32 underflow in the kernel's multiplier
+const PAD_BIAS: number = INT8_PASS.PAD_BIAS; // score of the padding rows (zero integers): never a candidate
+const PAD: number = INT8_PASS.BLOCK; // rows padded to a multiple of BLOCK (MLAS's column blocks)
 
 /**
  * Step 1 for the rows of ``t`` (rows × dim): the step b_j per row (a float32, as a number; 1

@@ -23,16 +23,19 @@
 
 import { fmtG } from "./dchi.js";
 import { BudgetRefused } from "./errors.js";
+import { message } from "./messages.js";
+import { FAMILIES as SPEC_FAMILIES, MECHANISMS as MECHANISM_SPECS, type FamilyName } from "./generated/spec.js";
 import { pyDumps, type PyValue } from "./pyjson.js";
 
-export const FAMILIES = ["dchi", "laplace", "randomized-response", "texthide", "none"] as const;
-export type Family = (typeof FAMILIES)[number];
-const FAMILY_OF: Record<string, Family> = {
-  "dchi-text": "dchi", "dchi-embedding": "dchi", laplace: "laplace", ome: "randomized-response",
-  texthide: "texthide", none: "none",
-};
-const NO_EPSILON: Family[] = ["texthide", "none"];
-export const MEMO_FAMILIES: Family[] = ["dchi", "laplace", "randomized-response"];
+// the budget families, each mechanism's and the memo rule are shared.ledger's, read from the
+// mechanism spec (shared/spec)
+export type Family = FamilyName;
+export const FAMILIES: readonly Family[] = SPEC_FAMILIES.map((f) => f.name);
+const FAMILY_OF: Readonly<Record<string, Family>> = Object.fromEntries(MECHANISM_SPECS.map((m) => [m.name, m.family]));
+/** families without a differential-privacy ε (their spend has none) */
+const NO_EPSILON: readonly Family[] = SPEC_FAMILIES.filter((f) => !f.epsilon).map((f) => f.name);
+/** families whose repeats are memoized (free) */
+export const MEMO_FAMILIES: readonly Family[] = SPEC_FAMILIES.filter((f) => f.memo).map((f) => f.name);
 export const DAY_MS = 86_400_000;
 /** Epochs of the monotonic clock whose anchors a ledger keeps (the most recent). */
 export const MAX_ANCHORS = 16;
@@ -81,7 +84,7 @@ export function dchiCost(mechanism: string, eta: number, tokens: number, diam: n
   checkAmount("table diameter", diam);
   const eps = eta * tokens * diam;
   if (!Number.isFinite(eps)) {
-    throw new RangeError(`${mechanism}: the worst-case epsilon of this privatization is not finite (${eps}); the ledger cannot count it`);
+    throw new RangeError(message("LEDGER_NOT_FINITE", { mechanism, epsilon: eps }));
   }
   return { family: fam, epsilon: eps, metric: eta * tokens, tokens, sends: 1, eta };
 }
@@ -90,7 +93,7 @@ export function dchiCost(mechanism: string, eta: number, tokens: number, diam: n
  * vector's; ome: summed over the bits). */
 export function vectorCost(mechanism: "laplace" | "ome", epsilon: number): Cost {
   if (!Number.isFinite(epsilon) || epsilon < 0) {
-    throw new RangeError(`${mechanism}: the worst-case epsilon of this privatization is not finite (${epsilon}); the ledger cannot count it`);
+    throw new RangeError(message("LEDGER_NOT_FINITE", { mechanism, epsilon: epsilon }));
   }
   return { family: familyOf(mechanism), epsilon, metric: 0, tokens: 0, sends: 1, eta: null };
 }
@@ -419,14 +422,13 @@ export class Ledger {
   refusal(st: Status, cost: Cost, what: string): string | null {
     if (st.cap === null && st.perDay === null) return null;
     const eps = cost.epsilon;
-    if (eps === null) {
-      return `${cost.family} has no differential-privacy epsilon, and this ledger has a cap: it cannot admit it (${TOOL} --cap none removes the cap)`;
-    }
+    if (eps === null) return message("BUDGET_NO_EPSILON", { family: cost.family, tool: TOOL });
     if (!fits(st.spent, eps, st.cap)) {
-      return `privacy budget: spent ${fmtEps(st.spent)}, ${what} needs ${fmtEps(eps)}, cap ${fmtEps(st.cap)} (worst-case epsilon; ${TOOL})`;
+      return message("BUDGET_CAP", { spent: fmtEps(st.spent), what, needs: fmtEps(eps), cap: fmtEps(st.cap), tool: TOOL });
     }
     if (!fits(st.daySpent, eps, st.perDay)) {
-      return `privacy budget: spent ${fmtEps(st.daySpent)} in the last 24 hours, ${what} needs ${fmtEps(eps)}, per-day cap ${fmtEps(st.perDay)} (worst-case epsilon; ${TOOL})`;
+      return message("BUDGET_PER_DAY", { spent: fmtEps(st.daySpent), what, needs: fmtEps(eps), cap: fmtEps(st.perDay),
+        tool: TOOL });
     }
     return null;
   }

@@ -21,14 +21,15 @@
  */
 
 import { nextUpF32 } from "./float32.js";
+import { COMPUTABLE, INT8_PASS } from "./generated/spec.js";
 import { Int8CandidatePass, sqDist } from "./int8_pass.js";
 import { ortAtHand } from "./ort.js";
 import { LoopTableProduct, OrtTableProduct, type OrtOptions, type TableProduct } from "./table_product.js";
 
 export { nextUpF32 } from "./float32.js";
 
-const U32 = 2 ** -24; // unit roundoff of float32
-const F32_MAX = 3.4028234663852886e38;
+const U32: number = INT8_PASS.U; // 2^-24: unit roundoff of float32 (shared.mechanisms.int8_pass.U)
+const F32_MAX: number = COMPUTABLE.F32_MAX;
 /** Multiply-adds per query (rows × dim) from which the search uses onnxruntime-web's kernels;
  * below, the plain JS loop (bench/results/web_edge.md: on a 29,523 × 32 table the loop takes
  * about 2 ms a query, no WebAssembly to fetch; a 30,522 × 384 table is 12× the work). */

@@ -6,6 +6,8 @@
  * cannot tell the two edges apart and the conformance tests can compare bytes.
  */
 
+import { MECHANISMS } from "./generated/spec.js";
+
 export type FloatDtype = "float32" | "float16";
 export type TokenMechanism = "dchi-text" | "dchi-embedding";
 
@@ -75,9 +77,13 @@ function shortestFixed(x: number): string {
   return `${neg ? "-" : ""}0.${"0".repeat(-exp - 1)}${digits}`;
 }
 
-/** Parameters that are integers on the wire (OME's bit layout); every other number is a float
- * (η = 65 is "65.0"). */
-const INT_PARAMS = new Set(["int_bits", "frac_bits", "m", "k"]);
+/** Parameters that are integers on the wire (the spec's JSON Schema type "integer": OME's bit
+ * layout, TextHide's m and k); every other number is a float (η = 65 is "65.0"). */
+const INT_PARAMS: ReadonlySet<string> = new Set(MECHANISMS.flatMap((m) =>
+  Object.entries(m.params.properties as Record<string, { type: string }>)
+    .filter(([, p]) => p.type === "integer").map(([name]) => name)));
+/** each mechanism's array field in its payload (shared.payload's, from the spec) */
+const FIELD: Readonly<Record<string, string>> = Object.fromEntries(MECHANISMS.map((m) => [m.name, m.payload.field]));
 
 /** JSON of a params object as the Python edge writes it, in the order given. */
 export function paramsJson(params: Record<string, number | string>): string {
@@ -89,7 +95,7 @@ export function paramsJson(params: Record<string, number | string>): string {
 /** The JSON of one vector payload: laplace (float32 (r,)) or ome (bits (r·l,)). */
 export function vectorPayloadJson(mechanism: "laplace" | "ome", params: Record<string, number | string>,
                                   bundleId: string, data: { dtype: string; shape: number[]; bytes: Uint8Array }): string {
-  const field = mechanism === "ome" ? "bits" : "vector";
+  const field = FIELD[mechanism]!;
   return `{"version":1,"bundle_id":${JSON.stringify(bundleId)},"mechanism":"${mechanism}",`
     + `"params":${paramsJson(params)},"${field}":{"dtype":"${data.dtype}",`
     + `"shape":[${data.shape.join(",")}],"data":"${base64(data.bytes)}"}}`;
@@ -157,7 +163,7 @@ export function floatBytes(values: Float64Array | Float32Array, dtype: FloatDtyp
 export function tokenPayloadJson(mechanism: TokenMechanism, params: Record<string, number | string>, bundleId: string,
                                  data: { dtype: string; shape: number[]; bytes: Uint8Array },
                                  segments: number[] | null): string {
-  const field = mechanism === "dchi-text" ? "token_ids" : "embeddings";
+  const field = FIELD[mechanism]!;
   const seg = segments ? `"segments":[${segments.join(",")}],` : "";
   return `{"version":1,"bundle_id":${JSON.stringify(bundleId)},${seg}"mechanism":"${mechanism}",`
     + `"params":${paramsJson(params)},"${field}":{"dtype":"${data.dtype}",`

@@ -17,6 +17,7 @@
 import { PrivbertClient, type BundleCache, type ModelInfo, type ProgressCallback } from "./client.js";
 import type { EdgeBundle } from "./bundle.js";
 import { BundleError } from "./errors.js";
+import { message } from "./messages.js";
 
 export const TRUSTED_ENV = "PRIVBERT_TRUSTED_BUNDLES";
 const BUNDLE_ID = /^[0-9a-f]{64}$/;
@@ -85,8 +86,8 @@ export function serverKey(server: string, modelId: string): string {
 /** BundleChanged unless ``bundleId`` is one of ``trusted`` (when the app names any). */
 export function checkTrusted(bundleId: string, trusted: ReadonlySet<string>): void {
   if (trusted.size && !trusted.has(bundleId)) {
-    throw new BundleChanged(`bundle ${bundleId.slice(0, 12)}… is not one of the ${trusted.size} bundle `
-      + `id(s) this app trusts (--trusted-bundles / $${TRUSTED_ENV}); refusing it`);
+    throw new BundleChanged(message("PIN_NOT_TRUSTED", { bundle_id12: bundleId.slice(0, 12), count: trusted.size,
+      env: TRUSTED_ENV }));
   }
 }
 
@@ -113,9 +114,8 @@ export async function checkPin(store: PinStore, server: string, modelId: string,
   const old = await store.get(key);
   if (old === bundleId) return "same";
   if (old !== null && !accept.has(bundleId) && !trusted.has(bundleId)) {
-    throw new BundleChanged(`model ${modelId} at ${server} now names bundle ${bundleId.slice(0, 12)}…, not the `
-      + `bundle ${old.slice(0, 12)}… this device accepted for it first; a bundle decides what `
-      + `privatization means, so it never changes silently (accept it with --accept-bundle ${bundleId})`);
+    throw new BundleChanged(message("PIN_CHANGED", { model_id: modelId, server, bundle_id12: bundleId.slice(0, 12),
+      pinned12: old.slice(0, 12), bundle_id: bundleId }));
   }
   if (options.record ?? true) await store.put(key, bundleId);
   return old === null ? "pinned" : "accepted";

@@ -18,6 +18,7 @@ import type { EdgeBundle } from "./bundle.js";
 import { DChiEmbedding, DChiText, checkDchiEta } from "./dchi.js";
 import { TextError } from "./errors.js";
 import { checkDchiFloor } from "./floor.js";
+import { message } from "./messages.js";
 import { dchiCost, vectorCost, type Cost } from "./ledger.js";
 import type { NearestOptions } from "./nearest.js";
 import {
@@ -33,7 +34,7 @@ export type Mechanism = (typeof MECHANISMS)[number];
 const PYTHON_ONLY: Record<string, string> = {
   texthide: "texthide stays in the Python edge (edge-agent): it has no differential-privacy "
     + "guarantee and needs a secret mask pool; use edge-agent privatize --mechanism texthide",
-  none: "mechanism none sends plain token ids the server can read: the web edge does not send them",
+  none: `${message("NONE_REFUSED")}; the web edge does not send it`,
 };
 
 /** Word-piece ids of one text (or pair) after the length policy. */

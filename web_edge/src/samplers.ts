@@ -17,6 +17,7 @@
  * {@link Pcg64Source} gives the Python edge's noise for the same seed.
  */
 
+import { message } from "./messages.js";
 import { BitSource, resolveSource } from "./random.js";
 import {
   FE_DOUBLE, FI_DOUBLE, KE_DOUBLE, KI_DOUBLE, WE_DOUBLE, WI_DOUBLE, ZIGGURAT_EXP_R,
@@ -229,7 +230,7 @@ export function sampleDchiNoise(count: number, dim: number, eta: number,
   positive("eta", eta);
   const scale = 1 / eta;
   if (!Number.isFinite(scale)) {
-    throw new RangeError(`eta=${eta} is too small to compute: 1/eta overflows`);
+    throw new RangeError(message("DCHI_INVERSE_OVERFLOW", { eta }));
   }
   const src = resolveSource(source);
   const radius = new Float64Array(count);

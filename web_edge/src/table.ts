@@ -12,12 +12,14 @@
  */
 
 import { BundleError } from "./errors.js";
+import { BUNDLE_FORMAT } from "./generated/spec.js";
+import { message } from "./messages.js";
 import { readNpy, type NpyFile } from "./npy.js";
 import { rawGet, type RawJson } from "./pyjson.js";
 
-export const TABLE_FILE = "table.npy";
-export const TABLE_SCALE_FILE = "table_scale.npy";
-const META_FILE = "bundle.json";
+export const TABLE_FILE: string = BUNDLE_FORMAT.files.table;
+export const TABLE_SCALE_FILE: string = BUNDLE_FORMAT.files.table_scale;
+const META_FILE: string = BUNDLE_FORMAT.files.meta;
 const NPY_DTYPES = { float32: "<f4", int8: "|i1" } as const;
 
 /** A designed privatization table, checked whole. */
@@ -100,18 +102,18 @@ function plain(v: RawJson): unknown {
  * shared.bundle._read_table, for a block, dtype, shape or scale that does not fit.
  */
 export function readTable(blobs: Map<string, Uint8Array>, info: RawJson, vocab: number, where: string): DesignedTable {
-  if (info.kind !== "obj") throw new BundleError(`${where}/${META_FILE}: its table block is not an object`);
+  if (info.kind !== "obj") throw new BundleError(message("BUNDLE_TABLE_BLOCK", { where, file: META_FILE }));
   const dtypeRaw = rawGet(info, "dtype");
   const dimRaw = rawGet(info, "dim");
   const dtype = dtypeRaw?.kind === "str" ? dtypeRaw.value : null;
   const dim = dimRaw?.kind === "num" && /^-?\d+$/.test(dimRaw.text) ? Number(dimRaw.text) : null;
   if ((dtype !== "float32" && dtype !== "int8") || dim === null || dim < 1) {
-    throw new BundleError(`${where}/${META_FILE}: the table's dtype ${pyRepr(dtypeRaw)} or dim ${pyRepr(dimRaw)} `
-      + "is not one this edge reads (float32 or int8, dim >= 1)");
+    throw new BundleError(message("BUNDLE_TABLE_KIND", { where, file: META_FILE, dtype: pyRepr(dtypeRaw),
+      dim: pyRepr(dimRaw) }));
   }
   const file = rawGet(info, "file");
   if (file?.kind !== "str" || file.value !== TABLE_FILE) {
-    throw new BundleError(`${where}/${META_FILE}: the table must be stored in ${TABLE_FILE}`);
+    throw new BundleError(message("BUNDLE_TABLE_FILE", { where, file: META_FILE, table_file: TABLE_FILE }));
   }
   const stored = readNpy(blobs.get(TABLE_FILE)!, TABLE_FILE, NPY_DTYPES[dtype], [vocab, dim], where);
   const files = [stored.file];
@@ -119,7 +121,7 @@ export function readTable(blobs: Map<string, Uint8Array>, info: RawJson, vocab: 
   if (dtype === "int8") {
     const scaleFile = rawGet(info, "scale_file");
     if (scaleFile?.kind !== "str" || scaleFile.value !== TABLE_SCALE_FILE || !blobs.has(TABLE_SCALE_FILE)) {
-      throw new BundleError(`${where}/${META_FILE}: an int8 table needs its ${TABLE_SCALE_FILE}`);
+      throw new BundleError(message("BUNDLE_TABLE_SCALE", { where, file: META_FILE, scale_file: TABLE_SCALE_FILE }));
     }
     const scale = readNpy(blobs.get(TABLE_SCALE_FILE)!, TABLE_SCALE_FILE, "<f4", [dim], where);
     files.push(scale.file);
@@ -131,7 +133,7 @@ export function readTable(blobs: Map<string, Uint8Array>, info: RawJson, vocab: 
   } else {
     values = stored.values as Float32Array;
     for (const x of values) {
-      if (!Number.isFinite(x)) throw new BundleError(`${where}/${TABLE_FILE}: the table has non-finite values`);
+      if (!Number.isFinite(x)) throw new BundleError(message("BUNDLE_TABLE_NON_FINITE", { where, file: TABLE_FILE }));
     }
   }
   return { values, dim, dtype, info: plain(info) as Record<string, unknown>, files };

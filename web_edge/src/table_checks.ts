@@ -14,20 +14,21 @@
  */
 
 import type { EdgeBundle } from "./bundle.js";
-import { fmtG } from "./dchi.js";
+import { FLOOR } from "./generated/spec.js";
+import { message } from "./messages.js";
 import type { ExactNearest } from "./nearest.js";
 import type { BitSource } from "./random.js";
 import { choiceWithoutReplacement } from "./samplers.js";
 
-/** rows nearer than this share of the median nearest-row distance are near-duplicates */
-export const NEAR_DUPLICATE = 1e-3;
+/** rows nearer than this share of the median nearest-row distance are near-duplicates
+ * (shared.floor.NEAR_DUPLICATE, from the spec) */
+export const NEAR_DUPLICATE: number = FLOOR.NEAR_DUPLICATE;
 /** rows whose nearest other row is measured (drawn afresh at each check) */
-export const DUPLICATE_SAMPLE = 256;
+export const DUPLICATE_SAMPLE: number = FLOOR.DUPLICATE_SAMPLE;
 const FILTER_COORDS = 4; // coordinates checked per candidate, the widest spread first
 const NEIGHBOURS = 4; // rows beside a row in the sorted coordinate: its upper bounds
 const SPREAD_ROWS = 2048; // rows whose spread picks the coordinates
 
-const thousands = (n: number): string => n.toLocaleString("en-US");
 
 /** Why the regular rows hold non-finite values or identical rows (bit for bit, as numpy's
  * unique over their bytes), else null. */
@@ -36,7 +37,7 @@ export function identicalRows(bundle: EdgeBundle): string | null {
   const n = bundle.regularIds.length;
   const dim = bundle.tableDim;
   // a non-finite value makes its row's norm² (float64 sums of float32 squares) non-finite
-  for (const q of bundle.regularNorms2()) if (!Number.isFinite(q)) return "its table has non-finite values";
+  for (const q of bundle.regularNorms2()) if (!Number.isFinite(q)) return message("TABLE_NON_FINITE");
   const bits = new Uint32Array(t.buffer, t.byteOffset, t.length);
   const same = (a: number, b: number): boolean => {
     for (let k = 0; k < dim; k++) if (bits[a * dim + k] !== bits[b * dim + k]) return false;
@@ -67,8 +68,7 @@ export function identicalRows(bundle: EdgeBundle): string | null {
     }
   }
   if (rows === 0) return null;
-  return `${thousands(tokens)} of its ${thousands(n)} regular tokens share ${thousands(rows)} rows `
-    + "(identical rows: the search can never return some of them)";
+  return message("TABLE_IDENTICAL", { tokens, rows: n, groups: rows });
 }
 
 export function median(x: Float64Array): number {
@@ -224,8 +224,7 @@ export async function nearDuplicates(bundle: EdgeBundle, index: ExactNearest, so
   let close = 0;
   for (const d of hi) if (d < NEAR_DUPLICATE * med) close++;
   if (med > 0 && close) {
-    return `${close} of ${n} regular rows drawn at random lie within ${fmtG(NEAR_DUPLICATE)} x the median `
-      + "nearest-row distance of another row (near-duplicate rows)";
+    return message("TABLE_NEAR_DUPLICATES", { close, n, near: NEAR_DUPLICATE });
   }
   return null;
 }

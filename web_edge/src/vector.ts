@@ -17,17 +17,22 @@
  */
 
 import type { EdgeBundle } from "./bundle.js";
-import { fmtG } from "./dchi.js";
 import { WeakPrivacyError } from "./errors.js";
-import { pct, THRESHOLD } from "./floor.js";
+import { THRESHOLD } from "./floor.js";
+import { COMPUTABLE, FLOOR, MECHANISMS } from "./generated/spec.js";
+import { message, pct, weakHead } from "./messages.js";
 import { loadOrt } from "./ort.js";
 import type { BitSource } from "./random.js";
 import { resolveSource } from "./random.js";
 import { positive } from "./samplers.js";
 
-const F32_MAX = 3.4028234663852886e38;
-const TAIL = 40;
-const LAPLACE_STEP = 2 ** -23; // the float32 step at 1
+const { F32_MAX, TAIL } = COMPUTABLE;
+const LAPLACE_STEP: number = FLOOR.LAPLACE_STEP; // 2^-23: the float32 step at 1
+/** OME's parameters its refusals name (those it takes as flags: not the bit layout) */
+const OME_SPEC = MECHANISMS.find((m) => m.name === "ome")!;
+const OME_NAMED = OME_SPEC.flags.map((f) => f.param);
+/** OME's default bit layout (OMEParams' defaults): 1 sign + 4 integer + 5 fraction bits */
+const OME_LAYOUT = OME_SPEC.params.properties;
 
 function sigmoid(x: number): number {
   if (x >= 0) return 1 / (1 + Math.exp(-x));
@@ -88,18 +93,18 @@ export class Laplace {
   checkComputable(dim: number): void {
     const b = this.scale(dim);
     if (!Number.isFinite(b) || 1 + b * TAIL > F32_MAX / 4) {
-      throw new RangeError(`epsilon=${fmtG(this.epsilon)} is too small to compute: the Laplace noise (scale ${fmtG(b, 3)}) overflows float32`);
+      throw new RangeError(message("LAPLACE_TOO_SMALL", { epsilon: this.epsilon, scale: b }));
     }
   }
 
   weakReason(dim: number, threshold = THRESHOLD): string | null {
-    const head = `laplace epsilon=${fmtG(this.epsilon)} is weaker than the privacy floor`;
-    if (!Number.isFinite(this.vectorEpsilon(dim))) return `${head}: the worst-case epsilon of the vector is not finite`;
+    const head = weakHead(message("LAPLACE_WHAT", { epsilon: this.epsilon }));
+    if (!Number.isFinite(this.vectorEpsilon(dim))) return message("LAPLACE_NOT_FINITE", { head });
     const b = this.scale(dim);
     const within = b > 0 ? -Math.expm1(-LAPLACE_STEP / b) : 1;
     const p = within > 0 ? Math.exp(dim * Math.log(within)) : 0;
     if (p <= threshold) return null;
-    return `${head}: the noise (scale ${fmtG(b, 3)}) leaves every coordinate within float32 rounding (2^-23) of the raw vector with probability ${pct(p)} (floor ${pct(threshold)})`;
+    return message("LAPLACE_ROUNDING", { head, scale: b, share: pct(p), floor: pct(threshold) });
   }
 
   /** Noisy scaled vectors (b × r, float64) of the encoder's vectors. */
@@ -130,7 +135,8 @@ export class OME {
   readonly nBits: number;
   readonly maxAbs: number;
 
-  constructor(epsilon: number, lam: number, readonly dim: number, readonly intBits = 4, readonly fracBits = 5) {
+  constructor(epsilon: number, lam: number, readonly dim: number, readonly intBits: number = OME_LAYOUT.int_bits.default,
+              readonly fracBits: number = OME_LAYOUT.frac_bits.default) {
     this.epsilon = positive("epsilon", epsilon);
     this.lam = positive("lam", lam);
     this.bitsPerValue = 1 + intBits + fracBits;
@@ -161,16 +167,17 @@ export class OME {
 
   weakReason(threshold = THRESHOLD): string | null {
     const [p, q] = this.bitProbabilities();
-    const head = `ome epsilon=${fmtG(this.epsilon)}, lam=${fmtG(this.lam)} is weaker than the privacy floor`;
-    if (!Number.isFinite(bitFlipEpsilon(p, q))) {
-      return `${head}: the worst-case epsilon is not finite (a flip probability rounds to 0 or 1, so some outputs certify the input)`;
-    }
+    const values: Record<string, number> = this.params;
+    const params = OME_NAMED.map((name) => message("BITS_PARAM", { name, value: values[name]! }))
+      .join(message("BITS_PARAM_JOIN"));
+    const head = weakHead(message("BITS_WHAT", { mechanism: this.name, params }));
+    if (!Number.isFinite(bitFlipEpsilon(p, q))) return message("BITS_NOT_FINITE", { head });
     const mq = Math.max(q, 1 - q);
     let logProb = 0;
     for (const x of p) logProb += Math.log(Math.min(Math.max(x, 1 - x), mq));
     const prob = Math.exp(logProb);
     if (prob <= threshold) return null;
-    return `${head}: with probability ${pct(prob)} every one of the ${this.nBits} bits is a fixed function of the input bit (floor ${pct(threshold)})`;
+    return message("BITS_FIXED", { head, share: pct(prob), n_bits: this.nBits, floor: pct(threshold) });
   }
 
   /** z-score, clip, fixed-point bits (b × n_bits, 0/1). */

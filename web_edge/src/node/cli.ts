@@ -26,7 +26,7 @@ import { fmtG } from "../dchi.js";
 import { Ledger, fmtEps, total, type Cost } from "../ledger.js";
 import { recordLine } from "../payload.js";
 import { Pcg64Source } from "../pcg64.js";
-import { Privatizer, nTokens, type TokenizedText } from "../privatizer.js";
+import { MECHANISMS, Privatizer, nTokens, type Mechanism, type PrivatizerOptions, type TokenizedText } from "../privatizer.js";
 import { TextTokenizer } from "../tokenizer.js";
 import { checkTrusted, parseIds, pinnedBundle, TRUSTED_ENV } from "../pins.js";
 import { DirBundleCache, loadBundleDir } from "./caches.js";
@@ -34,6 +34,10 @@ import { nodeClock } from "./clock.js";
 import { FileLedgerStore, defaultLedgerPath } from "./file_ledger.js";
 import { batches, InputError, type Batch, type Line } from "./input.js";
 import { FilePinStore } from "./pins.js";
+import { THRESHOLD } from "../floor.js";
+import { PARAM_RTOL } from "../generated/spec.js";
+import { message } from "../messages.js";
+import { mechanismFlags, mechanismParams, neededParams, paramFlags, usageAlternatives, type ParamFlag } from "./mechanism_flags.js";
 
 const PROG = "privbert-edge";
 
@@ -44,9 +48,11 @@ class ArgError extends UsageError {}
 /** A run-time failure with a message that says what to do: exit code 1. */
 class CliError extends Error {}
 
-const USAGE = `usage: ${PROG} privatize FILE ([--mechanism dchi-text|dchi-embedding] --eta ETA
-         | --mechanism laplace --epsilon EPS [--calibration vector|coordinate] [--word-dropout MU]
-         | --mechanism ome --epsilon EPS --lam LAM)
+// the mechanism flags, from the mechanism spec (./mechanism_flags.ts): none is listed here
+const PARAM_FLAGS: readonly ParamFlag[] = paramFlags();
+const DEFAULT_MECHANISM: Mechanism = "dchi-text";
+
+const USAGE = `usage: ${PROG} privatize FILE (${usageAlternatives(DEFAULT_MECHANISM).join("\n         | ")})
          (--bundle DIR | --server URL [--model ID] [--api-key KEY]) [-o OUT.jsonl]
          [--post predict|records [--task T]] [--tsv] [--header auto|yes|no]
          [--ledger FILE] [--cap EPS] [--per-day EPS] [--no-memo] [--empty skip|error] [--truncate first|error]
@@ -56,6 +62,8 @@ const USAGE = `usage: ${PROG} privatize FILE ([--mechanism dchi-text|dchi-embedd
        ${PROG} budget [--ledger FILE] [--cap EPS|none] [--per-day EPS|none]
        ${PROG} tokenize FILE --bundle DIR   (word-piece ids per line, as JSON; nothing is sent)
 
+mechanism parameters:
+${PARAM_FLAGS.map((f) => `  --${f.name} ${f.metavar}: ${f.help}`).join("\n")}
 input: one record per line (UTF-8); with --tsv: text<TAB>label or text_a<TAB>text_b<TAB>label.
 output: one JSON record per line, {"payload": {...}, "label": ...}, as edge-agent writes them.
 policies (the Python edge's): empty lines and texts without word pieces are skipped and counted
@@ -71,10 +79,10 @@ privacy budget: every payload is charged to the device ledger (--ledger FILE, de
   parameters, bundle) gets the payload stored the first time, at no cost (--no-memo: fresh draws).
 bundles: the first bundle a server names for a model is pinned (pins.json beside the bundle
   cache, shared with edge-agent); another one later is refused until accepted with
-  --accept-bundle ID. --trusted-bundles IDS (default $PRIVBERT_TRUSTED_BUNDLES): the only
+  --accept-bundle ID. --trusted-bundles IDS (default $${TRUSTED_ENV}): the only
   bundle ids this app uses, comma-separated.
 privacy floor: measured on the bundle at every run (tokens drawn with OS entropy, privatized
-  at --eta); a degenerate table or an eta that leaves more than 97% of tokens unchanged is
+  at --eta); a degenerate table or an eta that leaves more than ${fmtG(100 * THRESHOLD)}% of tokens unchanged is
   refused (exit 2) unless --allow-weak-privacy.
 randomness: OS entropy (crypto.getRandomValues). --seed makes the noise reproducible (numpy's
   default_rng(seed), as edge-agent --seed) and predictable: experiments only.
@@ -105,9 +113,8 @@ function warn(msg: string): void {
   process.stderr.write(`${PROG}: warning: ${msg}\n`);
 }
 
-const OPTIONS = {
-  mechanism: { type: "string" }, eta: { type: "string" }, epsilon: { type: "string" },
-  calibration: { type: "string" }, "word-dropout": { type: "string" }, lam: { type: "string" },
+const BASE_OPTIONS = {
+  mechanism: { type: "string" },
   bundle: { type: "string" },
   server: { type: "string" }, model: { type: "string" }, "api-key": { type: "string" },
   output: { type: "string", short: "o" }, post: { type: "string" }, task: { type: "string" },
@@ -119,8 +126,14 @@ const OPTIONS = {
   format: { type: "string" }, help: { type: "boolean", short: "h" },
   "accept-bundle": { type: "string", multiple: true }, "trusted-bundles": { type: "string" },
 } as const;
+type OptionSpec = { type: "string" | "boolean"; short?: string; multiple?: boolean };
+const OPTIONS: Readonly<Record<string, OptionSpec>> = {
+  ...Object.fromEntries(PARAM_FLAGS.map((f) => [f.name, { type: "string" }])), ...BASE_OPTIONS,
+};
 
-type Values = ReturnType<typeof parseArgs<{ options: typeof OPTIONS; allowPositionals: true }>>["values"];
+/** The parsed flags: the fixed ones typed, the mechanism parameters' as strings by flag name. */
+type Values = ReturnType<typeof parseArgs<{ options: typeof BASE_OPTIONS; allowPositionals: true }>>["values"]
+  & Readonly<Record<string, string | boolean | string[] | undefined>>;
 
 function parse(argv: string[]): { command: string | undefined; positionals: string[]; v: Values } {
   // "--eta -1": a negative number is the flag's value, as argparse reads it (then refused)
@@ -129,7 +142,7 @@ function parse(argv: string[]): { command: string | undefined; positionals: stri
     const a = argv[i]!;
     const name = a.startsWith("--") ? a.slice(2) : null;
     const next = argv[i + 1];
-    if (name !== null && name in OPTIONS && (OPTIONS as Record<string, { type: string }>)[name]!.type === "string"
+    if (name !== null && name in OPTIONS && OPTIONS[name]!.type === "string"
         && next !== undefined && /^-(\d|\.\d|inf|nan)/i.test(next)) {
       args.push(`${a}=${next}`);
       i++;
@@ -140,7 +153,7 @@ function parse(argv: string[]): { command: string | undefined; positionals: stri
   argv = args;
   try {
     const { values, positionals } = parseArgs({ args: argv, options: OPTIONS, allowPositionals: true, strict: true });
-    return { command: positionals[0], positionals: positionals.slice(1), v: values };
+    return { command: positionals[0], positionals: positionals.slice(1), v: values as Values };
   } catch (exc) {
     throw new ArgError((exc as Error).message.split("\n")[0]!.replace(/\. To specify a positional.*$/, ""));
   }
@@ -190,12 +203,9 @@ async function runBudget(v: Values): Promise<number> {
 // -- privatize --------------------------------------------------------------------------------
 interface Options {
   file: string;
-  mechanism: "dchi-text" | "dchi-embedding" | "laplace" | "ome";
-  eta?: number;
-  epsilon?: number;
-  calibration?: "vector" | "coordinate";
-  wordDropout?: number;
-  lam?: number;
+  mechanism: Mechanism;
+  /** the mechanism's parameters, each given value or its default, in the spec's order */
+  params: Record<string, number | string>;
   output: string | null;
   post: "predict" | "records" | null;
   task: string | null;
@@ -211,14 +221,13 @@ interface Options {
   memo: boolean;
 }
 
-// the flags that configure each mechanism (edge_agent.privatize.options.MECHANISM_FLAGS); any other given is a usage error
-const MECHANISM_FLAGS: Record<string, string[]> = {
-  "dchi-text": ["eta"], "dchi-embedding": ["eta", "float16"],
-  laplace: ["epsilon", "calibration", "word-dropout"], ome: ["epsilon", "lam"],
-};
-const NEEDED: Record<string, string[]> = {
-  "dchi-text": ["eta"], "dchi-embedding": ["eta"], laplace: ["epsilon"], ome: ["epsilon", "lam"],
-};
+/** A mechanism parameter's value from its flag's text, by the spec's JSON type, as argparse
+ * reads it (its messages). */
+function paramValue(f: ParamFlag, text: string): number | string {
+  if (f.choices) return choice(f.name, text, f.choices, f.choices[0]!);
+  if (f.type === "string") return text;
+  return num(f.name, text, f.type === "integer")!;
+}
 
 function options(positionals: string[], v: Values): Options {
   if (positionals.length !== 1) throw new UsageError("privatize takes one FILE (- for stdin)");
@@ -226,25 +235,28 @@ function options(positionals: string[], v: Values): Options {
   if (mech === "texthide" || mech === "none") {
     throw new UsageError(mech === "texthide"
       ? "--mechanism texthide stays in the Python edge (no differential-privacy guarantee, a secret mask pool): use edge-agent privatize"
-      : "--mechanism none sends plain token ids the server can read: the web edge does not send them; use edge-agent privatize --allow-none");
+      : `--${message("NONE_REFUSED")}; the web edge does not send it: use edge-agent privatize --allow-none`);
   }
-  const mechanism = choice("mechanism", mech, ["dchi-text", "dchi-embedding", "laplace", "ome"] as const, "dchi-text");
-  const given = ["eta", "epsilon", "calibration", "word-dropout", "lam", "float16"].filter(
-    (f) => (v as Record<string, unknown>)[f] !== undefined && (v as Record<string, unknown>)[f] !== false);
-  const stray = given.filter((f) => !MECHANISM_FLAGS[mechanism]!.includes(f))
-    .sort((a, b) => (a.replace("-", "_") < b.replace("-", "_") ? -1 : 1));
+  const mechanism = choice("mechanism", mech, MECHANISMS, DEFAULT_MECHANISM);
+  // the mechanism flags given: every parameter flag, and the edge options the web edge has
+  const given = [...PARAM_FLAGS.map((f) => f.name), "float16"].filter((f) => v[f] !== undefined && v[f] !== false);
+  const allowed = mechanismFlags(mechanism);
+  const stray = given.filter((f) => !allowed.includes(f))
+    .sort((a, b) => (a.replaceAll("-", "_") < b.replaceAll("-", "_") ? -1 : 1));
   if (stray.length) {
     throw new UsageError(`${stray.map((f) => `--${f}`).join(", ")} do(es) not apply to --mechanism ${mechanism}`);
   }
-  for (const f of NEEDED[mechanism]!) {
-    if ((v as Record<string, unknown>)[f] === undefined) throw new UsageError(`--mechanism ${mechanism} needs --${f}`);
+  for (const p of neededParams(mechanism)) {
+    const f = PARAM_FLAGS.find((x) => x.param === p)!;
+    if (v[f.name] === undefined) throw new UsageError(`--mechanism ${mechanism} needs --${f.name}`);
   }
-  const eta = num("eta", v.eta);
+  const values: Record<string, number | string> = {};
+  for (const f of PARAM_FLAGS) {
+    const text = v[f.name];
+    if (typeof text === "string") values[f.param] = paramValue(f, text);
+  }
   const o: Options = {
-    file: positionals[0]!, mechanism, eta, epsilon: num("epsilon", v.epsilon), lam: num("lam", v.lam),
-    wordDropout: num("word-dropout", v["word-dropout"]),
-    calibration: v.calibration === undefined ? undefined
-      : choice("calibration", v.calibration, ["vector", "coordinate"] as const, "vector"),
+    file: positionals[0]!, mechanism, params: mechanismParams(mechanism, values),
     output: v.output ?? null,
     post: v.post === undefined ? null : choice("post", v.post, ["predict", "records"] as const, "predict"),
     task: v.task ?? null,
@@ -283,12 +295,6 @@ function readInput(file: string): Uint8Array {
 }
 
 /** Refuse, before sending, a mechanism or parameters the served model does not read. */
-function mineParams(o: Options): Record<string, number | string> {
-  if (o.mechanism === "laplace") return { epsilon: o.epsilon!, calibration: o.calibration ?? "vector", word_dropout: o.wordDropout ?? 0 };
-  if (o.mechanism === "ome") return { epsilon: o.epsilon!, lam: o.lam! };
-  return { eta: o.eta! };
-}
-
 function checkModel(model: ModelInfo, name: string, mine: Record<string, number | string>): void {
   const want = model.mechanism;
   let mismatch = want !== undefined && want !== null && want !== name;
@@ -299,7 +305,7 @@ function checkModel(model: ModelInfo, name: string, mine: Record<string, number 
       const a = params[k];
       const b = mine[k]!;
       mismatch ||= typeof a === "number" && typeof b === "number"
-        ? Math.abs(a - b) > 1e-9 * Math.max(Math.abs(a), Math.abs(b)) : a !== b;
+        ? Math.abs(a - b) > PARAM_RTOL * Math.max(Math.abs(a), Math.abs(b)) : a !== b;
     }
   }
   if (mismatch) {
@@ -401,7 +407,7 @@ async function runPrivatize(positionals: string[], v: Values): Promise<number> {
       throw new UsageError((exc as Error).message);
     }
     model = await client.model(v.model ?? null);
-    if (o.post === "predict") checkModel(model, o.mechanism, mineParams(o));
+    if (o.post === "predict") checkModel(model, o.mechanism, o.params);
   }
   if (v.bundle) {
     if (!existsSync(v.bundle)) throw new CliError(`${v.bundle}: no such bundle directory`);
@@ -438,8 +444,7 @@ async function runPrivatize(positionals: string[], v: Values): Promise<number> {
   await setCaps(ledger, v);
   let priv: Privatizer;
   try {
-    priv = await Privatizer.create(bundle, { mechanism: o.mechanism, eta: o.eta, epsilon: o.epsilon, lam: o.lam,
-      calibration: o.calibration, wordDropout: o.wordDropout, maxLength, truncate: o.truncate,
+    priv = await Privatizer.create(bundle, { mechanism: o.mechanism, ...privatizerParams(o.params), maxLength, truncate: o.truncate,
       floatDtype: o.float16 ? "float16" : "float32", allowWeakPrivacy: v["allow-weak-privacy"] ?? false,
       threads: 1, backend: searchBackend() });
   } catch (exc) {
@@ -557,6 +562,11 @@ async function runPrivatize(positionals: string[], v: Values): Promise<number> {
   } finally {
     await priv.release();
   }
+}
+
+/** The mechanism's parameters as Privatizer options: ``word_dropout`` is ``wordDropout``. */
+function privatizerParams(params: Record<string, number | string>): Partial<PrivatizerOptions> {
+  return Object.fromEntries(Object.entries(params).map(([k, x]) => [k.replace(/_(\w)/g, (_, c: string) => c.toUpperCase()), x]));
 }
 
 /** A failed request's error: BudgetRefused (exit 3, as the device's own cap) for the server's
