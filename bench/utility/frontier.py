@@ -258,7 +258,8 @@ def frontier_rows(out: Path) -> list[dict]:
         eta = float(r["eta"])
         first = next(e for e in points[r["table"]] if abs(eta - e) <= 0.003 * e)
         key = (r["table"], first)
-        row = rows.setdefault(key, {"table": r["table"], "eta": first})
+        row = rows.setdefault(key, {"table": r["table"], "eta": first, "etas": set()})
+        row["etas"].add(eta)
         if r["kind"] == "sweep":
             row.update(survive=r["survive"], context_free=r["context_free"],
                        worst_case_eps=r["worst_case_eps"], table_dim=r["table_dim"],
@@ -290,7 +291,8 @@ def cmd_report(a) -> int:
     print(md_table(["table", "η", "survive", "context-free attack", "contextual attack",
                     "strongest", "context-free, rare tokens", "vocabulary unchanged",
                     "worst-case ε/token", "accuracy (3 draws)", "draws", "phrase level"],
-                   [[r["table"], f"{r['eta']:g}", _fmt(r.get("survive")),
+                   [[r["table"], "/".join(f"{e:g}" for e in sorted(r["etas"])),
+                     _fmt(r.get("survive")),
                      _fmt(r.get("context_free")), _fmt(r.get("contextual")),
                      _fmt(r.get("strongest")), _fmt(r.get("rare_context_free")),
                      _fmt(r.get("vocab_unchanged")), _fmt(r.get("worst_case_eps"), ".1f"),
@@ -318,7 +320,7 @@ def cmd_report(a) -> int:
 
 
 def measured_at(near: list[dict]) -> str:
-    return f" (measured at eta {near[0]['eta']:g})" if near else ""
+    return (" (measured at eta " + "/".join(f"{e:g}" for e in sorted(near[0]["etas"])) + ")") if near else ""
 
 
 def plot(rows: list[dict], path: Path) -> None:
