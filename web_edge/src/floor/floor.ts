@@ -25,21 +25,21 @@
  * noise, decision and message.
  */
 
-import type { EdgeBundle } from "./bundle.js";
-import { DChiText } from "./dchi.js";
-import { WeakPrivacyError } from "./errors.js";
+import type { EdgeBundle } from "../bundle/bundle.js";
+import { DChiText } from "../mechanisms/dchi.js";
+import { WeakPrivacyError } from "../errors.js";
 import { DChiFloor } from "./floor_estimate.js";
-import { COMPUTABLE, FLOOR } from "./generated/spec.js";
-import { message, pct, weakHead } from "./messages.js";
-import type { ExactNearest, NearestOptions } from "./nearest.js";
-import { resolveSource, type BitSource } from "./random.js";
-import { choiceWithoutReplacement } from "./samplers.js";
+import { COMPUTABLE, FLOOR } from "../generated/spec.js";
+import { message, pct, weakHead } from "../format/messages.js";
+import type { ExactNearest, NearestOptions } from "../search/nearest.js";
+import { resolveSource, type BitSource } from "../random/random.js";
+import { choiceWithoutReplacement } from "../random/samplers.js";
 import { identicalRows, nearDuplicates } from "./table_checks.js";
-import { measure, now } from "./timing.js";
+import { measure, now } from "../timing.js";
 
 export { DChiFloor, gammaCdf } from "./floor_estimate.js";
 export { DUPLICATE_SAMPLE, NEAR_DUPLICATE } from "./table_checks.js";
-export { pct } from "./messages.js";
+export { pct } from "../format/messages.js";
 
 // the floor's constants are shared.floor's, read from the mechanism spec (shared/spec)
 /** the share of unchanged tokens above which dχ is refused (shared.floor.THRESHOLD) */

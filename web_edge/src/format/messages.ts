@@ -9,7 +9,7 @@
  * throws: a template changed in Python to a form this module does not know fails here first.
  */
 
-import { MESSAGES, type MessageName } from "./generated/spec.js";
+import { MESSAGES, type MessageName } from "../generated/spec.js";
 import { pyFloat } from "./pyjson.js";
 
 export type FormatValue = string | number;

@@ -8,7 +8,7 @@
  */
 
 import { MECHANISMS as SPECS, type MechanismSpec } from "../generated/spec.js";
-import { MECHANISMS, type Mechanism } from "../privatizer.js";
+import { MECHANISMS, type Mechanism } from "../mechanisms/privatizer.js";
 
 type Flag = MechanismSpec["flags"][number];
 

@@ -15,9 +15,9 @@
  */
 
 import { PrivbertClient, type BundleCache, type ModelInfo, type ProgressCallback } from "./client.js";
-import type { EdgeBundle } from "./bundle.js";
-import { BundleError } from "./errors.js";
-import { message } from "./messages.js";
+import type { EdgeBundle } from "../bundle/bundle.js";
+import { BundleError } from "../errors.js";
+import { message } from "../format/messages.js";
 
 export const TRUSTED_ENV = "PRIVBERT_TRUSTED_BUNDLES";
 const BUNDLE_ID = /^[0-9a-f]{64}$/;

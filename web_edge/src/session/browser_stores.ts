@@ -7,10 +7,10 @@
  * Web APIs only; exercised by the page's browser test.
  */
 
-import { EdgeBundle } from "./bundle.js";
-import type { BundleCache } from "./client.js";
-import type { PinStore } from "./pins.js";
-import { emptyState, newHmacKey, type LedgerState, type LedgerStore } from "./ledger.js";
+import { EdgeBundle } from "../bundle/bundle.js";
+import type { BundleCache } from "../service/client.js";
+import type { PinStore } from "../service/pins.js";
+import { emptyState, newHmacKey, type LedgerState, type LedgerStore } from "../ledger/ledger.js";
 
 const STORE = "kv";
 

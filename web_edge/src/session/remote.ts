@@ -5,10 +5,10 @@
  * served, a syntax error) fails every call with one message saying so.
  */
 
-import type { ProgressCallback } from "./client.js";
+import type { ProgressCallback } from "../service/client.js";
 import type { Engine, EngineInfo, EngineOutput } from "./engine.js";
-import type { BitSource } from "./random.js";
-import type { OpenArgs } from "./worker.js";
+import type { BitSource } from "../random/random.js";
+import type { OpenArgs } from "../worker.js";
 import { revive, type Op, type Reply } from "./worker_protocol.js";
 
 interface Pending {

@@ -5,7 +5,7 @@
  * an ApiError's status), so a page catches the same errors in either mode.
  */
 
-import { ApiError, BudgetRefused, BundleError, RuntimeLoadError, TextError, WeakPrivacyError } from "./errors.js";
+import { ApiError, BudgetRefused, BundleError, RuntimeLoadError, TextError, WeakPrivacyError } from "../errors.js";
 
 export type Op = "open" | "privatize" | "decode" | "close";
 
