@@ -7,9 +7,9 @@
 import assert from "node:assert/strict";
 import { test } from "node:test";
 
-import { Int8CandidatePass } from "../dist/int8_pass.js";
-import { Pcg64Source } from "../dist/pcg64.js";
-import { standardNormal } from "../dist/samplers.js";
+import { Int8CandidatePass } from "../dist/search/int8_pass.js";
+import { Pcg64Source } from "../dist/random/pcg64.js";
+import { standardNormal } from "../dist/random/samplers.js";
 
 const DIM = 32;
 const N = 48; // rows of each family
