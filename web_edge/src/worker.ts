@@ -1,6 +1,6 @@
 /**
  * `@privbert/edge/worker`: the Worker side of `EdgeSession.open({ worker })`. Imported by a
- * module Worker's script, it answers the session's messages (src/worker_protocol.ts): it
+ * module Worker's script, it answers the session's messages (src/session/worker_protocol.ts): it
  * downloads and verifies the bundle, builds the exact search and checks the privacy floor,
  * and privatizes, all off the page's main thread, so that typing stays smooth while the table
  * is prepared. The page's script for it is one line:

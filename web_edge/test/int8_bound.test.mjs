@@ -1,4 +1,4 @@
-// The int8 candidate pass's bound (int8_pass.ts, shared/mechanisms/int8_pass.py step 4) against
+// The int8 candidate pass's bound (src/search/int8_pass.ts, shared/mechanisms/int8_pass.py step 4) against
 // the worst error measured on data built to reach it: |s − (o + δ)| ≤ r_j(y) for every query and
 // row, where s = ‖t‖² − 2 y·t in float64, and r_j(y) = 2‖e‖‖t‖ + 2‖ŷ‖‖f‖ + γ4 (2‖ŷ‖‖t̂‖ + |β|).
 // Each family of data makes one term of the bound nearly tight, so a bound that drops or shrinks

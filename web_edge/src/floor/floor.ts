@@ -3,8 +3,8 @@
  * (nearly) the raw input are refused, by the same rule and with the same message as the
  * Python edge. Unit = token: the share of regular tokens, drawn uniformly, that the mechanism
  * returns unchanged. Threshold τ = 0.97 (docs/privacy.md says why). Every constant below and
- * every refusal is shared.floor's, read from the mechanism spec (./generated/spec.ts) and worded
- * by shared/messages.py's templates (./messages.ts); the numbers in this comment are theirs today.
+ * every refusal is shared.floor's, read from the mechanism spec (../generated/spec.ts) and worded
+ * by shared/messages.py's templates (../format/messages.ts); the numbers in this comment are theirs today.
  *
  * The bundle comes from a server the device need not trust, so nothing about its table is
  * trusted, and nothing is cached between checks (a cached figure could be poisoned):

@@ -11,7 +11,7 @@
  * any other bundle is then refused, pinned or not.
  *
  * Where pins live is a {@link PinStore}: `pins.json` beside the bundle cache in Node (the Python
- * edge's file: ./node/pins.ts), IndexedDB in a page (./browser_stores.ts), memory in tests.
+ * edge's file: ../node/pins.ts), IndexedDB in a page (../session/browser_stores.ts), memory in tests.
  */
 
 import { PrivbertClient, type BundleCache, type ModelInfo, type ProgressCallback } from "./client.js";

@@ -2,7 +2,7 @@
  * Browser storage behind the library's small interfaces: the device ledger in IndexedDB
  * ({@link IndexedDbLedgerStore}: one readwrite transaction per charge, the memo key a
  * non-extractable CryptoKey), verified bundles in the Cache API ({@link CacheApiBundleCache}),
- * and the bundle pins in IndexedDB ({@link IndexedDbPinStore}: ./pins.ts). Nothing of the
+ * and the bundle pins in IndexedDB ({@link IndexedDbPinStore}: ../service/pins.ts). Nothing of the
  * privacy floor is stored: it is measured at every check.
  * Web APIs only; exercised by the page's browser test.
  */

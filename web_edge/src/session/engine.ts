@@ -1,6 +1,6 @@
 /**
  * The privatizing side of an {@link EdgeSession}: the verified bundle and a privatizer, in the
- * page's thread ({@link LocalEngine}) or in a Worker (`RemoteEngine`, src/remote.ts, talking to
+ * page's thread ({@link LocalEngine}) or in a Worker (`RemoteEngine`, src/session/remote.ts, talking to
  * src/worker.ts). Either gives the session the same things: for each text its word-piece ids
  * (the device ledger's memo key is made from them), its payload JSON and its cost; the raw
  * text never leaves the page (a Worker is part of it).

@@ -1,6 +1,6 @@
 /**
  * A privatizing session against one served model, for a page or a script: the model's bundle
- * checked against this device's pin (./pins.ts), fetched and verified (and cached), the
+ * checked against this device's pin (../service/pins.ts), fetched and verified (and cached), the
  * privatizer at the model's η (checked against the privacy floor, measured afresh), the device
  * ledger, and one call that privatizes, charges (before anything is sent) and predicts.
  *

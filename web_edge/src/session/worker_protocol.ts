@@ -1,5 +1,5 @@
 /**
- * The messages between an {@link EdgeSession} and its Worker (src/remote.ts, src/worker.ts):
+ * The messages between an {@link EdgeSession} and its Worker (src/session/remote.ts, src/worker.ts):
  * requests `{ id, op, args }`, answers `{ id, ok, value | error }`, and `{ id, progress }`
  * while a bundle is opened. Errors keep their class and fields across (a TextError's index,
  * an ApiError's status), so a page catches the same errors in either mode.
