@@ -2,7 +2,7 @@
 // (onnxruntime-web's WebAssembly backend, as in a page), warm, timed per call. Prints JSON.
 //   node bench/web_edge_node.mjs BUNDLE_DIR "sentence" ETA REPEATS THREADS
 import { loadBundleDir } from "../web_edge/dist/node/caches.js";
-import { Privatizer } from "../web_edge/dist/privatizer.js";
+import { Privatizer } from "../web_edge/dist/mechanisms/privatizer.js";
 
 const [dir, sentence, eta, repeats, threads] = process.argv.slice(2);
 const t0 = performance.now();

@@ -1,6 +1,6 @@
 """``python -m shared.spec [--check]``: write (or, with --check, compare) the generated files:
 ``shared/spec/mechanisms.json``, ``web_edge/src/generated/spec.ts`` and
-``web_edge/src/ziggurat_tables.ts``. Exit code 1 and the stale files named under --check."""
+``web_edge/src/random/ziggurat_tables.ts``. Exit code 1 and the stale files named under --check."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ from shared.spec import SPEC_FILE, build, dumps, typescript, ziggurat
 
 REPO = Path(__file__).resolve().parents[2]
 SPEC_TS = REPO / "web_edge" / "src" / "generated" / "spec.ts"
-ZIGGURAT_TS = REPO / "web_edge" / "src" / "ziggurat_tables.ts"
+ZIGGURAT_TS = REPO / "web_edge" / "src" / "random" / "ziggurat_tables.ts"
 
 
 def generated() -> dict[Path, str]:

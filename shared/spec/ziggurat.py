@@ -1,4 +1,4 @@
-"""``web_edge/src/ziggurat_tables.ts``: numpy's ziggurat tables, read from numpy itself.
+"""``web_edge/src/random/ziggurat_tables.ts``: numpy's ziggurat tables, read from numpy itself.
 
 The web edge draws what ``numpy.random.Generator(PCG64)`` draws, so its ziggurat samplers
 (Marsaglia & Tsang 2000, "The ziggurat method"; numpy's ``random_standard_normal`` with 256

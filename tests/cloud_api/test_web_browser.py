@@ -150,7 +150,7 @@ def test_a_sentence_typed_into_the_page_gets_a_prediction(report, page_server):
     assert len(calls) == 2 and calls[0]["body"] == calls[1]["body"]
     bundle = [r for r in scene["requests"] if "/v1/bundles/" in r["url"]]
     assert bundle and bundle[0]["url"].endswith(f"/v1/bundles/{model['bundle_id']}")
-    # the tiny table's exact search is plain JS (web_edge/src/nearest.ts LARGE_WORK): the page
+    # the tiny table's exact search is plain JS (web_edge/src/search/nearest.ts LARGE_WORK): the page
     # never fetches onnxruntime-web's WebAssembly
     assert not [r["url"] for r in scene["requests"] if ".wasm" in r["url"]]
 

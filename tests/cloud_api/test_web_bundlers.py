@@ -233,7 +233,7 @@ def test_the_worker_privatizes_off_the_main_thread(report):
 
 
 def test_a_compact_tables_page_fetches_no_webassembly(report):
-    """The tiny model's table is far below the search's onnxruntime-web threshold (nearest.ts
+    """The tiny model's table is far below the search's onnxruntime-web threshold (search/nearest.ts
     LARGE_WORK): its exact search is plain JS, and onnxruntime-web is never loaded."""
     page = _first(report, "vite")
     assert page["error"] is None and page["result"]["privatizedText"], page

@@ -34,7 +34,7 @@ def test_the_typescript_spec_is_generated_from_it(built):
 
 def test_the_ziggurat_tables_are_numpys():
     assert gen.ZIGGURAT_TS.read_text(encoding="utf-8") == ziggurat.generate(), \
-        "web_edge/src/ziggurat_tables.ts differs from numpy's tables: `python -m shared.spec`"
+        "web_edge/src/random/ziggurat_tables.ts differs from numpy's tables: `python -m shared.spec`"
 
 
 def test_check_mode_finds_a_stale_file(tmp_path, monkeypatch, capsys):

@@ -6,10 +6,10 @@
 //
 // The generator is numpy's default_rng(SEED) (Pcg64Source), as the Python side passes it to
 // shared.floor.weak_privacy_reason: the same tokens, noise, decision and message.
-import { DChiText } from "../../web_edge/dist/dchi.js";
-import { dchiWeakReason } from "../../web_edge/dist/floor.js";
+import { DChiText } from "../../web_edge/dist/mechanisms/dchi.js";
+import { dchiWeakReason } from "../../web_edge/dist/floor/floor.js";
 import { loadBundleDir } from "../../web_edge/dist/node/caches.js";
-import { Pcg64Source } from "../../web_edge/dist/pcg64.js";
+import { Pcg64Source } from "../../web_edge/dist/random/pcg64.js";
 
 const [dir, seed, mechanism, ...etas] = process.argv.slice(2);
 const bundle = await loadBundleDir(dir);

@@ -1,6 +1,6 @@
 /**
  * `@privbert/edge/worker`: the Worker side of `EdgeSession.open({ worker })`. Imported by a
- * module Worker's script, it answers the session's messages (src/worker_protocol.ts): it
+ * module Worker's script, it answers the session's messages (src/session/worker_protocol.ts): it
  * downloads and verifies the bundle, builds the exact search and checks the privacy floor,
  * and privatizes, all off the page's main thread, so that typing stays smooth while the table
  * is prepared. The page's script for it is one line:
@@ -18,11 +18,11 @@
  * GET /v1/bundles/{id}; never a text.
  */
 
-import { CacheApiBundleCache } from "./browser_stores.js";
-import { PrivbertClient, type ClientOptions } from "./client.js";
-import { openLocal, type LocalEngine, type PlainPrivatizerOptions } from "./engine.js";
-import { configureRuntime, type WasmPaths } from "./ort.js";
-import { plainError, type Reply, type Request } from "./worker_protocol.js";
+import { CacheApiBundleCache } from "./session/browser_stores.js";
+import { PrivbertClient, type ClientOptions } from "./service/client.js";
+import { openLocal, type LocalEngine, type PlainPrivatizerOptions } from "./session/engine.js";
+import { configureRuntime, type WasmPaths } from "./runtime/ort.js";
+import { plainError, type Reply, type Request } from "./session/worker_protocol.js";
 
 /** What `open` carries: the service, the bundle, the privatizer's options. */
 export interface OpenArgs {

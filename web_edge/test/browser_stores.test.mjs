@@ -6,10 +6,10 @@ import "fake-indexeddb/auto";
 import assert from "node:assert/strict";
 import { test } from "node:test";
 
-import { IndexedDbLedgerStore, IndexedDbPinStore } from "../dist/browser_stores.js";
+import { IndexedDbLedgerStore, IndexedDbPinStore } from "../dist/session/browser_stores.js";
 import { BudgetRefused } from "../dist/errors.js";
-import { BundleChanged, checkPin } from "../dist/pins.js";
-import { Ledger, dchiCost } from "../dist/ledger.js";
+import { BundleChanged, checkPin } from "../dist/service/pins.js";
+import { Ledger, dchiCost } from "../dist/ledger/ledger.js";
 
 const INFO = { mechanism: "dchi-text", params: { eta: 65 }, bundleId: "b".repeat(64) };
 const SETTING = { mechanism: "dchi-text", params: { eta: 65 }, bundle_id: "b".repeat(64), float_dtype: "float32", max_length: 512, truncate: "first" };

@@ -6,8 +6,8 @@ import { test } from "node:test";
 
 import { createTar } from "nanotar";
 
-import { peekBundleShape } from "../dist/bundle.js";
-import { runtimeNeeded } from "../dist/warm_up.js";
+import { peekBundleShape } from "../dist/bundle/bundle.js";
+import { runtimeNeeded } from "../dist/runtime/warm_up.js";
 
 const enc = (o) => new TextEncoder().encode(JSON.stringify(o));
 

@@ -5,11 +5,11 @@
 import assert from "node:assert/strict";
 import { test } from "node:test";
 
-import { EdgeBundle } from "../dist/bundle.js";
+import { EdgeBundle } from "../dist/bundle/bundle.js";
 import { BundleError } from "../dist/errors.js";
-import { npyHeader } from "../dist/npy.js";
-import { Privatizer } from "../dist/privatizer.js";
-import { pyDumps } from "../dist/pyjson.js";
+import { npyHeader } from "../dist/bundle/npy.js";
+import { Privatizer } from "../dist/mechanisms/privatizer.js";
+import { pyDumps } from "../dist/format/pyjson.js";
 import { bundleFiles, gaussianTable, npy, quantizeInt8, reader, sha256, vocabulary } from "./bundles.mjs";
 
 const VOCAB = vocabulary(64, ["the", "movie", "was", "good", "bad", "plot", "fun", "dull"]);

@@ -7,10 +7,10 @@ import { createHash } from "node:crypto";
 import { mkdirSync, writeFileSync } from "node:fs";
 import { join } from "node:path";
 
-import { npyHeader } from "../dist/npy.js";
-import { Pcg64Source } from "../dist/pcg64.js";
-import { pyDumps } from "../dist/pyjson.js";
-import { standardNormal } from "../dist/samplers.js";
+import { npyHeader } from "../dist/bundle/npy.js";
+import { Pcg64Source } from "../dist/random/pcg64.js";
+import { pyDumps } from "../dist/format/pyjson.js";
+import { standardNormal } from "../dist/random/samplers.js";
 
 export const SPECIAL = ["[PAD]", "[unused0]", "[unused1]", "[unused2]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"];
 const HASHED_META = ["format", "format_version", "vocab_size", "dim", "max_length", "special_ids",

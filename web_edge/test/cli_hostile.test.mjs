@@ -12,7 +12,7 @@ import { join } from "node:path";
 import { test } from "node:test";
 import { fileURLToPath } from "node:url";
 
-import { Pcg64Source } from "../dist/pcg64.js";
+import { Pcg64Source } from "../dist/random/pcg64.js";
 import { bundleFiles, gaussianTable, vocabulary, writeBundleDir } from "./bundles.mjs";
 
 const CLI = fileURLToPath(new URL("../bin/privbert-edge.js", import.meta.url));

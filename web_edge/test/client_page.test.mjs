@@ -6,7 +6,7 @@ import assert from "node:assert/strict";
 import { createServer } from "node:http";
 import { after, before, test } from "node:test";
 
-import { PrivbertClient } from "../dist/client.js";
+import { PrivbertClient } from "../dist/service/client.js";
 
 let server;
 let base;

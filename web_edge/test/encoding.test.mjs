@@ -3,8 +3,8 @@
 import assert from "node:assert/strict";
 import { test } from "node:test";
 
-import { base64, f16Bits, floatBytes, fromBase64, int32Bytes, orjsonFloat, recordLine, tokenPayloadJson } from "../dist/payload.js";
-import { parseRaw, pyDumps, pyFloat, PyFloat } from "../dist/pyjson.js";
+import { base64, f16Bits, floatBytes, fromBase64, int32Bytes, orjsonFloat, recordLine, tokenPayloadJson } from "../dist/service/payload.js";
+import { parseRaw, pyDumps, pyFloat, PyFloat } from "../dist/format/pyjson.js";
 
 test("pyDumps writes what json.dumps(sort_keys=True, separators=(',', ':')) writes", () => {
   // python -c 'import json; print(json.dumps({"b": [1, 2.5, None, True], "a": "é\\n\\u0007😀", "c": {"z": 1e-05, "y": 65.0}}, sort_keys=True, separators=(",", ":")))'

@@ -6,16 +6,16 @@
 import assert from "node:assert/strict";
 import { test } from "node:test";
 
-import { EdgeBundle } from "../dist/bundle.js";
-import { DChiText } from "../dist/dchi.js";
+import { EdgeBundle } from "../dist/bundle/bundle.js";
+import { DChiText } from "../dist/mechanisms/dchi.js";
 import { WeakPrivacyError } from "../dist/errors.js";
 import {
   MEASURE_BATCH, MEASURE_MAX, THRESHOLD, dchiWeakReason, measureUnchanged, pct, tableProblem, wilsonInterval,
-} from "../dist/floor.js";
-import { ExactNearest } from "../dist/nearest.js";
-import { Pcg64Source } from "../dist/pcg64.js";
-import { Privatizer } from "../dist/privatizer.js";
-import { choiceWithoutReplacement } from "../dist/samplers.js";
+} from "../dist/floor/floor.js";
+import { ExactNearest } from "../dist/search/nearest.js";
+import { Pcg64Source } from "../dist/random/pcg64.js";
+import { Privatizer } from "../dist/mechanisms/privatizer.js";
+import { choiceWithoutReplacement } from "../dist/random/samplers.js";
 import { bundleFiles, gaussianTable, quantizeInt8, reader, vocabulary } from "./bundles.mjs";
 
 const REFUSAL = /^dchi-text eta=[\d.e+-]+ is weaker than the privacy floor: (100|\d{1,2}\.\d\d)% of [\d,]+ tokens drawn at random came back unchanged \(floor 97\.00%; on this bundle it starts near eta=[\d.e+-]+\)$/;

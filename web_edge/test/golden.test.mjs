@@ -11,9 +11,9 @@ import { test } from "node:test";
 import { fileURLToPath } from "node:url";
 import { promisify } from "node:util";
 
-import { diameter, dchiCost, fits } from "../dist/ledger.js";
-import { ExactNearest } from "../dist/nearest.js";
-import { Pcg64Source } from "../dist/pcg64.js";
+import { diameter, dchiCost, fits } from "../dist/ledger/ledger.js";
+import { ExactNearest } from "../dist/search/nearest.js";
+import { Pcg64Source } from "../dist/random/pcg64.js";
 import {
   choiceWithoutReplacement,
   permutation,
@@ -21,8 +21,8 @@ import {
   standardExponential,
   standardGamma,
   standardNormal,
-} from "../dist/samplers.js";
-import { bitFlipEpsilon, laplaceDraw } from "../dist/vector.js";
+} from "../dist/random/samplers.js";
+import { bitFlipEpsilon, laplaceDraw } from "../dist/mechanisms/vector.js";
 
 const HERE = dirname(fileURLToPath(import.meta.url));
 const GOLDEN = join(HERE, "..", "..", "tests", "golden");

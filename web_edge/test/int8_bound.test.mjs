@@ -1,4 +1,4 @@
-// The int8 candidate pass's bound (int8_pass.ts, shared/mechanisms/int8_pass.py step 4) against
+// The int8 candidate pass's bound (src/search/int8_pass.ts, shared/mechanisms/int8_pass.py step 4) against
 // the worst error measured on data built to reach it: |s − (o + δ)| ≤ r_j(y) for every query and
 // row, where s = ‖t‖² − 2 y·t in float64, and r_j(y) = 2‖e‖‖t‖ + 2‖ŷ‖‖f‖ + γ4 (2‖ŷ‖‖t̂‖ + |β|).
 // Each family of data makes one term of the bound nearly tight, so a bound that drops or shrinks
@@ -7,9 +7,9 @@
 import assert from "node:assert/strict";
 import { test } from "node:test";
 
-import { Int8CandidatePass } from "../dist/int8_pass.js";
-import { Pcg64Source } from "../dist/pcg64.js";
-import { standardNormal } from "../dist/samplers.js";
+import { Int8CandidatePass } from "../dist/search/int8_pass.js";
+import { Pcg64Source } from "../dist/random/pcg64.js";
+import { standardNormal } from "../dist/random/samplers.js";
 
 const DIM = 32;
 const N = 48; // rows of each family

@@ -5,7 +5,7 @@ import assert from "node:assert/strict";
 import { test } from "node:test";
 
 import { BudgetRefused } from "../dist/errors.js";
-import { Ledger, MemoryLedgerStore, dchiCost, fits, fmtEps, fsum, total } from "../dist/ledger.js";
+import { Ledger, MemoryLedgerStore, dchiCost, fits, fmtEps, fsum, total } from "../dist/ledger/ledger.js";
 
 const INFO = { mechanism: "dchi-text", params: { eta: 65 }, bundleId: "a".repeat(64) };
 const SETTING = { mechanism: "dchi-text", params: { eta: 65 }, bundle_id: "a".repeat(64) };

@@ -8,7 +8,7 @@ import { join } from "node:path";
 import { test } from "node:test";
 
 import { BudgetRefused } from "../dist/errors.js";
-import { DAY_MS, Ledger, MemoryLedgerStore, dchiCost, ledgerTime } from "../dist/ledger.js";
+import { DAY_MS, Ledger, MemoryLedgerStore, dchiCost, ledgerTime } from "../dist/ledger/ledger.js";
 import { nodeClock } from "../dist/node/clock.js";
 import { FileLedgerStore } from "../dist/node/file_ledger.js";
 

@@ -6,9 +6,9 @@
 import assert from "node:assert/strict";
 import { test } from "node:test";
 
-import { ExactNearest } from "../dist/nearest.js";
-import { Pcg64Source } from "../dist/pcg64.js";
-import { standardNormal } from "../dist/samplers.js";
+import { ExactNearest } from "../dist/search/nearest.js";
+import { Pcg64Source } from "../dist/random/pcg64.js";
+import { standardNormal } from "../dist/random/samplers.js";
 
 const ROWS = 600;
 const DIM = 24;

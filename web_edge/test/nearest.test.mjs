@@ -4,12 +4,12 @@
 import assert from "node:assert/strict";
 import { test } from "node:test";
 
-import { integerGemmIsExact } from "../dist/int8_pass.js";
-import { ExactNearest, LARGE_WORK, nextUpF32, searchUsesOrt, UPGRADE_WORK } from "../dist/nearest.js";
-import { loadOrt } from "../dist/ort.js";
-import { Pcg64Source } from "../dist/pcg64.js";
-import { LoopTableProduct } from "../dist/table_product.js";
-import { standardNormal } from "../dist/samplers.js";
+import { integerGemmIsExact } from "../dist/search/int8_pass.js";
+import { ExactNearest, LARGE_WORK, nextUpF32, searchUsesOrt, UPGRADE_WORK } from "../dist/search/nearest.js";
+import { loadOrt } from "../dist/runtime/ort.js";
+import { Pcg64Source } from "../dist/random/pcg64.js";
+import { LoopTableProduct } from "../dist/search/table_product.js";
+import { standardNormal } from "../dist/random/samplers.js";
 
 function brute(table, rows, dim, q) {
   const m = q.length / dim;

@@ -9,7 +9,7 @@ import { join } from "node:path";
 import { test } from "node:test";
 
 import { FilePinStore } from "../dist/node/pins.js";
-import { BundleChanged, MemoryPinStore, checkPin, checkTrusted, parseIds, serverKey } from "../dist/pins.js";
+import { BundleChanged, MemoryPinStore, checkPin, checkTrusted, parseIds, serverKey } from "../dist/service/pins.js";
 
 const A = "a".repeat(64);
 const B = "b".repeat(64);

@@ -5,9 +5,9 @@
 import assert from "node:assert/strict";
 import { test } from "node:test";
 
-import { CryptoSource } from "../dist/random.js";
-import { Pcg64Source } from "../dist/pcg64.js";
-import { sampleDchiNoise, standardGamma, standardNormal } from "../dist/samplers.js";
+import { CryptoSource } from "../dist/random/random.js";
+import { Pcg64Source } from "../dist/random/pcg64.js";
+import { sampleDchiNoise, standardGamma, standardNormal } from "../dist/random/samplers.js";
 import { betaI, gammaP, ksPvalue } from "./stats.mjs";
 
 const ALPHA = 1e-3;

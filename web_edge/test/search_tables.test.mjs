@@ -8,9 +8,9 @@
 import assert from "node:assert/strict";
 import { test } from "node:test";
 
-import { ExactNearest } from "../dist/nearest.js";
-import { Pcg64Source } from "../dist/pcg64.js";
-import { choiceWithoutReplacement } from "../dist/samplers.js";
+import { ExactNearest } from "../dist/search/nearest.js";
+import { Pcg64Source } from "../dist/random/pcg64.js";
+import { choiceWithoutReplacement } from "../dist/random/samplers.js";
 import { gaussianTable, quantizeInt8 } from "./bundles.mjs";
 
 function brute(table, rows, dim, q) {

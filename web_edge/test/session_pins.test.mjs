@@ -8,9 +8,9 @@ import { test } from "node:test";
 
 import { createTar } from "nanotar";
 
-import { BundleChanged } from "../dist/pins.js";
-import { EdgeSession } from "../dist/session.js";
-import { MemoryPinStore } from "../dist/pins.js";
+import { BundleChanged } from "../dist/service/pins.js";
+import { EdgeSession } from "../dist/session/session.js";
+import { MemoryPinStore } from "../dist/service/pins.js";
 import { bundleFiles, gaussianTable, vocabulary } from "./bundles.mjs";
 
 const VOCAB = vocabulary(300, ["the", "movie", "was", "good"]);

@@ -1,7 +1,7 @@
 // The web edge's constants and refusals come from the mechanism spec (shared/spec/mechanisms.json,
 // generated from the Python registry into src/generated/spec.ts), never from a copy: the
 // generated module is the committed JSON, every template the code formats exists there and
-// formats with src/messages.ts, no sentence of a template is written anywhere else in src/, and
+// formats with src/format/messages.ts, no sentence of a template is written anywhere else in src/, and
 // the refusals come out word for word as the Python edge's golden vectors (tests/golden/floor.json).
 import assert from "node:assert/strict";
 import { mkdtempSync, readdirSync, readFileSync, rmSync, writeFileSync, mkdirSync } from "node:fs";
@@ -10,12 +10,12 @@ import { dirname, join, relative } from "node:path";
 import { test } from "node:test";
 import { fileURLToPath } from "node:url";
 
-import { checkDchiFloor } from "../dist/floor.js";
+import { checkDchiFloor } from "../dist/floor/floor.js";
 import { FLOOR, MESSAGES, SPEC } from "../dist/generated/spec.js";
-import { fmtG, format, message, pct, weakHead } from "../dist/messages.js";
+import { fmtG, format, message, pct, weakHead } from "../dist/format/messages.js";
 import { loadBundleDir } from "../dist/node/caches.js";
-import { Pcg64Source } from "../dist/pcg64.js";
-import { Laplace, OME } from "../dist/vector.js";
+import { Pcg64Source } from "../dist/random/pcg64.js";
+import { Laplace, OME } from "../dist/mechanisms/vector.js";
 
 const HERE = dirname(fileURLToPath(import.meta.url));
 const ROOT = join(HERE, "..", "..");
@@ -65,7 +65,8 @@ test("every template of the spec formats with the field forms the web edge knows
 test("every template the web edge formats exists in the spec, and is formatted by name only", () => {
   const used = new Set();
   for (const [path, text] of sources()) {
-    if (path === "messages.ts" || !/import \{[^}]*\bmessage\b[^}]*\} from "\.\.?\/messages\.js"/.test(text)) continue;
+    if (path === join("format", "messages.ts")
+        || !/import \{[^}]*\bmessage\b[^}]*\} from "(?:\.\/|(?:\.\.\/)+)(?:format\/)?messages\.js"/.test(text)) continue;
     for (const m of text.matchAll(/\bmessage\(\s*([^,)]+)/g)) {
       const arg = m[1].trim();
       const names = [...arg.matchAll(/"([A-Z0-9_]+)"/g)].map((x) => x[1]);
@@ -107,7 +108,7 @@ test("no part of a template is hand-copied into a string of src/ (only the gener
 });
 
 test("the floor's constants are the spec's (shared.floor's) and the golden vectors'", async () => {
-  const mod = await import("../dist/floor.js");
+  const mod = await import("../dist/floor/floor.js");
   for (const k of ["THRESHOLD", "MEASURE_BATCH", "MEASURE_MAX", "MEASURE_Z", "NEAR_DUPLICATE", "DUPLICATE_SAMPLE"]) {
     assert.equal(mod[k], FLOOR[k], k);
     assert.equal(mod[k], floor.constants[k], k);

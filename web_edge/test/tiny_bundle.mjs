@@ -5,10 +5,10 @@
 import { mkdirSync, writeFileSync } from "node:fs";
 import { join } from "node:path";
 
-import { Pcg64Source } from "../dist/pcg64.js";
-import { pyDumps } from "../dist/pyjson.js";
-import { standardNormal } from "../dist/samplers.js";
-import { sha256Hex } from "../dist/sha256.js";
+import { Pcg64Source } from "../dist/random/pcg64.js";
+import { pyDumps } from "../dist/format/pyjson.js";
+import { standardNormal } from "../dist/random/samplers.js";
+import { sha256Hex } from "../dist/bundle/sha256.js";
 
 const SPECIAL = ["[PAD]", "[unused0]", "[unused1]", "[unused2]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"];
 

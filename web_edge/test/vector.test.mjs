@@ -4,9 +4,9 @@
 import assert from "node:assert/strict";
 import { test } from "node:test";
 
-import { Pcg64Source } from "../dist/pcg64.js";
-import { CryptoSource } from "../dist/random.js";
-import { Laplace, OME, bitFlipEpsilon, laplaceDraw, packBits } from "../dist/vector.js";
+import { Pcg64Source } from "../dist/random/pcg64.js";
+import { CryptoSource } from "../dist/random/random.js";
+import { Laplace, OME, bitFlipEpsilon, laplaceDraw, packBits } from "../dist/mechanisms/vector.js";
 import { ksPvalue } from "./stats.mjs";
 
 const laplaceCdf = (b) => (x) => (x < 0 ? 0.5 * Math.exp(x / b) : 1 - 0.5 * Math.exp(-x / b));

@@ -10,8 +10,8 @@ import { mkdirSync, mkdtempSync, readFileSync, renameSync, rmSync, writeFileSync
 import { homedir } from "node:os";
 import { join } from "node:path";
 
-import { EdgeBundle, META_FILE } from "../bundle.js";
-import type { BundleCache } from "../client.js";
+import { EdgeBundle, META_FILE } from "../bundle/bundle.js";
+import type { BundleCache } from "../service/client.js";
 import { BundleError } from "../errors.js";
 import { parseTar } from "nanotar";
 

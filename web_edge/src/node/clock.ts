@@ -7,7 +7,7 @@
 
 import { readFileSync } from "node:fs";
 
-import type { MonotonicClock } from "../ledger.js";
+import type { MonotonicClock } from "../ledger/ledger.js";
 
 const BOOT_ID = "/proc/sys/kernel/random/boot_id";
 const UPTIME = "/proc/uptime";

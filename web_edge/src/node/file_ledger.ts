@@ -17,7 +17,7 @@ import { homedir } from "node:os";
 import { basename, dirname, join, resolve } from "node:path";
 import { setTimeout as sleep } from "node:timers/promises";
 
-import { emptyState, importHmacKey, type LedgerState, type LedgerStore } from "../ledger.js";
+import { emptyState, importHmacKey, type LedgerState, type LedgerStore } from "../ledger/ledger.js";
 
 export const LEDGER_ENV = "PRIVBERT_EDGE_LEDGER";
 const KEY_BYTES = 32;

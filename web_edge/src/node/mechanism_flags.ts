@@ -4,11 +4,11 @@
  * flag per parameter of a mechanism's typed `Params` (`--word-dropout` for `word_dropout`) with
  * its JSON type, choices, default and help, shared by every mechanism that has the parameter.
  * No mechanism parameter is listed here by hand; the web edge's own list is which mechanisms
- * it implements (../privatizer.ts).
+ * it implements (../mechanisms/privatizer.ts).
  */
 
 import { MECHANISMS as SPECS, type MechanismSpec } from "../generated/spec.js";
-import { MECHANISMS, type Mechanism } from "../privatizer.js";
+import { MECHANISMS, type Mechanism } from "../mechanisms/privatizer.js";
 
 type Flag = MechanismSpec["flags"][number];
 

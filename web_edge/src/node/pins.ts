@@ -9,8 +9,8 @@ import { closeSync, mkdirSync, openSync, readFileSync, renameSync, rmSync, write
 import { randomBytes } from "node:crypto";
 import { dirname, join } from "node:path";
 
-import type { PinStore } from "../pins.js";
-import { pyString } from "../pyjson.js";
+import type { PinStore } from "../service/pins.js";
+import { pyString } from "../format/pyjson.js";
 import { cacheRoot } from "./caches.js";
 
 export const PINS_FILE = "pins.json";

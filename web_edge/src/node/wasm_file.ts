@@ -8,7 +8,7 @@
 
 import { createRequire } from "node:module";
 
-import { WASM_FILE } from "../ort.js";
+import { WASM_FILE } from "../runtime/ort.js";
 
 /** The absolute path of `ort-wasm-simd-threaded.wasm` of the onnxruntime-web this package
  * depends on (resolved from this package, so never another copy in the app). */

@@ -1,11 +1,11 @@
 /**
- * The messages between an {@link EdgeSession} and its Worker (src/remote.ts, src/worker.ts):
+ * The messages between an {@link EdgeSession} and its Worker (src/session/remote.ts, src/worker.ts):
  * requests `{ id, op, args }`, answers `{ id, ok, value | error }`, and `{ id, progress }`
  * while a bundle is opened. Errors keep their class and fields across (a TextError's index,
  * an ApiError's status), so a page catches the same errors in either mode.
  */
 
-import { ApiError, BudgetRefused, BundleError, RuntimeLoadError, TextError, WeakPrivacyError } from "./errors.js";
+import { ApiError, BudgetRefused, BundleError, RuntimeLoadError, TextError, WeakPrivacyError } from "../errors.js";
 
 export type Op = "open" | "privatize" | "decode" | "close";
 

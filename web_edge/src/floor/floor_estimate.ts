@@ -12,10 +12,10 @@
  * differs.
  */
 
-import { FLOOR } from "./generated/spec.js";
-import type { ExactNearest } from "./nearest.js";
-import type { BitSource } from "./random.js";
-import { choiceWithoutReplacement, permutation, standardNormal } from "./samplers.js";
+import { FLOOR } from "../generated/spec.js";
+import type { ExactNearest } from "../search/nearest.js";
+import type { BitSource } from "../random/random.js";
+import { choiceWithoutReplacement, permutation, standardNormal } from "../random/samplers.js";
 
 /** distinct directions among the pairs on a large table (shared.floor.DIRECTIONS) */
 export const DIRECTIONS: number = FLOOR.DIRECTIONS;

@@ -16,15 +16,15 @@
  * WebAssembly arithmetic differs from onnxruntime's native kernels in the last bits.
  */
 
-import type { EdgeBundle } from "./bundle.js";
-import { WeakPrivacyError } from "./errors.js";
-import { THRESHOLD } from "./floor.js";
-import { COMPUTABLE, FLOOR, MECHANISMS } from "./generated/spec.js";
-import { message, pct, weakHead } from "./messages.js";
-import { loadOrt } from "./ort.js";
-import type { BitSource } from "./random.js";
-import { resolveSource } from "./random.js";
-import { positive } from "./samplers.js";
+import type { EdgeBundle } from "../bundle/bundle.js";
+import { WeakPrivacyError } from "../errors.js";
+import { THRESHOLD } from "../floor/floor.js";
+import { COMPUTABLE, FLOOR, MECHANISMS } from "../generated/spec.js";
+import { message, pct, weakHead } from "../format/messages.js";
+import { loadOrt } from "../runtime/ort.js";
+import type { BitSource } from "../random/random.js";
+import { resolveSource } from "../random/random.js";
+import { positive } from "../random/samplers.js";
 
 const { F32_MAX, TAIL } = COMPUTABLE;
 const LAPLACE_STEP: number = FLOOR.LAPLACE_STEP; // 2^-23: the float32 step at 1

@@ -5,8 +5,8 @@
  * a sentence's tokens.
  */
 
-import { fmtG } from "./dchi.js";
-import { message } from "./messages.js";
+import { fmtG } from "../mechanisms/dchi.js";
+import { message } from "../format/messages.js";
 
 export interface Guarantee {
   mechanism: string;

@@ -6,7 +6,7 @@
  * cannot tell the two edges apart and the conformance tests can compare bytes.
  */
 
-import { MECHANISMS } from "./generated/spec.js";
+import { MECHANISMS } from "../generated/spec.js";
 
 export type FloatDtype = "float32" | "float16";
 export type TokenMechanism = "dchi-text" | "dchi-embedding";

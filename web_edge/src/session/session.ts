@@ -1,6 +1,6 @@
 /**
  * A privatizing session against one served model, for a page or a script: the model's bundle
- * checked against this device's pin (./pins.ts), fetched and verified (and cached), the
+ * checked against this device's pin (../service/pins.ts), fetched and verified (and cached), the
  * privatizer at the model's η (checked against the privacy floor, measured afresh), the device
  * ledger, and one call that privatizes, charges (before anything is sent) and predicts.
  *
@@ -12,18 +12,18 @@
  * every privatization run in that Worker (src/worker.ts); the ledger stays here.
  */
 
-import { guarantee, type Guarantee } from "./accounting.js";
+import { guarantee, type Guarantee } from "../ledger/accounting.js";
 import { CacheApiBundleCache, IndexedDbPinStore } from "./browser_stores.js";
 import {
   PrivbertClient, type BundleCache, type ModelInfo, type Prediction, type ProgressCallback,
-} from "./client.js";
+} from "../service/client.js";
 import { openLocal, type Engine, type PlainPrivatizerOptions } from "./engine.js";
-import { TextError } from "./errors.js";
-import { Ledger, MemoryLedgerStore, type Cost, type LedgerStore, type Status } from "./ledger.js";
-import { configureRuntime, type WasmPaths } from "./ort.js";
-import { nTokens } from "./privatizer.js";
-import { MemoryPinStore, checkPin, parseIds, type PinStore } from "./pins.js";
-import type { BitSource } from "./random.js";
+import { TextError } from "../errors.js";
+import { Ledger, MemoryLedgerStore, type Cost, type LedgerStore, type Status } from "../ledger/ledger.js";
+import { configureRuntime, type WasmPaths } from "../runtime/ort.js";
+import { nTokens } from "../mechanisms/privatizer.js";
+import { MemoryPinStore, checkPin, parseIds, type PinStore } from "../service/pins.js";
+import type { BitSource } from "../random/random.js";
 import { RemoteEngine } from "./remote.js";
 
 export interface SessionOptions {

@@ -14,19 +14,19 @@
  * it, as edge-agent does).
  */
 
-import type { EdgeBundle } from "./bundle.js";
+import type { EdgeBundle } from "../bundle/bundle.js";
 import { DChiEmbedding, DChiText, checkDchiEta } from "./dchi.js";
-import { TextError } from "./errors.js";
-import { checkDchiFloor } from "./floor.js";
-import { message } from "./messages.js";
-import { dchiCost, vectorCost, type Cost } from "./ledger.js";
-import type { NearestOptions } from "./nearest.js";
+import { TextError } from "../errors.js";
+import { checkDchiFloor } from "../floor/floor.js";
+import { message } from "../format/messages.js";
+import { dchiCost, vectorCost, type Cost } from "../ledger/ledger.js";
+import type { NearestOptions } from "../search/nearest.js";
 import {
   floatBytes, int32Bytes, tokenPayloadJson, vectorPayloadJson, type FloatDtype,
-} from "./payload.js";
-import { resolveSource, type BitSource } from "./random.js";
-import { measure, now } from "./timing.js";
-import { TextTokenizer } from "./tokenizer.js";
+} from "../service/payload.js";
+import { resolveSource, type BitSource } from "../random/random.js";
+import { measure, now } from "../timing.js";
+import { TextTokenizer } from "../bundle/tokenizer.js";
 import { Laplace, OME, SentenceEncoder, packBits, requireVectorFloor } from "./vector.js";
 
 export const MECHANISMS = ["dchi-text", "dchi-embedding", "laplace", "ome"] as const;

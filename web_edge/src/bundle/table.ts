@@ -11,11 +11,11 @@
  * Read as shared/bundle.py's `_read_table` reads it, with its one-line messages.
  */
 
-import { BundleError } from "./errors.js";
-import { BUNDLE_FORMAT } from "./generated/spec.js";
-import { message } from "./messages.js";
+import { BundleError } from "../errors.js";
+import { BUNDLE_FORMAT } from "../generated/spec.js";
+import { message } from "../format/messages.js";
 import { readNpy, type NpyFile } from "./npy.js";
-import { rawGet, type RawJson } from "./pyjson.js";
+import { rawGet, type RawJson } from "../format/pyjson.js";
 
 export const TABLE_FILE: string = BUNDLE_FORMAT.files.table;
 export const TABLE_SCALE_FILE: string = BUNDLE_FORMAT.files.table_scale;

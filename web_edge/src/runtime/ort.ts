@@ -14,7 +14,7 @@
  * with a {@link RuntimeLoadError} naming the URL it tried, what came back, and the fix.
  */
 
-import { RuntimeLoadError } from "./errors.js";
+import { RuntimeLoadError } from "../errors.js";
 import { matmulModel } from "./onnx_model.js";
 
 export type Ort = typeof import("onnxruntime-web");

@@ -11,14 +11,14 @@
 
 import { parseTar } from "nanotar";
 
-import { BundleError } from "./errors.js";
-import { BUNDLE_FORMAT } from "./generated/spec.js";
-import { message } from "./messages.js";
+import { BundleError } from "../errors.js";
+import { BUNDLE_FORMAT } from "../generated/spec.js";
+import { message } from "../format/messages.js";
 import { readNpy, type NpyFile } from "./npy.js";
-import { parseRaw, pyDumps, rawGet, type RawJson } from "./pyjson.js";
+import { parseRaw, pyDumps, rawGet, type RawJson } from "../format/pyjson.js";
 import { pyTruthy, readTable, TABLE_FILE, TABLE_SCALE_FILE, type DesignedTable } from "./table.js";
 import { sha256Hex } from "./sha256.js";
-import { measure, now } from "./timing.js";
+import { measure, now } from "../timing.js";
 
 // the format's names are shared.bundle's, read from the mechanism spec (shared/spec)
 export const FORMAT: string = BUNDLE_FORMAT.format;

@@ -8,7 +8,7 @@
  * refused for that ({@link EdgeBundle.fromFiles}).
  */
 
-import { BundleError } from "./errors.js";
+import { BundleError } from "../errors.js";
 
 const LITTLE_ENDIAN = new Uint8Array(new Uint32Array([1]).buffer)[0] === 1;
 const MAGIC = [0x93, 0x4e, 0x55, 0x4d, 0x50, 0x59];

@@ -2,15 +2,15 @@
  * Browser storage behind the library's small interfaces: the device ledger in IndexedDB
  * ({@link IndexedDbLedgerStore}: one readwrite transaction per charge, the memo key a
  * non-extractable CryptoKey), verified bundles in the Cache API ({@link CacheApiBundleCache}),
- * and the bundle pins in IndexedDB ({@link IndexedDbPinStore}: ./pins.ts). Nothing of the
+ * and the bundle pins in IndexedDB ({@link IndexedDbPinStore}: ../service/pins.ts). Nothing of the
  * privacy floor is stored: it is measured at every check.
  * Web APIs only; exercised by the page's browser test.
  */
 
-import { EdgeBundle } from "./bundle.js";
-import type { BundleCache } from "./client.js";
-import type { PinStore } from "./pins.js";
-import { emptyState, newHmacKey, type LedgerState, type LedgerStore } from "./ledger.js";
+import { EdgeBundle } from "../bundle/bundle.js";
+import type { BundleCache } from "../service/client.js";
+import type { PinStore } from "../service/pins.js";
+import { emptyState, newHmacKey, type LedgerState, type LedgerStore } from "../ledger/ledger.js";
 
 const STORE = "kv";
 

@@ -13,12 +13,12 @@
  * that may well be refused) are the nearest distances computed, by the exact search.
  */
 
-import type { EdgeBundle } from "./bundle.js";
-import { FLOOR } from "./generated/spec.js";
-import { message } from "./messages.js";
-import type { ExactNearest } from "./nearest.js";
-import type { BitSource } from "./random.js";
-import { choiceWithoutReplacement } from "./samplers.js";
+import type { EdgeBundle } from "../bundle/bundle.js";
+import { FLOOR } from "../generated/spec.js";
+import { message } from "../format/messages.js";
+import type { ExactNearest } from "../search/nearest.js";
+import type { BitSource } from "../random/random.js";
+import { choiceWithoutReplacement } from "../random/samplers.js";
 
 /** rows nearer than this share of the median nearest-row distance are near-duplicates
  * (shared.floor.NEAR_DUPLICATE, from the spec) */

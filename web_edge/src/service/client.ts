@@ -12,10 +12,10 @@
  * service that is down, and the error says which.
  */
 
-import { EdgeBundle, peekBundleShape, type BundleShape } from "./bundle.js";
-import { ApiError, BundleError } from "./errors.js";
-import { fmtEps } from "./ledger.js";
-import { CryptoSource } from "./random.js";
+import { EdgeBundle, peekBundleShape, type BundleShape } from "../bundle/bundle.js";
+import { ApiError, BundleError } from "../errors.js";
+import { fmtEps } from "../ledger/ledger.js";
+import { CryptoSource } from "../random/random.js";
 
 const RETRY_STATUS = [429, 503];
 /** The problem type of the server's privacy budget refusal (403). */

@@ -15,11 +15,11 @@
  */
 
 import { f32Up, nextUpF32 } from "./float32.js";
-import { INT8_PASS } from "./generated/spec.js";
-import { oneNodeModel } from "./onnx_model.js";
-import { loadOrt, type Ort } from "./ort.js";
-import { measure, now } from "./timing.js";
-import { Pcg64Source } from "./pcg64.js";
+import { INT8_PASS } from "../generated/spec.js";
+import { oneNodeModel } from "../runtime/onnx_model.js";
+import { loadOrt, type Ort } from "../runtime/ort.js";
+import { measure, now } from "../timing.js";
+import { Pcg64Source } from "../random/pcg64.js";
 
 // the bound's constants are shared.mechanisms.int8_pass's, read from the mechanism spec
 /** 127² · MAX_DIM < 2^24: the integer scores are exact in int32 and float32 */

@@ -11,13 +11,13 @@
  * any other bundle is then refused, pinned or not.
  *
  * Where pins live is a {@link PinStore}: `pins.json` beside the bundle cache in Node (the Python
- * edge's file: ./node/pins.ts), IndexedDB in a page (./browser_stores.ts), memory in tests.
+ * edge's file: ../node/pins.ts), IndexedDB in a page (../session/browser_stores.ts), memory in tests.
  */
 
 import { PrivbertClient, type BundleCache, type ModelInfo, type ProgressCallback } from "./client.js";
-import type { EdgeBundle } from "./bundle.js";
-import { BundleError } from "./errors.js";
-import { message } from "./messages.js";
+import type { EdgeBundle } from "../bundle/bundle.js";
+import { BundleError } from "../errors.js";
+import { message } from "../format/messages.js";
 
 export const TRUSTED_ENV = "PRIVBERT_TRUSTED_BUNDLES";
 const BUNDLE_ID = /^[0-9a-f]{64}$/;

@@ -17,7 +17,7 @@
  * {@link Pcg64Source} gives the Python edge's noise for the same seed.
  */
 
-import { message } from "./messages.js";
+import { message } from "../format/messages.js";
 import { BitSource, resolveSource } from "./random.js";
 import {
   FE_DOUBLE, FI_DOUBLE, KE_DOUBLE, KI_DOUBLE, WE_DOUBLE, WI_DOUBLE, ZIGGURAT_EXP_R,

@@ -21,9 +21,9 @@
  */
 
 import { nextUpF32 } from "./float32.js";
-import { COMPUTABLE, INT8_PASS } from "./generated/spec.js";
+import { COMPUTABLE, INT8_PASS } from "../generated/spec.js";
 import { Int8CandidatePass, sqDist } from "./int8_pass.js";
-import { ortAtHand } from "./ort.js";
+import { ortAtHand } from "../runtime/ort.js";
 import { LoopTableProduct, OrtTableProduct, type OrtOptions, type TableProduct } from "./table_product.js";
 
 export { nextUpF32 } from "./float32.js";

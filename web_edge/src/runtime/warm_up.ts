@@ -1,10 +1,10 @@
 /** Starting onnxruntime-web early (a page: while the bundle downloads), where the bundle needs it. */
 
-import type { BundleShape } from "./bundle.js";
-import { integerGemmChecked } from "./int8_pass.js";
-import { searchUsesOrt } from "./nearest.js";
+import type { BundleShape } from "../bundle/bundle.js";
+import { integerGemmChecked } from "../search/int8_pass.js";
+import { searchUsesOrt } from "../search/nearest.js";
 import { configureRuntime, loadOrt, type WasmPaths } from "./ort.js";
-import { measure, now } from "./timing.js";
+import { measure, now } from "../timing.js";
 
 let warm: Promise<void> | null = null;
 

@@ -1,14 +1,14 @@
 /**
  * The page's side of a session whose privatization runs in a Worker (src/worker.ts): each
  * call is one message, answered in order of arrival; the Worker's errors come back as the
- * library's own classes (src/worker_protocol.ts). A Worker that cannot start (its script not
+ * library's own classes (src/session/worker_protocol.ts). A Worker that cannot start (its script not
  * served, a syntax error) fails every call with one message saying so.
  */
 
-import type { ProgressCallback } from "./client.js";
+import type { ProgressCallback } from "../service/client.js";
 import type { Engine, EngineInfo, EngineOutput } from "./engine.js";
-import type { BitSource } from "./random.js";
-import type { OpenArgs } from "./worker.js";
+import type { BitSource } from "../random/random.js";
+import type { OpenArgs } from "../worker.js";
 import { revive, type Op, type Reply } from "./worker_protocol.js";
 
 interface Pending {

@@ -3,8 +3,8 @@
  * (nearly) the raw input are refused, by the same rule and with the same message as the
  * Python edge. Unit = token: the share of regular tokens, drawn uniformly, that the mechanism
  * returns unchanged. Threshold τ = 0.97 (docs/privacy.md says why). Every constant below and
- * every refusal is shared.floor's, read from the mechanism spec (./generated/spec.ts) and worded
- * by shared/messages.py's templates (./messages.ts); the numbers in this comment are theirs today.
+ * every refusal is shared.floor's, read from the mechanism spec (../generated/spec.ts) and worded
+ * by shared/messages.py's templates (../format/messages.ts); the numbers in this comment are theirs today.
  *
  * The bundle comes from a server the device need not trust, so nothing about its table is
  * trusted, and nothing is cached between checks (a cached figure could be poisoned):
@@ -25,21 +25,21 @@
  * noise, decision and message.
  */
 
-import type { EdgeBundle } from "./bundle.js";
-import { DChiText } from "./dchi.js";
-import { WeakPrivacyError } from "./errors.js";
+import type { EdgeBundle } from "../bundle/bundle.js";
+import { DChiText } from "../mechanisms/dchi.js";
+import { WeakPrivacyError } from "../errors.js";
 import { DChiFloor } from "./floor_estimate.js";
-import { COMPUTABLE, FLOOR } from "./generated/spec.js";
-import { message, pct, weakHead } from "./messages.js";
-import type { ExactNearest, NearestOptions } from "./nearest.js";
-import { resolveSource, type BitSource } from "./random.js";
-import { choiceWithoutReplacement } from "./samplers.js";
+import { COMPUTABLE, FLOOR } from "../generated/spec.js";
+import { message, pct, weakHead } from "../format/messages.js";
+import type { ExactNearest, NearestOptions } from "../search/nearest.js";
+import { resolveSource, type BitSource } from "../random/random.js";
+import { choiceWithoutReplacement } from "../random/samplers.js";
 import { identicalRows, nearDuplicates } from "./table_checks.js";
-import { measure, now } from "./timing.js";
+import { measure, now } from "../timing.js";
 
 export { DChiFloor, gammaCdf } from "./floor_estimate.js";
 export { DUPLICATE_SAMPLE, NEAR_DUPLICATE } from "./table_checks.js";
-export { pct } from "./messages.js";
+export { pct } from "../format/messages.js";
 
 // the floor's constants are shared.floor's, read from the mechanism spec (shared/spec)
 /** the share of unchanged tokens above which dχ is refused (shared.floor.THRESHOLD) */

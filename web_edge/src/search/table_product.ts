@@ -7,8 +7,8 @@
  * bound of the search holds for any summation order, so either is exact after the re-rank.
  */
 
-import { matmulModel } from "./onnx_model.js";
-import { loadOrt, type Ort } from "./ort.js";
+import { matmulModel } from "../runtime/onnx_model.js";
+import { loadOrt, type Ort } from "../runtime/ort.js";
 
 export interface TableProduct {
   /** Rows of the table (V) and the width of a row (w). */

@@ -1,6 +1,6 @@
 /**
  * The refusals both edges word identically, formatted from shared/messages.py's templates as
- * the mechanism spec carries them (./generated/spec.ts): no sentence of them is written here.
+ * the mechanism spec carries them (../generated/spec.ts): no sentence of them is written here.
  *
  * {@link format} is Python's ``str.format`` for the fields the templates use (the spec's
  * ``messages.format`` says which): ``{name}`` as is (a string, or a number as Python's str
@@ -9,7 +9,7 @@
  * throws: a template changed in Python to a form this module does not know fails here first.
  */
 
-import { MESSAGES, type MessageName } from "./generated/spec.js";
+import { MESSAGES, type MessageName } from "../generated/spec.js";
 import { pyFloat } from "./pyjson.js";
 
 export type FormatValue = string | number;

@@ -4,15 +4,15 @@
  * regular token to φ(x) + N (§3.2.4: post-processing, which keeps the guarantee).
  */
 
-import type { EdgeBundle } from "./bundle.js";
-import { ExactNearest, scoresOverflow, type NearestOptions } from "./nearest.js";
-import type { BitSource } from "./random.js";
-import { positive, sampleDchiNoise } from "./samplers.js";
-import { measure, now } from "./timing.js";
-import { COMPUTABLE } from "./generated/spec.js";
-import { message } from "./messages.js";
+import type { EdgeBundle } from "../bundle/bundle.js";
+import { ExactNearest, scoresOverflow, type NearestOptions } from "../search/nearest.js";
+import type { BitSource } from "../random/random.js";
+import { positive, sampleDchiNoise } from "../random/samplers.js";
+import { measure, now } from "../timing.js";
+import { COMPUTABLE } from "../generated/spec.js";
+import { message } from "../format/messages.js";
 
-export { fmtG } from "./messages.js";
+export { fmtG } from "../format/messages.js";
 
 const { F32_MAX, F16_MAX } = COMPUTABLE;
 /** noise tails bounded with probability 1 - e^-TAIL (shared.mechanisms.computable.TAIL) */

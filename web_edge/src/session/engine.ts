@@ -1,18 +1,18 @@
 /**
  * The privatizing side of an {@link EdgeSession}: the verified bundle and a privatizer, in the
- * page's thread ({@link LocalEngine}) or in a Worker (`RemoteEngine`, src/remote.ts, talking to
+ * page's thread ({@link LocalEngine}) or in a Worker (`RemoteEngine`, src/session/remote.ts, talking to
  * src/worker.ts). Either gives the session the same things: for each text its word-piece ids
  * (the device ledger's memo key is made from them), its payload JSON and its cost; the raw
  * text never leaves the page (a Worker is part of it).
  */
 
-import type { EdgeBundle } from "./bundle.js";
-import type { BundleCache, PrivbertClient, ProgressCallback } from "./client.js";
-import type { Cost } from "./ledger.js";
-import { loadOrt } from "./ort.js";
-import { Privatizer, type PrivatizerOptions, type TokenizedText } from "./privatizer.js";
-import type { BitSource } from "./random.js";
-import { ENCODER_MECHANISMS, warmUp } from "./warm_up.js";
+import type { EdgeBundle } from "../bundle/bundle.js";
+import type { BundleCache, PrivbertClient, ProgressCallback } from "../service/client.js";
+import type { Cost } from "../ledger/ledger.js";
+import { loadOrt } from "../runtime/ort.js";
+import { Privatizer, type PrivatizerOptions, type TokenizedText } from "../mechanisms/privatizer.js";
+import type { BitSource } from "../random/random.js";
+import { ENCODER_MECHANISMS, warmUp } from "../runtime/warm_up.js";
 
 /** What the session needs to know of the privatizer and its bundle. */
 export interface EngineInfo {

@@ -21,11 +21,11 @@
  * that key and the payload sent, never the text.
  */
 
-import { fmtG } from "./dchi.js";
-import { BudgetRefused } from "./errors.js";
-import { message } from "./messages.js";
-import { FAMILIES as SPEC_FAMILIES, MECHANISMS as MECHANISM_SPECS, type FamilyName } from "./generated/spec.js";
-import { pyDumps, type PyValue } from "./pyjson.js";
+import { fmtG } from "../mechanisms/dchi.js";
+import { BudgetRefused } from "../errors.js";
+import { message } from "../format/messages.js";
+import { FAMILIES as SPEC_FAMILIES, MECHANISMS as MECHANISM_SPECS, type FamilyName } from "../generated/spec.js";
+import { pyDumps, type PyValue } from "../format/pyjson.js";
 
 // the budget families, each mechanism's and the memo rule are shared.ledger's, read from the
 // mechanism spec (shared/spec)
