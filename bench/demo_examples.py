@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+from pathlib import Path
 
 import numpy as np
 
@@ -27,9 +28,31 @@ EXAMPLES = (
 )
 
 
+def _bundle_of(model: Path, bundle_id: str, given: str | None):
+    """The bundle the model version was trained for: --bundle, the version's own bundle/,
+    the model home's bundles/<bundle_id> (a version folder is home/models/ID/versions/V), or
+    the packaged MiniLM's; an error when none of them is that bundle."""
+    from shared.bundle import EdgeBundle
+
+    model = model.resolve()
+    home = model.parents[3] if len(model.parents) > 3 else model
+    for d in ([Path(given)] if given else [model / "bundle", home / "bundles" / bundle_id]):
+        if (d / "bundle.json").is_file():
+            bundle = EdgeBundle.load(d)
+            break
+    else:
+        bundle = EdgeBundle.from_model(None)
+    if bundle.bundle_id != bundle_id:
+        raise SystemExit(f"error: the model was trained for bundle {bundle_id[:12]}…, not "
+                         f"{bundle.bundle_id[:12]}… (pass --bundle DIR)")
+    return bundle
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--model", required=True)
+    ap.add_argument("--bundle", help="the model's bundle directory (default: the version's "
+                    "bundle/, its home's bundles/<bundle_id>, or the packaged MiniLM's)")
     ap.add_argument("--draws", type=int, default=50)
     ap.add_argument("--seed", type=int, default=0)
     a = ap.parse_args(argv)
@@ -38,13 +61,10 @@ def main(argv=None) -> int:
     from models.finetune import predict_dataset
     from models.privatize import PublicText, build_mechanism, make_privatizer
     from models.versions import load_model
-    from shared.bundle import EdgeBundle
 
     mv = load_model(a.model)
     cfg = mv.config
-    bundle = EdgeBundle.from_model(None)
-    if bundle.bundle_id != cfg["bundle_id"]:
-        raise SystemExit("error: the model was trained for another bundle than the default")
+    bundle = _bundle_of(Path(a.model), cfg["bundle_id"], a.bundle)
     names = list(cfg["labels"])
     mech = build_mechanism(cfg["mechanism"], bundle, **cfg["params"])
     priv = make_privatizer(bundle, mech, cfg.get("max_length", 128))
