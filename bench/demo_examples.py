@@ -29,23 +29,20 @@ EXAMPLES = (
 
 
 def _bundle_of(model: Path, bundle_id: str, given: str | None):
-    """The bundle the model version was trained for: --bundle, the version's own bundle/,
-    the model home's bundles/<bundle_id> (a version folder is home/models/ID/versions/V), or
-    the packaged MiniLM's; an error when none of them is that bundle."""
-    from shared.bundle import EdgeBundle
+    """The bundle the model version was trained for: --bundle, else its home's copy (a
+    version folder is HOME/models/ID/versions/V), else what ``models.privatize.load_bundle``
+    finds for the version (its own bundle/, or the packaged MiniLM's)."""
+    from cloud_api.home import ModelHome
+    from models.privatize import load_bundle
 
     model = model.resolve()
-    home = model.parents[3] if len(model.parents) > 3 else model
-    for d in ([Path(given)] if given else [model / "bundle", home / "bundles" / bundle_id]):
-        if (d / "bundle.json").is_file():
-            bundle = EdgeBundle.load(d)
-            break
-    else:
-        bundle = EdgeBundle.from_model(None)
-    if bundle.bundle_id != bundle_id:
-        raise SystemExit(f"error: the model was trained for bundle {bundle_id[:12]}…, not "
-                         f"{bundle.bundle_id[:12]}… (pass --bundle DIR)")
-    return bundle
+    if given is None and len(model.parents) > 3:
+        in_home = ModelHome(model.parents[3]).bundle_dir(bundle_id)
+        given = str(in_home) if (in_home / "bundle.json").is_file() else None
+    try:
+        return load_bundle(bundle_dir=given, version_dir=model, expected_id=bundle_id)
+    except ValueError as exc:
+        raise SystemExit(f"error: {exc}") from None
 
 
 def main(argv=None) -> int:

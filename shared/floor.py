@@ -122,13 +122,12 @@ class DChiFloor:
         self.rows, self.directions, self.which = rows, u, which  # pair i: rows[i], u[which[i]]
         ut_all = u @ t.T  # (directions, V)
         # identical rows: the exact search returns the lowest row, the others never
-        first_of: dict[bytes, int] = {}
-        twins: dict[int, list[int]] = {}
-        for i, row in enumerate(t):
-            j = first_of.setdefault(row.tobytes(), i)
-            if j != i:
-                twins.setdefault(j, [j]).append(i)
-        same = {i: g for g in twins.values() for i in g}  # row -> all rows equal to it
+        inverse, counts = identical_groups(t)
+        dup = np.flatnonzero(counts[inverse] > 1)  # ascending
+        same: dict[int, list[int]] = {}  # row -> all rows equal to it (ascending)
+        for g in np.unique(inverse[dup]):
+            members = dup[inverse[dup] == g].tolist()
+            same.update(dict.fromkeys(members, members))
         norms = np.einsum("ij,ij->i", t, t)
         self.t_max = float(np.sqrt(norms.max()))  # max ||phi(x)||: the worst case eta x 2 t_max
         t_aug = np.concatenate([-2.0 * t, norms[:, None], np.ones((v, 1), np.float32)], axis=1)
@@ -222,18 +221,24 @@ def table_problem(bundle: EdgeBundle, rng: np.random.Generator | None = None) ->
     return _IDENTICAL[key] or _near_duplicates(table, resolve_rng(rng))
 
 
+def identical_groups(t: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(inverse, counts): the group of bit-identical rows each row of ``t`` belongs to, and
+    each group's size (``np.unique`` over the rows' bytes)."""
+    t = np.ascontiguousarray(t)
+    rows = t.view(np.dtype((np.void, t.dtype.itemsize * t.shape[1]))).ravel()
+    _, inverse, counts = np.unique(rows, return_inverse=True, return_counts=True)
+    return inverse.ravel(), counts
+
+
 def _identical_rows(t: np.ndarray) -> str | None:
-    """Bit-identical rows of ``t`` (each row's bytes as a dictionary key)."""
+    """Bit-identical rows of ``t``: how many regular tokens share how many rows."""
     if not np.all(np.isfinite(t)):
         return msg.TABLE_NON_FINITE
-    count: dict[bytes, int] = {}
-    for row in t:
-        key = row.tobytes()
-        count[key] = count.get(key, 0) + 1
-    groups = [c for c in count.values() if c > 1]
-    if groups:
-        return msg.TABLE_IDENTICAL.format(tokens=sum(groups), rows=t.shape[0],
-                                          groups=len(groups))
+    _, counts = identical_groups(t)
+    groups = counts[counts > 1]
+    if groups.size:
+        return msg.TABLE_IDENTICAL.format(tokens=int(groups.sum()), rows=t.shape[0],
+                                          groups=int(groups.size))
     return None
 
 
