@@ -30,7 +30,7 @@ from pathlib import Path
 
 from cloud_api.cli import PROG, fail, guarded, home_arg, settings_for
 from shared.mechanisms import DChiText, registry
-from shared.table import DEFAULT_TABLE, MATCHED_ETA
+from shared.table import DEFAULT_TABLE, MATCHED_ETA, table_for_new_model
 
 # The quick start's defaults: at about the same compute, half of MiniLM's layers over more
 # epochs of fresh noise read privatized text better than the whole model over one epoch
@@ -163,7 +163,7 @@ def run(args) -> int:
     check_device(args)
     recipe = recipe_from_args(args, args.mechanism, raw_text=True)
     params = mechanism_settings(args)
-    if _default_table(args) and args.mechanism == DChiText.name:
+    if _default_table(args):
         _say(f"privatization table {DEFAULT_TABLE} (the default for new models: "
              "bench/results/frontier.md; --table none for the model's 384-d table)")
     if "eta" in registry.get(args.mechanism).param_names() and params["eta"] is None:
@@ -196,13 +196,12 @@ def run(args) -> int:
 
 
 def _default_table(args) -> bool:
-    """dchi-text on the default MiniLM with no bundle or table asked for gets the default
-    privatization table (sets ``args.table``); True when it did."""
-    if args.mechanism == DChiText.name and args.bundle is None and args.base is None \
-            and getattr(args, "table", None) is None:
-        args.table = DEFAULT_TABLE
-        return True
-    return False
+    """Sets ``args.table`` to the table a new model is trained over
+    (``shared.table.table_for_new_model``); True when that is the default table."""
+    asked = getattr(args, "table", None)
+    args.table = table_for_new_model(args.mechanism, asked,
+                                     args.bundle is not None or args.base is not None)
+    return asked is None and args.table is not None
 
 
 def _bundle(args):

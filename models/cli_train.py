@@ -253,11 +253,12 @@ def run_train(args) -> int:
         den = (_denoiser_file(args.denoiser_file, args.bundle) if args.denoiser_file
                else None)
         bundle = args.bundle
-        if args.table is None and args.bundle is None and args.base is None \
-                and args.mechanism == "dchi-text":
-            from shared.table import DEFAULT_TABLE, MATCHED_ETA
+        from shared.table import DEFAULT_TABLE, MATCHED_ETA, table_for_new_model
 
-            args.table = DEFAULT_TABLE
+        asked = args.table
+        args.table = table_for_new_model(args.mechanism, asked,
+                                         args.bundle is not None or args.base is not None)
+        if asked is None and args.table is not None:
             _info(f"note: privatization table {DEFAULT_TABLE}, the default for new dchi-text "
                   f"models (eta {MATCHED_ETA[DEFAULT_TABLE]:g} on it matches eta "
                   f"{MATCHED_ETA['none']:g} on the 384-d table; --table none for that one)")

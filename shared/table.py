@@ -35,6 +35,15 @@ DEFAULT_TABLE = "pca32-int8"
 MATCHED_ETA = {"none": 65.0, "pca32-int8": 45.0}
 
 
+def table_for_new_model(mechanism: str, table: str | None, bundle_given: bool) -> str | None:
+    """The privatization table a new model is trained over: ``table`` when one is asked for;
+    :data:`DEFAULT_TABLE` for ``dchi-text`` on the packaged MiniLM (no bundle or base model
+    given); else None (the model's own embeddings: ``dchi-embedding`` sends vectors in them)."""
+    if table is None and not bundle_given and mechanism == "dchi-text":
+        return DEFAULT_TABLE
+    return table
+
+
 class TableError(ValueError):
     """A table that cannot be built or does not match its description (one line)."""
 

@@ -174,3 +174,14 @@ def test_a_projection_fitted_on_anything_but_the_table_is_refused(minilm_bundle,
     (d / "bundle.json").write_text(json.dumps(meta))
     with pytest.raises(BundleError, match="projection"):
         EdgeBundle.load(d)
+
+
+def test_a_new_dchi_text_model_gets_the_default_table_only_when_nothing_else_is_asked():
+    from shared.table import DEFAULT_TABLE, MATCHED_ETA, table_for_new_model
+
+    assert table_for_new_model("dchi-text", None, bundle_given=False) == DEFAULT_TABLE
+    assert DEFAULT_TABLE in MATCHED_ETA and MATCHED_ETA[DEFAULT_TABLE] < MATCHED_ETA["none"]
+    assert table_for_new_model("dchi-text", "none", bundle_given=False) == "none"
+    assert table_for_new_model("dchi-text", None, bundle_given=True) is None  # its own table
+    assert table_for_new_model("dchi-embedding", None, bundle_given=False) is None
+    assert table_for_new_model("laplace", None, bundle_given=False) is None
