@@ -18,7 +18,8 @@ import pytest
 from cloud_api.store.db import Database
 from tests.cloud_api.conftest import ServerProcess, new_keys
 
-ETA = 10.0  # tiny 16-dimensional table: dchi-text keeps many tokens (floor refuses > 12.7)
+ETA = 8.0  # tiny table: about 88% of tokens survive, far under the 97% floor (eta 10 keeps 96%:
+# its measured floor check refuses one time in 200)
 POSITIVE = ["good", "great", "fun", "funny", "love"]
 NEGATIVE = ["bad", "awful", "dull", "boring", "hate"]
 NEUTRAL = ["the", "a", "movie", "film", "plot", "actor", "story", "it", "this", "was", "is"]

@@ -18,6 +18,7 @@ from cloud_api.jobs import queue, specs
 from cloud_api.jobs.requests import PretrainRequest
 from cloud_api.settings import Settings
 from cloud_api.store.db import Database
+from tests.cloud_api.jobs.conftest import ETA
 
 
 def _then_wait(real, barrier: threading.Barrier):
@@ -47,7 +48,7 @@ def test_two_pretrain_requests_for_one_name_queue_one_job_and_409(db, db_url, tm
     settings = Settings(home=tmp_path / "home", pretrain_corpus=corpus)
     home = ModelHome(settings.home).ensure()
     req = PretrainRequest(objective="denoising", mechanism="dchi-text",
-                          params={"eta": 10}, steps=5, name="pre")
+                          params={"eta": ETA}, steps=5, name="pre")
     racers = 4
     _after_every_check(monkeypatch, threading.Barrier(racers, timeout=5))
     start = threading.Barrier(racers, timeout=30)

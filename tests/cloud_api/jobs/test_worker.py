@@ -21,6 +21,7 @@ from cloud_api.jobs.requests import PretrainRequest, RetrainRequest
 from cloud_api.jobs.specs import check_pretrain, check_retrain
 from cloud_api.jobs.supervisor import Worker
 from cloud_api.serving.bundles import BundleStore
+from tests.cloud_api.jobs.conftest import ETA
 
 
 def submit(env, **kw) -> int:
@@ -169,7 +170,7 @@ def test_pretrain_job_registers_a_base_that_retraining_can_start_from(job_env, t
     corpus.write_text("\n".join(job_env.texts) + "\n")
     settings = job_env.settings(pretrain_corpus=corpus)
     db, home = job_env.database(), ModelHome(job_env.home)
-    req = PretrainRequest(objective="denoising", mechanism="dchi-text", params={"eta": 10},
+    req = PretrainRequest(objective="denoising", mechanism="dchi-text", params={"eta": ETA},
                           steps=6, name="pre", base="tiny", batch_size=8, max_length=32)
     job_id = queue.enqueue(db, "pretrain", check_pretrain(db, home, settings, req))
     assert Worker(settings, db, home).run(once=True) == "succeeded"
