@@ -42,7 +42,7 @@ HASHED_IF_PRESENT = ("table",)  # absent from the original layout: its ids stay 
 TOKENIZER_FILE, EMBEDDINGS_FILE, ENCODER_FILE, META_FILE = (
     "tokenizer.json", "embeddings.npy", "encoder.onnx", "bundle.json")
 TABLE_FILE, TABLE_SCALE_FILE = "table.npy", "table_scale.npy"
-_NPY_DTYPES = {"float32": "<f4", "int8": "|i1"}
+NPY_DTYPES = {"float32": "<f4", "int8": "|i1"}  # a table's dtype → its .npy descr
 
 
 class BundleError(Exception):
@@ -258,7 +258,7 @@ class EdgeBundle:
             files[EMBEDDINGS_FILE] = _npy_bytes(self._embeddings)
         if self._table is not None:
             files[TABLE_FILE] = _npy_bytes(self._table.stored,
-                                           _NPY_DTYPES[self._table.description["dtype"]])
+                                           NPY_DTYPES[self._table.description["dtype"]])
             if self._table.scale is not None:
                 files[TABLE_SCALE_FILE] = _npy_bytes(self._table.scale)
         if self.encoder_onnx is not None:
@@ -271,7 +271,7 @@ class EdgeBundle:
             hashes[EMBEDDINGS_FILE] = _npy_sha256(self._embeddings)
         if self._table is not None:
             hashes[TABLE_FILE] = _npy_sha256(self._table.stored,
-                                             _NPY_DTYPES[self._table.description["dtype"]])
+                                             NPY_DTYPES[self._table.description["dtype"]])
             if self._table.scale is not None:
                 hashes[TABLE_SCALE_FILE] = _npy_sha256(self._table.scale)
         if self.encoder_onnx is not None:
@@ -482,7 +482,7 @@ def _read_table(blobs: dict[str, bytes], info: dict, vocab: int, where: str) -> 
     if not isinstance(info, dict):
         raise BundleError(msg.BUNDLE_TABLE_BLOCK.format(where=where, file=META_FILE))
     dtype, dim = info.get("dtype"), info.get("dim")
-    if dtype not in _NPY_DTYPES or not isinstance(dim, int) or dim < 1:
+    if dtype not in NPY_DTYPES or not isinstance(dim, int) or dim < 1:
         raise BundleError(msg.BUNDLE_TABLE_KIND.format(where=where, file=META_FILE,
                                                        dtype=repr(dtype), dim=repr(dim)))
     if info.get("file") != TABLE_FILE:
@@ -494,7 +494,7 @@ def _read_table(blobs: dict[str, bytes], info: dict, vocab: int, where: str) -> 
         raise BundleError(f"{where}/{META_FILE}: the table's projection {proj!r} is not one "
                           "this edge accepts (none, or pca fitted on the table itself: never "
                           "on text)")
-    stored = _read_npy(blobs, TABLE_FILE, _NPY_DTYPES[dtype], (vocab, dim), where)
+    stored = _read_npy(blobs, TABLE_FILE, NPY_DTYPES[dtype], (vocab, dim), where)
     scale = None
     desc = {k: v for k, v in info.items() if k not in ("file", "scale_file")}
     if dtype == "int8":

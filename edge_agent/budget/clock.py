@@ -29,7 +29,6 @@ from dataclasses import dataclass
 from pathlib import Path
 
 BOOT_ID = Path("/proc/sys/kernel/random/boot_id")
-MAX_ANCHORS = 16  # epochs remembered (the most recent); an older one counts as unseen
 
 
 @dataclass(frozen=True)

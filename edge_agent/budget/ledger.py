@@ -41,16 +41,17 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from edge_agent.budget.clock import MAX_ANCHORS, Anchor, Clock, Reading, ledger_time, system_clock
+from edge_agent.budget.clock import Anchor, Clock, Reading, ledger_time, system_clock
 from edge_agent.budget.ledger_files import check_private, open_read_only, resolved, wal
 from edge_agent.budget.memo import LegacyMemoKeys, MemoKeys, key_path, load_secret
 from edge_agent.errors import BudgetRefused, CliError
 from shared import ledger
 from shared import messages as msg
+from shared.conventions import DAY_S, MAX_ANCHORS
+from shared.conventions import fmt_eps as fmt
 from shared.ledger import Cost, FamilySpend, Spend, families
 
 LEDGER_ENV = "PRIVBERT_LEDGER"
-DAY_S = 86_400.0
 VERSION = 3  # 1: the ledgers written before user_version was set (memo keyed on raw text);
 # 2: one clock anchor (the boot of the last charge) in ``clock``; 3: ``clock_anchors``
 _SCHEMA = """
@@ -82,15 +83,6 @@ _ADD = ("INSERT INTO spend (family, epsilon, metric, tokens, sends) VALUES (?, ?
 
 
 TOOL = "edge-agent budget"  # the command that shows the ledger and sets its caps
-
-
-def fmt(eps: float | None) -> str:
-    """A worst-case ε for a message (huge ones in scientific notation)."""
-    if eps is None:
-        return "none"
-    if eps >= 1e9:
-        return f"{eps:.4g}"
-    return f"{eps:,.1f}" if eps >= 100 else f"{eps:.4g}"
 
 
 def default_path() -> Path:

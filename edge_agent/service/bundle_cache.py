@@ -14,8 +14,8 @@ import re
 from pathlib import Path
 
 from shared.bundle import BundleError, EdgeBundle, save_atomically
+from shared.conventions import CACHE_ENV, CACHE_SUBDIR
 
-CACHE_ENV = "PRIVBERT_CACHE"
 _BUNDLE_ID = re.compile(r"^[0-9a-f]{64}$")
 
 
@@ -24,7 +24,7 @@ def cache_root() -> Path:
     if os.environ.get(CACHE_ENV):
         return Path(os.environ[CACHE_ENV]).expanduser()
     xdg = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
-    return Path(xdg).expanduser() / "privbert" / "bundles"
+    return Path(xdg).expanduser().joinpath(*CACHE_SUBDIR)
 
 
 def cached_path(bundle_id: str, root: Path | None = None) -> Path:

@@ -89,7 +89,8 @@ def resolve_bundle(opts: ServerOptions, client=None,
 def _check_pin(opts: ServerOptions, model: dict, record: bool) -> None:
     """The served model's bundle id against this device's pin (``edge_agent.service.pins``)."""
     from edge_agent.service.bundle_cache import cache_root
-    from edge_agent.service.pins import PINS_FILE, Pins, check_pin
+    from edge_agent.service.pins import Pins, check_pin
+    from shared.conventions import PINS_FILE
 
     bundle_id, model_id = model.get("bundle_id"), str(model.get("id"))
     if not isinstance(bundle_id, str):

@@ -24,10 +24,9 @@ from pathlib import Path
 from urllib.parse import urlsplit
 
 from edge_agent.errors import CliError
+from shared.conventions import TRUSTED_ENV
 from shared.messages import PIN_CHANGED, PIN_NOT_TRUSTED
 
-PINS_FILE = "pins.json"
-TRUSTED_ENV = "PRIVBERT_TRUSTED_BUNDLES"
 _BUNDLE_ID = re.compile(r"^[0-9a-f]{64}$")
 
 

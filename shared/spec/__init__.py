@@ -11,7 +11,9 @@ when it differs from what the registry generates) holds, language-neutrally:
 * the budget families (ε or not, the dχ metric, the memo rule);
 * the constants of the privacy floor (``shared.floor``), of the computability check and of
   the int8 candidate pass (``shared.mechanisms.int8_pass``), the parameter tolerance, the
-  bundle format;
+  bundle format (files, hashed fields, a table's .npy dtypes);
+* the device's conventions (``shared.conventions``): the ledger's day and clock anchors, the
+  cache's and pins' names, how an ε is written;
 * the refusal templates both edges word identically (``shared.messages``);
 * ``spec_version``, raised when the meaning of a field changes.
 
@@ -85,7 +87,7 @@ def build() -> dict:
     """The spec of the built-in mechanisms, as the registry, the floor and the ledger say
     today (no plugin: the committed file must not depend on what is installed)."""
     import shared.mechanisms  # noqa: F401 (registers the built-in mechanisms)
-    from shared import floor, ledger, messages
+    from shared import conventions, floor, ledger, messages
     from shared.bundle import (
         EMBEDDINGS_FILE,
         ENCODER_FILE,
@@ -94,6 +96,7 @@ def build() -> dict:
         HASHED_IF_PRESENT,
         HASHED_META,
         META_FILE,
+        NPY_DTYPES,
         TABLE_FILE,
         TABLE_SCALE_FILE,
         TOKENIZER_FILE,
@@ -121,7 +124,9 @@ def build() -> dict:
                    "hashed_meta": list(HASHED_META), "hashed_if_present": list(HASHED_IF_PRESENT),
                    "files": {"tokenizer": TOKENIZER_FILE, "embeddings": EMBEDDINGS_FILE,
                              "encoder": ENCODER_FILE, "meta": META_FILE, "table": TABLE_FILE,
-                             "table_scale": TABLE_SCALE_FILE}},
+                             "table_scale": TABLE_SCALE_FILE},
+                   "npy_dtypes": dict(NPY_DTYPES)},
+        "device": conventions.spec_section(),
         "messages": {
             "format": "Python str.format fields: {name}; {name:g} is %g (6 significant "
                       "digits); {name:.3g}; {name:,} an integer with thousands commas. A share "

@@ -27,6 +27,7 @@ def render(spec: dict) -> str:
             "export const INT8_PASS = SPEC.int8_pass;\n"
             "export const PARAM_RTOL = SPEC.param_rtol;\n"
             "export const BUNDLE_FORMAT = SPEC.bundle;\n"
+            "export const DEVICE = SPEC.device;\n"
             "export const FAMILIES = SPEC.families;\n"
             "export const MESSAGES = SPEC.messages.templates;\n"
             "export const MECHANISMS = SPEC.mechanisms;\n\n"

@@ -241,9 +241,15 @@ def make_ledger() -> dict:
             for s, e, c in ((0.0, 1.0, None), (0.0, None, None), (0.0, None, 10.0),
                             (9.0, 1.0, 10.0), (9.0, 1.0000001, 10.0), (0.0, 0.0, 0.0),
                             (12.0, 0.0, 10.0))]
+    from shared.conventions import fmt_eps
+
+    eps_text = [[v, fmt_eps(v)] for v in (None, 0.0, 1e-7, 0.5, 1.23456, 99.99, 99.99996, 100.0,
+                                          1234.56, 220_223.64, 999_999_999.9, 1e9, 3.5e12)]
     return {"about": "shared.ledger: the cost of one payload (diameter: D = 2 max||phi|| of "
                      "the tiny bundle's regular rows), composition and the cap filter; "
-                     "shared.accounting's epsilon formulas",
+                     "shared.accounting's epsilon formulas; how messages write an epsilon "
+                     "(shared.conventions.fmt_eps)",
+            "eps_text": eps_text,
             "bundle_id": bundle.bundle_id, "diameter": _f(d), "costs": costs,
             "total_dchi": _cost(total),
             "compose": {"total": _f(spend.total), "sends": spend.sends,

@@ -128,11 +128,15 @@ def test_seeded_payloads_are_byte_identical_to_edge_agent_and_valid(table, searc
     assert status["sends"] == 48
     py_status = json.loads(py_edge("budget", "--json", tmp=tmp_path).stdout)
     assert py_status["spent"] == pytest.approx(status["spent"], rel=1e-6)  # edge-agent's own ledger
-    # the summary line reports the same guarantee as edge-agent's (eta x D of this table)
-    g = re.compile(r"dchi-text: published eta=65; holds eta=65, worst eps ([\d.]+)/token")
+    # the summary line reports the same guarantee as edge-agent's (eta x D of this table), and
+    # names the table
+    g = re.compile(r"dchi-text: published eta=65; holds eta=65, worst eps ([\d.]+)/token"
+                   r"(?: \([\d,]+ for a sentence of [\d.]+ tokens\))? \(table ([\w-]+)\)")
     js_g, py_g = g.search(_summary(js.stderr, "privbert-edge")), g.search(_summary(py.stderr, "edge-agent"))
+    assert js_g is not None and py_g is not None, (js.stderr, py.stderr)
     assert js_g.group(0) == py_g.group(0)
     assert float(js_g.group(1)) == pytest.approx(65 * diameter, abs=0.05)
+    assert js_g.group(2) == bundle.table_name == table
 
 
 def test_pairs_and_labels_are_byte_identical_to_edge_agent(tiny_dir, tmp_path):

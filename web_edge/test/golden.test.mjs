@@ -11,7 +11,7 @@ import { test } from "node:test";
 import { fileURLToPath } from "node:url";
 import { promisify } from "node:util";
 
-import { diameter, dchiCost, fits } from "../dist/ledger/ledger.js";
+import { diameter, dchiCost, fits, fmtEps } from "../dist/ledger/ledger.js";
 import { ExactNearest } from "../dist/search/nearest.js";
 import { Pcg64Source } from "../dist/random/pcg64.js";
 import {
@@ -130,6 +130,11 @@ test("ledger: dχ costs for a given D, the cap filter, bit-flip epsilon", () => 
   for (const e of led.bit_flip_epsilon) {
     assert.equal(bitFlipEpsilon(Float64Array.from(e.p), e.q), num(e.value));
   }
+});
+
+test("ledger: an epsilon in a message is written as the Python edge writes it", () => {
+  assert.ok(led.eps_text.length >= 10);
+  for (const [value, text] of led.eps_text) assert.equal(fmtEps(value === null ? null : num(value)), text, String(value));
 });
 
 // -- payload bytes through the command line ------------------------------------------------

@@ -20,7 +20,7 @@ import { rawGet, type RawJson } from "../format/pyjson.js";
 export const TABLE_FILE: string = BUNDLE_FORMAT.files.table;
 export const TABLE_SCALE_FILE: string = BUNDLE_FORMAT.files.table_scale;
 const META_FILE: string = BUNDLE_FORMAT.files.meta;
-const NPY_DTYPES = { float32: "<f4", int8: "|i1" } as const;
+const NPY_DTYPES = BUNDLE_FORMAT.npy_dtypes;
 
 /** A designed privatization table, checked whole. */
 export interface DesignedTable {

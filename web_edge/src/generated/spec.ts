@@ -27,12 +27,37 @@ export const SPEC = {
       "unused_ids",
       "encoder",
       "files"
-    ]
+    ],
+    "npy_dtypes": {
+      "float32": "<f4",
+      "int8": "|i1"
+    }
   },
   "computable": {
     "F16_MAX": 65504.0,
     "F32_MAX": 3.4028234663852886e+38,
     "TAIL": 40.0
+  },
+  "device": {
+    "cache": {
+      "env": "PRIVBERT_CACHE",
+      "pins_file": "pins.json",
+      "subdir": [
+        "privbert",
+        "bundles"
+      ],
+      "trusted_env": "PRIVBERT_TRUSTED_BUNDLES"
+    },
+    "eps_format": {
+      "grouped_decimals": 1,
+      "grouped_from": 100.0,
+      "scientific_from": 1000000000.0,
+      "significant": 4
+    },
+    "ledger": {
+      "day_s": 86400.0,
+      "max_anchors": 16
+    }
   },
   "families": [
     {
@@ -601,6 +626,7 @@ export const COMPUTABLE = SPEC.computable;
 export const INT8_PASS = SPEC.int8_pass;
 export const PARAM_RTOL = SPEC.param_rtol;
 export const BUNDLE_FORMAT = SPEC.bundle;
+export const DEVICE = SPEC.device;
 export const FAMILIES = SPEC.families;
 export const MESSAGES = SPEC.messages.templates;
 export const MECHANISMS = SPEC.mechanisms;

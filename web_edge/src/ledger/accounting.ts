@@ -13,11 +13,13 @@ export interface Guarantee {
   params: { eta: number };
   nominal: { eta: number; epsilon: null; statement: string };
   worst_case: { eta: number; epsilon: number; epsilon_scope: string; expected_noise_norm: number; dim: number };
+  /** the privatization table's name (shared.table), where the bundle was given */
+  table?: string;
 }
 
 export function guarantee(mechanism: "dchi-text" | "dchi-embedding", eta: number, diameter: number,
-                          dim: number): Guarantee {
-  return {
+                          dim: number, table?: string | null): Guarantee {
+  const g: Guarantee = {
     mechanism,
     params: { eta },
     nominal: { eta, epsilon: null, statement: message("DCHI_STATEMENT") },
@@ -25,6 +27,8 @@ export function guarantee(mechanism: "dchi-text" | "dchi-embedding", eta: number
       epsilon_scope: message("DCHI_EPSILON_SCOPE"),
       expected_noise_norm: dim / eta, dim },
   };
+  if (table) g.table = table;
+  return g;
 }
 
 /** One line as shared.accounting.summary writes it; ``meanTokens`` adds a sentence's worst case. */
@@ -35,5 +39,6 @@ export function summary(g: Guarantee, meanTokens?: number | null): string {
     const sentence = Math.round(wc.epsilon * meanTokens).toLocaleString("en-US");
     extra += ` (${sentence} for a sentence of ${meanTokens.toFixed(1)} tokens)`;
   }
-  return `${g.mechanism}: published eta=${fmtG(g.nominal.eta)}; holds eta=${fmtG(wc.eta)}${extra}`;
+  const table = g.table ? ` (table ${g.table})` : "";
+  return `${g.mechanism}: published eta=${fmtG(g.nominal.eta)}; holds eta=${fmtG(wc.eta)}${extra}${table}`;
 }

@@ -24,7 +24,7 @@
 import { fmtG } from "../mechanisms/dchi.js";
 import { BudgetRefused } from "../errors.js";
 import { message } from "../format/messages.js";
-import { FAMILIES as SPEC_FAMILIES, MECHANISMS as MECHANISM_SPECS, type FamilyName } from "../generated/spec.js";
+import { DEVICE, FAMILIES as SPEC_FAMILIES, MECHANISMS as MECHANISM_SPECS, type FamilyName } from "../generated/spec.js";
 import { pyDumps, type PyValue } from "../format/pyjson.js";
 
 // the budget families, each mechanism's and the memo rule are shared.ledger's, read from the
@@ -36,9 +36,11 @@ const FAMILY_OF: Readonly<Record<string, Family>> = Object.fromEntries(MECHANISM
 const NO_EPSILON: readonly Family[] = SPEC_FAMILIES.filter((f) => !f.epsilon).map((f) => f.name);
 /** families whose repeats are memoized (free) */
 export const MEMO_FAMILIES: readonly Family[] = SPEC_FAMILIES.filter((f) => f.memo).map((f) => f.name);
-export const DAY_MS = 86_400_000;
+/** The per-day cap's window (shared.conventions.DAY_S), in ms. */
+export const DAY_MS = DEVICE.ledger.day_s * 1000;
 /** Epochs of the monotonic clock whose anchors a ledger keeps (the most recent). */
-export const MAX_ANCHORS = 16;
+export const MAX_ANCHORS: number = DEVICE.ledger.max_anchors;
+const EPS = DEVICE.eps_format;
 
 /** The cost of one payload, or of several added up. */
 export interface Cost {
@@ -161,12 +163,14 @@ export function fits(spent: number, epsilon: number | null, cap: number | null):
   return spent + epsilon <= cap;
 }
 
-/** A worst-case ε for a message (as edge_agent.budget.ledger.fmt). */
+/** A worst-case ε for a message (shared.conventions.fmt_eps, its rule read from the spec). */
 export function fmtEps(eps: number | null): string {
   if (eps === null) return "none";
-  if (eps >= 1e9) return fmtG(eps, 4);
-  if (eps >= 100) return eps.toLocaleString("en-US", { minimumFractionDigits: 1, maximumFractionDigits: 1 });
-  return fmtG(eps, 4);
+  if (eps >= EPS.grouped_from && eps < EPS.scientific_from) {
+    return eps.toLocaleString("en-US", { minimumFractionDigits: EPS.grouped_decimals,
+      maximumFractionDigits: EPS.grouped_decimals });
+  }
+  return fmtG(eps, EPS.significant);
 }
 
 export interface FamilySpend {

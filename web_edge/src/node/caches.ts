@@ -13,16 +13,17 @@ import { join } from "node:path";
 import { EdgeBundle, META_FILE } from "../bundle/bundle.js";
 import type { BundleCache } from "../service/client.js";
 import { BundleError } from "../errors.js";
+import { DEVICE } from "../generated/spec.js";
 import { parseTar } from "nanotar";
 
-export const CACHE_ENV = "PRIVBERT_CACHE";
+export const CACHE_ENV: string = DEVICE.cache.env;
 const BUNDLE_ID = /^[0-9a-f]{64}$/;
 
 export function cacheRoot(): string {
   const env = process.env[CACHE_ENV];
   if (env) return env.replace(/^~(?=\/|$)/, homedir());
   const xdg = process.env.XDG_CACHE_HOME || join(homedir(), ".cache");
-  return join(xdg, "privbert", "bundles");
+  return join(xdg, ...DEVICE.cache.subdir);
 }
 
 /** A bundle directory, verified (every file against bundle.json, and the id). */

@@ -548,7 +548,7 @@ async function runPrivatize(positionals: string[], v: Values): Promise<number> {
     }
     const elapsed = (performance.now() - t0) / 1000;
     const streaming = (performance.now() - tLoop) / 1000;
-    const line = guaranteeLine(priv, diam, bundle.tableDim, nRecords ? nTok / nRecords : null);
+    const line = guaranteeLine(priv, diam, bundle.tableDim, bundle.tableName, nRecords ? nTok / nRecords : null);
     const c = total(charged);
     const after = await ledger.status();
     const spent = c === null ? "charged nothing" : `charged worst-case epsilon ${fmtEps(c.epsilon)} for ${c.sends} payload(s)`;
@@ -577,10 +577,11 @@ function serverFailure(exc: ApiError, done: string): Error {
 }
 
 /** The guarantee in one line, as shared.accounting.summary writes it. */
-function guaranteeLine(priv: Privatizer, diam: number, dim: number, meanTokens: number | null): string {
+function guaranteeLine(priv: Privatizer, diam: number, dim: number, table: string,
+                       meanTokens: number | null): string {
   const p = priv.params;
   if (priv.name === "dchi-text" || priv.name === "dchi-embedding") {
-    return summary(guarantee(priv.name, Number(p.eta), diam, dim), meanTokens);
+    return summary(guarantee(priv.name, Number(p.eta), diam, dim, table), meanTokens);
   }
   const eps = Number(p.epsilon);
   const worst = priv.cost({ idsA: [], idsB: null, nBefore: 0 }).epsilon!;

@@ -11,9 +11,10 @@ import { dirname, join } from "node:path";
 
 import type { PinStore } from "../service/pins.js";
 import { pyString } from "../format/pyjson.js";
+import { DEVICE } from "../generated/spec.js";
 import { cacheRoot } from "./caches.js";
 
-export const PINS_FILE = "pins.json";
+export const PINS_FILE: string = DEVICE.cache.pins_file;
 const BUNDLE_ID = /^[0-9a-f]{64}$/;
 
 /** The pins file's text as Python's json.dump(indent=1, sort_keys=True) writes it. */

@@ -18,8 +18,9 @@ import { PrivbertClient, type BundleCache, type ModelInfo, type ProgressCallback
 import type { EdgeBundle } from "../bundle/bundle.js";
 import { BundleError } from "../errors.js";
 import { message } from "../format/messages.js";
+import { DEVICE } from "../generated/spec.js";
 
-export const TRUSTED_ENV = "PRIVBERT_TRUSTED_BUNDLES";
+export const TRUSTED_ENV: string = DEVICE.cache.trusted_env;
 const BUNDLE_ID = /^[0-9a-f]{64}$/;
 
 /** The server names a bundle other than the one this device pinned (or trusts). */

@@ -21,6 +21,8 @@ export interface EngineInfo {
   bundleId: string;
   /** the privatization table's dimension (the noise's n) */
   dim: number;
+  /** the privatization table's name (shared.table: "none", "pca32-int8", ...) */
+  table: string;
   vocabSize: number;
   /** the model's length limit in word pieces, [CLS]/[SEP] included */
   maxLength: number;
@@ -87,6 +89,7 @@ export class LocalEngine implements Engine {
   constructor(readonly bundle: EdgeBundle, readonly privatizer: Privatizer, fetched: boolean) {
     const p = privatizer;
     this.info = { name: p.name, params: p.params, bundleId: bundle.bundleId, dim: bundle.tableDim,
+      table: bundle.tableName,
       vocabSize: bundle.vocabSize, maxLength: p.maxLength, truncate: p.truncate,
       diameter: 2 * bundle.regularMaxNorm, fetched,
       vectorEpsilon: p.isVector ? p.cost({ idsA: [], idsB: null, nBefore: 0 }).epsilon : null };

@@ -162,7 +162,7 @@ export class EdgeSession {
   get guarantee(): Guarantee | { mechanism: string; params: Record<string, number | string>; worst_case: { epsilon: number } } {
     const i = this.engine.info;
     if (i.name === "dchi-text" || i.name === "dchi-embedding") {
-      return guarantee(i.name, Number(i.params.eta), i.diameter, i.dim);
+      return guarantee(i.name, Number(i.params.eta), i.diameter, i.dim, i.table);
     }
     return { mechanism: i.name, params: i.params, worst_case: { epsilon: i.vectorEpsilon! } };
   }
