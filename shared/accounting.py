@@ -60,12 +60,35 @@ def sentence_vector_dim(bundle: EdgeBundle) -> int:
 def dchi_diameter_bound(embeddings: np.ndarray, rows: np.ndarray | None = None) -> float:
     """D = 2 max ||phi(x)|| over ``rows`` of the table (default: all): no two of those
     tokens are further apart, so eta*D bounds the dχ ε between any two of them per token
-    (Qu et al. §3.2)."""
+    (Qu et al. §3.2).
+
+    Exact, so that every edge charges the same D to the last bit: each ||phi||² is the
+    correctly rounded sum of its float64 squares (exact for a float32 table), taken by
+    :func:`math.fsum` on the rows whose float64 sum lies within the summation error of the
+    largest; then D = 2 sqrt of the largest (the web edge's ``EdgeBundle.diameter`` does
+    the same)."""
     emb = np.asarray(embeddings)
-    norms = np.einsum("ij,ij->i", emb, emb)
+    if emb.dtype != np.float32:
+        emb = emb.astype(np.float64)
     if rows is not None:
-        norms = norms[np.asarray(rows)]
-    return 2.0 * float(np.sqrt(norms.max())) if norms.size else 0.0
+        emb = emb[np.asarray(rows)]
+    if not emb.size:
+        return 0.0
+    approx = np.einsum("ij,ij->i", emb, emb)  # in the table's precision: a filter only
+    top = float(approx.max())
+    if not math.isfinite(top) and emb.dtype == np.float32:  # float32 overflow: in float64
+        emb = emb.astype(np.float64)
+        approx = np.einsum("ij,ij->i", emb, emb)
+        top = float(approx.max())
+    if not math.isfinite(top):
+        return 2.0 * math.sqrt(top) if top > 0 else math.nan
+    # a sum of n non-negative rounded squares in any order is within about (n + 1) u of the
+    # exact sum (u: the unit roundoff of the sums' dtype): 4 (n + 1) u is a safe margin
+    u = float(np.finfo(approx.dtype).eps) / 2
+    near = np.flatnonzero(approx >= top * (1.0 - 4.0 * (emb.shape[1] + 1) * u))
+    rows64 = emb[near].astype(np.float64)
+    best = max(math.fsum((r * r).tolist()) for r in rows64)
+    return 2.0 * math.sqrt(best)
 
 
 def dchi_expected_noise_norm(dim: int, eta: float) -> float:

@@ -222,7 +222,7 @@ LEDGER_CASES = [
 
 def make_ledger() -> dict:
     from shared import ledger
-    from shared.accounting import bit_flip_epsilon, dropout_epsilon
+    from shared.accounting import bit_flip_epsilon, dchi_diameter_bound, dropout_epsilon
 
     bundle = tiny_bundle()
     d = ledger.bundle_diameter(bundle)
@@ -243,13 +243,24 @@ def make_ledger() -> dict:
                             (12.0, 0.0, 10.0))]
     from shared.conventions import fmt_eps
 
+    # D to the last bit (shared.accounting.dchi_diameter_bound): row 0's exact norm² is the
+    # largest (1 + 2^-50) though a plain float64 sum in order makes it 1 and row 1's (1 +
+    # 2^-51) the largest; float32 sums make both 1
+    tie = np.zeros((3, 18), np.float32)
+    tie[0, 0], tie[0, 1:17] = 1.0, 2.0 ** -27
+    tie[1, 0], tie[1, 1:3] = 1.0, 2.0 ** -26
+    tie[2, 0] = 0.5
+    diameters = [{"table": _fl(tie.ravel()), "dim": 18, "rows": [0, 1, 2],
+                  "diameter": _f(dchi_diameter_bound(tie))},
+                 {"table": _fl(tie.ravel()), "dim": 18, "rows": [1, 2],
+                  "diameter": _f(dchi_diameter_bound(tie, np.array([1, 2])))}]
     eps_text = [[v, fmt_eps(v)] for v in (None, 0.0, 1e-7, 0.5, 1.23456, 99.99, 99.99996, 100.0,
                                           1234.56, 220_223.64, 999_999_999.9, 1e9, 3.5e12)]
     return {"about": "shared.ledger: the cost of one payload (diameter: D = 2 max||phi|| of "
                      "the tiny bundle's regular rows), composition and the cap filter; "
                      "shared.accounting's epsilon formulas; how messages write an epsilon "
                      "(shared.conventions.fmt_eps)",
-            "eps_text": eps_text,
+            "eps_text": eps_text, "diameters": diameters,
             "bundle_id": bundle.bundle_id, "diameter": _f(d), "costs": costs,
             "total_dchi": _cost(total),
             "compose": {"total": _f(spend.total), "sends": spend.sends,

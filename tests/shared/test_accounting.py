@@ -6,8 +6,11 @@ import math
 
 import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from hypothesis.extra import numpy as hnp
 
-from shared.accounting import bit_flip_epsilon, guarantee, summary
+from shared.accounting import bit_flip_epsilon, dchi_diameter_bound, guarantee, summary
 from shared.bundle import EdgeBundle
 from shared.mechanisms import OME, OUE, SUE, DChiEmbedding, DChiText, Laplace, TextHide
 
@@ -173,3 +176,30 @@ def test_bit_probabilities_match_flip_probabilities_position_by_position(eps, la
     assert q == pytest.approx(1 / (1 + lam * math.exp(eps / n)), rel=1e-12)
     p_even, p_odd, q2 = ome.flip_probabilities()
     assert (p_even, p_odd, q2) == pytest.approx((expected[0], expected[1], q), rel=1e-12)
+
+
+def _exact_diameter(t: np.ndarray) -> float:
+    t64 = np.asarray(t, dtype=np.float64)
+    return 2.0 * math.sqrt(max(math.fsum((r * r).tolist()) for r in t64))
+
+
+@settings(max_examples=200, deadline=None)
+@given(hnp.arrays(np.float32, st.tuples(st.integers(1, 12), st.integers(1, 40)),
+                  elements=st.floats(-(2.0 ** 50), 2.0 ** 50, width=32)))
+def test_the_diameter_is_the_correctly_rounded_one(t):
+    # every row's norm² summed exactly (math.fsum of exact float64 squares), whatever the sums
+    # in float32 or in order would say: both edges charge this D to the last bit
+    assert dchi_diameter_bound(t) == _exact_diameter(t)
+
+
+def test_the_diameter_picks_the_row_a_plain_sum_misses():
+    t = np.zeros((2, 18), np.float32)
+    t[0, 0], t[0, 1:17] = 1.0, 2.0 ** -27  # exact norm² 1 + 2^-50; in order: 1
+    t[1, 0], t[1, 1:3] = 1.0, 2.0 ** -26   # exact norm² 1 + 2^-51; in order: the same
+    assert dchi_diameter_bound(t) == 2.0 * math.sqrt(1.0 + 2.0 ** -50)
+    assert dchi_diameter_bound(t, np.array([1])) == 2.0 * math.sqrt(1.0 + 2.0 ** -51)
+    assert dchi_diameter_bound(t) > dchi_diameter_bound(t, np.array([1]))
+    big = np.full((2, 3), 3e30, np.float32)  # float32 squares overflow: summed in float64
+    assert dchi_diameter_bound(big) == _exact_diameter(big) < math.inf
+    assert math.isnan(dchi_diameter_bound(np.array([[1.0, np.nan]], np.float32)))
+    assert dchi_diameter_bound(np.zeros((0, 3), np.float32)) == 0.0

@@ -76,9 +76,8 @@ test("choice without replacement and permutations", () => {
 // Known differences, reported by these `todo` tests until the web edge matches numpy:
 // Math.log is not glibc's log (a Laplace draw can differ in its last bit), and numpy sums a
 // row's squares pairwise (8 accumulators) where the web edge sums them in order (a dχ noise
-// vector can differ in its last bits); numpy's einsum sums the float32 squares of the
-// diameter in float32 (the web edge in float64, so D differs near 1e-8). The payload bytes
-// of the CLI runs below agree all the same.
+// vector can differ in its last bits). The payload bytes of the CLI runs below agree all the
+// same. The diameter D is exact in both edges (correctly rounded sums), so it agrees to the bit.
 test("Laplace draws", { todo: "Math.log is not C's log: the last bit of a draw can differ" }, () => {
   for (const l of random.laplace) {
     const src = new Pcg64Source(BigInt(l.seed));
@@ -114,9 +113,20 @@ test("the exact nearest row, near ties to the lowest row", async () => {
 
 const led = golden("ledger");
 
-test("ledger: the tiny bundle's diameter D", { todo: "numpy sums D's squares in float32" }, () => {
+test("ledger: the tiny bundle's diameter D, to the last bit", () => {
   const b = golden("payloads").bundles.tiny;
   assert.equal(diameter(Float32Array.from(b.table), b.dim, b.regular_ids), led.diameter);
+});
+
+test("ledger: D is exact where a plain sum picks the wrong row", () => {
+  assert.ok(led.diameters.length >= 2);
+  for (const c of led.diameters) {
+    const t = Float32Array.from(c.table);
+    assert.equal(diameter(t, c.dim, c.rows), num(c.diameter), JSON.stringify(c.rows));
+  }
+  // the case is one: an in-order float64 sum would pick row 1 (1 + 2^-51) over row 0
+  const [all, noFirst] = led.diameters;
+  assert.ok(all.diameter > noFirst.diameter, "row 0's exact norm is the largest");
 });
 
 test("ledger: dχ costs for a given D, the cap filter, bit-flip epsilon", () => {
@@ -171,11 +181,22 @@ function writeBundle(dir, name) {
 }
 
 for (const run of pay.cli) {
-  const todo = !pay.bundles[run.bundle].embeddings_equal_table
-    ? "the web edge reads no designed (pca int8) table yet"
-    : run.args.includes("none") ? "privbert-edge offers no --mechanism none" : false;
+  if (run.args.includes("none")) {
+    // edge-agent's experiments-only plain ids: the web edge never sends them, and says so
+    test(`privbert-edge privatize ${run.args.join(" ")}: refused in one line, naming edge-agent`, async () => {
+      const args = run.args.filter((a) => a !== "--allow-none");
+      await assert.rejects(promisify(execFile)(process.execPath, [CLI, "privatize", "-", ...args,
+        "--bundle", "/nonexistent"]), (err) => {
+        assert.equal(err.code, 2);
+        assert.equal(err.stdout, "");
+        assert.match(err.stderr, /^privbert-edge: error: --mechanism none sends plain token ids: .*edge-agent privatize --allow-none\n$/);
+        return true;
+      });
+    });
+    continue;
+  }
   test(`privbert-edge privatize ${run.args.join(" ")} --seed ${run.seed} (${run.bundle}): the JSONL of edge-agent`,
-    { todo }, async () => {
+    async () => {
       const work = mkdtempSync(join(tmpdir(), "golden-"));
       try {
         writeBundle(join(work, "bundle"), run.bundle);

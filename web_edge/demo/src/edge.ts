@@ -147,7 +147,7 @@ export class Edge {
     const limit = typeof model.max_length === "number" && model.max_length >= 4
       ? Math.min(model.max_length, bundle.maxLength) : bundle.maxLength;
     const ledger = new Ledger(LEDGER);
-    const edge = new Edge(client, model, bundle, ledger, 2 * bundle.regularMaxNorm, limit); // ledger.diameter: of the privatization table
+    const edge = new Edge(client, model, bundle, ledger, bundle.diameter, limit); // shared.ledger.bundle_diameter: of the privatization table
     const t2 = performance.now();
     await edge.privatizer(Number(model.params.eta)).finally(() => setTimeout(pageReady, 1000));
     edge.phases = { bundleMs: t1 - t0, fetched, setupMs: t2 - t1, privatizerMs: performance.now() - t2,

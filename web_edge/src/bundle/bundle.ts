@@ -18,6 +18,7 @@ import { readNpy, type NpyFile } from "./npy.js";
 import { parseRaw, pyDumps, rawGet, type RawJson } from "../format/pyjson.js";
 import { pyTruthy, readTable, TABLE_FILE, TABLE_SCALE_FILE, type DesignedTable } from "./table.js";
 import { sha256Hex } from "./sha256.js";
+import { diameter } from "../ledger/exact.js";
 import { measure, now } from "../timing.js";
 
 // the format's names are shared.bundle's, read from the mechanism spec (shared/spec)
@@ -80,6 +81,7 @@ export class EdgeBundle {
 
   private regular: Float32Array | null = null;
   private norms2: Float64Array | null = null;
+  private diam: number | null = null;
 
   /** Whether the bundle carries the model's own word embeddings (dchi-embedding needs them). */
   get hasEmbeddings(): boolean {
@@ -148,13 +150,20 @@ export class EdgeBundle {
     return Float64Array.from(this.regularIds, (v) => all[v]!);
   }
 
-  /** max ‖φ(x)‖ over the regular tokens of the privatization table: half the diameter D of the
-   * worst-case guarantee (ledger.diameter: shared.ledger reads ``bundle.table``). */
+  /** max ‖φ(x)‖ over the regular tokens of the privatization table, from the plain float64 sums
+   * (the floor's bound; the exact D of the ledger is {@link diameter}). */
   get regularMaxNorm(): number {
     const all = this.rowNorms2;
     let best = 0;
     for (const v of this.regularIds) if (all[v]! > best) best = all[v]!;
     return Math.sqrt(best);
+  }
+
+  /** The diameter D = 2 max‖φ(x)‖ over the regular tokens of the privatization table, exactly
+   * as shared.ledger.bundle_diameter: what every dχ cost and worst-case guarantee is ηD of. */
+  get diameter(): number {
+    if (this.diam === null) this.diam = diameter(this.table, this.tableDim, this.regularIds, this.rowNorms2);
+    return this.diam;
   }
 
   /** max ‖φ(x)‖ over every row of the privatization table. */

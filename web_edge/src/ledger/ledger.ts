@@ -26,6 +26,9 @@ import { BudgetRefused } from "../errors.js";
 import { message } from "../format/messages.js";
 import { DEVICE, FAMILIES as SPEC_FAMILIES, MECHANISMS as MECHANISM_SPECS, type FamilyName } from "../generated/spec.js";
 import { pyDumps, type PyValue } from "../format/pyjson.js";
+import { fsum } from "./exact.js";
+
+export { diameter, fsum } from "./exact.js";
 
 // the budget families, each mechanism's and the memo rule are shared.ledger's, read from the
 // mechanism spec (shared/spec)
@@ -63,18 +66,6 @@ function checkAmount(name: string, v: number): number {
   if (!Number.isFinite(v)) throw new RangeError(`${name} must be finite, got ${v}`);
   if (v < 0) throw new RangeError(`${name} must be >= 0, got ${v}`);
   return v;
-}
-
-/** D = 2 max‖φ(x)‖ over the regular rows (shared.accounting.dchi_diameter_bound). */
-export function diameter(embeddings: Float32Array, dim: number, regularIds: ArrayLike<number>): number {
-  let best = 0;
-  for (let j = 0; j < regularIds.length; j++) {
-    const o = regularIds[j]! * dim;
-    let s = 0;
-    for (let k = 0; k < dim; k++) s += embeddings[o + k]! ** 2;
-    if (s > best) best = s;
-  }
-  return regularIds.length ? 2 * Math.sqrt(best) : 0;
 }
 
 /** The cost of one dχ payload of ``tokens`` tokens (shared.ledger.cost). */
@@ -115,42 +106,6 @@ export function total(costs: Cost[]): Cost | null {
     sends: costs.reduce((a, c) => a + c.sends, 0),
     eta: etas.size === 1 ? [...etas][0]! : null,
   };
-}
-
-/** Exactly rounded sum (Shewchuk's algorithm, as Python's math.fsum). */
-export function fsum(xs: number[]): number {
-  const partials: number[] = [];
-  for (let x of xs) {
-    let i = 0;
-    for (let y of partials) {
-      if (Math.abs(x) < Math.abs(y)) [x, y] = [y, x];
-      const hi = x + y;
-      const lo = y - (hi - x);
-      if (lo !== 0) partials[i++] = lo;
-      x = hi;
-    }
-    partials.length = i;
-    partials.push(x);
-  }
-  let hi = 0;
-  let n = partials.length;
-  if (n > 0) {
-    hi = partials[--n]!;
-    let lo = 0;
-    while (n > 0) {
-      const x = hi;
-      const y = partials[--n]!;
-      hi = x + y;
-      lo = y - (hi - x);
-      if (lo !== 0) break;
-    }
-    if (n > 0 && ((lo < 0 && partials[n - 1]! < 0) || (lo > 0 && partials[n - 1]! > 0))) {
-      const y = lo * 2;
-      const x = hi + y;
-      if (y === x - hi) hi = x;
-    }
-  }
-  return hi;
 }
 
 /** The privacy filter (shared.ledger.fits). */

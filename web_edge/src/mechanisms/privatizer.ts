@@ -111,7 +111,7 @@ export class Privatizer {
     const t0 = now();
     this.tokenizer = new TextTokenizer(bundle.tokenizerJson);
     measure("tokenizer", t0);
-    this.diam = name.startsWith("dchi") ? 2 * bundle.regularMaxNorm : 0; // ledger.diameter: of the privatization table
+    this.diam = name.startsWith("dchi") ? bundle.diameter : 0; // shared.ledger.bundle_diameter: of the privatization table
   }
 
   /**

@@ -454,7 +454,7 @@ async function runPrivatize(positionals: string[], v: Values): Promise<number> {
   }
   try {
     if (priv.weakPrivacy) warn(`${priv.weakPrivacy}: the output is close to the raw text (--allow-weak-privacy)`);
-    const diam = priv.name.startsWith("dchi") ? 2 * bundle.regularMaxNorm : 0; // ledger.diameter
+    const diam = priv.name.startsWith("dchi") ? bundle.diameter : 0; // shared.ledger.bundle_diameter
     const info_ = { mechanism: priv.name, params: priv.params, bundleId: bundle.bundleId };
     const keys = o.memo ? await ledger.memoKeys({ mechanism: priv.name, params: priv.params, bundle_id: bundle.bundleId }) : null;
     const keyOf = (items: TokenizedText[]): Promise<(string | null)[]> =>

@@ -91,7 +91,7 @@ export class LocalEngine implements Engine {
     this.info = { name: p.name, params: p.params, bundleId: bundle.bundleId, dim: bundle.tableDim,
       table: bundle.tableName,
       vocabSize: bundle.vocabSize, maxLength: p.maxLength, truncate: p.truncate,
-      diameter: 2 * bundle.regularMaxNorm, fetched,
+      diameter: bundle.diameter, fetched,
       vectorEpsilon: p.isVector ? p.cost({ idsA: [], idsB: null, nBefore: 0 }).epsilon : null };
   }
 
