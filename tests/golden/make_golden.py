@@ -143,7 +143,10 @@ def make_random() -> dict:
     perm = [{"seed": s, "n": n, "draws": [int(x) for x in np.random.default_rng(s).permutation(n)]}
             for s, n in ((0, 10), (4, 33))]
     dchi = []
-    for seed, count, dim, eta in ((0, 3, 8, 5.0), (1, 4, 16, 40.0), (2, 2, 384, 65.0)):
+    # dims under 8, up to 128 with a remainder, and beyond 128: each branch of numpy's
+    # pairwise sum of the squares (the norm)
+    for seed, count, dim, eta in ((0, 3, 8, 5.0), (1, 4, 16, 40.0), (2, 2, 384, 65.0),
+                                  (5, 4, 3, 2.0), (6, 2, 37, 10.0), (7, 1, 301, 30.0)):
         rng = np.random.default_rng(seed)
         radius = rng.gamma(shape=dim, scale=1.0 / eta, size=count)
         normals = rng.standard_normal((count, dim))

@@ -73,11 +73,11 @@ test("choice without replacement and permutations", () => {
   }
 });
 
-// Known differences, reported by these `todo` tests until the web edge matches numpy:
-// Math.log is not glibc's log (a Laplace draw can differ in its last bit), and numpy sums a
-// row's squares pairwise (8 accumulators) where the web edge sums them in order (a dχ noise
-// vector can differ in its last bits). The payload bytes of the CLI runs below agree all the
-// same. The diameter D is exact in both edges (correctly rounded sums), so it agrees to the bit.
+// A known difference, reported by this `todo` test until the web edge matches numpy:
+// Math.log is not glibc's log (a Laplace draw can differ in its last bit). The payload bytes
+// of the CLI runs below agree all the same. A dχ noise vector's norm is summed in numpy's
+// pairwise order, and the diameter D exactly (correctly rounded sums) in both edges, so
+// both agree to the bit.
 test("Laplace draws", { todo: "Math.log is not C's log: the last bit of a draw can differ" }, () => {
   for (const l of random.laplace) {
     const src = new Pcg64Source(BigInt(l.seed));
@@ -93,8 +93,7 @@ test("dχ noise: sample_dchi_noise's Gamma radii and normals for a seed", () => 
   }
 });
 
-test("dχ noise: sample_dchi_noise's vectors for a seed",
-  { todo: "numpy's norm sums a row's squares pairwise; the web edge in order" }, () => {
+test("dχ noise: sample_dchi_noise's vectors for a seed, to the bit", () => {
     for (const d of random.dchi_noise) {
       const got = sampleDchiNoise(d.count, d.dim, d.eta, new Pcg64Source(BigInt(d.seed)));
       assert.deepEqual(Array.from(got), d.noise, `dim ${d.dim}, eta ${d.eta}`);

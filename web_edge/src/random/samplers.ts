@@ -218,6 +218,34 @@ export function positive(name: string, value: number): number {
 }
 
 /**
+ * numpy's sum of ``n`` float64 values from ``lo`` (``pairwise_sum`` in numpy/_core/src/umath/
+ * loops_utils.h.src, what ``np.add.reduce`` along a contiguous axis runs): under 8 values in
+ * order; up to 128 in 8 interleaved partial sums added as ((r0+r1)+(r2+r3))+((r4+r5)+(r6+r7)),
+ * then the rest in order; beyond, the two halves (split at a multiple of 8) recursively. The
+ * same order gives the same rounding, so a noise direction matches numpy's to the bit.
+ */
+export function pairwiseSum(a: Float64Array, lo: number, n: number): number {
+  if (n < 8) {
+    let res = -0.0;
+    for (let i = 0; i < n; i++) res += a[lo + i]!;
+    return res;
+  }
+  if (n <= 128) {
+    const r = a.slice(lo, lo + 8);
+    let i = 8;
+    for (; i < n - (n % 8); i += 8) {
+      for (let j = 0; j < 8; j++) r[j]! += a[lo + i + j]!;
+    }
+    let res = ((r[0]! + r[1]!) + (r[2]! + r[3]!)) + ((r[4]! + r[5]!) + (r[6]! + r[7]!));
+    for (; i < n; i++) res += a[lo + i]!;
+    return res;
+  }
+  let n2 = Math.floor(n / 2);
+  n2 -= n2 % 8;
+  return pairwiseSum(a, lo, n2) + pairwiseSum(a, lo + n2, n - n2);
+}
+
+/**
  * `count` dχ noise vectors in R^dim, row-major float64 (count × dim): radius ~ Gamma(dim, 1/eta),
  * direction uniform on the sphere. Draw order as `shared.mechanisms.dchi.sample_dchi_noise`.
  */
@@ -237,10 +265,10 @@ export function sampleDchiNoise(count: number, dim: number, eta: number,
   for (let i = 0; i < count; i++) radius[i] = scale * standardGamma(src, dim);
   const out = standardNormals(src, count * dim);
   const norms = new Float64Array(count);
-  const computeNorm = (i: number): number => {
-    let s = 0;
-    for (let k = i * dim; k < (i + 1) * dim; k++) s += out[k]! * out[k]!;
-    return Math.sqrt(s);
+  const squares = new Float64Array(dim);
+  const computeNorm = (i: number): number => { // np.linalg.norm(axis=1): sqrt of add.reduce(x*x)
+    for (let k = 0; k < dim; k++) squares[k] = out[i * dim + k]! * out[i * dim + k]!;
+    return Math.sqrt(pairwiseSum(squares, 0, dim));
   };
   for (let i = 0; i < count; i++) norms[i] = computeNorm(i);
   // probability zero; never silently divide by 0 (numpy redraws every zero row at once)
