@@ -85,8 +85,10 @@ def dchi_diameter_bound(embeddings: np.ndarray, rows: np.ndarray | None = None) 
     # a sum of n non-negative rounded squares in any order is within about (n + 1) u of the
     # exact sum (u: the unit roundoff of the sums' dtype): 4 (n + 1) u is a safe margin
     u = float(np.finfo(approx.dtype).eps) / 2
-    near = np.flatnonzero(approx >= top * (1.0 - 4.0 * (emb.shape[1] + 1) * u))
-    rows64 = emb[near].astype(np.float64)
+    rows64 = emb[approx >= top * (1.0 - 4.0 * (emb.shape[1] + 1) * u)].astype(np.float64)
+    if approx.dtype != np.float64:  # the same filter again in float64, on those rows
+        sums = np.einsum("ij,ij->i", rows64, rows64)
+        rows64 = rows64[sums >= sums.max() * (1.0 - 4.0 * (emb.shape[1] + 1) * 2.0 ** -53)]
     best = max(math.fsum((r * r).tolist()) for r in rows64)
     return 2.0 * math.sqrt(best)
 
