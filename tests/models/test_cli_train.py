@@ -291,7 +291,7 @@ def test_token_ids_outside_the_vocabulary_refused_before_training(
         "dchi-text": ([int(b.regular_ids[0]), b.special_ids["cls"]], "not a regular token"),
     }
     for mech, (ids, word) in cases.items():
-        params = {} if mech == "none" else {"eta": 10.0}
+        params = {} if mech == "none" else {"eta": 8.0}
         good = make_payload(mech, params, b.bundle_id, [int(b.regular_ids[0])] * 2)
         bad = make_payload(mech, params, b.bundle_id, ids)
         recs = [Record(payload=good, label=0), Record(payload=good, label=1),

@@ -22,7 +22,7 @@ from pathlib import Path
 import pytest
 
 HERE = Path(__file__).resolve().parent
-PRE = {"objective": "denoising", "mechanism": "dchi-text", "eta": 10.0, "batch_size": 4,
+PRE = {"objective": "denoising", "mechanism": "dchi-text", "eta": 8.0, "batch_size": 4,
        "max_length": 32, "progress": False, "seed": 3}
 
 

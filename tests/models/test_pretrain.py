@@ -350,7 +350,7 @@ def test_head_warmup_trains_only_the_head_first(base, bundle, seqs):
 
 # -- the whole run: frozen table, output folder, resume -------------------------------------
 def run_pretrain(base, out, steps=6, **kw):
-    opts = {"objective": "denoising", "mechanism": "dchi-text", "eta": 10.0, "batch_size": 4,
+    opts = {"objective": "denoising", "mechanism": "dchi-text", "eta": 8.0, "batch_size": 4,
             "max_length": 32, "seed": 11, "progress": False} | kw
     return pretrain(base, out, corpus_texts=SENTENCES, steps=steps, **opts)
 
@@ -369,9 +369,9 @@ def test_pretrain_keeps_the_word_embeddings_bit_identical(base, bundle, tmp_path
     assert any("encoder.layer" in k for k in changed)  # the encoder did train
     info = json.loads((out / INFO_FILE).read_text())
     assert info["objective"] == "prob" and info["mechanism"] == mechanism
-    assert info["eta"] == 10.0 and info["bundle_id"] == bundle.bundle_id and info["steps"] == 6
+    assert info["eta"] == 8.0 and info["bundle_id"] == bundle.bundle_id and info["steps"] == 6
     assert info["tokens_seen"] > 0 and info["loss_curve"][-1][0] == 6
-    assert info["guarantee"]["worst_case"]["eta"] == 10.0
+    assert info["guarantee"]["worst_case"]["eta"] == 8.0
 
 
 def _weights(folder: Path) -> dict[str, torch.Tensor]:
@@ -445,7 +445,7 @@ def test_cli_pretrains_and_writes_a_base_folder(base, bundle, corpus_file, tmp_p
     from models.backbone import load_bert
 
     out = tmp_path / "cli-out"
-    rc = cli(["--objective", "vanilla", "--mechanism", "dchi-embedding", "--eta", "10",
+    rc = cli(["--objective", "vanilla", "--mechanism", "dchi-embedding", "--eta", "8",
               "--base", str(base), "--corpus", str(corpus_file), "--out", str(out),
               "--steps", "3", "--batch-size", "4", "--max-length", "32", "--seed", "1",
               "--save-every", "2"])
@@ -485,7 +485,7 @@ def test_cli_bad_input_is_one_line_before_training(base, corpus_file, tmp_path, 
     if "BUNDLE8" in args:
         subst["BUNDLE8"] = str(_small_bundle_dir(tmp_path))
     args = [subst.get(a, a) for a in args]
-    full = {"--objective": "denoising", "--mechanism": "dchi-text", "--eta": "10",
+    full = {"--objective": "denoising", "--mechanism": "dchi-text", "--eta": "8",
             "--base": str(base), "--corpus": str(corpus_file), "--steps": "2"}
     for flag, value in zip(args[::2], args[1::2], strict=True):
         full[flag] = value

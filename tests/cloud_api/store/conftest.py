@@ -14,7 +14,8 @@ from cloud_api.store import tasks
 
 # eta for the tiny 16-dimensional bundle: above 12.7 dchi-text returns every token unchanged
 # (shared.floor refuses it)
-ETA = 10
+ETA = 8  # the tiny table keeps 88% of tokens; at eta 10 (96%) the floor, measured afresh at
+# each check, refuses about one check in 400
 TEXTS = ["the movie is good", "a bad plot , very dull", "great fun !", "awful story",
          "not boring", "it was a funny film"]
 
