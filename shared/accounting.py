@@ -93,6 +93,17 @@ def dchi_diameter_bound(embeddings: np.ndarray, rows: np.ndarray | None = None) 
     return 2.0 * math.sqrt(best)
 
 
+_DIAMETERS: dict[str, float] = {}
+
+
+def bundle_diameter(bundle: EdgeBundle) -> float:
+    """D of a bundle's regular table (:func:`dchi_diameter_bound`), computed once per bundle
+    id: the ledger's costs and the printed guarantee read this one figure."""
+    if bundle.bundle_id not in _DIAMETERS:
+        _DIAMETERS[bundle.bundle_id] = dchi_diameter_bound(bundle.table, bundle.regular_ids)
+    return _DIAMETERS[bundle.bundle_id]
+
+
 def dchi_expected_noise_norm(dim: int, eta: float) -> float:
     """E||N|| = n/η (mean of Gamma(n, 1/η), Qu et al. §5.2)."""
     return dim / eta
@@ -128,7 +139,7 @@ def _dchi(mech: DChiEmbedding | DChiText, bundle: EdgeBundle | None, *, dim: int
     ks = tuple(k for k in NEIGHBOURS if k < table.shape[0])
     dists = kth_neighbour_distances(table, rows, ks)
     med = {k: float(np.median(v)) for k, v in dists.items()}
-    diameter_bound = dchi_diameter_bound(table)
+    diameter_bound = bundle_diameter(bundle)
     noise = dchi_expected_noise_norm(n, eta)
     wc = g["worst_case"]
     wc["epsilon"] = eta * diameter_bound

@@ -36,7 +36,11 @@ from functools import lru_cache
 from typing import Any, cast
 
 from shared import messages as msg
-from shared.accounting import bit_flip_epsilon, dchi_diameter_bound, laplace_vector_epsilon
+from shared.accounting import (  # noqa: F401 (bundle_diameter: the ledger's D, re-exported)
+    bit_flip_epsilon,
+    bundle_diameter,
+    laplace_vector_epsilon,
+)
 from shared.mechanisms import registry
 from shared.mechanisms.binary import OME, FixedPointBits
 from shared.mechanisms.dchi import DChiEmbedding, DChiText
@@ -271,21 +275,6 @@ def batch_cost(payloads: Iterable[Any], mechanism: str, params: Mapping[str, Any
     eps = math.fsum(cast(float, c.epsilon) * k for c, k in each)
     return Cost(family_of(mechanism), _finite(mechanism, eps), sends=n,
                 tokens=sum(c.tokens * k for c, k in each))
-
-
-def bundle_diameter(bundle: Any) -> float:
-    """D of a bundle's regular table (:func:`shared.accounting.dchi_diameter_bound`),
-    computed once per bundle id."""
-    return _diameter(bundle.bundle_id, bundle)
-
-
-_DIAMETERS: dict[str, float] = {}
-
-
-def _diameter(bundle_id: str, bundle: Any) -> float:
-    if bundle_id not in _DIAMETERS:
-        _DIAMETERS[bundle_id] = dchi_diameter_bound(bundle.table, bundle.regular_ids)
-    return _DIAMETERS[bundle_id]
 
 
 def _count(name: str, n: Any) -> int:

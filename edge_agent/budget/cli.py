@@ -67,7 +67,7 @@ def run(args: argparse.Namespace) -> int:
 
 
 def format_status(st) -> str:
-    from edge_agent.budget.ledger import fmt
+    from shared.conventions import fmt_eps as fmt
 
     lines = [f"ledger: {st.path}", f"{'family':<22}{'worst-case eps':>16}{'sends':>9}  detail"]
     for name, f in sorted(st.spend.families.items()):

@@ -14,10 +14,11 @@ from __future__ import annotations
 from collections.abc import Iterable
 from dataclasses import dataclass
 
-from edge_agent.budget.ledger import DeviceLedger, Status, fmt
+from edge_agent.budget.ledger import DeviceLedger, Status
 from edge_agent.errors import BudgetRefused
 from edge_agent.privatize.options import PrivatizeOptions
 from shared import ledger
+from shared.conventions import fmt_eps as fmt
 from shared.ledger import Cost
 
 

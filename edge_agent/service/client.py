@@ -104,7 +104,7 @@ def problem_error(resp: httpx.Response, discovery: str | None = None) -> ApiErro
     elif status == 403 and ptype == BUDGET_EXHAUSTED:
         left = problem.get("remaining", resp.headers.get("X-Privacy-Budget-Remaining"))
         try:
-            from edge_agent.budget.ledger import fmt
+            from shared.conventions import fmt_eps as fmt
 
             left = fmt(float(left))
         except (TypeError, ValueError):

@@ -20,10 +20,10 @@ from pathlib import Path
 
 import pytest
 
-from edge_agent.budget.ledger import fmt
 from edge_agent.cli import main
 from edge_agent.privatize.privatizer import Privatizer
 from shared import ledger
+from shared.conventions import fmt_eps as fmt
 from shared.payload import parse_record
 from tests.conftest import distinct_lines
 from tests.edge_agent.conftest import REPO, assert_one_line_error, run_cli
