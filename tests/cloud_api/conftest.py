@@ -197,6 +197,15 @@ class ServerProcess:
         """The JSON log lines written so far (every line must be JSON)."""
         return [json.loads(line) for line in self.log.read_text().splitlines() if line.strip()]
 
+    def wait_log(self, match, seconds: float = 10.0) -> list[dict]:
+        """The log lines ``match`` accepts, once there is one: a request's access line is
+        written after its answer is sent, so a client can read the log before it lands."""
+        deadline = time.monotonic() + seconds
+        while not (found := [ln for ln in self.log_lines() if match(ln)]):
+            assert time.monotonic() < deadline, f"no such log line in {seconds} s:\n{self.log_tail()}"
+            time.sleep(0.05)
+        return found
+
     def log_tail(self, n: int = 4000) -> str:
         return self.log.read_text()[-n:] if self.log.exists() else ""
 

@@ -192,8 +192,8 @@ def test_log_lines_are_json_with_request_fields_and_no_keys(server):
     httpx.get(f"{server.url}/v1/models", headers={**server.headers(), "X-Request-ID": rid})
     from cloud_api.auth import key_id
 
-    lines = server.log_lines()  # json.loads of every line: all are JSON
-    mine = [ln for ln in lines if ln.get("request_id") == rid]
+    # json.loads of every line (all are JSON); the access line follows the answer
+    mine = server.wait_log(lambda ln: ln.get("request_id") == rid)
     assert mine and mine[0]["route"] == "/v1/models" and mine[0]["status"] == 200
     assert mine[0]["key_id"] == key_id(server.app_key) and mine[0]["duration_ms"] >= 0
     text = server.log.read_text()
