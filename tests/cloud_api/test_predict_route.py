@@ -273,9 +273,10 @@ def test_a_client_that_goes_away_while_queued_is_noticed_and_refunded(
             assert time.monotonic() < deadline, f"no refund:\n{srv.log_tail()}"
             time.sleep(0.05)
         assert _budget_spent(srv) == pytest.approx(spent, rel=1e-12)
+        # the request is counted, then logged, after the middleware learns the client left
+        [line, *_] = srv.wait_log(lambda ln: ln.get("status") == 499)
         assert srv.metric("privbert_request_total", route=PREDICT, method="POST",
                           status="499") == 1
-        [line, *_] = srv.wait_log(lambda ln: ln.get("status") == 499)
         assert line["route"] == PREDICT and line["problem"] == "client-closed-request"
         # the connection it left is gone; the next client is answered as usual
         r = httpx.post(f"{srv.url}/v1/models/text/predict", content=lone, timeout=30,
