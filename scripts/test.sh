@@ -7,11 +7,14 @@
 # web edge's JS tests (all must pass).
 # Extra arguments go to pytest.
 . "$(dirname "$0")/_env.sh"
+# the web edge's npm packages and builds need nothing of Python's: set them up beside the
+# Debian packages and the venv (a fresh clone spends minutes in each)
+(ensure_web_edge; ensure_web_demo) &
+web_setup=$!
 ensure_postgres
 ensure_chromium
 ensure_venv
-ensure_web_edge
-ensure_web_demo
+wait "$web_setup" || { echo "tests: setting up the web edge failed (see above)" >&2; exit 1; }
 cd "$ROOT"
 set +e
 checks_rc=0
