@@ -15,8 +15,9 @@
   script and is listed apart). Target ≤ 1 MB.
 
 The service runs a dχ-text model: ``--home`` names a home with one (``scripts/demo.sh``
-makes ./var), else a throwaway home gets a quick one-layer model at η = 65 (``cloud-api
-bootstrap --layers 1 --limit 64``, on the packaged MiniLM's default table or ``--bundle``):
+makes ./var), else a throwaway home gets a quick one-layer model (``cloud-api bootstrap
+--layers 1 --limit 64``) over the packaged MiniLM's ``--table`` (default pca32-int8; none:
+the 384-d table) at that table's matched η, or over ``--bundle`` at η = 65:
 the page's timings do not depend on the model, only on the bundle and the model's η (the
 page privatizes at it, and the Python edge's line is timed at it).
 
@@ -49,12 +50,12 @@ import time
 from pathlib import Path
 
 from bench.common import DATA, REPO, cli_env, cpu_model, serve
+from shared.table import DEFAULT_TABLE, MATCHED_ETA
 
 DEMO = REPO / "web_edge" / "demo"
 SENTENCES = DATA / "sst2_sentences"
 SENTENCE = ("the film is a gripping , funny and moving story about two old friends who "
             "finally meet again after years")
-ETA = 65.0
 
 
 PROFILES = {  # Chromium's emulation: network (latency, Mbit/s each way) and CPU slowdown
@@ -66,14 +67,18 @@ PROFILES = {  # Chromium's emulation: network (latency, Mbit/s each way) and CPU
 }
 
 
-def quick_home(root: Path, bundle: Path | None = None) -> Path:
+def quick_home(root: Path, bundle: Path | None = None, table: str = DEFAULT_TABLE) -> Path:
+    """A throwaway home with a quick dchi-text model: over ``bundle``, else over the packaged
+    MiniLM's ``table`` at that table's matched eta (shared.table.MATCHED_ETA)."""
     home = root / "home"
+    where = ["--bundle", str(bundle)] if bundle else ["--table", table]
+    eta = MATCHED_ETA.get("none" if bundle else table, MATCHED_ETA["none"])
     cmd = [sys.executable, "-m", "cloud_api.cli", "bootstrap",
            "--data", str(SENTENCES / "train.tsv"), "--dev", str(SENTENCES / "dev.tsv"),
-           "--mechanism", "dchi-text", "--eta", str(ETA),
+           "--mechanism", "dchi-text", "--eta", str(eta),
            "--limit", "64", "--dev-limit", "32", "--dev-draws", "0", "--epochs", "1",
            "--layers", "1", "--model-id", "sst2", "--home", str(home), "--device", "cpu",
-           "--no-progress", *(["--bundle", str(bundle)] if bundle else [])]
+           "--no-progress", *where]
     subprocess.run(cmd, cwd=REPO, env=cli_env({}), check=True, capture_output=True)
     return home
 
@@ -100,7 +105,7 @@ def python_edge(home: Path, bundle_id: str, repeats: int, eta: float) -> tuple[f
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--home", type=Path, help="a home serving a dchi-text model (default: a "
-                    "throwaway one with a quick eta=65 model on the MiniLM bundle)")
+                    "throwaway one with a quick model over --table at its matched eta)")
     ap.add_argument("--repeats", type=int, default=20)
     ap.add_argument("--threads", type=int, nargs="*", default=[1, 2], help="WebAssembly "
                     "threads of the page's search, one loopback page run each (1 2; none: "
@@ -108,14 +113,17 @@ def main() -> int:
     ap.add_argument("--profiles", nargs="*", default=list(PROFILES), choices=list(PROFILES),
                     help="throttled two-visit runs (default: all: " + ", ".join(PROFILES) + ")")
     ap.add_argument("--bundle", type=Path, help="the throwaway home's model on this bundle "
-                    "directory (default: the packaged MiniLM's)")
+                    "directory (default: the packaged MiniLM's, with --table)")
+    ap.add_argument("--table", default=DEFAULT_TABLE, choices=sorted(MATCHED_ETA),
+                    help=f"the throwaway home's privatization table (default {DEFAULT_TABLE}; "
+                         "none: the 384-d table), at its matched eta")
     ap.add_argument("--model", help="the model of --home to open (default: its first "
                     "dchi-text model)")
     args = ap.parse_args()
     if args.home and args.bundle:
         ap.error("--bundle makes a throwaway home: not with --home")
     tmp = Path(tempfile.mkdtemp(prefix="bench-web-"))
-    home = args.home or quick_home(tmp, args.bundle)
+    home = args.home or quick_home(tmp, args.bundle, args.table)
     proc, url, _ = serve(home, tmp / "serve.log")
     try:
         import httpx
