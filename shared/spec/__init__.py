@@ -112,7 +112,7 @@ def build() -> dict:
         "families": [{"name": f.name, "epsilon": f.epsilon, "metric": f.metric,
                       "memo": f.memo} for f in ledger.families()],
         "floor": {k: getattr(floor, k) for k in (
-            "THRESHOLD", "FLOOR_TOKENS", "MEASURE_BATCH", "MEASURE_MAX", "MEASURE_Z",
+            "THRESHOLD", "FLOOR_TOKENS", "MEASURE_FIRST", "MEASURE_BATCH", "MEASURE_MAX", "MEASURE_Z",
             "NEAR_DUPLICATE", "DUPLICATE_SAMPLE", "DIRECTIONS", "LAPLACE_STEP",
             "SHARED_DIRECTIONS_ABOVE", "ESTIMATE_TOKENS", "ESTIMATE_RTOL")},
         "computable": {"TAIL": computable.TAIL, "F32_MAX": computable.F32_MAX,

@@ -338,7 +338,7 @@ def _floor_cases(floor) -> dict:
                      "numpy.random.default_rng(seed)): None or the refusal; measured: "
                      "measure_unchanged with a generator of the same seed",
             "constants": {k: _f(getattr(floor, k)) for k in (
-                "THRESHOLD", "FLOOR_TOKENS", "MEASURE_BATCH", "MEASURE_MAX", "MEASURE_Z",
+                "THRESHOLD", "FLOOR_TOKENS", "MEASURE_FIRST", "MEASURE_BATCH", "MEASURE_MAX", "MEASURE_Z",
                 "NEAR_DUPLICATE", "DUPLICATE_SAMPLE", "DIRECTIONS", "LAPLACE_STEP")},
             "bundle_ids": {"tiny": bundle.bundle_id, "pca4-int8": small.bundle_id,
                            "degenerate": degenerate_bundle().bundle_id},

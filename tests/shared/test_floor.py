@@ -117,6 +117,22 @@ def test_unchanged_probability_agrees_with_the_mechanism(tiny_bundle, eta):
     assert abs(got - est) < 4 * se, (got, est)
 
 
+def test_the_direct_measurement_grows_its_steps_and_stops_when_the_interval_decides(
+        minilm_bundle, tiny_bundle):
+    """Steps of 32, 32, 64, then 128 (OS entropy, as the floor draws): a third unchanged is
+    decided by the first 32 tokens (its Wilson upper bound at z = 5 is near 0.72, so this
+    fails only if 32 draws of p = 1/3 come out above 0.9: never, in practice); all unchanged
+    is decided at 896, the first of 32, 64, 128, 256, 384, ... with n / (n + 25) > 0.97; a
+    table of 32 regular tokens is drawn 32 at a time (a step is at most all of them): 832."""
+    same, drawn = floor.measure_unchanged(DChiText(minilm_bundle, 65.0), minilm_bundle)
+    assert drawn == floor.MEASURE_FIRST == 32 and same < 0.6 * drawn
+    assert floor.measure_unchanged(DChiText(minilm_bundle, 1e6), minilm_bundle) == (896, 896)
+    assert floor.wilson_interval(768, 768)[0] <= floor.THRESHOLD < floor.wilson_interval(
+        896, 896)[0]
+    assert len(tiny_bundle.regular_ids) == 32
+    assert floor.measure_unchanged(DChiText(tiny_bundle, 1e6), tiny_bundle) == (832, 832)
+
+
 def test_floor_eta_is_where_the_estimate_crosses_the_threshold(tiny_bundle):
     f = dchi_floor(tiny_bundle, rng=0)
     eta = f.floor_eta(0.99)

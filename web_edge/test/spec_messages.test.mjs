@@ -109,7 +109,7 @@ test("no part of a template is hand-copied into a string of src/ (only the gener
 
 test("the floor's constants are the spec's (shared.floor's) and the golden vectors'", async () => {
   const mod = await import("../dist/floor/floor.js");
-  for (const k of ["THRESHOLD", "MEASURE_BATCH", "MEASURE_MAX", "MEASURE_Z", "NEAR_DUPLICATE", "DUPLICATE_SAMPLE"]) {
+  for (const k of ["THRESHOLD", "MEASURE_FIRST", "MEASURE_BATCH", "MEASURE_MAX", "MEASURE_Z", "NEAR_DUPLICATE", "DUPLICATE_SAMPLE"]) {
     assert.equal(mod[k], FLOOR[k], k);
     assert.equal(mod[k], floor.constants[k], k);
   }

@@ -44,11 +44,13 @@ export { pct } from "../format/messages.js";
 // the floor's constants are shared.floor's, read from the mechanism spec (shared/spec)
 /** the share of unchanged tokens above which dχ is refused (shared.floor.THRESHOLD) */
 export const THRESHOLD: number = FLOOR.THRESHOLD;
-/** tokens privatized per step of the direct measurement */
+/** tokens privatized by the direct measurement's first step */
+export const MEASURE_FIRST: number = FLOOR.MEASURE_FIRST;
+/** at most this many tokens per step of the direct measurement (each step doubles what was drawn) */
 export const MEASURE_BATCH: number = FLOOR.MEASURE_BATCH;
 /** at most this many, then the estimate decides (its standard error is at most 0.011) */
 export const MEASURE_MAX: number = FLOOR.MEASURE_MAX;
-/** the Wilson interval's z: a wrong early decision has probability < 1e-6 */
+/** the Wilson interval's z: each look decides wrongly with probability < 3e-7 (at most 18 looks) */
 export const MEASURE_Z: number = FLOOR.MEASURE_Z;
 /** (token, direction) pairs of the estimate a refusal quotes */
 export const ESTIMATE_TOKENS: number = FLOOR.ESTIMATE_TOKENS;
@@ -91,9 +93,10 @@ export async function tableProblem(bundle: EdgeBundle, index: ExactNearest,
 // -- the output, measured ----------------------------------------------------------------------
 /**
  * [unchanged, drawn]: regular tokens drawn uniformly from ``source`` (OS entropy by default)
- * and privatized by ``text`` at its η, {@link MEASURE_BATCH} at a time (distinct within a step,
- * numpy's choice), until the Wilson interval lies on one side of ``threshold`` or
- * {@link MEASURE_MAX} were drawn (shared.floor.measure_unchanged).
+ * and privatized by ``text`` at its η in steps of {@link MEASURE_FIRST}, then as many as were
+ * drawn, at most {@link MEASURE_BATCH} (distinct within a step, numpy's choice), until the
+ * Wilson interval lies on one side of ``threshold`` or {@link MEASURE_MAX} were drawn
+ * (shared.floor.measure_unchanged).
  */
 export async function measureUnchanged(text: DChiText, source?: BitSource | null,
                                        threshold = THRESHOLD): Promise<[number, number]> {
@@ -102,7 +105,8 @@ export async function measureUnchanged(text: DChiText, source?: BitSource | null
   let same = 0;
   let drawn = 0;
   while (drawn < MEASURE_MAX) {
-    const pick = choiceWithoutReplacement(src, reg.length, Math.min(MEASURE_BATCH, MEASURE_MAX - drawn, reg.length));
+    const size = Math.min(Math.max(drawn, MEASURE_FIRST), MEASURE_BATCH, MEASURE_MAX - drawn, reg.length);
+    const pick = choiceWithoutReplacement(src, reg.length, size);
     const x = pick.map((i) => reg[i]!);
     const y = await text.privatizeIds(x, src);
     for (let i = 0; i < x.length; i++) if (y[i] === x[i]) same++;
