@@ -65,8 +65,8 @@ if TYPE_CHECKING:
 
 THRESHOLD = 0.97
 FLOOR_TOKENS = 1000  # (token, direction) pairs of the dχ analytic estimate
-MEASURE_FIRST = 32  # tokens privatized by the direct measurement's first step; each next
-MEASURE_BATCH = 128  # step doubles what was drawn, up to this many per step
+MEASURE_FIRST = 32  # tokens of the direct measurement's first step; each next step draws
+MEASURE_BATCH = 128  # as many as were drawn so far, at most this many
 MEASURE_MAX = 2048  # at most this many, then the estimate decides
 MEASURE_Z = 5.0  # the Wilson interval's z: each look errs with probability < 3e-7 (18 at most)
 NEAR_DUPLICATE = 1e-3  # rows nearer than this share of the median nearest-row distance
