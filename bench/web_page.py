@@ -72,7 +72,7 @@ def quick_home(root: Path, bundle: Path | None = None, table: str = DEFAULT_TABL
     MiniLM's ``table`` at that table's matched eta (shared.table.MATCHED_ETA)."""
     home = root / "home"
     where = ["--bundle", str(bundle)] if bundle else ["--table", table]
-    eta = MATCHED_ETA.get("none" if bundle else table, MATCHED_ETA["none"])
+    eta = MATCHED_ETA["none" if bundle else table]
     cmd = [sys.executable, "-m", "cloud_api.cli", "bootstrap",
            "--data", str(SENTENCES / "train.tsv"), "--dev", str(SENTENCES / "dev.tsv"),
            "--mechanism", "dchi-text", "--eta", str(eta),
