@@ -30,6 +30,7 @@ from pathlib import Path
 
 from cloud_api.cli import PROG, fail, guarded, home_arg, settings_for
 from shared.mechanisms import DChiText, registry
+from shared.policy import NO_POLICY, policy_for_new_model
 from shared.table import DEFAULT_TABLE, MATCHED_ETA, table_for_new_model
 
 # The quick start's defaults: at about the same compute, half of MiniLM's layers over more
@@ -157,7 +158,7 @@ def run(args) -> int:
         print(f"model={model_id} version={v} (already promoted; nothing to do)")
         _declare_task(args, task, home.read_config(model_id, v))  # so records can be uploaded
         return 0
-    from models.cli_args import check_device, mechanism_settings
+    from models.cli_args import apply_policy, check_device, mechanism_settings
     from models.cli_train import recipe_from_args
 
     check_device(args)
@@ -170,6 +171,14 @@ def run(args) -> int:
         # the dχ mechanisms: the η of this table matched to the 384-d table at η 65
         params["eta"] = MATCHED_ETA.get(args.table or "none", DEFAULT_ETA)
     bundle = _bundle(args)
+    policy = policy_for_new_model(args.mechanism, args.policy,
+                                  args.bundle is not None or args.base is not None)
+    if policy != NO_POLICY or args.policy is not None:
+        bundle = apply_policy(bundle, policy, params)
+        if policy != NO_POLICY:
+            _say(f"token policy {policy}: {bundle.policy.size} public words sent as typed "
+                 f"with probability {1 - params['public_p']:g} (--policy none: every token "
+                 "privatized)")
     weak = _check_floor(args, bundle, params)
     if weak is not None:
         return fail(weak)

@@ -81,6 +81,9 @@ export interface PrivatizerOptions extends NearestOptions {
   wordDropout?: number;
   /** ome: randomized-response factor λ */
   lam?: number;
+  /** dχ under a token policy (shared.policy): the probability that a public word is
+   * privatized anyway; not applied by this edge yet (refused: the Python edge applies it) */
+  publicP?: number | null;
   /** the model's length limit incl. [CLS]/[SEP] (default: the bundle's) */
   maxLength?: number | null;
   truncate?: "first" | "error";
@@ -122,6 +125,9 @@ export class Privatizer {
   static async create(bundle: EdgeBundle, options: PrivatizerOptions): Promise<Privatizer> {
     const name = options.mechanism;
     if (name in PYTHON_ONLY) throw new RangeError(PYTHON_ONLY[name]);
+    if (options.publicP !== undefined && options.publicP !== null && !Number.isNaN(options.publicP)) {
+      throw new RangeError("public_p: this web edge does not apply token policies yet; privatize with edge-agent (the Python edge), or use a model without one");
+    }
     if (!(MECHANISMS as readonly string[]).includes(name)) {
       throw new RangeError(`no payload format for mechanism ${JSON.stringify(name)}; one of ${MECHANISMS.join(", ")}`);
     }

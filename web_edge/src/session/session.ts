@@ -121,6 +121,7 @@ export class EdgeSession {
       mechanism, eta: o.eta ?? Number(mp.eta), epsilon: Number(mp.epsilon), lam: Number(mp.lam),
       calibration: (mp.calibration as "vector" | "coordinate" | undefined) ?? "vector",
       wordDropout: Number(mp.word_dropout ?? 0), maxLength: limit, truncate,
+      publicP: mp.public_p === undefined || mp.public_p === null ? null : Number(mp.public_p),
       threads: o.threads, backend: o.backend, allowWeakPrivacy: o.allowWeakPrivacy,
     };
     let engine: Engine;
