@@ -35,6 +35,7 @@ import type { ExactNearest, NearestOptions } from "../search/nearest.js";
 import { resolveSource, type BitSource } from "../random/random.js";
 import { choiceWithoutReplacement } from "../random/samplers.js";
 import { identicalRows, nearDuplicates } from "./table_checks.js";
+import { isMetric, sendsEmbeddings, substitutesTokens } from "../mechanisms/specs.js";
 import { measure, now } from "../timing.js";
 
 export { DChiFloor, gammaCdf } from "./floor_estimate.js";
@@ -55,8 +56,6 @@ export const MEASURE_Z: number = FLOOR.MEASURE_Z;
 /** (token, direction) pairs of the estimate a refusal quotes */
 export const ESTIMATE_TOKENS: number = FLOOR.ESTIMATE_TOKENS;
 const F32_MAX: number = COMPUTABLE.F32_MAX;
-
-type DChiName = "dchi-text" | "dchi-embedding";
 
 /** The Wilson score interval of a binomial share k/n at ``z`` (shared.floor.wilson_interval,
  * the same operations in the same order). */
@@ -131,12 +130,13 @@ export interface FloorOptions {
  * search serves every step); dchi-embedding is judged by the same measurement (whether the
  * noisy row's nearest regular token is the token) and needs the model's embeddings.
  */
-export async function dchiWeakReason(name: DChiName, eta: number, bundle: EdgeBundle, text: DChiText,
+export async function dchiWeakReason(name: string, eta: number, bundle: EdgeBundle, text: DChiText,
                                      options: FloorOptions = {}): Promise<string | null> {
   const threshold = options.threshold ?? THRESHOLD;
   if (!(threshold > 0 && threshold < 1)) throw new RangeError(`threshold must be in (0, 1), got ${threshold}`);
-  if (text.bundle !== bundle || text.eta !== eta) throw new RangeError("the floor's dchi-text mechanism must be the bundle's, at the same eta");
-  if (name === "dchi-embedding") void bundle.embeddings; // BundleError: a designed table serves dchi-text only
+  if (!isMetric(name)) throw new RangeError(`${name} is not a dχ mechanism`);
+  if (text.bundle !== bundle || text.eta !== eta) throw new RangeError("the floor's text-to-text sampler must be the bundle's, at the same eta");
+  if (sendsEmbeddings(name)) void bundle.embeddings; // BundleError: a designed table serves token ids only
   const src = resolveSource(options.source);
   const head = weakHead(message("DCHI_WHAT", { mechanism: name, eta }));
   let t0 = now();
@@ -153,7 +153,8 @@ export async function dchiWeakReason(name: DChiName, eta: number, bundle: EdgeBu
   const [same, drawn] = await measureUnchanged(text, src, threshold);
   measure("floor-measure", t0);
   if (same / drawn <= threshold) return null;
-  const outcome = message(name === "dchi-text" ? "DCHI_TEXT_OUTCOME" : "DCHI_EMBEDDING_OUTCOME");
+  // a payload of token ids says what came back; one of rows, whether the row's nearest token is the token
+  const outcome = substitutesTokens(name) ? message("DCHI_TEXT_OUTCOME") : message("DCHI_EMBEDDING_OUTCOME");
   const reg = bundle.regularIds;
   const estimate = await DChiFloor.compute(bundle.regularTable, reg.length, bundle.tableDim, text.index,
     ESTIMATE_TOKENS, src);
@@ -167,10 +168,10 @@ export async function dchiWeakReason(name: DChiName, eta: number, bundle: EdgeBu
  * ``allowWeak``. ``text``: the dchi-text mechanism at ``eta`` on the bundle, or null to build
  * one for the check (dchi-embedding) and release it after.
  */
-export async function checkDchiFloor(name: DChiName, eta: number, bundle: EdgeBundle, text: DChiText | null,
+export async function checkDchiFloor(name: string, eta: number, bundle: EdgeBundle, text: DChiText | null,
                                      options: FloorOptions & { allowWeak?: boolean; search?: NearestOptions } = {}
 ): Promise<string | null> {
-  if (name === "dchi-embedding") void bundle.embeddings;
+  if (sendsEmbeddings(name)) void bundle.embeddings;
   const own = text === null ? await DChiText.create(bundle, eta, options.search ?? {}) : null;
   try {
     const why = await dchiWeakReason(name, eta, bundle, text ?? own!, options);

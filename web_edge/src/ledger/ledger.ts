@@ -21,9 +21,8 @@
  * that key and the payload sent, never the text.
  */
 
-import { fmtG } from "../mechanisms/dchi.js";
 import { BudgetRefused } from "../errors.js";
-import { message } from "../format/messages.js";
+import { fmtG, message } from "../format/messages.js";
 import { DEVICE, FAMILIES as SPEC_FAMILIES, MECHANISMS as MECHANISM_SPECS, type FamilyName } from "../generated/spec.js";
 import { pyDumps, type PyValue } from "../format/pyjson.js";
 import { fsum } from "./exact.js";
@@ -37,6 +36,8 @@ export const FAMILIES: readonly Family[] = SPEC_FAMILIES.map((f) => f.name);
 const FAMILY_OF: Readonly<Record<string, Family>> = Object.fromEntries(MECHANISM_SPECS.map((m) => [m.name, m.family]));
 /** families without a differential-privacy ε (their spend has none) */
 const NO_EPSILON: readonly Family[] = SPEC_FAMILIES.filter((f) => !f.epsilon).map((f) => f.name);
+/** metric families (dχ: a cost of η·n, the worst case η·n·D) */
+const METRIC: readonly Family[] = SPEC_FAMILIES.filter((f) => f.metric).map((f) => f.name);
 /** families whose repeats are memoized (free) */
 export const MEMO_FAMILIES: readonly Family[] = SPEC_FAMILIES.filter((f) => f.memo).map((f) => f.name);
 /** The per-day cap's window (shared.conventions.DAY_S), in ms. */
@@ -71,7 +72,7 @@ function checkAmount(name: string, v: number): number {
 /** The cost of one dχ payload of ``tokens`` tokens (shared.ledger.cost). */
 export function dchiCost(mechanism: string, eta: number, tokens: number, diam: number): Cost {
   const fam = familyOf(mechanism);
-  if (fam !== "dchi") throw new RangeError(`${mechanism} is not a dχ mechanism`);
+  if (!METRIC.includes(fam)) throw new RangeError(`${mechanism} is not a dχ mechanism`);
   checkAmount("eta", eta);
   if (!Number.isInteger(tokens) || tokens < 0) throw new RangeError(`tokens must be an integer >= 0, got ${tokens}`);
   checkAmount("table diameter", diam);
@@ -82,9 +83,9 @@ export function dchiCost(mechanism: string, eta: number, tokens: number, diam: n
   return { family: fam, epsilon: eps, metric: eta * tokens, tokens, sends: 1, eta };
 }
 
-/** The cost of one sentence-vector payload: ``epsilon`` its worst-case ε (laplace: the whole
- * vector's; ome: summed over the bits). */
-export function vectorCost(mechanism: "laplace" | "ome", epsilon: number): Cost {
+/** The cost of one payload of a mechanism with an ε per payload: ``epsilon`` its worst-case ε
+ * (DPNR: the whole vector's; OME: summed over the bits). */
+export function epsilonCost(mechanism: string, epsilon: number): Cost {
   if (!Number.isFinite(epsilon) || epsilon < 0) {
     throw new RangeError(message("LEDGER_NOT_FINITE", { mechanism, epsilon: epsilon }));
   }

@@ -12,8 +12,6 @@ import { measure, now } from "../timing.js";
 import { COMPUTABLE } from "../generated/spec.js";
 import { message } from "../format/messages.js";
 
-export { fmtG } from "../format/messages.js";
-
 const { F32_MAX, F16_MAX } = COMPUTABLE;
 /** noise tails bounded with probability 1 - e^-TAIL (shared.mechanisms.computable.TAIL) */
 export const TAIL: number = COMPUTABLE.TAIL;

@@ -4,12 +4,10 @@ import type { BundleShape } from "../bundle/bundle.js";
 import { integerGemmChecked } from "../search/int8_pass.js";
 import { searchUsesOrt } from "../search/nearest.js";
 import { configureRuntime, loadOrt, type WasmPaths } from "./ort.js";
+import { usesEncoder } from "../mechanisms/specs.js";
 import { measure, now } from "../timing.js";
 
 let warm: Promise<void> | null = null;
-
-/** Mechanisms that run the bundle's sentence encoder (encoder.onnx) on onnxruntime-web. */
-export const ENCODER_MECHANISMS: ReadonlySet<string> = new Set(["laplace", "ome", "texthide"]);
 
 export interface WarmUpOptions {
   /** WebAssembly threads (more than one needs cross-origin isolation) */
@@ -27,12 +25,12 @@ export interface WarmUpOptions {
 
 /**
  * Whether privatizing with ``mechanism`` on a bundle of ``shape`` loads onnxruntime-web (its
- * WebAssembly: 2.4 MB brotli in a page): the sentence encoder of laplace/ome/texthide, or an
+ * WebAssembly: 2.4 MB brotli in a page): the sentence encoder of a sentence-vector mechanism, or an
  * exact search over a large table (nearest.ts's `searchUsesOrt`: a compact table's is plain JS).
  * Without a mechanism: a bundle with an encoder counts as needing it.
  */
 export function runtimeNeeded(shape: BundleShape, mechanism?: string | null): boolean {
-  const encoder = mechanism == null ? shape.encoder : ENCODER_MECHANISMS.has(mechanism);
+  const encoder = mechanism == null ? shape.encoder : usesEncoder(mechanism);
   return encoder || searchUsesOrt(shape.rows, shape.dim);
 }
 

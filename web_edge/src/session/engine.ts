@@ -10,9 +10,12 @@ import type { EdgeBundle } from "../bundle/bundle.js";
 import type { BundleCache, PrivbertClient, ProgressCallback } from "../service/client.js";
 import type { Cost } from "../ledger/ledger.js";
 import { loadOrt } from "../runtime/ort.js";
-import { Privatizer, type PrivatizerOptions, type TokenizedText } from "../mechanisms/privatizer.js";
+import type { AnyGuarantee } from "../ledger/accounting.js";
+import { Privatizer, type PrivatizerOptions } from "../mechanisms/privatizer.js";
+import { usesEncoder } from "../mechanisms/specs.js";
+import type { TokenizedText } from "../mechanisms/tokens.js";
 import type { BitSource } from "../random/random.js";
-import { ENCODER_MECHANISMS, warmUp } from "../runtime/warm_up.js";
+import { warmUp } from "../runtime/warm_up.js";
 
 /** What the session needs to know of the privatizer and its bundle. */
 export interface EngineInfo {
@@ -31,8 +34,10 @@ export interface EngineInfo {
   diameter: number;
   /** the bundle was downloaded (false: from the cache) */
   fetched: boolean;
-  /** laplace, ome: the worst-case ε of one payload (null for the dχ mechanisms) */
+  /** a sentence-vector mechanism's worst-case ε of one payload (null for a token mechanism) */
   vectorEpsilon: number | null;
+  /** the published and worst-case guarantee (shared.accounting.guarantee) */
+  guarantee: AnyGuarantee;
 }
 
 /** Texts privatized: per text its tokenized form, payload JSON and cost (not yet charged). */
@@ -45,7 +50,7 @@ export interface EngineOutput {
 export interface Engine {
   readonly info: EngineInfo;
   privatize(texts: string[], source?: BitSource | null): Promise<EngineOutput>;
-  /** the text of privatized token ids (dchi-text payloads), one string per list */
+  /** the text of privatized token ids (payloads of substituted tokens), one string per list */
   decode(ids: number[][]): Promise<string[]>;
   close(): Promise<void>;
 }
@@ -63,7 +68,7 @@ export async function openLocal(client: PrivbertClient, bundleId: string, option
   // WebAssembly that cannot be loaded fails the session here (Privatizer.create), with its URL.
   const threads = options.threads ?? 1;
   const onOrt = options.backend === "int8" || options.backend === "ort";
-  const early = ENCODER_MECHANISMS.has(options.mechanism) || onOrt ? loadOrt(threads) : null;
+  const early = usesEncoder(options.mechanism) || onOrt ? loadOrt(threads) : null;
   const onProgress = options.onProgress ?? null;
   const [{ bundle, fetched }] = await Promise.all([
     client.bundle(bundleId, options.bundleCache, (p) => {
@@ -92,7 +97,8 @@ export class LocalEngine implements Engine {
       table: bundle.tableName,
       vocabSize: bundle.vocabSize, maxLength: p.maxLength, truncate: p.truncate,
       diameter: bundle.diameter, fetched,
-      vectorEpsilon: p.isVector ? p.cost({ idsA: [], idsB: null, nBefore: 0 }).epsilon : null };
+      vectorEpsilon: p.isVector ? p.cost({ idsA: [], idsB: null, nBefore: 0 }).epsilon : null,
+      guarantee: p.guarantee() };
   }
 
   async privatize(texts: string[], source?: BitSource | null): Promise<EngineOutput> {

@@ -1,0 +1,53 @@
+/**
+ * `dchi-embedding`: dχ-privacy for token representations (Qu et al. 2021 §3.2.3): each word
+ * piece's row of the model's own word embeddings plus N, sent as float32 (or float16) rows. It
+ * needs the model's embeddings in the bundle (a designed privatization table serves dchi-text
+ * only); its floor is measured as dchi-text's at the same η (whether the noisy row's nearest
+ * regular token is the token).
+ */
+
+import type { EdgeBundle } from "../bundle/bundle.js";
+import type { BitSource } from "../random/random.js";
+import { floatBytes, type FloatDtype } from "../service/payload.js";
+import { DChiEmbedding, checkDchiEta } from "./dchi.js";
+import { DChiBound, dchiFloor, refusePolicy } from "./dchi_bound.js";
+import type { BuildOptions, MechanismModule, Params, PrivatizedData } from "./module.js";
+import type { PayloadArray, TokenBatch } from "./tokens.js";
+
+const NAME = "dchi-embedding";
+
+class DChiEmbeddingBound extends DChiBound {
+  declare readonly sampler: DChiEmbedding;
+
+  constructor(bundle: EdgeBundle, eta: number, sampler: DChiEmbedding, weak: string | null,
+              readonly floatDtype: FloatDtype) {
+    super(NAME, bundle, eta, sampler, weak);
+  }
+
+  protected privatizeBatch(batch: TokenBatch, source?: BitSource | null): Promise<Float64Array> {
+    return Promise.resolve(this.sampler.privatize(this.bundle.rows(batch.flat), this.bundle.dim, source));
+  }
+
+  protected array(data: PrivatizedData, start: number, length: number): PayloadArray {
+    const n = this.bundle.dim;
+    return { dtype: this.floatDtype, shape: [length, n],
+      bytes: floatBytes((data as Float64Array).subarray(start * n, (start + length) * n), this.floatDtype) };
+  }
+
+  async release(): Promise<void> {}
+}
+
+export const dchiEmbedding: MechanismModule = {
+  name: NAME,
+  lengthLimit: (bundle: EdgeBundle) => bundle.maxLength,
+  async build(bundle: EdgeBundle, params: Readonly<Params>, options: BuildOptions): Promise<DChiEmbeddingBound> {
+    refusePolicy(params);
+    const eta = params.eta as number;
+    const sampler = new DChiEmbedding(eta);
+    let tMax = 0;
+    for (const x of bundle.embeddings) tMax = Math.max(tMax, Math.abs(x)); // BundleError: a designed table
+    checkDchiEta(eta, bundle.dim, tMax, options.floatDtype, false);
+    const weak = await dchiFloor(NAME, eta, bundle, null, options);
+    return new DChiEmbeddingBound(bundle, eta, sampler, weak, options.floatDtype);
+  },
+};

@@ -1,0 +1,73 @@
+/**
+ * What one mechanism module gives the web edge (transformers.js's lesson: one file per family,
+ * one name → module map, ./registry.ts). A module is keyed by its name in the mechanism spec and
+ * holds everything of its mechanism the edge does by hand: how it is built on a bundle (its
+ * parameters checked, its privacy floor), its privatize step, its payload encoding, its cost and
+ * its guarantee. What both edges must agree on (parameters, payload field, family, refusals)
+ * it reads from the spec.
+ */
+
+import type { EdgeBundle } from "../bundle/bundle.js";
+import type { MechanismName } from "../generated/spec.js";
+import type { AnyGuarantee } from "../ledger/accounting.js";
+import type { Cost } from "../ledger/ledger.js";
+import type { BitSource } from "../random/random.js";
+import type { NearestOptions } from "../search/nearest.js";
+import type { FloatDtype } from "../service/payload.js";
+import type { TokenizedText } from "./tokens.js";
+
+/** A mechanism's parameters by their spec names (`word_dropout`), in the payload's order. */
+export type Params = Record<string, number | string>;
+
+/** A privatize step's output for a batch: token ids, float64 rows, or bits (0/1). */
+export type PrivatizedData = Int32Array | Float64Array | Uint8Array;
+
+/** How a module builds its mechanism, besides the parameters. */
+export interface BuildOptions {
+  /** the exact nearest-token search's options (its candidate pass), and the WebAssembly
+   * threads of onnxruntime-web (the search's, the encoder's) */
+  search: NearestOptions;
+  /** a payload of float rows: float32 or float16 (where the mechanism has the option) */
+  floatDtype: FloatDtype;
+  /** build it even below the privacy floor (its reason is then `weakPrivacy`) */
+  allowWeakPrivacy: boolean;
+  /** what a measured floor draws from: OS entropy unless a seeded generator (tests only) */
+  floorSource: BitSource | null;
+}
+
+/** One mechanism of the web edge. */
+export interface MechanismModule {
+  /** its name in the mechanism spec */
+  readonly name: MechanismName;
+  /** the longest input it privatizes on ``bundle``, word pieces with [CLS]/[SEP] (the
+   * bundle's; a sentence encoder's own limit within it) */
+  lengthLimit(bundle: EdgeBundle): number;
+  /**
+   * The mechanism at ``params`` on ``bundle``: RangeError for parameters that are invalid or
+   * too small to compute, WeakPrivacyError under the privacy floor (shared/floor.py's rule and
+   * message) unless ``allowWeakPrivacy``.
+   */
+  build(bundle: EdgeBundle, params: Readonly<Params>, options: BuildOptions): Promise<BoundMechanism>;
+}
+
+/** A mechanism built on one bundle at fixed parameters: texts' word pieces → payloads. */
+export interface BoundMechanism {
+  readonly name: MechanismName;
+  /** its parameters as its payloads carry them */
+  readonly params: Params;
+  /** the sampler object (DChiText, Laplace, ...): for callers that drive it directly */
+  readonly sampler: unknown;
+  /** why the parameters are weaker than the privacy floor (only with allowWeakPrivacy) */
+  readonly weakPrivacy: string | null;
+  /** whether it needs each word piece's word (TokenizedText's wordsA/wordsB: word dropout) */
+  readonly needsWords: boolean;
+  /** the cost of one item's payload (shared.ledger.cost) */
+  cost(item: TokenizedText): Cost;
+  /** the privatize step for a batch (one call: numpy's draw order) */
+  privatize(items: readonly TokenizedText[], source?: BitSource | null): Promise<PrivatizedData>;
+  /** each item's payload JSON around {@link privatize}'s output */
+  payloads(items: readonly TokenizedText[], data: PrivatizedData): string[];
+  /** the published and the worst-case guarantee (shared.accounting.guarantee) */
+  guarantee(): AnyGuarantee;
+  release(): Promise<void>;
+}
