@@ -150,6 +150,8 @@ class Publisher:
         Raises :class:`Interrupted` when the job is cancelled, lost or the worker stopped
         meanwhile."""
         job, files = attempt.job, attempt.files
+        if now is not None:  # a shared model store: fetched here first (a no-op on disk)
+            self.home.materialize(job.spec["model_id"], now)
         n_test = result["records"]["test"]
         found: dict = {"version": now, "test_accuracy": None, "error": None}
         if now is not None and n_test and result["metrics"]["test_accuracy"] is not None:

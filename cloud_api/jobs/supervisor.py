@@ -164,4 +164,9 @@ class Worker:
         """Run a claimed job's attempt to its end (``attempt.py``); returns how it ended
         (``RELEASED`` when this worker was stopped, ``LOST`` when the job stopped being
         ours)."""
+        try:  # a shared model store: the promoted versions the job reads, on this host
+            self.home.sync()
+        except ServiceError as exc:
+            log.warning("job %s: the model store could not be read (%s); the job reads the "
+                        "versions this host has", job.id, exc.detail)
         return Attempt(self, job).run()
