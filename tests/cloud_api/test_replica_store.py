@@ -113,6 +113,15 @@ def test_a_replica_follows_the_store_and_is_ready_only_with_its_database(
         assert ready["status"] == "ready" and "provenance.txt" in ready["problems"]["text (store)"]
         assert served() == "v2"
 
+        # an admin's promotion through this replica of a version it never fetched: fetched,
+        # checked, served, and written to the store for the others
+        store.put_version("text", "v4", _copy_as_new_version(v1, tmp_path / "v4", "four"),
+                          bundle_id=bundle_id)
+        r = httpx.post(f"{srv.url}/admin/models/text/promote", headers=admin,
+                       json={"version": "v4"}, timeout=60)
+        assert r.status_code == 200, r.text
+        assert served() == "v4" and store.promoted("text") == "v4"
+
         # one bucket per key for every replica: the other replica spends 999 of its 1000
         other = SharedRateLimiter(db, rate=0.001, burst=1000)
         assert other.acquire(key_id(keys["app"][1]), cost=999) == 0.0
