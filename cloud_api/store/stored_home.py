@@ -19,7 +19,7 @@ store (unique across hosts); :meth:`register` also stores the version and its bu
 :meth:`write_promoted` writes the store's promotion row, then the local pointer;
 :meth:`promoted` and :meth:`versions` answer from the store (what is true for the whole
 deployment), :meth:`promoted_all` from the local pointers (what this host has fetched and
-checked: what it serves); :meth:`promotion_lock` adds a PostgreSQL advisory lock, so
+checked: what it serves); :meth:`promotion_lock` adds a PostgreSQL advisory lock (a transaction's), so
 promotions exclude each other across hosts as ``flock`` does on one.
 """
 
@@ -145,14 +145,11 @@ class StoredHome(ModelHome):
                 yield
                 return
             key = _LOCK_BASE + int(hashlib.sha256(model_id.encode()).hexdigest()[:7], 16)
-            with self.store.db.engine.connect() as conn:
-                conn.execute(text("SELECT pg_advisory_lock(:k)"), {"k": key})
-                conn.commit()
-                try:
-                    yield
-                finally:
-                    conn.execute(text("SELECT pg_advisory_unlock(:k)"), {"k": key})
-                    conn.commit()
+            # a transaction's lock, held open for the swap: released with the transaction
+            # (also through a transaction-pooling PgBouncer, where a session's would leak)
+            with self.store.db.outage_as_unavailable(), self.store.db.engine.begin() as conn:
+                conn.execute(text("SELECT pg_advisory_xact_lock(:k)"), {"k": key})
+                yield
 
     # -- reading into the cache ------------------------------------------------------------
     def materialize(self, model_id: str, version: str) -> Path:
