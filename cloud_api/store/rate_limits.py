@@ -13,7 +13,10 @@ database's clock, so the replicas' clocks do not matter), takes ``cost`` tokens 
 are there, and returns whether it did, all under the row's lock. However many replicas a
 key's requests reach, they are admitted as one bucket would admit them: at most
 ``burst + rate * t`` in any ``t`` seconds. One round trip per request (in a thread, away
-from the event loop); a database that cannot be reached answers 503
+from the event loop), committed without waiting for the disk (``synchronous_commit
+off`` for this transaction only: a crash may forget the last takes of a bucket, which
+gives a key back a few tokens it had used, never a record or a charge); a database that
+cannot be reached answers 503
 (:class:`cloud_api.errors.Unavailable`), as the budgets that every prediction charges do.
 """
 
@@ -28,6 +31,7 @@ from cloud_api.store.db import Database
 _NOW = {"postgresql": "extract(epoch from clock_timestamp())::float8",
         "sqlite": "((julianday('now') - 2440587.5) * 86400.0)"}
 _LEAST = {"postgresql": "least", "sqlite": "min"}
+_NO_FLUSH = text("SET LOCAL synchronous_commit TO off")
 
 # refilled = least(burst, tokens + (now - at) * rate); admitted when refilled >= cost. Every
 # SET expression reads the row as it was (SQL's rule), so they agree on one refill.
@@ -62,6 +66,8 @@ class SharedRateLimiter:
         params = {"key": key, "burst": self.burst, "cost": float(cost), "rate": self.rate,
                   "yes": True}
         with self.db.begin(write=True) as conn:
+            if self.db.dialect == "postgresql":  # a bucket need not survive a crash: no
+                conn.execute(_NO_FLUSH)           # waiting for the WAL flush at commit
             tokens, admitted = conn.execute(self._sql, params).one()
         return 0.0 if admitted else max(0.0, (cost - float(tokens)) / self.rate)
 
