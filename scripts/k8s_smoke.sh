@@ -88,7 +88,7 @@ k8s_smoke() {
     smoke_python
     STEP="k8s (validate)"
     "$SPY" -c 'import kubernetes_validate' 2>/dev/null \
-        || fail "$SPY has no kubernetes_validate: pip install kubernetes-validate==1.37.0 (the dev extra)"
+        || fail "$SPY has no kubernetes_validate: pip install -r deploy/k8s/requirements.txt"
     command -v kubectl >/dev/null || fail "kubectl (its kustomize renders deploy/k8s) is not installed"
     "$SPY" "$ROOT/deploy/k8s/manifests.py" validate >"$LOGS/k8s-validate.log" 2>&1 \
         || fail "manifests not valid: $LOGS/k8s-validate.log"
