@@ -16,7 +16,8 @@ secrets): every pod on the host network on loopback ports (nothing but 127.0.0.1
 reached), a Deployment of N replicas as N one-pod Deployments each on its own port (on one
 host network they cannot share one), the StatefulSet as a Deployment with its claim, and
 each emptyDir renamed per pod (podman 4.3 makes an emptyDir a named volume that pods with
-the same volume name would share). Services, the PodDisruptionBudget, the
+the same volume name would share), and no container ports (podman maps them, which a host
+network refuses). Services, the PodDisruptionBudget, the
 HorizontalPodAutoscaler, the NetworkPolicy, the ServiceAccount and the Namespace have no
 podman equivalent: they are validated, not run (``skipped`` lists them).
 """
@@ -82,6 +83,7 @@ def _pod_for_podman(spec: dict, prefix: str) -> None:
             vol["name"] = renames[vol["name"]]
             vol["emptyDir"] = {}
     for c in spec.get("initContainers", []) + spec.get("containers", []):
+        c.pop("ports", None)  # podman maps them, which a host network refuses
         for m in c.get("volumeMounts", []):
             m["name"] = renames.get(m["name"], m["name"])
 
@@ -92,13 +94,11 @@ def _set_env(container: dict, values: dict[str, str]) -> None:
 
 
 def _numbered_ports(container: dict, port: int) -> None:
-    """Probes and ports on ``port`` (named ports mean nothing on a shared host network)."""
+    """Probes on ``port`` (named ports mean nothing on a shared host network)."""
     for probe in ("livenessProbe", "readinessProbe", "startupProbe"):
         get = container.get(probe, {}).get("httpGet")
         if get:
             get["port"] = port
-    for p in container.get("ports", []):
-        p["containerPort"] = port
 
 
 def for_podman(objects: list[dict], serve_ports: list[int], pg_port: int,
