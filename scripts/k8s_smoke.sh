@@ -75,6 +75,9 @@ k8s_down() {  # logs into $LOGS, then every pod, volume and claim of the smoke r
         podman kube down "$KUBE/privbert.yaml" >/dev/null 2>&1 || true
         podman kube down "$KUBE/postgres.yaml" >/dev/null 2>&1 || true
     }
+    for c in $(podman pod ps -a --format '{{.Name}}' | grep -E '^privbert-(serve-[01]|worker|postgres)-pod' || true); do
+        podman pod rm -f -t 5 "$c" >/dev/null 2>&1 || true  # one kube down left behind
+    done
     podman volume rm -f privbert-serve-0-home privbert-serve-0-tmp privbert-serve-1-home \
         privbert-serve-1-tmp privbert-worker-tmp privbert-worker-home data-privbert-postgres-0 \
         privbert-postgres-run privbert-postgres-tmp >/dev/null 2>&1 || true

@@ -17,7 +17,8 @@ reached), a Deployment of N replicas as N one-pod Deployments each on its own po
 host network they cannot share one), the StatefulSet as a Deployment with its claim, and
 each emptyDir renamed per pod (podman 4.3 makes an emptyDir a named volume that pods with
 the same volume name would share), and no container ports (podman maps them, which a host
-network refuses). Services, the PodDisruptionBudget, the
+network refuses), and init containers of type "always" (podman 4.3 fails on a race when it
+removes a "once" one). Services, the PodDisruptionBudget, the
 HorizontalPodAutoscaler, the NetworkPolicy, the ServiceAccount and the Namespace have no
 podman equivalent: they are validated, not run (``skipped`` lists them).
 """
@@ -36,6 +37,9 @@ import yaml
 
 HERE = Path(__file__).resolve().parent
 K8S_VERSION = "1.37.0"  # the newest release whose schema kubernetes-validate 1.37.0 ships
+# podman 4.3 removes a "once" init container as it exits and can fail on a race ("cannot
+# remove container ... as it is running"): "always" keeps it (and runs it at every start)
+INIT_TYPE = "io.podman.annotations.init.container.type"
 NOT_RUN_BY_PODMAN = {"Namespace", "ServiceAccount", "Service", "PodDisruptionBudget",
                      "HorizontalPodAutoscaler", "NetworkPolicy", "Secret"}
 
@@ -73,8 +77,11 @@ def validate(objects: list[dict], version: str = K8S_VERSION) -> list[str]:
 
 
 # -- podman ----------------------------------------------------------------------------------
-def _pod_for_podman(spec: dict, prefix: str) -> None:
-    """Host network; emptyDirs renamed per pod (see the module docstring)."""
+def _pod_for_podman(template: dict, prefix: str) -> None:
+    """Host network; emptyDirs renamed per pod; init containers kept after they ran (see
+    the module docstring)."""
+    template.setdefault("metadata", {}).setdefault("annotations", {})[INIT_TYPE] = "always"
+    spec = template["spec"]
     spec["hostNetwork"] = True
     renames = {}
     for vol in spec.get("volumes", []):
@@ -125,8 +132,8 @@ def for_podman(objects: list[dict], serve_ports: list[int], pg_port: int,
                 spec["template"]["spec"].setdefault("volumes", []).append(
                     {"name": tmpl["metadata"]["name"],
                      "persistentVolumeClaim": {"claimName": claim}})
+            _pod_for_podman(spec["template"], name)
             pod = spec["template"]["spec"]
-            _pod_for_podman(pod, name)
             c = pod["containers"][0]
             if postgres_image:  # Debian's postgresql-15 (deploy/postgres): its own user
                 c["image"] = postgres_image
@@ -151,14 +158,14 @@ def for_podman(objects: list[dict], serve_ports: list[int], pg_port: int,
                 one = copy.deepcopy(obj)
                 one["metadata"]["name"] = f"{name}-{i}"
                 one["spec"]["replicas"] = 1
+                _pod_for_podman(one["spec"]["template"], f"{name}-{i}")
                 pod = one["spec"]["template"]["spec"]
-                _pod_for_podman(pod, f"{name}-{i}")
                 for c in pod["containers"]:
                     _set_env(c, {"PRIVBERT_PORT": str(port), "PRIVBERT_HOST": "127.0.0.1"})
                     _numbered_ports(c, port)
                 app.append(one)
         elif kind == "Deployment":
-            _pod_for_podman(obj["spec"]["template"]["spec"], name)
+            _pod_for_podman(obj["spec"]["template"], name)
             app.append(obj)
         else:
             raise ValueError(f"{kind}/{name}: no podman rule for this kind")
