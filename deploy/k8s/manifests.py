@@ -77,11 +77,12 @@ def validate(objects: list[dict], version: str = K8S_VERSION) -> list[str]:
 
 
 # -- podman ----------------------------------------------------------------------------------
-def _pod_for_podman(template: dict, prefix: str) -> None:
-    """Host network; emptyDirs renamed per pod; init containers kept after they ran (see
-    the module docstring)."""
-    template.setdefault("metadata", {}).setdefault("annotations", {})[INIT_TYPE] = "always"
-    spec = template["spec"]
+def _pod_for_podman(deployment: dict, prefix: str) -> None:
+    """Host network; emptyDirs renamed per pod; init containers kept after they ran (podman
+    reads that annotation from the Deployment's own metadata, not its template's; see the
+    module docstring)."""
+    deployment["metadata"].setdefault("annotations", {})[INIT_TYPE] = "always"
+    spec = deployment["spec"]["template"]["spec"]
     spec["hostNetwork"] = True
     renames = {}
     for vol in spec.get("volumes", []):
@@ -132,7 +133,6 @@ def for_podman(objects: list[dict], serve_ports: list[int], pg_port: int,
                 spec["template"]["spec"].setdefault("volumes", []).append(
                     {"name": tmpl["metadata"]["name"],
                      "persistentVolumeClaim": {"claimName": claim}})
-            _pod_for_podman(spec["template"], name)
             pod = spec["template"]["spec"]
             c = pod["containers"][0]
             if postgres_image:  # Debian's postgresql-15 (deploy/postgres): its own user
@@ -146,10 +146,12 @@ def for_podman(objects: list[dict], serve_ports: list[int], pg_port: int,
                 cmd = c.get(probe, {}).get("exec", {}).get("command")
                 if cmd:
                     cmd += ["-p", str(pg_port)]
-            pg.append({"apiVersion": "apps/v1", "kind": "Deployment",
-                       "metadata": obj["metadata"],
-                       "spec": {"replicas": 1, "selector": spec["selector"],
-                                "template": spec["template"]}})
+            deployment = {"apiVersion": "apps/v1", "kind": "Deployment",
+                          "metadata": obj["metadata"],
+                          "spec": {"replicas": 1, "selector": spec["selector"],
+                                   "template": spec["template"]}}
+            _pod_for_podman(deployment, name)
+            pg.append(deployment)
         elif kind == "Deployment" and obj["spec"].get("replicas", 1) > 1:  # serve
             n = obj["spec"]["replicas"]
             if n != len(serve_ports):
@@ -158,14 +160,14 @@ def for_podman(objects: list[dict], serve_ports: list[int], pg_port: int,
                 one = copy.deepcopy(obj)
                 one["metadata"]["name"] = f"{name}-{i}"
                 one["spec"]["replicas"] = 1
-                _pod_for_podman(one["spec"]["template"], f"{name}-{i}")
+                _pod_for_podman(one, f"{name}-{i}")
                 pod = one["spec"]["template"]["spec"]
                 for c in pod["containers"]:
                     _set_env(c, {"PRIVBERT_PORT": str(port), "PRIVBERT_HOST": "127.0.0.1"})
                     _numbered_ports(c, port)
                 app.append(one)
         elif kind == "Deployment":
-            _pod_for_podman(obj["spec"]["template"], name)
+            _pod_for_podman(obj, name)
             app.append(obj)
         else:
             raise ValueError(f"{kind}/{name}: no podman rule for this kind")
