@@ -75,7 +75,7 @@ k8s_down() {  # logs into $LOGS, then every pod, volume and claim of the smoke r
         podman kube down "$KUBE/privbert.yaml" >/dev/null 2>&1 || true
         podman kube down "$KUBE/postgres.yaml" >/dev/null 2>&1 || true
     }
-    for c in $(podman pod ps -a --format '{{.Name}}' | grep -E '^privbert-(serve-[01]|worker|postgres)-pod' || true); do
+    for c in $(podman pod ps --format '{{.Name}}' | grep -E '^privbert-(serve-[01]|worker|postgres)-pod' || true); do
         podman pod rm -f -t 5 "$c" >/dev/null 2>&1 || true  # one kube down left behind
     done
     podman volume rm -f privbert-serve-0-home privbert-serve-0-tmp privbert-serve-1-home \
