@@ -301,6 +301,10 @@ class ModelHome:
         live in a shared store fetches it first, ``cloud_api.store.stored_home``)."""
         return self.version_dir(model_id, version)
 
+    def publish_base(self, name: str) -> None:
+        """A base that just entered ``bases/`` (here: nothing more to do; a shared store
+        stores it, ``cloud_api.store.stored_home``)."""
+
     def sync(self) -> SyncReport:
         """Point this host at what the deployment promotes (here: the pointers are the
         deployment's, nothing to do; ``cloud_api.store.stored_home`` fetches)."""

@@ -142,11 +142,16 @@ k8s_smoke() {
             cloud-api bootstrap --data /in/train.tsv --dev /in/dev.tsv --mechanism dchi-text \
                 --eta 5 --base /tmp/home/bases/tiny --model-id smoke --limit 0 --epochs 1 \
                 --device cpu --no-progress
+            cloud-api store import-home
+            cloud-api store import-home
             cloud-api store list' >"$LOGS/k8s-bootstrap.log" 2>&1 \
         || fail "see $LOGS/k8s-bootstrap.log"
     grep -q "model=smoke version=v1 promoted" "$LOGS/k8s-bootstrap.log" \
         || fail "no promoted v1 (see $LOGS/k8s-bootstrap.log)"
-    say "bootstrap in a train container: smoke v1 stored and promoted in PostgreSQL: $(grep -m1 '^  \* v1' "$LOGS/k8s-bootstrap.log" | tr -s ' ') ($(since))"
+    grep -q "base tiny: imported" "$LOGS/k8s-bootstrap.log" \
+        && grep -q "base tiny: already in the store" "$LOGS/k8s-bootstrap.log" \
+        || fail "the base was not imported once (see $LOGS/k8s-bootstrap.log)"
+    say "bootstrap in a train container: smoke v1 stored and promoted in PostgreSQL: $(grep -m1 '^  \* v1' "$LOGS/k8s-bootstrap.log" | tr -s ' '); its base by \`cloud-api store import-home\`, run twice: $(grep -c 'already in the store' "$LOGS/k8s-bootstrap.log") already in the store the second time ($(since))"
 
     STEP="k8s (serve pods and worker)"
     podman kube play "$KUBE/privbert.yaml" >>"$LOGS/k8s-play.log" 2>&1 || fail "see $LOGS/k8s-play.log"

@@ -141,6 +141,7 @@ class Publisher:
         except FileExistsError:
             raise Conflict(f"a base named {name!r} appeared meanwhile") from None
         os.replace(files.output, dest)
+        self.home.publish_base(name)  # a shared model store: stored for every host
         return {**result, "base": name}
 
     def _compare_again(self, attempt: Supervised, result: dict, now: str | None) -> dict:

@@ -35,6 +35,7 @@ from cloud_api.store.db import Database
 from cloud_api.store.tables import (
     model_promotions,
     model_versions,
+    stored_bases,
     stored_bundles,
     stored_files,
 )
@@ -70,6 +71,10 @@ def version_folder(model_id: str, version: str) -> str:
 
 def bundle_folder(bundle_id: str) -> str:
     return f"bundles/{bundle_id}"
+
+
+def base_folder(name: str) -> str:
+    return f"bases/{name}"
 
 
 def _number(version: str) -> int:
@@ -269,6 +274,55 @@ class ModelStore:
         except Exception as exc:  # whatever a damaged bundle raises: refused
             raise StoreIntegrityError(f"bundle {bundle_id[:12]}… in the store is not whole: "
                                       f"{exc}") from None
+
+    # -- bases -------------------------------------------------------------------------------
+    def base_digest(self, name: str) -> str | None:
+        """The manifest SHA-256 of a stored base (None: no such base)."""
+        with self.db.begin() as conn:
+            return conn.execute(select(stored_bases.c.manifest_sha256).where(
+                stored_bases.c.name == name)).scalar()
+
+    def put_base(self, name: str, folder: str | os.PathLike) -> bool:
+        """Store a sealed base folder (a BERT a retraining job may start from) under
+        ``name``; False when the store has it with the same manifest, Conflict when it has
+        another base of that name."""
+        root = Path(folder)
+        if not verify_folder(root, digest_unsealed=False).sealed:
+            raise IntegrityError(f"{root}: has no {MANIFEST_FILE}; seal it before it is "
+                                 "stored")
+        digest = hashlib.sha256((root / MANIFEST_FILE).read_bytes()).hexdigest()
+        with self.db.begin(write=True) as conn:
+            have = conn.execute(select(stored_bases.c.manifest_sha256).where(
+                stored_bases.c.name == name).with_for_update()).scalar()
+            if have is not None:
+                if have == digest:
+                    return False
+                raise Conflict(f"the store has another base named {name!r}")
+            folder_name = base_folder(name)
+            conn.execute(delete(stored_files).where(stored_files.c.folder == folder_name))
+            names = [*folder_files(root), MANIFEST_FILE]
+            size = self._put_files(conn, folder_name, root, names)
+            conn.execute(insert(stored_bases).values(
+                name=name, manifest_sha256=digest, files=len(names), bytes=size,
+                created_at=datetime.now(UTC)))
+        return True
+
+    def fetch_base(self, name: str, dest: str | os.PathLike) -> None:
+        """Write a stored base into the empty folder ``dest``, checked as a version is
+        (StoreIntegrityError); NotFound when the store has none."""
+        digest = self.base_digest(name)
+        if digest is None:
+            raise NotFound(f"no base named {name!r} in the store")
+        self._get_files(base_folder(name), Path(dest))
+        manifest = Path(dest) / MANIFEST_FILE
+        got = hashlib.sha256(manifest.read_bytes()).hexdigest() if manifest.is_file() else None
+        if got != digest:
+            raise StoreIntegrityError(f"base {name} in the store: its {MANIFEST_FILE} does not "
+                                      "match the digest recorded with it; it is not used")
+        try:
+            verify_folder(dest, digest_unsealed=False)
+        except IntegrityError as exc:
+            raise StoreIntegrityError(f"base {name} in the store is not whole: {exc}") from None
 
     # -- files -------------------------------------------------------------------------------
     @staticmethod

@@ -15,7 +15,8 @@ pointer keeps naming the previous one, which keeps serving, and :meth:`StoredHom
 reports why.
 
 What changes against :class:`~cloud_api.home.ModelHome`: version numbers come from the
-store (unique across hosts); :meth:`register` also stores the version and its bundle;
+store (unique across hosts); :meth:`register` also stores the version and its bundle, and
+:meth:`publish_base` a base a pretraining job made; :meth:`base_dir` fetches a stored base;
 :meth:`write_promoted` writes the store's promotion row, then the local pointer;
 :meth:`promoted` and :meth:`versions` answer from the store (what is true for the whole
 deployment), :meth:`promoted_all` from the local pointers (what this host has fetched and
@@ -41,6 +42,7 @@ from cloud_api.home import (
     CONFIG_FILE,
     ModelHome,
     SyncReport,
+    seal_folder,
     version_number,
     write_atomically,
 )
@@ -151,6 +153,33 @@ class StoredHome(ModelHome):
                 conn.execute(text("SELECT pg_advisory_xact_lock(:k)"), {"k": key})
                 yield
 
+    def publish_base(self, name: str) -> None:
+        """Store ``bases/<name>`` (sealed first if it has no manifest); idempotent."""
+        path = ModelHome.base_dir(self, name)
+        seal_folder(path)
+        self.store.put_base(name, path)
+
+    def base_dir(self, name: str) -> Path:
+        """``bases/<name>`` here, fetched from the store and checked first when this host
+        lacks it and the store has it (a name neither has is returned as it is: free)."""
+        path = ModelHome.base_dir(self, name)
+        if path.is_dir() or self.store.base_digest(name) is None:
+            return path
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = Path(tempfile.mkdtemp(prefix=f".{name}.fetch-", dir=path.parent))
+        try:
+            self.store.fetch_base(name, tmp)
+            os.chmod(tmp, 0o755)
+            try:
+                os.replace(tmp, path)
+            except OSError:
+                if not path.is_dir():
+                    raise
+        finally:
+            shutil.rmtree(tmp, ignore_errors=True)
+        log.info("base %s fetched from the store and checked whole", name)
+        return path
+
     # -- reading into the cache ------------------------------------------------------------
     def materialize(self, model_id: str, version: str) -> Path:
         """The local folder of ``version``, fetched from the store and checked first when
@@ -220,11 +249,23 @@ class StoredHome(ModelHome):
 
 def import_home(home: ModelHome, store: ModelStore, say: Callable[[str], object] = print
                 ) -> int:
-    """Copy every complete version of a home on disk (and the bundles they name) into the
-    store under the same names, and each model's promotion where the store has none yet.
+    """Copy every base and every complete version of a home on disk (and the bundles they
+    name) into the store under the same names, and each model's promotion where the store
+    has none yet.
     Safe to run again: what is stored already is left as it is. Returns the number of
     versions that could not be imported (each said in one line)."""
     problems = 0
+    if home.bases_dir.is_dir():
+        for base in sorted(p for p in home.bases_dir.iterdir()
+                           if p.is_dir() and not p.name.startswith(".")):
+            try:
+                seal_folder(base)
+                wrote = store.put_base(base.name, base)
+            except (ServiceError, IntegrityError, OSError, ValueError) as exc:
+                problems += 1
+                say(f"base {base.name}: NOT imported: {getattr(exc, 'detail', None) or exc}")
+                continue
+            say(f"base {base.name}: {'imported' if wrote else 'already in the store'}")
     for model_id in ModelHome.model_ids(home):
         for version in ModelHome.versions(home, model_id):
             try:

@@ -6,7 +6,7 @@ records, idempotency; ``0002_jobs``: jobs, defined in ``cloud_api/jobs/table.py`
 per kind; ``0004_budgets``: the privacy budget ledgers;
 ``0005_key_caps``: a key's ledger counts all its devices, device caps, refunds, a task's
 ``pairs``; ``0006_budget_families``: the ledgers' per-family figures as rows;
-``0007_shared_models``: model versions, promotions and bundles in the database, and the
+``0007_shared_models``: model versions, promotions, bundles and bases in the database, and the
 shared rate-limit buckets, for replicas that share no file system). A payload's array is kept as its decoded little-endian bytes
 (``LargeBinary``) with dtype and shape beside it, never as JSON or base64 text.
 """
@@ -187,7 +187,19 @@ stored_bundles = Table(
     Column("created_at", DateTime(timezone=True), nullable=False),
 )
 
-# The bytes of stored folders: ``models/<id>/<version>`` or ``bundles/<bundle_id>``, each
+# A base (a BERT folder a retraining job may start from: ``bases/<name>`` of a home) stored
+# whole, with its manifest's SHA-256, in the transaction of its last file.
+stored_bases = Table(
+    "stored_bases", metadata,
+    Column("name", String(64), primary_key=True),
+    Column("manifest_sha256", String(64), nullable=False),
+    Column("files", Integer, nullable=False),
+    Column("bytes", BigInteger, nullable=False),
+    Column("created_at", DateTime(timezone=True), nullable=False),
+)
+
+# The bytes of stored folders: ``models/<id>/<version>``, ``bundles/<bundle_id>`` or
+# ``bases/<name>``, each
 # file in chunks (at most model_store.CHUNK bytes a row, so no value nears PostgreSQL's
 # 1 GB limit and a reader holds one chunk at a time).
 stored_files = Table(

@@ -17,8 +17,9 @@ reached), a Deployment of N replicas as N one-pod Deployments each on its own po
 host network they cannot share one), the StatefulSet as a Deployment with its claim, and
 each emptyDir renamed per pod (podman 4.3 makes an emptyDir a named volume that pods with
 the same volume name would share), and no container ports (podman maps them, which a host
-network refuses), and init containers of type "always" (podman 4.3 fails on a race when it
-removes a "once" one). Services, the PodDisruptionBudget, the
+network refuses), init containers of type "always" (podman 4.3 fails on a race when it
+removes a "once" one) and the restart policy OnFailure (podman 4.3 would restart an init
+container that exited 0 under Always). Services, the PodDisruptionBudget, the
 HorizontalPodAutoscaler, the NetworkPolicy, the ServiceAccount and the Namespace have no
 podman equivalent: they are validated, not run (``skipped`` lists them).
 """
@@ -84,6 +85,9 @@ def _pod_for_podman(deployment: dict, prefix: str) -> None:
     deployment["metadata"].setdefault("annotations", {})[INIT_TYPE] = "always"
     spec = deployment["spec"]["template"]["spec"]
     spec["hostNetwork"] = True
+    # podman 4.3 gives init containers the pod's restart policy: with Always it runs them
+    # again each time they exit; OnFailure still restarts a container that was killed
+    spec["restartPolicy"] = "OnFailure"
     renames = {}
     for vol in spec.get("volumes", []):
         if "emptyDir" in vol:

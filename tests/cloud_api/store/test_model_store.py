@@ -141,10 +141,13 @@ def test_version_numbers_are_unique_across_hosts(pg, tmp_path):
     assert sorted(got, key=lambda v: int(v[1:])) == [f"v{i}" for i in range(1, 13)]
 
 
-def test_import_home_is_one_idempotent_command(pg, tmp_path, tiny_bundle):
+def test_import_home_is_one_idempotent_command_and_bases_follow(pg, tmp_path, tiny_bundle):
     home = ModelHome(tmp_path / "home").ensure()
     bundle_dir = tiny_bundle.save(home.bundle_dir(tiny_bundle.bundle_id))
     assert bundle_dir.is_dir()
+    base = home.base_dir("tiny")
+    base.mkdir(parents=True)
+    (base / "config.json").write_text('{"model_type": "bert"}')  # unsealed, as a user's
     home.register("m", make_version(tmp_path / "s1", "one", bundle_id=tiny_bundle.bundle_id))
     v2 = home.register("m", make_version(tmp_path / "s2", "two"))
     home.promote("m", v2)
@@ -155,6 +158,8 @@ def test_import_home_is_one_idempotent_command(pg, tmp_path, tiny_bundle):
             for _ in range(2)]
     assert [r.returncode for r in runs] == [0, 0], runs[0].stderr + runs[1].stderr
     assert "m v1: imported" in runs[0].stdout and "m: promoted v2 in the store" in runs[0].stdout
+    assert "base tiny: imported" in runs[0].stdout
+    assert "base tiny: already in the store" in runs[1].stdout
     assert "m v1: already in the store" in runs[1].stdout
     assert "promoted v2 in the store" not in runs[1].stdout
     store = ModelStore(pg)
@@ -164,6 +169,17 @@ def test_import_home_is_one_idempotent_command(pg, tmp_path, tiny_bundle):
     # a replica gets the version and its bundle, both checked
     replica = StoredHome(tmp_path / "replica", store).ensure()
     replica.materialize("m", "v1")
+    assert replica.base_dir("tiny") / "config.json" == replica.root / "bases" / "tiny" / \
+        "config.json"
+    assert (replica.root / "bases" / "tiny" / "manifest.json").is_file()  # sealed, checked
+    assert not replica.base_dir("other").exists()  # a free name stays free
+    # a base a pretraining job publishes on one host is there for the others
+    made = replica.root / "bases" / "made"
+    made.mkdir()
+    (made / "config.json").write_text("{}")
+    replica.publish_base("made")
+    other = StoredHome(tmp_path / "other", store).ensure()
+    assert json.loads((other.base_dir("made") / "config.json").read_text()) == {}
     assert (replica.bundle_dir(tiny_bundle.bundle_id) / "bundle.json").is_file()
     with pg.begin() as conn:  # the home's folder names and bytes, as stored
         assert conn.execute(select(model_versions.c.version).where(

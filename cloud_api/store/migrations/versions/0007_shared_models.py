@@ -1,7 +1,9 @@
-"""shared models: model versions, promotions and bundles in the database; shared rate limits
+"""shared models: model versions, promotions, bundles and bases in the database; shared
+rate limits
 
-``model_versions``, ``model_promotions``, ``stored_bundles`` and ``stored_files`` hold what
-``$PRIVBERT_HOME`` holds on one machine, for replicas with no shared writable volume
+``model_versions``, ``model_promotions``, ``stored_bundles``, ``stored_bases`` and
+``stored_files`` hold what ``$PRIVBERT_HOME`` holds on one machine, for replicas with no
+shared writable volume
 (``PRIVBERT_MODEL_STORE=database``); ``rate_buckets`` holds the per-key token buckets that
 every replica shares (``PRIVBERT_RATE_LIMIT_STORE=database``). A home on disk is untouched:
 ``cloud-api store import-home`` copies it in.
@@ -52,6 +54,15 @@ def upgrade() -> None:
         sa.PrimaryKeyConstraint("bundle_id", name=op.f("pk_stored_bundles")),
     )
     op.create_table(
+        "stored_bases",
+        sa.Column("name", sa.String(64), nullable=False),
+        sa.Column("manifest_sha256", sa.String(64), nullable=False),
+        sa.Column("files", sa.Integer, nullable=False),
+        sa.Column("bytes", sa.BigInteger, nullable=False),
+        sa.Column("created_at", sa.DateTime(timezone=True), nullable=False),
+        sa.PrimaryKeyConstraint("name", name=op.f("pk_stored_bases")),
+    )
+    op.create_table(
         "stored_files",
         sa.Column("folder", sa.String(160), nullable=False),
         sa.Column("path", sa.String(255), nullable=False),
@@ -70,6 +81,6 @@ def upgrade() -> None:
 
 
 def downgrade() -> None:
-    for name in ("rate_buckets", "stored_files", "stored_bundles", "model_promotions",
-                 "model_versions"):
+    for name in ("rate_buckets", "stored_files", "stored_bases", "stored_bundles",
+                 "model_promotions", "model_versions"):
         op.drop_table(name)
