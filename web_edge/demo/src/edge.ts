@@ -103,7 +103,7 @@ export interface Answer {
 export function explain(err: unknown): string {
   if (err instanceof TextError) return `the text ${err.detail}: nothing was sent`;
   if (err instanceof BundleChanged) {
-    return `${err.message.replace(/ \(accept it with --accept-bundle [0-9a-f]+\)$/, "")}: the bundle was refused and `
+    return `${err.message.replace(/ \(accept it with .*\)$/, "")}: the bundle was refused and `
       + "nothing was sent (to accept the new one, open this page with ?accept-bundle=<its id>)";
   }
   if (err instanceof WeakPrivacyError) return `${err.message}: nothing was sent`;

@@ -131,6 +131,7 @@ async function selectModel(t0: number = performance.now()): Promise<void> {
   // when the page's script started (ms after navigation), then the phases of opening
   document.body.dataset.phases = JSON.stringify({ scriptMs: t0, ...edge.phases });
   ui.go.disabled = ui.preview.disabled = false;
+  document.body.dataset.readyAt = String(performance.now());
   await showLedger();
 }
 

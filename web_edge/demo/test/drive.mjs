@@ -296,6 +296,23 @@ const SCENARIOS = {
   },
 };
 
+/** Where a visit's time went, by the page's clock (ms after navigation): its script, the
+ * click and the answer, every User Timing measure of the library, every request (Resource
+ * Timing: start, end, bytes transferred). */
+async function profile(page) {
+  return page.evaluate(() => {
+    const d = document.body.dataset;
+    const nav = performance.getEntriesByType("navigation")[0];
+    return {
+      navigation: nav ? { responseEnd: nav.responseEnd, domInteractive: nav.domInteractive } : null,
+      scriptAt: JSON.parse(d.phases || "{}").scriptMs ?? null, readyAt: Number(d.readyAt) || null,
+      clickAt: Number(d.clickAt) || null, doneAt: Number(d.doneAt) || null,
+      measures: performance.getEntriesByType("measure").map((m) => [m.name, m.startTime, m.duration]),
+      resources: performance.getEntriesByType("resource").map((r) => [r.name, r.startTime, r.responseEnd, r.transferSize]),
+    };
+  });
+}
+
 /**
  * bench: two visits of one profile under Chromium's own network and CPU emulation (CDP
  * Network.emulateNetworkConditions, Emulation.setCPUThrottlingRate); for each, the time from
@@ -338,7 +355,8 @@ async function visits(p) {
     const firstMs = Date.now() - t0;
     const st = await state(p.page);
     const requests = [...log.values()];
-    return { readyMs, firstMs, error: st.error, privatizeMs: st.privatizeMs, status: st.status, requests };
+    return { readyMs, firstMs, error: st.error, privatizeMs: st.privatizeMs, status: st.status, requests,
+      profile: await profile(p.page) };
   };
   const first = await one();
   const warm = [];

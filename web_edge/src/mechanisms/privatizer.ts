@@ -166,7 +166,7 @@ export class Privatizer {
       if (n > budget) {
         if (this.truncate === "error") {
           throw new TextError(i, "too_long", `has ${n} tokens; the model takes at most ${budget} `
-            + `(truncation 'first' keeps the first ${budget})`);
+            + `(the option truncate: "first" keeps the first ${budget})`);
         }
         if (b === null) a = a.slice(0, budget);
         else {
