@@ -114,6 +114,10 @@ async function state(page) {
     keyFieldShown: await page.locator("#key").isVisible(),
     progress: JSON.parse(await page.evaluate(() => document.body.dataset.progress || "[]")),
     legend: await text(page, "legend"), bundleNote: await text(page, "bundle-note"),
+    tokenKinds: JSON.parse(await page.evaluate(() => document.body.dataset.tokenKinds || "null")),
+    tokenClasses: await page.locator("#tokens li").evaluateAll((els) => els.map((e) => e.className)),
+    tokenTitles: await page.locator("#tokens li").evaluateAll((els) => els.map((e) => e.title)),
+    tokenCounts: await text(page, "token-counts"), etaNote: await text(page, "eta-note"),
   };
 }
 
@@ -146,6 +150,8 @@ const SCENARIOS = {
     await ready(p.page);
     await p.page.fill("#text", args.sentence);
     await click(p.page, "go");
+    // what happened to each token is judged once the tokens are painted
+    await p.page.waitForFunction(() => document.body.dataset.tokenKinds);
     const first = await state(p.page);
     await p.page.waitForFunction(() => /random regular tokens|not measured/.test(document.querySelector("#inversion").textContent));
     first.inversion = await text(p.page, "inversion");
@@ -246,6 +252,8 @@ const SCENARIOS = {
   async hostile_bundle(p) {
     await serveBundle(p.page, args.hostile);
     await ready(p.page);
+    // the floor is measured once the page can privatize: its refusal follows
+    await p.page.waitForFunction(() => !document.querySelector("#error").hidden);
     return state(p.page);
   },
   // the bundle this browser pinned for the model, then a server that names another one: the
