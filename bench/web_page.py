@@ -202,6 +202,13 @@ def show_visits(label: str, report: dict) -> None:
         for q in sorted(v["requests"], key=lambda q: -q["bytes"]):
             how = "from cache" if q.get("fromCache") else (q.get("encoding") or "identity")
             print(f"  {q['bytes']:>12,} B  {_file(q['url'])} ({q.get('status', '?')}, {how})")
+        prof = v.get("profile") or {}
+        if all(prof.get(k) is not None for k in ("readyAt", "clickAt", "doneAt")):
+            # the driver's own round trips (fill, click: CDP under the CPU slowdown) left out
+            at_ready = prof["readyAt"] + prof["doneAt"] - prof["clickAt"]
+            print(f"  by the page's clock: ready {prof['readyAt'] / 1000:.2f} s, the tokens on screen "
+                  f"{at_ready / 1000:.2f} s after navigation for a click at ready (the driver "
+                  f"clicked {(prof['clickAt'] - prof['readyAt']) / 1000:.2f} s after ready)")
         show_profile(v.get("profile"))
     if res["warm"]:
         print(f"warm privatization at this CPU, median of {len(res['warm'])}: "
