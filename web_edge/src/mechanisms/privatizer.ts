@@ -74,7 +74,7 @@ const camel = (name: string): string => name.replace(/_(\w)/g, (_, c: string) =>
 
 /** ``options``' value of each of ``mechanism``'s parameters (spec order): ``params``' entry,
  * else the camelCase option, else the parameter's default. */
-export function mechanismParams(mechanism: string, options: PrivatizerOptions): Params {
+function optionParams(mechanism: string, options: PrivatizerOptions): Params {
   const schemas = paramSchemas(mechanism);
   const named = options as unknown as Readonly<Record<string, number | string | undefined>>;
   const out: Params = {};
@@ -137,7 +137,7 @@ export class Privatizer {
     if (truncate !== "first" && truncate !== "error") throw new RangeError(`truncate must be one of first, error, got ${String(truncate)}`);
     const limit = module.lengthLimit(bundle);
     const maxLength = checkLength(options.maxLength ?? limit, limit);
-    const bound = await module.build(bundle, mechanismParams(module.name, options), {
+    const bound = await module.build(bundle, optionParams(module.name, options), {
       search: options, floatDtype: options.floatDtype ?? "float32",
       allowWeakPrivacy: options.allowWeakPrivacy ?? false, floorSource: options.floorSource ?? null,
     });
