@@ -239,7 +239,9 @@ export class Edge {
     if (!this.runtimeAsked && this.bundle.regularIds.length * this.dim >= UPGRADE_WORK) {
       this.runtimeAsked = true;
       // a WebAssembly that cannot be loaded leaves the page on the plain JS search
-      setTimeout(() => warmUp({ threads: THREADS, dim: this.dim }).catch((err: unknown) => console.warn(String(err))), 0);
+      setTimeout(() => {
+        warmUp({ threads: THREADS, dim: this.dim }).catch((err: unknown) => console.warn(String(err)));
+      }, 0);
     }
     return { eta, item: item!, payload, ms, ids, outIds: Array.from(data),
       typed: ids.map((id) => this.vocab[id] ?? `[${id}]`),

@@ -119,14 +119,9 @@ export class DChiText {
   /** Privatized ids, each one a regular token. The noise is drawn at the call; searches run
    * one after the other (the privacy floor's measurement may run beside a page's first
    * privatization, and an onnxruntime-web session takes one run at a time). */
-  privatizeIds(ids: ArrayLike<number>, source?: BitSource | null): Promise<Int32Array> {
-    let y: Float64Array;
-    try {
-      y = this.noisyEmbeddings(ids, source);
-    } catch (exc) {
-      return Promise.reject(exc as Error);
-    }
-    if (ids.length === 0) return Promise.resolve(new Int32Array(0));
+  async privatizeIds(ids: ArrayLike<number>, source?: BitSource | null): Promise<Int32Array> {
+    const y = this.noisyEmbeddings(ids, source);  // before the first await: drawn at the call
+    if (ids.length === 0) return new Int32Array(0);
     const run = this.searches.then(() => this.index.search(y));
     this.searches = run.catch(() => undefined);
     return run;
