@@ -54,6 +54,12 @@ WHERE_FLOAT32 = "float32"
 DCHI_STATEMENT = ("eta*d(x, x')-privacy per token, d = Euclidean distance between word "
                   "embeddings (Qu et al. 2021 §3.2)")
 DCHI_EPSILON_SCOPE = "any two tokens of the vocabulary, per token (eta x 2 max ||phi||)"
+# under a token policy (shared.policy): what the guarantee covers, and what it does not
+DCHI_POLICY_SCOPE = ("any two tokens outside the public list, per token (eta x 2 max ||phi||); "
+                     "public words: none")
+DCHI_POLICY_CLAUSE = ("on words outside the public list; the {size:,} public words of policy "
+                      "{policy} are sent unchanged with probability {keep:g} and have no "
+                      "guarantee")
 
 # -- the budget ledger (shared.ledger) --------------------------------------------------------
 LEDGER_NOT_FINITE = ("{mechanism}: the worst-case epsilon of this privatization is not finite "

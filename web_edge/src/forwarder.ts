@@ -18,7 +18,7 @@
  */
 
 import { MECHANISMS } from "./generated/spec.js";
-import { paramSchemas, type ParamSchema } from "./mechanisms/specs.js";
+import { paramSchemas, plainSchema, type ParamSchema } from "./mechanisms/specs.js";
 
 const HEX64 = /^[0-9a-f]{64}$/;
 const B64 = /^(?:[A-Za-z0-9+/]{4})*(?:[A-Za-z0-9+/]{2}==|[A-Za-z0-9+/]{3}=)?$/;
@@ -51,7 +51,8 @@ const SHAPES: ReadonlyMap<string, Shape> = new Map(MECHANISMS.filter((m) => m.pr
 }]));
 
 /** Whether ``v`` is a value of the parameter whose JSON Schema is ``schema`` (its type, its choices). */
-function paramValue(schema: ParamSchema, v: unknown): boolean {
+function paramValue(given: ParamSchema, v: unknown): boolean {
+  const schema = plainSchema(given);
   if (schema.type === "string") return typeof v === "string" && (schema.enum === undefined || schema.enum.includes(v));
   if (typeof v !== "number" || !Number.isFinite(v)) return false;
   return schema.type === "number" || Number.isInteger(v);

@@ -58,6 +58,15 @@ export abstract class DChiBound implements BoundMechanism {
   abstract release(): Promise<void>;
 }
 
+/** RangeError for a token policy's parameter (shared.policy: public_p), which this edge does
+ * not apply yet: a payload must never claim a policy it was not made under. */
+export function refusePolicy(params: Readonly<Record<string, number | string | null>>): void {
+  const p = params.public_p;
+  if (p !== undefined && p !== null) {
+    throw new RangeError("public_p: this web edge does not apply token policies yet; privatize with edge-agent (the Python edge), or use a model without one");
+  }
+}
+
 /**
  * dχ at ``eta`` against the privacy floor of ``bundle``, measured on its table at every build
  * (shared.floor: nothing cached): null when it passes, the reason with ``allowWeakPrivacy``,

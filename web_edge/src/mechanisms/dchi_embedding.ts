@@ -10,7 +10,7 @@ import type { EdgeBundle } from "../bundle/bundle.js";
 import type { BitSource } from "../random/random.js";
 import { floatBytes, type FloatDtype } from "../service/payload.js";
 import { DChiEmbedding, checkDchiEta } from "./dchi.js";
-import { DChiBound, dchiFloor } from "./dchi_bound.js";
+import { DChiBound, dchiFloor, refusePolicy } from "./dchi_bound.js";
 import type { BuildOptions, MechanismModule, Params, PrivatizedData } from "./module.js";
 import type { PayloadArray, TokenBatch } from "./tokens.js";
 
@@ -41,6 +41,7 @@ export const dchiEmbedding: MechanismModule = {
   name: NAME,
   lengthLimit: (bundle: EdgeBundle) => bundle.maxLength,
   async build(bundle: EdgeBundle, params: Readonly<Params>, options: BuildOptions): Promise<DChiEmbeddingBound> {
+    refusePolicy(params);
     const eta = params.eta as number;
     const sampler = new DChiEmbedding(eta);
     let tMax = 0;

@@ -10,7 +10,7 @@ import type { BitSource } from "../random/random.js";
 import { int32Bytes } from "../service/payload.js";
 import { measure, now } from "../timing.js";
 import { DChiText } from "./dchi.js";
-import { DChiBound, dchiFloor } from "./dchi_bound.js";
+import { DChiBound, dchiFloor, refusePolicy } from "./dchi_bound.js";
 import type { BuildOptions, MechanismModule, Params, PrivatizedData } from "./module.js";
 import type { PayloadArray, TokenBatch } from "./tokens.js";
 
@@ -36,6 +36,7 @@ export const dchiText: MechanismModule = {
   name: NAME,
   lengthLimit: (bundle: EdgeBundle) => bundle.maxLength,
   async build(bundle: EdgeBundle, params: Readonly<Params>, options: BuildOptions): Promise<DChiTextBound> {
+    refusePolicy(params);
     const eta = params.eta as number;
     const t0 = now();
     const text = await DChiText.create(bundle, eta, options.search);

@@ -80,7 +80,7 @@ function optionParams(mechanism: string, options: PrivatizerOptions): Params {
   const out: Params = {};
   for (const p of mechanismSpec(mechanism).param_names) {
     const v = options.params?.[p] ?? named[camel(p)] ?? schemas[p]?.default;
-    if (v !== undefined) out[p] = v;
+    if (v !== undefined && v !== null) out[p] = v;  // an optional parameter not used: absent
   }
   return out;
 }

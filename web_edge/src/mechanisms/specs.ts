@@ -13,15 +13,24 @@ import { FAMILIES, MECHANISMS, PARAM_RTOL, type MechanismName, type MechanismSpe
 
 export type { MechanismName, MechanismSpec };
 
-/** A parameter's JSON Schema, as pydantic publishes it in the spec. */
+/** A parameter's JSON Schema, as pydantic publishes it in the spec: a type, or for an optional
+ * parameter (`X | None`: absent from a payload that does not use it) `anyOf` X and null. */
 export interface ParamSchema {
-  type: "number" | "integer" | "string";
+  type?: "number" | "integer" | "string" | "null";
+  anyOf?: readonly ParamSchema[];
   enum?: readonly string[];
-  default?: number | string;
+  default?: number | string | null;
   minimum?: number;
   maximum?: number;
   exclusiveMinimum?: number;
   exclusiveMaximum?: number;
+}
+
+/** ``schema`` with `X | None` read as X (`optional`: the parameter may be absent). */
+export function plainSchema(schema: ParamSchema): ParamSchema & { optional: boolean } {
+  if (schema.type !== undefined || schema.anyOf === undefined) return { ...schema, optional: false };
+  const given = schema.anyOf.filter((s) => s.type !== "null");
+  return { ...schema, ...(given.length === 1 ? given[0] : {}), anyOf: undefined, optional: true };
 }
 
 const BY_NAME: ReadonlyMap<string, MechanismSpec> = new Map(MECHANISMS.map((m) => [m.name, m]));

@@ -1,0 +1,98 @@
+"""A model trained under a token policy (shared.policy), end to end with the real commands:
+`cloud-api train --policy` keeps its bundle, `cloud-api evaluate` finds the model's own
+bundle (in the version, or in the home it was registered into), a real `cloud-api serve`
+refuses payloads of another policy with a 4xx naming both, and the real `edge-agent`
+privatizes under the model's policy."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+import sys
+
+import httpx
+import pytest
+
+from shared.bundle import EdgeBundle
+from tests.cloud_api.conftest import ServerProcess, cli_env, cloud_api, new_keys
+from tests.conftest import REPO
+
+ETA = 5.0
+
+
+@pytest.fixture(scope="module")
+def trained(tiny_home, tmp_path_factory) -> dict:
+    root = tmp_path_factory.mktemp("policy")
+    out = root / "m"
+    p = cloud_api("train", "--data", str(tiny_home.data), "--dev", str(tiny_home.dev),
+                  "--mechanism", "dchi-text", "--eta", str(ETA), "--policy", "function-words",
+                  "--base", str(tiny_home.base), "--epochs", "1", "--device", "cpu",
+                  "--no-progress", "--out", str(out), timeout=600)
+    assert p.returncode == 0, p.stderr
+    return {"root": root, "out": out, "stderr": p.stderr}
+
+
+def test_train_under_a_policy_keeps_its_bundle_and_p(trained):
+    cfg = json.loads((trained["out"] / "config.json").read_text())
+    assert cfg["params"] == {"eta": ETA, "public_p": 0.3}  # --policy alone: p = 0.3
+    b = EdgeBundle.load(trained["out"] / "bundle", expected_id=cfg["bundle_id"])
+    assert b.policy is not None and b.policy.name == "function-words"
+    assert b.has_embeddings  # the model's own table, with the policy
+
+
+def test_evaluate_finds_the_models_bundle_in_its_home(tiny_home):
+    """A version registered by `cloud-api bootstrap` holds no bundle/ of its own: its bundle
+    is in the home's bundles/ folder, where evaluate (and --attack, the benches) find it."""
+    from models.privatize import model_bundle_dir
+    from models.versions import read_config
+
+    version = tiny_home.root / "models" / "text" / "versions" / "v1"
+    assert not (version / "bundle").exists()
+    bundle_id = read_config(version)["bundle_id"]
+    assert model_bundle_dir(version, bundle_id) == tiny_home.root / "bundles" / bundle_id
+    assert model_bundle_dir(version, "0" * 64) is None
+    p = cloud_api("evaluate", "--model", str(version), "--data", str(tiny_home.dev),
+                  "--device", "cpu", "--no-progress")
+    assert p.returncode == 0, p.stderr
+    assert "accuracy" in p.stdout
+
+
+def test_served_under_its_policy_and_other_policies_refused(trained, tmp_path):
+    home = tmp_path / "home"
+    shutil.copytree(trained["out"], tmp_path / "m")
+    reg = cloud_api("models", "register", "--model-id", "pol", str(tmp_path / "m"),
+                    "--promote", "--home", str(home))
+    assert reg.returncode == 0, reg.stderr
+    keys = new_keys()
+    server = ServerProcess(home, tmp_path / "serve.log", keys).start()
+    try:
+        model = next(m for m in httpx.get(f"{server.url}/v1/models", headers=server.headers(),
+                                          timeout=10).json()["models"] if m["id"] == "pol")
+        assert model["params"] == {"eta": ETA, "public_p": 0.3}
+        inp = tmp_path / "in.txt"
+        inp.write_text("the movie is good\nit was a dull plot\n")
+        env = cli_env({"PRIVBERT_API_KEY": server.app_key,
+                       "PRIVBERT_CACHE": str(tmp_path / "cache")})
+        run = [sys.executable, "-m", "edge_agent", "privatize", str(inp), "--mechanism",
+               "dchi-text", "--eta", str(ETA), "--server", server.url, "--model", "pol",
+               "--no-progress"]
+        p = subprocess.run([*run, "--public-p", "0.3", "--post", "predict"], cwd=REPO,
+                           capture_output=True, text=True, env=env, timeout=180)
+        assert p.returncode == 0, p.stderr
+        assert [json.loads(x)["line"] for x in p.stdout.splitlines()] == [1, 2]
+        # the same words without the policy: a payload the model does not read
+        out = tmp_path / "plain.jsonl"
+        p = subprocess.run([*run[:-5], "--bundle", str(trained["out"] / "bundle"), "-o",
+                            str(out), "--no-progress"], cwd=REPO, capture_output=True,
+                           text=True, env=env, timeout=180)
+        assert p.returncode == 0, p.stderr
+        payload = json.loads(out.read_text().splitlines()[0])["payload"]
+        assert "public_p" not in payload["params"]
+        r = httpx.post(f"{server.url}/v1/models/pol/predict", headers=server.headers(),
+                       json={"payloads": [payload]}, timeout=30)
+        assert r.status_code in (409, 422), r.text
+        detail = r.json()["detail"]
+        assert "no token policy" in detail and "token policy public_p 0.3" in detail
+    finally:
+        server.stop()
