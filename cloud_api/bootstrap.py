@@ -349,10 +349,12 @@ def _fresh_dev(args, model_dir: Path, bundle) -> dict | None:
 
     seeds = (np.random.SeedSequence(args.seed).spawn(args.dev_draws)
              if args.seed is not None else [None] * args.dev_draws)
+    _say(f"measuring the kept model on {args.dev_draws} fresh privatization(s) of the dev set")
+    progress = sys.stderr.isatty() and not args.no_progress
     accs = [evaluate_tsv(model_dir, args.dev, bundle=bundle, limit=args.dev_limit or None,
                          rng=np.random.default_rng(s) if s is not None else None,
                          device=args.device, precision=args.precision,
-                         progress=False)["accuracy"] for s in seeds]
+                         progress=progress)["accuracy"] for s in seeds]
     out = {"fresh_accuracy": float(np.mean(accs)), "fresh_draws": accs}
     path = model_dir / METRICS_FILE
     metrics = json.loads(path.read_text())

@@ -77,6 +77,9 @@ export interface ForwarderOptions {
   /** seconds to wait for the service (default 30) */
   timeout?: number;
   fetch?: typeof fetch;
+  /** bundles whose gzip copy is kept in memory (default 2; a bundle is named by its content,
+   * so a copy never goes stale) */
+  keepCompressed?: number;
   /** one object per request (method, route, status, ms); never a body or a key */
   log?: (line: Record<string, unknown>) => void;
 }
@@ -106,6 +109,7 @@ export function createForwarder(o: ForwarderOptions): Forwarder {
   const fetchFn = o.fetch ?? globalThis.fetch.bind(globalThis);
   const timeout = (o.timeout ?? 30) * 1000;
   const models = o.models ? new Set(o.models) : null;
+  const gzipped = new GzipCopies(o.keepCompressed ?? 2);
 
   return async (request: Request): Promise<Response> => {
     const t0 = Date.now();
@@ -156,7 +160,20 @@ export function createForwarder(o: ForwarderOptions): Forwarder {
         back.delete("content-encoding");
         back.delete("content-length");
       }
-      return new Response(request.method === "HEAD" ? null : answer.body, { status: answer.status, headers: back });
+      if (request.method === "HEAD" || answer.body === null) return new Response(null, { status: answer.status, headers: back });
+      if (answer.status === 200 && m.method === "GET" && accepts(request.headers.get("accept-encoding"), "gzip")) {
+        // compressed for the page, as the service itself sends it (a bundle: gzip made once, kept)
+        back.set("content-encoding", "gzip");
+        back.delete("content-length");
+        back.set("vary", "Accept-Encoding");
+        if (m.bundleId !== null) {
+          const packed = await gzipped.get(m.bundleId, answer);
+          back.set("content-length", String(packed.byteLength));
+          return new Response(packed, { status: 200, headers: back });
+        }
+        return new Response(answer.body.pipeThrough(new CompressionStream("gzip")), { status: 200, headers: back });
+      }
+      return new Response(answer.body, { status: answer.status, headers: back });
     } catch (exc) {
       const r = exc instanceof Refused ? exc
         : new Refused(500, "internal", "Forwarder error", "the forwarder failed; nothing was forwarded");
@@ -172,18 +189,56 @@ interface RouteMatch {
   route: string;
   method: "GET" | "POST";
   model: string | null;
+  /** the bundle of GET /v1/bundles/{id} */
+  bundleId: string | null;
 }
 
 function matchRoute(path: string): RouteMatch | null {
-  if (path === "/v1/models") return { route: "/v1/models", method: "GET", model: null };
+  if (path === "/v1/models") return { route: "/v1/models", method: "GET", model: null, bundleId: null };
   let m = /^\/v1\/bundles\/([^/]+)$/.exec(path);
-  if (m) return HEX64.test(m[1]!) ? { route: "/v1/bundles/{id}", method: "GET", model: null } : null;
+  if (m) return HEX64.test(m[1]!) ? { route: "/v1/bundles/{id}", method: "GET", model: null, bundleId: m[1]! } : null;
   m = /^\/v1\/models\/([^/]+)\/predict$/.exec(path);
   if (m) {
     const id = decodeURIComponent(m[1]!);
-    return MODEL_ID.test(id) ? { route: "/v1/models/{id}/predict", method: "POST", model: id } : null;
+    return MODEL_ID.test(id) ? { route: "/v1/models/{id}/predict", method: "POST", model: id, bundleId: null } : null;
   }
   return null;
+}
+
+/** Whether an Accept-Encoding value admits ``coding`` (q > 0). */
+function accepts(header: string | null, coding: string): boolean {
+  for (const part of (header ?? "").split(",")) {
+    const [name, ...params] = part.trim().split(";");
+    if (name!.trim().toLowerCase() !== coding && name!.trim() !== "*") continue;
+    const q = params.map((x) => x.trim()).find((x) => x.startsWith("q="));
+    return q === undefined || Number(q.slice(2)) > 0;
+  }
+  return false;
+}
+
+/** gzip copies of the last few bundles asked for (CompressionStream: every Fetch-API runtime
+ * has it), made once per bundle id while concurrent requests wait for the same copy. */
+class GzipCopies {
+  private readonly copies = new Map<string, Promise<ArrayBuffer>>();
+
+  constructor(private readonly keep: number) {}
+
+  /** The gzip copy of the bundle ``id``, from the service's ``answer`` (not read when a copy is kept). */
+  get(id: string, answer: Response): Promise<ArrayBuffer> {
+    let copy = this.copies.get(id);
+    if (copy === undefined) {
+      copy = answer.arrayBuffer().then((raw) =>
+        new Response(new Blob([raw]).stream().pipeThrough(new CompressionStream("gzip"))).arrayBuffer());
+      copy.catch(() => this.copies.delete(id));
+      if (this.keep > 0) this.copies.set(id, copy);
+    } else {
+      this.copies.delete(id);  // most recent last
+      this.copies.set(id, copy);
+      void answer.body?.cancel().catch(() => undefined);
+    }
+    while (this.copies.size > this.keep) this.copies.delete(this.copies.keys().next().value!);
+    return copy;
+  }
 }
 
 /** The user as a device id the service accepts (its pattern: [A-Za-z0-9_.:-], ≤ 64). */

@@ -36,15 +36,20 @@ test("pinned on first use, the same again, a change refused until accepted, trus
   assert.equal(store.pins.size, 0); // the check before the fetch writes nothing
   assert.equal(await checkPin(store, "http://s", "m1", A), "pinned");
   assert.equal(await checkPin(store, "http://s/", "m1", A), "same");
+  const changed = `model m1 at http://s now names bundle ${B.slice(0, 12)}…, not the bundle ${A.slice(0, 12)}… this `
+    + "device accepted for it first; a bundle decides what privatization means, so it never changes silently ";
+  await assert.rejects(checkPin(store, "http://s", "m1", B, { audience: "cli" }), (e) => e instanceof BundleChanged
+    && e.message === changed + `(accept it with --accept-bundle ${B})`);
+  // a page is told its option, not a command-line flag (the default audience)
   await assert.rejects(checkPin(store, "http://s", "m1", B), (e) => e instanceof BundleChanged
-    && e.message === `model m1 at http://s now names bundle ${B.slice(0, 12)}…, not the bundle ${A.slice(0, 12)}… this `
-      + "device accepted for it first; a bundle decides what privatization means, so it never changes silently "
-      + `(accept it with --accept-bundle ${B})`);
+    && e.message === changed + `(accept it with the acceptBundle option: acceptBundle: ["${B}"])`);
   assert.equal(await checkPin(store, "http://s", "m2", B), "pinned"); // another model: its own pin
   assert.equal(await checkPin(store, "http://s", "m1", B, { accept: new Set([B]) }), "accepted");
   assert.equal(await checkPin(store, "http://s", "m1", B), "same");
-  await assert.rejects(checkPin(store, "http://s", "m1", B, { trusted: new Set([A]) }),
+  await assert.rejects(checkPin(store, "http://s", "m1", B, { trusted: new Set([A]), audience: "cli" }),
     { message: `bundle ${B.slice(0, 12)}… is not one of the 1 bundle id(s) this app trusts (--trusted-bundles / $PRIVBERT_TRUSTED_BUNDLES); refusing it` });
+  await assert.rejects(checkPin(store, "http://s", "m1", B, { trusted: new Set([A]) }),
+    { message: `bundle ${B.slice(0, 12)}… is not one of the 1 bundle id(s) this app trusts (the trustedBundles option); refusing it` });
   assert.equal(await checkPin(store, "http://s", "m1", A, { trusted: new Set([A]) }), "accepted"); // a trusted id replaces the pin
   assert.doesNotThrow(() => checkTrusted(B, new Set()));
 });

@@ -30,8 +30,11 @@ class ToyRR implements BoundMechanism {
   readonly sampler = this;
   private readonly regular: Int32Array;
 
-  constructor(readonly bundle: EdgeBundle, readonly epsilon: number, readonly weakPrivacy: string | null) {
+  readonly floor: Promise<string | null>;
+
+  constructor(readonly bundle: EdgeBundle, readonly epsilon: number, weak: string | null) {
     this.regular = Int32Array.from(bundle.regularIds).sort();
+    this.floor = Promise.resolve(weak);
   }
 
   get params(): Params {

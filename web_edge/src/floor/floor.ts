@@ -68,6 +68,13 @@ export function wilsonInterval(k: number, n: number, z = MEASURE_Z): [number, nu
   return [Math.max(0, centre - half), Math.min(1, centre + half)];
 }
 
+/** A macrotask's pause between the floor's steps: a page that privatizes while its floor is
+ * measured (Privatizer.open) gets its clicks and paints in between; the steps, their draws and
+ * the decision are the same. */
+function yieldToPage(): Promise<void> {
+  return new Promise((resolve) => setTimeout(resolve, 0));
+}
+
 // -- the table itself ----------------------------------------------------------------------------
 /** Identical regular rows, per verified bundle (its content cannot change; nothing persists). */
 const IDENTICAL = new WeakMap<EdgeBundle, string | null>();
@@ -86,6 +93,7 @@ export async function tableProblem(bundle: EdgeBundle, index: ExactNearest,
   }
   const found = IDENTICAL.get(bundle)!;
   if (found !== null) return found;
+  await yieldToPage();
   return nearDuplicates(bundle, index, resolveSource(source));
 }
 
@@ -104,6 +112,7 @@ export async function measureUnchanged(text: DChiText, source?: BitSource | null
   let same = 0;
   let drawn = 0;
   while (drawn < MEASURE_MAX) {
+    await yieldToPage();
     const size = Math.min(Math.max(drawn, MEASURE_FIRST), MEASURE_BATCH, MEASURE_MAX - drawn, reg.length);
     const pick = choiceWithoutReplacement(src, reg.length, size);
     const x = pick.map((i) => reg[i]!);
@@ -139,6 +148,7 @@ export async function dchiWeakReason(name: string, eta: number, bundle: EdgeBund
   if (sendsEmbeddings(name)) void bundle.embeddings; // BundleError: a designed table serves token ids only
   const src = resolveSource(options.source);
   const head = weakHead(message("DCHI_WHAT", { mechanism: name, eta }));
+  await yieldToPage();
   let t0 = now();
   const problem = await tableProblem(bundle, text.index, src);
   measure("floor-table", t0);

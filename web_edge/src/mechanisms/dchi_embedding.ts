@@ -19,9 +19,9 @@ const NAME = "dchi-embedding";
 class DChiEmbeddingBound extends DChiBound {
   declare readonly sampler: DChiEmbedding;
 
-  constructor(bundle: EdgeBundle, eta: number, sampler: DChiEmbedding, weak: string | null,
+  constructor(bundle: EdgeBundle, eta: number, sampler: DChiEmbedding, floor: Promise<string | null>,
               readonly floatDtype: FloatDtype) {
-    super(NAME, bundle, eta, sampler, weak);
+    super(NAME, bundle, eta, sampler, floor);
   }
 
   protected privatizeBatch(batch: TokenBatch, source?: BitSource | null): Promise<Float64Array> {
@@ -47,7 +47,6 @@ export const dchiEmbedding: MechanismModule = {
     let tMax = 0;
     for (const x of bundle.embeddings) tMax = Math.max(tMax, Math.abs(x)); // BundleError: a designed table
     checkDchiEta(eta, bundle.dim, tMax, options.floatDtype, false);
-    const weak = await dchiFloor(NAME, eta, bundle, null, options);
-    return new DChiEmbeddingBound(bundle, eta, sampler, weak, options.floatDtype);
+    return new DChiEmbeddingBound(bundle, eta, sampler, dchiFloor(NAME, eta, bundle, null, options), options.floatDtype);
   },
 };

@@ -41,12 +41,6 @@ export const dchiText: MechanismModule = {
     const t0 = now();
     const text = await DChiText.create(bundle, eta, options.search);
     measure("search", t0);
-    try {
-      const weak = await dchiFloor(NAME, eta, bundle, text, options);
-      return new DChiTextBound(NAME, bundle, eta, text, weak);
-    } catch (exc) {
-      await text.release();
-      throw exc;
-    }
+    return new DChiTextBound(NAME, bundle, eta, text, dchiFloor(NAME, eta, bundle, text, options));
   },
 };

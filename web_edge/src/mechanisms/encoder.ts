@@ -131,8 +131,13 @@ export function encoderInputs(items: readonly TokenizedText[], bundle: EdgeBundl
 
 /** A sentence-vector mechanism on one bundle: the encoder, then ``perturb`` on the vectors. */
 export abstract class EncoderBound implements BoundMechanism {
+  readonly floor: Promise<string | null>;
+
+  /** ``weak``: the floor's reason (the analytic check, decided before this is built) */
   constructor(readonly name: MechanismName, readonly bundle: EdgeBundle, readonly encoder: SentenceEncoder,
-              readonly sampler: unknown, readonly params: Params, readonly weakPrivacy: string | null) {}
+              readonly sampler: unknown, readonly params: Params, weak: string | null) {
+    this.floor = Promise.resolve(weak);
+  }
 
   /** the DPNR word dropout rate (0: none) */
   get wordDropout(): number {

@@ -44,8 +44,8 @@ export interface MechanismModule {
   lengthLimit(bundle: EdgeBundle): number;
   /**
    * The mechanism at ``params`` on ``bundle``: RangeError for parameters that are invalid or
-   * too small to compute, WeakPrivacyError under the privacy floor (shared/floor.py's rule and
-   * message) unless ``allowWeakPrivacy``.
+   * too small to compute. Its privacy floor (shared/floor.py's rule and message) is checked
+   * from here on: the bound mechanism's {@link BoundMechanism.floor} settles with it.
    */
   build(bundle: EdgeBundle, params: Readonly<Params>, options: BuildOptions): Promise<BoundMechanism>;
 }
@@ -57,8 +57,9 @@ export interface BoundMechanism {
   readonly params: Params;
   /** the sampler object (DChiText, Laplace, ...): for callers that drive it directly */
   readonly sampler: unknown;
-  /** why the parameters are weaker than the privacy floor (only with allowWeakPrivacy) */
-  readonly weakPrivacy: string | null;
+  /** the privacy floor's check, started by build: null when the parameters pass it, the
+   * reason with ``allowWeakPrivacy``, else a rejection with WeakPrivacyError */
+  readonly floor: Promise<string | null>;
   /** whether it needs each word piece's word (TokenizedText's wordsA/wordsB: word dropout) */
   readonly needsWords: boolean;
   /** the cost of one item's payload (shared.ledger.cost) */

@@ -74,7 +74,7 @@ const camel = (name: string): string => name.replace(/_(\w)/g, (_, c: string) =>
 
 /** ``options``' value of each of ``mechanism``'s parameters (spec order): ``params``' entry,
  * else the camelCase option, else the parameter's default. */
-export function mechanismParams(mechanism: string, options: PrivatizerOptions): Params {
+function optionParams(mechanism: string, options: PrivatizerOptions): Params {
   const schemas = paramSchemas(mechanism);
   const named = options as unknown as Readonly<Record<string, number | string | undefined>>;
   const out: Params = {};
@@ -89,25 +89,55 @@ export function mechanismParams(mechanism: string, options: PrivatizerOptions): 
 export class Privatizer {
   readonly tokenizer: TextTokenizer;
 
+  /** Settles with the privacy floor's check: resolved when the parameters pass it (or with
+   * ``allowWeakPrivacy``), rejected with WeakPrivacyError when they do not. */
+  readonly floorChecked: Promise<void>;
+  private floorReason: string | null = null;
+  private floorPassed = false;
+
   private constructor(readonly bundle: EdgeBundle, private readonly bound: BoundMechanism,
                       readonly maxLength: number, readonly truncate: "first" | "error") {
+    this.floorChecked = bound.floor.then((why) => {
+      this.floorReason = why;
+      this.floorPassed = true;
+    });
+    this.floorChecked.catch(() => undefined);  // handled: the caller awaits it
     const t0 = now();
     this.tokenizer = new TextTokenizer(bundle.tokenizerJson);
     measure("tokenizer", t0);
   }
 
   /**
-   * The privatizer for ``options``: RangeError for invalid parameters, WeakPrivacyError for
-   * parameters weaker than the privacy floor (unless ``allowWeakPrivacy``), a RangeError naming
-   * the Python edge for the mechanisms that stay there.
+   * The privatizer for ``options``, its privacy floor checked: RangeError for invalid
+   * parameters, WeakPrivacyError for parameters weaker than the privacy floor (unless
+   * ``allowWeakPrivacy``), a RangeError naming the Python edge for the mechanisms that stay
+   * there.
    */
   static async create(bundle: EdgeBundle, options: PrivatizerOptions): Promise<Privatizer> {
+    const p = await Privatizer.open(bundle, options);
+    try {
+      await p.floorChecked;
+    } catch (exc) {
+      await p.release();
+      throw exc;
+    }
+    return p;
+  }
+
+  /**
+   * The privatizer for ``options`` as soon as it can privatize in this page, its privacy floor
+   * still being measured ({@link floorChecked}): {@link privatizeData} works at once (its output
+   * stays on the device), {@link payloads} waits for nothing and refuses until the floor has
+   * passed. A page shows a first privatization sooner this way; what leaves the device waits
+   * for the floor as before. The caller releases it (also when the floor refuses).
+   */
+  static async open(bundle: EdgeBundle, options: PrivatizerOptions): Promise<Privatizer> {
     const module = mechanismModule(options.mechanism);
     const truncate = options.truncate ?? "first";
     if (truncate !== "first" && truncate !== "error") throw new RangeError(`truncate must be one of first, error, got ${String(truncate)}`);
     const limit = module.lengthLimit(bundle);
     const maxLength = checkLength(options.maxLength ?? limit, limit);
-    const bound = await module.build(bundle, mechanismParams(module.name, options), {
+    const bound = await module.build(bundle, optionParams(module.name, options), {
       search: options, floatDtype: options.floatDtype ?? "float32",
       allowWeakPrivacy: options.allowWeakPrivacy ?? false, floorSource: options.floorSource ?? null,
     });
@@ -128,9 +158,9 @@ export class Privatizer {
     return this.bound.sampler;
   }
 
-  /** why the parameters are weaker than the floor (only with allowWeakPrivacy) */
+  /** why the parameters are weaker than the floor (only with allowWeakPrivacy, once checked) */
   get weakPrivacy(): string | null {
-    return this.bound.weakPrivacy;
+    return this.floorReason;
   }
 
   /** whether the payloads are sentence vectors of the bundle's encoder */
@@ -166,7 +196,7 @@ export class Privatizer {
       if (n > budget) {
         if (this.truncate === "error") {
           throw new TextError(i, "too_long", `has ${n} tokens; the model takes at most ${budget} `
-            + `(truncation 'first' keeps the first ${budget})`);
+            + `(the option truncate: "first" keeps the first ${budget})`);
         }
         if (b === null) a = a.slice(0, budget);
         else {
@@ -203,6 +233,10 @@ export class Privatizer {
 
   /** The payload JSON of each item around {@link privatizeData}'s output. */
   payloads(items: TokenizedText[], data: PrivatizedData): string[] {
+    if (!this.floorPassed) {
+      throw new Error("the privacy floor is still being checked (Privatizer.open): await privatizer.floorChecked "
+        + "before making payloads");
+    }
     return this.bound.payloads(items, data);
   }
 

@@ -405,7 +405,7 @@ async function runPrivatize(positionals: string[], v: Values): Promise<number> {
       throw new CliError(`${v.bundle}: not a bundle directory (no bundle.json); make one with cloud-api export-bundle or edge-agent bundle fetch`);
     }
     bundle = await loadBundleDir(v.bundle);
-    checkTrusted(bundle.bundleId, trusted);
+    checkTrusted(bundle.bundleId, trusted, "cli");
     if (model && model.bundle_id !== bundle.bundleId) {
       throw new CliError(`--bundle ${v.bundle} is ${bundle.bundleId.slice(0, 12)}…, but model ${model.id} expects bundle `
         + `${String(model.bundle_id).slice(0, 12)}…; drop --bundle to fetch the right one`);
@@ -413,7 +413,7 @@ async function runPrivatize(positionals: string[], v: Values): Promise<number> {
   } else {
     const cache = new DirBundleCache();
     // the pin is checked before a byte of the bundle is fetched, recorded once it is verified
-    const got = await pinnedBundle(client!, v.server!, model!, cache, new FilePinStore(), { accept, trusted });
+    const got = await pinnedBundle(client!, v.server!, model!, cache, new FilePinStore(), { accept, trusted, audience: "cli" });
     bundle = got.bundle;
     const id = bundle.bundleId.slice(0, 12);
     if (got.pin === "pinned") {

@@ -39,8 +39,10 @@ export function runtimeNeeded(shape: BundleShape, mechanism?: string | null): bo
  * integer kernel for tables of ``dim`` columns (what the first exact search otherwise waits
  * for; a bundle of another width is probed again when it arrives). With ``shape``, nothing
  * starts where that bundle does not need the runtime (a compact table's dχ-text page fetches
- * no WebAssembly). Errors are left to the first real use (where a WebAssembly that cannot be
- * loaded is a `RuntimeLoadError` naming its URL). ``warmUp(2)`` is ``warmUp({ threads: 2 })``.
+ * no WebAssembly). A WebAssembly that cannot be loaded (a wrong ``wasmPaths``, a file the page
+ * does not serve) rejects with a `RuntimeLoadError` naming the URL tried and the fix, whatever
+ * the model; the probe's own failures are left to the search (which then keeps its float
+ * pass). ``warmUp(2)`` is ``warmUp({ threads: 2 })``.
  */
 export function warmUp(threadsOrOptions: number | WarmUpOptions = 1, dim = 384): Promise<void> {
   const o: WarmUpOptions = typeof threadsOrOptions === "number" ? { threads: threadsOrOptions, dim } : threadsOrOptions;
@@ -48,8 +50,14 @@ export function warmUp(threadsOrOptions: number | WarmUpOptions = 1, dim = 384):
   if (o.shape && !runtimeNeeded(o.shape, o.mechanism)) return Promise.resolve();
   const t0 = now();
   warm ??= loadOrt(o.threads ?? 1).then(async (ort) => {
-    await integerGemmChecked(ort, false, o.dim ?? o.shape?.dim ?? 384);
+    await integerGemmChecked(ort, false, o.dim ?? o.shape?.dim ?? 384).catch(() => undefined);
     measure("onnxruntime-start", t0);
-  }).catch(() => undefined);
+  });
   return warm;
+}
+
+/** {@link warmUp} for the library's own early starts: a failure shows where the runtime is
+ * used (Privatizer.create's RuntimeLoadError), not here. */
+export function warmUpQuietly(options: WarmUpOptions): void {
+  warmUp(options).catch(() => undefined);
 }

@@ -85,11 +85,24 @@ export function serverKey(server: string, modelId: string): string {
 }
 
 /** BundleChanged unless ``bundleId`` is one of ``trusted`` (when the app names any). */
-export function checkTrusted(bundleId: string, trusted: ReadonlySet<string>): void {
+export function checkTrusted(bundleId: string, trusted: ReadonlySet<string>, audience: PinAudience = "page"): void {
   if (trusted.size && !trusted.has(bundleId)) {
-    throw new BundleChanged(message("PIN_NOT_TRUSTED", { bundle_id12: bundleId.slice(0, 12), count: trusted.size,
-      env: TRUSTED_ENV }));
+    throw new BundleChanged(worded(message("PIN_NOT_TRUSTED", { bundle_id12: bundleId.slice(0, 12), count: trusted.size,
+      env: TRUSTED_ENV }), audience));
   }
+}
+
+/** Who reads a refusal: a page's developer (the `acceptBundle` and `trustedBundles` options of
+ * `EdgeSession.open`) or a command line's user (`--accept-bundle`, `--trusted-bundles`). */
+export type PinAudience = "page" | "cli";
+
+/** A refusal (the spec's template, worded for the command line as both edges print it) in
+ * the words of ``audience``: a page names its options, not the flags. */
+function worded(text: string, audience: PinAudience): string {
+  if (audience === "cli") return text;
+  return text
+    .replace(/accept it with --accept-bundle ([0-9a-f]{64})/, 'accept it with the acceptBundle option: acceptBundle: ["$1"]')
+    .replace(/\(--trusted-bundles \/ \$[A-Z_]+\)/, "(the trustedBundles option)");
 }
 
 export interface PinOptions {
@@ -99,6 +112,8 @@ export interface PinOptions {
   trusted?: ReadonlySet<string>;
   /** false: check only (before the bundle is fetched); the pin is recorded once it is verified */
   record?: boolean;
+  /** whose words a refusal is in: "page" (default: the options of `EdgeSession.open`) or "cli" */
+  audience?: PinAudience;
 }
 
 /**
@@ -110,13 +125,14 @@ export async function checkPin(store: PinStore, server: string, modelId: string,
                                options: PinOptions = {}): Promise<"pinned" | "same" | "accepted"> {
   const accept = options.accept ?? new Set<string>();
   const trusted = options.trusted ?? new Set<string>();
-  checkTrusted(bundleId, trusted);
+  const audience = options.audience ?? "page";
+  checkTrusted(bundleId, trusted, audience);
   const key = serverKey(server, modelId);
   const old = await store.get(key);
   if (old === bundleId) return "same";
   if (old !== null && !accept.has(bundleId) && !trusted.has(bundleId)) {
-    throw new BundleChanged(message("PIN_CHANGED", { model_id: modelId, server, bundle_id12: bundleId.slice(0, 12),
-      pinned12: old.slice(0, 12), bundle_id: bundleId }));
+    throw new BundleChanged(worded(message("PIN_CHANGED", { model_id: modelId, server, bundle_id12: bundleId.slice(0, 12),
+      pinned12: old.slice(0, 12), bundle_id: bundleId }), audience));
   }
   if (options.record ?? true) await store.put(key, bundleId);
   return old === null ? "pinned" : "accepted";

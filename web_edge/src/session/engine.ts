@@ -15,7 +15,7 @@ import { Privatizer, type PrivatizerOptions } from "../mechanisms/privatizer.js"
 import { usesEncoder } from "../mechanisms/specs.js";
 import type { TokenizedText } from "../mechanisms/tokens.js";
 import type { BitSource } from "../random/random.js";
-import { warmUp } from "../runtime/warm_up.js";
+import { warmUpQuietly } from "../runtime/warm_up.js";
 
 /** What the session needs to know of the privatizer and its bundle. */
 export interface EngineInfo {
@@ -73,7 +73,7 @@ export async function openLocal(client: PrivbertClient, bundleId: string, option
   const [{ bundle, fetched }] = await Promise.all([
     client.bundle(bundleId, options.bundleCache, (p) => {
       if (p.shape && (options.backend ?? "auto") === "auto") {
-        void warmUp({ threads, shape: p.shape, mechanism: options.mechanism });
+        warmUpQuietly({ threads, shape: p.shape, mechanism: options.mechanism });
       }
       onProgress?.(p);
     }),
