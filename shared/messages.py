@@ -117,6 +117,7 @@ POLICY_NOT_REGULAR = ("{where}: token policy {name} lists {token}, which is not 
 POLICY_NEEDED = ("{mechanism} with public_p needs a bundle with a token policy (a list of "
                  "public words); {why}")
 POLICY_NONE_IN_BUNDLE = "bundle {bundle_id12}… has none"
+POLICY_P_RANGE = "public_p must be in [0, 1], got {public_p}"  # public_p: Python's repr
 POLICY_NO_BUNDLE = "no bundle was given"
 
 # -- bundle pins (edge_agent.service.pins; the web edge's pins) -----------------------------

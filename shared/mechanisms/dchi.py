@@ -88,7 +88,7 @@ def policy_of(name: str, bundle: EdgeBundle | None, public_p: float | None
         return None
     p = float(public_p)
     if not 0.0 <= p <= 1.0:
-        raise ValueError(f"public_p must be in [0, 1], got {public_p!r}")
+        raise ValueError(msg.POLICY_P_RANGE.format(public_p=repr(public_p)))
     if bundle is None or bundle.policy is None:
         why = msg.POLICY_NONE_IN_BUNDLE.format(bundle_id12=bundle.bundle_id[:12]) \
             if bundle is not None else msg.POLICY_NO_BUNDLE

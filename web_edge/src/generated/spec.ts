@@ -674,6 +674,7 @@ export const SPEC = {
       "POLICY_NOT_REGULAR": "{where}: token policy {name} lists {token}, which is not a regular token of the bundle's tokenizer",
       "POLICY_NO_BUNDLE": "no bundle was given",
       "POLICY_ORDER": "{where}: the policy's tokens must be sorted, distinct and as many as its size says",
+      "POLICY_P_RANGE": "public_p must be in [0, 1], got {public_p}",
       "TABLE_IDENTICAL": "{tokens:,} of its {rows:,} regular tokens share {groups:,} rows (identical rows: the search can never return some of them)",
       "TABLE_NEAR_DUPLICATES": "{close} of {n} regular rows drawn at random lie within {near:g} x the median nearest-row distance of another row (near-duplicate rows)",
       "TABLE_NON_FINITE": "its table has non-finite values",

@@ -18,6 +18,7 @@ import type { EdgeBundle } from "../bundle/bundle.js";
 import { keptPublic, type TokenPolicy } from "../bundle/policy.js";
 import { checkDchiFloor } from "../floor/floor.js";
 import { message } from "../format/messages.js";
+import { pyFloat } from "../format/pyjson.js";
 import { guarantee, type Guarantee } from "../ledger/accounting.js";
 import { dchiCost, type Cost } from "../ledger/ledger.js";
 import { resolveSource, type BitSource } from "../random/random.js";
@@ -108,7 +109,12 @@ const NO_POLICY: DChiPolicy = { p: null, policy: null };
 export function dchiPolicy(name: string, bundle: EdgeBundle, params: Readonly<Params>): DChiPolicy {
   const p = params.public_p;
   if (p === undefined || p === null) return NO_POLICY;
-  if (typeof p !== "number" || !(p >= 0 && p <= 1)) throw new RangeError(`public_p must be in [0, 1], got ${String(p)}`);
+  if (typeof p !== "number" || !(p >= 0 && p <= 1)) {
+    // Python's repr of the float edge-agent reads
+    const repr = typeof p !== "number" ? JSON.stringify(p) : Number.isFinite(p) ? pyFloat(p)
+      : Number.isNaN(p) ? "nan" : p > 0 ? "inf" : "-inf";
+    throw new RangeError(message("POLICY_P_RANGE", { public_p: repr }));
+  }
   if (bundle.policy === null) {
     throw new RangeError(message("POLICY_NEEDED", { mechanism: name,
       why: message("POLICY_NONE_IN_BUNDLE", { bundle_id12: bundle.bundleId.slice(0, 12) }) }));
