@@ -142,7 +142,7 @@ def _model_id(args) -> str:
 
 
 def run(args) -> int:
-    from cloud_api.home import ModelHome
+    from cloud_api.store.stored_home import open_home
 
     t0 = time.perf_counter()
     if args.limit < 0 or args.dev_limit < 0 or args.dev_draws < 0:
@@ -151,7 +151,7 @@ def run(args) -> int:
     for path in (args.data, args.dev):
         if path is not None and not Path(path).is_file():
             return fail(f"{path}: no such file")
-    home = ModelHome(settings_for(args).home).ensure()
+    home = open_home(settings_for(args)).ensure()
     model_id = _model_id(args)
     task = args.task or model_id
     if args.if_missing and (v := home.promoted(model_id)):

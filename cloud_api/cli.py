@@ -30,6 +30,7 @@ _COMMANDS = [
     "models.cli_pretrain",   # pretrain
     "cloud_api.bootstrap",   # bootstrap
     "cloud_api.cli_db",      # db upgrade | current (the record store's schema)
+    "cloud_api.cli_store",   # store import-home | list | sync (the shared model store)
     "cloud_api.jobs.cli",    # worker
 ]
 
@@ -216,9 +217,10 @@ def register_models(sub) -> None:
 
 
 def _home(args):
-    from cloud_api.home import ModelHome
+    """The home of the settings: on disk, or the shared store (PRIVBERT_MODEL_STORE)."""
+    from cloud_api.store.stored_home import open_home
 
-    return ModelHome(settings_for(args).home)
+    return open_home(settings_for(args))
 
 
 def run_models_list(args) -> int:
