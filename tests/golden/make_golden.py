@@ -491,16 +491,15 @@ POLICY_LINES = ["the ba of bb , and bc !", "a bd is not very be .", "thero bf by
 # pairs (budget 29): the first segment is trimmed right after "the" of "thero"
 POLICY_PAIRS = ["sentence1\tsentence2\tlabel", "the ba\tbb of the !\t1",
                 _filler(18) + " thero\t" + _filler(8) + " , the\t0"]
+# (each run is an edge-agent process: few, each covering several cases)
 POLICY_RUNS = [
-    (["--mechanism", "dchi-text", "--eta", "8", "--public-p", "0.3"], 70, "lines"),
     (["--mechanism", "dchi-text", "--eta", "8", "--public-p", "0.3", "--batch-size", "2"], 71,
      "lines"),
     (["--mechanism", "dchi-embedding", "--eta", "8", "--public-p", "0.5"], 72, "lines"),
     (["--mechanism", "dchi-embedding", "--eta", "8", "--public-p", "0", "--float16"], 73,
      "lines"),
-    (["--mechanism", "dchi-text", "--eta", "8", "--public-p", "1"], 74, "lines"),
     (["--mechanism", "dchi-text", "--eta", "8"], 75, "lines"),
-    (["--tsv", "--mechanism", "dchi-text", "--eta", "8", "--public-p", "0.3"], 76, "pairs"),
+    (["--tsv", "--mechanism", "dchi-text", "--eta", "8", "--public-p", "1"], 76, "pairs"),
 ]
 
 

@@ -81,20 +81,18 @@ def test_a_seeded_floor_gives_the_python_edges_decision_and_message(table_dirs, 
 
 def test_a_seeded_floor_under_a_token_policy_gives_the_python_edges_message(policy_dir):
     """Under a token policy the floor judges the words outside the public list: both edges
-    draw them from the same generator and give the same decision and message."""
+    draw them from the same generator and count the same unchanged tokens."""
     from shared.bundle import EdgeBundle
     from shared.floor import measure_unchanged
     from shared.mechanisms import DChiText
 
     bundle = EdgeBundle.load(policy_dir)
-    etas = (42.0, 1e4)
     counts: list = []
-    got = js_floor(policy_dir, 9, "dchi-text", *etas, policy=True, measured=counts)
-    want = [py_floor(bundle, 9, "dchi-text", eta, public_p=0.3) for eta in etas]
-    assert got == want
-    assert want[0] is None and want[1] is not None and "came back unchanged" in want[1]
+    got = js_floor(policy_dir, 9, "dchi-text", 42.0, policy=True, measured=counts)
+    assert got == [py_floor(bundle, 9, "dchi-text", 42.0, public_p=0.3)] == [None]
     # the tokens drawn are the words outside the list: at eta 42 (about half come back) the
-    # count of the first step tells another token set apart
+    # count of the first step tells another token set apart (a refusal's message is the one
+    # without a policy, test above)
     mech = DChiText(bundle, 42.0, public_p=0.3)
     assert counts[0] == measure_unchanged(mech, bundle, rng=np.random.default_rng(9))
     assert counts[0] != measure_unchanged(DChiText(bundle, 42.0), bundle,
