@@ -31,6 +31,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from shared import messages as msg
+
 # scikit-learn's ENGLISH_STOP_WORDS (sklearn/feature_extraction/_stop_words.py, the Glasgow
 # Information Retrieval Group's list, BSD-3-Clause), verbatim; tests/shared/test_policy.py
 # compares it with the installed package.
@@ -161,22 +163,19 @@ class TokenPolicy:
         """The policy of a ``policy`` block, checked whole: its digest, every token a regular
         token of ``vocab`` and one of :data:`REFERENCE`. PolicyError otherwise."""
         if not isinstance(block, dict):
-            raise PolicyError(f"{where}: the policy block must be an object")
+            raise PolicyError(msg.POLICY_NOT_OBJECT.format(where=where))
         tokens, digest, name = block.get("tokens"), block.get("sha256"), block.get("name")
         if not isinstance(name, str) or not isinstance(digest, str) or not isinstance(
                 tokens, list) or not all(isinstance(t, str) for t in tokens):
-            raise PolicyError(f"{where}: the policy block needs a name, tokens and sha256")
+            raise PolicyError(msg.POLICY_FIELDS.format(where=where))
         if tokens != sorted(set(tokens)) or block.get("size") != len(tokens):
-            raise PolicyError(f"{where}: the policy's tokens must be sorted, distinct and "
-                              "as many as its size says")
+            raise PolicyError(msg.POLICY_ORDER.format(where=where))
         if tokens_digest(tokens) != digest:
-            raise PolicyError(f"{where}: the policy's tokens do not match its sha256")
+            raise PolicyError(msg.POLICY_DIGEST.format(where=where))
         outside = [t for t in tokens if t not in REFERENCE]
         if outside:
-            raise PolicyError(
-                f"{where}: token policy {name} lists {len(outside)} word(s) that are not "
-                f"public (e.g. {outside[0]!r}): a public list may hold only function words "
-                "and punctuation (shared.policy.REFERENCE); this bundle is refused")
+            raise PolicyError(msg.POLICY_NOT_PUBLIC.format(
+                where=where, name=name, count=len(outside), example=repr(outside[0])))
         size = max(vocab.values(), default=-1) + 1
         is_regular = np.zeros(size, dtype=bool)
         is_regular[np.asarray(regular, dtype=np.int64)] = True
@@ -184,8 +183,8 @@ class TokenPolicy:
         for t in tokens:
             i = vocab.get(t)
             if i is None or not is_regular[i]:
-                raise PolicyError(f"{where}: token policy {name} lists {t!r}, which is not a "
-                                  "regular token of the bundle's tokenizer")
+                raise PolicyError(msg.POLICY_NOT_REGULAR.format(where=where, name=name,
+                                                                token=repr(t)))
             public[i] = True
         continuation = np.zeros(size, dtype=bool)
         for t, i in vocab.items():

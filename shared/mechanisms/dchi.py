@@ -88,12 +88,11 @@ def policy_of(name: str, bundle: EdgeBundle | None, public_p: float | None
         return None
     p = float(public_p)
     if not 0.0 <= p <= 1.0:
-        raise ValueError(f"public_p must be in [0, 1], got {public_p!r}")
+        raise ValueError(msg.POLICY_P_RANGE.format(public_p=repr(public_p)))
     if bundle is None or bundle.policy is None:
-        where = f"bundle {bundle.bundle_id[:12]}… has none" if bundle is not None else \
-            "no bundle was given"
-        raise ValueError(f"{name} with public_p needs a bundle with a token policy (a list "
-                         f"of public words); {where}")
+        why = msg.POLICY_NONE_IN_BUNDLE.format(bundle_id12=bundle.bundle_id[:12]) \
+            if bundle is not None else msg.POLICY_NO_BUNDLE
+        raise ValueError(msg.POLICY_NEEDED.format(mechanism=name, why=why))
     return bundle.policy
 
 

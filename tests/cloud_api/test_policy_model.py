@@ -7,6 +7,7 @@ privatizes under the model's policy."""
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import subprocess
 import sys
@@ -94,5 +95,50 @@ def test_served_under_its_policy_and_other_policies_refused(trained, tmp_path):
         assert r.status_code in (409, 422), r.text
         detail = r.json()["detail"]
         assert "no token policy" in detail and "token policy public_p 0.3" in detail
+        # the page's session (EdgeSession, in Node) under the model's policy: for a seed, the
+        # bytes edge-agent sends; the guarantee says what it covers; its ledger counts the
+        # public words apart; the model answers
+        _session_sends_edge_agents_bytes(server, run, env, inp, tmp_path)
     finally:
         server.stop()
+
+
+SESSION = """
+import { EdgeSession, Pcg64Source, summary } from "@privbert/edge";
+const s = await EdgeSession.open({ server: process.env.URL, apiKey: process.env.KEY, model: "pol" });
+const texts = process.env.TEXTS.split("\\n");
+const sent = await s.privatize(texts, new Pcg64Source(21));
+const r = await s.predict(texts[0]);
+const st = await s.status();
+console.log(JSON.stringify({ payloads: sent.map((x) => x.payload), costs: sent.map((x) => x.cost),
+  summary: summary(s.guarantee), dchi: st.families.dchi, label: r.predictions[0].label,
+  params: s.info.params }));
+await s.close();
+"""
+
+
+def _session_sends_edge_agents_bytes(server, run, env, inp, tmp_path) -> None:
+    from tests.web_edge.conftest import _node_ready
+
+    if _node_ready() is not None:
+        pytest.skip(_node_ready())
+    out = tmp_path / "seeded.jsonl"
+    # --no-memo: the device ledger holds these texts' payloads from the run above
+    p = subprocess.run([*run, "--public-p", "0.3", "--seed", "21", "--no-memo", "-o", str(out)],
+                       cwd=REPO, capture_output=True, text=True, env=env, timeout=180)
+    assert p.returncode == 0, p.stderr
+    texts = inp.read_text().splitlines()
+    js = subprocess.run(["node", "--input-type=module", "-e", SESSION], cwd=REPO / "web_edge",
+                        env={"PATH": os.environ["PATH"], "URL": server.url,
+                             "KEY": server.app_key, "TEXTS": "\n".join(texts)},
+                        capture_output=True, text=True, timeout=180)
+    assert js.returncode == 0, js.stderr
+    got = json.loads(js.stdout)
+    lines = out.read_text().splitlines()
+    assert [f'{{"payload":{x}}}' for x in got["payloads"]] == lines
+    assert got["params"] == {"eta": ETA, "public_p": 0.3}
+    assert "public words of policy function-words are sent unchanged with probability 0.7" \
+        in got["summary"]
+    public = sum(c.get("public", 0) for c in got["costs"])
+    assert public > 0 and got["dchi"]["public"] == public  # the repeat of texts[0]: memoized
+    assert got["label"] in server.model("pol")["labels"]

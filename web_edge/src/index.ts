@@ -9,6 +9,7 @@
 export { ApiError, BudgetRefused, BundleError, RuntimeLoadError, TextError, WeakPrivacyError } from "./errors.js";
 
 export { EdgeBundle, type BundleMeta, type BundleShape } from "./bundle/bundle.js";
+export { TokenPolicy, keptPublic } from "./bundle/policy.js";
 export {
   PrivbertClient, type Audience, type BundleCache, type ClientOptions, type ModelInfo, type Prediction, type Progress,
   type ProgressCallback,
@@ -32,7 +33,8 @@ export { DEFAULT_MECHANISM, mechanismModule, mechanismNames } from "./mechanisms
 export type { BoundMechanism, BuildOptions, MechanismModule, Params, PrivatizedData } from "./mechanisms/module.js";
 
 export {
-  DChiFloor, checkDchiFloor, dchiWeakReason, measureUnchanged, tableProblem, wilsonInterval, type FloorOptions,
+  DChiFloor, checkDchiFloor, dchiWeakReason, floorTokens, measureUnchanged, tableProblem, wilsonInterval,
+  type FloorOptions,
 } from "./floor/floor.js";
 
 export {
@@ -41,6 +43,7 @@ export {
 } from "./ledger/ledger.js";
 export {
   dropoutEpsilon, epsilonGuarantee, guarantee, summary, type AnyGuarantee, type EpsilonGuarantee, type Guarantee,
+  type PolicyClause,
 } from "./ledger/accounting.js";
 
 export { ExactNearest, LARGE_WORK, UPGRADE_WORK, searchUsesOrt, type NearestOptions } from "./search/nearest.js";

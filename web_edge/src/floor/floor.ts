@@ -13,7 +13,8 @@
  *    them compared), or a regular row nearer to another than 1e-3 × the median nearest-row
  *    distance of 256 rows drawn afresh;
  * 2. a worst case η · 2 max‖φ‖ that is not finite is refused;
- * 3. the output is **measured directly** ({@link measureUnchanged}): regular tokens drawn with
+ * 3. the output is **measured directly** ({@link measureUnchanged}): regular tokens (under a
+ *    token policy, those outside its public list: {@link floorTokens}) drawn with
  *    the generator (OS entropy unless the caller passes a seeded one), 128 at a time, privatized
  *    by the real dchi-text mechanism at η; the tokens that come back unchanged are counted
  *    until the Wilson score interval at z = 5 lies on one side of τ, or 2,048 were drawn; the
@@ -26,6 +27,7 @@
  */
 
 import type { EdgeBundle } from "../bundle/bundle.js";
+import type { TokenPolicy } from "../bundle/policy.js";
 import { DChiText } from "../mechanisms/dchi.js";
 import { WeakPrivacyError } from "../errors.js";
 import { DChiFloor } from "./floor_estimate.js";
@@ -98,17 +100,26 @@ export async function tableProblem(bundle: EdgeBundle, index: ExactNearest,
 }
 
 // -- the output, measured ----------------------------------------------------------------------
+/** The tokens the floor draws from (shared.floor.floor_tokens): the bundle's regular tokens, less
+ * the public words of the token policy applied (which carry no guarantee: the floor judges the
+ * others). */
+export function floorTokens(bundle: EdgeBundle, policy: TokenPolicy | null = null): Int32Array {
+  const reg = bundle.regularIds;
+  return policy === null ? reg : reg.filter((v) => policy.publicIds[v] !== 1);
+}
+
 /**
  * [unchanged, drawn]: regular tokens drawn uniformly from ``source`` (OS entropy by default)
  * and privatized by ``text`` at its η in steps of {@link MEASURE_FIRST}, then as many as were
  * drawn, at most {@link MEASURE_BATCH} (distinct within a step, numpy's choice), until the
  * Wilson interval lies on one side of ``threshold`` or {@link MEASURE_MAX} were drawn
- * (shared.floor.measure_unchanged).
+ * (shared.floor.measure_unchanged). ``policy``: the token policy applied (its public words are
+ * not drawn; the others are privatized as without it: no coin is drawn for them).
  */
 export async function measureUnchanged(text: DChiText, source?: BitSource | null,
-                                       threshold = THRESHOLD): Promise<[number, number]> {
+                                       threshold = THRESHOLD, policy: TokenPolicy | null = null): Promise<[number, number]> {
   const src = resolveSource(source);
-  const reg = text.bundle.regularIds;
+  const reg = floorTokens(text.bundle, policy);
   let same = 0;
   let drawn = 0;
   while (drawn < MEASURE_MAX) {
@@ -131,6 +142,8 @@ export interface FloorOptions {
    * reproducible tests (it makes the check predictable) */
   source?: BitSource | null;
   threshold?: number;
+  /** the token policy the mechanism applies: the floor judges the tokens outside its list */
+  policy?: TokenPolicy | null;
 }
 
 /**
@@ -160,7 +173,7 @@ export async function dchiWeakReason(name: string, eta: number, bundle: EdgeBund
     return message("DCHI_NOT_FINITE", { head });
   }
   t0 = now();
-  const [same, drawn] = await measureUnchanged(text, src, threshold);
+  const [same, drawn] = await measureUnchanged(text, src, threshold, options.policy ?? null);
   measure("floor-measure", t0);
   if (same / drawn <= threshold) return null;
   // a payload of token ids says what came back; one of rows, whether the row's nearest token is the token

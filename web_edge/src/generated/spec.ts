@@ -665,6 +665,16 @@ export const SPEC = {
       "NONE_REFUSED": "mechanism none sends plain token ids: there is no privatization at all",
       "PIN_CHANGED": "model {model_id} at {server} now names bundle {bundle_id12}…, not the bundle {pinned12}… this device accepted for it first; a bundle decides what privatization means, so it never changes silently (accept it with --accept-bundle {bundle_id})",
       "PIN_NOT_TRUSTED": "bundle {bundle_id12}… is not one of the {count} bundle id(s) this app trusts (--trusted-bundles / ${env}); refusing it",
+      "POLICY_DIGEST": "{where}: the policy's tokens do not match its sha256",
+      "POLICY_FIELDS": "{where}: the policy block needs a name, tokens and sha256",
+      "POLICY_NEEDED": "{mechanism} with public_p needs a bundle with a token policy (a list of public words); {why}",
+      "POLICY_NONE_IN_BUNDLE": "bundle {bundle_id12}… has none",
+      "POLICY_NOT_OBJECT": "{where}: the policy block must be an object",
+      "POLICY_NOT_PUBLIC": "{where}: token policy {name} lists {count} word(s) that are not public (e.g. {example}): a public list may hold only function words and punctuation (shared.policy.REFERENCE); this bundle is refused",
+      "POLICY_NOT_REGULAR": "{where}: token policy {name} lists {token}, which is not a regular token of the bundle's tokenizer",
+      "POLICY_NO_BUNDLE": "no bundle was given",
+      "POLICY_ORDER": "{where}: the policy's tokens must be sorted, distinct and as many as its size says",
+      "POLICY_P_RANGE": "public_p must be in [0, 1], got {public_p}",
       "TABLE_IDENTICAL": "{tokens:,} of its {rows:,} regular tokens share {groups:,} rows (identical rows: the search can never return some of them)",
       "TABLE_NEAR_DUPLICATES": "{close} of {n} regular rows drawn at random lie within {near:g} x the median nearest-row distance of another row (near-duplicate rows)",
       "TABLE_NON_FINITE": "its table has non-finite values",
@@ -1432,6 +1442,7 @@ export const DEVICE = SPEC.device;
 export const FAMILIES = SPEC.families;
 export const MESSAGES = SPEC.messages.templates;
 export const MECHANISMS = SPEC.mechanisms;
+export const POLICY = SPEC.policy;
 
 export type MechanismSpec = (typeof MECHANISMS)[number];
 export type MechanismName = MechanismSpec["name"];

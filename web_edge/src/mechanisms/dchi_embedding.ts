@@ -10,9 +10,9 @@ import type { EdgeBundle } from "../bundle/bundle.js";
 import type { BitSource } from "../random/random.js";
 import { floatBytes, type FloatDtype } from "../service/payload.js";
 import { DChiEmbedding, checkDchiEta } from "./dchi.js";
-import { DChiBound, dchiFloor, refusePolicy } from "./dchi_bound.js";
+import { DChiBound, dchiFloor, dchiPolicy, type DChiPolicy } from "./dchi_bound.js";
 import type { BuildOptions, MechanismModule, Params, PrivatizedData } from "./module.js";
-import type { PayloadArray, TokenBatch } from "./tokens.js";
+import type { PayloadArray } from "./tokens.js";
 
 const NAME = "dchi-embedding";
 
@@ -20,12 +20,20 @@ class DChiEmbeddingBound extends DChiBound {
   declare readonly sampler: DChiEmbedding;
 
   constructor(bundle: EdgeBundle, eta: number, sampler: DChiEmbedding, floor: Promise<string | null>,
-              readonly floatDtype: FloatDtype) {
-    super(NAME, bundle, eta, sampler, floor);
+              readonly floatDtype: FloatDtype, policy: DChiPolicy) {
+    super(NAME, bundle, eta, sampler, floor, policy);
   }
 
-  protected privatizeBatch(batch: TokenBatch, source?: BitSource | null): Promise<Float64Array> {
-    return Promise.resolve(this.sampler.privatize(this.bundle.rows(batch.flat), this.bundle.dim, source));
+  protected privatizeIds(ids: Int32Array, source?: BitSource | null): Promise<Float64Array> {
+    return Promise.resolve(this.sampler.privatize(this.bundle.rows(ids), this.bundle.dim, source));
+  }
+
+  /** A public word sent as it is: its row of the model's embeddings, unchanged. */
+  protected merge(ids: Int32Array, priv: Int32Array, out: PrivatizedData | null): Float64Array {
+    const n = this.bundle.dim;
+    const data = Float64Array.from(this.bundle.rows(ids));
+    priv.forEach((k, j) => data.set((out as Float64Array).subarray(j * n, (j + 1) * n), k * n));
+    return data;
   }
 
   protected array(data: PrivatizedData, start: number, length: number): PayloadArray {
@@ -41,12 +49,13 @@ export const dchiEmbedding: MechanismModule = {
   name: NAME,
   lengthLimit: (bundle: EdgeBundle) => bundle.maxLength,
   async build(bundle: EdgeBundle, params: Readonly<Params>, options: BuildOptions): Promise<DChiEmbeddingBound> {
-    refusePolicy(params);
     const eta = params.eta as number;
     const sampler = new DChiEmbedding(eta);
+    const policy = dchiPolicy(NAME, bundle, params);
     let tMax = 0;
     for (const x of bundle.embeddings) tMax = Math.max(tMax, Math.abs(x)); // BundleError: a designed table
     checkDchiEta(eta, bundle.dim, tMax, options.floatDtype, false);
-    return new DChiEmbeddingBound(bundle, eta, sampler, dchiFloor(NAME, eta, bundle, null, options), options.floatDtype);
+    return new DChiEmbeddingBound(bundle, eta, sampler, dchiFloor(NAME, eta, bundle, null, options, policy.policy),
+                                  options.floatDtype, policy);
   },
 };

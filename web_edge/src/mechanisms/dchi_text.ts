@@ -7,20 +7,28 @@
 
 import type { EdgeBundle } from "../bundle/bundle.js";
 import type { BitSource } from "../random/random.js";
+import { positive } from "../random/samplers.js";
 import { int32Bytes } from "../service/payload.js";
 import { measure, now } from "../timing.js";
 import { DChiText } from "./dchi.js";
-import { DChiBound, dchiFloor, refusePolicy } from "./dchi_bound.js";
+import { DChiBound, dchiFloor, dchiPolicy } from "./dchi_bound.js";
 import type { BuildOptions, MechanismModule, Params, PrivatizedData } from "./module.js";
-import type { PayloadArray, TokenBatch } from "./tokens.js";
+import type { PayloadArray } from "./tokens.js";
 
 const NAME = "dchi-text";
 
 class DChiTextBound extends DChiBound {
   declare readonly sampler: DChiText;
 
-  protected privatizeBatch(batch: TokenBatch, source?: BitSource | null): Promise<Int32Array> {
-    return this.sampler.privatizeIds(batch.flat, source);
+  protected privatizeIds(ids: Int32Array, source?: BitSource | null): Promise<Int32Array> {
+    return this.sampler.privatizeIds(ids, source);
+  }
+
+  /** A public word sent as it is: its own id. */
+  protected merge(ids: Int32Array, priv: Int32Array, out: PrivatizedData | null): Int32Array {
+    const data = Int32Array.from(ids);
+    priv.forEach((k, j) => { data[k] = out![j]!; });
+    return data;
   }
 
   protected array(data: PrivatizedData, start: number, length: number): PayloadArray {
@@ -36,11 +44,13 @@ export const dchiText: MechanismModule = {
   name: NAME,
   lengthLimit: (bundle: EdgeBundle) => bundle.maxLength,
   async build(bundle: EdgeBundle, params: Readonly<Params>, options: BuildOptions): Promise<DChiTextBound> {
-    refusePolicy(params);
     const eta = params.eta as number;
+    positive("eta", eta);
+    const policy = dchiPolicy(NAME, bundle, params);
     const t0 = now();
     const text = await DChiText.create(bundle, eta, options.search);
     measure("search", t0);
-    return new DChiTextBound(NAME, bundle, eta, text, dchiFloor(NAME, eta, bundle, text, options));
+    return new DChiTextBound(NAME, bundle, eta, text, dchiFloor(NAME, eta, bundle, text, options, policy.policy),
+                             policy);
   },
 };

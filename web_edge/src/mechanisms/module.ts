@@ -8,6 +8,7 @@
  */
 
 import type { EdgeBundle } from "../bundle/bundle.js";
+import type { TokenPolicy } from "../bundle/policy.js";
 import type { MechanismName } from "../generated/spec.js";
 import type { AnyGuarantee } from "../ledger/accounting.js";
 import type { Cost } from "../ledger/ledger.js";
@@ -62,6 +63,9 @@ export interface BoundMechanism {
   readonly floor: Promise<string | null>;
   /** whether it needs each word piece's word (TokenizedText's wordsA/wordsB: word dropout) */
   readonly needsWords: boolean;
+  /** the token policy it applies (its bundle's public words), if any: the privatizer then marks
+   * a text whose truncation cut a word (TokenizedText's cutA/cutB) */
+  readonly policy?: TokenPolicy | null;
   /** the cost of one item's payload (shared.ledger.cost) */
   cost(item: TokenizedText): Cost;
   /** the privatize step for a batch (one call: numpy's draw order) */

@@ -11,6 +11,7 @@
  */
 
 import type { EdgeBundle } from "../bundle/bundle.js";
+import type { TokenPolicy } from "../bundle/policy.js";
 import { TextError } from "../errors.js";
 import type { MechanismName } from "../generated/spec.js";
 import type { AnyGuarantee } from "../ledger/accounting.js";
@@ -54,6 +55,9 @@ export interface PrivatizerOptions extends NearestOptions {
   epsilon?: number;
   /** DPNR: "vector" (default) or "coordinate" */
   calibration?: "vector" | "coordinate";
+  /** dχ: a token policy's p, the probability that a public word of the bundle's list is
+   * privatized anyway (default: none, every token privatized) */
+  publicP?: number | null;
   /** DPNR: word dropout rate μ in [0, 1) */
   wordDropout?: number;
   /** OME: randomized-response factor λ */
@@ -193,25 +197,41 @@ export class Privatizer {
         throw new TextError(i, "empty", "has no tokens" + (b !== null ? " in one of its two segments" : ""));
       }
       const n = a.length + (b?.length ?? 0);
+      let cutA = false;
+      let cutB = false;
       if (n > budget) {
         if (this.truncate === "error") {
           throw new TextError(i, "too_long", `has ${n} tokens; the model takes at most ${budget} `
             + `(the option truncate: "first" keeps the first ${budget})`);
         }
-        if (b === null) a = a.slice(0, budget);
-        else {
-          const [la, lb] = trimPair(a.length, b.length, budget);
-          a = a.slice(0, la);
-          b = b.slice(0, lb);
-        }
+        const [la, lb] = b === null ? [budget, 0] : trimPair(a.length, b.length, budget);
+        cutA = this.cuts(a, la);
+        cutB = this.cuts(b, lb);
+        a = a.slice(0, la);
+        b = b === null ? null : b.slice(0, lb);
       }
       const out: TokenizedText = { idsA: a, idsB: b, nBefore: n };
+      if (cutA) out.cutA = true;
+      if (cutB) out.cutB = true;
       if (words) {
         out.wordsA = ea.words.slice(0, a.length);
         out.wordsB = eb === null ? null : eb.words.slice(0, b!.length);
       }
       return out;
     });
+  }
+
+  /** Whether keeping the first ``kept`` of ``ids`` cuts a word (the next is a "##" piece); only
+   * a token policy asks (edge_agent's Privatizer._cut). */
+  private cuts(ids: number[] | null, kept: number): boolean {
+    const policy = this.bound.policy ?? null;
+    if (policy === null || ids === null || kept >= ids.length) return false;
+    return policy.continues(ids[kept]!);
+  }
+
+  /** The token policy the mechanism applies (its bundle's public words), or null. */
+  get policy(): TokenPolicy | null {
+    return this.bound.policy ?? null;
   }
 
   /** What the payload of a tokenized item costs (shared.ledger.cost). */

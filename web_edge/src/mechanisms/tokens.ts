@@ -9,6 +9,7 @@
  * answers with one entry per position of the concatenation.
  */
 
+import type { TokenPolicy } from "../bundle/policy.js";
 import { payloadJson, type PayloadArray } from "../service/payload.js";
 
 export type { PayloadArray };
@@ -22,6 +23,17 @@ export interface TokenizedText {
   /** where a mechanism asks for them (word dropout): the word of each kept piece */
   wordsA?: number[];
   wordsB?: number[] | null;
+  /** where a token policy asks (edge_agent's TokenizedText.cut_a/cut_b): truncation cut a word
+   * of segment A (B), the first piece dropped being a "##" piece, so the last piece kept is part
+   * of a longer word (never a public word) */
+  cutA?: boolean;
+  cutB?: boolean;
+}
+
+/** How many of an item's word pieces are public words under ``policy`` (both segments, each
+ * word by word: edge_agent's Privatizer.public_count). */
+export function publicCount(t: TokenizedText, policy: TokenPolicy): number {
+  return policy.publicCount(t.idsA, t.cutA ?? false) + (t.idsB === null ? 0 : policy.publicCount(t.idsB, t.cutB ?? false));
 }
 
 /** The word pieces of an item, both segments: what a token payload carries and dχ charges. */
@@ -56,6 +68,18 @@ export class TokenBatch {
 
   get size(): number {
     return this.items.length;
+  }
+
+  /** The public words of ``policy`` in the batch, one entry per position of {@link flat}: each
+   * text's segments masked word by word, with their cut flags (shared.policy.public_masks). */
+  publicMask(policy: TokenPolicy): Uint8Array {
+    const out = new Uint8Array(this.flat.length);
+    this.items.forEach((it, i) => {
+      const at = this.offsets[i]!;
+      out.set(policy.publicMask(it.idsA, it.cutA ?? false), at);
+      if (it.idsB !== null) out.set(policy.publicMask(it.idsB, it.cutB ?? false), at + it.idsA.length);
+    });
+    return out;
   }
 
   /** Text i's segments (one, or a pair's two), each its word-piece ids. */
