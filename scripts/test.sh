@@ -29,7 +29,7 @@ python -m shared.spec --check || checks_rc=1
     || { echo "tests: ESLint found problems in the web edge (cd web_edge && npm run lint)" >&2; checks_rc=1; }
 (cd web_edge && npm test --silent)
 js_rc=$?
-python -m pytest -m "not slow" -n auto --dist loadfile -q "$@"
+python -m pytest -m "not slow" -n auto --dist loadfile -q --durations=25 "$@"
 rc=$?
 set -e
 if [ "$checks_rc" -ne 0 ]; then
