@@ -11,8 +11,8 @@
 
 import {
   ApiError, BudgetRefused, BundleChanged, BundleError, CacheApiBundleCache, CryptoSource, DChiText,
-  IndexedDbLedgerStore, IndexedDbPinStore, Ledger, PrivbertClient, Privatizer, TextError, WeakPrivacyError, dchiCost,
-  nTokens, parseIds, pinnedBundle, UPGRADE_WORK, warmUp, type BundleCache, type EdgeBundle, type ModelInfo, type PinStore,
+  IndexedDbLedgerStore, IndexedDbPinStore, Ledger, PrivbertClient, Privatizer, TextError, WeakPrivacyError,
+  parseIds, pinnedBundle, UPGRADE_WORK, warmUp, type BundleCache, type EdgeBundle, type Guarantee, type ModelInfo, type PinStore,
   type ProgressCallback, type Status, type TokenizedText,
 } from "@privbert/edge";
 
@@ -90,15 +90,21 @@ export interface Privatized {
   outIds: number[];
   /** per token: the noise left it unchanged in this draw */
   unchanged: boolean[];
+  /** per token: a public word of the model's token policy (sent as typed with probability
+   * 1 − p); all false without a policy */
+  public: boolean[];
   /** the payload JSON, once the privacy floor has passed at this η (WeakPrivacyError if not):
    * nothing is sent before it */
   payload: () => Promise<string>;
   /** tokenize, noise and exact nearest token, in this page */
   ms: number;
+  /** the printed guarantee of these parameters (under a token policy it says what it covers) */
+  guarantee: Guarantee;
 }
 
-/** What happened to one word piece (judged by rank among the typed one's neighbours). */
-export type TokenKind = "typed" | "near" | "far";
+/** What happened to one word piece (judged by rank among the typed one's neighbours); "public":
+ * a word of the model's public list sent as typed (SanText+'s rule: no noise, no guarantee). */
+export type TokenKind = "public" | "typed" | "near" | "far";
 
 /** A replacement among this many nearest word pieces of the typed one (in the privatization
  * table the noise is added in) counts as a near word; any other as an unrelated word. */
@@ -203,7 +209,8 @@ export class Edge {
         void q.then((x) => x.release()).catch(() => undefined);
       }
       p = Privatizer.open(this.bundle, {
-        mechanism: "dchi-text", eta, maxLength: this.maxLength, truncate: "error", threads: THREADS,
+        mechanism: "dchi-text", params: this.params(eta), maxLength: this.maxLength, truncate: "error",
+        threads: THREADS,
       });
       this.privatizers.set(eta, p);
       p.catch(() => this.privatizers.delete(eta));
@@ -215,6 +222,20 @@ export class Edge {
       }), () => undefined);
     }
     return p;
+  }
+
+  /** The model's parameters at ``eta``: its token policy's public_p too, when it has one (a
+   * payload without it would be refused by the model, and with it the public words go as typed). */
+  params(eta: number): Record<string, number> {
+    const pub = this.model.params.public_p;
+    return typeof pub === "number" ? { eta, public_p: pub } : { eta };
+  }
+
+  /** The model's token policy: p, and how many words its public list holds; null without one. */
+  get policy(): { p: number; words: number; name: string } | null {
+    const pub = this.model.params.public_p;
+    const pol = this.bundle.policy;
+    return typeof pub === "number" && pol ? { p: pub, words: pol.size, name: pol.name } : null;
   }
 
   /** Settles with the privacy floor's check at ``eta`` (WeakPrivacyError past the floor). */
@@ -234,6 +255,7 @@ export class Edge {
     let made: Promise<string> | null = null;
     const payload = (): Promise<string> => (made ??= priv.floorChecked.then(() => priv.payloads([item!], data)[0]!));
     const ids = [...item!.idsA, ...(item!.idsB ?? [])];
+    const pub = priv.policy?.publicMask(ids) ?? new Uint8Array(ids.length);  // truncate "error": no cut
     // after this one is painted; where the search would switch (a table of no more work keeps
     // the loop, and the page fetches no WebAssembly)
     if (!this.runtimeAsked && this.bundle.regularIds.length * this.dim >= UPGRADE_WORK) {
@@ -243,10 +265,10 @@ export class Edge {
         warmUp({ threads: THREADS, dim: this.dim }).catch((err: unknown) => console.warn(String(err)));
       }, 0);
     }
-    return { eta, item: item!, payload, ms, ids, outIds: Array.from(data),
+    return { eta, item: item!, payload, ms, ids, guarantee: priv.guarantee() as Guarantee, outIds: Array.from(data),
       typed: ids.map((id) => this.vocab[id] ?? `[${id}]`),
       tokens: Array.from(data, (id) => this.vocab[id] ?? `[${id}]`),
-      unchanged: Array.from(data, (id, i) => id === ids[i]) };
+      unchanged: Array.from(data, (id, i) => id === ids[i]), public: Array.from(pub, (x) => x === 1) };
   }
 
   /**
@@ -261,7 +283,7 @@ export class Edge {
     const reg = this.bundle.regularIds;
     return p.ids.map((x, i) => {
       const y = p.outIds[i]!;
-      if (y === x) return { kind: "typed", rank: 0 };
+      if (y === x) return { kind: p.public[i] ? "public" : "typed", rank: 0 };
       const d2 = (a: number): number => {
         let s = 0;
         for (let k = 0; k < n; k++) {
@@ -305,7 +327,7 @@ export class Edge {
     const keys = await this.ledger.memoKeys({ mechanism: priv.name, params: priv.params,
       bundle_id: this.bundle.bundleId });
     const memo = await keys.keyOf(p.item.idsA, p.item.idsB);
-    const cost = dchiCost(priv.name, p.eta, nTokens(p.item), this.diameter);
+    const cost = priv.cost(p.item);  // under a token policy: its public words counted, not charged
     const charged = await this.ledger.charge([cost], [fresh], [memo],
       { mechanism: priv.name, params: priv.params, bundleId: this.bundle.bundleId }, "this sentence");
     const payloadJson = charged.payloads[0]!;

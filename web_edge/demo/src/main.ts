@@ -5,7 +5,7 @@
  * send) and shows what happened, or one visible message and nothing sent.
  */
 
-import { guarantee, summary, type ModelInfo, type PrivbertClient, type Progress } from "@privbert/edge";
+import { summary, type ModelInfo, type PrivbertClient, type Progress } from "@privbert/edge";
 
 import { readConfig } from "./api.js";
 import { Edge, NEAR_RANK, explain, type Privatized, type TokenKind } from "./edge.js";
@@ -40,6 +40,7 @@ const ui = {
   inversion: $("inversion"),
   prediction: $("prediction"),
   spent: $("ledger-spent"),
+  publicWords: $("ledger-public"),
   cap: $("ledger-cap"),
   remaining: $("ledger-remaining"),
   sends: $("ledger-sends"),
@@ -187,6 +188,7 @@ async function showLedger(): Promise<void> {
   ui.cap.textContent = s.cap === null ? "none" : s.cap.toFixed(1);
   ui.remaining.textContent = s.cap === null ? "–" : Math.max(0, s.cap - s.spent).toFixed(1);
   ui.sends.textContent = String(s.sends);
+  ui.publicWords.textContent = String(s.families.dchi?.public ?? 0);
 }
 
 function showTokens(tokens: string[], unchanged: boolean[]): void {
@@ -203,7 +205,7 @@ function showTokens(tokens: string[], unchanged: boolean[]): void {
   delete document.body.dataset.tokenKinds;
 }
 
-const KIND_CLASS: Record<TokenKind, string> = { typed: "same", near: "near", far: "far" };
+const KIND_CLASS: Record<TokenKind, string> = { public: "public", typed: "same", near: "near", far: "far" };
 
 /** What happened to each word piece, and the count of each kind for the sentence (after the
  * tokens are painted: it reads the whole table once per word piece). */
@@ -215,12 +217,16 @@ function showTokenKinds(p: Privatized): void {
     const li = items[i];
     if (!li) return;
     li.className = KIND_CLASS[k.kind];
-    li.title = k.kind === "typed" ? `sent as typed: “${p.typed[i]!}” was unchanged by the noise in this draw`
+    li.title = k.kind === "public" ? `sent as is: “${p.typed[i]!}” is on the model's public list (a word that `
+        + "carries no secret: sent as typed with probability 1 − p, outside the guarantee)"
+      : k.kind === "typed" ? `sent as typed: “${p.typed[i]!}” was unchanged by the noise in this draw`
       : `you typed “${p.typed[i]!}”; sent “${p.tokens[i]!}”, the ${ordinal(k.rank)} nearest word piece to it `
         + (k.kind === "near" ? "(a near word)" : `(an unrelated word: not among its ${NEAR_RANK} nearest)`);
   });
   const count = (kind: TokenKind): number => kinds.filter((k) => k.kind === kind).length;
-  ui.tokenCounts.textContent = `Of ${kinds.length} word pieces: ${count("typed")} sent as typed, `
+  ui.tokenCounts.textContent = `Of ${kinds.length} word pieces: `
+    + (edge.policy ? `${count("public")} public words sent as is, ` : "")
+    + `${count("typed")} sent as typed, `
     + `${count("near")} replaced by a near word, ${count("far")} replaced by an unrelated word.`;
   document.body.dataset.tokenKinds = JSON.stringify(kinds.map((k) => k.kind));
 }
@@ -235,7 +241,7 @@ function showPrivatized(p: Privatized): void {
   ui.payload.textContent = "(made once the privacy floor has passed at this η)";
   ui.timing.textContent = p.ms.toFixed(1);
   document.body.dataset.privatizeMs = String(p.ms);
-  const g = guarantee("dchi-text", p.eta, edge!.diameter, edge!.dim, edge!.bundle.tableName);
+  const g = p.guarantee;
   ui.guarantee.textContent = summary(g, p.tokens.length);
   ui.guaranteeNotes.replaceChildren(...notes(g).map((n) => {
     const li = document.createElement("li");
