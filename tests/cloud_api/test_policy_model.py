@@ -6,8 +6,10 @@ privatizes under the model's policy."""
 
 from __future__ import annotations
 
+import base64
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -16,7 +18,9 @@ import httpx
 import pytest
 
 from shared.bundle import EdgeBundle
+from shared.policy import POLICIES
 from tests.cloud_api.conftest import ServerProcess, cli_env, cloud_api, new_keys
+from tests.cloud_api.test_web_browser import DEMO, _missing
 from tests.conftest import REPO
 
 ETA = 5.0
@@ -142,3 +146,57 @@ def _session_sends_edge_agents_bytes(server, run, env, inp, tmp_path) -> None:
     public = sum(c.get("public", 0) for c in got["costs"])
     assert public > 0 and got["dchi"]["public"] == public  # the repeat of texts[0]: memoized
     assert got["label"] in server.model("pol")["labels"]
+
+
+def test_the_page_marks_public_words_and_charges_the_rest(trained, tmp_path):
+    """/demo on a model trained under function-words: the page privatizes with the model's
+    public_p (the model answers), marks the public words it sent as is (and only those), shows
+    the guarantee's policy clause, and its ledger counts the public words apart."""
+    why = _missing()
+    if why is not None:
+        if os.environ.get("CI"):
+            pytest.fail(why)
+        pytest.skip(why)
+    home = tmp_path / "home"
+    shutil.copytree(trained["out"], tmp_path / "m")
+    reg = cloud_api("models", "register", "--model-id", "pol", str(tmp_path / "m"),
+                    "--promote", "--home", str(home))
+    assert reg.returncode == 0, reg.stderr
+    server = ServerProcess(home, tmp_path / "serve.log", new_keys(), {
+        "PRIVBERT_DEMO": "1", "PRIVBERT_DEMO_KEY": "demo-" + os.urandom(8).hex(),
+        "PRIVBERT_RATE_LIMIT_PER_KEY": "0"}).start()
+    sentence = "the movie is good and the plot is a dull story"
+    try:
+        args = {"url": f"{server.url}/demo/?model=pol", "sentence": sentence,
+                "scenarios": ["predict"]}
+        r = subprocess.run(["node", "test/drive.mjs", json.dumps(args)], cwd=DEMO,
+                           capture_output=True, text=True, timeout=180)
+        assert r.returncode == 0, r.stderr[-4000:]
+        scene = json.loads(r.stdout)["scenarios"]["predict"]
+        assert "failed" not in scene, scene
+        first = scene["result"]["first"]
+        assert first["error"] is None, (first, scene["console"])
+        assert first["prediction"].split(" ", 1)[0] in server.model("pol")["labels"]
+        public = set(POLICIES["function-words"])
+        kinds, classes = first["tokenKinds"], first["tokenClasses"]
+        assert len(kinds) == len(first["tokens"]) == len(sentence.split())
+        for word, sent_as, kind, cls in zip(sentence.split(), first["tokens"], kinds, classes,
+                                            strict=True):
+            assert (kind == "public") == (word in public and sent_as == word), (word, kind)
+            assert cls == {"public": "public", "typed": "same", "near": "near",
+                           "far": "far"}[kind]
+        n_public = kinds.count("public")
+        # p = 0.3: the 6 public words all privatized has probability 0.3^6 < 0.001
+        assert n_public >= 1, first
+        assert re.search(rf"Of {len(kinds)} word pieces: {n_public} public words sent as is, ",
+                         first["tokenCounts"]), first["tokenCounts"]
+        assert "public words" in first["guarantee"], first["guarantee"]
+        assert any("Token policy function-words" in n for n in first["guaranteeNotes"])
+        assert int(first["ledger"]["public"]) == n_public, first["ledger"]
+        assert "public" in first["legend"] and "Sent as is" in first["legend"]
+        calls = [x for x in scene["requests"] if x["url"].endswith("/predict")]
+        assert calls, scene["requests"]
+        body = json.loads(base64.b64decode(calls[0]["body"]))
+        assert body["payloads"][0]["params"] == {"eta": ETA, "public_p": 0.3}
+    finally:
+        server.stop()
