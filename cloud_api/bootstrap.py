@@ -30,8 +30,8 @@ from pathlib import Path
 
 from cloud_api.cli import PROG, fail, guarded, home_arg, settings_for
 from shared.mechanisms import DChiText, registry
-from shared.policy import NO_POLICY, policy_for_new_model
-from shared.table import DEFAULT_TABLE, MATCHED_ETA, table_for_new_model
+from shared.policy import DEFAULT_P, NO_POLICY, policy_for_new_model
+from shared.table import DEFAULT_TABLE, MATCHED_ETA, matched_eta, table_for_new_model
 
 # The quick start's defaults: at about the same compute, half of MiniLM's layers over more
 # epochs of fresh noise read privatized text better than the whole model over one epoch
@@ -167,12 +167,17 @@ def run(args) -> int:
     if _default_table(args):
         _say(f"privatization table {DEFAULT_TABLE} (the default for new models: "
              "bench/results/frontier.md; --table none for the model's 384-d table)")
-    if "eta" in registry.get(args.mechanism).param_names() and params["eta"] is None:
-        # the dχ mechanisms: the η of this table matched to the 384-d table at η 65
-        params["eta"] = MATCHED_ETA.get(args.table or "none", DEFAULT_ETA)
     bundle = _bundle(args)
     policy = policy_for_new_model(args.mechanism, args.policy,
                                   args.bundle is not None or args.base is not None)
+    if "eta" in registry.get(args.mechanism).param_names() and params["eta"] is None:
+        # the dχ mechanisms: the η of this table (under this policy) matched to the 384-d
+        # table at η 65; a policy not measured there: the table's own (its words outside the
+        # public list get the same noise)
+        table = args.table or "none"
+        p = params.get("public_p")
+        params["eta"] = (matched_eta(table, policy, DEFAULT_P if p is None else p)
+                         or MATCHED_ETA.get(table, DEFAULT_ETA))
     if policy != NO_POLICY or args.policy is not None:
         bundle = apply_policy(bundle, policy, params)
         if policy != NO_POLICY:

@@ -32,7 +32,20 @@ INT8_MAX = 127
 # by the strongest attack we have (the context-free Bayes posterior or the contextual denoiser,
 # whichever recovers more) matches the 384-d table at η 65: bench/results/frontier.md.
 DEFAULT_TABLE = "pca32-int8"
+# by candidate (:func:`candidate_key`: a table, and a token policy with its p)
 MATCHED_ETA = {"none": 65.0, "pca32-int8": 45.0}
+
+
+def candidate_key(table: str, policy: str = "none", p: float | None = None) -> str:
+    """The frontier's name of a table under a token policy: ``pca32-int8``, or
+    ``pca32-int8+function-words@0.3`` (bench.utility.frontier's Candidate.key)."""
+    return table if policy == "none" else f"{table}+{policy}@{p:g}"
+
+
+def matched_eta(table: str, policy: str = "none", p: float | None = None) -> float | None:
+    """The η at which ``table`` under ``policy`` (public words sent as typed with probability
+    1 - p) matches the 384-d table at η 65 (bench/results/frontier.md), or None: not measured."""
+    return MATCHED_ETA.get(candidate_key(table, policy, p))
 
 
 def table_for_new_model(mechanism: str, table: str | None, bundle_given: bool) -> str | None:
