@@ -72,7 +72,7 @@ BUDGET_PER_DAY = ("privacy budget: spent {spent} in the last 24 hours, {what} ne
 TABLE_ONLY = ("bundle {bundle_id12}… carries the privatization table {table} ({dim} "
               "dimensions), not the model's word embeddings: it serves dchi-text only "
               "(dchi-embedding needs a bundle with the model's table, e.g. cloud-api "
-              "make-bundle --table none)")
+              "export-bundle --table none)")
 
 BUNDLE_TABLE_NON_FINITE = "{where}/{file}: the table has non-finite values"
 # a bundle's verification ({where}: the directory or tarball; {file}: one of its files)
@@ -95,13 +95,34 @@ BUNDLE_TABLE_FILE = "{where}/{file}: the table must be stored in {table_file}"
 BUNDLE_TABLE_SCALE = "{where}/{file}: an int8 table needs its {scale_file}"
 
 # -- bundle pins (edge_agent.service.pins; the web edge's pins) -----------------------------
-PIN_NOT_TRUSTED = ("bundle {bundle_id12}… is not one of the {count} bundle id(s) this app "
-                   "trusts (--trusted-bundles / ${env}); refusing it")
+PIN_RENAMED = ("{server} no longer serves model {gone}, which this device pinned to bundle "
+               "{pinned12}…, and now serves {model_id} with bundle {bundle_id12}…; a renamed "
+               "model never gets a new bundle silently (accept it with --accept-bundle "
+               "{bundle_id})")
 PIN_CHANGED = ("model {model_id} at {server} now names bundle {bundle_id12}…, not the bundle "
                "{pinned12}… this device accepted for it first; a bundle decides what "
                "privatization means, so it never changes silently (accept it with "
                "--accept-bundle {bundle_id})")
 
+
+# -- the bundles this edge vouches for, and the text floor (shared.trust, shared.floor_text) --
+BUNDLE_KNOWN = "bundle {bundle_id12}… known: {name}, built by privbert from public sources"
+BUNDLE_TRUSTED = "bundle {bundle_id12}… trusted by this app ({how})"
+BUNDLE_UNVERIFIED = "bundle {bundle_id12}… unverified: checked by the floor only"
+UNVERIFIED_REFUSED = ("bundle {bundle_id12}… is unverified (not one privbert builds from "
+                      "public sources, nor one this app trusts) and {flag} refuses it; "
+                      "trust it with {trust} {bundle_id} once you have checked it")
+TEXT_FLOOR_HEAD = ("bundle {bundle_id12}… is unverified and weaker than the text floor at "
+                   "eta={eta:g}")
+TEXT_FLOOR_PIECES = ("{head}: its tokenizer cuts the public sample into {ppw:.3g} pieces per "
+                     "word, {ratio:.3g} x the public model's {public:.3g} (limit {limit:g} x)"
+                     "{tail}")
+TEXT_FLOOR_UNREAD = ("{head}: its tokenizer reads {tokens:,} of the public sample's {pieces:,} "
+                     "pieces as words ({least:,} are needed to measure it){tail}")
+TEXT_FLOOR_DECODED = ("{head}: a context-free decoder recovers {decoded} of {draws:,} tokens "
+                      "of public text privatized with it ({unchanged} sent unchanged; line "
+                      "{line}){tail}")
+TEXT_FLOOR_TAIL = "; use a bundle privbert knows, or trust this one with {trust} once checked"
 
 def pct(p: float) -> str:
     """A share as the refusals write it: "100%" at 1, else two decimals ("97.31%")."""

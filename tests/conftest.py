@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import itertools
 import json
+import os
 import re
 from pathlib import Path
 
@@ -68,6 +69,30 @@ def make_tiny_bert_dir(path: Path, dim: int = 16, seed: int = 0, n_unused: int =
     return path
 
 
+def trust_in_tests(*bundles) -> None:
+    """Trust these bundles (or ids) in this test process and the edges it starts
+    (``$PRIVBERT_TRUSTED_BUNDLES``). The tiny test bundles are weak on text at the η the
+    tests use (a 32-word table at η 5 leaves most text unchanged), so the text floor refuses
+    them as unverified bundles (issue 42); the suite trusts them as an app trusts a bundle it
+    has checked. Tests of the text floor itself remove the variable."""
+    from shared.conventions import TRUSTED_ENV
+
+    ids = [b if isinstance(b, str) else b.bundle_id for b in bundles]
+    now = [s for s in os.environ.get(TRUSTED_ENV, "").split(",") if s]
+    os.environ[TRUSTED_ENV] = ",".join(dict.fromkeys(now + ids))
+
+
+@pytest.fixture(autouse=True, scope="session")
+def _trust_the_tiny_bundles(tmp_path_factory):
+    """The default tiny bundle (made alike by ``make_tiny_bert_dir`` wherever a test makes
+    it) and its compact table, trusted before any test runs; the other tiny bundles are
+    trusted by their fixtures."""
+    from shared.bundle import EdgeBundle
+
+    tiny = EdgeBundle.from_model(make_tiny_bert_dir(tmp_path_factory.mktemp("trusted-tiny")))
+    trust_in_tests(tiny, tiny.with_table("pca4-int8"))
+
+
 @pytest.fixture(autouse=True)
 def _own_privacy_ledger(tmp_path_factory, monkeypatch):
     """Every test's `edge-agent` runs (in process or as subprocesses) charge a ledger of
@@ -105,7 +130,9 @@ def tiny_enc_bundle(tiny_bundle):
     export for the session, shared by the Python edge's tests and the web edge's."""
     from tests.edge_agent.conftest import with_tiny_encoder
 
-    return with_tiny_encoder(tiny_bundle)
+    b = with_tiny_encoder(tiny_bundle)
+    trust_in_tests(b)
+    return b
 
 
 @pytest.fixture(scope="session")
@@ -179,4 +206,6 @@ def tiny_bert_dir(tmp_path_factory) -> Path:
 def tiny_bert_bundle(tiny_bert_dir):
     from shared.bundle import EdgeBundle
 
-    return EdgeBundle.from_model(tiny_bert_dir)
+    b = EdgeBundle.from_model(tiny_bert_dir)
+    trust_in_tests(b)
+    return b

@@ -98,6 +98,7 @@ def _run(opts: PrivatizeOptions, stream, size, out: Output | None, t0: float) ->
              f"{n_tokens / max(cpu_streaming, 1e-9):,.0f} tokens per CPU second); "
              f"{n_skipped} empty line(s) skipped; {n_trunc} truncated; "
              f"{summary(g, n_tokens / n_records if n_records else None)}; "
+             f"{priv.trust.note()}; "
              + budget.summary()
              + ("; WEAK PRIVACY (--allow-weak-privacy): the output is close to the raw text"
                 if priv.weak_privacy else ""))

@@ -14,6 +14,9 @@ when it differs from what the registry generates) holds, language-neutrally:
   bundle format (files, hashed fields, a table's .npy dtypes);
 * the device's conventions (``shared.conventions``): the ledger's day and clock anchors, the
   cache's and pins' names, how an ε is written;
+* the bundles privbert builds from public sources (``shared.trust``) and the text floor's
+  constants with the digest of its public sample (``shared.floor_text``; the sample itself
+  goes to ``web_edge/src/generated/public_text.ts``);
 * the refusal templates both edges word identically (``shared.messages``);
 * ``spec_version``, raised when the meaning of a field changes.
 
@@ -87,7 +90,7 @@ def build() -> dict:
     """The spec of the built-in mechanisms, as the registry, the floor and the ledger say
     today (no plugin: the committed file must not depend on what is installed)."""
     import shared.mechanisms  # noqa: F401 (registers the built-in mechanisms)
-    from shared import conventions, floor, ledger, messages
+    from shared import conventions, floor, floor_text, ledger, messages, trust
     from shared.bundle import (
         EMBEDDINGS_FILE,
         ENCODER_FILE,
@@ -127,6 +130,8 @@ def build() -> dict:
                              "table_scale": TABLE_SCALE_FILE},
                    "npy_dtypes": dict(NPY_DTYPES)},
         "device": conventions.spec_section(),
+        "known_bundles": trust.spec_section(),
+        "text_floor": floor_text.spec_section(),
         "messages": {
             "format": "Python str.format fields: {name}; {name:g} is %g (6 significant "
                       "digits); {name:.3g}; {name:,} an integer with thousands commas. A share "
