@@ -35,6 +35,9 @@ NONE_REFUSED = "mechanism none sends plain token ids: there is no privatization 
 
 # -- a degenerate privatization table (shared.floor.table_problem) --------------------------
 TABLE_NON_FINITE = "its table has non-finite values"
+TABLE_SUBNORMAL = ("{values:,} of its table's values are subnormal (below float32's smallest "
+                   "normal number, 1.18e-38): the distances between its rows are lost to "
+                   "rounding")
 TABLE_IDENTICAL = ("{tokens:,} of its {rows:,} regular tokens share {groups:,} rows "
                    "(identical rows: the search can never return some of them)")
 TABLE_NEAR_DUPLICATES = ("{close} of {n} regular rows drawn at random lie within {near:g} x the "
@@ -43,6 +46,9 @@ TABLE_NEAR_DUPLICATES = ("{close} of {n} regular rows drawn at random lie within
 # -- parameters the arithmetic cannot carry (shared.mechanisms.computable) ------------------
 DCHI_TOO_SMALL = ("eta={eta:g} is too small to compute: the noise norm (up to {norm:.3g}) "
                   "overflows {where}")
+DCHI_TABLE_NOT_FINITE = ("the bundle's table has a row whose norm is not finite (infinite or "
+                         "NaN values, or values too large to square in float32): nothing can "
+                         "be privatized over it")
 DCHI_INVERSE_OVERFLOW = "eta={eta:g} is too small to compute: 1/eta overflows"
 DCHI_NOISE_OVERFLOW = "eta={eta:g} is too small to compute: the noise overflows float32"
 LAPLACE_TOO_SMALL = ("epsilon={epsilon:g} is too small to compute: the Laplace noise (scale "

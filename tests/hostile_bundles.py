@@ -98,7 +98,8 @@ def groups_of_four(bundle: EdgeBundle, n: int = FREQUENT, spread: float = 0.1) -
     norms = np.linalg.norm(emb[reg], axis=1)
     t_max, top = float(norms.max()), int(reg[norms.argmax()])
     head = frequent_ids(bundle, n)
-    rare = np.array([i for i in reg[::-1].tolist() if i not in set(head.tolist())][: 3 * n])
+    taken = set(head.tolist())
+    rare = np.array([i for i in reg[::-1].tolist() if i not in taken][: 3 * n])
     members = np.concatenate([head[:, None], rare.reshape(n, 3)], axis=1)  # (n, 4)
     others = np.setdiff1d(reg, members.ravel())
     emb[others] *= 0.35

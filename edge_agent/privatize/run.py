@@ -59,8 +59,10 @@ def _run(opts: PrivatizeOptions, stream, size, out: Output | None, t0: float) ->
     client = make_client(opts.server, opts.post.batch) if opts.server.server else None
     early = (lambda model: check_model(model, m.name, m.params())) \
         if opts.post.mode == "predict" else None
-    bundle, model = resolve_bundle(opts.server, client, early)
-    mech, priv = make_privatizer(opts, bundle, model)
+    made = []  # the privatizer, made once the bundle is verified and before it is pinned
+    bundle, model = resolve_bundle(opts.server, client, early,
+                                   lambda b, mod: made.append(make_privatizer(opts, b, mod)))
+    mech, priv = made[0]
     model_id = opts.server.model
     if opts.post.mode == "predict":
         if not model_id and model is not None:

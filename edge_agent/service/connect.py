@@ -42,9 +42,11 @@ def make_client(opts: ServerOptions, batch_size: int = 64):
 
 
 def resolve_bundle(opts: ServerOptions, client=None,
-                   check_model: Callable[[dict], None] | None = None):
+                   check_model: Callable[[dict], None] | None = None,
+                   check_bundle: Callable[[object, dict | None], None] | None = None):
     """(bundle, served model description or None); ``check_model(model)`` runs before any
-    bundle is fetched."""
+    bundle is fetched, ``check_bundle(bundle, model)`` (the privacy floors) once it is
+    verified and before it is pinned: a bundle the device refuses is never pinned."""
     from pathlib import Path
 
     from shared.bundle import EdgeBundle
@@ -62,7 +64,9 @@ def resolve_bundle(opts: ServerOptions, client=None,
                 check_vouched(model["bundle_id"], opts.trusted_bundles, opts.refuse_unverified)
             _check_pin(opts, model, record=False, served=client.served_ids)
             bundle, model, path, fetched = bundle_for_model(client, model=model)
-            _check_pin(opts, model, record=True, served=client.served_ids)  # verified
+            if check_bundle is not None:
+                check_bundle(bundle, model)
+            _check_pin(opts, model, record=True, served=client.served_ids)  # accepted
             info(f"bundle {bundle.bundle_id[:12]}… of model {model.get('id')} "
                  f"{'fetched and cached in' if fetched else 'from cache'} {path}")
             return bundle, model
@@ -85,6 +89,8 @@ def resolve_bundle(opts: ServerOptions, client=None,
         raise CliError(f"--bundle {opts.bundle} is {bundle.bundle_id[:12]}…, but model "
                        f"{model.get('id')} expects bundle {str(model['bundle_id'])[:12]}…; "
                        "drop --bundle to fetch the right one")
+    if check_bundle is not None:
+        check_bundle(bundle, model)
     return bundle, model
 
 
