@@ -27,6 +27,9 @@ import { message, pct } from "../format/messages.js";
 import { resolveSource, type BitSource } from "../random/random.js";
 import { permutation } from "../random/samplers.js";
 import { MEASURE_Z, wilsonInterval } from "./floor.js";
+import { keptPass, rememberPass, type TextFloorCache } from "./text_floor_cache.js";
+import { WeakPrivacyError } from "../errors.js";
+import { measure as measure_, now } from "../timing.js";
 
 export const DECODE_LINE: number = TEXT_FLOOR.DECODE_LINE;
 export const PIECES_RATIO: number = TEXT_FLOOR.PIECES_RATIO;
@@ -70,7 +73,7 @@ export function leaveOneOut(x: ArrayLike<number>, y: ArrayLike<number>, prior: R
     const b = y[i]!;
     nX.set(a, (nX.get(a) ?? 0) + 1);
     let row = nXY.get(b);
-    if (row === undefined) nXY.set(b, (row = new Map()));
+    if (row === undefined) nXY.set(b, (row = new Map<number, number>()));
     row.set(a, (row.get(a) ?? 0) + 1);
   }
   let hits = 0;
@@ -161,4 +164,47 @@ export function textFloorReason(bundleId: string, eta: number, m: TextMeasure, t
       line: pct(DECODE_LINE), tail });
   }
   return null;
+}
+
+export interface TextFloorOptions {
+  /** what the measurement draws from: OS entropy by default (a seeded generator for tests) */
+  source?: BitSource | null;
+  /** passed measurements kept between loads (./text_floor_cache.ts), signed by this device */
+  cache?: TextFloorCache | null;
+  /** how this edge trusts a bundle, named by a refusal (default "--trusted-bundles") */
+  trustHow?: string;
+  /** privatize even below the text floor (the output is then close to the raw text) */
+  allowWeak?: boolean;
+}
+
+/** What the text floor found: the measurement, why it fails (null: it passes), and whether
+ * the measurement came from the signed cache. */
+export interface TextFloorResult {
+  measure: TextMeasure;
+  reason: string | null;
+  cached: boolean;
+}
+
+/**
+ * The text floor of an unverified bundle at ``text``'s η: a signed kept pass when the cache has
+ * one for this bundle and η, else measured now (and kept when it passes). A failure throws
+ * {@link WeakPrivacyError} unless ``allowWeak``.
+ */
+export async function checkTextFloor(text: DChiText, tokenizer: TextTokenizer,
+                                     options: TextFloorOptions = {}): Promise<TextFloorResult> {
+  const id = text.bundle.bundleId;
+  const how = options.trustHow ?? "--trusted-bundles";
+  const cache = options.cache ?? null;
+  if (cache !== null) {
+    const kept = await keptPass(cache, id, text.eta, (m) => textFloorReason(id, text.eta, m, how) === null)
+      .catch(() => null);
+    if (kept !== null) return { measure: kept, reason: null, cached: true };
+  }
+  const t0 = now();
+  const measure = await measureText(text, tokenizer, options.source);
+  measure_("text-floor", t0);
+  const reason = textFloorReason(id, text.eta, measure, how);
+  if (reason === null && cache !== null) await rememberPass(cache, id, text.eta, measure).catch(() => undefined);
+  if (reason !== null && !options.allowWeak) throw new WeakPrivacyError(reason);
+  return { measure, reason, cached: false };
 }

@@ -27,6 +27,9 @@ import {
 import { resolveSource, type BitSource } from "../random/random.js";
 import { measure, now } from "../timing.js";
 import { TextTokenizer } from "../bundle/tokenizer.js";
+import { trust, vouched, type Trust } from "../bundle/trust.js";
+import { checkTextFloor, type TextFloorResult } from "../floor/text_floor.js";
+import type { TextFloorCache } from "../floor/text_floor_cache.js";
 import { Laplace, OME, SentenceEncoder, packBits, requireVectorFloor } from "./vector.js";
 
 export const MECHANISMS = ["dchi-text", "dchi-embedding", "laplace", "ome"] as const;
@@ -91,6 +94,13 @@ export interface PrivatizerOptions extends NearestOptions {
   /** what the privacy floor's check draws from: OS entropy by default (at every check); a
    * seeded generator only for reproducible tests */
   floorSource?: BitSource | null;
+  /** bundle ids trusted as they are, beside the bundles privbert knows (../bundle/trust.ts);
+   * any other bundle is unverified and must pass the text floor too */
+  trustedBundles?: readonly string[] | null;
+  /** how the caller trusts a bundle, named by a text floor refusal (default "--trusted-bundles") */
+  trustHow?: string;
+  /** passed text floors kept between loads, signed by this device (../floor/text_floor_cache.ts) */
+  textFloorCache?: TextFloorCache | null;
 }
 
 type Mech = DChiText | DChiEmbedding | Laplace | OME;
@@ -101,16 +111,23 @@ export type PrivatizedData = Int32Array | Float64Array | Uint8Array;
 export class Privatizer {
   readonly tokenizer: TextTokenizer;
   private readonly diam: number;
+  /** known, trusted or unverified (../bundle/trust.ts) */
+  readonly trust: Trust;
+  /** an unverified bundle's text floor (dχ), else null */
+  readonly textFloor: TextFloorResult | null;
 
   private constructor(readonly bundle: EdgeBundle, readonly name: Mechanism, readonly mechanism: Mech,
                       readonly params: Record<string, number | string>, readonly maxLength: number,
                       readonly truncate: "first" | "error", readonly floatDtype: FloatDtype,
                       readonly encoder: SentenceEncoder | null,
                       /** why the parameters are weaker than the floor (only with allowWeakPrivacy) */
-                      readonly weakPrivacy: string | null) {
+                      readonly weakPrivacy: string | null,
+                      vouch: { trust: Trust; textFloor: TextFloorResult | null; tokenizer: TextTokenizer | null }) {
     const t0 = now();
-    this.tokenizer = new TextTokenizer(bundle.tokenizerJson);
+    this.tokenizer = vouch.tokenizer ?? new TextTokenizer(bundle.tokenizerJson);
     measure("tokenizer", t0);
+    this.trust = vouch.trust;
+    this.textFloor = vouch.textFloor;
     this.diam = name.startsWith("dchi") ? bundle.diameter : 0; // shared.ledger.bundle_diameter: of the privatization table
   }
 
@@ -129,6 +146,8 @@ export class Privatizer {
     if (truncate !== "first" && truncate !== "error") throw new RangeError(`truncate must be one of first, error, got ${String(truncate)}`);
     const floatDtype = options.floatDtype ?? "float32";
     const allowWeak = options.allowWeakPrivacy ?? false;
+    const vouch = { trust: trust(bundle.bundleId, new Set(options.trustedBundles ?? [])),
+      textFloor: null as TextFloorResult | null, tokenizer: null as TextTokenizer | null };
     if (name === "laplace" || name === "ome") {
       const encoder = await SentenceEncoder.fromBundle(bundle, options.threads ?? 1);
       try {
@@ -140,7 +159,7 @@ export class Privatizer {
         const weak = requireVectorFloor(mech, r, allowWeak);
         const limit = Math.min(bundle.maxLength, encoder.maxLength ?? bundle.maxLength);
         const maxLength = checkLength(options.maxLength ?? limit, limit);
-        return new Privatizer(bundle, name, mech, mech.params, maxLength, truncate, floatDtype, encoder, weak);
+        return new Privatizer(bundle, name, mech, mech.params, maxLength, truncate, floatDtype, encoder, weak, vouch);
       } catch (exc) {
         await encoder.release();
         throw exc;
@@ -166,7 +185,21 @@ export class Privatizer {
       const weak = await checkDchiFloor(name as "dchi-text" | "dchi-embedding", eta, bundle,
         mech instanceof DChiText ? mech : null, { source: options.floorSource ?? null, allowWeak, search: options });
       measure("floor", t0);
-      return new Privatizer(bundle, name as Mechanism, mech, { eta }, maxLength, truncate, floatDtype, null, weak);
+      if (!vouched(vouch.trust)) {
+        // an unverified bundle: the text floor too (issue 42), on a search of its own for dchi-embedding
+        const t1 = now();
+        vouch.tokenizer = new TextTokenizer(bundle.tokenizerJson);
+        measure("tokenizer", t1);
+        const own = mech instanceof DChiText ? null : await DChiText.create(bundle, eta, options);
+        try {
+          vouch.textFloor = await checkTextFloor(mech instanceof DChiText ? mech : own!, vouch.tokenizer, {
+            source: options.floorSource ?? null, cache: options.textFloorCache ?? null, trustHow: options.trustHow, allowWeak });
+        } finally {
+          await own?.release();
+        }
+      }
+      return new Privatizer(bundle, name as Mechanism, mech, { eta }, maxLength, truncate, floatDtype, null,
+        weak ?? vouch.textFloor?.reason ?? null, vouch);
     } catch (exc) {
       if (mech instanceof DChiText) await mech.release();
       throw exc;
