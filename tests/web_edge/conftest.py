@@ -39,8 +39,10 @@ def _web_edge_built():
 
 
 def edge_env(tmp: Path, extra: dict | None = None) -> dict:
-    """No PRIVBERT_* from the shell; the test's own ledger and caches."""
-    env = {k: v for k, v in os.environ.items() if not k.startswith("PRIVBERT_")}
+    """No PRIVBERT_* from the shell but the bundles the suite trusts (its tiny ones: the
+    text floor refuses them at the η the tests use); the test's own ledger and caches."""
+    env = {k: v for k, v in os.environ.items()
+           if not k.startswith("PRIVBERT_") or k == "PRIVBERT_TRUSTED_BUNDLES"}
     env.update({"PYTHONPATH": str(REPO), "PRIVBERT_EDGE_LEDGER": str(tmp / "js-ledger.json"),
                 "PRIVBERT_LEDGER": str(tmp / "py-ledger.sqlite3"),
                 "PRIVBERT_CACHE": str(tmp / "cache"), "OMP_NUM_THREADS": "1",
