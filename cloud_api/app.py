@@ -89,7 +89,9 @@ async def start_serving(app: FastAPI, stack: AsyncExitStack) -> None:
 
 # in order: the job worker thread and the prediction charges need the store
 # (records.start_store: the Database); start_metrics first, so that its exit runs last
-LIFESPAN: list[LifespanStep] = [start_metrics, start_basics, start_serving, records.start_store,
+# (records.start_store: the Database); the store before serving: a version's manifest is
+# checked against the digest the database recorded when it was sealed (cloud_api.home)
+LIFESPAN: list[LifespanStep] = [start_metrics, start_basics, records.start_store, start_serving,
                                 admin_budgets.start_charges, admin_jobs.start_worker]
 ROUTERS: list[APIRouter] = [health.router, inference.router, admin_models.router,
                             records.router, admin_records.router, admin_jobs.router,

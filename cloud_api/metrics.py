@@ -67,6 +67,9 @@ LOADED = Gauge("privbert_model_loaded", "1 for each model version loaded and ser
                ["model", "version"], multiprocess_mode="livemax")
 LOAD_FAILURES = Counter("privbert_model_load_failure", "Model versions that failed to load",
                         ["model"])
+FALLBACKS = Counter("privbert_model_fallback", "Times a model served an older version that "
+                    "verifies because its promoted version could not be loaded (not whole, "
+                    "laundered, non-finite) while nothing of it was served", ["model", "version"])
 NONFINITE = Counter("privbert_predictions_nonfinite", "Payloads whose scores came out NaN or "
                     "infinite (never answered: the request gets a 500 non-finite-scores and "
                     "its charge is refunded)", ["model", "version"])

@@ -142,8 +142,9 @@ class PayloadChecker:
                     f"(fetch GET /v1/bundles/{self.bundle_id})")
         got, want = self._compared(p.params.model_dump()), self._want
         if got != want:  # equal is the common case; else compare with a tolerance
-            diffs = [f"{k} {_fmt(got.get(k))} sent, {self.serves} {k} {_fmt(want.get(k))}"
-                     for k in registry.differing_params(got, want)]
+            diffs = [f"{k} {a} sent, {self.serves} {k} {b}"
+                     for k in registry.differing_params(got, want)
+                     for a, b in [registry.param_texts(got.get(k), want.get(k), _fmt)]]
             if diffs:
                 return "; ".join(diffs)
         shape = getattr(p, p.array_field).shape

@@ -5,7 +5,8 @@ records, idempotency; ``0002_jobs``: jobs, defined in ``cloud_api/jobs/table.py`
 ``metadata``; ``0003_job_names``: the base name a live pretraining job reserves, unique
 per kind; ``0004_budgets``: the privacy budget ledgers;
 ``0005_key_caps``: a key's ledger counts all its devices, device caps, refunds, a task's
-``pairs``; ``0006_budget_families``: the ledgers' per-family figures as rows). A payload's array is kept as its decoded little-endian bytes
+``pairs``; ``0006_budget_families``: the ledgers' per-family figures as rows; ``0007_version_seals``:
+the digest of each version's sealed manifest). A payload's array is kept as its decoded little-endian bytes
 (``LargeBinary``) with dtype and shape beside it, never as JSON or base64 text.
 """
 
@@ -146,4 +147,15 @@ budget_refunds = Table(
     Column("reason", String(32), nullable=False),
     Column("created_at", DateTime(timezone=True), nullable=False),
     Index(None, "key_id"),
+)
+
+# The SHA-256 of each model version's manifest.json when it was sealed (cloud_api.store.seals,
+# cloud_api.home.SealRecords): a manifest deleted or rewritten in the version folder is then
+# refused (issue 42). Kept in the database, out of reach of whoever can write the folders.
+version_seals = Table(
+    "version_seals", metadata,
+    Column("model_id", String(64), primary_key=True),
+    Column("version", String(16), primary_key=True),
+    Column("manifest_sha256", String(64), nullable=False),
+    Column("sealed_at", DateTime(timezone=True), nullable=False),
 )

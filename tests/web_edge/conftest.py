@@ -82,9 +82,15 @@ def tiny_dir(tiny_bundle, tmp_path_factory) -> Path:
 def table_dirs(minilm_bundle, minilm_dir, tmp_path_factory) -> dict[str, Path]:
     """Bundle directories of every kind of privatization table (issue 33): the model's 384-d
     embeddings ("none"), its top 32 principal components in int8, its top 64 in float32."""
+    from tests.conftest import trust_in_tests
+
     root = tmp_path_factory.mktemp("tables")
     out = {"none": minilm_dir}
     for name in ("pca32-int8", "pca64"):
-        out[name] = minilm_bundle.with_table(name).save(root / name)
+        b = minilm_bundle.with_table(name)
+        out[name] = b.save(root / name)
+        # pca64 (float) is no bundle privbert ships, and at eta 65 beyond its matched eta:
+        # the text floor would refuse it; these tests compare payloads, so it is trusted
+        trust_in_tests(b)
     return out
 
