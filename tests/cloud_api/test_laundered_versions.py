@@ -57,8 +57,8 @@ def made(tmp_path_factory):
     bert_dir = make_full_tiny_bert(tmp / "bert")
     b = EdgeBundle.from_model(bert_dir)
     root = tmp / "home"
+    root.mkdir(exist_ok=True)
     db = Database(f"sqlite:///{root / 'privbert.db'}")
-    root.mkdir()
     db.prepare()
     home = ModelHome(root, seals=DatabaseSeals(db)).ensure()
     store = BundleStore(home)
