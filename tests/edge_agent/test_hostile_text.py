@@ -168,3 +168,28 @@ def test_broken_tables_are_refused_before_anything_is_written(tiny_bundle, tmp_p
     line = assert_one_line_error(proc, code)
     assert why in line and "Traceback" not in proc.stderr
     assert not out.exists() and not (tmp_path / "ledger.sqlite3").exists()
+
+
+def test_pins_json_has_the_ledgers_rules(tmp_path, capsys):
+    """Others may not write it (they could pin a bundle of theirs), reading is warned about,
+    a symlink is resolved once: its target is read and replaced, the link stays."""
+    import os
+
+    from edge_agent.errors import CliError
+    from edge_agent.service.pins import Pins, check_pin
+
+    a, b = "a" * 64, "b" * 64
+    target = tmp_path / "real-pins.json"
+    check_pin(Pins(target), "http://s", "m1", a)
+    os.chmod(target, 0o666)
+    with pytest.raises(CliError, match=r"writable by others \(mode 666\).*chmod 600"):
+        Pins(target).read()
+    os.chmod(target, 0o644)
+    assert Pins(target).read() == {"http://s|m1": a}
+    assert "readable by others (mode 644)" in capsys.readouterr().err
+    os.chmod(target, 0o600)
+    link = tmp_path / "pins.json"
+    link.symlink_to(target)
+    check_pin(Pins(link), "http://s", "m2", b)
+    assert link.is_symlink()
+    assert json.loads(target.read_text())["pins"] == {"http://s|m1": a, "http://s|m2": b}

@@ -49,6 +49,16 @@ const ACCEPT = (() => {
   }
 })();
 
+/** Bundle ids the person trusts as they are, beside the ones privbert builds from public
+ * sources: ?trusted-bundles=ID[,ID] (explicit; any other bundle is unverified: the text floor). */
+const TRUSTED = (() => {
+  try {
+    return parseIds(new URLSearchParams(location.search).getAll("trusted-bundles").join(","), "?trusted-bundles");
+  } catch {
+    return new Set<string>();
+  }
+})();
+
 const BUNDLES = new CacheApiBundleCache();
 const OPTIONAL_BUNDLE_CACHE: BundleCache = {
   get: (id) => BUNDLES.get(id).catch(() => null),
@@ -161,7 +171,7 @@ export class Edge {
   /** What the page knows of the bundle, for the guarantee: known (built by privbert from
    * public sources) or unverified (checked by the floors only). */
   get trustNote(): string {
-    return trustNote(trust(this.bundle.bundleId));
+    return trustNote(trust(this.bundle.bundleId, TRUSTED), "?trusted-bundles");
   }
 
   /** The dimension of the privatization table (the noise's: k for a designed table). */
@@ -187,7 +197,7 @@ export class Edge {
       p = Privatizer.create(this.bundle, {
         mechanism: "dchi-text", eta, maxLength: this.maxLength, truncate: "error", threads: THREADS,
         // an unverified bundle's passed text floor, kept signed by this device (issue 42)
-        textFloorCache: TEXT_FLOOR_CACHE, trustHow: "a page's trustedBundles",
+        textFloorCache: TEXT_FLOOR_CACHE, trustedBundles: [...TRUSTED], trustHow: "?trusted-bundles=ID",
       });
       this.privatizers.set(eta, p);
       p.catch(() => this.privatizers.delete(eta));
