@@ -157,8 +157,8 @@ def measure_text(mech: DChiText, rng: np.random.Generator | None = None, *,
     special = np.array(sorted(set(bundle.special_ids.values())), dtype=np.int64)
     tokens = ids[~np.isin(ids, special)]
     words = sample_words()
-    if tokens.size < MIN_TOKENS:
-        return TextMeasure(int(ids.size), words, int(tokens.size), 0, 0, 0)
+    if tokens.size < MIN_TOKENS or ids.size / words / PUBLIC_PIECES_PER_WORD > PIECES_RATIO:
+        return TextMeasure(int(ids.size), words, int(tokens.size), 0, 0, 0)  # refused as it is
     prior: dict[int, int] = {}
     for a in tokens.tolist():
         prior[a] = prior.get(a, 0) + 1

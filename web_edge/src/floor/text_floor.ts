@@ -117,8 +117,8 @@ export async function measureText(text: DChiText, tokenizer: TextTokenizer, sour
   const special = new Set(Object.values(bundle.meta.special_ids));
   const tokens = ids.filter((i) => !special.has(i));
   const words = sampleWords();
-  if (tokens.length < MIN_TOKENS) {
-    return { pieces: ids.length, words, tokens: tokens.length, draws: 0, unchanged: 0, decoded: 0 };
+  if (tokens.length < MIN_TOKENS || ids.length / words / PUBLIC_PIECES_PER_WORD > PIECES_RATIO) {
+    return { pieces: ids.length, words, tokens: tokens.length, draws: 0, unchanged: 0, decoded: 0 }; // refused as it is
   }
   const prior = new Map<number, number>();
   for (const a of tokens) prior.set(a, (prior.get(a) ?? 0) + 1);
