@@ -157,6 +157,19 @@ def test_nan_in_any_array_file_is_refused_when_made_and_when_sealed(made, tmp_pa
     assert home.verify("m", "v1").sealed
 
 
+def test_a_nan_sealed_into_a_manifest_is_still_refused(made, tmp_path):
+    """A manifest that lists a NaN posterior (sealed by a writer that did not check, with no
+    record to compare: a home without its database) is refused for the NaN itself."""
+    import shutil
+
+    v = tmp_path / "v"
+    shutil.copytree(made[4], v)
+    (v / "posterior.npz").write_bytes(nan_posterior())
+    seal(_forge(v))
+    with pytest.raises(IntegrityError, match="posterior.npz: array log_posterior holds NaN"):
+        verify_folder(v)
+
+
 @pytest.fixture(scope="module")
 def srv(made):
     """A real server started on the home with v2 laundered (its manifest deleted, a finite

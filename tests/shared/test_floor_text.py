@@ -101,3 +101,44 @@ def test_pieces_per_word_past_the_ratio_is_refused(tiny_bundle):
     fine = ft.TextMeasure(at + 2, words, 900, 1024, 0, 0)
     why = ft.text_floor_reason(DChiText(tiny_bundle, 0.3), measured=fine)
     assert why is not None and "pieces per word" in why and "(limit 1.5 x)" in why
+
+
+def test_the_line_holds_exactly_at_the_ratio_and_for_either_share(tiny_bundle):
+    """33,807 pieces of 20,000 words is exactly PIECES_RATIO x the public model's (in the
+    float arithmetic both edges use): it passes, one piece more does not. A bundle is also
+    refused for what it sends unchanged, whatever is decoded."""
+    mech = DChiText(tiny_bundle, 0.3)
+    assert (33807 / 20000) / ft.PUBLIC_PIECES_PER_WORD == ft.PIECES_RATIO
+    at = ft.TextMeasure(33807, 20000, 900, 1024, 0, 0)
+    assert ft.text_floor_reason(mech, measured=at) is None
+    why = ft.text_floor_reason(mech, measured=ft.TextMeasure(33808, 20000, 900, 1024, 0, 0))
+    assert why is not None and "pieces per word" in why
+    unchanged = ft.TextMeasure(3232, 2868, 900, 1024, 600, 400)
+    why = ft.text_floor_reason(mech, measured=unchanged)
+    assert why is not None and "recovers 39.06% of 1,024 tokens" in why
+    assert "(58.59% sent unchanged; line 50.00%)" in why
+
+
+class _Halves:
+    """A channel that returns every other token unchanged and the rest as a token never seen
+    before (decoded as itself: wrong): exactly half unchanged, half decoded, so the interval
+    never leaves the line and every step is drawn (what the schedule is checked on; the real
+    mechanism is checked above)."""
+
+    def __init__(self, bundle):
+        self.bundle, self.eta, self.sizes = bundle, 1.0, []
+        seen = set(ft.sample_ids(bundle).tolist())
+        self.fresh = iter([i for i in bundle.regular_ids.tolist() if i not in seen])
+
+    def privatize_ids(self, x, rng):
+        self.sizes.append(int(x.size))
+        y = np.array(x)
+        y[1::2] = [next(self.fresh) for _ in range(y[1::2].size)]
+        return y
+
+
+def test_the_steps_double_to_the_whole_sample_twice(minilm_bundle):
+    m = _Halves(minilm_bundle)
+    got = ft.measure_text(m, np.random.default_rng(0))  # type: ignore[arg-type]
+    total = 2 * got.tokens
+    assert m.sizes == [1024, 1024, 2048, total - 4096] and got.draws == total

@@ -35,7 +35,7 @@ def js_text_floor(bundle_dir: Path, seed: int, *etas: float) -> list[dict]:
 
 @pytest.mark.parametrize("which,seed,etas", [
     ("tiny", 3, (30.0, 0.3, 4.0)),  # refused at the first step, passed at it, several steps
-    ("pca32-int8", 7, (45.0,)),     # the default table at its matched eta
+    pytest.param("pca32-int8", 7, (45.0,), marks=pytest.mark.slow),  # the default table
 ])
 def test_a_seeded_text_floor_is_the_python_edges(tiny_bundle, tiny_dir, minilm_bundle, tmp_path,
                                                  which, seed, etas):
@@ -60,7 +60,7 @@ def crafted_dirs(minilm_bundle, tmp_path_factory) -> dict[str, Path]:
 
 @pytest.mark.parametrize("name,why", [
     ("char-tokenizer", "pieces per word"),
-    ("frequent-isolated", "a context-free decoder recovers"),
+    pytest.param("frequent-isolated", "a context-free decoder recovers", marks=pytest.mark.slow),
     pytest.param("groups-of-four", "a context-free decoder recovers", marks=pytest.mark.slow),
 ])
 def test_privbert_edge_refuses_the_crafted_minilm_bundles(crafted_dirs, tmp_path, name, why):

@@ -14,7 +14,8 @@ import { PUBLIC_TEXT } from "../dist/generated/public_text.js";
 import { KNOWN_BUNDLES, TEXT_FLOOR } from "../dist/generated/spec.js";
 import { Privatizer } from "../dist/mechanisms/privatizer.js";
 import { DChiText } from "../dist/mechanisms/dchi.js";
-import { leaveOneOut, measureText, sampleWords, textFloorReason, TEXT_FIRST } from "../dist/floor/text_floor.js";
+import { leaveOneOut, measureText, sampleIds, sampleWords, textFloorReason, TEXT_FIRST } from "../dist/floor/text_floor.js";
+import { Pcg64Source } from "../dist/random/pcg64.js";
 import { MemoryTextFloorCache, entryKey, rememberPass } from "../dist/floor/text_floor_cache.js";
 import { craftedLayouts, reader } from "./bundles.mjs";
 
@@ -125,4 +126,30 @@ test("it draws in steps: a clear case stops at the first, and the whole sample i
   assert.ok(near.draws > TEXT_FIRST, JSON.stringify(near));
   assert.ok(near.draws <= near.tokens * TEXT_FLOOR.ROUNDS);
   assert.equal(textFloorReason(g.bundleId, ETA, clear, "x"), null);
+});
+
+test("the line holds exactly at the pieces ratio, and a bundle is refused for what it sends unchanged", () => {
+  assert.equal((33807 / 20000) / TEXT_FLOOR.PUBLIC_PIECES_PER_WORD, TEXT_FLOOR.PIECES_RATIO);
+  const m = (pieces, words, unchanged, decoded) => ({ pieces, words, tokens: 900, draws: 1024, unchanged, decoded });
+  assert.equal(textFloorReason("a".repeat(64), 1, m(33807, 20000, 0, 0), "x"), null);
+  assert.match(textFloorReason("a".repeat(64), 1, m(33808, 20000, 0, 0), "x"), /pieces per word/);
+  assert.match(textFloorReason("a".repeat(64), 1, m(3232, 2868, 600, 400), "x"),
+    /recovers 39\.06% of 1,024 tokens of public text privatized with it \(58\.59% sent unchanged; line 50\.00%\)/);
+});
+
+test("the steps double to the whole sample, twice (a channel that never leaves the line)", async () => {
+  const g = await open("genuine");
+  const tok = new TextTokenizer(g.tokenizerJson);
+  const seen = new Set(sampleIds(tok));
+  const fresh = [...g.regularIds].filter((i) => !seen.has(i))[Symbol.iterator]();
+  const sizes = [];
+  // every other token unchanged, the rest a token never seen before (decoded as itself: wrong)
+  const halves = { bundle: g, eta: 1, privatizeIds: async (x) => {
+    sizes.push(x.length);
+    return Int32Array.from(x, (v, i) => (i % 2 ? fresh.next().value : v));
+  } };
+  const got = await measureText(halves, tok, new Pcg64Source(0));
+  const total = 2 * got.tokens;
+  assert.deepEqual(sizes, [1024, 1024, 2048, total - 4096]);
+  assert.equal(got.draws, total);
 });
