@@ -66,7 +66,27 @@ def make_tiny_bert_dir(path: Path, dim: int = 16, seed: int = 0, n_unused: int =
     rng = np.random.default_rng(seed)
     emb = rng.normal(0, 0.5, (len(vocab), dim)).astype(np.float32)
     save_file({"embeddings.word_embeddings.weight": emb}, str(path / "model.safetensors"))
+    trust_tiny_model(path)
     return path
+
+
+TINY_TABLES = ("pca4-int8", "pca8-int8")  # the designed tables the tests build on tiny models
+
+
+def trust_tiny_model(path: Path) -> None:
+    """Trust the bundles of a tiny test model (its own table and :data:`TINY_TABLES`) in this
+    process and the edges it starts: see :func:`trust_in_tests`."""
+    from shared.bundle import EdgeBundle
+    from shared.table import TableError
+
+    b = EdgeBundle.from_model(path)
+    tables = []
+    for name in TINY_TABLES:
+        try:
+            tables.append(b.with_table(name))
+        except TableError:  # more dimensions than the model has
+            pass
+    trust_in_tests(b, *tables)
 
 
 def trust_in_tests(*bundles) -> None:
@@ -85,12 +105,9 @@ def trust_in_tests(*bundles) -> None:
 @pytest.fixture(autouse=True, scope="session")
 def _trust_the_tiny_bundles(tmp_path_factory):
     """The default tiny bundle (made alike by ``make_tiny_bert_dir`` wherever a test makes
-    it) and its compact table, trusted before any test runs; the other tiny bundles are
-    trusted by their fixtures."""
-    from shared.bundle import EdgeBundle
-
-    tiny = EdgeBundle.from_model(make_tiny_bert_dir(tmp_path_factory.mktemp("trusted-tiny")))
-    trust_in_tests(tiny, tiny.with_table("pca4-int8"))
+    it, in a subprocess too) and its compact tables, trusted before any test runs; every
+    tiny model a test makes is trusted when it is made (:func:`trust_tiny_model`)."""
+    make_tiny_bert_dir(tmp_path_factory.mktemp("trusted-tiny"))
 
 
 @pytest.fixture(autouse=True)
@@ -183,6 +200,7 @@ def make_full_tiny_bert(path: Path, dim: int = 16, seed: int = 0, layers: int = 
     with torch.no_grad():  # spread the table so that tokens are distinguishable
         model.embeddings.word_embeddings.weight.normal_(0.0, 0.5)
     model.save_pretrained(str(path))
+    trust_tiny_model(path)
     return path
 
 
