@@ -202,9 +202,37 @@ def show_visits(label: str, report: dict) -> None:
         for q in sorted(v["requests"], key=lambda q: -q["bytes"]):
             how = "from cache" if q.get("fromCache") else (q.get("encoding") or "identity")
             print(f"  {q['bytes']:>12,} B  {_file(q['url'])} ({q.get('status', '?')}, {how})")
+        prof = v.get("profile") or {}
+        if all(prof.get(k) is not None for k in ("readyAt", "clickAt", "doneAt")):
+            # the driver's own round trips (fill, click: CDP under the CPU slowdown) left out
+            at_ready = prof["readyAt"] + prof["doneAt"] - prof["clickAt"]
+            print(f"  by the page's clock: ready {prof['readyAt'] / 1000:.2f} s, the tokens on screen "
+                  f"{at_ready / 1000:.2f} s after navigation for a click at ready (the driver "
+                  f"clicked {(prof['clickAt'] - prof['readyAt']) / 1000:.2f} s after ready)")
+        show_profile(v.get("profile"))
     if res["warm"]:
         print(f"warm privatization at this CPU, median of {len(res['warm'])}: "
               f"{statistics.median(res['warm']):.1f} ms")
+
+
+def show_profile(prof: dict | None) -> None:
+    """Where one visit's time went, by the page's clock (ms after navigation): the page, its
+    script, every request (start-end, bytes), every User Timing measure of the library
+    (start+duration), the ready, click and answer marks: a waterfall, in order of start."""
+    if not prof:
+        return
+    events = [(r[1], f"request {_file(r[0])}: {r[1]:.0f}-{r[2]:.0f} ({r[3]:,} B)")
+              for r in prof["resources"]]
+    events += [(m[1], f"{m[0].removeprefix('privbert:')}: {m[1]:.0f}+{m[2]:.0f}")
+               for m in prof["measures"]]
+    nav = prof.get("navigation") or {}
+    if nav:
+        events.append((nav["responseEnd"], f"page received: {nav['responseEnd']:.0f}"))
+    for mark in ("scriptAt", "readyAt", "clickAt", "doneAt"):
+        if prof.get(mark) is not None:
+            events.append((prof[mark], f"{mark.removesuffix('At')}: {prof[mark]:.0f}"))
+    print("  profile (the page's clock, ms after navigation): " + "; ".join(
+        text for _, text in sorted(events, key=lambda e: e[0])))
 
 
 def show(report: dict, py_ms: float) -> None:

@@ -87,11 +87,75 @@ async def start_serving(app: FastAPI, stack: AsyncExitStack) -> None:
     app.state.ready_checks.append(served_models.ready)
 
 
-# in order: the job worker thread and the prediction charges need the store
-# (records.start_store: the Database); start_metrics first, so that its exit runs last
-# (records.start_store: the Database); the store before serving: a version's manifest is
-# checked against the digest the database recorded when it was sealed (cloud_api.home)
-LIFESPAN: list[LifespanStep] = [start_metrics, start_basics, records.start_store, start_serving,
+async def start_shared_state(app: FastAPI, stack: AsyncExitStack) -> None:
+    """After the store step (``app.state.db``), before serving: readiness asks the database
+    (a replica that cannot reach it is taken out of its Service); with
+    ``PRIVBERT_MODEL_STORE=database`` the home is the shared store with ``$PRIVBERT_HOME`` as
+    this host's cache, read once now so that serving starts with what is promoted; with
+    ``PRIVBERT_RATE_LIMIT_STORE=database`` one token bucket per key for every replica."""
+    import asyncio
+
+    from cloud_api.errors import ServiceError
+    from cloud_api.store.model_store import ModelStore
+    from cloud_api.store.rate_limits import SharedRateLimiter
+    from cloud_api.store.stored_home import StoredHome
+
+    s: Settings = app.state.settings
+    db = app.state.db
+    app.state.ready_checks.append(_database_ready(db, s.ready_db_timeout_s))
+    if s.rate_limit_store == "database":
+        app.state.rate_limiter = SharedRateLimiter(db, s.rate_limit_per_key, s.rate_limit_burst)
+    app.state.model_sync_first = None
+    if s.model_store == "database":
+        app.state.home = StoredHome(s.home, ModelStore(db)).ensure()
+        try:
+            app.state.model_sync_first = await asyncio.to_thread(app.state.home.sync)
+        except ServiceError as exc:
+            log.warning("model store not readable at start (%s): serving what this host "
+                        "has; not ready until it is read", exc.detail)
+
+
+def _database_ready(db, timeout_s: float) -> Callable[[], Awaitable[tuple[bool, dict]]]:
+    """A readiness check: the database answers ``SELECT 1`` within ``timeout_s``."""
+    import asyncio
+
+    from cloud_api.errors import ServiceError
+
+    async def check() -> tuple[bool, dict]:
+        try:
+            await asyncio.wait_for(asyncio.to_thread(db.ping), timeout_s)
+        except (ServiceError, TimeoutError):
+            return False, {"database": "does not answer"}
+        return True, {}
+    return check
+
+
+async def start_model_sync(app: FastAPI, stack: AsyncExitStack) -> None:
+    """With ``PRIVBERT_MODEL_STORE=database``: follow the store's promotions
+    (``cloud_api.serving.model_sync``); ready only once they were read."""
+    from cloud_api.serving.model_sync import ModelSync
+
+    s: Settings = app.state.settings
+    if s.model_store != "database":
+        return
+    sync = ModelSync(app.state.home, app.state.served_models, s.model_sync_interval_s)
+    if app.state.model_sync_first is not None:  # read at start: take it as the first pass
+        import time
+
+        sync.synced_at = time.monotonic()
+        sync.failed = app.state.model_sync_first.failed
+    sync.start()
+    stack.push_async_callback(sync.stop)
+    app.state.model_sync = sync
+    app.state.ready_checks.append(sync.ready)
+
+
+# in order: the shared state, the job worker thread and the prediction charges need the
+# store (records.start_store: the Database); the store before serving: a version's manifest is
+# checked against the digest the database recorded when it was sealed (cloud_api.home);
+# start_metrics first, so that its exit runs last
+LIFESPAN: list[LifespanStep] = [start_metrics, start_basics, records.start_store,
+                                start_shared_state, start_serving, start_model_sync,
                                 admin_budgets.start_charges, admin_jobs.start_worker]
 ROUTERS: list[APIRouter] = [health.router, inference.router, admin_models.router,
                             records.router, admin_records.router, admin_jobs.router,

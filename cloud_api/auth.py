@@ -142,7 +142,8 @@ def _bearer(header: str) -> str | None:
     return token
 
 
-def authenticate(app_state, authorization: str | None, need: Role, state: dict) -> Caller:
+async def authenticate(app_state, authorization: str | None, need: Role, state: dict
+                       ) -> Caller:
     """The caller of an ``Authorization`` header value for a route that needs ``need``,
     after the per-key rate limit; ``state`` (the request's scope state) learns its key id.
     Unauthorized, Forbidden or RateLimited otherwise. The one check of every route: the
@@ -158,24 +159,25 @@ def authenticate(app_state, authorization: str | None, need: Role, state: dict) 
         if need == "admin" and caller.role != "admin":
             raise Forbidden("an application key may not call /admin")
     state["key_id"] = caller.key_id
-    wait = app_state.rate_limiter.acquire(caller.key_id)
+    # in memory, or (PRIVBERT_RATE_LIMIT_STORE=database) one bucket for every replica
+    wait = await app_state.rate_limiter.acquire_async(caller.key_id)
     if wait > 0:
         raise RateLimited(f"key {caller.key_id} is over its rate limit", retry_after=wait)
     return caller
 
 
-def _caller(request: Request, need: Role) -> Caller:
-    return authenticate(request.app.state, request.headers.get("authorization"), need,
+async def _caller(request: Request, need: Role) -> Caller:
+    return await authenticate(request.app.state, request.headers.get("authorization"), need,
                         request.scope.setdefault("state", {}))
 
 
 # async: no I/O here, and a plain def would cost a thread-pool round trip per request
 async def require_app(request: Request) -> Caller:
-    return _caller(request, "app")
+    return await _caller(request, "app")
 
 
 async def require_admin(request: Request) -> Caller:
-    return _caller(request, "admin")
+    return await _caller(request, "admin")
 
 
 AppCaller = Annotated[Caller, Depends(require_app)]

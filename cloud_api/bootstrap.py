@@ -30,6 +30,7 @@ from pathlib import Path
 
 from cloud_api.cli import PROG, fail, guarded, home_arg, settings_for
 from shared.mechanisms import DChiText, registry
+from shared.policy import NO_POLICY, policy_for_new_model
 from shared.table import DEFAULT_TABLE, MATCHED_ETA, table_for_new_model
 
 # The quick start's defaults: at about the same compute, half of MiniLM's layers over more
@@ -141,7 +142,7 @@ def _model_id(args) -> str:
 
 
 def run(args) -> int:
-    from cloud_api.home import ModelHome
+    from cloud_api.store.stored_home import open_home
 
     t0 = time.perf_counter()
     if args.limit < 0 or args.dev_limit < 0 or args.dev_draws < 0:
@@ -150,14 +151,14 @@ def run(args) -> int:
     for path in (args.data, args.dev):
         if path is not None and not Path(path).is_file():
             return fail(f"{path}: no such file")
-    home = ModelHome(settings_for(args).home).ensure()
+    home = open_home(settings_for(args)).ensure()
     model_id = _model_id(args)
     task = args.task or model_id
     if args.if_missing and (v := home.promoted(model_id)):
         print(f"model={model_id} version={v} (already promoted; nothing to do)")
         _declare_task(args, task, home.read_config(model_id, v))  # so records can be uploaded
         return 0
-    from models.cli_args import check_device, mechanism_settings
+    from models.cli_args import apply_policy, check_device, mechanism_settings
     from models.cli_train import recipe_from_args
 
     check_device(args)
@@ -170,6 +171,14 @@ def run(args) -> int:
         # the dχ mechanisms: the η of this table matched to the 384-d table at η 65
         params["eta"] = MATCHED_ETA.get(args.table or "none", DEFAULT_ETA)
     bundle = _bundle(args)
+    policy = policy_for_new_model(args.mechanism, args.policy,
+                                  args.bundle is not None or args.base is not None)
+    if policy != NO_POLICY or args.policy is not None:
+        bundle = apply_policy(bundle, policy, params)
+        if policy != NO_POLICY:
+            _say(f"token policy {policy}: {bundle.policy.size} public words sent as typed "
+                 f"with probability {1 - params['public_p']:g} (--policy none: every token "
+                 "privatized)")
     weak = _check_floor(args, bundle, params)
     if weak is not None:
         return fail(weak)
@@ -340,10 +349,12 @@ def _fresh_dev(args, model_dir: Path, bundle) -> dict | None:
 
     seeds = (np.random.SeedSequence(args.seed).spawn(args.dev_draws)
              if args.seed is not None else [None] * args.dev_draws)
+    _say(f"measuring the kept model on {args.dev_draws} fresh privatization(s) of the dev set")
+    progress = sys.stderr.isatty() and not args.no_progress
     accs = [evaluate_tsv(model_dir, args.dev, bundle=bundle, limit=args.dev_limit or None,
                          rng=np.random.default_rng(s) if s is not None else None,
                          device=args.device, precision=args.precision,
-                         progress=False)["accuracy"] for s in seeds]
+                         progress=progress)["accuracy"] for s in seeds]
     out = {"fresh_accuracy": float(np.mean(accs)), "fresh_draws": accs}
     path = model_dir / METRICS_FILE
     metrics = json.loads(path.read_text())

@@ -30,6 +30,7 @@ _COMMANDS = [
     "models.cli_pretrain",   # pretrain
     "cloud_api.bootstrap",   # bootstrap
     "cloud_api.cli_db",      # db upgrade | current (the record store's schema)
+    "cloud_api.cli_store",   # store import-home | list | sync (the shared model store)
     "cloud_api.jobs.cli",    # worker
 ]
 
@@ -223,13 +224,18 @@ def register_models(sub) -> None:
 
 
 def _home(args):
-    """The home, with the database's seal records when the database can be opened (the
-    digests of sealed manifests, issue 42); else without them, said in one line."""
+    """The home of the settings: the shared store (PRIVBERT_MODEL_STORE=database, whose
+    versions carry their manifests' digests), or on disk with the database's seal records
+    when the database can be opened (the digests of sealed manifests, issue 42); else
+    without them, said in one line."""
     from cloud_api.home import ModelHome
     from cloud_api.store.db import Database
     from cloud_api.store.seals import DatabaseSeals
+    from cloud_api.store.stored_home import open_home
 
     s = settings_for(args)
+    if s.model_store == "database":
+        return open_home(s)
     home = ModelHome(s.home)
     try:
         db = Database.from_settings(s)

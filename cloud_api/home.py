@@ -47,6 +47,7 @@ import tempfile
 import threading
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Protocol
 
@@ -109,6 +110,15 @@ def write_atomically(path: Path, text: str, *, durable: bool = True) -> None:
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
         raise
+
+
+@dataclass
+class SyncReport:
+    """What one :meth:`ModelHome.sync` did: ``changed`` {model: version now pointed at here},
+    ``failed`` {model: why its promoted version is not used here}."""
+
+    changed: dict[str, str] = field(default_factory=dict)
+    failed: dict[str, str] = field(default_factory=dict)
 
 
 class SealRecords(Protocol):
@@ -363,6 +373,20 @@ class ModelHome:
             raise
         self.record_seal(model_id, version)
         return version
+
+    def materialize(self, model_id: str, version: str) -> Path:
+        """The folder of ``version`` on this host (here: where it is; a home whose versions
+        live in a shared store fetches it first, ``cloud_api.store.stored_home``)."""
+        return self.version_dir(model_id, version)
+
+    def publish_base(self, name: str) -> None:
+        """A base that just entered ``bases/`` (here: nothing more to do; a shared store
+        stores it, ``cloud_api.store.stored_home``)."""
+
+    def sync(self) -> SyncReport:
+        """Point this host at what the deployment promotes (here: the pointers are the
+        deployment's, nothing to do; ``cloud_api.store.stored_home`` fetches)."""
+        return SyncReport()
 
     def read_config(self, model_id: str, version: str) -> dict:
         path = self.version_dir(model_id, version) / CONFIG_FILE

@@ -43,6 +43,11 @@ class RateLimiter:
             self._buckets[key] = (tokens, now)
             return (cost - tokens) / self.rate
 
+    async def acquire_async(self, key: str, cost: float = 1.0) -> float:
+        """:meth:`acquire` for the request path (the same interface as the database's
+        shared limiter, ``cloud_api.store.rate_limits``; no I/O here)."""
+        return self.acquire(key, cost)
+
     def _evict(self, now: float) -> None:
         full_after = self.burst / self.rate
         self._buckets = {k: v for k, v in self._buckets.items() if now - v[1] < full_after}

@@ -67,6 +67,11 @@ LOADED = Gauge("privbert_model_loaded", "1 for each model version loaded and ser
                ["model", "version"], multiprocess_mode="livemax")
 LOAD_FAILURES = Counter("privbert_model_load_failure", "Model versions that failed to load",
                         ["model"])
+# PRIVBERT_MODEL_STORE=database: seconds since the replica last read the store's promotions
+# whole (cloud_api.serving.model_sync); a value past a few sync intervals is worth an alert
+MODEL_SYNC_AGE = Gauge("privbert_model_store_sync_age_seconds", "Seconds since the "
+                       "promotions in the shared model store were last read",
+                       multiprocess_mode="livemax")
 FALLBACKS = Counter("privbert_model_fallback", "Times a model served an older version that "
                     "verifies because its promoted version could not be loaded (not whole, "
                     "laundered, non-finite) while nothing of it was served", ["model", "version"])

@@ -66,6 +66,15 @@ class Settings(BaseSettings):
     db_connect_timeout_s: float = Field(5.0, gt=0, description="PostgreSQL: connect "
                                         "timeout, then 503")
     db_pool_size: int = Field(5, ge=1, description="connections kept per process")
+    model_store: Literal["home", "database"] = Field(
+        "home", description="where model versions, promotions and bundles live: 'home' "
+        "($PRIVBERT_HOME on disk, shared by the processes of one machine) or 'database' "
+        "(the database, for replicas with no shared volume; $PRIVBERT_HOME is then this "
+        "host's cache: docs/deployment.md)")
+    model_sync_interval_s: float = Field(2.0, gt=0, description="with model_store=database: "
+                                         "how often a replica reads the promotions")
+    ready_db_timeout_s: float = Field(2.0, gt=0, description="/readyz: the database must "
+                                      "answer a SELECT 1 within this")
 
     # -- keys -------------------------------------------------------------------------------
     api_keys: KeyList = Field(default_factory=list, description="application keys for /v1 "
@@ -109,6 +118,10 @@ class Settings(BaseSettings):
     rate_limit_per_key: float = Field(200.0, ge=0, description="requests per second per key "
                                       "(0 = no limit)")
     rate_limit_burst: int = Field(400, ge=1)
+    rate_limit_store: Literal["memory", "database"] = Field(
+        "memory", description="where the per-key token buckets live: 'memory' (each "
+        "process its own) or 'database' (one bucket per key for every replica sharing the "
+        "database)")
 
     # -- micro-batching ---------------------------------------------------------------------
     max_batch_size: int = Field(32, ge=1, description="payloads per model forward")

@@ -101,9 +101,10 @@ def add_param_flags(group: argparse._ActionsContainer, *, with_defaults: bool,
                     suffix: dict[str, str] | None = None) -> list[ParamFlag]:
     """Add one flag per parameter of ``mechs`` to ``group``. ``with_defaults``: a flag not
     given is the default its mechanisms share (``cloud-api train``); else None, so that
-    the edge can tell given flags from others. ``required``: every flag must be given
-    (``cloud-api pretrain``). ``suffix``: more help for a parameter on this command."""
-    flags = param_flags(mechs)
+    the edge can tell given flags from others. ``required``: only the parameters the
+    mechanisms require, each a required flag (``cloud-api pretrain``, which simulates no
+    token policy). ``suffix``: more help for a parameter on this command."""
+    flags = [f for f in param_flags(mechs) if f.always_required or not required]
     for f in flags:
         kwargs: dict[str, Any] = {"type": f.python_type, "help": f.help.replace("%", "%%")}
         if f.choices:

@@ -81,6 +81,12 @@ class ParamFlag:
     mechanisms: tuple[str, ...]
     helps: tuple[tuple[str, str], ...]  # (mechanism, its help) in order
     defaults: tuple[Any, ...]  # each mechanism's default (None: required)
+    requireds: tuple[bool, ...] = ()  # whether each mechanism requires it
+
+    @property
+    def always_required(self) -> bool:
+        """Every mechanism with this parameter requires it (eta; not public_p)."""
+        return bool(self.requireds) and all(self.requireds)
 
     @property
     def help(self) -> str:
@@ -108,7 +114,7 @@ def param_flags(mechs: Iterable[dict] | None = None) -> list[ParamFlag]:
     for e in (entries() if mechs is None else mechs):
         for f in e["flags"]:
             got = by.setdefault(f["param"], {"flag": f, "mechs": [], "helps": [],
-                                             "defaults": []})
+                                             "defaults": [], "requireds": []})
             first = got["flag"]
             if (first["type"], first["choices"]) != (f["type"], f["choices"]):
                 raise ValueError(f"parameter {f['param']} of {e['name']} has another type than "
@@ -116,10 +122,11 @@ def param_flags(mechs: Iterable[dict] | None = None) -> list[ParamFlag]:
             got["mechs"].append(e["name"])
             got["helps"].append((e["name"], f["help"]))
             got["defaults"].append(f["default"])
+            got["requireds"].append(bool(f.get("required", False)))
     return [ParamFlag(p, g["flag"]["flag"], g["flag"]["type"],
                       tuple(g["flag"]["choices"]) if g["flag"]["choices"] else None,
                       g["flag"]["metavar"], tuple(g["mechs"]), tuple(g["helps"]),
-                      tuple(g["defaults"]))
+                      tuple(g["defaults"]), tuple(g["requireds"]))
             for p, g in by.items()]
 
 

@@ -30,6 +30,7 @@ import numpy as np
 from shared.bundle import EdgeBundle
 from shared.floor import THRESHOLD, dchi_floor
 from shared.mechanisms import DChiText, registry, sample_dchi_noise
+from shared.recovery import TokenClasses, token_classes
 
 PAPER_ETAS = (50, 75, 100, 125, 150, 175)  # Qu et al. Table 3, BERT-base (n = 768)
 GEOMETRY_KS = (1, 2, 3, 4, 5, 10, 20, 50, 100, 200, 500, 1000, 5000, 10000)  # Fig. 3
@@ -49,17 +50,23 @@ def sample_regular_tokens(bundle: EdgeBundle, n: int, rng: np.random.Generator) 
 
 
 def text_token_sample(bundle: EdgeBundle, texts: list[str], limit: int,
-                      rng: np.random.Generator) -> np.ndarray:
-    """Regular word-piece occurrences of ``texts`` (a random subset of ``limit`` if more).
+                      rng: np.random.Generator) -> tuple[np.ndarray, TokenClasses]:
+    """Regular word-piece occurrences of ``texts`` (a random subset of ``limit`` if more),
+    and their classes (``shared.recovery``: content tokens by the standard stop list, rare
+    tokens outside the 4,096 most frequent of ``texts`` themselves).
 
     [UNK] and other special ids are left out: no mechanism output is ever one of them.
     """
     encs = bundle.tokenizer.encode_batch(texts, add_special_tokens=False)
-    ids = np.fromiter((i for e in encs for i in e.ids), dtype=np.int64)
-    ids = ids[np.isin(ids, bundle.regular_ids)]
-    if ids.size > limit:
-        ids = rng.choice(ids, size=limit, replace=False)
-    return ids
+    seqs = [np.asarray(e.ids, dtype=np.int64) for e in encs]
+    ids = np.concatenate(seqs) if seqs else np.zeros(0, np.int64)
+    counts = np.bincount(ids, minlength=bundle.vocab_size).astype(np.float64)
+    classes = token_classes(seqs, bundle.tokenizer.get_vocab(with_added_tokens=True),
+                            bundle.regular_ids, counts)
+    keep = np.flatnonzero(np.isin(ids, bundle.regular_ids))
+    if keep.size > limit:
+        keep = np.sort(rng.choice(keep, size=limit, replace=False))
+    return ids[keep], TokenClasses({k: v[keep] for k, v in classes.masks.items()})
 
 
 def distinct_per_row(values: np.ndarray) -> np.ndarray:
@@ -106,6 +113,12 @@ class FixedDraw:
         self.evaluations += 1
         guess = self.mech.index.search(self._x + self._base / eta)
         return float((guess == self.ids).mean())
+
+    def accuracy_by_class(self, eta: float, classes: TokenClasses) -> dict[str, float | None]:
+        """:meth:`accuracy` within each class of ``classes`` (masks over the ids)."""
+        hit = self.mech.index.search(self._x + self._base / eta) == self.ids
+        return {c: (float(hit[m].mean()) if m.any() else None)
+                for c, m in classes.masks.items()}
 
     def standard_error(self, acc: float) -> float:
         """Binomial standard error of an accuracy estimated on this many tokens."""
@@ -180,6 +193,7 @@ class PrivacyReport:
     timings: dict = field(default_factory=dict)
     geometry: dict | None = None
     floor: dict | None = None  # shared.floor: {"threshold", "eta", "unchanged"}
+    by_class: dict | None = None  # inversion accuracy per token class (a sample text only)
 
     def summary_stats(self) -> dict:
         """min / quantiles / max / mean of N_w and S_w."""
@@ -202,7 +216,7 @@ class PrivacyReport:
                           "table": [{"eta": e, "accuracy": a} for e, a in self.table]},
             "target_inversion": self.target, "guarantee": self.guarantee,
             "timings_s": self.timings, "geometry": self.geometry,
-            "privacy_floor": self.floor,
+            "privacy_floor": self.floor, "inversion_by_class": self.by_class,
             "contextual_attack": (None if not _contextual(self.mechanism) else
                                   {"measured": False, "how": CONTEXTUAL_NOTE.split(": ", 1)[1]
                                    .split("torch: ", 1)[1].format(eta=f"{self.eta:.4g}")}),
@@ -238,8 +252,9 @@ def build_report(bundle: EdgeBundle, mechanism: str, *, eta: float | None = None
         mech = DChiText(bundle, eta if eta is not None else 1.0, chunk=1024)
     elif eta is not None:
         mech.eta = float(eta)
+    classes = None
     if texts is not None:
-        inv_ids = text_token_sample(bundle, texts, inversion_tokens, rng)
+        inv_ids, classes = text_token_sample(bundle, texts, inversion_tokens, rng)
         source = "sample text"
     else:
         inv_ids = rng.choice(bundle.regular_ids, size=inversion_tokens, replace=True)
@@ -255,6 +270,11 @@ def build_report(bundle: EdgeBundle, mechanism: str, *, eta: float | None = None
     t1 = time.perf_counter()
     table = [(e, draw.accuracy(e)) for e in grid]
     acc = dict(table)[float(eta)]
+    by_class = None
+    if classes is not None:
+        by_class = {"accuracy": draw.accuracy_by_class(float(eta), classes),
+                    "tokens": classes.sizes(),
+                    "rare": "outside the 4,096 most frequent tokens of the sample text"}
     timings["inversion_table"] = time.perf_counter() - t1
     note(f"plausible deniability: {tokens} tokens x {samples} perturbations at eta={eta:g}")
     t2 = time.perf_counter()
@@ -275,7 +295,7 @@ def build_report(bundle: EdgeBundle, mechanism: str, *, eta: float | None = None
     return PrivacyReport(mechanism, float(eta), bundle.bundle_id, bundle.table_dim,
                          int(bundle.regular_ids.size), int(ids.size), samples, n_w, s_w,
                          source, int(inv_ids.size), acc, draw.standard_error(acc), table,
-                         target, g, timings, geo, floor)
+                         target, g, timings, geo, floor, by_class)
 
 
 def embedding_geometry(bundle: EdgeBundle, rng: np.random.Generator, etas: list[float],
@@ -328,6 +348,12 @@ def format_report(r: PrivacyReport) -> str:
         f"{r.inversion_source}: accuracy {r.inversion_accuracy:.4f} "
         f"(± {1.96 * r.inversion_se:.4f}, 95%) at eta={r.eta:.4g}",
     ]
+    if r.by_class is not None:
+        acc, n = r.by_class["accuracy"], r.by_class["tokens"]
+        lines.append("  by token class: " + ", ".join(
+            f"{c} {'-' if acc[c] is None else f'{acc[c]:.4f}'} ({n[c]:,} tokens)"
+            for c in ("all", "content", "rare")) + " (content: not a word of the standard "
+            f"stop list; rare: {r.by_class['rare']})")
     if r.target is not None:
         lines.append(f"  target {r.target:g}: eta={r.eta:.4g} reaches {r.inversion_accuracy:.4f} "
                      "on the fixed noise draw")

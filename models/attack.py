@@ -128,7 +128,8 @@ def format_token_report(rep, contextual: dict | None = None) -> str:
 
 
 # -- contextual attack (models.denoiser) -----------------------------------------------------
-def load_denoiser(source, bundle: EdgeBundle, mechanism: str, eta: float):
+def load_denoiser(source, bundle: EdgeBundle, mechanism: str, eta: float,
+                  public_p: float | None = None):
     """The denoiser of a model version folder, or a denoiser file, checked against the
     mechanism, η and bundle attacked (ValueError, one line)."""
     from models.denoiser import Denoiser
@@ -140,7 +141,8 @@ def load_denoiser(source, bundle: EdgeBundle, mechanism: str, eta: float):
             raise ValueError(f"{path}: this model version reads no contextual denoiser")
         path = path / DENOISER_FILE
     d = Denoiser.load(path, model_embeddings(bundle))
-    d.check_for(mechanism, {"eta": eta}, bundle.bundle_id)
+    d.check_for(mechanism, {"eta": eta, **({"public_p": public_p} if public_p is not None
+                                            else {})}, bundle.bundle_id)
     return d
 
 
@@ -151,7 +153,7 @@ def contextual_attack(denoiser, bundle: EdgeBundle, texts: list[str], *, draws: 
     from models.denoiser_train import recovery
 
     t0 = time.perf_counter()
-    rec = recovery(denoiser, None, bundle, texts, draws=draws, rng=rng)
+    rec = recovery(denoiser, None, bundle, texts, draws=draws, rng=rng, by_class=True)
     rec.pop("context_free", None)
     rec.pop("context_free_draws", None)
     tr = denoiser.meta.get("training") or {}
@@ -176,7 +178,26 @@ def format_contextual(rec: dict) -> str:
         f"{100 * rec['context_free_smoothed']:.1f}%",
         f"  denoiser {d['source']}: {d['layers']} layers, {d['candidates']:,} candidates, "
         f"{trained}; the published guarantee above still holds; this is what "
-        "our own server can undo"])
+        "our own server can undo",
+        *format_by_class(rec.get("by_class"))])
+
+
+def format_by_class(bc: dict | None) -> list[str]:
+    """The recovery split by token class (``shared.recovery``), one line per class."""
+    if not bc:
+        return []
+    pct = "{:.1f}%".format
+    out = [f"  by token class ({bc['attack']} attack; content: not a word of the standard "
+           "stop list; rare: outside the 4,096 most frequent public-text tokens):"]
+    for c, n in bc["tokens"].items():
+        r = (bc.get("recovery") or {}).get(c) or {}
+        parts = [f"unchanged {pct(100 * bc['unchanged'][c])}"]
+        for m, what in (("exact", "recovered"), ("top5", "in its top 5"),
+                        ("semantic", "recovered or a near word")):
+            if r.get(m) is not None:
+                parts.append(f"{what} {pct(100 * r[m])}")
+        out.append(f"    {c} ({n:,} tokens): " + ", ".join(parts))
+    return out
 
 
 # -- sentence-vector attack ------------------------------------------------------------------

@@ -11,6 +11,7 @@ import sys
 
 from edge_agent.cli_args import add_param_flags
 from edge_agent.mechanism_spec import flag_values
+from shared.policy import DEFAULT_P, NO_POLICY, POLICIES, PolicyError, policy_name
 
 PROG = "cloud-api"
 
@@ -63,8 +64,34 @@ def add_mechanism_args(p: argparse.ArgumentParser) -> None:
                    help="dchi-text: build the bundle with this privatization table from the "
                         "base model (shared.table: none, pca32-int8, pca64, ...; "
                         "cloud-api export-bundle --table writes one to a folder)")
+    g.add_argument("--policy", metavar="NAME", type=policy_arg,
+                   help="dchi-text, dchi-embedding: build the bundle with this token policy "
+                        "(shared.policy: its public words are sent as typed with probability "
+                        "1 - public_p; " + ", ".join(POLICIES) + ", or none)")
     g.add_argument("--seed", type=int,
                    help="reproducible privatization and training (prints a warning)")
+
+
+def policy_arg(s: str) -> str:
+    """A ``--policy`` value (argparse's error on an unknown one)."""
+    try:
+        return policy_name(s)
+    except PolicyError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
+def apply_policy(bundle, policy: str | None, params: dict):
+    """The bundle under token ``policy`` (None: as it is) and ``params`` with its p: a
+    policy asked for without ``public_p`` takes :data:`shared.policy.DEFAULT_P`."""
+    if policy is None:
+        return bundle
+    if policy == NO_POLICY:
+        if params.get("public_p") is not None:
+            raise ValueError("--public-p needs a token policy (--policy NAME)")
+        return bundle.with_policy(None) if bundle.policy is not None else bundle
+    if "public_p" in params and params["public_p"] is None:
+        params["public_p"] = DEFAULT_P
+    return bundle.with_policy(policy)
 
 
 def add_recipe_args(p: argparse.ArgumentParser) -> None:

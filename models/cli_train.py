@@ -22,8 +22,10 @@ from models.cli_args import (
     add_device_args,
     add_mechanism_args,
     add_recipe_args,
+    apply_policy,
     check_device,
     mechanism_settings,
+    policy_arg,
     positive_int,
     posterior_table,
     seeded_rng,
@@ -207,6 +209,9 @@ def register(subparsers) -> None:
                    help="a bundle for dchi-text with this privatization table (shared.table: "
                         "pca32-int8, pca64, none-int8, ...; no encoder.onnx): the projection "
                         "is fitted on the model's own word embeddings, never on text")
+    x.add_argument("--policy", metavar="NAME", type=policy_arg,
+                   help="a bundle for dchi-text with this token policy (its public words: "
+                        "shared.policy; no encoder.onnx)")
     x.add_argument("--onnx", action="store_true", help="export a trained model's classifier")
     x.add_argument("--model", metavar="DIR", help="model version folder (with --onnx)")
     x.set_defaults(func=_guarded(run_export))
@@ -224,7 +229,7 @@ def _keep_bundle(bundle, model_dir) -> None:
 
     b = bundle if isinstance(bundle, EdgeBundle) or bundle is None else \
         load_bundle(bundle_dir=bundle)
-    if b is not None and not b.has_embeddings:
+    if b is not None and (not b.has_embeddings or b.policy is not None):
         save_atomically(b, Path(model_dir) / BUNDLE_DIR)
         print(f"bundle={Path(model_dir) / BUNDLE_DIR} ({b.describe_table()})", file=sys.stderr)
 
@@ -262,12 +267,19 @@ def run_train(args) -> int:
             _info(f"note: privatization table {DEFAULT_TABLE}, the default for new dchi-text "
                   f"models (eta {MATCHED_ETA[DEFAULT_TABLE]:g} on it matches eta "
                   f"{MATCHED_ETA['none']:g} on the 384-d table; --table none for that one)")
-        if args.table is not None:
+        from shared.policy import NO_POLICY, policy_for_new_model
+
+        settings = mechanism_settings(args)
+        policy = policy_for_new_model(args.mechanism, args.policy,
+                                      args.bundle is not None or args.base is not None)
+        if args.table is not None or policy != NO_POLICY:
             from models.privatize import load_bundle
 
-            bundle = load_bundle(bundle_dir=args.bundle, model_dir=args.base, table=args.table)
+            bundle = apply_policy(load_bundle(bundle_dir=args.bundle, model_dir=args.base,
+                                              table=args.table),
+                                  policy if policy != NO_POLICY else args.policy, settings)
         try:
-            res = train_from_tsv(args.data, args.out, args.mechanism, mechanism_settings(args),
+            res = train_from_tsv(args.data, args.out, args.mechanism, settings,
                                  dev_tsv=args.dev, bundle=bundle, base=args.base,
                                  cfg=cfg, limit=args.limit, dev_limit=args.dev_limit, rng=rng,
                                  allow_weak_privacy=args.allow_weak_privacy, recipe=recipe,
@@ -281,9 +293,9 @@ def run_train(args) -> int:
 
         if args.dev is not None:
             raise ValueError("--records takes --dev-records (JSONL), not --dev")
-        if args.table is not None:
+        if args.table is not None or args.policy is not None:
             raise ValueError("--records were privatized with their bundle already: pass it "
-                             "with --bundle DIR, not --table")
+                             "with --bundle DIR, not --table or --policy")
         if args.mechanism is not None:
             _info("note: --records carry their mechanism; the mechanism flags are ignored")
         records = read_records_jsonl(args.records, limit=args.limit)
@@ -465,7 +477,7 @@ def run_export(args) -> int:
         return 0
     if args.out is None:
         raise ValueError("export-bundle needs --out DIR (or --onnx --model DIR)")
-    if args.table is not None and args.table != "none":
+    if (args.table is not None and args.table != "none") or args.policy not in (None, "none"):
         return _export_table_bundle(args)
     bundle = export_bundle(args.out, args.model_dir, args.pooling)
     enc = bundle.meta["encoder"]
@@ -484,7 +496,7 @@ def _export_table_bundle(args) -> int:
     from shared.accounting import dchi_diameter_bound
     from shared.bundle import EdgeBundle, save_atomically
 
-    bundle = EdgeBundle.from_model(args.model_dir, table=args.table)
+    bundle = EdgeBundle.from_model(args.model_dir, table=args.table, policy=args.policy)
     out = save_atomically(bundle, args.out)
     loaded = EdgeBundle.load(out, expected_id=bundle.bundle_id)  # it reads back whole
     size = sum(p.stat().st_size for p in Path(out).iterdir() if p.is_file())
@@ -495,5 +507,10 @@ def _export_table_bundle(args) -> int:
     print(f"size={size} bytes ({size / 1e6:.2f} MB); tarball {len(loaded.to_tar_bytes())} bytes")
     print(f"diameter bound D = 2 max||phi|| = "
           f"{dchi_diameter_bound(loaded.table, loaded.regular_ids):.4f} (worst case eta*D per "
-          "token); serves dchi-text only")
+          "token); " + ("serves dchi-text only" if not loaded.has_embeddings else
+                        "serves dchi-text and dchi-embedding"))
+    if loaded.policy is not None:
+        print(f"token policy {loaded.policy.name}: {loaded.policy.size} public words "
+              f"(sha256 {loaded.policy.digest[:12]}…), sent as typed with probability "
+              "1 - public_p")
     return 0

@@ -318,5 +318,6 @@ def new_denoiser(posterior, bundle, *, layers: int = 2, candidates: int = 4096, 
     cand = candidate_vocabulary(posterior.prior_counts, bundle.regular_ids, candidates)
     bias = channel_bias(posterior, cand, bundle.regular_ids)
     info = {"mechanism": posterior.mechanism, "eta": posterior.eta,
+            **({"public_p": posterior.public_p} if posterior.public_p is not None else {}),
             "bundle_id": bundle.bundle_id, "posterior": posterior.describe(), **(meta or {})}
     return Denoiser(bert, cand, bias, info)

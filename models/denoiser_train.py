@@ -24,6 +24,9 @@ import torch
 import torch.nn.functional as F
 
 from models.denoiser import Denoiser, new_denoiser
+from shared.mechanisms import DChiText
+from shared.policy import public_masks
+from shared.recovery import neighbour_table, recovery_by_class, token_classes, unchanged_by_class
 
 
 @dataclass(frozen=True)
@@ -84,11 +87,18 @@ def token_sequences(bundle, texts: Sequence[str], max_length: int) -> list[np.nd
 
 def privatize_sequences(mech, seqs: Sequence[np.ndarray], rng: np.random.Generator | None
                         ) -> list[np.ndarray]:
-    """Each sequence privatized by the exact mechanism (one batched call per 64k tokens)."""
+    """Each sequence privatized by the exact mechanism (one batched call per 64k tokens;
+    under a token policy, each sequence's public words decided word by word)."""
     flat = np.concatenate(seqs) if seqs else np.empty(0, np.int64)
+    policy = getattr(mech, "policy", None)
+    public = public_masks(policy, seqs) if policy is not None and seqs else None
     out = np.empty_like(flat)
     for s in range(0, len(flat), 65536):
-        out[s:s + 65536] = mech.privatize_ids(flat[s:s + 65536], rng)
+        if public is None:
+            out[s:s + 65536] = mech.privatize_ids(flat[s:s + 65536], rng)
+        else:
+            out[s:s + 65536] = mech.privatize_ids(flat[s:s + 65536], rng,
+                                                  public=public[s:s + 65536])
     return np.split(out, np.cumsum([len(q) for q in seqs])[:-1])
 
 
@@ -122,7 +132,6 @@ def train_denoiser(bundle, posterior, texts: Sequence[str], cfg: DenoiserConfig 
                    log: Callable[[str], None] | None = None) -> Denoiser:
     """A denoiser for ``posterior``'s mechanism and η, trained on the public ``texts``."""
     from models.finetune import linear_warmup_decay
-    from shared.mechanisms import DChiText
 
     cfg = cfg or DenoiserConfig()
     cfg.validate()
@@ -134,7 +143,7 @@ def train_denoiser(bundle, posterior, texts: Sequence[str], cfg: DenoiserConfig 
     model = new_denoiser(posterior, bundle, layers=cfg.layers, candidates=cfg.candidates,
                          base=base, meta={"training": {**cfg.as_dict(), "texts": len(seqs),
                                                        "tokens": int(sum(map(len, seqs)))}})
-    mech = DChiText(bundle, posterior.eta)
+    mech = DChiText(bundle, posterior.eta, public_p=posterior.public_p)
     params = [p for p in model.parameters() if p.requires_grad]
     decay = [p for p in params if p.ndim >= 2]
     rest = [p for p in params if p.ndim < 2]
@@ -191,25 +200,45 @@ def train_denoiser(bundle, posterior, texts: Sequence[str], cfg: DenoiserConfig 
     return model.eval()
 
 
+def frequency_counts(denoiser: Denoiser | None, posterior, vocab_size: int) -> np.ndarray:
+    """Public-text token counts for the rare split (``shared.recovery``): the posterior's
+    prior counts, else the denoiser's candidates (the most frequent public tokens) ranked
+    first."""
+    if posterior is not None:
+        return np.asarray(posterior.prior_counts, dtype=np.float64)
+    counts = np.zeros(vocab_size)
+    if denoiser is not None:
+        counts[denoiser.candidates.numpy()] = 1.0
+    return counts
+
+
+def _top_ids(denoiser: Denoiser, input_ids, attention_mask, k: int) -> torch.Tensor:
+    """(B, T, k) the denoiser's k most probable originals at every position."""
+    n = denoiser.candidates.numel()
+    top = denoiser.logits(input_ids, attention_mask).topk(k, -1).indices
+    return torch.where(top == n, input_ids.unsqueeze(-1), denoiser.candidates[top.clamp(max=n - 1)])
+
+
 @torch.no_grad()
 def recovery(denoiser: Denoiser | None, posterior, bundle, texts: Sequence[str], *,
              draws: int = 3, rng: np.random.Generator | None = None, max_length: int = 128,
-             batch_size: int = 128) -> dict:
+             batch_size: int = 128, by_class: bool = False) -> dict:
     """Shares of the original tokens of ``texts`` that (i) survive the mechanism unchanged,
     (ii) the context-free posterior's argmax recovers (``context_free``: the Monte Carlo
     table's, ``posterior.map_ids``, when a table is given; ``context_free_smoothed``: the
     denoiser's own bias), (iii) the contextual denoiser recovers (when given); mean and each
     of ``draws`` fresh draws, and the share within the denoiser's reach (a candidate or the
-    output itself)."""
-    from shared.mechanisms import DChiText
-
+    output itself). ``by_class``: also ``by_class`` (``shared.recovery``: all, content and
+    rare tokens; the contextual attack's exact, top-5 and semantic recovery, what comes back
+    unchanged)."""
     if denoiser is None and posterior is None:
         raise ValueError("recovery needs a posterior table or a denoiser")
     seqs = token_sequences(bundle, texts, max_length)
     if not seqs:
         raise ValueError("no tokens to measure recovery on")
     eta = posterior.eta if posterior is not None else float(denoiser.meta["eta"])
-    mech = DChiText(bundle, eta)
+    public_p = posterior.public_p if posterior is not None else denoiser.meta.get("public_p")
+    mech = DChiText(bundle, eta, public_p=public_p)
     map_ids = posterior.map_ids() if posterior is not None else None
     x = np.concatenate(seqs)
     in_cand = None
@@ -220,30 +249,55 @@ def recovery(denoiser: Denoiser | None, posterior, bundle, texts: Sequence[str],
     res: dict[str, list[float]] = {"survive": [], "context_free": [], "contextual": [],
                                    "context_free_smoothed": [], "reachable": []}
     lengths = np.array([len(q) for q in seqs])
+    classes = near = None
+    splits: list[dict] = []
+    unchanged: list[dict] = []
+    if by_class:
+        classes = token_classes(seqs, bundle.tokenizer.get_vocab(with_added_tokens=True),
+                                bundle.regular_ids,
+                                frequency_counts(denoiser, posterior, bundle.vocab_size))
+        if bundle.has_embeddings:  # the semantic neighbours: the model's own table
+            near = neighbour_table(bundle.embeddings, x, bundle.regular_ids)
     for _ in range(draws):
         ys = privatize_sequences(mech, seqs, rng)
         y = np.concatenate(ys)
         res["survive"].append(float((y == x).mean()))
         if map_ids is not None:
             res["context_free"].append(float((map_ids[y] == x).mean()))
+        if classes is not None:
+            unchanged.append(unchanged_by_class(x, y, classes))
         if denoiser is None:
+            if classes is not None and map_ids is not None:
+                splits.append(recovery_by_class(x, map_ids[y], classes, near))
             continue
         res["reachable"].append(float(((y == x) | in_cand[x]).mean()))
         pred, free = [None] * len(seqs), [None] * len(seqs)
         for idx in _batches(lengths, batch_size, None):
             b = collate([ys[i] for i in idx], None, bundle.special_ids)
-            p = denoiser.predict_ids(b["input_ids"], b["attention_mask"]).numpy()
+            p = _top_ids(denoiser, b["input_ids"], b["attention_mask"], 5).numpy()
             f = denoiser.context_free_ids(b["input_ids"]).numpy()
             for j, i in enumerate(idx):
                 pred[i], free[i] = p[j, 1:len(ys[i]) + 1], f[j, 1:len(ys[i]) + 1]
-        res["contextual"].append(float((np.concatenate(pred) == x).mean()))
+        guesses = np.concatenate(pred)
+        res["contextual"].append(float((guesses[:, 0] == x).mean()))
         res["context_free_smoothed"].append(float((np.concatenate(free) == x).mean()))
+        if classes is not None:
+            splits.append(recovery_by_class(x, guesses, classes, near))
     out = {"tokens": int(len(x)), "texts": len(seqs), "draws": draws,
            "mechanism": DChiText.name, "eta": eta}
     for k, v in res.items():
         if v:
             out[k] = float(np.mean(v))
             out[f"{k}_draws"] = v
+    if classes is not None:
+        out["by_class"] = {
+            "attack": "contextual" if denoiser is not None else "context-free",
+            "tokens": classes.sizes(),
+            "unchanged": {c: float(np.mean([u[c] for u in unchanged])) for c in unchanged[0]},
+            "recovery": {c: {m: (float(np.mean([s_[c][m] for s_ in splits]))
+                                 if splits and splits[0][c].get(m) is not None else None)
+                             for m in ("exact", "top5", "semantic")} for c in classes.masks}
+            if splits else None}
     return out
 
 
@@ -269,7 +323,7 @@ def public_denoiser(bundle, posterior, texts: Sequence[str], cfg: DenoiserConfig
             from models.backbone import model_embeddings
 
             d = Denoiser.load(path, model_embeddings(bundle))
-            d.check_for(posterior.mechanism, {"eta": posterior.eta}, bundle.bundle_id)
+            d.check_for(posterior.mechanism, posterior.params, bundle.bundle_id)
             return d
         except ValueError:
             pass  # unreadable or for something else: train it again

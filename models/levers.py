@@ -30,6 +30,7 @@ def public_posterior(bundle: EdgeBundle, mechanism: str, params: dict, texts: li
     read from / written to ``cache`` (a folder) under a digest of everything it depends on."""
     key = hashlib.sha256(json.dumps(
         {"bundle": bundle.bundle_id, "mechanism": mechanism, "eta": params.get("eta"),
+         **({"public_p": params["public_p"]} if params.get("public_p") is not None else {}),
          "passes": recipe.posterior_passes, "min_draws": recipe.posterior_min_draws,
          "texts": hashlib.sha256("\n".join(texts).encode()).hexdigest()},
         sort_keys=True).encode()).hexdigest()[:20]
@@ -45,7 +46,8 @@ def public_posterior(bundle: EdgeBundle, mechanism: str, params: dict, texts: li
     table = build_posterior(bundle, mechanism, float(params["eta"]), texts,
                             passes=recipe.posterior_passes,
                             min_draws=recipe.posterior_min_draws, rng=rng,
-                            source={"digest": key}, on_progress=bar.update)
+                            source={"digest": key}, on_progress=bar.update,
+                            public_p=params.get("public_p"))
     bar.close()
     if path is not None:
         path.parent.mkdir(parents=True, exist_ok=True)

@@ -28,6 +28,7 @@ from pathlib import Path
 import numpy as np
 
 from shared.mechanisms import registry
+from shared.policy import public_masks
 
 POSTERIOR_FILE = "posterior.npz"
 FORMAT = "privbert-posterior"
@@ -58,6 +59,7 @@ class ChannelPosterior:
     pair_y: np.ndarray = field(default_factory=lambda: np.empty(0, np.int32))
     pair_n: np.ndarray = field(default_factory=lambda: np.empty(0, np.int32))
     source: dict = field(default_factory=dict)
+    public_p: float | None = None  # the token policy's p (``shared.policy``), None: no policy
 
     def __post_init__(self) -> None:
         if self.mechanism not in registry.dchi_names():
@@ -85,8 +87,15 @@ class ChannelPosterior:
     def describe(self) -> dict:
         """What the table is for and what it was built from (recorded in a model's config)."""
         return {"mechanism": self.mechanism, "eta": self.eta, "bundle_id": self.bundle_id,
+                **({"public_p": self.public_p} if self.public_p is not None else {}),
                 "draws": int(self.draws.sum()), "prior_tokens": int(self.prior_counts.sum()),
                 "distinct_tokens": int((self.prior_counts > 0).sum()), **self.source}
+
+    @property
+    def params(self) -> dict:
+        """The mechanism's parameters this table is for."""
+        return {"eta": self.eta, **({"public_p": self.public_p}
+                                    if self.public_p is not None else {})}
 
     def check_for(self, mechanism: str, params: dict, bundle_id: str) -> None:
         """ValueError unless this table was built for exactly this mechanism, η and bundle."""
@@ -100,6 +109,7 @@ class ChannelPosterior:
         if bundle_id != self.bundle_id:
             raise ValueError(f"the posterior table was built for bundle {self.bundle_id[:12]}…,"
                              f" the payloads use {bundle_id[:12]}…")
+        check_policy_param("posterior table", self.public_p, (params or {}).get("public_p"))
 
     # -- dchi-text: P(x | y) -------------------------------------------------------------------
     def pairs(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -154,7 +164,7 @@ class ChannelPosterior:
         """The table as a compressed .npz (what :meth:`save` writes)."""
         meta = {"format": FORMAT, "format_version": FORMAT_VERSION, "mechanism": self.mechanism,
                 "eta": self.eta, "bundle_id": self.bundle_id, "vocab_size": self.vocab_size,
-                "source": self.source}
+                "source": self.source, "public_p": self.public_p}
         buf = io.BytesIO()
         np.savez_compressed(buf, meta=np.frombuffer(json.dumps(meta).encode(), np.uint8),
                             prior_counts=self.prior_counts,
@@ -192,19 +202,36 @@ class ChannelPosterior:
         return cls(meta["mechanism"], float(meta["eta"]), meta["bundle_id"],
                    int(meta["vocab_size"]), arrays["prior_counts"], arrays["draws"],
                    arrays["pair_x"], arrays["pair_y"], arrays["pair_n"],
-                   dict(meta.get("source") or {}))
+                   dict(meta.get("source") or {}), meta.get("public_p"))
 
 
-def token_counts(bundle, texts: Sequence[str]) -> np.ndarray:
-    """(V,) float64 counts of the word pieces of ``texts`` as the edge tokenizes them."""
+def token_counts(bundle, texts: Sequence[str], public: bool = False
+                 ) -> np.ndarray | tuple[np.ndarray, np.ndarray]:
+    """(V,) float64 counts of the word pieces of ``texts`` as the edge tokenizes them;
+    ``public``: also the counts of the occurrences that are public words under the bundle's
+    token policy (``shared.policy``: whole words of its list)."""
     tok = bundle.text_tokenizer()
     counts = np.zeros(bundle.vocab_size)
+    pub = np.zeros(bundle.vocab_size)
     for s in range(0, len(texts), 4096):
         enc = tok.encode_batch(list(texts[s:s + 4096]), add_special_tokens=False)
         ids = [np.asarray(e.ids, dtype=np.int64) for e in enc]
         if ids:
-            np.add.at(counts, np.concatenate(ids), 1.0)
-    return counts
+            flat = np.concatenate(ids)
+            np.add.at(counts, flat, 1.0)
+            if public and bundle.policy is not None:
+                np.add.at(pub, flat[public_masks(bundle.policy, ids)], 1.0)
+    return (counts, pub) if public else counts
+
+
+def check_policy_param(what: str, have: float | None, sent: float | None) -> None:
+    """ValueError unless a table (or denoiser) built for token policy ``have`` (its p, None:
+    no policy) is used for payloads of policy ``sent``."""
+    if (have is None) != (sent is None) or (
+            have is not None and abs(float(have) - float(sent)) > 1e-9):  # type: ignore[arg-type]
+        def say(p: float | None) -> str:
+            return "no token policy" if p is None else f"token policy public_p={p:g}"
+        raise ValueError(f"the {what} was built for {say(have)}, the payloads use {say(sent)}")
 
 
 def draws_per_token(counts: np.ndarray, passes: float, min_draws: int) -> np.ndarray:
@@ -221,12 +248,15 @@ def build_posterior(bundle, mechanism: str, eta: float, texts: Sequence[str], *,
                     passes: float = 1.0, min_draws: int = 16,
                     rng: np.random.Generator | None = None, source: dict | None = None,
                     chunk: int = 65536,
-                    on_progress: Callable[[int, int], None] | None = None) -> ChannelPosterior:
+                    on_progress: Callable[[int, int], None] | None = None,
+                    public_p: float | None = None) -> ChannelPosterior:
     """The channel posterior of ``mechanism`` at ``eta`` on ``bundle`` from public ``texts``.
 
     ``dchi-text``: the exact mechanism (``shared.mechanisms.DChiText``) runs on every token
     of the texts (:func:`draws_per_token`: ``passes`` times each occurrence, ``min_draws``
-    runs at least per distinct token); cost ≈ one search per run.
+    runs at least per distinct token); cost ≈ one search per run. Under a token policy
+    (``public_p``) a token's runs are public in the share its occurrences in the text are
+    public words (sent as they are with probability 1 − p).
     ``dchi-embedding``: the prior only (no sampling).
     """
     if mechanism not in registry.dchi_names():
@@ -234,25 +264,32 @@ def build_posterior(bundle, mechanism: str, eta: float, texts: Sequence[str], *,
                          f"{', '.join(registry.dchi_names())} privatize tokens one by one")
     if not (passes > 0 and math.isfinite(passes)) or min_draws < 1:
         raise ValueError(f"passes must be > 0 and min_draws >= 1, got {passes}, {min_draws}")
-    counts = token_counts(bundle, texts)
+    counts, pub_counts = token_counts(bundle, texts, public=True)
     if counts.sum() == 0:
         raise ValueError("the public text has no tokens: no posterior can be built")
     src = {"texts": len(texts), "passes": passes, "min_draws": min_draws, **(source or {})}
     if not _sends_ids(mechanism):  # noisy embeddings: the prior only
         return ChannelPosterior(mechanism, float(eta), bundle.bundle_id, bundle.vocab_size,
-                                counts, source=src)
+                                counts, source=src, public_p=public_p)
     from shared.mechanisms import DChiText
 
-    mech = DChiText(bundle, eta)
+    mech = DChiText(bundle, eta, public_p=public_p)
     draws = draws_per_token(counts, passes, min_draws)
     xs = np.repeat(np.arange(bundle.vocab_size, dtype=np.int64), draws)
+    public = None
+    if mech.policy is not None:  # the first round(d·share) runs of each token are public
+        share = np.divide(pub_counts, counts, out=np.zeros_like(counts), where=counts > 0)
+        n_pub = np.rint(draws * share).astype(np.int64)
+        starts = np.concatenate([[0], np.cumsum(draws)[:-1]])
+        public = (np.arange(xs.size) - np.repeat(starts, draws)) < np.repeat(n_pub, draws)
     ys = np.empty_like(xs)
     for s in range(0, len(xs), chunk):
-        ys[s:s + chunk] = mech.privatize_ids(xs[s:s + chunk], rng)
+        ys[s:s + chunk] = mech.privatize_ids(
+            xs[s:s + chunk], rng, public=None if public is None else public[s:s + chunk])
         if on_progress is not None:
             on_progress(min(len(xs), s + chunk), len(xs))
     code, n = np.unique(xs * bundle.vocab_size + ys, return_counts=True)
     return ChannelPosterior(mechanism, float(eta), bundle.bundle_id, bundle.vocab_size,
                             counts, draws, (code // bundle.vocab_size).astype(np.int32),
                             (code % bundle.vocab_size).astype(np.int32), n.astype(np.int32),
-                            source=src)
+                            source=src, public_p=public_p)

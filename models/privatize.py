@@ -107,10 +107,7 @@ def load_bundle(bundle_dir: str | os.PathLike | None = None,
     if bundle_dir is not None and table is not None:
         raise ValueError("--table builds a bundle and --bundle reads one: pass one of them")
     if bundle_dir is None and version_dir is not None and table is None:
-        from models.version_folder import BUNDLE_DIR
-
-        if (Path(version_dir) / BUNDLE_DIR / "bundle.json").is_file():
-            bundle_dir = Path(version_dir) / BUNDLE_DIR
+        bundle_dir = model_bundle_dir(version_dir, expected_id)
     if bundle_dir is not None:
         bundle = EdgeBundle.load(bundle_dir)
     else:
@@ -119,6 +116,25 @@ def load_bundle(bundle_dir: str | os.PathLike | None = None,
         raise ValueError(f"the bundle {bundle.bundle_id[:12]}… is not the model's "
                          f"{expected_id[:12]}… (pass the bundle it was trained with: --bundle)")
     return bundle
+
+
+def model_bundle_dir(version_dir: str | os.PathLike, bundle_id: str | None) -> Path | None:
+    """Where a model version's own bundle is: its ``bundle/`` folder (``cloud-api train``
+    writes one for a designed table or a token policy), else ``bundles/<bundle_id>`` of the
+    ``$PRIVBERT_HOME`` that holds the version (``models/<id>/versions/<v>``: what
+    ``cloud-api bootstrap`` and the job worker register); None if neither has it."""
+    from models.version_folder import BUNDLE_DIR
+
+    v = Path(version_dir)
+    if (v / BUNDLE_DIR / "bundle.json").is_file():
+        return v / BUNDLE_DIR
+    if bundle_id is None:
+        return None
+    for home in v.resolve().parents[:4]:
+        cand = home / "bundles" / bundle_id
+        if (cand / "bundle.json").is_file():
+            return cand
+    return None
 
 
 def _bert_dir_for_bundle(model_dir) -> Path | None:

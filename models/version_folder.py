@@ -97,3 +97,10 @@ def check_denoiser_meta(meta: dict, mechanism: str, params: dict, bundle_id: str
     if bundle_id != meta.get("bundle_id"):
         raise ValueError(f"the denoiser was trained for bundle {str(meta.get('bundle_id'))[:12]}"
                          f"…, the payloads use {bundle_id[:12]}…")
+    have, sent = meta.get("public_p"), (params or {}).get("public_p")
+    if (have is None) != (sent is None) or (have is not None and abs(
+            float(have) - float(sent)) > 1e-9):  # type: ignore[arg-type]
+        def say(p: float | None) -> str:
+            return "no token policy" if p is None else f"token policy public_p={p:g}"
+        raise ValueError(f"the denoiser was trained for {say(have)}, the payloads use "
+                         f"{say(sent)}")

@@ -13,7 +13,7 @@ pip_quiet() {
 
 ensure_venv() {
     local stamp="$VENV/.privbert-installed" want
-    want="$(sha256sum "$ROOT/pyproject.toml" | cut -c1-64)"
+    want="$(cat "$ROOT/pyproject.toml" "$ROOT/deploy/k8s/requirements.txt" | sha256sum | cut -c1-64)"
     if [ ! -x "$VENV/bin/python" ]; then
         echo "setting up $VENV (first run: a few minutes)" >&2
         python3 -m venv "$VENV"
@@ -22,6 +22,7 @@ ensure_venv() {
         # torch first, pinned to the CPU wheel on disk (any other torch pulls CUDA packages)
         pip_quiet install torch==2.13.0
         pip_quiet install -e "$ROOT[edge,cloud,plot,dev]"
+        pip_quiet install -r "$ROOT/deploy/k8s/requirements.txt"  # deploy tools (its header)
         echo "$want" > "$stamp"
     fi
     # shellcheck disable=SC1091

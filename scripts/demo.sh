@@ -11,7 +11,9 @@
 #      predictions through the API (only the privatized payloads travel);
 #   5. print each sentence (it never left this machine) with its prediction, and the
 #      guarantee; stop the service.
-# Extra arguments go to `cloud-api bootstrap` (e.g. --limit 20000 --epochs 2).
+# The bootstrap shows its progress on a terminal: a line per step, and a bar with the time left
+# for each long one. Extra arguments go to `cloud-api bootstrap` (e.g. --limit 20000 --epochs 2;
+# --no-progress: the step lines only).
 . "$(dirname "$0")/_env.sh"
 ensure_venv
 cd "$ROOT"
@@ -22,7 +24,7 @@ MODEL=sst2
 [ -f "$DATA/train.tsv" ] || { echo "demo: $DATA/train.tsv not found (../shared beside the clone?)" >&2; exit 1; }
 
 cloud-api bootstrap --data "$DATA/train.tsv" --dev "$DATA/dev.tsv" --mechanism dchi-text \
-    --model-id "$MODEL" --if-missing --no-progress "$@"
+    --model-id "$MODEL" --if-missing "$@"
 
 work="$(mktemp -d)"
 server_pid=""

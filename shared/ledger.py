@@ -12,7 +12,11 @@ Chatzikokolakis et al. 2013):
 * ``dchi`` (dchi-text, dchi-embedding): a sentence of n tokens is (η·d)-private per token
   and the tokens add up (Qu et al. 2021 §3.2): the metric total η·n, and its worst-case
   ε = η·n·D with D = 2 max||φ|| over the bundle's regular table (no two tokens are further
-  apart; the figure ``shared.accounting`` reports per token).
+  apart; the figure ``shared.accounting`` reports per token). Under a token policy
+  (``shared.policy``) the public words of a sentence have no guarantee: n counts the other
+  tokens, and the public ones are counted beside them (``public``), never charged. Only the
+  device knows which tokens were public; a server, which must not be told, charges every
+  token of a payload (a bound on the device's charge).
 * ``laplace``: the whole-vector ε (ε with calibration "vector", r·ε with "coordinate";
   word dropout only helps sentences that differ in one word, so it is not counted).
 * ``randomized-response`` (ome, and SUE/OUE objects): the worst-case ε summed over the bits
@@ -109,7 +113,8 @@ class Cost:
     """The cost of one privatization (one payload), or of several added up.
 
     ``epsilon``: worst-case ε (None: the mechanism has no ε to count); ``metric``: the dχ
-    metric total Σ η·n; ``tokens``: dχ tokens; ``sends``: payloads."""
+    metric total Σ η·n; ``tokens``: dχ tokens charged; ``public``: dχ tokens sent under a
+    token policy (public words: no guarantee, not charged); ``sends``: payloads."""
 
     family: str
     epsilon: float | None
@@ -117,6 +122,7 @@ class Cost:
     tokens: int = 0
     sends: int = 1
     eta: float | None = None  # dχ: the η of this privatization
+    public: int = 0
 
     def __post_init__(self) -> None:
         if (self.epsilon is None) == has_epsilon(self.family):
@@ -166,13 +172,17 @@ def family_of(mechanism: str) -> str:
 
 
 def cost(mechanism: str, params: Mapping[str, Any], *, tokens: int | None = None,
-         dim: int | None = None, diameter: float | None = None) -> Cost:
+         dim: int | None = None, diameter: float | None = None, public: int = 0) -> Cost:
     """The cost of one payload of ``mechanism`` with ``params``: ``tokens`` (dχ: the
     payload's n), ``dim`` (laplace and ome: the payload's vector size r), ``diameter``
-    (dχ: D of the bundle's table, :func:`bundle_diameter`). ValueError when the worst-case
-    ε is not a finite number (such a privatization cannot be counted)."""
+    (dχ: D of the bundle's table, :func:`bundle_diameter`), ``public`` (dχ under a token
+    policy: how many of the n tokens are public words, counted and not charged).
+    ValueError when the worst-case ε is not a finite number (such a privatization cannot be
+    counted)."""
     family_of(mechanism)
-    return registry.get(mechanism).cost_of(params, tokens=tokens, dim=dim, diameter=diameter)
+    extra = {"public": public} if public else {}  # a plugin's cost function may not take it
+    return registry.get(mechanism).cost_of(params, tokens=tokens, dim=dim, diameter=diameter,
+                                           **extra)
 
 
 # -- the cost of each mechanism (registered: ``mechanism.cost(...)`` finds them) --------------
@@ -183,14 +193,20 @@ def _counted(cls: Any, params: Mapping[str, Any], **size: Any) -> Cost:
 
 @COST.register(DChiText, DChiEmbedding)
 def _dchi_cost(cls: Any, params: Mapping[str, Any], *, tokens: int | None,
-               dim: int | None, diameter: float | None) -> Cost:
+               dim: int | None, diameter: float | None, public: int = 0) -> Cost:
     eta = check_amount("eta", params["eta"])
     n = _count("tokens", tokens)
+    k = _count("public tokens", public)
+    if k > n:
+        raise ValueError(f"public tokens ({k}) cannot exceed the tokens ({n})")
+    if k and params.get("public_p") is None:
+        raise ValueError("public tokens are counted only under a token policy (public_p)")
     if diameter is None:
         raise ValueError("the dχ cost needs the table's diameter D (bundle_diameter)")
     d = check_amount("table diameter", diameter)
-    return Cost(cls.family, _finite(cls.name, eta * n * d), metric=_finite(cls.name, eta * n),
-                tokens=n, eta=eta)
+    m = n - k
+    return Cost(cls.family, _finite(cls.name, eta * m * d), metric=_finite(cls.name, eta * m),
+                tokens=m, eta=eta, public=k)
 
 
 @COST.register(Laplace)
@@ -299,6 +315,7 @@ class FamilySpend:
     metric: float = 0.0
     tokens: int = 0
     sends: int = 0
+    public: int = 0  # dχ: public words sent under a token policy (no guarantee, not charged)
 
 
 @dataclass
@@ -323,6 +340,7 @@ class Spend:
         f.metric += c.metric
         f.tokens += c.tokens
         f.sends += c.sends
+        f.public += c.public
         return self
 
 
@@ -347,7 +365,8 @@ def total(costs: Iterable[Cost]) -> Cost | None:
     etas = {c.eta for c in costs}
     return Cost(fam, eps, metric=math.fsum(c.metric for c in costs),
                 tokens=sum(c.tokens for c in costs), sends=sum(c.sends for c in costs),
-                eta=etas.pop() if len(etas) == 1 else None)
+                eta=etas.pop() if len(etas) == 1 else None,
+                public=sum(c.public for c in costs))
 
 
 # -- the filter -------------------------------------------------------------------------------

@@ -60,6 +60,12 @@ WHERE_FLOAT32 = "float32"
 DCHI_STATEMENT = ("eta*d(x, x')-privacy per token, d = Euclidean distance between word "
                   "embeddings (Qu et al. 2021 §3.2)")
 DCHI_EPSILON_SCOPE = "any two tokens of the vocabulary, per token (eta x 2 max ||phi||)"
+# under a token policy (shared.policy): what the guarantee covers, and what it does not
+DCHI_POLICY_SCOPE = ("any two tokens outside the public list, per token (eta x 2 max ||phi||); "
+                     "public words: none")
+DCHI_POLICY_CLAUSE = ("on words outside the public list; the {size:,} public words of policy "
+                      "{policy} are sent unchanged with probability {keep:g} and have no "
+                      "guarantee")
 
 # -- the budget ledger (shared.ledger) --------------------------------------------------------
 LEDGER_NOT_FINITE = ("{mechanism}: the worst-case epsilon of this privatization is not finite "
@@ -99,6 +105,26 @@ BUNDLE_TABLE_KIND = ("{where}/{file}: the table's dtype {dtype} or dim {dim} is 
                      "edge reads (float32 or int8, dim >= 1)")  # dtype, dim: Python's repr
 BUNDLE_TABLE_FILE = "{where}/{file}: the table must be stored in {table_file}"
 BUNDLE_TABLE_SCALE = "{where}/{file}: an int8 table needs its {scale_file}"
+
+# -- token policies (shared.policy; the web edge's bundle/policy.ts) --------------------------
+# {where}: the file that holds the block (bundle.json); {name}: the policy's name; {example},
+# {token}: Python's repr of a token (the web edge writes it as repr does)
+POLICY_NOT_OBJECT = "{where}: the policy block must be an object"
+POLICY_FIELDS = "{where}: the policy block needs a name, tokens and sha256"
+POLICY_ORDER = ("{where}: the policy's tokens must be sorted, distinct and as many as its size "
+                "says")
+POLICY_DIGEST = "{where}: the policy's tokens do not match its sha256"
+POLICY_NOT_PUBLIC = ("{where}: token policy {name} lists {count} word(s) that are not public "
+                     "(e.g. {example}): a public list may hold only function words and "
+                     "punctuation (shared.policy.REFERENCE); this bundle is refused")
+POLICY_NOT_REGULAR = ("{where}: token policy {name} lists {token}, which is not a regular "
+                      "token of the bundle's tokenizer")
+# public_p asked of a bundle without a policy ({why}: POLICY_NONE_IN_BUNDLE or POLICY_NO_BUNDLE)
+POLICY_NEEDED = ("{mechanism} with public_p needs a bundle with a token policy (a list of "
+                 "public words); {why}")
+POLICY_NONE_IN_BUNDLE = "bundle {bundle_id12}… has none"
+POLICY_P_RANGE = "public_p must be in [0, 1], got {public_p}"  # public_p: Python's repr
+POLICY_NO_BUNDLE = "no bundle was given"
 
 # -- bundle pins (edge_agent.service.pins; the web edge's pins) -----------------------------
 PIN_RENAMED = ("{server} no longer serves model {gone}, which this device pinned to bundle "

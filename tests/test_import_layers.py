@@ -1,5 +1,5 @@
-"""The import graph of the product (`shared`, `edge_agent`, `models`, `cloud_api`): no
-circles anywhere (every import counts: module level, inside functions, lazy, and those under
+"""The import graph of the product (`shared`, `edge_agent`, `models`, `cloud_api`): each
+package imports only those to its left, no circles anywhere (every import counts: module level, inside functions, lazy, and those under
 ``if TYPE_CHECKING:`` too, a circle of types being a circle), each layer of `shared` and
 `edge_agent` imports only below itself, no module imports another module's private names,
 and no web framework below the HTTP layer of `cloud_api` (the job package, the store,
@@ -99,6 +99,26 @@ def cycles(g: dict[str, set[str]]) -> list[list[str]]:
 def test_no_import_circles():
     """In every package of the product, type-only imports included."""
     assert cycles(graph(PRODUCT, typing=True)) == []
+
+
+def rightward_imports(g: dict[str, set[str]], order: tuple[str, ...] = PRODUCT
+                      ) -> list[tuple[str, str]]:
+    """(module, import) pairs where a package imports one to its right in ``order``."""
+    rank = {p: i for i, p in enumerate(order)}
+    return sorted((m, d) for m, deps in g.items() for d in deps
+                  if rank[d.split(".")[0]] > rank[m.split(".")[0]])
+
+
+def test_the_packages_import_only_to_their_left():
+    """shared -> edge_agent -> models -> cloud_api (ARCHITECTURE.md): every import counts,
+    lazy ones and type-only ones too."""
+    assert rightward_imports(graph(PRODUCT, typing=True)) == []
+
+
+def test_the_order_check_finds_a_rightward_import():
+    g = {"shared.a": {"edge_agent.b"}, "edge_agent.b": {"shared.a"}, "models.c": {"cloud_api.d"},
+         "cloud_api.d": {"models.c"}}
+    assert rightward_imports(g) == [("models.c", "cloud_api.d"), ("shared.a", "edge_agent.b")]
 
 
 def test_the_cycle_finder_finds_one():

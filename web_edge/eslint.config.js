@@ -15,7 +15,8 @@ if (!demoInstalled) {
 }
 
 export default tseslint.config(
-  { ignores: ["dist/", "demo/dist/", "**/node_modules/", "test/bundlers/**/dist/",
+  // test/types/: never run, type-checked by `npm run typecheck` (tsconfig.types.json)
+  { ignores: ["dist/", "demo/dist/", "**/node_modules/", "test/bundlers/**/dist/", "test/types/",
     ...(demoInstalled ? [] : ["demo/"])] },
   {
     files: ["**/*.{js,mjs}"],

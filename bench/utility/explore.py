@@ -62,6 +62,10 @@ def parse_args(argv=None) -> argparse.Namespace:
     ap.add_argument("--mech", default="dchi-text")
     ap.add_argument("--table", default="none",
                     help="the privatization table (shared.table: none, pca32-int8, ...)")
+    ap.add_argument("--policy", default="none",
+                    help="the token policy (shared.policy: none, function-words, ...)")
+    ap.add_argument("--public-p", type=float, default=None,
+                    help="under a policy: the probability that a public word is privatized")
     ap.add_argument("--batch", type=int, default=32)
     ap.add_argument("--threads", type=int, default=0)
     ap.add_argument("--save", help="save the kept model here")
@@ -94,7 +98,7 @@ def run(a: argparse.Namespace) -> dict:
 
     if a.threads:
         torch.set_num_threads(a.threads)
-    b = EdgeBundle.from_model(table=None if a.table == "none" else a.table)
+    b = EdgeBundle.from_model(table=None if a.table == "none" else a.table, policy=a.policy)
     tr = read_labelled_tsv(DATA / "sst2_sentences" / "train.tsv")
     if a.n and a.n < len(tr.texts):
         idx = np.sort(np.random.default_rng(11).choice(len(tr.texts), a.n, replace=False))
@@ -104,6 +108,8 @@ def run(a: argparse.Namespace) -> dict:
     ph = read_labelled_tsv(DATA / "sst2" / "dev.tsv", 2000)
     names = label_names_from(tr.labels)
     params = {"eta": a.eta} if a.mech != "none" else {}
+    if a.mech != "none" and a.policy != "none":
+        params["public_p"] = a.public_p
     priv = make_privatizer(b, build_mechanism(a.mech, b, **params), 128)
     pt, pdv, pph = (PublicText(d, names, priv) for d in (tr, dv, ph))
     rng = np.random.default_rng(1)
@@ -131,7 +137,7 @@ def run(a: argparse.Namespace) -> dict:
 
         whole = read_labelled_tsv(DATA / "sst2_sentences" / "train.tsv")
         post = build_posterior(b, a.mech, a.eta, whole.texts, passes=1.0, min_draws=16,
-                               rng=np.random.default_rng(7))
+                               rng=np.random.default_rng(7), public_p=params.get("public_p"))
         post.save(a.posterior)
     cfg = TrainConfig(epochs=a.epochs, lr=a.lr, seed=0, progress=False, denoise=a.denoise,
                       denoise_rate=a.denoise_rate, distill=a.distill, batch_size=a.batch,

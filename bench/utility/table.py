@@ -135,7 +135,7 @@ def calibrate(out: Path, bundle, dev_tsv: Path, tokens: int, seed: int, tol: flo
     t0 = time.perf_counter()
     rng = np.random.default_rng([seed, 4])
     texts = [r[0] for r in read_tsv(dev_tsv)]
-    ids = text_token_sample(bundle, texts, tokens, rng)
+    ids, _ = text_token_sample(bundle, texts, tokens, rng)
     draw = FixedDraw(DChiText(bundle, 1.0, chunk=1024), ids, rng)
     result = {"config": cfg, "n_tokens": int(ids.size), "points": {}}
     for p in POINTS:

@@ -40,6 +40,7 @@ def run_worker(args) -> int:
     from cloud_api.jobs.states import AttemptEnd
     from cloud_api.jobs.supervisor import Worker
     from cloud_api.store.db import Database
+    from cloud_api.store.stored_home import open_home
 
     logs.configure(settings.log_level, settings.log_json)
     db = Database.from_settings(settings)
@@ -48,7 +49,7 @@ def run_worker(args) -> int:
             db.prepare()  # migrations (SQLite) or a check that the schema is current
         except RuntimeError as exc:  # behind the code's head: run `cloud-api db upgrade`
             return fail(str(exc))
-        worker = Worker(settings, db, settings.home, worker_id=args.worker_id,
+        worker = Worker(settings, db, open_home(settings, db), worker_id=args.worker_id,
                         torchrun_nproc=args.torchrun)
         for sig in (signal.SIGTERM, signal.SIGINT):
             signal.signal(sig, lambda *_: worker.request_stop())

@@ -141,6 +141,7 @@ class Publisher:
         except FileExistsError:
             raise Conflict(f"a base named {name!r} appeared meanwhile") from None
         os.replace(files.output, dest)
+        self.home.publish_base(name)  # a shared model store: stored for every host
         return {**result, "base": name}
 
     def _compare_again(self, attempt: Supervised, result: dict, now: str | None) -> dict:
@@ -150,6 +151,8 @@ class Publisher:
         Raises :class:`Interrupted` when the job is cancelled, lost or the worker stopped
         meanwhile."""
         job, files = attempt.job, attempt.files
+        if now is not None:  # a shared model store: fetched here first (a no-op on disk)
+            self.home.materialize(job.spec["model_id"], now)
         n_test = result["records"]["test"]
         found: dict = {"version": now, "test_accuracy": None, "error": None}
         if now is not None and n_test and result["metrics"]["test_accuracy"] is not None:

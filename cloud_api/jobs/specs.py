@@ -19,7 +19,7 @@ from pathlib import Path
 from sqlalchemy import func, select
 
 from cloud_api.errors import Conflict, InvalidRequest, NotFound, Unavailable
-from cloud_api.home import ModelHome
+from cloud_api.home import ModelHome, is_id
 from cloud_api.jobs import queue
 from cloud_api.jobs.requests import PretrainRequest, RecipeRequest, RetrainRequest
 from cloud_api.jobs.states import JobKind
@@ -208,8 +208,12 @@ def _retrain_base(home: ModelHome, bundles, task: Task, req: RetrainRequest,
         return None
     if current_cfg is not None:  # the BERT the promoted version was trained from
         base = current_cfg.get("base_model")
-        if base and Path(base).is_dir() and (Path(base) / "config.json").is_file():
-            return str(base)
+        path = Path(base) if base else None
+        if path is not None and not path.is_dir() and path.parent.name == "bases" and \
+                is_id(path.name):  # trained on another host: the base of that name here
+            path = home.base_dir(path.name)  # (a shared model store fetches it)
+        if path is not None and path.is_dir() and (path / "config.json").is_file():
+            return str(path)
     raise InvalidRequest(f"task {task.name} uses bundle {task.bundle_id[:12]}…, not the "
                          "default MiniLM one: name a base of that bundle (a BERT folder in "
                          "$PRIVBERT_HOME/bases/, or POST /admin/pretrain)")

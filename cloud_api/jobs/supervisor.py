@@ -43,6 +43,7 @@ import secrets
 import socket
 import threading
 import time
+from pathlib import Path
 
 from cloud_api.errors import ServiceError
 from cloud_api.home import ModelHome
@@ -168,4 +169,12 @@ class Worker:
         """Run a claimed job's attempt to its end (``attempt.py``); returns how it ended
         (``RELEASED`` when this worker was stopped, ``LOST`` when the job stopped being
         ours)."""
+        try:  # a shared model store: the promoted versions and the base the job reads, here
+            self.home.sync()
+            base = Path(job.spec["base_path"]) if job.spec.get("base_path") else None
+            if base is not None and base.parent.name == "bases" and not base.is_dir():
+                self.home.base_dir(base.name)
+        except ServiceError as exc:
+            log.warning("job %s: the model store could not be read (%s); the job reads the "
+                        "versions this host has", job.id, exc.detail)
         return Attempt(self, job).run()

@@ -1,5 +1,6 @@
 """``GET /healthz`` (the process answers), ``GET /readyz`` (every promoted model loaded and
-warmed, and whatever else registered a readiness check), ``GET /metrics`` (Prometheus)."""
+warmed, the database answering, and whatever else registered a readiness check: the app's
+``ready_checks``), ``GET /metrics`` (Prometheus)."""
 
 from __future__ import annotations
 
@@ -30,7 +31,7 @@ async def healthz() -> Health:
 
 
 @router.get("/readyz", response_model=Health, responses=responses(503),
-            summary="Readiness: every promoted model is loaded and warmed")
+            summary="Readiness: every promoted model is loaded and warmed, and the database answers")
 async def readyz(request: Request) -> Health:
     """Each entry of ``app.state.ready_checks`` returns ``(ready, {component: problem})``,
     directly or as an awaitable; one that is not ready makes this a 503 listing the

@@ -96,8 +96,8 @@ async def predict_app(scope: Scope, receive: Receive, send: Send) -> None:
     """The route's ASGI app (see the module docstring); errors are raised for the app's
     exception handlers."""
     app_state = scope["app"].state
-    caller = authenticate(app_state, header(scope, b"authorization"), "app",
-                          scope.setdefault("state", {}))
+    caller = await authenticate(app_state, header(scope, b"authorization"), "app",
+                                scope.setdefault("state", {}))
     model_id = _model_id(scope["path_params"]["model_id"])
     app_state.served_models.limits_for(model_id)  # NotFound, before the body is read
     body = await _body(receive)

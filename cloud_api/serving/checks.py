@@ -31,6 +31,14 @@ def _fmt(value) -> str:
     return str(value)
 
 
+def _policy_difference(sent, wanted, serves: str) -> str:
+    """A token policy's parameter (``shared.policy``) that differs, in words."""
+    def say(p) -> str:
+        return "no token policy" if p is None else f"token policy public_p {_fmt(p)}"
+    return (f"payload made under {say(sent)}, {serves} {say(wanted)} (its bundle names the "
+            "public words; privatize with the model's parameters)")
+
+
 # The largest magnitude a float payload value may have. No mechanism sends more at a
 # parameter worth using (dχ noise per coordinate is about n/(η·sqrt(n)): 2e7 at η 1e-6 on
 # MiniLM's 384 dimensions; Laplace noise b = r/ε: 4e11 at ε 1e-9), and a model's float32
@@ -142,7 +150,9 @@ class PayloadChecker:
                     f"(fetch GET /v1/bundles/{self.bundle_id})")
         got, want = self._compared(p.params.model_dump()), self._want
         if got != want:  # equal is the common case; else compare with a tolerance
-            diffs = [f"{k} {a} sent, {self.serves} {k} {b}"
+            diffs = [_policy_difference(got.get(k), want.get(k), self.serves)
+                     if k == "public_p" else
+                     f"{k} {a} sent, {self.serves} {k} {b}"
                      for k in registry.differing_params(got, want)
                      for a, b in [registry.param_texts(got.get(k), want.get(k), _fmt)]]
             if diffs:

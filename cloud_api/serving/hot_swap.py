@@ -46,6 +46,7 @@ from cloud_api.serving.bundles import BundleStore
 from cloud_api.serving.loading import Served, load_version
 from cloud_api.serving.payload_queue import Disconnected
 from cloud_api.settings import Settings
+from models.manifest import IntegrityError
 from shared.mechanisms import registry as mechanisms
 from shared.payload import Limits
 
@@ -259,6 +260,11 @@ class ServedModels:
         path = self.home.version_dir(model_id, version)
         if version not in await asyncio.to_thread(self.home.versions, model_id):
             raise NotFound(f"model {model_id} has no version {version}")
+        try:  # a shared model store: fetched and checked here first (a no-op on disk)
+            await asyncio.to_thread(self.home.materialize, model_id, version)
+        except IntegrityError as exc:
+            raise InvalidRequest(f"version {version} of model {model_id} cannot be served: "
+                                 f"{exc}") from None
         async with self._lock(model_id):
             current = self._served.get(model_id)
             if current is None or current.version != version:

@@ -5,8 +5,10 @@ records, idempotency; ``0002_jobs``: jobs, defined in ``cloud_api/jobs/table.py`
 ``metadata``; ``0003_job_names``: the base name a live pretraining job reserves, unique
 per kind; ``0004_budgets``: the privacy budget ledgers;
 ``0005_key_caps``: a key's ledger counts all its devices, device caps, refunds, a task's
-``pairs``; ``0006_budget_families``: the ledgers' per-family figures as rows; ``0007_version_seals``:
-the digest of each version's sealed manifest). A payload's array is kept as its decoded little-endian bytes
+``pairs``; ``0006_budget_families``: the ledgers' per-family figures as rows;
+``0007_shared_models``: model versions, promotions, bundles and bases in the database, and the
+shared rate-limit buckets, for replicas that share no file system; ``0008_version_seals``: the
+digest of each version's sealed manifest). A payload's array is kept as its decoded little-endian bytes
 (``LargeBinary``) with dtype and shape beside it, never as JSON or base64 text.
 """
 
@@ -148,6 +150,78 @@ budget_refunds = Table(
     Column("created_at", DateTime(timezone=True), nullable=False),
     Index(None, "key_id"),
 )
+
+
+# Model versions and edge bundles in the database (cloud_api.store.model_store), for replicas
+# that share no writable volume. A version's files are rows of ``stored_files`` under the
+# folder ``models/<model_id>/<version>``; its ``model_versions`` row gets its manifest's
+# SHA-256 in the same transaction as its last file, so a version without one (a number
+# reserved, or an upload in progress) is never listed, fetched or promoted.
+model_versions = Table(
+    "model_versions", metadata,
+    Column("model_id", String(64), primary_key=True),
+    Column("version", String(16), primary_key=True),
+    Column("number", Integer, nullable=False),           # 3 for v3: the order of versions
+    Column("manifest_sha256", String(64)),               # NULL: reserved, not complete
+    Column("files", Integer, nullable=False),
+    Column("bytes", BigInteger, nullable=False),
+    Column("bundle_id", String(64)),                     # the bundle its config names
+    Column("created_at", DateTime(timezone=True), nullable=False),
+)
+
+# The promoted version of each model; ``serial`` grows by one at every promotion, so a
+# replica that polls this table sees a promotion back to an older version too.
+model_promotions = Table(
+    "model_promotions", metadata,
+    Column("model_id", String(64), primary_key=True),
+    Column("version", String(16), nullable=False),
+    Column("serial", BigInteger, nullable=False),
+    Column("promoted_at", DateTime(timezone=True), nullable=False),
+)
+
+# An edge bundle stored whole: its row is written in the transaction of its last file.
+stored_bundles = Table(
+    "stored_bundles", metadata,
+    Column("bundle_id", String(64), primary_key=True),
+    Column("files", Integer, nullable=False),
+    Column("bytes", BigInteger, nullable=False),
+    Column("created_at", DateTime(timezone=True), nullable=False),
+)
+
+# A base (a BERT folder a retraining job may start from: ``bases/<name>`` of a home) stored
+# whole, with its manifest's SHA-256, in the transaction of its last file.
+stored_bases = Table(
+    "stored_bases", metadata,
+    Column("name", String(64), primary_key=True),
+    Column("manifest_sha256", String(64), nullable=False),
+    Column("files", Integer, nullable=False),
+    Column("bytes", BigInteger, nullable=False),
+    Column("created_at", DateTime(timezone=True), nullable=False),
+)
+
+# The bytes of stored folders: ``models/<id>/<version>``, ``bundles/<bundle_id>`` or
+# ``bases/<name>``, each
+# file in chunks (at most model_store.CHUNK bytes a row, so no value nears PostgreSQL's
+# 1 GB limit and a reader holds one chunk at a time).
+stored_files = Table(
+    "stored_files", metadata,
+    Column("folder", String(160), primary_key=True),
+    Column("path", String(255), primary_key=True),
+    Column("chunk", Integer, primary_key=True),
+    Column("data", LargeBinary, nullable=False),
+)
+
+# Per-key token buckets shared by every replica (cloud_api.store.rate_limits): tokens left
+# and when they were counted, in the database's clock (seconds since the epoch), and
+# whether the last take found a token (what the statement that took it returns).
+rate_buckets = Table(
+    "rate_buckets", metadata,
+    Column("key_id", String(64), primary_key=True),
+    Column("tokens", Double, nullable=False),
+    Column("at", Double, nullable=False),
+    Column("admitted", Boolean, nullable=False),         # whether the last take got a token
+)
+
 
 # The SHA-256 of each model version's manifest.json when it was sealed (cloud_api.store.seals,
 # cloud_api.home.SealRecords): a manifest deleted or rewritten in the version folder is then

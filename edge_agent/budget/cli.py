@@ -74,6 +74,9 @@ def format_status(st) -> str:
         detail = ""
         if name == "dchi":
             detail = f"eta*n = {fmt(f.metric)} over {f.tokens:,} tokens"
+            if f.public:
+                detail += (f"; {f.public:,} public words sent under a token policy (no "
+                           "guarantee, not charged)")
         elif f.epsilon is None:
             detail = "no differential-privacy guarantee: sends counted"
         eps = "-" if f.epsilon is None else fmt(f.epsilon)

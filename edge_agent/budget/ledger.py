@@ -9,7 +9,8 @@ about (``edge_agent.budget.ledger_files``). Tables (schema version :data:`VERSIO
 ``user_version``; an older ledger is migrated forward when opened for writing):
 
 * ``settings``: the lifetime ``cap`` and the optional ``per_day`` cap (worst-case ε);
-* ``spend``: per family, the worst-case ε, the dχ metric total η·n and tokens, and sends;
+* ``spend``: per family, the worst-case ε, the dχ metric total η·n and tokens, sends, and the
+  public words sent under a token policy (``public``: counted, no guarantee, not charged);
 * ``charges``: one row per charged batch (time, mechanism, parameters, bundle, cost), for
   the per-day window and for the record; no text, no payload;
 * ``memo``: HMAC of what is sent, the token ids after the tokenizer's normalization
@@ -52,17 +53,18 @@ from shared.conventions import fmt_eps as fmt
 from shared.ledger import Cost, FamilySpend, Spend, families
 
 LEDGER_ENV = "PRIVBERT_LEDGER"
-VERSION = 3  # 1: the ledgers written before user_version was set (memo keyed on raw text);
-# 2: one clock anchor (the boot of the last charge) in ``clock``; 3: ``clock_anchors``
+VERSION = 4  # 1: the ledgers written before user_version was set (memo keyed on raw text);
+# 2: one clock anchor (the boot of the last charge) in ``clock``; 3: ``clock_anchors``;
+# 4: ``public`` in ``spend`` and ``charges`` (a token policy's public words)
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS settings (name TEXT PRIMARY KEY, value REAL);
 CREATE TABLE IF NOT EXISTS spend (family TEXT PRIMARY KEY, epsilon REAL,
     metric REAL NOT NULL DEFAULT 0, tokens INTEGER NOT NULL DEFAULT 0,
-    sends INTEGER NOT NULL DEFAULT 0);
+    sends INTEGER NOT NULL DEFAULT 0, public INTEGER NOT NULL DEFAULT 0);
 CREATE TABLE IF NOT EXISTS charges (id INTEGER PRIMARY KEY, at REAL NOT NULL,
     family TEXT NOT NULL, mechanism TEXT NOT NULL, params TEXT NOT NULL,
     bundle_id TEXT NOT NULL, epsilon REAL, metric REAL NOT NULL, tokens INTEGER NOT NULL,
-    sends INTEGER NOT NULL);
+    sends INTEGER NOT NULL, public INTEGER NOT NULL DEFAULT 0);
 CREATE INDEX IF NOT EXISTS charges_at ON charges (at);
 CREATE TABLE IF NOT EXISTS memo (key BLOB PRIMARY KEY, payload BLOB NOT NULL) WITHOUT ROWID;
 CREATE TABLE IF NOT EXISTS clock (id INTEGER PRIMARY KEY CHECK (id = 1), latest REAL NOT NULL,
@@ -76,10 +78,10 @@ _ANCHOR = ("INSERT INTO clock_anchors (epoch, at, reading) VALUES (?, ?, ?) ON C
            "DO UPDATE SET at = excluded.at, reading = excluded.reading")
 _PRUNE = ("DELETE FROM clock_anchors WHERE epoch NOT IN (SELECT epoch FROM clock_anchors "
           f"ORDER BY at DESC LIMIT {MAX_ANCHORS})")
-_ADD = ("INSERT INTO spend (family, epsilon, metric, tokens, sends) VALUES (?, ?, ?, ?, ?) "
-        "ON CONFLICT (family) DO UPDATE SET epsilon = epsilon + excluded.epsilon, "
-        "metric = metric + excluded.metric, tokens = tokens + excluded.tokens, "
-        "sends = sends + excluded.sends")
+_ADD = ("INSERT INTO spend (family, epsilon, metric, tokens, sends, public) VALUES "
+        "(?, ?, ?, ?, ?, ?) ON CONFLICT (family) DO UPDATE SET epsilon = epsilon + "
+        "excluded.epsilon, metric = metric + excluded.metric, tokens = tokens + "
+        "excluded.tokens, sends = sends + excluded.sends, public = public + excluded.public")
 
 
 TOOL = "edge-agent budget"  # the command that shows the ledger and sets its caps
@@ -116,7 +118,8 @@ class Status:
 
     def to_json(self) -> dict:
         fams = {name: {"epsilon": f.epsilon, "metric": f.metric, "tokens": f.tokens,
-                       "sends": f.sends} for name, f in sorted(self.spend.families.items())}
+                       "sends": f.sends, **({"public": f.public} if f.public else {})}
+                for name, f in sorted(self.spend.families.items())}
         out = {"ledger": str(self.path), "units": "worst-case epsilon", "spent": self.spent,
                "cap": self.cap, "remaining": self.remaining, "sends": self.spend.sends,
                "families": fams, "memoized": self.memoized, "per_day": None}
@@ -227,10 +230,12 @@ class DeviceLedger:
     def _status(self, now: float, memo_count: bool = False) -> Status:
         spend = Spend()
         epsilon = {f.name: f.epsilon for f in families()}  # a family not registered: as stored
-        for fam, eps, metric, tokens, sends in self._db.execute(
-                "SELECT family, epsilon, metric, tokens, sends FROM spend ORDER BY family"):
+        public = "public" if self.version >= 4 else "0"  # a read-only older ledger
+        for fam, eps, metric, tokens, sends, pub in self._db.execute(
+                f"SELECT family, epsilon, metric, tokens, sends, {public} FROM spend "
+                "ORDER BY family"):
             spend.families[fam] = FamilySpend(eps if epsilon.get(fam, True) else None, metric,
-                                              tokens, sends)
+                                              tokens, sends, pub)
         per_day = self._setting("per_day")
         day = 0.0
         if per_day is not None:
@@ -391,10 +396,11 @@ class DeviceLedger:
                 raise BudgetRefused(why)
             eps = cost.epsilon
             db.execute("INSERT INTO charges (at, family, mechanism, params, bundle_id, epsilon, "
-                       "metric, tokens, sends) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                       "metric, tokens, sends, public) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
                        (now, cost.family, mechanism, json.dumps(params, sort_keys=True),
-                        bundle_id, eps, cost.metric, cost.tokens, cost.sends))
-            db.execute(_ADD, (cost.family, eps, cost.metric, cost.tokens, cost.sends))
+                        bundle_id, eps, cost.metric, cost.tokens, cost.sends, cost.public))
+            db.execute(_ADD, (cost.family, eps, cost.metric, cost.tokens, cost.sends,
+                              cost.public))
             db.execute(_CLOCK, (now,))
             db.execute(_ANCHOR, (reading.epoch, now, reading.at))
             db.execute(_PRUNE)
@@ -425,4 +431,8 @@ def _migrate(db: sqlite3.Connection) -> None:
     if version == 2:
         db.execute("INSERT OR IGNORE INTO clock_anchors (epoch, at, reading) SELECT boot_id, "
                    "latest, boot_at FROM clock WHERE boot_id IS NOT NULL AND boot_at IS NOT NULL")
+    for table in ("spend", "charges"):  # version 4: the public words of a token policy
+        columns = {r[1] for r in db.execute(f"PRAGMA table_info({table})")}
+        if "public" not in columns:
+            db.execute(f"ALTER TABLE {table} ADD COLUMN public INTEGER NOT NULL DEFAULT 0")
     db.execute(f"PRAGMA user_version = {VERSION}")

@@ -75,10 +75,12 @@ class RunBudget:
         return [self.legacy.key(ln.text, ln.text_b) for ln in lines]
 
     def item_cost(self, item) -> Cost:
-        """What the payload of a tokenized item will cost: its token count (dχ) or the
-        encoder's vector size (the payload's r)."""
+        """What the payload of a tokenized item will cost: its token count (dχ; under a
+        token policy its public words are counted, not charged) or the encoder's vector size
+        (the payload's r)."""
         return ledger.cost(self.priv.name, self.priv.params, tokens=item.n_tokens,
-                           dim=self.vector_dim, diameter=self.diameter)
+                           dim=self.vector_dim, diameter=self.diameter,
+                           public=self.priv.public_count(item) if self.priv.tokens else 0)
 
     # -- before the run ------------------------------------------------------------------------
     def plan(self, batches: Iterable) -> Plan:
@@ -145,13 +147,15 @@ class RunBudget:
         (``edge_agent.privatize.record_lines.TokenRows``): each cost from the mechanism and
         params of the rows' validated payload and each payload's own token count."""
         mech = rows.payload.mechanism
-        params = rows.payload.params.model_dump()
-        by_size: dict[int, Cost] = {}
+        params = rows.payload.params.model_dump(exclude_none=True)
+        by_size: dict[tuple[int, int], Cost] = {}
         costs = []
-        for n in rows.n_tokens:
-            if n not in by_size:
-                by_size[n] = ledger.cost(mech, params, tokens=n, diameter=self.diameter)
-            costs.append(by_size[n])
+        for n, item in zip(rows.n_tokens, items, strict=True):
+            size = (n, self.priv.public_count(item))  # public words: counted, not charged
+            if size not in by_size:
+                by_size[size] = ledger.cost(mech, params, tokens=n, diameter=self.diameter,
+                                            public=size[1])
+            costs.append(by_size[size])
         return self._charge(lines, items, costs, rows.jsons)
 
     def _charge(self, lines, items, costs: list[Cost], jsons: list[bytes]) -> list[bytes]:

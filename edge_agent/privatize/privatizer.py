@@ -25,6 +25,7 @@ import numpy as np
 
 from shared.mechanisms.registry import as_mechanism
 from shared.payload import Record, make_payload, make_payloads
+from shared.policy import public_masks
 from shared.rng import resolve_rng
 
 if TYPE_CHECKING:
@@ -54,6 +55,10 @@ class TokenizedText:
     n_before: int  # word pieces before truncation
     words_a: np.ndarray | None = None
     words_b: np.ndarray | None = None
+    # truncation cut a word: the first piece dropped from segment a (b) was a "##" piece, so
+    # the last piece kept is part of a longer word (a token policy never sends it as public)
+    cut_a: bool = False
+    cut_b: bool = False
 
     @property
     def n_tokens(self) -> int:
@@ -66,6 +71,12 @@ class TokenizedText:
     @property
     def segments(self) -> list[int] | None:
         return None if self.ids_b is None else [len(self.ids_a), len(self.ids_b)]
+
+    def parts(self) -> tuple[tuple[np.ndarray, bool], ...]:
+        """Each segment's word pieces and whether truncation cut its last word."""
+        if self.ids_b is None:
+            return ((self.ids_a, self.cut_a),)
+        return ((self.ids_a, self.cut_a), (self.ids_b, self.cut_b))
 
 
 def trim_pair(len_a: int, len_b: int, budget: int) -> tuple[int, int]:
@@ -152,6 +163,8 @@ class Privatizer:
         self.special = bundle.special_ids
         # reads "[CLS]", "[SEP]" ... in user text as plain text
         self.tokenizer = bundle.text_tokenizer()
+        # the token policy the mechanism applies (its bundle's public words), or None
+        self.policy = getattr(mechanism, "policy", None) if self.tokens else None
 
     def _text_floor(self, trusted: frozenset[str] | None, allow_weak: bool):
         """The bundle's trust (issue 42); an unverified bundle's text floor, refused as the
@@ -206,15 +219,42 @@ class Privatizer:
                     la = budget
                 else:
                     la, lb = trim_pair(len(a), len(b), budget)
+                cut_a, cut_b = self._cut(a, la), self._cut(b, lb)
                 a, b = a[:la], (None if b is None else b[:lb])
+            else:
+                cut_a = cut_b = False
             wa = wb = None
             if words:  # the word of each kept piece, after the same truncation
                 wa = word_index(ea.word_ids[:la])
                 wb = None if eb is None else word_index(eb.word_ids[:lb])
             out.append(TokenizedText(np.asarray(a, dtype=np.int64),
                                      None if b is None else np.asarray(b, dtype=np.int64), n,
-                                     wa, wb))
+                                     wa, wb, cut_a, cut_b))
         return out
+
+    def _cut(self, ids: list[int] | None, kept: int) -> bool:
+        """Whether keeping the first ``kept`` of ``ids`` cuts a word (the next is a "##"
+        piece); only a token policy asks."""
+        if self.policy is None or ids is None or kept >= len(ids):
+            return False
+        return bool(self.policy.continuation[ids[kept]])
+
+    # -- the token policy ------------------------------------------------------------------
+    def public_mask(self, items: list[TokenizedText]) -> np.ndarray | None:
+        """The token policy's public words of a batch, in the order :meth:`privatize_data`
+        privatizes them (None without a policy)."""
+        if self.policy is None:
+            return None
+        return public_masks(self.policy, [ids for it in items for ids, _ in it.parts()],
+                            [cut for it in items for _, cut in it.parts()])
+
+    def public_count(self, item: TokenizedText) -> int:
+        """How many of an item's tokens are public words under the token policy (0 without
+        one): they are sent as they are with probability 1 − p and carry no guarantee, so the
+        device ledger counts them apart from the tokens it charges."""
+        if self.policy is None:
+            return 0
+        return int(sum(int(self.policy.public_mask(ids, cut).sum()) for ids, cut in item.parts()))
 
     # -- privatization ---------------------------------------------------------------------
     def privatize(self, texts: list[str], rng=None, *,
@@ -248,7 +288,11 @@ class Privatizer:
             parts = [p for it in items for p in ((it.ids_a,) if it.ids_b is None
                                                    else (it.ids_a, it.ids_b))]
             # all tokens of the batch at once (dχ-text: one exact search per batch)
-            return self.mechanism.privatize_tokens(np.concatenate(parts), self.bundle, rng)
+            ids = np.concatenate(parts)
+            if self.policy is None:
+                return self.mechanism.privatize_tokens(ids, self.bundle, rng)
+            return self.mechanism.privatize_tokens(ids, self.bundle, rng,
+                                                   public=self.public_mask(items))
         return self._mechanism_on_vectors(items, None, rng)[0]
 
     def payloads(self, items: list[TokenizedText], data: np.ndarray) -> list:

@@ -4,7 +4,6 @@ served model, the length limit, the ``Privatizer``."""
 from __future__ import annotations
 
 import json
-import math
 
 from edge_agent.errors import CliError, UsageError, warn
 from edge_agent.privatize.options import MechanismOptions, PrivatizeOptions
@@ -33,18 +32,21 @@ def check_model(model: dict, name: str, mine: dict) -> None:
     want, params = model.get("mechanism"), model.get("params")
     mismatch = want is not None and want != name
     if not mismatch and isinstance(params, dict):
-        # the parameters a payload must share with its model (TextHide: m, not k)
-        keys = params.keys() & registry.get(name).compared_params(mine).keys()
-        for key in keys:
-            a, b = params[key], mine[key]
-            if isinstance(a, (int, float)) and isinstance(b, (int, float)):
-                mismatch |= not math.isclose(a, b, rel_tol=1e-9)
-            else:
-                mismatch |= a != b
+        # the parameters a payload must share with its model (TextHide: m, not k), compared
+        # as the server compares them (registry.same_param); an absent optional parameter
+        # (a token policy's public_p) differs from a given one
+        cls = registry.get(name)
+        mismatch = bool(registry.differing_params(cls.compared_params(_given(mine)),
+                                                  cls.compared_params(_given(params))))
     if mismatch:
         raise CliError(f"model {model.get('id')} reads {want} {json.dumps(params)}; this run "
                        f"would send {name} {json.dumps(mine)}: set the same mechanism and "
                        "parameters")
+
+
+def _given(params: dict) -> dict:
+    """``params`` without the optional ones left unset (None)."""
+    return {k: v for k, v in params.items() if v is not None}
 
 
 def max_length_for(opts: PrivatizeOptions, bundle, model: dict | None) -> int | None:

@@ -8,15 +8,22 @@ different distribution and does not give this guarantee.
 
 Text-to-text privatization (§3.2.4) returns the regular vocabulary token nearest
 to the noisy embedding, which is post-processing and keeps the guarantee.
+
+A token policy (``public_p`` set, :mod:`shared.policy`: SanText+'s rule, Yue et al. 2021
+§3.3) sends each public word of the bundle's list as it is with probability 1 − p and
+privatizes it otherwise; every other token is privatized exactly as without a policy. The
+randomness is drawn in a fixed order, which both edges follow: first one uniform double per
+public token (:func:`shared.policy.kept_public`), then the noise of the tokens privatized, in
+order.
 """
 
 from __future__ import annotations
 
 import math
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Annotated
 
 import numpy as np
-from pydantic import BaseModel
+from pydantic import BaseModel, Field, model_serializer
 
 from shared import messages as msg
 from shared.arrays import STRICT, PosFloat
@@ -24,6 +31,7 @@ from shared.mechanisms.checks import finite_array, positive, positive_int
 from shared.mechanisms.computable import check_dchi_eta
 from shared.mechanisms.nearest import ExactNearest
 from shared.mechanisms.registry import BaseMechanism, PayloadKind, need
+from shared.policy import TokenPolicy, kept_public
 from shared.rng import resolve_rng
 
 if TYPE_CHECKING:
@@ -54,13 +62,74 @@ def sample_dchi_noise(
 
 
 class DChiParams(BaseModel):
-    """dχ-privacy: η > 0."""
+    """dχ-privacy: η > 0; with a token policy, ``public_p`` in [0, 1]: the probability that a
+    public word is privatized anyway (absent: no policy, every token privatized)."""
 
     model_config = STRICT
     eta: PosFloat
+    public_p: Annotated[float, Field(strict=True, ge=0, le=1)] | None = None
+
+    @model_serializer(mode="wrap")
+    def _without_absent(self, handler):  # no policy: the params of every earlier payload
+        return {k: v for k, v in handler(self).items() if v is not None}
 
 
-class DChiEmbedding(BaseMechanism):
+DCHI_HELP = {"eta": "dχ-privacy eta > 0",
+             "public_p": "token policy: the probability P in [0, 1] that a public word of the "
+                         "bundle's list is privatized anyway (sent as typed otherwise); "
+                         "without it, every token is privatized"}
+
+
+def policy_of(name: str, bundle: EdgeBundle | None, public_p: float | None
+              ) -> TokenPolicy | None:
+    """The bundle's token policy when ``public_p`` asks for one; ValueError when the bundle
+    has none (a policy is part of the bundle: ``cloud-api export-bundle --policy``)."""
+    if public_p is None:
+        return None
+    p = float(public_p)
+    if not 0.0 <= p <= 1.0:
+        raise ValueError(msg.POLICY_P_RANGE.format(public_p=repr(public_p)))
+    if bundle is None or bundle.policy is None:
+        why = msg.POLICY_NONE_IN_BUNDLE.format(bundle_id12=bundle.bundle_id[:12]) \
+            if bundle is not None else msg.POLICY_NO_BUNDLE
+        raise ValueError(msg.POLICY_NEEDED.format(mechanism=name, why=why))
+    return bundle.policy
+
+
+def _noise_rows(x: np.ndarray, eta: float, rng: np.random.Generator) -> np.ndarray:
+    return x.astype(np.float64) + sample_dchi_noise(x.shape[0], x.shape[1], eta, rng)
+
+
+class _PolicyMixin:
+    """The token policy of a dχ mechanism (``public_p`` and the bundle's public list)."""
+
+    eta: float
+    public_p: float | None
+    policy: TokenPolicy | None
+
+    @property
+    def params(self) -> dict:
+        out: dict = {"eta": self.eta}
+        if self.public_p is not None:
+            out["public_p"] = self.public_p
+        return out
+
+    def kept(self, ids: np.ndarray, public: np.ndarray | None,
+             rng: np.random.Generator) -> np.ndarray | None:
+        """Which of ``ids`` are sent as they are (None without a policy); ``public``: the
+        policy's mask of the batch (:func:`shared.policy.public_masks`: word by word, per
+        text), else the batch read as one text."""
+        if self.policy is None:
+            return None
+        if public is None:
+            public = self.policy.public_mask(ids)
+        public = np.asarray(public, dtype=bool)
+        if public.shape != ids.shape:
+            raise ValueError(f"the public mask has shape {public.shape}, the ids {ids.shape}")
+        return kept_public(public, float(self.public_p or 0.0), rng)
+
+
+class DChiEmbedding(_PolicyMixin, BaseMechanism):
     """Token representation privatization M_rep(x) = x + N (Qu et al. §3.2.3)."""
 
     name = "dchi-embedding"
@@ -68,23 +137,39 @@ class DChiEmbedding(BaseMechanism):
     payload_kind = PayloadKind.EMBEDDINGS
     family = "dchi"
     edge_options = frozenset({"float16"})
-    param_help = {"eta": "dχ-privacy eta > 0"}
+    param_help = DCHI_HELP
+    param_metavar = {"public_p": "P"}
 
-    def __init__(self, eta: float):
+    def __init__(self, eta: float, *, public_p: float | None = None,
+                 bundle: EdgeBundle | None = None):
         self.eta = positive("eta", eta)
-
-    @property
-    def params(self) -> dict:
-        return {"eta": self.eta}
+        self.policy = policy_of(self.name, bundle, public_p)
+        self.public_p = None if public_p is None else float(public_p)
+        self._policy_bundle = bundle.bundle_id if self.policy is not None and bundle else None
 
     @classmethod
     def from_params(cls, params, bundle=None, *, dim=None, secret=None) -> DChiEmbedding:
-        return cls(need(cls.name, params, "eta"))
+        return cls(need(cls.name, params, "eta"), public_p=params.get("public_p"),
+                   bundle=bundle)
 
-    def privatize_tokens(self, ids, bundle: EdgeBundle, rng) -> np.ndarray:
+    def privatize_tokens(self, ids, bundle: EdgeBundle, rng, *,
+                         public: np.ndarray | None = None) -> np.ndarray:
         """The noisy embeddings of the ids' rows of the bundle's table (the model's own word
-        embeddings: ``bundle.embeddings`` refuses a bundle that carries a designed table)."""
-        return self.privatize(bundle.embeddings[ids], rng)
+        embeddings: ``bundle.embeddings`` refuses a bundle that carries a designed table);
+        under a token policy a public word sent as it is is its row, unchanged."""
+        if self.policy is None:
+            return self.privatize(bundle.embeddings[ids], rng)
+        if bundle.bundle_id != self._policy_bundle:
+            raise ValueError("the DChiEmbedding policy was built for another bundle")
+        a = np.asarray(ids, dtype=np.int64)
+        rng = resolve_rng(rng)
+        keep = self.kept(a, public, rng)
+        rows = bundle.embeddings[a]
+        out = rows.astype(np.float32).copy()
+        priv = ~keep if keep is not None else np.ones(a.shape, dtype=bool)
+        if priv.any():
+            out[priv] = self.privatize(rows[priv], rng)
+        return out
 
     def privatize(self, embeddings: np.ndarray, rng: np.random.Generator | None = None) -> np.ndarray:
         """Perturb each row of ``embeddings`` (L, n); returns float32 (L, n).
@@ -100,17 +185,21 @@ class DChiEmbedding(BaseMechanism):
             raise ValueError(msg.DCHI_NOISE_OVERFLOW.format(eta=self.eta)) from None
 
 
-class DChiText(BaseMechanism):
+class DChiText(_PolicyMixin, BaseMechanism):
     """Text-to-text privatization: the exact nearest regular token to x + N (§3.2.4)."""
 
     name = "dchi-text"
     Params = DChiParams
     payload_kind = PayloadKind.TOKENS
     family = "dchi"
-    param_help = {"eta": "dχ-privacy eta > 0"}
+    param_help = DCHI_HELP
+    param_metavar = {"public_p": "P"}
 
-    def __init__(self, bundle: EdgeBundle, eta: float, chunk: int = 256):
+    def __init__(self, bundle: EdgeBundle, eta: float, chunk: int = 256, *,
+                 public_p: float | None = None):
         self.eta = positive("eta", eta)
+        self.policy = policy_of(self.name, bundle, public_p)
+        self.public_p = None if public_p is None else float(public_p)
         self.bundle = bundle
         # the bundle's privatization table: the model's word embeddings, or a designed table
         # (``shared.table``: a PCA projection, float32 or int8 dequantized)
@@ -130,22 +219,19 @@ class DChiText(BaseMechanism):
         this object knows its table)."""
         check_dchi_eta(self.eta, self._embeddings.shape[1], self._t_max)
 
-    @property
-    def params(self) -> dict:
-        return {"eta": self.eta}
-
     @classmethod
     def from_params(cls, params, bundle=None, *, dim=None, secret=None) -> DChiText:
         if bundle is None:
             raise ValueError(f"{cls.name} needs the bundle (its embedding table)")
-        return cls(bundle, need(cls.name, params, "eta"))
+        return cls(bundle, need(cls.name, params, "eta"), public_p=params.get("public_p"))
 
-    def privatize_tokens(self, ids, bundle: EdgeBundle, rng) -> np.ndarray:
+    def privatize_tokens(self, ids, bundle: EdgeBundle, rng, *,
+                         public: np.ndarray | None = None) -> np.ndarray:
         """One exact nearest-token search for the whole batch; ``bundle`` must be the one
-        this object was built on."""
+        this object was built on; ``public``: the token policy's mask of the batch."""
         if bundle.bundle_id != self.bundle.bundle_id:
             raise ValueError("the DChiText mechanism was built for another bundle")
-        return self.privatize_ids(ids, rng)
+        return self.privatize_ids(ids, rng, public=public)
 
     def check_ids(self, ids) -> np.ndarray:
         """``ids`` as a 1-D int64 array inside the vocabulary, or ValueError."""
@@ -166,9 +252,21 @@ class DChiText(BaseMechanism):
         x = self._embeddings[a].astype(np.float64)
         return x + sample_dchi_noise(a.size, x.shape[1], self.eta, rng)
 
-    def privatize_ids(self, ids, rng: np.random.Generator | None = None) -> np.ndarray:
-        """Privatized ids (L,), each one of ``bundle.regular_ids``."""
-        y = self.noisy_embeddings(ids, rng)
-        if y.shape[0] == 0:
-            return np.empty(0, dtype=np.int64)
-        return self.index.search(y)
+    def privatize_ids(self, ids, rng: np.random.Generator | None = None, *,
+                      public: np.ndarray | None = None) -> np.ndarray:
+        """Privatized ids (L,), each one of ``bundle.regular_ids`` -- or, under a token
+        policy, a public word sent as it is (``public``: the policy's mask of the batch,
+        :func:`shared.policy.public_masks`; default: ``ids`` read as one text)."""
+        if self.policy is None:
+            y = self.noisy_embeddings(ids, rng)
+            if y.shape[0] == 0:
+                return np.empty(0, dtype=np.int64)
+            return self.index.search(y)
+        a = self.check_ids(ids)
+        rng = resolve_rng(rng)
+        keep = self.kept(a, public, rng)
+        out = a.copy()
+        priv = np.flatnonzero(~keep) if keep is not None else np.arange(a.size)
+        if priv.size:
+            out[priv] = self.index.search(_noise_rows(self._embeddings[a[priv]], self.eta, rng))
+        return out

@@ -117,7 +117,7 @@ class Aspect:
         raise TypeError(f"no {self.what} for {cls.__name__}")
 
 
-COST = Aspect("budget cost")  # (cls, params, *, tokens, dim, diameter) -> shared.ledger.Cost
+COST = Aspect("budget cost")  # (cls, params, *, tokens, dim, diameter[, public]) -> Cost
 FLOOR = Aspect("privacy floor")  # (mech, bundle, *, threshold, dim, rng) -> str | None
 COMPUTABLE = Aspect("computability check",  # (mech, bundle, *, dim, float_dtype) -> None
                     default=lambda *args, **kwargs: None)  # nothing that can overflow
@@ -239,9 +239,11 @@ class BaseMechanism:
     # -- what the analysis says, through the registered functions ---------------------------
     @classmethod
     def cost_of(cls, params: Mapping[str, Any], *, tokens: int | None = None,
-                dim: int | None = None, diameter: float | None = None) -> Any:
-        """``shared.ledger.Cost`` of one payload with ``params`` (no object needed)."""
-        return COST.of(cls)(cls, params, tokens=tokens, dim=dim, diameter=diameter)
+                dim: int | None = None, diameter: float | None = None,
+                **extra: Any) -> Any:
+        """``shared.ledger.Cost`` of one payload with ``params`` (no object needed);
+        ``extra``: what only some costs read (dχ's ``public``, the token policy's count)."""
+        return COST.of(cls)(cls, params, tokens=tokens, dim=dim, diameter=diameter, **extra)
 
     def cost(self, *, tokens: int | None = None, dim: int | None = None,
              diameter: float | None = None) -> Any:

@@ -14,6 +14,8 @@ when it differs from what the registry generates) holds, language-neutrally:
   bundle format (files, hashed fields, a table's .npy dtypes);
 * the device's conventions (``shared.conventions``): the ledger's day and clock anchors, the
   cache's and pins' names, how an ε is written;
+* the token policies (``shared.policy``): the reference of public words an edge accepts in a
+  bundle's list, the named lists, the default p, the continuation prefix;
 * the bundles privbert builds from public sources (``shared.trust``) and the text floor's
   constants with the digest of its public sample (``shared.floor_text``; the sample itself
   goes to ``web_edge/src/generated/public_text.ts``);
@@ -40,6 +42,10 @@ GENERATOR = "python -m shared.spec"
 def _flag(cls: Any, name: str, schema: dict, required: bool) -> dict:
     """The command-line flag of parameter ``name`` of mechanism class ``cls``."""
     prop = schema.get("properties", {}).get(name, {})
+    if "type" not in prop and "anyOf" in prop:  # an optional parameter: X | None
+        given = [t for t in prop["anyOf"] if t.get("type") != "null"]
+        if len(given) == 1:
+            prop = {**given[0], **{k: v for k, v in prop.items() if k != "anyOf"}}
     kind = prop.get("type", "string")
     out = {"param": name, "flag": "--" + name.replace("_", "-"), "type": kind,
            "choices": list(prop["enum"]) if "enum" in prop else None,
@@ -90,7 +96,7 @@ def build() -> dict:
     """The spec of the built-in mechanisms, as the registry, the floor and the ledger say
     today (no plugin: the committed file must not depend on what is installed)."""
     import shared.mechanisms  # noqa: F401 (registers the built-in mechanisms)
-    from shared import conventions, floor, floor_text, ledger, messages, trust
+    from shared import conventions, floor, floor_text, ledger, messages, policy, trust
     from shared.bundle import (
         EMBEDDINGS_FILE,
         ENCODER_FILE,
@@ -130,6 +136,10 @@ def build() -> dict:
                              "table_scale": TABLE_SCALE_FILE},
                    "npy_dtypes": dict(NPY_DTYPES)},
         "device": conventions.spec_section(),
+        "policy": {"reference": sorted(policy.REFERENCE), "lists": {
+            k: list(v) for k, v in policy.POLICIES.items()}, "none": policy.NO_POLICY,
+            "default_p": policy.DEFAULT_P, "continuation_prefix": policy.CONTINUATION_PREFIX,
+            "source": policy.SOURCE, "rare_from": policy.RARE_FROM},
         "known_bundles": trust.spec_section(),
         "text_floor": floor_text.spec_section(),
         "messages": {

@@ -269,6 +269,34 @@ def test_the_page_shows_the_download_and_says_what_it_is(report, page_server):
                     r"checked\) after [\d.]+ s\.$", ready), ready
     assert "bundle" in first["bundleNote"] and "on your device" in first["bundleNote"]
     assert "unchanged" in first["legend"] and "sent as you typed it" in first["legend"]
+    assert "near word" in first["legend"] and "unrelated word" in first["legend"]
+    # η in one plain sentence
+    eta_note = " ".join(first["etaNote"].split())
+    assert re.fullmatch(r"η sets how much noise hides each word piece: the smaller η, the more "
+                        r"noise, [^.]*\.", eta_note), eta_note
+
+
+def test_the_page_says_what_happened_to_each_token(report):
+    """Sent as typed, replaced by a near word or by an unrelated word (judged by the
+    replacement's rank among the typed word piece's neighbours in the table), counted for the
+    sentence."""
+    first = report["scenarios"]["predict"]["result"]["first"]
+    kinds, classes, titles = first["tokenKinds"], first["tokenClasses"], first["tokenTitles"]
+    assert kinds and len(kinds) == len(first["tokens"]) == len(classes) == len(titles), first
+    assert set(kinds) <= {"typed", "near", "far"}
+    for kind, cls, title in zip(kinds, classes, titles, strict=True):
+        assert cls == {"typed": "same", "near": "near", "far": "far"}[kind]
+        if kind == "typed":
+            assert title.startswith("sent as typed")
+        else:
+            rank = int(re.search(r"the ([\d,]+)(st|nd|rd|th) nearest word piece", title)[1].replace(",", ""))
+            assert (rank <= 10) == (kind == "near") and rank >= 1, title
+    counts = re.fullmatch(r"Of (\d+) word pieces: (\d+) sent as typed, (\d+) replaced by a near "
+                          r"word, (\d+) replaced by an unrelated word\.", first["tokenCounts"])
+    assert counts, first["tokenCounts"]
+    n, typed, near, far = map(int, counts.groups())
+    assert (n, typed, near, far) == (len(kinds), kinds.count("typed"), kinds.count("near"),
+                                     kinds.count("far"))
 
 
 def test_a_second_visit_downloads_none_of_the_pages_files(report):

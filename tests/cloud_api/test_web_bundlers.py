@@ -1,7 +1,7 @@
 """@privbert/edge as a web developer ships it: packed (`npm pack`), installed fresh into a page
-project (`npm install` of the tarball), the same page built with Vite, esbuild and webpack
-(web_edge/test/bundlers), each driven in Debian's headless Chromium to a prediction from a
-real `cloud-api serve`.
+project (`npm install` of the tarball), the same page built with Vite, esbuild, webpack and
+Rollup (web_edge/test/bundlers; Rollup with @rollup/plugin-node-resolve({browser: true})), each
+driven in Debian's headless Chromium to a prediction from a real `cloud-api serve`.
 
 * A page on a compact table (the tiny model's) fetches no WebAssembly: its exact search is
   plain JS. Pages whose search runs on onnxruntime-web (``search=int8``, as a 384-d table's
@@ -11,9 +11,15 @@ real `cloud-api serve`.
   and the fix.
 * The Vite and esbuild pages call the service from another origin (PRIVBERT_CORS_ORIGINS);
   a page from an origin not listed is told so within a second, naming the setting.
-* The webpack page talks to a forwarding backend (web_edge/examples/forwarder.mjs): no key in
-  the page; no session is the forwarder's 401; a body that is not payloads is refused and
-  never forwarded.
+* The webpack page talks to a forwarding backend (web_edge/examples/forwarder.mjs, the
+  template the package ships): no key in the page; no session is the forwarder's 401, whose
+  error tells the page to sign in through its backend; a body that is not payloads is refused
+  and never forwarded. Through it every file comes compressed (the bundle gzip, the JS and the
+  WebAssembly brotli), and a second visit downloads at most 50 KB: the WebAssembly from the
+  HTTP cache (content-named: immutable), the bundle from the Cache API.
+* Errors in a page's words: a bundle other than the one pinned names the `acceptBundle`
+  option, a text too long the `truncate` option, and a wrong `wasmPaths` is a
+  RuntimeLoadError at `warmUp()` on a model that needs no WebAssembly to privatize.
 * Privatization in a Worker (``worker``) gives the same answers.
 * A text past the model's length is refused, never cut silently.
 * Tripwire: no request of any page or Worker, no line of the service's, the forwarder's or
@@ -173,8 +179,14 @@ def report(app, servers) -> dict:
         {"name": "esbuild_no_wasm", "url": f"{pages}/esbuild/index.html?{direct}&{ort}"},
         {"name": "esbuild_bad_wasm",
          "url": f"{pages}/esbuild/index.html?{direct}&{ort}&wasm=/nope/"},
+        {"name": "rollup", "url": f"{pages}/rollup/index.html?{direct}&{ort}", "text": SENTENCE},
         {"name": "webpack_forwarder",
-         "url": f"{servers['forwarder']}/index.html?login={LOGIN}&{ort}", "text": SENTENCE},
+         "url": f"{servers['forwarder']}/index.html?login={LOGIN}&{ort}", "text": SENTENCE,
+         "revisit": True},
+        {"name": "pinned_other", "url": f"{pages}/vite/index.html?{direct}&pin={'e' * 64}"
+                                        "&model=text"},
+        {"name": "warmup_bad_wasm", "url": f"{pages}/vite/index.html?{direct}&wasm=/nope/"
+                                           "&warmup=1"},
         {"name": "webpack_no_session", "url": f"{servers['forwarder']}/index.html"},
         {"name": "cors_refused", "url": f"{servers['other']}/vite/index.html?{direct}"},
         {"name": "too_long", "url": f"{pages}/vite/index.html?{direct}", "text": LONG},
@@ -193,7 +205,7 @@ def _first(report: dict, name: str) -> dict:
 
 
 @pytest.mark.parametrize("name", ["vite", "vite_worker", "esbuild", "esbuild_worker",
-                                  "webpack_forwarder"])
+                                  "webpack_forwarder", "rollup"])
 def test_each_bundled_page_gets_a_prediction_with_the_tasks_label(report, servers, name):
     page = _first(report, name)
     assert page["error"] is None, (name, page, report[name]["console"])
@@ -274,6 +286,9 @@ def test_no_session_at_the_forwarder_is_its_own_401(report):
     err = page["error"]
     assert err and err["name"] == "ApiError" and "401" in err["message"], page
     assert "urn:privbert:forwarder:no-session" in err["message"]
+    # the page's words: sign in through the backend; never "pass an API key" to a page
+    assert "sign the user in through your backend" in err["message"], err["message"]
+    assert "apiKey" not in err["message"] and "API key as" not in err["message"]
 
 
 def test_a_text_past_the_models_length_is_refused_not_cut(report):
@@ -281,8 +296,55 @@ def test_a_text_past_the_models_length_is_refused_not_cut(report):
     err = page["error"]
     assert err and err["name"] == "TextError" and re.search(
         r"has \d+ tokens; the model takes at most \d+", err["message"]), page
+    assert 'the option truncate: "first" keeps the first' in err["message"]  # not a CLI flag
+    assert "--truncate" not in err["message"]
     assert page["result"] is None
     assert not [q for q in report["too_long"]["requests"] if q["url"].endswith("/predict")]
+
+
+def test_a_bundle_other_than_the_pinned_one_names_the_page_option(report):
+    page = _first(report, "pinned_other")
+    err = page["error"]
+    assert err and err["name"] == "BundleChanged", page
+    assert f"not the bundle {'e' * 12}…" in err["message"]
+    assert 'the acceptBundle option: acceptBundle: ["' in err["message"], err["message"]
+    assert "--accept-bundle" not in err["message"]
+    assert not [q for q in report["pinned_other"]["requests"] if "/v1/bundles/" in q["url"]]
+
+
+def test_a_wrong_wasm_path_is_a_runtime_load_error_at_warm_up_on_any_model(report, servers):
+    """The tiny model's search is plain JS (opening needs no WebAssembly); warmUp() still
+    fails with the one RuntimeLoadError naming the URL tried and the fix."""
+    page = _first(report, "warmup_bad_wasm")
+    assert page["openMs"] is not None, page  # the session opened: nothing needed the runtime
+    err = page["error"]
+    assert err and err["name"] == "RuntimeLoadError", (page, report["warmup_bad_wasm"]["console"])
+    url = servers["pages"] + "/nope/ort-wasm-simd-threaded.wasm"
+    assert f"from {url}: the server answered 404" in err["message"], err["message"]
+    assert "wasmPaths" in err["message"]
+
+
+def test_the_session_guarantee_is_summarized(report):
+    assert _first(report, "vite")["guarantee"].startswith("dchi-text: published eta=")
+
+
+def test_through_the_forwarder_everything_is_compressed_and_a_second_visit_is_small(report):
+    scene = report["webpack_forwarder"]
+    first = {q["url"].split("?")[0]: q for q in scene["requests"] if q.get("status") == 200}
+    bundle = [q for u, q in first.items() if "/v1/bundles/" in u]
+    wasm = [q for u, q in first.items() if u.endswith(".wasm")]
+    js = [q for u, q in first.items() if u.endswith(".js")]
+    assert bundle and bundle[0]["encoding"] == "gzip", bundle
+    assert wasm and wasm[0]["encoding"] == "br", wasm
+    assert "immutable" in wasm[0]["cacheControl"], wasm
+    assert js and all(q["encoding"] == "br" and q["etag"] for q in js), js
+    second = scene["second"]
+    assert second["error"] is None and second["result"]["label"], second
+    spent = {r["name"].split("?")[0]: r["transferSize"] for r in second["mainResources"]}
+    assert sum(spent.values()) <= 50_000, spent
+    assert [n for n in spent if n.endswith(".wasm")] and all(
+        v == 0 for n, v in spent.items() if n.endswith(".wasm")), spent  # the HTTP cache
+    assert not [n for n in spent if "/v1/bundles/" in n], spent  # the Cache API
 
 
 def test_no_request_and_no_log_holds_a_word_of_the_sentence(report, servers):

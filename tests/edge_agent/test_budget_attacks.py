@@ -169,7 +169,7 @@ def test_a_clock_stepped_before_every_charge_passes_no_more_than_the_per_day_cap
 
 
 def test_a_ledger_of_version_2_keeps_its_boot_anchor(tmp_path):
-    """A version-2 ledger (one anchor: the boot of its last charge) migrates to version 3
+    """A version-2 ledger (one anchor: the boot of its last charge) migrates to the current version
     with that anchor, so its window keeps running on the boot clock: a charge made 10 s ago
     (by the boot clock) with the wall clock now 2 days ahead is still in the window."""
     from edge_agent.budget.clock import system_clock
@@ -196,7 +196,7 @@ def test_a_ledger_of_version_2_keeps_its_boot_anchor(tmp_path):
     led.chmod(0o600)
     with DeviceLedger.open(led) as ledger:
         st = ledger.status()
-        assert ledger.version == VERSION == 3
+        assert ledger.version == VERSION >= 3
     assert st.day_spent == 7.0 and st.spent == 7.0
 
 

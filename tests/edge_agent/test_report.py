@@ -88,6 +88,12 @@ def test_report_cli_json(tiny_enc_dir, tmp_path):
     assert [a for _, a in sorted(table)] == sorted(a for _, a in table)  # monotone
     assert rep["eta"] in [e for e, _ in table]
     assert rep["guarantee"]["mechanism"] == "dchi-text"
+    # split by token class: content = not a stop word ("the", "is", ","), rare = outside the
+    # sample's 4,096 most frequent tokens (none here: a tiny sample)
+    bc = rep["inversion_by_class"]
+    assert bc["tokens"] == {"all": 450, "content": 300, "rare": 0}
+    assert bc["accuracy"]["rare"] is None and 0 <= bc["accuracy"]["content"] <= 1
+    assert bc["accuracy"]["all"] == pytest.approx(inv["accuracy"])
     # the server-side contextual attack: said to exist, with the command that measures it
     how = rep["contextual_attack"]["how"]
     assert rep["contextual_attack"]["measured"] is False

@@ -24,7 +24,7 @@ import numpy as np
 
 HERE = Path(__file__).resolve().parent
 REPO = HERE.parent.parent
-FILES = ("random", "nearest", "ledger", "floor", "payloads")
+FILES = ("random", "nearest", "ledger", "floor", "payloads", "policy")
 
 # -- the tiny bundle (built from this definition alone, so its bundle_id is fixed) -----------
 SPECIAL = ["[PAD]", "[unused0]", "[unused1]", "[unused2]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"]
@@ -45,9 +45,10 @@ def tiny_vocab() -> list[str]:
     return SPECIAL + [word(i) for i in range(N_WORDS)]
 
 
-def tiny_tokenizer_json() -> str:
-    """A BERT WordPiece tokenizer.json over :func:`tiny_vocab` (as web_edge/test writes one)."""
-    vocab = tiny_vocab()
+def tiny_tokenizer_json(vocab: list[str] | None = None) -> str:
+    """A BERT WordPiece tokenizer.json over ``vocab`` (default :func:`tiny_vocab`; as
+    web_edge/test writes one)."""
+    vocab = tiny_vocab() if vocab is None else vocab
 
     def special(t: str) -> dict:
         return {"id": vocab.index(t), "content": t, "single_word": False, "lstrip": False,
@@ -207,7 +208,8 @@ def make_nearest() -> dict:
 def _cost(c) -> dict:
     return {"family": c.family, "epsilon": None if c.epsilon is None else _f(c.epsilon),
             "metric": _f(c.metric), "tokens": c.tokens, "sends": c.sends,
-            "eta": None if c.eta is None else _f(c.eta)}
+            "eta": None if c.eta is None else _f(c.eta),
+            **({"public": c.public} if c.public else {})}
 
 
 LEDGER_CASES = [
@@ -471,8 +473,208 @@ def make_payloads() -> dict:
             "tokens": token_cases(bundle, small)}
 
 
+# -- policy.json: a bundle with a token policy (shared.policy, issue 41) ----------------------
+# a vocabulary with function words (public under "function-words", but "not" and "very"),
+# punctuation, made-up content words and "##" pieces ("thero" is "the ##ro": a name, not "the")
+POLICY_WORDS = ["the", "a", "and", "of", "is", "it", "by", "in", "not", "very", ",", ".", "!"]
+POLICY_PIECES = ["##ro", "##ux", "##s"]
+POLICY_NAME = "function-words"
+
+
+def policy_vocab() -> list[str]:
+    return SPECIAL + POLICY_WORDS + [word(i) for i in range(32)] + POLICY_PIECES
+
+
+def _filler(n: int) -> str:
+    return " ".join(word(i % 24) for i in range(n))
+
+
+# the last two: truncated right after "the" of "thero" (budget 30 = max_length 32 - 2), and a
+# line that is all public words
+POLICY_LINES = ["the ba of bb , and bc !", "a bd is not very be .", "thero bf by theux bg",
+                "bh bi", _filler(29) + " thero the", "the , ."]
+# pairs (budget 29): the first segment is trimmed right after "the" of "thero"
+POLICY_PAIRS = ["sentence1\tsentence2\tlabel", "the ba\tbb of the !\t1",
+                _filler(18) + " thero\t" + _filler(8) + " , the\t0"]
+# (each run is an edge-agent process: few, each covering several cases)
+POLICY_RUNS = [
+    (["--mechanism", "dchi-text", "--eta", "8", "--public-p", "0.3", "--batch-size", "2"], 71,
+     "lines"),
+    (["--mechanism", "dchi-embedding", "--eta", "8", "--public-p", "0.5"], 72, "lines"),
+    (["--mechanism", "dchi-embedding", "--eta", "8", "--public-p", "0", "--float16"], 73,
+     "lines"),
+    (["--mechanism", "dchi-text", "--eta", "8"], 75, "lines"),
+    (["--tsv", "--mechanism", "dchi-text", "--eta", "8", "--public-p", "1"], 76, "pairs"),
+]
+
+
+def tiny_policy_bundle():
+    """A tiny bundle over :func:`policy_vocab` with the token policy "function-words"."""
+    from shared.bundle import FORMAT, FORMAT_VERSION, EdgeBundle
+
+    vocab = policy_vocab()
+    table = (0.5 * np.random.default_rng(TABLE_SEED).standard_normal((len(vocab), DIM))
+             ).astype(np.float32)
+    meta = {"format": FORMAT, "format_version": FORMAT_VERSION, "vocab_size": len(vocab),
+            "dim": DIM, "max_length": MAX_LENGTH,
+            "special_ids": {k: vocab.index(v) for k, v in (
+                ("pad", "[PAD]"), ("unk", "[UNK]"), ("cls", "[CLS]"), ("sep", "[SEP]"),
+                ("mask", "[MASK]"))},
+            "unused_ids": [1, 2, 3], "encoder": None,
+            "info": {"source": "golden-tiny-policy", "hidden_size": DIM}}
+    return EdgeBundle(tiny_tokenizer_json(vocab), table, meta).with_policy(POLICY_NAME)
+
+
+def _run_cli(bundle_dir: Path, args: list[str], seed: int, inp: Path, ledger: Path
+             ) -> tuple[list[str], dict]:
+    """``edge-agent privatize INP ARGS --seed S`` (JSONL lines) and the families of its ledger
+    after it (what ``edge-agent budget --json`` prints)."""
+    from edge_agent.budget.ledger import DeviceLedger
+
+    env = {**{k: v for k, v in os.environ.items() if not k.startswith("PRIVBERT_")},
+           "PYTHONPATH": str(REPO), "PRIVBERT_LEDGER": str(ledger),
+           "PRIVBERT_CACHE": str(ledger.parent / "cache")}
+    proc = subprocess.run([sys.executable, "-m", "edge_agent", "privatize", str(inp), *args,
+                           "--seed", str(seed), "--bundle", str(bundle_dir), "--no-progress"],
+                          cwd=REPO, env=env, capture_output=True, text=True, timeout=300)
+    if proc.returncode != 0:
+        raise RuntimeError(f"edge-agent privatize {args}: {proc.stderr}")
+    with DeviceLedger.open(ledger) as led:
+        families = led.status().to_json()["families"]
+    return proc.stdout.splitlines(), families
+
+
+def _policy_blocks(b) -> list[dict]:
+    """Policy blocks a server could sign, and shared.policy's refusal of each."""
+    from shared import policy
+
+    good = b.meta["policy"]
+
+    def listed(tokens: list[str]) -> dict:
+        t = sorted(tokens)
+        return {**good, "tokens": t, "size": len(t), "sha256": policy.tokens_digest(t)}
+
+    blocks = [["not an object"], {**good, "tokens": None}, {**good, "name": 3},
+              {**good, "tokens": list(reversed(good["tokens"]))},
+              {**good, "size": good["size"] + 1}, {**good, "size": True},
+              {**good, "sha256": "0" * 64},
+              listed(good["tokens"] + ["secret's"]), listed(good["tokens"] + ["zero\u200bwidth"]),
+              listed(good["tokens"] + ["ba", "é"]), listed(good["tokens"] + ["whom"]),
+              listed(good["tokens"] + ["not"]),
+              {**listed(["a"]), "size": True}]
+    vocab = b.tokenizer.get_vocab(with_added_tokens=True)
+    out = []
+    for block in blocks:
+        try:
+            pol = policy.TokenPolicy.from_block(block, vocab, b.regular_ids)
+            out.append({"block": block, "error": None, "size": pol.size})
+        except policy.PolicyError as exc:
+            out.append({"block": block, "error": str(exc)})
+    return out
+
+
+def make_policy() -> dict:
+    from edge_agent.privatize.privatizer import Privatizer
+    from shared import floor, ledger
+    from shared.accounting import summary
+    from shared.mechanisms import DChiEmbedding, DChiText
+    from shared.policy import kept_public
+
+    b = tiny_policy_bundle()
+    pol = b.policy
+    d = ledger.bundle_diameter(b)
+    runs = []
+    with tempfile.TemporaryDirectory(prefix="privbert-golden-policy-") as tmp:
+        root = Path(tmp)
+        bundle_dir = b.save(root / "bundle")
+        inputs = {"lines": root / "lines.txt", "pairs": root / "pairs.tsv"}
+        inputs["lines"].write_text("\n".join(POLICY_LINES) + "\n")
+        inputs["pairs"].write_text("\n".join(POLICY_PAIRS) + "\n")
+        for k, (args, seed, what) in enumerate(POLICY_RUNS):
+            lines, fams = _run_cli(bundle_dir, args, seed, inputs[what], root / f"l{k}.sqlite3")
+            runs.append({"args": args, "seed": seed, "input": what, "lines": lines,
+                         "budget": fams})
+    # tokenization: ids, the cut flags, the public words, the counts and costs
+    tokenize = []
+    for texts, pairs in ((POLICY_LINES, None),
+                         ([x.split("\t")[0] for x in POLICY_PAIRS[1:]],
+                          [x.split("\t")[1] for x in POLICY_PAIRS[1:]])):
+        priv = Privatizer(b, DChiText(b, 8.0, public_p=0.3))
+        for it in priv.tokenize(texts, pairs):
+            c = ledger.cost("dchi-text", priv.params, tokens=it.n_tokens, diameter=d,
+                            public=priv.public_count(it))
+            tokenize.append({"pair": pairs is not None, "ids_a": it.ids_a.tolist(),
+                             "ids_b": None if it.ids_b is None else it.ids_b.tolist(),
+                             "cut_a": it.cut_a, "cut_b": it.cut_b,
+                             "public": [int(x) for x in priv.public_mask([it])],
+                             "public_count": priv.public_count(it), "cost": _cost(c)})
+    # the coin, and the samplers under the policy on given ids (one text)
+    ids = np.array([8, 9, 46, 10, 11, 22, 9, 48, 19, 21, 20], dtype=np.int64)
+    mask = pol.public_mask(ids)
+    coins = [{"public": [int(x) for x in mask], "p": p, "seed": s,
+              "kept": [int(x) for x in kept_public(mask, p, np.random.default_rng(s))]}
+             for p, s in ((0.3, 80), (0.0, 81), (1.0, 82), (0.5, 83))]
+    samplers = []
+    for p, seed in ((0.3, 84), (0.0, 85)):
+        out = DChiText(b, 8.0, public_p=p).privatize_ids(ids, np.random.default_rng(seed))
+        samplers.append({"mechanism": "dchi-text", "eta": 8.0, "public_p": p, "seed": seed,
+                         "ids": ids.tolist(), "output": [int(x) for x in out]})
+    emb = DChiEmbedding(8.0, public_p=0.3, bundle=b).privatize_tokens(
+        ids, b, np.random.default_rng(86))
+    samplers.append({"mechanism": "dchi-embedding", "eta": 8.0, "public_p": 0.3, "seed": 86,
+                     "ids": ids.tolist(), "output": _fl(emb)})
+    costs = []
+    for name, params, n, k in (("dchi-text", {"eta": 40.0, "public_p": 0.3}, 7, 3),
+                               ("dchi-embedding", {"eta": 2.5, "public_p": 0.0}, 4, 4),
+                               ("dchi-text", {"eta": 8.0, "public_p": 1.0}, 5, 0)):
+        costs.append({"mechanism": name, "params": params, "tokens": n, "public": k,
+                      "diameter": _f(d), "cost": _cost(ledger.cost(name, params, tokens=n,
+                                                                    diameter=d, public=k))})
+    total = ledger.total([ledger.cost("dchi-text", {"eta": 8.0, "public_p": 0.3}, tokens=n,
+                                      diameter=d, public=k) for n, k in ((5, 2), (3, 0), (4, 4))])
+    # the floor under the policy: drawn from the words outside the public list
+    floors = []
+    for name, eta, seed in (("dchi-text", 8.0, 90), ("dchi-text", 400.0, 91),
+                            ("dchi-embedding", 400.0, 92)):
+        mech = DChiText(b, eta, public_p=0.3) if name == "dchi-text" else \
+            DChiEmbedding(eta, public_p=0.3, bundle=b)
+        saved = dict(floor._IDENTICAL)
+        floor._IDENTICAL.clear()
+        try:
+            reason = floor.weak_privacy_reason(mech, b, rng=np.random.default_rng(seed))
+        finally:
+            floor._IDENTICAL.clear()
+            floor._IDENTICAL.update(saved)
+        same, drawn = floor.measure_unchanged(mech, b, rng=np.random.default_rng(seed))
+        floors.append({"mechanism": name, "eta": eta, "public_p": 0.3, "seed": seed,
+                       "reason": reason, "measured": {"unchanged": same, "drawn": drawn}})
+    guarantees = []
+    for name, p in (("dchi-text", 0.3), ("dchi-embedding", 0.25)):
+        mech = DChiText(b, 8.0, public_p=p) if name == "dchi-text" else \
+            DChiEmbedding(8.0, public_p=p, bundle=b)
+        g = mech.guarantee(b)
+        guarantees.append({"mechanism": name, "eta": 8.0, "public_p": p,
+                           "policy": g["policy"], "epsilon_scope": g["worst_case"]["epsilon_scope"],
+                           "summary": summary(g), "summary_5_5": summary(g, 5.5)})
+    return {"about": "a bundle with the token policy function-words (shared.policy) over a tiny "
+                     "vocabulary of function words, made-up words and ## pieces: the JSONL lines "
+                     "of `edge-agent privatize --seed S --bundle B` and its ledger's families "
+                     "after (`edge-agent budget --json`); Privatizer.tokenize (cut flags, public "
+                     "masks, counts, costs); kept_public coins and the samplers with "
+                     "default_rng(seed); shared.ledger costs with public counts; the floor "
+                     "under the policy; the guarantee's policy clause; policy blocks a server "
+                     "could sign and TokenPolicy.from_block's refusals",
+            "bundle": _bundle_json(b), "tokenizer_json": tiny_tokenizer_json(policy_vocab()),
+            "input": {"lines": POLICY_LINES, "pairs": POLICY_PAIRS},
+            "runs": runs, "tokenize": tokenize, "coins": coins, "samplers": samplers,
+            "diameter": _f(d), "costs": costs, "total": _cost(total),
+            "floor_tokens": [int(x) for x in floor.floor_tokens(
+                DChiText(b, 8.0, public_p=0.3), b)],
+            "floors": floors, "guarantees": guarantees, "blocks": _policy_blocks(b)}
+
+
 MAKERS = {"random": make_random, "nearest": make_nearest, "ledger": make_ledger,
-          "floor": make_floor, "payloads": make_payloads}
+          "floor": make_floor, "payloads": make_payloads, "policy": make_policy}
 
 
 def dumps(obj: dict) -> str:

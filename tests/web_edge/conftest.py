@@ -94,3 +94,14 @@ def table_dirs(minilm_bundle, minilm_dir, tmp_path_factory) -> dict[str, Path]:
         trust_in_tests(b)
     return out
 
+
+
+@pytest.fixture(scope="session")
+def policy_dir(table_dirs, tmp_path_factory) -> Path:
+    """The pca32-int8 MiniLM bundle (the default table) with the token policy function-words
+    (shared.policy, issue 41)."""
+    from shared.bundle import EdgeBundle
+
+    root = tmp_path_factory.mktemp("policy")
+    return EdgeBundle.load(table_dirs["pca32-int8"]).with_policy("function-words").save(
+        root / "bundle")

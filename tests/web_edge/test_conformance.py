@@ -12,6 +12,7 @@ import json
 import re
 import shutil
 
+import numpy as np
 import pytest
 
 from tests.conftest import DATA
@@ -331,3 +332,68 @@ def test_missing_input_and_bad_utf8_are_one_line_errors(tiny_dir, tmp_path):
     assert len(js.stdout.splitlines()) == 1  # the record before it is written
     assert js.stderr.startswith("privbert-edge: error: line 2: not valid UTF-8")
     assert "\xff" not in js.stderr and "byte" not in js.stderr.split("line 2")[1].split(";")[0]
+
+
+# -- a bundle with a token policy (issue 41) -------------------------------------------------------
+def test_payloads_under_a_token_policy_are_byte_identical_to_edge_agent(policy_dir, tmp_path):
+    """Under the policy (public_p 0.3, SanText+'s coin of each public word drawn before the
+    noise of the other words) the same seed gives the same bytes in three batches, truncation
+    cutting words included; the ledgers count the same public words beside the same charge;
+    the summary line says what the guarantee covers, in the same words."""
+    from edge_agent.privatize.privatizer import Privatizer
+    from shared.bundle import EdgeBundle
+    from shared.mechanisms import DChiText
+    from shared.payload import parse_record
+
+    bundle = EdgeBundle.load(policy_dir)
+    texts = dev_sentences(32)
+    inp = tmp_path / "in.txt"
+    write_lines(inp, texts)
+    args = ["privatize", str(inp), "--eta", "42", "--public-p", "0.3", "--bundle",
+            str(policy_dir), "--seed", "13", "--max-length", "16", "--batch-size", "12"]
+    js = js_edge(*args, "-o", str(tmp_path / "js.jsonl"), tmp=tmp_path)
+    assert js.returncode == 0, js.stderr
+    py = py_edge(*args, "-o", str(tmp_path / "py.jsonl"), "--no-progress", tmp=tmp_path)
+    assert py.returncode == 0, py.stderr
+    js_bytes = (tmp_path / "js.jsonl").read_bytes()
+    assert js_bytes == (tmp_path / "py.jsonl").read_bytes()
+    records = [parse_record(line) for line in js_bytes.splitlines()]
+    assert len(records) == 32
+    assert {(r.payload.params.eta, r.payload.params.public_p) for r in records} == {(42.0, 0.3)}
+    # the policy's public words: some texts are cut inside a word (that piece is not public);
+    # about 0.7 of the public words leave as typed
+    priv = Privatizer(bundle, DChiText(bundle, 42.0, public_p=0.3), max_length=16)
+    items = priv.tokenize(texts)
+    assert any(it.cut_a for it in items)
+    public = sum(priv.public_count(it) for it in items)
+    mask = priv.public_mask(items)
+    raw = np.concatenate([it.ids_a for it in items])
+    out = np.concatenate([r.payload.data_array() for r in records])
+    kept = float((out[mask] == raw[mask]).mean())
+    assert public > 60 and 0.5 < kept < 0.95, (public, kept)
+    # the ledgers: the same public words counted, the same tokens charged
+    fam = json.loads(js_edge("budget", tmp=tmp_path).stdout)["families"]["dchi"]
+    py_fam = json.loads(py_edge("budget", "--json", tmp=tmp_path).stdout)["families"]["dchi"]
+    assert fam["public"] == py_fam["public"] == public
+    assert fam["tokens"] == py_fam["tokens"] == sum(it.n_tokens for it in items) - public
+    assert fam["epsilon"] == pytest.approx(py_fam["epsilon"], rel=1e-12)
+    clause = ("on words outside the public list; the 210 public words of policy function-words "
+              "are sent unchanged with probability 0.7 and have no guarantee")
+    js_line, py_line = _summary(js.stderr, "privbert-edge"), _summary(py.stderr, "edge-agent")
+    assert clause in js_line and clause in py_line
+    g = re.compile(r"dchi-text: published .*? and have no guarantee")
+    assert g.search(js_line).group(0) == g.search(py_line).group(0)
+
+
+def test_public_p_without_a_policy_is_refused_alike(tiny_dir, tmp_path):
+    inp = tmp_path / "in.txt"
+    write_lines(inp, ["the movie was good"])
+    out = tmp_path / "out.jsonl"
+    args = ["privatize", str(inp), "--eta", "5", "--public-p", "0.3", "--bundle", str(tiny_dir),
+            "-o", str(out)]
+    js = js_edge(*args, tmp=tmp_path)
+    py = py_edge(*args, "--no-progress", tmp=tmp_path)
+    assert js.returncode == py.returncode == 2, js.stderr + py.stderr
+    assert js.stderr == py.stderr.replace("edge-agent", "privbert-edge")
+    assert "dchi-text with public_p needs a bundle with a token policy" in js.stderr
+    assert js.stderr.count("\n") == 1 and not out.exists()

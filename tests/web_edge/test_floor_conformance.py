@@ -14,6 +14,7 @@
 from __future__ import annotations
 
 import json
+import os
 import re
 import subprocess
 from pathlib import Path
@@ -34,20 +35,28 @@ NUMBERS = re.compile(r"\d[\d,.]*%?")
 SENTENCES = ["a gripping , funny film", "the plot is thin and the acting worse"]
 
 
-def js_floor(bundle_dir: Path, seed: int, mechanism: str, *etas: float) -> list[str | None]:
+def js_floor(bundle_dir: Path, seed: int, mechanism: str, *etas: float,
+             policy: bool = False, measured: list | None = None) -> list[str | None]:
+    """The web edge's floor reasons (and, into ``measured``, measureUnchanged's counts)."""
+    env = {**os.environ, "FLOOR_POLICY": "1" if policy else "0"}
     p = subprocess.run(["node", str(FLOOR_JS), str(bundle_dir), str(seed), mechanism,
-                        *map(repr, etas)], cwd=REPO, capture_output=True, text=True, timeout=900)
+                        *map(repr, etas)], cwd=REPO, capture_output=True, text=True, timeout=900,
+                       env=env)
     assert p.returncode == 0, p.stderr
     out = [json.loads(x) for x in p.stdout.splitlines()]
     assert all(o["error"] is None for o in out), out
+    if measured is not None:
+        measured += [tuple(o["measured"]) for o in out]
     return [o["reason"] for o in out]
 
 
-def py_floor(bundle, seed: int, mechanism: str, eta: float) -> str | None:
+def py_floor(bundle, seed: int, mechanism: str, eta: float, public_p: float | None = None
+             ) -> str | None:
     from shared.floor import weak_privacy_reason
     from shared.mechanisms import DChiEmbedding, DChiText
 
-    mech = DChiText(bundle, eta) if mechanism == "dchi-text" else DChiEmbedding(eta)
+    mech = DChiText(bundle, eta, public_p=public_p) if mechanism == "dchi-text" else \
+        DChiEmbedding(eta, public_p=public_p, bundle=bundle)
     return weak_privacy_reason(mech, bundle, rng=np.random.default_rng(seed))
 
 
@@ -68,6 +77,26 @@ def test_a_seeded_floor_gives_the_python_edges_decision_and_message(table_dirs, 
     assert want[-1] is not None and (len(etas) == 1 or want[0] is None)  # refused; 65 passes
     if table == "pca32-int8":
         assert "of 2,048 tokens drawn at random" in want[1]
+
+
+def test_a_seeded_floor_under_a_token_policy_gives_the_python_edges_message(policy_dir):
+    """Under a token policy the floor judges the words outside the public list: both edges
+    draw them from the same generator and count the same unchanged tokens."""
+    from shared.bundle import EdgeBundle
+    from shared.floor import measure_unchanged
+    from shared.mechanisms import DChiText
+
+    bundle = EdgeBundle.load(policy_dir)
+    counts: list = []
+    got = js_floor(policy_dir, 9, "dchi-text", 42.0, policy=True, measured=counts)
+    assert got == [py_floor(bundle, 9, "dchi-text", 42.0, public_p=0.3)] == [None]
+    # the tokens drawn are the words outside the list: at eta 42 (about half come back) the
+    # count of the first step tells another token set apart (a refusal's message is the one
+    # without a policy, test above)
+    mech = DChiText(bundle, 42.0, public_p=0.3)
+    assert counts[0] == measure_unchanged(mech, bundle, rng=np.random.default_rng(9))
+    assert counts[0] != measure_unchanged(DChiText(bundle, 42.0), bundle,
+                                          rng=np.random.default_rng(9))
 
 
 @pytest.fixture(scope="module")
@@ -178,6 +207,44 @@ def test_a_table_that_does_not_match_its_description_is_refused_alike(table_dirs
     assert js.stderr == py.stderr.replace("edge-agent", "privbert-edge")
     assert message in js.stderr and js.stderr.count("\n") == 1
     assert not out.exists()
+
+
+def _listing(*extra: str):
+    """A change that adds ``extra`` to the policy's list, sorted, with its size and digest
+    recomputed (what a hostile server signs)."""
+    def change(meta, d):
+        from shared import policy
+
+        toks = sorted(meta["policy"]["tokens"] + list(extra))
+        meta["policy"].update(tokens=toks, size=len(toks), sha256=policy.tokens_digest(toks))
+    return change
+
+
+@pytest.mark.parametrize(("change", "message"), [
+    (_listing("secret"), "lists 1 word(s) that are not public (e.g. 'secret'): a public list "
+     "may hold only function words and punctuation"),
+    (_listing("whom"), "lists 'whom', which is not a regular token of the bundle's tokenizer"),
+    (lambda m, d: m["policy"].update(sha256="0" * 64), "the policy's tokens do not match its "
+     "sha256"),
+])
+def test_a_public_list_that_is_not_public_is_refused_alike(tiny_bundle, tmp_path, change,
+                                                          message):
+    """A bundle whose public list holds a content word (or a word its tokenizer does not
+    have, or a list its digest does not match) is refused by both edges in the same line,
+    nothing written or charged."""
+    src = tiny_bundle.with_policy("function-words").save(tmp_path / "src")
+    bad = _rewrite(src, tmp_path / "bad", change)
+    inp = tmp_path / "in.txt"
+    write_lines(inp, ["the secret marker"])
+    out = tmp_path / "out.jsonl"
+    args = ["privatize", str(inp), "--eta", "6", "--public-p", "0.3", "--bundle", str(bad),
+            "-o", str(out)]
+    js = js_edge(*args, tmp=tmp_path)
+    py = py_edge(*args, "--no-progress", tmp=tmp_path)
+    assert js.returncode == py.returncode == 1, js.stderr + py.stderr
+    assert js.stderr == py.stderr.replace("edge-agent", "privbert-edge")
+    assert message in js.stderr and js.stderr.count("\n") == 1
+    assert not out.exists() and not (tmp_path / "js-ledger.json").exists()
 
 
 @pytest.fixture

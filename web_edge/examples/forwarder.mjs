@@ -1,8 +1,10 @@
 #!/usr/bin/env node
-// A web app's backend that keeps the privbert API key off the page: it serves the app's page,
-// signs users in (a toy session: a shared login token, a random cookie), and forwards the
-// page's payloads to privbert with the key added (@privbert/edge/forwarder). Start from it:
-// replace `login` and `authenticate` with your app's own accounts and sessions.
+// A web app's backend that keeps the privbert API key off the page: it serves the app's page
+// (compressed and cached: staticFiles), signs users in (a toy session: a shared login token, a
+// random cookie), and forwards the page's payloads to privbert with the key added
+// (@privbert/edge/forwarder; the bundle goes back gzip). Start from it: replace `login` and
+// `authenticate` with your app's own accounts and sessions. It ships in the package:
+// node_modules/@privbert/edge/examples/forwarder.mjs.
 //
 //   PRIVBERT_SERVICE=https://privbert.internal PRIVBERT_API_KEY=... APP_LOGIN_TOKEN=... \
 //     node examples/forwarder.mjs [--port 8080] [--static DIR]
@@ -12,13 +14,11 @@
 // Logs: one JSON object per request on stdout (method, route, status, ms), never a body.
 
 import { randomBytes, timingSafeEqual } from "node:crypto";
-import { createReadStream, statSync } from "node:fs";
 import { createServer } from "node:http";
-import { extname, join, normalize, resolve, sep } from "node:path";
 import { parseArgs } from "node:util";
 
 import { createForwarder } from "@privbert/edge/forwarder";
-import { nodeHandler } from "@privbert/edge/node";
+import { nodeHandler, staticFiles } from "@privbert/edge/node";
 
 const { values: args } = parseArgs({ options: { port: { type: "string", default: process.env.PORT ?? "8080" },
   host: { type: "string", default: "127.0.0.1" }, static: { type: "string" } } });
@@ -74,31 +74,15 @@ async function login(req, res) {
   res.writeHead(204, { "Set-Cookie": `sid=${sid}; HttpOnly; SameSite=Strict; Path=/` }).end();
 }
 
-const TYPES = { ".html": "text/html; charset=utf-8", ".js": "text/javascript", ".mjs": "text/javascript",
-  ".css": "text/css", ".wasm": "application/wasm", ".json": "application/json", ".map": "application/json" };
-
-function serveStatic(req, res) {
-  if (!args.static) return res.writeHead(404).end();
-  const root = resolve(args.static);
-  const rel = normalize(decodeURIComponent(new URL(req.url, "http://x").pathname)).replace(/^([/\\])+/, "");
-  let file = join(root, rel);
-  if (file !== root && !file.startsWith(root + sep)) return res.writeHead(404).end();
-  try {
-    if (statSync(file).isDirectory()) file = join(file, "index.html");
-    const st = statSync(file);
-    res.writeHead(200, { "Content-Type": TYPES[extname(file)] ?? "application/octet-stream", "Content-Length": st.size,
-      "Cache-Control": "no-cache" });
-    createReadStream(file).pipe(res);
-  } catch {
-    res.writeHead(404).end();
-  }
-}
+// the page's files: compressed (the build's .br/.gz copies, else made once here), content-named
+// files (a hash in the name) immutable, the rest revalidated (ETag, Last-Modified: a 304)
+const serveStatic = args.static ? staticFiles(args.static) : () => false;
 
 createServer((req, res) => {
   const path = new URL(req.url, "http://x").pathname;
   if (path === "/privbert" || path.startsWith("/privbert/")) return void forward(req, res);
   if (path === "/login" && req.method === "POST") return void login(req, res);
-  return serveStatic(req, res);
+  if (!serveStatic(req, res)) res.writeHead(404).end();
 }).listen(Number(args.port), args.host, function () {
   const { port } = this.address();
   console.error(`forwarder: http://${args.host}:${port}/ -> ${SERVICE} (the key stays here)`);

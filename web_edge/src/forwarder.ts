@@ -17,6 +17,9 @@
  * Its log (``log``) has one object per request: method, route, status, time. Never a body.
  */
 
+import { MECHANISMS } from "./generated/spec.js";
+import { paramSchemas, plainSchema, type ParamSchema } from "./mechanisms/specs.js";
+
 const HEX64 = /^[0-9a-f]{64}$/;
 const B64 = /^(?:[A-Za-z0-9+/]{4})*(?:[A-Za-z0-9+/]{2}==|[A-Za-z0-9+/]{3}=)?$/;
 const MODEL_ID = /^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$/;
@@ -25,14 +28,35 @@ const PROBLEM = "urn:privbert:forwarder:";
 const PASS_BACK = ["content-type", "content-encoding", "content-length", "etag", "cache-control", "vary",
   "retry-after", "x-privacy-budget-remaining", "x-request-id", "x-bundle-bytes"];
 
-/** Per mechanism: its array field, the dtypes and rank of that array, its parameters. */
-const SHAPES: Record<string, { field: string; dtypes: string[]; ndim: number; params: string[]; tokens: boolean }> = {
-  "dchi-text": { field: "token_ids", dtypes: ["int32"], ndim: 1, params: ["eta"], tokens: true },
-  "dchi-embedding": { field: "embeddings", dtypes: ["float16", "float32"], ndim: 2, params: ["eta"], tokens: true },
-  laplace: { field: "vector", dtypes: ["float32"], ndim: 1, params: ["epsilon", "calibration", "word_dropout"], tokens: false },
-  ome: { field: "bits", dtypes: ["bits"], ndim: 1, params: ["epsilon", "lam", "int_bits", "frac_bits"], tokens: false },
-};
-const DTYPE_BITS: Record<string, number> = { int32: 32, float32: 32, float16: 16, bits: 1 };
+/** Bits per value of each array dtype a payload may carry (shared/arrays.py). */
+const DTYPE_BITS: Readonly<Record<string, number>> = { int32: 32, float32: 32, float16: 16, bits: 1 };
+
+/** What a payload of one mechanism may hold, from the spec's published payload and params. */
+interface Shape {
+  field: string;
+  dtypes: readonly string[];
+  ndim: number;
+  params: Readonly<Record<string, ParamSchema>>;
+  required: readonly string[];
+  /** a token payload: a sentence pair's `segments` travel with it */
+  tokens: boolean;
+}
+
+/** Every mechanism the spec publishes whose payloads are privatized (not the plain token ids of
+ * the Null-privacy baseline, which a page never sends). */
+const SHAPES: ReadonlyMap<string, Shape> = new Map(MECHANISMS.filter((m) => m.private).map((m) => [m.name, {
+  field: m.payload.field, dtypes: m.payload.dtypes, ndim: m.payload.ndim,
+  params: paramSchemas(m.name), required: m.required_params,
+  tokens: m.payload.reads_tokens,
+}]));
+
+/** Whether ``v`` is a value of the parameter whose JSON Schema is ``schema`` (its type, its choices). */
+function paramValue(given: ParamSchema, v: unknown): boolean {
+  const schema = plainSchema(given);
+  if (schema.type === "string") return typeof v === "string" && (schema.enum === undefined || schema.enum.includes(v));
+  if (typeof v !== "number" || !Number.isFinite(v)) return false;
+  return schema.type === "number" || Number.isInteger(v);
+}
 
 export interface ForwarderOptions {
   /** the privbert service's URL */
@@ -53,6 +77,9 @@ export interface ForwarderOptions {
   /** seconds to wait for the service (default 30) */
   timeout?: number;
   fetch?: typeof fetch;
+  /** bundles whose gzip copy is kept in memory (default 2; a bundle is named by its content,
+   * so a copy never goes stale) */
+  keepCompressed?: number;
   /** one object per request (method, route, status, ms); never a body or a key */
   log?: (line: Record<string, unknown>) => void;
 }
@@ -82,6 +109,7 @@ export function createForwarder(o: ForwarderOptions): Forwarder {
   const fetchFn = o.fetch ?? globalThis.fetch.bind(globalThis);
   const timeout = (o.timeout ?? 30) * 1000;
   const models = o.models ? new Set(o.models) : null;
+  const gzipped = new GzipCopies(o.keepCompressed ?? 2);
 
   return async (request: Request): Promise<Response> => {
     const t0 = Date.now();
@@ -132,7 +160,20 @@ export function createForwarder(o: ForwarderOptions): Forwarder {
         back.delete("content-encoding");
         back.delete("content-length");
       }
-      return new Response(request.method === "HEAD" ? null : answer.body, { status: answer.status, headers: back });
+      if (request.method === "HEAD" || answer.body === null) return new Response(null, { status: answer.status, headers: back });
+      if (answer.status === 200 && m.method === "GET" && accepts(request.headers.get("accept-encoding"), "gzip")) {
+        // compressed for the page, as the service itself sends it (a bundle: gzip made once, kept)
+        back.set("content-encoding", "gzip");
+        back.delete("content-length");
+        back.set("vary", "Accept-Encoding");
+        if (m.bundleId !== null) {
+          const packed = await gzipped.get(m.bundleId, answer);
+          back.set("content-length", String(packed.byteLength));
+          return new Response(packed, { status: 200, headers: back });
+        }
+        return new Response(answer.body.pipeThrough(new CompressionStream("gzip")), { status: 200, headers: back });
+      }
+      return new Response(answer.body, { status: answer.status, headers: back });
     } catch (exc) {
       const r = exc instanceof Refused ? exc
         : new Refused(500, "internal", "Forwarder error", "the forwarder failed; nothing was forwarded");
@@ -148,18 +189,56 @@ interface RouteMatch {
   route: string;
   method: "GET" | "POST";
   model: string | null;
+  /** the bundle of GET /v1/bundles/{id} */
+  bundleId: string | null;
 }
 
 function matchRoute(path: string): RouteMatch | null {
-  if (path === "/v1/models") return { route: "/v1/models", method: "GET", model: null };
+  if (path === "/v1/models") return { route: "/v1/models", method: "GET", model: null, bundleId: null };
   let m = /^\/v1\/bundles\/([^/]+)$/.exec(path);
-  if (m) return HEX64.test(m[1]!) ? { route: "/v1/bundles/{id}", method: "GET", model: null } : null;
+  if (m) return HEX64.test(m[1]!) ? { route: "/v1/bundles/{id}", method: "GET", model: null, bundleId: m[1]! } : null;
   m = /^\/v1\/models\/([^/]+)\/predict$/.exec(path);
   if (m) {
     const id = decodeURIComponent(m[1]!);
-    return MODEL_ID.test(id) ? { route: "/v1/models/{id}/predict", method: "POST", model: id } : null;
+    return MODEL_ID.test(id) ? { route: "/v1/models/{id}/predict", method: "POST", model: id, bundleId: null } : null;
   }
   return null;
+}
+
+/** Whether an Accept-Encoding value admits ``coding`` (q > 0). */
+function accepts(header: string | null, coding: string): boolean {
+  for (const part of (header ?? "").split(",")) {
+    const [name, ...params] = part.trim().split(";");
+    if (name!.trim().toLowerCase() !== coding && name!.trim() !== "*") continue;
+    const q = params.map((x) => x.trim()).find((x) => x.startsWith("q="));
+    return q === undefined || Number(q.slice(2)) > 0;
+  }
+  return false;
+}
+
+/** gzip copies of the last few bundles asked for (CompressionStream: every Fetch-API runtime
+ * has it), made once per bundle id while concurrent requests wait for the same copy. */
+class GzipCopies {
+  private readonly copies = new Map<string, Promise<ArrayBuffer>>();
+
+  constructor(private readonly keep: number) {}
+
+  /** The gzip copy of the bundle ``id``, from the service's ``answer`` (not read when a copy is kept). */
+  get(id: string, answer: Response): Promise<ArrayBuffer> {
+    let copy = this.copies.get(id);
+    if (copy === undefined) {
+      copy = answer.arrayBuffer().then((raw) =>
+        new Response(new Blob([raw]).stream().pipeThrough(new CompressionStream("gzip"))).arrayBuffer());
+      copy.catch(() => this.copies.delete(id));
+      if (this.keep > 0) this.copies.set(id, copy);
+    } else {
+      this.copies.delete(id);  // most recent last
+      this.copies.set(id, copy);
+      void answer.body?.cancel().catch(() => undefined);
+    }
+    while (this.copies.size > this.keep) this.copies.delete(this.copies.keys().next().value!);
+    return copy;
+  }
 }
 
 /** The user as a device id the service accepts (its pattern: [A-Za-z0-9_.:-], ≤ 64). */
@@ -218,17 +297,18 @@ export function payloadBody(text: string): string {
 function checkPayload(p: unknown, i: number): Record<string, unknown> {
   const where = `payloads[${i}]`;
   if (!isObject(p)) throw notPayload(`${where} is not an object`);
-  const shape = typeof p.mechanism === "string" ? SHAPES[p.mechanism] : undefined;
-  if (!shape) throw notPayload(`${where}: mechanism must be one of ${Object.keys(SHAPES).join(", ")}`);
+  const shape = typeof p.mechanism === "string" ? SHAPES.get(p.mechanism) : undefined;
+  if (!shape) throw notPayload(`${where}: mechanism must be one of ${[...SHAPES.keys()].join(", ")}`);
   const allowed = ["version", "mechanism", "params", "bundle_id", shape.field, ...(shape.tokens ? ["segments"] : [])];
   const extra = Object.keys(p).filter((k) => !allowed.includes(k));
   if (extra.length) throw notPayload(`${where} has fields a payload does not have (${extra.length})`);
   if (p.version !== undefined && p.version !== 1) throw notPayload(`${where}: version must be 1`);
   if (typeof p.bundle_id !== "string" || !HEX64.test(p.bundle_id)) throw notPayload(`${where}: bundle_id must be 64 hex digits`);
   const params = p.params;
-  if (!isObject(params) || Object.keys(params).some((k) => !shape.params.includes(k))
-      || Object.values(params).some((v) => !(typeof v === "number" && Number.isFinite(v)) && v !== "vector" && v !== "coordinate")) {
-    throw notPayload(`${where}: params must be ${shape.params.join(", ")} (numbers)`);
+  const names = Object.keys(shape.params);
+  if (!isObject(params) || Object.entries(params).some(([k, v]) => !(k in shape.params) || !paramValue(shape.params[k]!, v))
+      || shape.required.some((k) => !(k in params))) {
+    throw notPayload(`${where}: params must be ${names.join(", ")} (each of its type)`);
   }
   const arr = p[shape.field];
   if (!isObject(arr) || !sameKeys(arr, ["dtype", "shape", "data"]) || !shape.dtypes.includes(arr.dtype as string)

@@ -9,6 +9,7 @@
 export { ApiError, BudgetRefused, BundleError, RuntimeLoadError, TextError, WeakPrivacyError } from "./errors.js";
 
 export { EdgeBundle, type BundleMeta, type BundleShape } from "./bundle/bundle.js";
+export { TokenPolicy, keptPublic } from "./bundle/policy.js";
 export {
   PrivbertClient, type Audience, type BundleCache, type ClientOptions, type ModelInfo, type Prediction, type Progress,
   type ProgressCallback,
@@ -31,20 +32,27 @@ export {
 export { MemoryTextFloorCache, type TextFloorCache } from "./floor/text_floor_cache.js";
 
 export { DChiEmbedding, DChiText } from "./mechanisms/dchi.js";
-export { Laplace, OME, SentenceEncoder } from "./mechanisms/vector.js";
-export {
-  Privatizer, nTokens, type Mechanism, type PrivatizerOptions, type TokenizedText,
-} from "./mechanisms/privatizer.js";
+export { Laplace } from "./mechanisms/laplace.js";
+export { OME } from "./mechanisms/ome.js";
+export { SentenceEncoder } from "./mechanisms/encoder.js";
+export { Privatizer, type Mechanism, type PrivatizerOptions } from "./mechanisms/privatizer.js";
+export { nTokens, type TokenizedText } from "./mechanisms/tokens.js";
+export { DEFAULT_MECHANISM, mechanismModule, mechanismNames } from "./mechanisms/registry.js";
+export type { BoundMechanism, BuildOptions, MechanismModule, Params, PrivatizedData } from "./mechanisms/module.js";
 
 export {
-  DChiFloor, checkDchiFloor, dchiWeakReason, measureUnchanged, tableProblem, wilsonInterval, type FloorOptions,
+  DChiFloor, checkDchiFloor, dchiWeakReason, floorTokens, measureUnchanged, tableProblem, wilsonInterval,
+  type FloorOptions,
 } from "./floor/floor.js";
 
 export {
-  Ledger, MemoryLedgerStore, dchiCost, diameter, fits, total, type Charged, type Cost, type LedgerState,
+  Ledger, MemoryLedgerStore, dchiCost, diameter, epsilonCost, fits, total, type Charged, type Cost, type LedgerState,
   type LedgerStore, type MemoKeys, type MemoSetting, type Status,
 } from "./ledger/ledger.js";
-export { guarantee, summary, type Guarantee } from "./ledger/accounting.js";
+export {
+  dropoutEpsilon, epsilonGuarantee, guarantee, summary, type AnyGuarantee, type EpsilonGuarantee, type Guarantee,
+  type PolicyClause,
+} from "./ledger/accounting.js";
 
 export { ExactNearest, LARGE_WORK, UPGRADE_WORK, searchUsesOrt, type NearestOptions } from "./search/nearest.js";
 export { runtimeNeeded, warmUp, type WarmUpOptions } from "./runtime/warm_up.js";

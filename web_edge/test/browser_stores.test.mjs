@@ -36,6 +36,22 @@ test("an IndexedDB ledger charges, persists, refuses over its cap and memoizes",
   assert.equal(key.extractable, false);
 });
 
+test("an IndexedDB ledger counts a token policy's public words beside what it charges", async () => {
+  // shared.ledger: 7 tokens of which 3 public: ε = η·4·D; the family's spend and the charge
+  // record the 3 (edge_agent's ledger: spend.public, charges.public); a charge without public
+  // words writes no field (a ledger as before the policy)
+  const ledger = new Ledger(new IndexedDbLedgerStore("t3"));
+  const info = { ...INFO, params: { eta: 2, public_p: 0.3 } };
+  const got = await ledger.charge([dchiCost("dchi-text", 2, 7, 10, 3), dchiCost("dchi-text", 2, 2, 10, 2)],
+    ["P", "Q"], [null, null], info);
+  assert.deepEqual([got.cost.epsilon, got.cost.tokens, got.cost.public], [80, 4, 5]);
+  await ledger.charge([dchiCost("dchi-text", 2, 1, 10)], ["R"], [null], INFO);
+  const st = await new Ledger(new IndexedDbLedgerStore("t3")).status();
+  assert.deepEqual(st.families.dchi, { epsilon: 100, metric: 10, tokens: 5, sends: 3, public: 5 });
+  const state = await new IndexedDbLedgerStore("t3").read();
+  assert.deepEqual(state.charges.map((c) => c.public), [5, undefined]);
+});
+
 test("a transaction that fails refuses the charge: nothing is sent uncharged", async () => {
   const store = new IndexedDbLedgerStore("t2");
   const ledger = new Ledger(store);

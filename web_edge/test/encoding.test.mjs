@@ -3,7 +3,7 @@
 import assert from "node:assert/strict";
 import { test } from "node:test";
 
-import { base64, f16Bits, floatBytes, fromBase64, int32Bytes, orjsonFloat, recordLine, tokenPayloadJson } from "../dist/service/payload.js";
+import { base64, f16Bits, floatBytes, fromBase64, int32Bytes, orjsonFloat, recordLine, payloadJson } from "../dist/service/payload.js";
 import { parseRaw, pyDumps, pyFloat, PyFloat } from "../dist/format/pyjson.js";
 
 test("pyDumps writes what json.dumps(sort_keys=True, separators=(',', ':')) writes", () => {
@@ -55,9 +55,9 @@ test("a dchi-text payload is the Python edge's bytes", () => {
   //   p = make_payloads('dchi-text', {'eta': 65.0}, 'f'*64, np.array([1,2,3,4,5]), [3,2], [None,[1,1]]);
   //   print([orjson.dumps(x.model_dump(exclude_none=True)) for x in p])"
   const id = "f".repeat(64);
-  assert.equal(tokenPayloadJson("dchi-text", { eta: 65 }, id, { dtype: "int32", shape: [3], bytes: int32Bytes([1, 2, 3]) }, null),
+  assert.equal(payloadJson("dchi-text", { eta: 65 }, id, { dtype: "int32", shape: [3], bytes: int32Bytes([1, 2, 3]) }, null),
     `{"version":1,"bundle_id":"${id}","mechanism":"dchi-text","params":{"eta":65.0},"token_ids":{"dtype":"int32","shape":[3],"data":"AQAAAAIAAAADAAAA"}}`);
-  assert.equal(tokenPayloadJson("dchi-text", { eta: 65 }, id, { dtype: "int32", shape: [2], bytes: int32Bytes([4, 5]) }, [1, 1]),
+  assert.equal(payloadJson("dchi-text", { eta: 65 }, id, { dtype: "int32", shape: [2], bytes: int32Bytes([4, 5]) }, [1, 1]),
     `{"version":1,"bundle_id":"${id}","segments":[1,1],"mechanism":"dchi-text","params":{"eta":65.0},"token_ids":{"dtype":"int32","shape":[2],"data":"BAAAAAUAAAA="}}`);
   assert.equal(recordLine("{}", null), '{"payload":{}}\n');
   assert.equal(recordLine("{}", "pos"), '{"payload":{},"label":"pos"}\n');

@@ -139,3 +139,32 @@ test("payloadBody keeps each mechanism's fields and nothing else", () => {
   assert.throws(() => createForwarder({ service: "ftp://x", apiKey: "k", authenticate: () => "u" }), RangeError);
   assert.throws(() => createForwarder({ service: "http://x", apiKey: "", authenticate: () => "u" }), RangeError);
 });
+
+test("a GET goes back gzip to a page that accepts it (a bundle's copy made once), with the service's validators", async () => {
+  const tar = new Uint8Array(200_000).map((_, i) => (i * 7) % 13);  // compressible, as a bundle's tokenizer is
+  const calls = [];
+  const fake = async (url, init) => {
+    calls.push({ url, encoding: init.headers["Accept-Encoding"] });
+    return new Response(tar, { status: 200, headers: { "content-type": "application/x-tar", etag: `"${BUNDLE}"`,
+      "cache-control": "private, max-age=31536000, immutable", "x-bundle-bytes": String(tar.length) } });
+  };
+  const { f } = forwarder({ fetch: fake });
+  const get = () => f(req(`/privbert/v1/bundles/${BUNDLE}`, { headers: { ...signedIn, "accept-encoding": "gzip, br" } }));
+  for (let round = 0; round < 2; round++) {
+    const r = await get();
+    assert.equal(r.status, 200);
+    assert.equal(r.headers.get("content-encoding"), "gzip");
+    assert.equal(r.headers.get("etag"), `"${BUNDLE}"`);
+    assert.equal(r.headers.get("cache-control"), "private, max-age=31536000, immutable");
+    assert.equal(r.headers.get("x-bundle-bytes"), String(tar.length));
+    const packed = new Uint8Array(await r.arrayBuffer());
+    assert.ok(packed.length < tar.length / 4, `${packed.length} bytes`);
+    assert.equal(Number(r.headers.get("content-length")), packed.length);
+    const back = new Uint8Array(await new Response(new Blob([packed]).stream().pipeThrough(new DecompressionStream("gzip"))).arrayBuffer());
+    assert.deepEqual(back, tar);
+  }
+  assert.deepEqual(calls.map((c) => c.encoding), ["identity", "identity"]);  // the service is asked as before
+  const plain = await f(req(`/privbert/v1/bundles/${BUNDLE}`, { headers: { ...signedIn, "accept-encoding": "identity" } }));
+  assert.equal(plain.headers.get("content-encoding"), null);
+  assert.deepEqual(new Uint8Array(await plain.arrayBuffer()), tar);
+});

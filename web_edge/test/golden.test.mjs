@@ -22,7 +22,8 @@ import {
   standardGamma,
   standardNormal,
 } from "../dist/random/samplers.js";
-import { bitFlipEpsilon, laplaceDraw } from "../dist/mechanisms/vector.js";
+import { laplaceDraw } from "../dist/mechanisms/laplace.js";
+import { bitFlipEpsilon } from "../dist/mechanisms/ome.js";
 
 const HERE = dirname(fileURLToPath(import.meta.url));
 const GOLDEN = join(HERE, "..", "..", "tests", "golden");

@@ -38,18 +38,27 @@ test("pinned on first use, the same again, a change refused until accepted, trus
   assert.equal(store.pins.size, 0); // the check before the fetch writes nothing
   assert.equal(await checkPin(store, "http://s", "m1", A), "pinned");
   assert.equal(await checkPin(store, "http://s/", "m1", A), "same");
+  const changed = `model m1 at http://s now names bundle ${B.slice(0, 12)}…, not the bundle ${A.slice(0, 12)}… this `
+    + "device accepted for it first; a bundle decides what privatization means, so it never changes silently ";
+  await assert.rejects(checkPin(store, "http://s", "m1", B, { audience: "cli" }), (e) => e instanceof BundleChanged
+    && e.message === changed + `(accept it with --accept-bundle ${B})`);
+  // a page is told its option, not a command-line flag (the default audience)
   await assert.rejects(checkPin(store, "http://s", "m1", B), (e) => e instanceof BundleChanged
-    && e.message === `model m1 at http://s now names bundle ${B.slice(0, 12)}…, not the bundle ${A.slice(0, 12)}… this `
-      + "device accepted for it first; a bundle decides what privatization means, so it never changes silently "
-      + `(accept it with --accept-bundle ${B})`);
+    && e.message === changed + `(accept it with the acceptBundle option: acceptBundle: ["${B}"])`);
   assert.equal(await checkPin(store, "http://s", "m2", B), "pinned"); // another model: its own pin
   assert.equal(await checkPin(store, "http://s", "m1", B, { accept: new Set([B]) }), "accepted");
   assert.equal(await checkPin(store, "http://s", "m1", B), "same");
+  const unverified = `bundle ${B.slice(0, 12)}… is unverified (not one privbert builds from public sources, nor one this `
+    + "app trusts) and ";
+  await assert.rejects(checkPin(store, "http://s", "m3", B, { refuseUnverified: true, audience: "cli" }), (e) => e instanceof BundleChanged
+    && e.message === unverified + `--refuse-unverified refuses it; trust it with --trusted-bundles ${B} once you have checked it`);
+  // a page is told its options (the default audience)
   await assert.rejects(checkPin(store, "http://s", "m3", B, { refuseUnverified: true }), (e) => e instanceof BundleChanged
-    && e.message === `bundle ${B.slice(0, 12)}… is unverified (not one privbert builds from public sources, nor one this `
-      + `app trusts) and --refuse-unverified refuses it; trust it with --trusted-bundles ${B} once you have checked it`);
+    && e.message === unverified + `the refuseUnverified option refuses it; trust it with the trustedBundles option ${B} once you have checked it`);
   assert.equal(await checkPin(store, "http://s", "m3", B, { refuseUnverified: true, trusted: new Set([B]) }), "pinned");
   assert.equal(await checkPin(store, "http://s", "m4", KNOWN.none, { refuseUnverified: true }), "pinned"); // known
+  // trusted ids add to the known ones: a trusted list alone refuses nothing
+  assert.equal(await checkPin(store, "http://s", "m5", B, { trusted: new Set([A]) }), "pinned");
   assert.equal(await checkPin(store, "http://s", "m1", A, { trusted: new Set([A]) }), "accepted"); // a trusted id replaces the pin
   assert.equal(checkVouched(B, new Set(), false).kind, "unverified");
 });
@@ -57,10 +66,12 @@ test("pinned on first use, the same again, a change refused until accepted, trus
 test("a renamed model's new bundle is refused until accepted; the same bundle renamed is not a change", async () => {
   const store = new MemoryPinStore();
   assert.equal(await checkPin(store, "http://s", "sst2", A, { served: ["sst2"] }), "pinned");
-  await assert.rejects(checkPin(store, "http://s", "sst2-v2", B, { served: ["sst2-v2"] }), (e) => e instanceof BundleChanged
-    && e.message === `http://s no longer serves model sst2, which this device pinned to bundle ${A.slice(0, 12)}…, and now `
-      + `serves sst2-v2 with bundle ${B.slice(0, 12)}…; a renamed model never gets a new bundle silently (accept it with `
-      + `--accept-bundle ${B})`);
+  const renamed = `http://s no longer serves model sst2, which this device pinned to bundle ${A.slice(0, 12)}…, and now `
+    + `serves sst2-v2 with bundle ${B.slice(0, 12)}…; a renamed model never gets a new bundle silently (accept it with `;
+  await assert.rejects(checkPin(store, "http://s", "sst2-v2", B, { served: ["sst2-v2"], audience: "cli" }),
+    (e) => e instanceof BundleChanged && e.message === renamed + `--accept-bundle ${B})`);
+  await assert.rejects(checkPin(store, "http://s", "sst2-v2", B, { served: ["sst2-v2"] }),
+    (e) => e instanceof BundleChanged && e.message === renamed + `the acceptBundle option: acceptBundle: ["${B}"])`);
   assert.equal(await checkPin(store, "http://other", "sst2-v2", B, { served: ["sst2-v2"] }), "pinned"); // another server
   assert.equal(await checkPin(store, "http://s", "sst2-v2", A, { served: ["sst2-v2"] }), "pinned"); // same bundle
   assert.equal(await checkPin(store, "http://s", "sst2-v3", B, { served: ["sst2-v3"], accept: new Set([B]) }), "pinned");

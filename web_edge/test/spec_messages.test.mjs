@@ -15,7 +15,8 @@ import { FLOOR, MESSAGES, SPEC } from "../dist/generated/spec.js";
 import { fmtG, format, message, pct, weakHead } from "../dist/format/messages.js";
 import { loadBundleDir } from "../dist/node/caches.js";
 import { Pcg64Source } from "../dist/random/pcg64.js";
-import { Laplace, OME } from "../dist/mechanisms/vector.js";
+import { Laplace } from "../dist/mechanisms/laplace.js";
+import { OME } from "../dist/mechanisms/ome.js";
 
 const HERE = dirname(fileURLToPath(import.meta.url));
 const ROOT = join(HERE, "..", "..");

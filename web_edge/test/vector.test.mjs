@@ -6,7 +6,8 @@ import { test } from "node:test";
 
 import { Pcg64Source } from "../dist/random/pcg64.js";
 import { CryptoSource } from "../dist/random/random.js";
-import { Laplace, OME, bitFlipEpsilon, laplaceDraw, packBits } from "../dist/mechanisms/vector.js";
+import { Laplace, laplaceDraw } from "../dist/mechanisms/laplace.js";
+import { OME, bitFlipEpsilon, packBits } from "../dist/mechanisms/ome.js";
 import { ksPvalue } from "./stats.mjs";
 
 const laplaceCdf = (b) => (x) => (x < 0 ? 0.5 * Math.exp(x / b) : 1 - 0.5 * Math.exp(-x / b));

@@ -95,14 +95,27 @@ function threadsFor(asked: string | null): number {
 export interface Privatized {
   eta: number;
   item: TokenizedText;
-  /** the privatized word pieces, as the vocabulary spells them */
+  /** the word pieces typed, and the privatized ones (as the vocabulary spells them) */
+  typed: string[];
   tokens: string[];
+  /** the word-piece ids typed, and the privatized ones */
+  ids: number[];
+  outIds: number[];
   /** per token: the noise left it unchanged in this draw */
   unchanged: boolean[];
-  payloadJson: string;
+  /** the payload JSON, once the privacy floor has passed at this η (WeakPrivacyError if not):
+   * nothing is sent before it */
+  payload: () => Promise<string>;
   /** tokenize, noise and exact nearest token, in this page */
   ms: number;
 }
+
+/** What happened to one word piece (judged by rank among the typed one's neighbours). */
+export type TokenKind = "typed" | "near" | "far";
+
+/** A replacement among this many nearest word pieces of the typed one (in the privatization
+ * table the noise is added in) counts as a near word; any other as an unrelated word. */
+export const NEAR_RANK = 10;
 
 export interface Answer {
   /** what left the device: the fresh payload, or the stored one of a memoized repeat */
@@ -116,7 +129,7 @@ export interface Answer {
 export function explain(err: unknown): string {
   if (err instanceof TextError) return `the text ${err.detail}: nothing was sent`;
   if (err instanceof BundleChanged) {
-    return `${err.message.replace(/ \(accept it with --accept-bundle [0-9a-f]+\)$/, "")}: the bundle was refused and `
+    return `${err.message.replace(/ \(accept it with .*\)$/, "")}: the bundle was refused and `
       + "nothing was sent (to accept the new one, open this page with ?accept-bundle=<its id>)";
   }
   if (err instanceof WeakPrivacyError) return `${err.message}: nothing was sent`;
@@ -129,15 +142,22 @@ export function explain(err: unknown): string {
 export class Edge {
   private readonly privatizers = new Map<number, Promise<Privatizer>>();
   private runtimeAsked = false;
-  private readonly vocab: string[];
+  private vocabulary: string[] | null = null;
   /** how long opening took: the bundle (fetched and verified, or from the cache), the rest */
   phases: Record<string, number | boolean> = {};
 
   private constructor(readonly client: PrivbertClient, readonly model: ModelInfo, readonly bundle: EdgeBundle,
-                      readonly ledger: Ledger, readonly diameter: number, readonly maxLength: number) {
-    const v = (JSON.parse(bundle.tokenizerJson) as { model: { vocab: Record<string, number> } }).model.vocab;
-    this.vocab = [];
-    for (const [tok, id] of Object.entries(v)) this.vocab[id] = tok;
+                      readonly ledger: Ledger, readonly diameter: number, readonly maxLength: number) {}
+
+  /** Each word piece's spelling by id (read from the tokenizer's JSON once: off the way to the
+   * page being ready, on the first use or once the page is idle). */
+  private get vocab(): string[] {
+    if (this.vocabulary === null) {
+      const v = (JSON.parse(this.bundle.tokenizerJson) as { model: { vocab: Record<string, number> } }).model.vocab;
+      this.vocabulary = [];
+      for (const [tok, id] of Object.entries(v)) this.vocabulary[id] = tok;
+    }
+    return this.vocabulary;
   }
 
   static client(apiKey: string | null): PrivbertClient {
@@ -150,7 +170,7 @@ export class Edge {
     const t0 = performance.now();
     // the pin first (before a byte of a changed bundle is fetched), recorded once verified
     const progress: ProgressCallback = (p) => {
-      if (p.shape) void warmUp({ threads: THREADS, shape: p.shape, mechanism: "dchi-text" });
+      if (p.shape) warmUp({ threads: THREADS, shape: p.shape, mechanism: "dchi-text" }).catch(() => undefined);
       onProgress?.(p);
     };
     const { bundle, fetched } = await pinnedBundle(client, location.origin, model, OPTIONAL_BUNDLE_CACHE, STRICT_PINS,
@@ -162,7 +182,14 @@ export class Edge {
     const ledger = new Ledger(LEDGER);
     const edge = new Edge(client, model, bundle, ledger, bundle.diameter, limit); // shared.ledger.bundle_diameter: of the privatization table
     const t2 = performance.now();
-    await edge.privatizer(Number(model.params.eta)).finally(() => setTimeout(pageReady, 1000));
+    // ready to privatize in the page as soon as the search is built; the privacy floor is
+    // measured meanwhile (Privatizer.open), and nothing is sent before it passes
+    const first = await edge.privatizer(Number(model.params.eta)).catch((err: unknown) => {
+      setTimeout(pageReady, 1000);
+      throw err;
+    });
+    void first.floorChecked.catch(() => undefined).finally(() => setTimeout(pageReady, 1000));
+    setTimeout(() => void edge.vocab, 0);
     edge.phases = { bundleMs: t1 - t0, fetched, setupMs: t2 - t1, privatizerMs: performance.now() - t2,
       threads: THREADS };
     return edge;
@@ -194,48 +221,99 @@ export class Edge {
         this.privatizers.delete(old);
         void q.then((x) => x.release()).catch(() => undefined);
       }
-      p = Privatizer.create(this.bundle, {
+      p = Privatizer.open(this.bundle, {
         mechanism: "dchi-text", eta, maxLength: this.maxLength, truncate: "error", threads: THREADS,
         // an unverified bundle's passed text floor, kept signed by this device (issue 42)
         textFloorCache: TEXT_FLOOR_CACHE, trustedBundles: [...TRUSTED], trustHow: "?trusted-bundles=ID",
       });
       this.privatizers.set(eta, p);
       p.catch(() => this.privatizers.delete(eta));
+      // a privatizer the floor refuses is dropped (the next try measures afresh)
+      const made = p;
+      void made.then((x) => x.floorChecked.catch(() => {
+        if (this.privatizers.get(eta) === made) this.privatizers.delete(eta);
+        void x.release();
+      }), () => undefined);
     }
     return p;
   }
 
-  /** Privatize ``text`` at ``eta`` in the page; nothing is charged or sent. */
+  /** Settles with the privacy floor's check at ``eta`` (WeakPrivacyError past the floor). */
+  async floorChecked(eta: number): Promise<void> {
+    await (await this.privatizer(eta)).floorChecked;
+  }
+
+  /** Privatize ``text`` at ``eta`` in the page; nothing is charged or sent (its payload is
+   * made once the privacy floor has passed). */
   async privatize(text: string, eta: number): Promise<Privatized> {
     if (!(eta > 0) || !Number.isFinite(eta)) throw new RangeError(`η must be a positive number, got ${eta}: nothing was sent`);
     const priv = await this.privatizer(eta);
     const t0 = performance.now();
     const [item] = priv.tokenize([text]) as TokenizedText[];
     const data = await priv.privatizeData([item!]) as Int32Array;
-    const [payloadJson] = priv.payloads([item!], data);
     const ms = performance.now() - t0;
+    let made: Promise<string> | null = null;
+    const payload = (): Promise<string> => (made ??= priv.floorChecked.then(() => priv.payloads([item!], data)[0]!));
     const ids = [...item!.idsA, ...(item!.idsB ?? [])];
     // after this one is painted; where the search would switch (a table of no more work keeps
     // the loop, and the page fetches no WebAssembly)
     if (!this.runtimeAsked && this.bundle.regularIds.length * this.dim >= UPGRADE_WORK) {
       this.runtimeAsked = true;
-      setTimeout(() => void warmUp({ threads: THREADS, dim: this.dim }), 0);
+      // a WebAssembly that cannot be loaded leaves the page on the plain JS search
+      setTimeout(() => {
+        warmUp({ threads: THREADS, dim: this.dim }).catch((err: unknown) => console.warn(String(err)));
+      }, 0);
     }
-    return { eta, item: item!, payloadJson: payloadJson!, ms,
+    return { eta, item: item!, payload, ms, ids, outIds: Array.from(data),
+      typed: ids.map((id) => this.vocab[id] ?? `[${id}]`),
       tokens: Array.from(data, (id) => this.vocab[id] ?? `[${id}]`),
       unchanged: Array.from(data, (id, i) => id === ids[i]) };
   }
 
-  /** The privatized tokens of a payload (a memoized repeat sends a stored one). */
-  tokensOf(payloadJson: string): string[] {
+  /**
+   * What happened to each word piece: sent as typed, replaced by a near word (one of the
+   * {@link NEAR_RANK} regular word pieces nearest to the typed one in the privatization table),
+   * or replaced by an unrelated word; with the replacement's rank among the typed one's
+   * neighbours (1: the nearest other word piece).
+   */
+  tokenKinds(p: Privatized): { kind: TokenKind; rank: number }[] {
+    const n = this.dim;
+    const table = this.bundle.table;
+    const reg = this.bundle.regularIds;
+    return p.ids.map((x, i) => {
+      const y = p.outIds[i]!;
+      if (y === x) return { kind: "typed", rank: 0 };
+      const d2 = (a: number): number => {
+        let s = 0;
+        for (let k = 0; k < n; k++) {
+          const d = table[a * n + k]! - table[x * n + k]!;
+          s += d * d;
+        }
+        return s;
+      };
+      const dy = d2(y);
+      let rank = 1;
+      for (const j of reg) if (j !== x && j !== y && d2(j) < dy) rank++;
+      return { kind: rank <= NEAR_RANK ? "near" : "far", rank };
+    });
+  }
+
+  /** The privatized token ids of a payload (a memoized repeat sends a stored one). */
+  idsOf(payloadJson: string): number[] {
     const b64 = (JSON.parse(payloadJson) as { token_ids: { data: string } }).token_ids.data;
     const bin = atob(b64);
-    const out: string[] = [];
+    const out: number[] = [];
     for (let i = 0; i < bin.length; i += 4) {
-      const id = bin.charCodeAt(i) | (bin.charCodeAt(i + 1) << 8) | (bin.charCodeAt(i + 2) << 16) | (bin.charCodeAt(i + 3) << 24);
-      out.push(this.vocab[id] ?? `[${id}]`);
+      out.push(bin.charCodeAt(i) | (bin.charCodeAt(i + 1) << 8) | (bin.charCodeAt(i + 2) << 16) | (bin.charCodeAt(i + 3) << 24));
     }
     return out;
+  }
+
+  /** ``p`` as a stored payload sent it (a memoized repeat: the tokens of the first send). */
+  asSent(p: Privatized, payloadJson: string): Privatized {
+    const outIds = this.idsOf(payloadJson);
+    return { ...p, outIds, tokens: outIds.map((id) => this.vocab[id] ?? `[${id}]`),
+      unchanged: outIds.map((id, i) => id === p.ids[i]) };
   }
 
   /**
@@ -243,12 +321,13 @@ export class Edge {
    * the fresh payload, or the stored payload of a memoized repeat at no cost.
    */
   async send(p: Privatized): Promise<Answer> {
+    const fresh = await p.payload();  // the floor passed: nothing before it is sent
     const priv = await this.privatizer(p.eta);
     const keys = await this.ledger.memoKeys({ mechanism: priv.name, params: priv.params,
       bundle_id: this.bundle.bundleId });
     const memo = await keys.keyOf(p.item.idsA, p.item.idsB);
     const cost = dchiCost(priv.name, p.eta, nTokens(p.item), this.diameter);
-    const charged = await this.ledger.charge([cost], [p.payloadJson], [memo],
+    const charged = await this.ledger.charge([cost], [fresh], [memo],
       { mechanism: priv.name, params: priv.params, bundleId: this.bundle.bundleId }, "this sentence");
     const payloadJson = charged.payloads[0]!;
     const [prediction] = await this.client.predict(this.model.id, [payloadJson]);

@@ -8,7 +8,7 @@
 import { guarantee, summary, type ModelInfo, type PrivbertClient, type Progress } from "@privbert/edge";
 
 import { readConfig } from "./api.js";
-import { Edge, explain, type Privatized } from "./edge.js";
+import { Edge, NEAR_RANK, explain, type Privatized, type TokenKind } from "./edge.js";
 import { notes } from "./guarantee.js";
 
 const $ = <T extends HTMLElement>(id: string): T => {
@@ -32,6 +32,7 @@ const ui = {
   error: $("error"),
   sentNote: $("sent-note"),
   tokens: $<HTMLOListElement>("tokens"),
+  tokenCounts: $("token-counts"),
   payload: $("payload"),
   timing: $("timing"),
   guarantee: $("guarantee"),
@@ -131,6 +132,17 @@ async function selectModel(t0: number = performance.now()): Promise<void> {
   // when the page's script started (ms after navigation), then the phases of opening
   document.body.dataset.phases = JSON.stringify({ scriptMs: t0, ...edge.phases });
   ui.go.disabled = ui.preview.disabled = false;
+  document.body.dataset.readyAt = String(performance.now());
+  // the privacy floor is measured while the page is ready to privatize in it: a refusal is
+  // shown as soon as it comes, and nothing is ever sent before it passes
+  const opened = edge;
+  opened.floorChecked(Number(m.params.eta)).catch((err: unknown) => {
+    if (edge !== opened) return;
+    ui.go.disabled = ui.preview.disabled = true;
+    ui.tokens.replaceChildren();
+    ui.tokenCounts.textContent = "";
+    fail(err);
+  });
   await showLedger();
 }
 
@@ -183,15 +195,44 @@ function showTokens(tokens: string[], unchanged: boolean[]): void {
     li.textContent = tok;
     if (unchanged[i]) {
       li.className = "same";
-      li.title = "unchanged by the noise in this draw";
+      li.title = "sent as typed: unchanged by the noise in this draw";
     }
     return li;
   }));
+  ui.tokenCounts.textContent = "";
+  delete document.body.dataset.tokenKinds;
+}
+
+const KIND_CLASS: Record<TokenKind, string> = { typed: "same", near: "near", far: "far" };
+
+/** What happened to each word piece, and the count of each kind for the sentence (after the
+ * tokens are painted: it reads the whole table once per word piece). */
+function showTokenKinds(p: Privatized): void {
+  if (!edge) return;
+  const kinds = edge.tokenKinds(p);
+  const items = [...ui.tokens.children] as HTMLElement[];
+  kinds.forEach((k, i) => {
+    const li = items[i];
+    if (!li) return;
+    li.className = KIND_CLASS[k.kind];
+    li.title = k.kind === "typed" ? `sent as typed: “${p.typed[i]!}” was unchanged by the noise in this draw`
+      : `you typed “${p.typed[i]!}”; sent “${p.tokens[i]!}”, the ${ordinal(k.rank)} nearest word piece to it `
+        + (k.kind === "near" ? "(a near word)" : `(an unrelated word: not among its ${NEAR_RANK} nearest)`);
+  });
+  const count = (kind: TokenKind): number => kinds.filter((k) => k.kind === kind).length;
+  ui.tokenCounts.textContent = `Of ${kinds.length} word pieces: ${count("typed")} sent as typed, `
+    + `${count("near")} replaced by a near word, ${count("far")} replaced by an unrelated word.`;
+  document.body.dataset.tokenKinds = JSON.stringify(kinds.map((k) => k.kind));
+}
+
+function ordinal(n: number): string {
+  const tail = n % 100 >= 11 && n % 100 <= 13 ? "th" : ({ 1: "st", 2: "nd", 3: "rd" } as Record<number, string>)[n % 10] ?? "th";
+  return `${n.toLocaleString("en-US")}${tail}`;
 }
 
 function showPrivatized(p: Privatized): void {
   showTokens(p.tokens, p.unchanged);
-  ui.payload.textContent = p.payloadJson;
+  ui.payload.textContent = "(made once the privacy floor has passed at this η)";
   ui.timing.textContent = p.ms.toFixed(1);
   document.body.dataset.privatizeMs = String(p.ms);
   const g = guarantee("dchi-text", p.eta, edge!.diameter, edge!.dim, edge!.bundle.tableName);
@@ -203,8 +244,12 @@ function showPrivatized(p: Privatized): void {
   }));
 }
 
+/** The privatization on screen (its kinds and payload are filled in after it is shown). */
+let shown: Privatized | null = null;
+
 async function run(send: boolean): Promise<void> {
   if (busy || !edge) return;
+  shown = null;
   document.body.dataset.clickAt = String(performance.now());
   const m = selected()!;
   busy = true;
@@ -212,14 +257,24 @@ async function run(send: boolean): Promise<void> {
   ui.prediction.textContent = "–";
   try {
     const e = eta();
-    // the text policy and the floor first: a refusal leaves nothing charged and nothing sent
+    // the text policy first; then the tokens are shown (they stay in this page), and the
+    // payload is made once the privacy floor has passed: a refusal leaves nothing charged and
+    // nothing sent
     const p = await edge.privatize(ui.text.value, e);
     showPrivatized(p);
+    shown = p;
     if (!send) {
       ui.sentNote.textContent = "Privatized in this page only: nothing was sent and nothing charged.";
       status("");
+      p.payload().then((json) => {
+        if (shown === p) ui.payload.textContent = json;
+      }, (err: unknown) => {
+        if (shown === p) fail(err);
+      });
       return;
     }
+    const payloadJson = await p.payload();
+    ui.payload.textContent = payloadJson;
     if (e !== Number(m.params.eta)) {  // exploring another η: shown here, never sent
       ui.sentNote.textContent = `Not sent: model ${m.id} reads payloads made at η = ${String(m.params.eta)} ` +
         `(the service refuses any other); this one is at η = ${e}. Nothing was charged.`;
@@ -229,9 +284,10 @@ async function run(send: boolean): Promise<void> {
     status("charging the device ledger, then sending the payload…");
     ui.sentNote.textContent = "Charged to the device ledger; sending…";
     const answer = await edge.send(p);  // charged (committed) before the request leaves
-    if (answer.payloadJson !== p.payloadJson) {  // a memoized repeat: the stored payload left
+    if (answer.payloadJson !== payloadJson) {  // a memoized repeat: the stored payload left
       ui.payload.textContent = answer.payloadJson;
-      showTokens(edge.tokensOf(answer.payloadJson), []);
+      shown = edge.asSent(p, answer.payloadJson);
+      showTokens(shown.tokens, shown.unchanged);
     }
     ui.sentNote.textContent = answer.repeat
       ? "Sent again: a repeat of an earlier sentence sends the same payload and costs nothing."
@@ -248,6 +304,12 @@ async function run(send: boolean): Promise<void> {
     document.body.dataset.done = "1";  // for the browser test: this click is answered
     document.body.dataset.doneAt = String(performance.now());
     document.dispatchEvent(new Event("privbert-answered"));
+    const p = shown;
+    if (p !== null && ui.tokens.children.length) {  // after the answer is painted
+      requestAnimationFrame(() => setTimeout(() => {
+        if (shown === p) showTokenKinds(p);
+      }, 0));
+    }
     if (ui.error.hidden && measuredEta !== eta()) {
       // after the answer is painted: the measurement takes the main thread for a while
       requestAnimationFrame(() => setTimeout(refreshInversion, 0));

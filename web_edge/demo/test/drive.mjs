@@ -114,6 +114,10 @@ async function state(page) {
     keyFieldShown: await page.locator("#key").isVisible(),
     progress: JSON.parse(await page.evaluate(() => document.body.dataset.progress || "[]")),
     legend: await text(page, "legend"), bundleNote: await text(page, "bundle-note"),
+    tokenKinds: JSON.parse(await page.evaluate(() => document.body.dataset.tokenKinds || "null")),
+    tokenClasses: await page.locator("#tokens li").evaluateAll((els) => els.map((e) => e.className)),
+    tokenTitles: await page.locator("#tokens li").evaluateAll((els) => els.map((e) => e.title)),
+    tokenCounts: await text(page, "token-counts"), etaNote: await text(page, "eta-note"),
   };
 }
 
@@ -146,6 +150,8 @@ const SCENARIOS = {
     await ready(p.page);
     await p.page.fill("#text", args.sentence);
     await click(p.page, "go");
+    // what happened to each token is judged once the tokens are painted
+    await p.page.waitForFunction(() => document.body.dataset.tokenKinds);
     const first = await state(p.page);
     await p.page.waitForFunction(() => /random regular tokens|not measured/.test(document.querySelector("#inversion").textContent));
     first.inversion = await text(p.page, "inversion");
@@ -246,6 +252,8 @@ const SCENARIOS = {
   async hostile_bundle(p) {
     await serveBundle(p.page, args.hostile);
     await ready(p.page);
+    // the floor is measured once the page can privatize: its refusal follows
+    await p.page.waitForFunction(() => !document.querySelector("#error").hidden);
     return state(p.page);
   },
   // the bundle this browser pinned for the model, then a server that names another one: the
@@ -296,6 +304,23 @@ const SCENARIOS = {
   },
 };
 
+/** Where a visit's time went, by the page's clock (ms after navigation): its script, the
+ * click and the answer, every User Timing measure of the library, every request (Resource
+ * Timing: start, end, bytes transferred). */
+async function profile(page) {
+  return page.evaluate(() => {
+    const d = document.body.dataset;
+    const nav = performance.getEntriesByType("navigation")[0];
+    return {
+      navigation: nav ? { responseEnd: nav.responseEnd, domInteractive: nav.domInteractive } : null,
+      scriptAt: JSON.parse(d.phases || "{}").scriptMs ?? null, readyAt: Number(d.readyAt) || null,
+      clickAt: Number(d.clickAt) || null, doneAt: Number(d.doneAt) || null,
+      measures: performance.getEntriesByType("measure").map((m) => [m.name, m.startTime, m.duration]),
+      resources: performance.getEntriesByType("resource").map((r) => [r.name, r.startTime, r.responseEnd, r.transferSize]),
+    };
+  });
+}
+
 /**
  * bench: two visits of one profile under Chromium's own network and CPU emulation (CDP
  * Network.emulateNetworkConditions, Emulation.setCPUThrottlingRate); for each, the time from
@@ -338,7 +363,8 @@ async function visits(p) {
     const firstMs = Date.now() - t0;
     const st = await state(p.page);
     const requests = [...log.values()];
-    return { readyMs, firstMs, error: st.error, privatizeMs: st.privatizeMs, status: st.status, requests };
+    return { readyMs, firstMs, error: st.error, privatizeMs: st.privatizeMs, status: st.status, requests,
+      profile: await profile(p.page) };
   };
   const first = await one();
   const warm = [];

@@ -18,6 +18,7 @@ import { readNpy, type NpyFile } from "./npy.js";
 import { parseRaw, pyDumps, rawGet, type RawJson } from "../format/pyjson.js";
 import { pyTruthy, readTable, TABLE_FILE, TABLE_SCALE_FILE, type DesignedTable } from "./table.js";
 import { sha256Hex } from "./sha256.js";
+import { TokenPolicy, tokenizerVocab } from "./policy.js";
 import { diameter } from "../ledger/exact.js";
 import { measure, now } from "../timing.js";
 
@@ -45,6 +46,8 @@ export interface BundleMeta {
   files: Record<string, string>;
   /** a designed privatization table's description (absent: the model's embeddings) */
   table?: Record<string, unknown> | null;
+  /** the token policy's block (shared.policy: its name, source, size, tokens, sha256), if any */
+  policy?: Record<string, unknown> | null;
   info?: unknown;
 }
 
@@ -67,16 +70,15 @@ export class EdgeBundle {
     readonly encoderOnnx: Uint8Array | null,
     /** a designed privatization table (./table.ts), else null */
     private readonly designed: DesignedTable | null = null,
+    /** the token policy of `bundle.json`'s `policy` block (./policy.ts), checked; null: none */
+    readonly policy: TokenPolicy | null = null,
   ) {
     if ((modelEmbeddings === null) === (designed === null)) {
       throw new BundleError(message("BUNDLE_EITHER_TABLE"));
     }
     this.table = designed?.values ?? modelEmbeddings!;
     this.tableDim = designed?.dim ?? meta.dim;
-    const excluded = new Set<number>([...Object.values(meta.special_ids), ...meta.unused_ids]);
-    const reg: number[] = [];
-    for (let i = 0; i < meta.vocab_size; i++) if (!excluded.has(i)) reg.push(i);
-    this.regularIds = Int32Array.from(reg);
+    this.regularIds = regularIdsOf(meta);
   }
 
   private regular: Float32Array | null = null;
@@ -309,11 +311,32 @@ export class EdgeBundle {
       emb = e.values as Float32Array;
       arrays = [e.file];
     }
+    // the token policy, checked whole (shared.bundle checks it as it builds the bundle, before
+    // the id is reproduced): a list that is not public is refused in one line
+    const policyRaw = rawGet(raw, "policy");
+    let policy: TokenPolicy | null = null;
+    if (policyRaw !== undefined && !(policyRaw.kind === "lit" && policyRaw.value === null)) {
+      let vocab: Map<string, number>;
+      try {
+        vocab = tokenizerVocab(tokenizerJson);
+      } catch (exc) {
+        throw new BundleError(`${where}: unreadable ${TOKENIZER_FILE} (${(exc as Error).message})`);
+      }
+      policy = await TokenPolicy.fromBlock(policyRaw, vocab, regularIdsOf(m), META_FILE);
+    }
     if (!reproducesId(Object.keys(files), arrays, tableRaw, table)) {
       throw new BundleError(message("BUNDLE_NOT_REPRODUCED", { where, bundle_id: m.bundle_id }));
     }
-    return new EdgeBundle(m, emb, tokenizerJson, blobs.get(ENCODER_FILE) ?? null, table);
+    return new EdgeBundle(m, emb, tokenizerJson, blobs.get(ENCODER_FILE) ?? null, table, policy);
   }
+}
+
+/** Regular token ids: every id below vocab_size but the special and `[unused]` ones. */
+function regularIdsOf(meta: BundleMeta): Int32Array {
+  const excluded = new Set<number>([...Object.values(meta.special_ids), ...meta.unused_ids]);
+  const reg: number[] = [];
+  for (let i = 0; i < meta.vocab_size; i++) if (!excluded.has(i)) reg.push(i);
+  return Int32Array.from(reg);
 }
 
 /** Row ``ids`` of a row-major ``table`` of width ``n``, copied (a run of consecutive ids in one copy). */

@@ -13,7 +13,8 @@
  *    them compared), or a regular row nearer to another than 1e-3 × the median nearest-row
  *    distance of 256 rows drawn afresh;
  * 2. a worst case η · 2 max‖φ‖ that is not finite is refused;
- * 3. the output is **measured directly** ({@link measureUnchanged}): regular tokens drawn with
+ * 3. the output is **measured directly** ({@link measureUnchanged}): regular tokens (under a
+ *    token policy, those outside its public list: {@link floorTokens}) drawn with
  *    the generator (OS entropy unless the caller passes a seeded one), 128 at a time, privatized
  *    by the real dchi-text mechanism at η; the tokens that come back unchanged are counted
  *    until the Wilson score interval at z = 5 lies on one side of τ, or 2,048 were drawn; the
@@ -26,6 +27,7 @@
  */
 
 import type { EdgeBundle } from "../bundle/bundle.js";
+import type { TokenPolicy } from "../bundle/policy.js";
 import { DChiText } from "../mechanisms/dchi.js";
 import { WeakPrivacyError } from "../errors.js";
 import { DChiFloor } from "./floor_estimate.js";
@@ -35,6 +37,7 @@ import type { ExactNearest, NearestOptions } from "../search/nearest.js";
 import { resolveSource, type BitSource } from "../random/random.js";
 import { choiceWithoutReplacement } from "../random/samplers.js";
 import { identicalRows, nearDuplicates } from "./table_checks.js";
+import { isMetric, sendsEmbeddings, substitutesTokens } from "../mechanisms/specs.js";
 import { measure, now } from "../timing.js";
 
 export { DChiFloor, gammaCdf } from "./floor_estimate.js";
@@ -56,8 +59,6 @@ export const MEASURE_Z: number = FLOOR.MEASURE_Z;
 export const ESTIMATE_TOKENS: number = FLOOR.ESTIMATE_TOKENS;
 const F32_MAX: number = COMPUTABLE.F32_MAX;
 
-type DChiName = "dchi-text" | "dchi-embedding";
-
 /** The Wilson score interval of a binomial share k/n at ``z`` (shared.floor.wilson_interval,
  * the same operations in the same order). */
 export function wilsonInterval(k: number, n: number, z = MEASURE_Z): [number, number] {
@@ -67,6 +68,13 @@ export function wilsonInterval(k: number, n: number, z = MEASURE_Z): [number, nu
   const centre = (p + z2 / (2 * n)) / (1 + z2 / n);
   const half = z * Math.sqrt(p * (1 - p) / n + z2 / (4 * n * n)) / (1 + z2 / n);
   return [Math.max(0, centre - half), Math.min(1, centre + half)];
+}
+
+/** A macrotask's pause between the floor's steps: a page that privatizes while its floor is
+ * measured (Privatizer.open) gets its clicks and paints in between; the steps, their draws and
+ * the decision are the same. */
+function yieldToPage(): Promise<void> {
+  return new Promise((resolve) => setTimeout(resolve, 0));
 }
 
 // -- the table itself ----------------------------------------------------------------------------
@@ -87,24 +95,35 @@ export async function tableProblem(bundle: EdgeBundle, index: ExactNearest,
   }
   const found = IDENTICAL.get(bundle)!;
   if (found !== null) return found;
+  await yieldToPage();
   return nearDuplicates(bundle, index, resolveSource(source));
 }
 
 // -- the output, measured ----------------------------------------------------------------------
+/** The tokens the floor draws from (shared.floor.floor_tokens): the bundle's regular tokens, less
+ * the public words of the token policy applied (which carry no guarantee: the floor judges the
+ * others). */
+export function floorTokens(bundle: EdgeBundle, policy: TokenPolicy | null = null): Int32Array {
+  const reg = bundle.regularIds;
+  return policy === null ? reg : reg.filter((v) => policy.publicIds[v] !== 1);
+}
+
 /**
  * [unchanged, drawn]: regular tokens drawn uniformly from ``source`` (OS entropy by default)
  * and privatized by ``text`` at its η in steps of {@link MEASURE_FIRST}, then as many as were
  * drawn, at most {@link MEASURE_BATCH} (distinct within a step, numpy's choice), until the
  * Wilson interval lies on one side of ``threshold`` or {@link MEASURE_MAX} were drawn
- * (shared.floor.measure_unchanged).
+ * (shared.floor.measure_unchanged). ``policy``: the token policy applied (its public words are
+ * not drawn; the others are privatized as without it: no coin is drawn for them).
  */
 export async function measureUnchanged(text: DChiText, source?: BitSource | null,
-                                       threshold = THRESHOLD): Promise<[number, number]> {
+                                       threshold = THRESHOLD, policy: TokenPolicy | null = null): Promise<[number, number]> {
   const src = resolveSource(source);
-  const reg = text.bundle.regularIds;
+  const reg = floorTokens(text.bundle, policy);
   let same = 0;
   let drawn = 0;
   while (drawn < MEASURE_MAX) {
+    await yieldToPage();
     const size = Math.min(Math.max(drawn, MEASURE_FIRST), MEASURE_BATCH, MEASURE_MAX - drawn, reg.length);
     const pick = choiceWithoutReplacement(src, reg.length, size);
     const x = pick.map((i) => reg[i]!);
@@ -123,6 +142,8 @@ export interface FloorOptions {
    * reproducible tests (it makes the check predictable) */
   source?: BitSource | null;
   threshold?: number;
+  /** the token policy the mechanism applies: the floor judges the tokens outside its list */
+  policy?: TokenPolicy | null;
 }
 
 /**
@@ -131,14 +152,16 @@ export interface FloorOptions {
  * search serves every step); dchi-embedding is judged by the same measurement (whether the
  * noisy row's nearest regular token is the token) and needs the model's embeddings.
  */
-export async function dchiWeakReason(name: DChiName, eta: number, bundle: EdgeBundle, text: DChiText,
+export async function dchiWeakReason(name: string, eta: number, bundle: EdgeBundle, text: DChiText,
                                      options: FloorOptions = {}): Promise<string | null> {
   const threshold = options.threshold ?? THRESHOLD;
   if (!(threshold > 0 && threshold < 1)) throw new RangeError(`threshold must be in (0, 1), got ${threshold}`);
-  if (text.bundle !== bundle || text.eta !== eta) throw new RangeError("the floor's dchi-text mechanism must be the bundle's, at the same eta");
-  if (name === "dchi-embedding") void bundle.embeddings; // BundleError: a designed table serves dchi-text only
+  if (!isMetric(name)) throw new RangeError(`${name} is not a dχ mechanism`);
+  if (text.bundle !== bundle || text.eta !== eta) throw new RangeError("the floor's text-to-text sampler must be the bundle's, at the same eta");
+  if (sendsEmbeddings(name)) void bundle.embeddings; // BundleError: a designed table serves token ids only
   const src = resolveSource(options.source);
   const head = weakHead(message("DCHI_WHAT", { mechanism: name, eta }));
+  await yieldToPage();
   let t0 = now();
   const problem = await tableProblem(bundle, text.index, src);
   measure("floor-table", t0);
@@ -150,10 +173,11 @@ export async function dchiWeakReason(name: DChiName, eta: number, bundle: EdgeBu
     return message("DCHI_NOT_FINITE", { head });
   }
   t0 = now();
-  const [same, drawn] = await measureUnchanged(text, src, threshold);
+  const [same, drawn] = await measureUnchanged(text, src, threshold, options.policy ?? null);
   measure("floor-measure", t0);
   if (same / drawn <= threshold) return null;
-  const outcome = message(name === "dchi-text" ? "DCHI_TEXT_OUTCOME" : "DCHI_EMBEDDING_OUTCOME");
+  // a payload of token ids says what came back; one of rows, whether the row's nearest token is the token
+  const outcome = substitutesTokens(name) ? message("DCHI_TEXT_OUTCOME") : message("DCHI_EMBEDDING_OUTCOME");
   const reg = bundle.regularIds;
   const estimate = await DChiFloor.compute(bundle.regularTable, reg.length, bundle.tableDim, text.index,
     ESTIMATE_TOKENS, src);
@@ -167,10 +191,10 @@ export async function dchiWeakReason(name: DChiName, eta: number, bundle: EdgeBu
  * ``allowWeak``. ``text``: the dchi-text mechanism at ``eta`` on the bundle, or null to build
  * one for the check (dchi-embedding) and release it after.
  */
-export async function checkDchiFloor(name: DChiName, eta: number, bundle: EdgeBundle, text: DChiText | null,
+export async function checkDchiFloor(name: string, eta: number, bundle: EdgeBundle, text: DChiText | null,
                                      options: FloorOptions & { allowWeak?: boolean; search?: NearestOptions } = {}
 ): Promise<string | null> {
-  if (name === "dchi-embedding") void bundle.embeddings;
+  if (sendsEmbeddings(name)) void bundle.embeddings;
   const own = text === null ? await DChiText.create(bundle, eta, options.search ?? {}) : null;
   try {
     const why = await dchiWeakReason(name, eta, bundle, text ?? own!, options);

@@ -16,9 +16,15 @@
  * until the Wilson interval (z = 5) of the larger share lies on one side of the line. Drawn in
  * numpy's order from the same generator, a seeded run gives the Python edge's figures and
  * message. Every constant is shared.floor_text's, read from the spec.
+ *
+ * Under a token policy (issue 41) only the sample's tokens outside the policy's public list are
+ * privatized and judged: a public word may go out as typed by design (with probability 1 − p),
+ * has no guarantee, and says nothing of how the table treats the others (as the privacy floor's
+ * floorTokens).
  */
 
 import type { EdgeBundle } from "../bundle/bundle.js";
+import type { TokenPolicy } from "../bundle/policy.js";
 import type { TextTokenizer } from "../bundle/tokenizer.js";
 import type { DChiText } from "../mechanisms/dchi.js";
 import { TEXT_FLOOR } from "../generated/spec.js";
@@ -107,15 +113,16 @@ export function sampleIds(tokenizer: TextTokenizer): number[] {
  * Privatize the sample's readable tokens with ``text`` (shared.floor_text.measure_text):
  * the order drawn from ``source``, steps of {@link TEXT_FIRST} then as many as were drawn,
  * until the Wilson interval of the larger of the decoded and unchanged shares lies on one
- * side of ``line``, or the whole sample was drawn {@link ROUNDS} times.
+ * side of ``line``, or the whole sample was drawn {@link ROUNDS} times. ``policy``: the token
+ * policy applied (its public words are neither privatized nor judged).
  */
 export async function measureText(text: DChiText, tokenizer: TextTokenizer, source?: BitSource | null,
-                                  line = DECODE_LINE): Promise<TextMeasure> {
+                                  line = DECODE_LINE, policy: TokenPolicy | null = null): Promise<TextMeasure> {
   const src = resolveSource(source);
   const bundle: EdgeBundle = text.bundle;
   const ids = sampleIds(tokenizer);
   const special = new Set(Object.values(bundle.meta.special_ids));
-  const tokens = ids.filter((i) => !special.has(i));
+  const tokens = ids.filter((i) => !special.has(i) && (policy === null || policy.publicIds[i] !== 1));
   const words = sampleWords();
   if (tokens.length < MIN_TOKENS || ids.length / words / PUBLIC_PIECES_PER_WORD > PIECES_RATIO) {
     return { pieces: ids.length, words, tokens: tokens.length, draws: 0, unchanged: 0, decoded: 0 }; // refused as it is
@@ -175,6 +182,8 @@ export interface TextFloorOptions {
   trustHow?: string;
   /** privatize even below the text floor (the output is then close to the raw text) */
   allowWeak?: boolean;
+  /** the token policy applied: the floor judges the tokens outside its public list */
+  policy?: TokenPolicy | null;
 }
 
 /** What the text floor found: the measurement, why it fails (null: it passes), and whether
@@ -195,16 +204,19 @@ export async function checkTextFloor(text: DChiText, tokenizer: TextTokenizer,
   const id = text.bundle.bundleId;
   const how = options.trustHow ?? "--trusted-bundles";
   const cache = options.cache ?? null;
+  const policy = options.policy ?? null;
+  // a pass under a policy judged fewer tokens: kept apart from the bundle's pass without one
+  const entry = policy === null ? id : `${id}+policy:${policy.name}`;
   if (cache !== null) {
-    const kept = await keptPass(cache, id, text.eta, (m) => textFloorReason(id, text.eta, m, how) === null)
+    const kept = await keptPass(cache, entry, text.eta, (m) => textFloorReason(id, text.eta, m, how) === null)
       .catch(() => null);
     if (kept !== null) return { measure: kept, reason: null, cached: true };
   }
   const t0 = now();
-  const measure = await measureText(text, tokenizer, options.source);
+  const measure = await measureText(text, tokenizer, options.source, DECODE_LINE, policy);
   measure_("text-floor", t0);
   const reason = textFloorReason(id, text.eta, measure, how);
-  if (reason === null && cache !== null) await rememberPass(cache, id, text.eta, measure).catch(() => undefined);
+  if (reason === null && cache !== null) await rememberPass(cache, entry, text.eta, measure).catch(() => undefined);
   if (reason !== null && !options.allowWeak) throw new WeakPrivacyError(reason);
   return { measure, reason, cached: false };
 }

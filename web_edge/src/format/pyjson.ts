@@ -126,6 +126,52 @@ export function pyString(s: string): string {
   return out + '"';
 }
 
+/** A list of strings as Python's json.dumps(ensure_ascii=False, separators=(",", ":")) writes
+ * it: only the quote, the backslash and the control characters escaped (shared.policy's digest). */
+export function jsonDumpsUnicode(items: readonly string[]): string {
+  const one = (s: string): string => {
+    let out = '"';
+    for (let k = 0; k < s.length; k++) {
+      const c = s.charCodeAt(k);
+      if (c === 0x22) out += '\\"';
+      else if (c === 0x5c) out += "\\\\";
+      else if (c === 0x0a) out += "\\n";
+      else if (c === 0x0d) out += "\\r";
+      else if (c === 0x09) out += "\\t";
+      else if (c === 0x08) out += "\\b";
+      else if (c === 0x0c) out += "\\f";
+      else if (c < 0x20) out += "\\u" + c.toString(16).padStart(4, "0");
+      else out += s[k];
+    }
+    return out + '"';
+  };
+  return "[" + items.map(one).join(",") + "]";
+}
+
+/** Characters Python's str.isprintable() calls not printable (besides the ASCII space): Unicode
+ * categories Cc, Cf, Cs, Co, Cn, Zl, Zp, Zs. */
+const NOT_PRINTABLE = /^[\p{Cc}\p{Cf}\p{Cs}\p{Co}\p{Cn}\p{Zl}\p{Zp}\p{Zs}]$/u;
+
+/** Python's repr of a str: single quotes unless it holds one and no double quote, the quote and
+ * the backslash escaped, \t \n \r, other unprintable characters as \xhh, \uhhhh or \Uhhhhhhhh. */
+export function pyStrRepr(s: string): string {
+  const quote = s.includes("'") && !s.includes('"') ? '"' : "'";
+  let out = quote;
+  for (const ch of s) {
+    const c = ch.codePointAt(0)!;
+    if (ch === quote || ch === "\\") out += "\\" + ch;
+    else if (ch === "\t") out += "\\t";
+    else if (ch === "\n") out += "\\n";
+    else if (ch === "\r") out += "\\r";
+    else if (c < 0x20 || c === 0x7f) out += "\\x" + c.toString(16).padStart(2, "0");
+    else if (c < 0x7f || (c !== 0x20 && !NOT_PRINTABLE.test(ch))) out += ch;
+    else if (c <= 0xff) out += "\\x" + c.toString(16).padStart(2, "0");
+    else if (c <= 0xffff) out += "\\u" + c.toString(16).padStart(4, "0");
+    else out += "\\U" + c.toString(16).padStart(8, "0");
+  }
+  return out + quote;
+}
+
 /** A float as Python's repr writes it (shortest round-trip digits; "65.0", "1e-05", "inf"
  * is refused: JSON has no infinities). */
 export function pyFloat(x: number): string {
@@ -191,7 +237,7 @@ function rawDumps(v: RawJson): string {
 }
 
 /** Python's str ordering (by code point), not UTF-16 code units. */
-function compareCodePoints(a: string, b: string): number {
+export function compareCodePoints(a: string, b: string): number {
   const x = Array.from(a, (c) => c.codePointAt(0)!);
   const y = Array.from(b, (c) => c.codePointAt(0)!);
   for (let k = 0; k < Math.min(x.length, y.length); k++) {

@@ -21,9 +21,8 @@
  * that key and the payload sent, never the text.
  */
 
-import { fmtG } from "../mechanisms/dchi.js";
 import { BudgetRefused } from "../errors.js";
-import { message } from "../format/messages.js";
+import { fmtG, message } from "../format/messages.js";
 import { DEVICE, FAMILIES as SPEC_FAMILIES, MECHANISMS as MECHANISM_SPECS, type FamilyName } from "../generated/spec.js";
 import { pyDumps, type PyValue } from "../format/pyjson.js";
 import { fsum } from "./exact.js";
@@ -37,6 +36,8 @@ export const FAMILIES: readonly Family[] = SPEC_FAMILIES.map((f) => f.name);
 const FAMILY_OF: Readonly<Record<string, Family>> = Object.fromEntries(MECHANISM_SPECS.map((m) => [m.name, m.family]));
 /** families without a differential-privacy ε (their spend has none) */
 const NO_EPSILON: readonly Family[] = SPEC_FAMILIES.filter((f) => !f.epsilon).map((f) => f.name);
+/** metric families (dχ: a cost of η·n, the worst case η·n·D) */
+const METRIC: readonly Family[] = SPEC_FAMILIES.filter((f) => f.metric).map((f) => f.name);
 /** families whose repeats are memoized (free) */
 export const MEMO_FAMILIES: readonly Family[] = SPEC_FAMILIES.filter((f) => f.memo).map((f) => f.name);
 /** The per-day cap's window (shared.conventions.DAY_S), in ms. */
@@ -45,7 +46,9 @@ export const DAY_MS = DEVICE.ledger.day_s * 1000;
 export const MAX_ANCHORS: number = DEVICE.ledger.max_anchors;
 const EPS = DEVICE.eps_format;
 
-/** The cost of one payload, or of several added up. */
+/** The cost of one payload, or of several added up. ``tokens``: the dχ tokens charged;
+ * ``public``: the dχ tokens sent under a token policy (public words: counted, no guarantee, not
+ * charged; absent: none). */
 export interface Cost {
   family: Family;
   epsilon: number | null;
@@ -53,6 +56,7 @@ export interface Cost {
   tokens: number;
   sends: number;
   eta: number | null;
+  public?: number;
 }
 
 export function familyOf(mechanism: string): Family {
@@ -68,23 +72,32 @@ function checkAmount(name: string, v: number): number {
   return v;
 }
 
-/** The cost of one dχ payload of ``tokens`` tokens (shared.ledger.cost). */
-export function dchiCost(mechanism: string, eta: number, tokens: number, diam: number): Cost {
+/** The cost of one dχ payload of ``tokens`` tokens (shared.ledger.cost): under a token policy
+ * its ``publicTokens`` public words are counted and not charged, the other n − k are (ε =
+ * η·(n − k)·D). */
+export function dchiCost(mechanism: string, eta: number, tokens: number, diam: number, publicTokens = 0): Cost {
   const fam = familyOf(mechanism);
-  if (fam !== "dchi") throw new RangeError(`${mechanism} is not a dχ mechanism`);
+  if (!METRIC.includes(fam)) throw new RangeError(`${mechanism} is not a dχ mechanism`);
   checkAmount("eta", eta);
   if (!Number.isInteger(tokens) || tokens < 0) throw new RangeError(`tokens must be an integer >= 0, got ${tokens}`);
+  if (!Number.isInteger(publicTokens) || publicTokens < 0) {
+    throw new RangeError(`public tokens must be an integer >= 0, got ${publicTokens}`);
+  }
+  if (publicTokens > tokens) throw new RangeError(`public tokens (${publicTokens}) cannot exceed the tokens (${tokens})`);
   checkAmount("table diameter", diam);
-  const eps = eta * tokens * diam;
+  const m = tokens - publicTokens;
+  const eps = eta * m * diam;
   if (!Number.isFinite(eps)) {
     throw new RangeError(message("LEDGER_NOT_FINITE", { mechanism, epsilon: eps }));
   }
-  return { family: fam, epsilon: eps, metric: eta * tokens, tokens, sends: 1, eta };
+  const cost: Cost = { family: fam, epsilon: eps, metric: eta * m, tokens: m, sends: 1, eta };
+  if (publicTokens) cost.public = publicTokens;
+  return cost;
 }
 
-/** The cost of one sentence-vector payload: ``epsilon`` its worst-case ε (laplace: the whole
- * vector's; ome: summed over the bits). */
-export function vectorCost(mechanism: "laplace" | "ome", epsilon: number): Cost {
+/** The cost of one payload of a mechanism with an ε per payload: ``epsilon`` its worst-case ε
+ * (DPNR: the whole vector's; OME: summed over the bits). */
+export function epsilonCost(mechanism: string, epsilon: number): Cost {
   if (!Number.isFinite(epsilon) || epsilon < 0) {
     throw new RangeError(message("LEDGER_NOT_FINITE", { mechanism, epsilon: epsilon }));
   }
@@ -98,6 +111,7 @@ export function total(costs: Cost[]): Cost | null {
   if (fams.size !== 1) throw new RangeError(`one family per batch, got ${[...fams].sort().join(", ")}`);
   const fam = costs[0]!.family;
   const etas = new Set(costs.map((c) => c.eta));
+  const pub = costs.reduce((a, c) => a + (c.public ?? 0), 0);
   return {
     family: fam,
     epsilon: NO_EPSILON.includes(fam) ? null : fsum(costs.map((c) => c.epsilon!)),
@@ -105,6 +119,7 @@ export function total(costs: Cost[]): Cost | null {
     tokens: costs.reduce((a, c) => a + c.tokens, 0),
     sends: costs.reduce((a, c) => a + c.sends, 0),
     eta: etas.size === 1 ? [...etas][0]! : null,
+    ...(pub ? { public: pub } : {}),
   };
 }
 
@@ -133,6 +148,8 @@ export interface FamilySpend {
   metric: number;
   tokens: number;
   sends: number;
+  /** dχ: public words sent under a token policy (no guarantee, not charged); absent: none */
+  public?: number;
 }
 
 export interface ChargeRecord {
@@ -145,6 +162,8 @@ export interface ChargeRecord {
   metric: number;
   tokens: number;
   sends: number;
+  /** dχ: public words sent under a token policy (absent: none) */
+  public?: number;
 }
 
 /** The ledger's time and the monotonic clock's reading at the last charge of an epoch (ms). */
@@ -446,13 +465,18 @@ export class Ledger {
         const anchors = { ...clock.anchors, [this.clock.epoch]: { at: now, reading } };
         const kept = Object.entries(anchors).sort((a, b) => b[1].at - a[1].at).slice(0, MAX_ANCHORS);
         s.clock = { latest: Math.max(clock.latest ?? now, now), anchors: Object.fromEntries(kept) };
+        // a token policy's public words: counted beside what is charged (only where there are
+        // some: a ledger without them reads as it always did)
+        const pub = cost.public ?? 0;
         s.charges.push({ at: now, family: cost.family, mechanism: info.mechanism, params: info.params,
-          bundle_id: info.bundleId, epsilon: cost.epsilon, metric: cost.metric, tokens: cost.tokens, sends: cost.sends });
+          bundle_id: info.bundleId, epsilon: cost.epsilon, metric: cost.metric, tokens: cost.tokens, sends: cost.sends,
+          ...(pub ? { public: pub } : {}) });
         const f = s.spend[cost.family] ?? { epsilon: NO_EPSILON.includes(cost.family) ? null : 0, metric: 0, tokens: 0, sends: 0 };
         if (cost.epsilon !== null) f.epsilon = (f.epsilon ?? 0) + cost.epsilon;
         f.metric += cost.metric;
         f.tokens += cost.tokens;
         f.sends += cost.sends;
+        if (pub) f.public = (f.public ?? 0) + pub;
         s.spend[cost.family] = f;
         for (const [k, p] of fresh) s.memo[k] = p;
         return { state: s, result: { payloads: out, cost, memoized: out.length - charged.length } };

@@ -12,8 +12,6 @@ import { measure, now } from "../timing.js";
 import { COMPUTABLE } from "../generated/spec.js";
 import { message } from "../format/messages.js";
 
-export { fmtG } from "../format/messages.js";
-
 const { F32_MAX, F16_MAX } = COMPUTABLE;
 /** noise tails bounded with probability 1 - e^-TAIL (shared.mechanisms.computable.TAIL) */
 export const TAIL: number = COMPUTABLE.TAIL;
@@ -73,6 +71,8 @@ export class DChiEmbedding {
 export class DChiText {
   readonly name = "dchi-text";
 
+  private searches: Promise<unknown> = Promise.resolve();
+
   private constructor(readonly bundle: EdgeBundle, readonly eta: number,
                       readonly index: ExactNearest) {}
 
@@ -117,11 +117,15 @@ export class DChiText {
     return y;
   }
 
-  /** Privatized ids, each one a regular token. */
+  /** Privatized ids, each one a regular token. The noise is drawn at the call; searches run
+   * one after the other (the privacy floor's measurement may run beside a page's first
+   * privatization, and an onnxruntime-web session takes one run at a time). */
   async privatizeIds(ids: ArrayLike<number>, source?: BitSource | null): Promise<Int32Array> {
-    const y = this.noisyEmbeddings(ids, source);
+    const y = this.noisyEmbeddings(ids, source);  // before the first await: drawn at the call
     if (ids.length === 0) return new Int32Array(0);
-    return this.index.search(y);
+    const run = this.searches.then(() => this.index.search(y));
+    this.searches = run.catch(() => undefined);
+    return run;
   }
 
   async release(): Promise<void> {

@@ -1,63 +1,41 @@
 /**
- * Texts → privatized payloads, on the device (edge_agent/privatize/privatizer.py).
- *
- * Token kinds (`dchi-text`, `dchi-embedding`): word pieces of the bundle's tokenizer without
- * [CLS]/[SEP] (the server adds them), then the dχ mechanism on all tokens of a batch at once.
- * Vector kinds (`laplace`, `ome`): the bundle's frozen encoder on `[CLS] a [SEP] (b [SEP])`,
- * after DPNR word dropout (each word, with all its word pieces, removed with probability μ),
- * then the mechanism on the (b, r) vectors.
+ * Texts → privatized payloads, on the device (edge_agent/privatize/privatizer.py): the bundle's
+ * tokenizer, the length policy, then the mechanism's module (./registry.ts) on the whole batch:
+ * its privatize step, its payloads, its costs.
  *
  * Length policy (the Python edge's): at most ``max_length − 2`` word pieces for a text,
  * ``max_length − 3`` for a pair; "first" keeps the first ones (a pair trims its longer segment
  * first, the second on a tie), "error" refuses the text. A text without word pieces is refused
  * ({@link TextError} "empty"), or skipped by a caller that allows it (the CLI skips and counts
  * it, as edge-agent does).
+ *
+ * The bundle's trust (issue 42, ../bundle/trust.ts): known, trusted (``trustedBundles``) or
+ * unverified; an unverified bundle's text floor (../floor/text_floor.ts) is measured by the
+ * mechanism's module as part of its privacy floor ({@link Privatizer.floorChecked}).
  */
 
 import type { EdgeBundle } from "../bundle/bundle.js";
-import { DChiEmbedding, DChiText, checkDchiEta } from "./dchi.js";
+import type { TokenPolicy } from "../bundle/policy.js";
 import { TextError } from "../errors.js";
-import { checkDchiFloor } from "../floor/floor.js";
-import { message } from "../format/messages.js";
-import { dchiCost, vectorCost, type Cost } from "../ledger/ledger.js";
+import type { MechanismName } from "../generated/spec.js";
+import type { AnyGuarantee } from "../ledger/accounting.js";
+import type { Cost } from "../ledger/ledger.js";
 import type { NearestOptions } from "../search/nearest.js";
-import {
-  floatBytes, int32Bytes, tokenPayloadJson, vectorPayloadJson, type FloatDtype,
-} from "../service/payload.js";
-import { resolveSource, type BitSource } from "../random/random.js";
+import type { FloatDtype } from "../service/payload.js";
+import type { BitSource } from "../random/random.js";
 import { measure, now } from "../timing.js";
 import { TextTokenizer } from "../bundle/tokenizer.js";
 import { trust, vouched, type Trust } from "../bundle/trust.js";
-import { checkTextFloor, type TextFloorResult } from "../floor/text_floor.js";
+import type { TextFloorResult } from "../floor/text_floor.js";
 import type { TextFloorCache } from "../floor/text_floor_cache.js";
-import { Laplace, OME, SentenceEncoder, packBits, requireVectorFloor } from "./vector.js";
+import type { BoundMechanism, Params, PrivatizedData } from "./module.js";
+import { mechanismModule } from "./registry.js";
+import { mechanismSpec, paramSchemas, usesEncoder } from "./specs.js";
+import type { TokenizedText } from "./tokens.js";
 
-export const MECHANISMS = ["dchi-text", "dchi-embedding", "laplace", "ome"] as const;
-export type Mechanism = (typeof MECHANISMS)[number];
-const PYTHON_ONLY: Record<string, string> = {
-  texthide: "texthide stays in the Python edge (edge-agent): it has no differential-privacy "
-    + "guarantee and needs a secret mask pool; use edge-agent privatize --mechanism texthide",
-  none: `${message("NONE_REFUSED")}; the web edge does not send it`,
-};
-
-/** Word-piece ids of one text (or pair) after the length policy. */
-export interface TokenizedText {
-  idsA: number[];
-  idsB: number[] | null;
-  /** word pieces before truncation */
-  nBefore: number;
-  /** with word dropout: the word of each kept piece */
-  wordsA?: number[];
-  wordsB?: number[] | null;
-}
-
-export function nTokens(t: TokenizedText): number {
-  return t.idsA.length + (t.idsB?.length ?? 0);
-}
-
-export function segments(t: TokenizedText): number[] | null {
-  return t.idsB === null ? null : [t.idsA.length, t.idsB.length];
-}
+export type { PrivatizedData };
+/** A mechanism's name in the mechanism spec. */
+export type Mechanism = MechanismName;
 
 /** Lengths after removing tokens from the longer segment first (the second on a tie). */
 export function trimPair(lenA: number, lenB: number, budget: number): [number, number] {
@@ -71,23 +49,30 @@ export function trimPair(lenA: number, lenB: number, budget: number): [number, n
 }
 
 export interface PrivatizerOptions extends NearestOptions {
-  /** a {@link Mechanism}; any other name gets create()'s RangeError (the Python-only ones
-   * name the Python edge) */
+  /** a mechanism the web edge implements; any other name gets create()'s RangeError (the
+   * Python-only ones name the Python edge) */
   mechanism: string;
+  /** the mechanism's parameters by their spec names (`word_dropout`), e.g. a served model's
+   * `params`; each one not given here is read from the option of its camelCase name below,
+   * else its default */
+  params?: Readonly<Record<string, number | string>> | null;
   /** dχ: eta */
   eta?: number;
-  /** laplace, ome: epsilon */
+  /** epsilon (DPNR, OME) */
   epsilon?: number;
-  /** laplace: "vector" (default) or "coordinate" */
+  /** DPNR: "vector" (default) or "coordinate" */
   calibration?: "vector" | "coordinate";
-  /** laplace: DPNR word dropout rate μ in [0, 1) */
+  /** dχ: a token policy's p, the probability that a public word of the bundle's list is
+   * privatized anyway (default: none, every token privatized) */
+  publicP?: number | null;
+  /** DPNR: word dropout rate μ in [0, 1) */
   wordDropout?: number;
-  /** ome: randomized-response factor λ */
+  /** OME: randomized-response factor λ */
   lam?: number;
-  /** the model's length limit incl. [CLS]/[SEP] (default: the bundle's) */
+  /** the model's length limit incl. [CLS]/[SEP] (default: the mechanism's on the bundle) */
   maxLength?: number | null;
   truncate?: "first" | "error";
-  /** dchi-embedding payloads: float32 (default) or float16 */
+  /** payloads of float rows (dχ on embeddings): float32 (default) or float16 */
   floatDtype?: FloatDtype;
   /** privatize even below the privacy floor (the output is then close to the raw text) */
   allowWeakPrivacy?: boolean;
@@ -103,111 +88,115 @@ export interface PrivatizerOptions extends NearestOptions {
   textFloorCache?: TextFloorCache | null;
 }
 
-type Mech = DChiText | DChiEmbedding | Laplace | OME;
-/** The mechanism's output: dchi-text ids, dchi-embedding or laplace float64 rows, ome bits. */
-export type PrivatizedData = Int32Array | Float64Array | Uint8Array;
+const camel = (name: string): string => name.replace(/_(\w)/g, (_, c: string) => c.toUpperCase());
+
+/** ``options``' value of each of ``mechanism``'s parameters (spec order): ``params``' entry,
+ * else the camelCase option, else the parameter's default. */
+function optionParams(mechanism: string, options: PrivatizerOptions): Params {
+  const schemas = paramSchemas(mechanism);
+  const named = options as unknown as Readonly<Record<string, number | string | undefined>>;
+  const out: Params = {};
+  for (const p of mechanismSpec(mechanism).param_names) {
+    const v = options.params?.[p] ?? named[camel(p)] ?? schemas[p]?.default;
+    if (v !== undefined && v !== null) out[p] = v;  // an optional parameter not used: absent
+  }
+  return out;
+}
 
 /** Texts → payloads of one mechanism, parameters and bundle. */
 export class Privatizer {
-  readonly tokenizer: TextTokenizer;
-  private readonly diam: number;
   /** known, trusted or unverified (../bundle/trust.ts) */
   readonly trust: Trust;
-  /** an unverified bundle's text floor (dχ), else null */
-  readonly textFloor: TextFloorResult | null;
 
-  private constructor(readonly bundle: EdgeBundle, readonly name: Mechanism, readonly mechanism: Mech,
-                      readonly params: Record<string, number | string>, readonly maxLength: number,
-                      readonly truncate: "first" | "error", readonly floatDtype: FloatDtype,
-                      readonly encoder: SentenceEncoder | null,
-                      /** why the parameters are weaker than the floor (only with allowWeakPrivacy) */
-                      readonly weakPrivacy: string | null,
-                      vouch: { trust: Trust; textFloor: TextFloorResult | null; tokenizer: TextTokenizer | null }) {
-    const t0 = now();
-    this.tokenizer = vouch.tokenizer ?? new TextTokenizer(bundle.tokenizerJson);
-    measure("tokenizer", t0);
-    this.trust = vouch.trust;
-    this.textFloor = vouch.textFloor;
-    this.diam = name.startsWith("dchi") ? bundle.diameter : 0; // shared.ledger.bundle_diameter: of the privatization table
+  /** Settles with the privacy floor's check: resolved when the parameters pass it (or with
+   * ``allowWeakPrivacy``), rejected with WeakPrivacyError when they do not. */
+  readonly floorChecked: Promise<void>;
+  private floorReason: string | null = null;
+  private floorPassed = false;
+
+  private constructor(readonly bundle: EdgeBundle, private readonly bound: BoundMechanism,
+                      readonly maxLength: number, readonly truncate: "first" | "error",
+                      readonly tokenizer: TextTokenizer, vouch: Trust) {
+    this.trust = vouch;
+    this.floorChecked = bound.floor.then((why) => {
+      this.floorReason = why;
+      this.floorPassed = true;
+    });
+    this.floorChecked.catch(() => undefined);  // handled: the caller awaits it
   }
 
   /**
-   * The privatizer for ``options``: RangeError for invalid parameters, WeakPrivacyError for
-   * parameters weaker than the privacy floor (unless ``allowWeakPrivacy``), a RangeError naming
-   * the Python edge for the mechanisms that stay there.
+   * The privatizer for ``options``, its privacy floor checked: RangeError for invalid
+   * parameters, WeakPrivacyError for parameters weaker than the privacy floor, or for an
+   * unverified bundle weaker than the text floor (unless ``allowWeakPrivacy``), a RangeError
+   * naming the Python edge for the mechanisms that stay there.
    */
   static async create(bundle: EdgeBundle, options: PrivatizerOptions): Promise<Privatizer> {
-    const name = options.mechanism;
-    if (name in PYTHON_ONLY) throw new RangeError(PYTHON_ONLY[name]);
-    if (!(MECHANISMS as readonly string[]).includes(name)) {
-      throw new RangeError(`no payload format for mechanism ${JSON.stringify(name)}; one of ${MECHANISMS.join(", ")}`);
-    }
-    const truncate = options.truncate ?? "first";
-    if (truncate !== "first" && truncate !== "error") throw new RangeError(`truncate must be one of first, error, got ${String(truncate)}`);
-    const floatDtype = options.floatDtype ?? "float32";
-    const allowWeak = options.allowWeakPrivacy ?? false;
-    const vouch = { trust: trust(bundle.bundleId, new Set(options.trustedBundles ?? [])),
-      textFloor: null as TextFloorResult | null, tokenizer: null as TextTokenizer | null };
-    if (name === "laplace" || name === "ome") {
-      const encoder = await SentenceEncoder.fromBundle(bundle, options.threads ?? 1);
-      try {
-        const r = encoder.outputDim;
-        const mech = name === "laplace"
-          ? new Laplace(options.epsilon as number, options.calibration ?? "vector", options.wordDropout ?? 0)
-          : new OME(options.epsilon as number, options.lam as number, r);
-        if (mech instanceof Laplace) mech.checkComputable(r);
-        const weak = requireVectorFloor(mech, r, allowWeak);
-        const limit = Math.min(bundle.maxLength, encoder.maxLength ?? bundle.maxLength);
-        const maxLength = checkLength(options.maxLength ?? limit, limit);
-        return new Privatizer(bundle, name, mech, mech.params, maxLength, truncate, floatDtype, encoder, weak, vouch);
-      } catch (exc) {
-        await encoder.release();
-        throw exc;
-      }
-    }
-    const eta = options.eta as number;
-    const maxLength = checkLength(options.maxLength ?? bundle.maxLength, bundle.maxLength);
-    let mech: DChiText | DChiEmbedding;
-    if (name === "dchi-text") {
-      const t0 = now();
-      mech = await DChiText.create(bundle, eta, options);
-      measure("search", t0);
-    } else {
-      mech = new DChiEmbedding(eta);
-      let tMax = 0;
-      for (const x of bundle.embeddings) tMax = Math.max(tMax, Math.abs(x)); // BundleError: a designed table
-      checkDchiEta(eta, bundle.dim, tMax, floatDtype, false);
-    }
+    const p = await Privatizer.open(bundle, options);
     try {
-      const t0 = now();
-      // the floor measures the output at every check (shared.floor): dchi-embedding by the
-      // nearest-token guess of dchi-text at the same η, on a search built for the check
-      const weak = await checkDchiFloor(name as "dchi-text" | "dchi-embedding", eta, bundle,
-        mech instanceof DChiText ? mech : null, { source: options.floorSource ?? null, allowWeak, search: options });
-      measure("floor", t0);
-      if (!vouched(vouch.trust)) {
-        // an unverified bundle: the text floor too (issue 42), on a search of its own for dchi-embedding
-        const t1 = now();
-        vouch.tokenizer = new TextTokenizer(bundle.tokenizerJson);
-        measure("tokenizer", t1);
-        const own = mech instanceof DChiText ? null : await DChiText.create(bundle, eta, options);
-        try {
-          vouch.textFloor = await checkTextFloor(mech instanceof DChiText ? mech : own!, vouch.tokenizer, {
-            source: options.floorSource ?? null, cache: options.textFloorCache ?? null, trustHow: options.trustHow, allowWeak });
-        } finally {
-          await own?.release();
-        }
-      }
-      return new Privatizer(bundle, name as Mechanism, mech, { eta }, maxLength, truncate, floatDtype, null,
-        weak ?? vouch.textFloor?.reason ?? null, vouch);
+      await p.floorChecked;
     } catch (exc) {
-      if (mech instanceof DChiText) await mech.release();
+      await p.release();
       throw exc;
     }
+    return p;
   }
 
+  /**
+   * The privatizer for ``options`` as soon as it can privatize in this page, its privacy floor
+   * still being measured ({@link floorChecked}): {@link privatizeData} works at once (its output
+   * stays on the device), {@link payloads} waits for nothing and refuses until the floor has
+   * passed. A page shows a first privatization sooner this way; what leaves the device waits
+   * for the floor as before. The caller releases it (also when the floor refuses).
+   */
+  static async open(bundle: EdgeBundle, options: PrivatizerOptions): Promise<Privatizer> {
+    const module = mechanismModule(options.mechanism);
+    const truncate = options.truncate ?? "first";
+    if (truncate !== "first" && truncate !== "error") throw new RangeError(`truncate must be one of first, error, got ${String(truncate)}`);
+    const limit = module.lengthLimit(bundle);
+    const maxLength = checkLength(options.maxLength ?? limit, limit);
+    const vouch = trust(bundle.bundleId, new Set(options.trustedBundles ?? []));
+    const t0 = now();
+    const tokenizer = new TextTokenizer(bundle.tokenizerJson);
+    measure("tokenizer", t0);
+    const bound = await module.build(bundle, optionParams(module.name, options), {
+      search: options, floatDtype: options.floatDtype ?? "float32",
+      allowWeakPrivacy: options.allowWeakPrivacy ?? false, floorSource: options.floorSource ?? null,
+      textFloor: vouched(vouch) ? null
+        : { tokenizer, cache: options.textFloorCache ?? null, trustHow: options.trustHow ?? "--trusted-bundles" },
+    });
+    return new Privatizer(bundle, bound, maxLength, truncate, tokenizer, vouch);
+  }
+
+  get name(): MechanismName {
+    return this.bound.name;
+  }
+
+  /** the mechanism's parameters, as its payloads carry them */
+  get params(): Params {
+    return this.bound.params;
+  }
+
+  /** the mechanism's sampler object (DChiText, Laplace, ...) */
+  get mechanism(): unknown {
+    return this.bound.sampler;
+  }
+
+  /** why the parameters are weaker than the floor or the text floor (only with
+   * allowWeakPrivacy, once checked) */
+  get weakPrivacy(): string | null {
+    return this.floorReason;
+  }
+
+  /** an unverified bundle's text floor, once {@link floorChecked} settled (null: known or
+   * trusted, or a mechanism that does not privatize to the bundle's tokens) */
+  get textFloor(): TextFloorResult | null {
+    return this.floorPassed ? this.bound.textFloor ?? null : null;
+  }
+
+  /** whether the payloads are sentence vectors of the bundle's encoder */
   get isVector(): boolean {
-    return this.encoder !== null;
+    return usesEncoder(this.name);
   }
 
   /** Word pieces allowed: max_length − 2 (single) or − 3 (pair). */
@@ -224,7 +213,7 @@ export class Privatizer {
       throw new RangeError(`pairs must have one entry per text (${texts.length}), got ${pairs.length}`);
     }
     const budget = this.budget(pairs !== null);
-    const words = this.mechanism instanceof Laplace && this.mechanism.wordDropout > 0;
+    const words = this.bound.needsWords;
     return texts.map((text, i) => {
       const ea = this.tokenizer.encodeWords(text);
       const eb = pairs === null ? null : this.tokenizer.encodeWords(pairs[i]!);
@@ -235,19 +224,22 @@ export class Privatizer {
         throw new TextError(i, "empty", "has no tokens" + (b !== null ? " in one of its two segments" : ""));
       }
       const n = a.length + (b?.length ?? 0);
+      let cutA = false;
+      let cutB = false;
       if (n > budget) {
         if (this.truncate === "error") {
           throw new TextError(i, "too_long", `has ${n} tokens; the model takes at most ${budget} `
-            + `(truncation 'first' keeps the first ${budget})`);
+            + `(the option truncate: "first" keeps the first ${budget})`);
         }
-        if (b === null) a = a.slice(0, budget);
-        else {
-          const [la, lb] = trimPair(a.length, b.length, budget);
-          a = a.slice(0, la);
-          b = b.slice(0, lb);
-        }
+        const [la, lb] = b === null ? [budget, 0] : trimPair(a.length, b.length, budget);
+        cutA = this.cuts(a, la);
+        cutB = this.cuts(b, lb);
+        a = a.slice(0, la);
+        b = b === null ? null : b.slice(0, lb);
       }
       const out: TokenizedText = { idsA: a, idsB: b, nBefore: n };
+      if (cutA) out.cutA = true;
+      if (cutB) out.cutB = true;
       if (words) {
         out.wordsA = ea.words.slice(0, a.length);
         out.wordsB = eb === null ? null : eb.words.slice(0, b!.length);
@@ -256,92 +248,43 @@ export class Privatizer {
     });
   }
 
+  /** Whether keeping the first ``kept`` of ``ids`` cuts a word (the next is a "##" piece); only
+   * a token policy asks (edge_agent's Privatizer._cut). */
+  private cuts(ids: number[] | null, kept: number): boolean {
+    const policy = this.bound.policy ?? null;
+    if (policy === null || ids === null || kept >= ids.length) return false;
+    return policy.continues(ids[kept]!);
+  }
+
+  /** The token policy the mechanism applies (its bundle's public words), or null. */
+  get policy(): TokenPolicy | null {
+    return this.bound.policy ?? null;
+  }
+
   /** What the payload of a tokenized item costs (shared.ledger.cost). */
   cost(item: TokenizedText): Cost {
-    const m = this.mechanism;
-    if (m instanceof Laplace) return vectorCost("laplace", m.vectorEpsilon(this.encoder!.outputDim));
-    if (m instanceof OME) return vectorCost("ome", m.worstEpsilon());
-    return dchiCost(this.name, m.eta, nTokens(item), this.diam);
+    return this.bound.cost(item);
   }
 
-  /** The mechanism's output for tokenized items (one call for the batch): dchi-text the
-   * privatized ids, dchi-embedding the noisy embeddings (ΣL × n), laplace the noisy vectors
-   * (b × r), ome the perturbed bits (b × r·l). */
-  async privatizeData(items: TokenizedText[], source?: BitSource | null): Promise<PrivatizedData> {
-    const m = this.mechanism;
-    if (m instanceof DChiText || m instanceof DChiEmbedding) {
-      const ids: number[] = [];
-      for (const it of items) ids.push(...it.idsA, ...(it.idsB ?? []));
-      if (m instanceof DChiText) return m.privatizeIds(ids, source);
-      return m.privatize(this.bundle.rows(ids), this.bundle.dim, source);
-    }
-    const src = resolveSource(source);
-    const { seqs, types } = this.sequences(items, src);
-    const vecs = await this.encoder!.encode(seqs, types);
-    return m instanceof Laplace ? m.privatize(vecs, this.encoder!.outputDim, src) : m.perturb(m.encode(vecs), src);
+  /** The published and worst-case guarantee (shared.accounting.guarantee). */
+  guarantee(): AnyGuarantee {
+    return this.bound.guarantee();
   }
 
-  /** Encoder inputs [CLS] a [SEP] (b [SEP]) and token types, after word dropout (one draw per
-   * word, a's then b's, item by item: numpy's order). */
-  private sequences(items: TokenizedText[], src: BitSource): { seqs: number[][]; types: number[][] } {
-    const sp = this.bundle.meta.special_ids;
-    const mu = this.mechanism instanceof Laplace ? this.mechanism.wordDropout : 0;
-    const drop = (ids: number[], words: number[] | undefined | null): number[] => {
-      if (mu <= 0 || ids.length === 0) return ids;
-      const nw = words![words!.length - 1]! + 1;
-      const keep = Array.from({ length: nw }, () => src.nextDouble() >= mu);
-      return ids.filter((_, k) => keep[words![k]!]);
-    };
-    const seqs: number[][] = [];
-    const types: number[][] = [];
-    for (const it of items) {
-      const a = drop(it.idsA, it.wordsA);
-      const b = it.idsB === null ? null : drop(it.idsB, it.wordsB);
-      const first = [sp.cls!, ...a, sp.sep!];
-      if (b === null) {
-        seqs.push(first);
-        types.push(first.map(() => 0));
-      } else {
-        const second = [...b, sp.sep!];
-        seqs.push([...first, ...second]);
-        types.push([...first.map(() => 0), ...second.map(() => 1)]);
-      }
-    }
-    return { seqs, types };
+  /** The mechanism's output for tokenized items (one call for the batch: the module's
+   * privatize step; e.g. dχ on text the privatized ids, a sentence-vector mechanism its noisy
+   * vectors). */
+  privatizeData(items: TokenizedText[], source?: BitSource | null): Promise<PrivatizedData> {
+    return this.bound.privatize(items, source);
   }
 
   /** The payload JSON of each item around {@link privatizeData}'s output. */
   payloads(items: TokenizedText[], data: PrivatizedData): string[] {
-    const out: string[] = [];
-    const id = this.bundle.bundleId;
-    const m = this.mechanism;
-    if (m instanceof Laplace) {
-      const r = this.encoder!.outputDim;
-      items.forEach((_, i) => out.push(vectorPayloadJson("laplace", this.params, id, {
-        dtype: "float32", shape: [r], bytes: floatBytes((data as Float64Array).subarray(i * r, (i + 1) * r), "float32") })));
-      return out;
+    if (!this.floorPassed) {
+      throw new Error("the privacy floor is still being checked (Privatizer.open): await privatizer.floorChecked "
+        + "before making payloads");
     }
-    if (m instanceof OME) {
-      const nb = m.nBits;
-      items.forEach((_, i) => out.push(vectorPayloadJson("ome", this.params, id, {
-        dtype: "bits", shape: [nb], bytes: packBits((data as Uint8Array).subarray(i * nb, (i + 1) * nb)) })));
-      return out;
-    }
-    let start = 0;
-    const n = this.bundle.dim;
-    for (const it of items) {
-      const len = nTokens(it);
-      let array: { dtype: string; shape: number[]; bytes: Uint8Array };
-      if (data instanceof Int32Array) {
-        array = { dtype: "int32", shape: [len], bytes: int32Bytes(data.subarray(start, start + len)) };
-      } else {
-        array = { dtype: this.floatDtype, shape: [len, n],
-          bytes: floatBytes((data as Float64Array).subarray(start * n, (start + len) * n), this.floatDtype) };
-      }
-      out.push(tokenPayloadJson(this.name as "dchi-text" | "dchi-embedding", this.params, id, array, segments(it)));
-      start += len;
-    }
-    return out;
+    return this.bound.payloads(items, data);
   }
 
   /** One payload JSON per text (``pairs[i]`` the second sentence of pair i); TextError for an
@@ -352,8 +295,7 @@ export class Privatizer {
   }
 
   async release(): Promise<void> {
-    if (this.mechanism instanceof DChiText) await this.mechanism.release();
-    if (this.encoder) await this.encoder.release();
+    await this.bound.release();
   }
 }
 

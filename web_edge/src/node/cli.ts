@@ -20,14 +20,17 @@ import { parseArgs } from "node:util";
 
 import type { EdgeBundle } from "../bundle/bundle.js";
 import { PrivbertClient, type ModelInfo } from "../service/client.js";
-import { guarantee, summary } from "../ledger/accounting.js";
+import { summary } from "../ledger/accounting.js";
 import { ApiError, BudgetRefused, TextError, WeakPrivacyError } from "../errors.js";
 import { BUDGET_EXHAUSTED } from "../service/client.js";
-import { fmtG } from "../mechanisms/dchi.js";
+import { fmtG } from "../format/messages.js";
 import { Ledger, fmtEps, total, type Cost } from "../ledger/ledger.js";
 import { recordLine } from "../service/payload.js";
 import { Pcg64Source } from "../random/pcg64.js";
-import { MECHANISMS, Privatizer, nTokens, type Mechanism, type PrivatizerOptions, type TokenizedText } from "../mechanisms/privatizer.js";
+import { Privatizer, type Mechanism } from "../mechanisms/privatizer.js";
+import { DEFAULT_MECHANISM, mechanismNames, refusal } from "../mechanisms/registry.js";
+import { modelMaxLength, sameParams } from "../mechanisms/specs.js";
+import { nTokens, type TokenizedText } from "../mechanisms/tokens.js";
 import { TextTokenizer } from "../bundle/tokenizer.js";
 import { checkVouched, parseIds, pinnedBundle, TRUSTED_ENV } from "../service/pins.js";
 import { trustNote } from "../bundle/trust.js";
@@ -37,8 +40,7 @@ import { FileLedgerStore, defaultLedgerPath } from "./file_ledger.js";
 import { batches, InputError, type Batch, type Line } from "./input.js";
 import { FilePinStore } from "./pins.js";
 import { THRESHOLD } from "../floor/floor.js";
-import { DEVICE, PARAM_RTOL } from "../generated/spec.js";
-import { message } from "../format/messages.js";
+import { DEVICE } from "../generated/spec.js";
 import { mechanismFlags, mechanismParams, neededParams, paramFlags, usageAlternatives, type ParamFlag } from "./mechanism_flags.js";
 
 const PROG = "privbert-edge";
@@ -52,7 +54,6 @@ class CliError extends Error {}
 
 // the mechanism flags, from the mechanism spec (./mechanism_flags.ts): none is listed here
 const PARAM_FLAGS: readonly ParamFlag[] = paramFlags();
-const DEFAULT_MECHANISM: Mechanism = "dchi-text";
 
 const USAGE = `usage: ${PROG} privatize FILE (${usageAlternatives(DEFAULT_MECHANISM).join("\n         | ")})
          (--bundle DIR | --server URL [--model ID] [--api-key KEY]) [-o OUT.jsonl]
@@ -238,13 +239,10 @@ function paramValue(f: ParamFlag, text: string): number | string {
 
 function options(positionals: string[], v: Values): Options {
   if (positionals.length !== 1) throw new UsageError("privatize takes one FILE (- for stdin)");
-  const mech = v.mechanism ?? "dchi-text";
-  if (mech === "texthide" || mech === "none") {
-    throw new UsageError(mech === "texthide"
-      ? "--mechanism texthide stays in the Python edge (no differential-privacy guarantee, a secret mask pool): use edge-agent privatize"
-      : `--${message("NONE_REFUSED")}; the web edge does not send it: use edge-agent privatize --allow-none`);
-  }
-  const mechanism = choice("mechanism", mech, MECHANISMS, DEFAULT_MECHANISM);
+  const mech = v.mechanism ?? DEFAULT_MECHANISM;
+  const elsewhere = refusal(mech, "cli");
+  if (elsewhere !== null) throw new UsageError(elsewhere);
+  const mechanism = choice("mechanism", mech, mechanismNames(), DEFAULT_MECHANISM);
   // the mechanism flags given: every parameter flag, and the edge options the web edge has
   const given = [...PARAM_FLAGS.map((f) => f.name), "float16"].filter((f) => v[f] !== undefined && v[f] !== false);
   const allowed = mechanismFlags(mechanism);
@@ -306,15 +304,7 @@ function checkModel(model: ModelInfo, name: string, mine: Record<string, number 
   const want = model.mechanism;
   let mismatch = want !== undefined && want !== null && want !== name;
   const params = model.params;
-  if (!mismatch && params && typeof params === "object") {
-    for (const k of Object.keys(mine)) {
-      if (!(k in params)) continue;
-      const a = params[k];
-      const b = mine[k]!;
-      mismatch ||= typeof a === "number" && typeof b === "number"
-        ? Math.abs(a - b) > PARAM_RTOL * Math.max(Math.abs(a), Math.abs(b)) : a !== b;
-    }
-  }
+  if (!mismatch && params && typeof params === "object") mismatch = !sameParams(name, mine, params);
   if (mismatch) {
     throw new CliError(`model ${model.id} reads ${want} ${JSON.stringify(params)}; this run would send ${name} `
       + `${JSON.stringify(mine)}: set the same mechanism and parameters`);
@@ -431,13 +421,12 @@ async function runPrivatize(positionals: string[], v: Values): Promise<number> {
   // the privatizer (and its floors) of a bundle, before the bundle is pinned
   let priv: Privatizer | null = null;
   const makePrivatizer = async (b: EdgeBundle): Promise<void> => {
+    // --max-length, else for --post predict the served model's own limit (the predict length policy)
     let maxLength = o.maxLength;
-    if (maxLength === null && model && o.post === "predict" && (o.mechanism === "dchi-text" || o.mechanism === "dchi-embedding")
-        && Number.isInteger(model.max_length) && model.max_length! >= 4) {
-      maxLength = Math.min(model.max_length!, b.maxLength);
-    }
+    const limit = maxLength === null && model && o.post === "predict" ? modelMaxLength(o.mechanism, model) : null;
+    if (limit !== null) maxLength = Math.min(limit, b.maxLength);
     try {
-      priv = await Privatizer.create(b, { mechanism: o.mechanism, ...privatizerParams(o.params), maxLength, truncate: o.truncate,
+      priv = await Privatizer.create(b, { mechanism: o.mechanism, params: o.params, maxLength, truncate: o.truncate,
         floatDtype: o.float16 ? "float16" : "float32", allowWeakPrivacy: v["allow-weak-privacy"] ?? false,
         threads: 1, backend: searchBackend(), trustedBundles: [...trusted], trustHow: "--trusted-bundles",
         textFloorCache: new FileTextFloorCache() });
@@ -454,7 +443,7 @@ async function runPrivatize(positionals: string[], v: Values): Promise<number> {
       throw new CliError(`${v.bundle}: not a bundle directory (no bundle.json); make one with cloud-api export-bundle or edge-agent bundle fetch`);
     }
     bundle = await loadBundleDir(v.bundle);
-    checkVouched(bundle.bundleId, trusted, refuse);
+    checkVouched(bundle.bundleId, trusted, refuse, undefined, undefined, "cli");
     if (model && model.bundle_id !== bundle.bundleId) {
       throw new CliError(`--bundle ${v.bundle} is ${bundle.bundleId.slice(0, 12)}…, but model ${model.id} expects bundle `
         + `${String(model.bundle_id).slice(0, 12)}…; drop --bundle to fetch the right one`);
@@ -465,7 +454,7 @@ async function runPrivatize(positionals: string[], v: Values): Promise<number> {
     // the pin is checked before a byte of the bundle is fetched, recorded once it is verified
     // and has passed the floors
     const got = await pinnedBundle(client!, v.server!, model!, cache, new FilePinStore(undefined, warn),
-      { accept, trusted, refuseUnverified: refuse }, null, makePrivatizer);
+      { accept, trusted, refuseUnverified: refuse, audience: "cli" }, null, makePrivatizer);
     bundle = got.bundle;
     const id = bundle.bundleId.slice(0, 12);
     if (got.pin === "pinned") {
@@ -489,7 +478,6 @@ async function runPrivatize(positionals: string[], v: Values): Promise<number> {
   try {
     const priv = p;
     if (priv.weakPrivacy) warn(`${priv.weakPrivacy}: the output is close to the raw text (--allow-weak-privacy)`);
-    const diam = priv.name.startsWith("dchi") ? bundle.diameter : 0; // shared.ledger.bundle_diameter
     const info_ = { mechanism: priv.name, params: priv.params, bundleId: bundle.bundleId };
     const keys = o.memo ? await ledger.memoKeys({ mechanism: priv.name, params: priv.params, bundle_id: bundle.bundleId }) : null;
     const keyOf = (items: TokenizedText[]): Promise<(string | null)[]> =>
@@ -583,7 +571,7 @@ async function runPrivatize(positionals: string[], v: Values): Promise<number> {
     }
     const elapsed = (performance.now() - t0) / 1000;
     const streaming = (performance.now() - tLoop) / 1000;
-    const line = guaranteeLine(priv, diam, bundle.tableDim, bundle.tableName, nRecords ? nTok / nRecords : null);
+    const line = summary(priv.guarantee(), nRecords ? nTok / nRecords : null);
     const c = total(charged);
     const after = await ledger.status();
     const spent = c === null ? "charged nothing" : `charged worst-case epsilon ${fmtEps(c.epsilon)} for ${c.sends} payload(s)`;
@@ -599,33 +587,11 @@ async function runPrivatize(positionals: string[], v: Values): Promise<number> {
   }
 }
 
-/** The mechanism's parameters as Privatizer options: ``word_dropout`` is ``wordDropout``. */
-function privatizerParams(params: Record<string, number | string>): Partial<PrivatizerOptions> {
-  return Object.fromEntries(Object.entries(params).map(([k, x]) => [k.replace(/_(\w)/g, (_, c: string) => c.toUpperCase()), x]));
-}
-
 /** A failed request's error: BudgetRefused (exit 3, as the device's own cap) for the server's
  * 403 budget-exhausted, else CliError; ``done`` says what was written before it. */
 function serverFailure(exc: ApiError, done: string): Error {
   const refused = exc.status === 403 && exc.type === BUDGET_EXHAUSTED;
   return new (refused ? BudgetRefused : CliError)(`${exc.message}; ${done}`);
-}
-
-/** The guarantee in one line, as shared.accounting.summary writes it. */
-function guaranteeLine(priv: Privatizer, diam: number, dim: number, table: string,
-                       meanTokens: number | null): string {
-  const p = priv.params;
-  if (priv.name === "dchi-text" || priv.name === "dchi-embedding") {
-    return summary(guarantee(priv.name, Number(p.eta), diam, dim, table), meanTokens);
-  }
-  const eps = Number(p.epsilon);
-  const worst = priv.cost({ idsA: [], idsB: null, nBefore: 0 }).epsilon!;
-  let published = eps;
-  if (priv.name === "laplace" && Number(p.word_dropout) > 0) {
-    const mu = Number(p.word_dropout);
-    published = eps + Math.log((1 - mu) + mu * Math.exp(-eps)); // Lyu et al. 2020, Theorem 2
-  }
-  return `${priv.name}: published eps=${fmtG(published, 4)}; holds eps=${fmtG(worst, 4)}`;
 }
 
 // -- tokenize (the conformance check of the tokenizer) ----------------------------------------

@@ -5,4 +5,5 @@ export { nodeClock, bootClock, processClock } from "./clock.js";
 export { DirBundleCache, FileTextFloorCache, cacheRoot, loadBundleDir, CACHE_ENV } from "./caches.js";
 export { FilePinStore, PINS_FILE } from "./pins.js";
 export { nodeHandler } from "./forwarder_node.js";
+export { contentNamed, staticFiles, type StaticOptions } from "./static_files.js";
 export { ortWasmPath } from "./wasm_file.js";

@@ -4,11 +4,12 @@
  * flag per parameter of a mechanism's typed `Params` (`--word-dropout` for `word_dropout`) with
  * its JSON type, choices, default and help, shared by every mechanism that has the parameter.
  * No mechanism parameter is listed here by hand; the web edge's own list is which mechanisms
- * it implements (../mechanisms/privatizer.ts).
+ * it implements (../mechanisms/registry.ts).
  */
 
 import { MECHANISMS as SPECS, type MechanismSpec } from "../generated/spec.js";
-import { MECHANISMS, type Mechanism } from "../mechanisms/privatizer.js";
+import type { Mechanism } from "../mechanisms/privatizer.js";
+import { mechanismNames } from "../mechanisms/registry.js";
 
 type Flag = MechanismSpec["flags"][number];
 
@@ -20,12 +21,12 @@ export interface ParamFlag {
   type: "number" | "integer" | "string";
   choices: readonly string[] | null;
   metavar: string;
-  /** "dchi-text, dchi-embedding: dχ-privacy eta > 0" (mechanisms with the same help share a clause) */
+  /** "<mechanism>, <mechanism>: <help>" (mechanisms with the same help share a clause) */
   help: string;
 }
 
 /** The spec of each mechanism the web edge implements, in the spec's order. */
-export const WEB_SPECS: readonly MechanismSpec[] = SPECS.filter((m) => (MECHANISMS as readonly string[]).includes(m.name));
+export const WEB_SPECS: readonly MechanismSpec[] = SPECS.filter((m) => (mechanismNames() as readonly string[]).includes(m.name));
 
 export function spec(mechanism: Mechanism): MechanismSpec {
   return WEB_SPECS.find((m) => m.name === mechanism)!;

@@ -4,12 +4,10 @@ import type { BundleShape } from "../bundle/bundle.js";
 import { integerGemmChecked } from "../search/int8_pass.js";
 import { searchUsesOrt } from "../search/nearest.js";
 import { configureRuntime, loadOrt, type WasmPaths } from "./ort.js";
+import { usesEncoder } from "../mechanisms/specs.js";
 import { measure, now } from "../timing.js";
 
 let warm: Promise<void> | null = null;
-
-/** Mechanisms that run the bundle's sentence encoder (encoder.onnx) on onnxruntime-web. */
-export const ENCODER_MECHANISMS: ReadonlySet<string> = new Set(["laplace", "ome", "texthide"]);
 
 export interface WarmUpOptions {
   /** WebAssembly threads (more than one needs cross-origin isolation) */
@@ -27,12 +25,12 @@ export interface WarmUpOptions {
 
 /**
  * Whether privatizing with ``mechanism`` on a bundle of ``shape`` loads onnxruntime-web (its
- * WebAssembly: 2.4 MB brotli in a page): the sentence encoder of laplace/ome/texthide, or an
+ * WebAssembly: 2.4 MB brotli in a page): the sentence encoder of a sentence-vector mechanism, or an
  * exact search over a large table (nearest.ts's `searchUsesOrt`: a compact table's is plain JS).
  * Without a mechanism: a bundle with an encoder counts as needing it.
  */
 export function runtimeNeeded(shape: BundleShape, mechanism?: string | null): boolean {
-  const encoder = mechanism == null ? shape.encoder : ENCODER_MECHANISMS.has(mechanism);
+  const encoder = mechanism == null ? shape.encoder : usesEncoder(mechanism);
   return encoder || searchUsesOrt(shape.rows, shape.dim);
 }
 
@@ -41,8 +39,10 @@ export function runtimeNeeded(shape: BundleShape, mechanism?: string | null): bo
  * integer kernel for tables of ``dim`` columns (what the first exact search otherwise waits
  * for; a bundle of another width is probed again when it arrives). With ``shape``, nothing
  * starts where that bundle does not need the runtime (a compact table's dχ-text page fetches
- * no WebAssembly). Errors are left to the first real use (where a WebAssembly that cannot be
- * loaded is a `RuntimeLoadError` naming its URL). ``warmUp(2)`` is ``warmUp({ threads: 2 })``.
+ * no WebAssembly). A WebAssembly that cannot be loaded (a wrong ``wasmPaths``, a file the page
+ * does not serve) rejects with a `RuntimeLoadError` naming the URL tried and the fix, whatever
+ * the model; the probe's own failures are left to the search (which then keeps its float
+ * pass). ``warmUp(2)`` is ``warmUp({ threads: 2 })``.
  */
 export function warmUp(threadsOrOptions: number | WarmUpOptions = 1, dim = 384): Promise<void> {
   const o: WarmUpOptions = typeof threadsOrOptions === "number" ? { threads: threadsOrOptions, dim } : threadsOrOptions;
@@ -50,8 +50,14 @@ export function warmUp(threadsOrOptions: number | WarmUpOptions = 1, dim = 384):
   if (o.shape && !runtimeNeeded(o.shape, o.mechanism)) return Promise.resolve();
   const t0 = now();
   warm ??= loadOrt(o.threads ?? 1).then(async (ort) => {
-    await integerGemmChecked(ort, false, o.dim ?? o.shape?.dim ?? 384);
+    await integerGemmChecked(ort, false, o.dim ?? o.shape?.dim ?? 384).catch(() => undefined);
     measure("onnxruntime-start", t0);
-  }).catch(() => undefined);
+  });
   return warm;
+}
+
+/** {@link warmUp} for the library's own early starts: a failure shows where the runtime is
+ * used (Privatizer.create's RuntimeLoadError), not here. */
+export function warmUpQuietly(options: WarmUpOptions): void {
+  warmUp(options).catch(() => undefined);
 }

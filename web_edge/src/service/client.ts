@@ -20,6 +20,8 @@ import { CryptoSource } from "../random/random.js";
 const RETRY_STATUS = [429, 503];
 /** The problem type of the server's privacy budget refusal (403). */
 export const BUDGET_EXHAUSTED = "urn:privbert:problem:budget-exhausted";
+/** The forwarder's answer to a request without the app's session (../forwarder.ts). */
+export const FORWARDER_NO_SESSION = "urn:privbert:forwarder:no-session";
 const BUNDLE_ID = /^[0-9a-f]{64}$/;
 export const SERVICE_HINT = "(is --server the URL of a privbert service?)";
 const PAGE_SERVICE_HINT = "(is `server` the URL of a privbert service, or of your forwarding backend?)";
@@ -175,6 +177,11 @@ export class PrivbertClient {
       if (status === 403) return " (this key may not use that endpoint)";
       if (status === 413) return " (request too large: lower --post-batch)";
       return "";
+    }
+    if (status === 401 && ptype === FORWARDER_NO_SESSION) {
+      return " (your backend forwards for signed-in users only and this request had no session: sign the user in "
+        + "through your backend (its own sign-in, whose cookie the page then sends), then open the session again; "
+        + "the page needs no API key)";
     }
     if (status === 401) {
       return this.hasKey

@@ -9,7 +9,6 @@
 import { MECHANISMS } from "../generated/spec.js";
 
 export type FloatDtype = "float32" | "float16";
-export type TokenMechanism = "dchi-text" | "dchi-embedding";
 
 const B64 = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
 
@@ -86,19 +85,10 @@ const INT_PARAMS: ReadonlySet<string> = new Set(MECHANISMS.flatMap((m) =>
 const FIELD: Readonly<Record<string, string>> = Object.fromEntries(MECHANISMS.map((m) => [m.name, m.payload.field]));
 
 /** JSON of a params object as the Python edge writes it, in the order given. */
-export function paramsJson(params: Record<string, number | string>): string {
+export function paramsJson(params: Readonly<Record<string, number | string>>): string {
   const parts = Object.entries(params).map(([k, v]) =>
     `${JSON.stringify(k)}:${typeof v === "number" ? (INT_PARAMS.has(k) ? String(v) : orjsonFloat(v)) : JSON.stringify(v)}`);
   return `{${parts.join(",")}}`;
-}
-
-/** The JSON of one vector payload: laplace (float32 (r,)) or ome (bits (r·l,)). */
-export function vectorPayloadJson(mechanism: "laplace" | "ome", params: Record<string, number | string>,
-                                  bundleId: string, data: { dtype: string; shape: number[]; bytes: Uint8Array }): string {
-  const field = FIELD[mechanism]!;
-  return `{"version":1,"bundle_id":${JSON.stringify(bundleId)},"mechanism":"${mechanism}",`
-    + `"params":${paramsJson(params)},"${field}":{"dtype":"${data.dtype}",`
-    + `"shape":[${data.shape.join(",")}],"data":"${base64(data.bytes)}"}}`;
 }
 
 /** int32 little-endian bytes of ``ids``. */
@@ -158,16 +148,23 @@ export function floatBytes(values: Float64Array | Float32Array, dtype: FloatDtyp
   return out;
 }
 
-/** The JSON of one token-mechanism payload (dchi-text: int32 ids; dchi-embedding: a float
- * array of shape (L, n)), fields in the Python edge's order. */
-export function tokenPayloadJson(mechanism: TokenMechanism, params: Record<string, number | string>, bundleId: string,
-                                 data: { dtype: string; shape: number[]; bytes: Uint8Array },
-                                 segments: number[] | null): string {
-  const field = FIELD[mechanism]!;
+/** One array of a payload: its dtype, shape and little-endian bytes. */
+export interface PayloadArray {
+  dtype: string;
+  shape: number[];
+  bytes: Uint8Array;
+}
+
+/** The JSON of one payload of ``mechanism``: its array in the mechanism's field (the spec's),
+ * with `segments` for a sentence pair's token payload; fields in the Python edge's order. */
+export function payloadJson(mechanism: string, params: Readonly<Record<string, number | string>>, bundleId: string,
+                            array: PayloadArray, segments: readonly number[] | null = null): string {
+  const field = FIELD[mechanism];
+  if (field === undefined) throw new RangeError(`no payload format for mechanism ${JSON.stringify(mechanism)}`);
   const seg = segments ? `"segments":[${segments.join(",")}],` : "";
-  return `{"version":1,"bundle_id":${JSON.stringify(bundleId)},${seg}"mechanism":"${mechanism}",`
-    + `"params":${paramsJson(params)},"${field}":{"dtype":"${data.dtype}",`
-    + `"shape":[${data.shape.join(",")}],"data":"${base64(data.bytes)}"}}`;
+  return `{"version":1,"bundle_id":${JSON.stringify(bundleId)},${seg}"mechanism":${JSON.stringify(mechanism)},`
+    + `"params":${paramsJson(params)},"${field}":{"dtype":"${array.dtype}",`
+    + `"shape":[${array.shape.join(",")}],"data":"${base64(array.bytes)}"}}`;
 }
 
 /** A JSONL record line around a payload's JSON (shared.payload.Record): no label field

@@ -96,15 +96,30 @@ export function serverKey(server: string, modelId: string): string {
 
 /** The bundle's trust (../bundle/trust.ts); BundleChanged (one line) for an unverified bundle
  * when ``refuse`` (known before a byte of the bundle is fetched). ``flag``/``trustHow``: how this
- * edge names the refusal and the way to trust a bundle. */
+ * edge names the refusal and the way to trust a bundle (by default the words of ``audience``). */
 export function checkVouched(bundleId: string, trusted: ReadonlySet<string>, refuse: boolean,
-                             flag = "--refuse-unverified", trustHow = "--trusted-bundles"): Trust {
+                             flag?: string, trustHow?: string, audience: PinAudience = "page"): Trust {
   const t = trust(bundleId, trusted);
   if (refuse && !vouched(t)) {
-    throw new BundleChanged(message("UNVERIFIED_REFUSED", { bundle_id12: bundleId.slice(0, 12), flag, trust: trustHow,
-      bundle_id: bundleId }));
+    const page = audience === "page";
+    throw new BundleChanged(message("UNVERIFIED_REFUSED", { bundle_id12: bundleId.slice(0, 12),
+      flag: flag ?? (page ? "the refuseUnverified option" : "--refuse-unverified"),
+      trust: trustHow ?? (page ? "the trustedBundles option" : "--trusted-bundles"), bundle_id: bundleId }));
   }
   return t;
+}
+
+/** Who reads a refusal: a page's developer (the `acceptBundle` and `trustedBundles` options of
+ * `EdgeSession.open`) or a command line's user (`--accept-bundle`, `--trusted-bundles`). */
+export type PinAudience = "page" | "cli";
+
+/** A refusal (the spec's template, worded for the command line as both edges print it) in
+ * the words of ``audience``: a page names its options, not the flags. */
+function worded(text: string, audience: PinAudience): string {
+  if (audience === "cli") return text;
+  return text
+    .replace(/accept it with --accept-bundle ([0-9a-f]{64})/, 'accept it with the acceptBundle option: acceptBundle: ["$1"]')
+    .replace(/\(--trusted-bundles \/ \$[A-Z_]+\)/, "(the trustedBundles option)");
 }
 
 export interface PinOptions {
@@ -120,6 +135,8 @@ export interface PinOptions {
   served?: readonly string[] | null;
   /** false: check only (before the bundle is fetched); the pin is recorded once it is verified */
   record?: boolean;
+  /** whose words a refusal is in: "page" (default: the options of `EdgeSession.open`) or "cli" */
+  audience?: PinAudience;
 }
 
 /**
@@ -131,22 +148,23 @@ export async function checkPin(store: PinStore, server: string, modelId: string,
                                options: PinOptions = {}): Promise<"pinned" | "same" | "accepted"> {
   const accept = options.accept ?? new Set<string>();
   const trusted = options.trusted ?? new Set<string>();
-  checkVouched(bundleId, trusted, options.refuseUnverified ?? false, options.refuseHow, options.trustHow);
+  const audience = options.audience ?? "page";
+  checkVouched(bundleId, trusted, options.refuseUnverified ?? false, options.refuseHow, options.trustHow, audience);
   const key = serverKey(server, modelId);
   const old = await store.get(key);
   if (old === bundleId) return "same";
   const agreed = accept.has(bundleId) || trusted.has(bundleId);
   if (old !== null && !agreed) {
-    throw new BundleChanged(message("PIN_CHANGED", { model_id: modelId, server, bundle_id12: bundleId.slice(0, 12),
-      pinned12: old.slice(0, 12), bundle_id: bundleId }));
+    throw new BundleChanged(worded(message("PIN_CHANGED", { model_id: modelId, server, bundle_id12: bundleId.slice(0, 12),
+      pinned12: old.slice(0, 12), bundle_id: bundleId }), audience));
   }
   if (old === null && !agreed && options.served) {
     const here = await serverPins(store, key);
     const served = new Set(options.served);
     const gone = [...here.keys()].filter((m) => !served.has(m)).sort();
     if (gone.length && ![...here.values()].includes(bundleId)) {
-      throw new BundleChanged(message("PIN_RENAMED", { server, model_id: modelId, bundle_id12: bundleId.slice(0, 12),
-        gone: gone[0]!, pinned12: here.get(gone[0]!)!.slice(0, 12), bundle_id: bundleId }));
+      throw new BundleChanged(worded(message("PIN_RENAMED", { server, model_id: modelId, bundle_id12: bundleId.slice(0, 12),
+        gone: gone[0]!, pinned12: here.get(gone[0]!)!.slice(0, 12), bundle_id: bundleId }), audience));
     }
   }
   if (options.record ?? true) await store.put(key, bundleId);

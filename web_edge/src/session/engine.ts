@@ -10,9 +10,12 @@ import type { EdgeBundle } from "../bundle/bundle.js";
 import type { BundleCache, PrivbertClient, ProgressCallback } from "../service/client.js";
 import type { Cost } from "../ledger/ledger.js";
 import { loadOrt } from "../runtime/ort.js";
-import { Privatizer, type PrivatizerOptions, type TokenizedText } from "../mechanisms/privatizer.js";
+import type { AnyGuarantee } from "../ledger/accounting.js";
+import { Privatizer, type PrivatizerOptions } from "../mechanisms/privatizer.js";
+import { usesEncoder } from "../mechanisms/specs.js";
+import type { TokenizedText } from "../mechanisms/tokens.js";
 import type { BitSource } from "../random/random.js";
-import { ENCODER_MECHANISMS, warmUp } from "../runtime/warm_up.js";
+import { warmUpQuietly } from "../runtime/warm_up.js";
 import type { TextFloorCache } from "../floor/text_floor_cache.js";
 import type { Trust } from "../bundle/trust.js";
 import type { TextMeasure } from "../floor/text_floor.js";
@@ -34,8 +37,10 @@ export interface EngineInfo {
   diameter: number;
   /** the bundle was downloaded (false: from the cache) */
   fetched: boolean;
-  /** laplace, ome: the worst-case ε of one payload (null for the dχ mechanisms) */
+  /** a sentence-vector mechanism's worst-case ε of one payload (null for a token mechanism) */
   vectorEpsilon: number | null;
+  /** the published and worst-case guarantee (shared.accounting.guarantee) */
+  guarantee: AnyGuarantee;
   /** known, trusted or unverified (issue 42) */
   trust: Trust;
   /** an unverified bundle's text floor: what was measured (or kept, signed), else null */
@@ -52,7 +57,7 @@ export interface EngineOutput {
 export interface Engine {
   readonly info: EngineInfo;
   privatize(texts: string[], source?: BitSource | null): Promise<EngineOutput>;
-  /** the text of privatized token ids (dchi-text payloads), one string per list */
+  /** the text of privatized token ids (payloads of substituted tokens), one string per list */
   decode(ids: number[][]): Promise<string[]>;
   close(): Promise<void>;
 }
@@ -71,12 +76,12 @@ export async function openLocal(client: PrivbertClient, bundleId: string, option
   // WebAssembly that cannot be loaded fails the session here (Privatizer.create), with its URL.
   const threads = options.threads ?? 1;
   const onOrt = options.backend === "int8" || options.backend === "ort";
-  const early = ENCODER_MECHANISMS.has(options.mechanism) || onOrt ? loadOrt(threads) : null;
+  const early = usesEncoder(options.mechanism) || onOrt ? loadOrt(threads) : null;
   const onProgress = options.onProgress ?? null;
   const [{ bundle, fetched }] = await Promise.all([
     client.bundle(bundleId, options.bundleCache, (p) => {
       if (p.shape && (options.backend ?? "auto") === "auto") {
-        void warmUp({ threads, shape: p.shape, mechanism: options.mechanism });
+        warmUpQuietly({ threads, shape: p.shape, mechanism: options.mechanism });
       }
       onProgress?.(p);
     }),
@@ -101,6 +106,7 @@ export class LocalEngine implements Engine {
       vocabSize: bundle.vocabSize, maxLength: p.maxLength, truncate: p.truncate,
       diameter: bundle.diameter, fetched,
       vectorEpsilon: p.isVector ? p.cost({ idsA: [], idsB: null, nBefore: 0 }).epsilon : null,
+      guarantee: p.guarantee(),
       trust: p.trust,
       textFloor: p.textFloor === null ? null : { measure: p.textFloor.measure, cached: p.textFloor.cached } };
   }

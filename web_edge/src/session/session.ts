@@ -12,7 +12,7 @@
  * every privatization run in that Worker (src/worker.ts); the ledger stays here.
  */
 
-import { guarantee, type Guarantee } from "../ledger/accounting.js";
+import type { AnyGuarantee } from "../ledger/accounting.js";
 import { CacheApiBundleCache, IndexedDbPinStore, IndexedDbTextFloorCache } from "./browser_stores.js";
 import { trustNote, type Trust } from "../bundle/trust.js";
 import type { TextFloorCache } from "../floor/text_floor_cache.js";
@@ -23,7 +23,8 @@ import { openLocal, type Engine, type PlainPrivatizerOptions } from "./engine.js
 import { TextError } from "../errors.js";
 import { Ledger, MemoryLedgerStore, type Cost, type LedgerStore, type Status } from "../ledger/ledger.js";
 import { configureRuntime, type WasmPaths } from "../runtime/ort.js";
-import { nTokens } from "../mechanisms/privatizer.js";
+import { mechanismSpec, modelMaxLength, substitutesTokens } from "../mechanisms/specs.js";
+import { nTokens } from "../mechanisms/tokens.js";
 import { MemoryPinStore, checkPin, parseIds, type PinStore } from "../service/pins.js";
 import type { BitSource } from "../random/random.js";
 import { RemoteEngine } from "./remote.js";
@@ -83,7 +84,7 @@ export interface SessionOptions {
 export interface Sent {
   /** the payload JSON that left the device */
   payload: string;
-  /** the privatized tokens (dchi-text), as text */
+  /** the privatized tokens as text (a mechanism that sends other tokens' ids), else null */
   privatizedText: string | null;
   tokens: number;
   /** null: a memoized repeat (the stored payload, at no cost) */
@@ -125,13 +126,11 @@ export class EdgeSession {
       refuseHow: "the refuseUnverified option", trustHow: "the trustedBundles option", served: client.servedIds };
     await checkPin(pins, o.server, modelId, model.bundle_id, { ...pinOptions, record: false });
     const mechanism = o.mechanism ?? model.mechanism;
-    const token = mechanism === "dchi-text" || mechanism === "dchi-embedding";
-    const limit = token && typeof model.max_length === "number" && model.max_length >= 4 ? model.max_length : null;
-    const mp = model.params;
+    // the model's parameters (its η unless the page asks for another)
+    const params: Record<string, number | string> = { ...(model.params as Record<string, number | string>) };
+    if (o.eta !== undefined) params.eta = o.eta;
     const options: PlainPrivatizerOptions = {
-      mechanism, eta: o.eta ?? Number(mp.eta), epsilon: Number(mp.epsilon), lam: Number(mp.lam),
-      calibration: (mp.calibration as "vector" | "coordinate" | undefined) ?? "vector",
-      wordDropout: Number(mp.word_dropout ?? 0), maxLength: limit, truncate,
+      mechanism, params, maxLength: modelMaxLength(mechanism, model), truncate,
       threads: o.threads, backend: o.backend, allowWeakPrivacy: o.allowWeakPrivacy,
       trustedBundles: [...trusted], trustHow: "the trustedBundles option",
     };
@@ -188,13 +187,10 @@ export class EdgeSession {
     return Array.isArray(this.model.labels) ? [...this.model.labels] : [];
   }
 
-  /** The published and worst-case guarantee (dχ: per token; laplace, ome: per sentence). */
-  get guarantee(): Guarantee | { mechanism: string; params: Record<string, number | string>; worst_case: { epsilon: number } } {
-    const i = this.engine.info;
-    if (i.name === "dchi-text" || i.name === "dchi-embedding") {
-      return guarantee(i.name, Number(i.params.eta), i.diameter, i.dim, i.table);
-    }
-    return { mechanism: i.name, params: i.params, worst_case: { epsilon: i.vectorEpsilon! } };
+  /** The published and worst-case guarantee (dχ: per token; a sentence-vector mechanism: per
+   * sentence); `summary(session.guarantee)` writes it in one line. */
+  get guarantee(): AnyGuarantee {
+    return this.engine.info.guarantee;
   }
 
   /**
@@ -210,8 +206,9 @@ export class EdgeSession {
     const memo = await Promise.all(items.map((it) => keys.keyOf(it.idsA, it.idsB)));
     const charged = await this.ledger.charge(costs, fresh, memo,
       { mechanism: info.name, params: info.params, bundleId: info.bundleId });
-    const texts_ = info.name === "dchi-text"
-      ? await this.engine.decode(charged.payloads.map((p) => decodeIds((JSON.parse(p) as { token_ids: { data: string } }).token_ids.data)))
+    const field = mechanismSpec(info.name).payload.field;
+    const texts_ = substitutesTokens(info.name)
+      ? await this.engine.decode(charged.payloads.map((p) => decodeIds((JSON.parse(p) as Record<string, { data: string }>)[field]!.data)))
       : null;
     const seen = new Set<string>();
     return charged.payloads.map((payload, i) => {

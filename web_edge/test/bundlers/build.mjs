@@ -1,13 +1,18 @@
-// The same page (index.html, src/page.js, src/privbert-worker.js) built three ways into
-// dist/vite, dist/esbuild and dist/webpack, each with the bundler's defaults where it has
-// them. esbuild leaves onnxruntime-web's `new URL("ort-wasm-simd-threaded.wasm",
-// import.meta.url)` as it is; the README's recipe copies the library's own file
-// (ortWasmPath) where the page serves it: here dist/esbuild-wasm/, named by wasmPaths.
+// The same page (index.html, src/page.js, src/privbert-worker.js) built four ways into
+// dist/vite, dist/esbuild, dist/webpack and dist/rollup, each with the bundler's defaults where
+// it has them. esbuild and Rollup leave onnxruntime-web's `new URL("ort-wasm-simd-threaded.wasm",
+// import.meta.url)` as it is; the README's recipe copies the library's own file (ortWasmPath)
+// where the page serves it: for esbuild dist/esbuild-wasm/, named by wasmPaths; for Rollup
+// beside its output scripts, where onnxruntime-web looks by default. Rollup resolves packages
+// with @rollup/plugin-node-resolve({ browser: true }) (the browser builds of the library's
+// dependencies).
 import { copyFileSync, mkdirSync, readFileSync, rmSync, writeFileSync } from "node:fs";
 import { resolve } from "node:path";
 
 import { ortWasmPath } from "@privbert/edge/node";
+import { nodeResolve } from "@rollup/plugin-node-resolve";
 import * as esbuild from "esbuild";
+import { rollup } from "rollup";
 import { build as vite } from "vite";
 import webpack from "webpack";
 
@@ -34,4 +39,10 @@ await new Promise((done, fail) => webpack({
   done();
 }));
 writeFileSync("dist/webpack/index.html", html.replace('type="module" src="./src/page.js"', 'defer src="./page.js"'));
-console.log("built dist/vite, dist/esbuild, dist/webpack");
+const rolled = await rollup({ input: ["src/page.js", "src/privbert-worker.js"], plugins: [nodeResolve({ browser: true })],
+  onwarn: (w, warn) => { if (w.code !== "EVAL" && w.code !== "CIRCULAR_DEPENDENCY") warn(w); } });
+await rolled.write({ dir: "dist/rollup", format: "es", entryFileNames: "[name].js" });
+await rolled.close();
+writeFileSync("dist/rollup/index.html", html.replace("./src/page.js", "./page.js"));
+copyFileSync(ortWasmPath(), "dist/rollup/ort-wasm-simd-threaded.wasm");
+console.log("built dist/vite, dist/esbuild, dist/webpack, dist/rollup");

@@ -43,6 +43,9 @@ async function visit(ctx, sc, requests, console_) {
   // what each thread fetched itself (Resource Timing): the page's, and its Workers'
   const names = () => performance.getEntriesByType("resource").map((e) => e.name);
   state.mainFetched = await page.evaluate(names);
+  // and what it cost (same-origin entries: bytes over the wire, 0 from the HTTP cache)
+  state.mainResources = await page.evaluate(() => performance.getEntriesByType("resource").map((e) => ({
+    name: e.name, transferSize: e.transferSize, encodedBodySize: e.encodedBodySize, decodedBodySize: e.decodedBodySize })));
   state.workerFetched = (await Promise.all(workers.map((w) => w.evaluate(names).catch(() => [])))).flat();
   state.shownError = (await page.locator("#error").isVisible()) ? await page.locator("#error").textContent() : null;
   state.openedMs = openedMs;
@@ -57,6 +60,13 @@ for (const sc of args.scenarios) {
   ctx.on("request", (r) => {
     const body = r.postDataBuffer();
     requests.push({ url: r.url(), method: r.method(), body: body ? body.toString("base64") : null });
+  });
+  ctx.on("response", async (r) => {
+    const q = requests.findLast((x) => x.url === r.url() && x.status === undefined);
+    if (!q) return;
+    const h = await r.allHeaders().catch(() => ({}));
+    Object.assign(q, { status: r.status(), encoding: h["content-encoding"] ?? null, cacheControl: h["cache-control"] ?? null,
+      etag: h.etag ?? null });
   });
   try {
     const first = await visit(ctx, sc, requests, console_);

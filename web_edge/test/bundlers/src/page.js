@@ -2,8 +2,10 @@
 // and a button. Built unchanged by Vite, esbuild and webpack (build.mjs). Its settings come
 // from the query string (the test's): server (default: this origin's /privbert, a forwarding
 // backend), key, wasm (wasmPaths), search (the search's backend: int8 runs it on
-// onnxruntime-web, as a 384-d table's does), worker=1, login (the forwarder's toy sign-in).
-import { EdgeSession } from "@privbert/edge";
+// onnxruntime-web, as a 384-d table's does), worker=1, login (the forwarder's toy sign-in),
+// warmup=1 (warmUp() once the session is open), pin=ID&model=M (the test's stand-in for an
+// earlier visit that pinned another bundle for model M).
+import { EdgeSession, IndexedDbPinStore, serverKey, summary, warmUp } from "@privbert/edge";
 
 const q = new URLSearchParams(location.search);
 const $ = (id) => document.getElementById(id);
@@ -31,11 +33,13 @@ async function open() {
       const r = await fetch("/login", { method: "POST", body: JSON.stringify({ token: q.get("login") }) });
       if (!r.ok) throw new Error(`sign-in refused (${r.status})`);
     }
+    const server = q.get("server") || `${location.origin}/privbert`;
+    if (q.get("pin")) await new IndexedDbPinStore().put(serverKey(server, q.get("model")), q.get("pin"));
     const worker = q.get("worker") === "1"
       ? new Worker(new URL("./privbert-worker.js", import.meta.url), { type: "module" })
       : null;
     session = await EdgeSession.open({
-      server: q.get("server") || `${location.origin}/privbert`,
+      server,
       apiKey: q.get("key"),
       wasmPaths: q.get("wasm") || undefined,
       backend: q.get("search") || undefined,
@@ -45,6 +49,8 @@ async function open() {
     });
     state.openMs = performance.now() - t0;
     state.labels = session.labels;
+    state.guarantee = summary(session.guarantee);
+    if (q.get("warmup") === "1") await warmUp();
     $("status").textContent = "ready";
     $("go").disabled = false;
     document.body.dataset.ready = "1";

@@ -6,8 +6,8 @@ version is sealed (registered, a job's output, an admin's reseal), out of the fo
 reach; a version whose manifest is missing or another is refused. Versions sealed before
 this table existed are recorded on their first verified load.
 
-Revision ID: 0007_version_seals
-Revises: 0006_budget_families
+Revision ID: 0008_version_seals
+Revises: 0007_shared_models
 Create Date: 2025-01-08
 """
 
@@ -16,8 +16,8 @@ from __future__ import annotations
 import sqlalchemy as sa
 from alembic import op
 
-revision = "0007_version_seals"
-down_revision = "0006_budget_families"
+revision = "0008_version_seals"
+down_revision = "0007_shared_models"
 branch_labels = None
 depends_on = None
 
