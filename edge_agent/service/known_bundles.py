@@ -48,12 +48,15 @@ def check_vouched(bundle_id: str, trusted: frozenset[str], refuse_unverified: bo
 def text_floor(bundle: EdgeBundle, mechanism: Any, trusted: frozenset[str], *,
                rng: np.random.Generator | None = None) -> tuple[Trust, str | None]:
     """(the bundle's trust, why dχ on it is weaker than the text floor or None). Known and
-    trusted bundles, and the mechanisms without a token table, are not measured."""
+    trusted bundles, and the mechanisms without a token table, are not measured; under a
+    token policy the words outside its public list are (``shared.floor_text``)."""
     from shared.floor_text import text_floor_reason
     from shared.mechanisms.dchi import DChiEmbedding, DChiText
 
     t = trust(bundle.bundle_id, trusted)
     if t.vouched or not isinstance(mechanism, DChiText | DChiEmbedding):
         return t, None
-    text = mechanism if isinstance(mechanism, DChiText) else DChiText(bundle, mechanism.eta)
+    # dchi-embedding: measured as dchi-text at its η, under its token policy
+    text = mechanism if isinstance(mechanism, DChiText) else \
+        DChiText(bundle, mechanism.eta, public_p=mechanism.public_p)
     return t, text_floor_reason(text, rng, trust=TRUST_FLAG)

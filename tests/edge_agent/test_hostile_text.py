@@ -18,7 +18,7 @@ from shared.mechanisms import DChiText
 from shared.table import MATCHED_ETA
 from tests.edge_agent.conftest import assert_one_line_error, run_cli
 from tests.edge_agent.test_server_paths import serve_model
-from tests.hostile_bundles import CRAFTED
+from tests.hostile_bundles import CRAFTED, built_elsewhere
 
 SENTENCES = "a gripping , funny film\nthe plot is thin and the acting worse\n"
 
@@ -26,6 +26,12 @@ SENTENCES = "a gripping , funny film\nthe plot is thin and the acting worse\n"
 @pytest.fixture(scope="module")
 def crafted(minilm_bundle) -> dict[str, EdgeBundle]:
     return {name: build(minilm_bundle) for name, build in CRAFTED.items()}
+
+
+@pytest.fixture(scope="module")
+def pca32(minilm_bundle) -> EdgeBundle:
+    """The default table (its PCA fit takes seconds: once for the module)."""
+    return minilm_bundle.with_table("pca32-int8")
 
 
 def untrusted_env(tmp_path: Path) -> dict[str, str]:
@@ -91,14 +97,46 @@ def test_refuse_unverified_refuses_before_a_byte_is_fetched(crafted, fake_server
 
 
 @pytest.mark.parametrize("table", ["pca32-int8", pytest.param("none", marks=pytest.mark.slow)])
-def test_the_genuine_tables_pass_the_text_floor_at_their_matched_eta(minilm_bundle, table):
+def test_the_genuine_tables_pass_the_text_floor_at_their_matched_eta(minilm_bundle, pca32, table):
     """Were they unverified (built on a machine whose PCA rounds otherwise), the text floor
     would let them through: about a third decodable, far under the line."""
-    b = minilm_bundle.with_table(table)
+    b = pca32 if table == "pca32-int8" else minilm_bundle.with_table(table)
     m = DChiText(b, MATCHED_ETA[table])
     got = measure_text(m)
     assert text_floor_reason(m, measured=got) is None
     assert got.decoded / got.draws < 0.4 and got.unchanged / got.draws < 0.4
+
+
+# pca32-int8 under function-words: the η of the frontier's policy runs (bench.utility frontier)
+POLICY_ETA = 40.0
+
+
+def test_a_genuine_table_under_a_policy_passes_judged_on_the_words_outside_its_list(pca32):
+    """Issue 41 x 42: the public words may go out as typed (probability 1 - p) by design, so
+    the text floor leaves them out, as the privacy floor does; the genuine table, unverified
+    (built elsewhere), then passes whatever p is, judged on the content words alone."""
+    from edge_agent.privatize.privatizer import Privatizer
+
+    b = built_elsewhere(pca32.with_policy("function-words"))
+    priv = Privatizer(b, DChiText(b, POLICY_ETA, public_p=0.3), trusted_bundles=frozenset())
+    assert priv.trust.kind == "unverified" and priv.weak_privacy is None
+    got = measure_text(DChiText(b, POLICY_ETA, public_p=1.0), np.random.default_rng(4))
+    assert got == measure_text(DChiText(b, POLICY_ETA, public_p=0.0), np.random.default_rng(4))
+    bare = measure_text(DChiText(built_elsewhere(b.with_policy(None)), POLICY_ETA),
+                        np.random.default_rng(4))
+    assert 200 < got.tokens < bare.tokens  # the public words: neither privatized nor judged
+    assert got.decoded / got.draws < 0.45 and got.unchanged / got.draws < 0.45
+
+
+def test_a_crafted_table_is_still_refused_under_a_policy(crafted):
+    """A policy spares only the public words: a table that isolates the frequent pieces
+    still leaves the content words among them readable, and is refused."""
+    from edge_agent.privatize.privatizer import Privatizer
+    from shared.floor import WeakPrivacyError
+
+    b = crafted["frequent-isolated"].with_policy("function-words")
+    with pytest.raises(WeakPrivacyError, match="a context-free decoder recovers"):
+        Privatizer(b, DChiText(b, 65.0, public_p=0.3), trusted_bundles=frozenset())
 
 
 def test_a_renamed_model_does_not_get_its_new_bundle_pinned(tiny_bundle, fake_server,

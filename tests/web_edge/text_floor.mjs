@@ -2,7 +2,9 @@
 // conformance tests (tests/web_edge/test_text_floor_conformance.py): prints one JSON line
 // {"measure": {...}, "reason": ... | null} for each eta.
 //
-//   node tests/web_edge/text_floor.mjs BUNDLE_DIR SEED ETA [ETA ...]
+//   node tests/web_edge/text_floor.mjs [--policy] BUNDLE_DIR SEED ETA [ETA ...]
+//
+// --policy: under the bundle's token policy (its public words neither privatized nor judged).
 //
 // The generator is numpy's default_rng(SEED) (Pcg64Source), as the Python side passes it to
 // shared.floor_text.measure_text: the same order, noise, outputs, counts and message.
@@ -12,14 +14,18 @@ import { measureText, textFloorReason } from "../../web_edge/dist/floor/text_flo
 import { loadBundleDir } from "../../web_edge/dist/node/caches.js";
 import { Pcg64Source } from "../../web_edge/dist/random/pcg64.js";
 
-const [dir, seed, ...etas] = process.argv.slice(2);
+const args = process.argv.slice(2);
+const underPolicy = args[0] === "--policy";
+const [dir, seed, ...etas] = underPolicy ? args.slice(1) : args;
 const bundle = await loadBundleDir(dir);
+const policy = underPolicy ? bundle.policy : null;
+if (underPolicy && policy === null) throw new Error(`${dir}: the bundle has no token policy`);
 const tokenizer = new TextTokenizer(bundle.tokenizerJson);
 for (const e of etas) {
   const eta = Number(e);
   const text = await DChiText.create(bundle, eta);
   try {
-    const measure = await measureText(text, tokenizer, new Pcg64Source(Number(seed)));
+    const measure = await measureText(text, tokenizer, new Pcg64Source(Number(seed)), undefined, policy);
     process.stdout.write(JSON.stringify({ measure, reason: textFloorReason(bundle.bundleId, eta, measure, "--trusted-bundles") }) + "\n");
   } finally {
     await text.release();

