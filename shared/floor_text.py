@@ -179,9 +179,11 @@ def measure_text(mech: DChiText, rng: np.random.Generator | None = None, *,
     drawn = decoded = unchanged = 0
     while drawn < x.size:
         size = min(max(drawn, TEXT_FIRST), x.size - drawn)
-        # every token drawn is outside the public list: privatized (no coin, as the floor's)
-        y[drawn : drawn + size] = mech.privatize_ids(x[drawn : drawn + size], rng,
-                                                     public=np.zeros(size, dtype=bool))
+        chunk = x[drawn : drawn + size]
+        # under a policy every token drawn is outside its list: privatized (no coin, as the
+        # privacy floor's draws)
+        y[drawn : drawn + size] = mech.privatize_ids(chunk, rng) if policy is None else \
+            mech.privatize_ids(chunk, rng, public=np.zeros(size, dtype=bool))
         drawn += size
         unchanged = int((y[:drawn] == x[:drawn]).sum())
         decoded = leave_one_out(x[:drawn], y[:drawn], prior)

@@ -74,19 +74,28 @@ TINY_TABLES = ("pca4-int8", "pca8-int8")  # the designed tables the tests build 
 
 
 def trust_tiny_model(path: Path) -> None:
-    """Trust the bundles of a tiny test model (its own table and :data:`TINY_TABLES`) in this
-    process and the edges it starts: see :func:`trust_in_tests`."""
-    from shared.bundle import EdgeBundle
+    """Trust the bundles of a tiny test model (its own table and :data:`TINY_TABLES`, each
+    bare and with each named token policy) in this process and the edges it starts: see
+    :func:`trust_in_tests`."""
+    from shared.bundle import BundleError, EdgeBundle
+    from shared.policy import POLICIES
     from shared.table import TableError
 
     b = EdgeBundle.from_model(path)
-    tables = []
+    tables = [b]
     for name in TINY_TABLES:
         try:
             tables.append(b.with_table(name))
         except TableError:  # more dimensions than the model has
             pass
-    trust_in_tests(b, *tables)
+    with_policies = []
+    for t in tables:
+        for policy in POLICIES:
+            try:
+                with_policies.append(t.with_policy(policy))
+            except BundleError:  # none of its words in the tiny vocabulary
+                pass
+    trust_in_tests(*tables, *with_policies)
 
 
 def trust_in_tests(*bundles) -> None:
