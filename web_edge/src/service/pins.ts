@@ -117,9 +117,7 @@ export type PinAudience = "page" | "cli";
  * the words of ``audience``: a page names its options, not the flags. */
 function worded(text: string, audience: PinAudience): string {
   if (audience === "cli") return text;
-  return text
-    .replace(/accept it with --accept-bundle ([0-9a-f]{64})/, 'accept it with the acceptBundle option: acceptBundle: ["$1"]')
-    .replace(/\(--trusted-bundles \/ \$[A-Z_]+\)/, "(the trustedBundles option)");
+  return text.replace(/accept it with --accept-bundle ([0-9a-f]{64})/, 'accept it with the acceptBundle option: acceptBundle: ["$1"]');
 }
 
 export interface PinOptions {
