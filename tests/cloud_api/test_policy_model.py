@@ -109,7 +109,9 @@ def test_served_under_its_policy_and_other_policies_refused(trained, tmp_path):
 
 SESSION = """
 import { EdgeSession, Pcg64Source, summary } from "@privbert/edge";
-const s = await EdgeSession.open({ server: process.env.URL, apiKey: process.env.KEY, model: "pol" });
+// the tiny test model's bundle is trusted by the page, as the suite trusts it in edge-agent
+const s = await EdgeSession.open({ server: process.env.URL, apiKey: process.env.KEY, model: "pol",
+  trustedBundles: process.env.TRUSTED });
 const texts = process.env.TEXTS.split("\\n");
 const sent = await s.privatize(texts, new Pcg64Source(21));
 const r = await s.predict(texts[0]);
@@ -134,7 +136,8 @@ def _session_sends_edge_agents_bytes(server, run, env, inp, tmp_path) -> None:
     texts = inp.read_text().splitlines()
     js = subprocess.run(["node", "--input-type=module", "-e", SESSION], cwd=REPO / "web_edge",
                         env={"PATH": os.environ["PATH"], "URL": server.url,
-                             "KEY": server.app_key, "TEXTS": "\n".join(texts)},
+                             "KEY": server.app_key, "TEXTS": "\n".join(texts),
+                             "TRUSTED": server.model("pol")["bundle_id"]},
                         capture_output=True, text=True, timeout=180)
     assert js.returncode == 0, js.stderr
     got = json.loads(js.stdout)
