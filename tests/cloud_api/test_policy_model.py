@@ -171,7 +171,11 @@ def test_the_page_marks_public_words_and_charges_the_rest(trained, tmp_path):
         "PRIVBERT_RATE_LIMIT_PER_KEY": "0"}).start()
     sentence = "the movie is good and the plot is a dull story"
     try:
-        args = {"url": f"{server.url}/demo/?model=pol", "sentence": sentence,
+        # the tiny model's bundle is trusted by the page (?trusted-bundles), as the suite
+        # trusts it in edge-agent: too small a table for the text floor to measure
+        bundle_id = server.model("pol")["bundle_id"]
+        args = {"url": f"{server.url}/demo/?model=pol&trusted-bundles={bundle_id}",
+                "sentence": sentence,
                 "scenarios": ["predict"]}
         r = subprocess.run(["node", "test/drive.mjs", json.dumps(args)], cwd=DEMO,
                            capture_output=True, text=True, timeout=180)
