@@ -151,7 +151,9 @@ async def start_model_sync(app: FastAPI, stack: AsyncExitStack) -> None:
 
 
 # in order: the shared state, the job worker thread and the prediction charges need the
-# store (records.start_store: the Database); start_metrics first, so that its exit runs last
+# store (records.start_store: the Database); the store before serving: a version's manifest is
+# checked against the digest the database recorded when it was sealed (cloud_api.home);
+# start_metrics first, so that its exit runs last
 LIFESPAN: list[LifespanStep] = [start_metrics, start_basics, records.start_store,
                                 start_shared_state, start_serving, start_model_sync,
                                 admin_budgets.start_charges, admin_jobs.start_worker]

@@ -107,7 +107,13 @@ def _read_keys_file(path: Path) -> list[tuple[bytes, Role, str]]:
     key as :func:`normalize_key` reads it); ``#`` at the start of a line or after a space
     starts a comment (inside a key it is part of the key, as in the environment)."""
     out: list[tuple[bytes, Role, str]] = []
-    for n, line in enumerate(Path(path).read_text().splitlines(), 1):
+    try:
+        text = Path(path).read_text(encoding="utf-8")
+    except UnicodeDecodeError as exc:  # e.g. saved as UTF-16 by an editor
+        raise ValueError(f"PRIVBERT_KEYS_FILE {path}: not UTF-8 text ({exc.reason} at byte "
+                         f"{exc.start}); save it as UTF-8 (one 'app|admin KEY' per line)"
+                         ) from None
+    for n, line in enumerate(text.splitlines(), 1):
         line = _COMMENT.split(line, maxsplit=1)[0].strip()
         if not line:
             continue

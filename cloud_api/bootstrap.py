@@ -271,6 +271,7 @@ def _train_and_register(args, home, model_id: str, task: str, bundle, params: di
     from models.denoiser import Denoiser
     from models.experiment import train_from_tsv
     from models.finetune import TrainConfig
+    from models.manifest import update_manifest
     from models.versions import CONFIG_FILE
     from shared.accounting import summary
 
@@ -308,6 +309,7 @@ def _train_and_register(args, home, model_id: str, task: str, bundle, params: di
         config["labels"] = _renamed(list(config["labels"]), args.label_names)
         write_atomically(config_path, json.dumps(config, indent=2, sort_keys=True) + "\n",
                          durable=False)  # the folder is not served before register's rename
+        update_manifest(res.model_dir, [CONFIG_FILE])  # sealed when made: its digest now
         version = home.register(model_id, res.model_dir, move=True)
     finally:
         shutil.rmtree(work, ignore_errors=True)
@@ -350,6 +352,7 @@ def _fresh_dev(args, model_dir: Path, bundle) -> dict | None:
 
     from cloud_api.home import write_atomically
     from models.experiment import evaluate_tsv
+    from models.manifest import update_manifest
     from models.versions import METRICS_FILE
 
     seeds = (np.random.SeedSequence(args.seed).spawn(args.dev_draws)
@@ -366,6 +369,7 @@ def _fresh_dev(args, model_dir: Path, bundle) -> dict | None:
     metrics.setdefault("dev", {}).update(out)
     write_atomically(path, json.dumps(metrics, indent=2, sort_keys=True) + "\n",
                      durable=False)
+    update_manifest(model_dir, [METRICS_FILE])  # the version was sealed when it was made
     return out
 
 

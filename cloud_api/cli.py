@@ -205,6 +205,13 @@ def register_models(sub) -> None:
     vf.add_argument("version", metavar="VERSION", nargs="?", help="default: every version")
     home_arg(vf)
     vf.set_defaults(func=guarded(run_models_verify))
+    rs = msub.add_parser("reseal", help="seal VERSION of MODEL as it is now, on purpose (after "
+                         "an intended change): every array checked finite, a new manifest.json, "
+                         "its digest recorded; prints what it sealed")
+    rs.add_argument("model_id", metavar="MODEL")
+    rs.add_argument("version", metavar="VERSION", help="e.g. v2")
+    home_arg(rs)
+    rs.set_defaults(func=guarded(run_models_reseal))
     rg = msub.add_parser("register", help="copy a version folder made by `cloud-api train` "
                          "into the home as the next version")
     rg.add_argument("dir", metavar="DIR", help="model version folder (cloud-api train --out)")
@@ -217,10 +224,28 @@ def register_models(sub) -> None:
 
 
 def _home(args):
-    """The home of the settings: on disk, or the shared store (PRIVBERT_MODEL_STORE)."""
+    """The home of the settings: the shared store (PRIVBERT_MODEL_STORE=database, whose
+    versions carry their manifests' digests), or on disk with the database's seal records
+    when the database can be opened (the digests of sealed manifests, issue 42); else
+    without them, said in one line."""
+    from cloud_api.home import ModelHome
+    from cloud_api.store.db import Database
+    from cloud_api.store.seals import DatabaseSeals
     from cloud_api.store.stored_home import open_home
 
-    return open_home(settings_for(args))
+    s = settings_for(args)
+    if s.model_store == "database":
+        return open_home(s)
+    home = ModelHome(s.home)
+    try:
+        db = Database.from_settings(s)
+        db.prepare()
+    except Exception as exc:  # noqa: BLE001 (an unreachable or older database: said, not fatal)
+        print(f"cloud-api: warning: the database cannot be opened ({exc}); the versions' "
+              "manifests are checked without their seal records", file=sys.stderr)
+        return home
+    home.seals = DatabaseSeals(db)
+    return home
 
 
 def run_models_list(args) -> int:
@@ -290,6 +315,18 @@ def run_models_verify(args) -> int:
                 continue
             print(f"{model_id} {v} {'ok' if verified.sealed else 'sealed'}")
     return 1 if bad else 0
+
+
+def run_models_reseal(args) -> int:
+    """Seal a version on purpose; one line per file sealed, then the manifest's digest."""
+    home = _home(args)
+    verified, digest = home.reseal(args.model_id, args.version)
+    for name, sha in sorted(verified.digests.items()):
+        print(f"  {sha}  {name}")
+    where = "recorded in the database" if home.seals is not None else "NOT recorded (no database)"
+    print(f"resealed {args.model_id} {args.version}: {len(verified.digests)} files as they are "
+          f"now; manifest.json {digest}, {where}")
+    return 0
 
 
 def run_models_register(args) -> int:

@@ -21,9 +21,18 @@ imports torch.
 A version is whole or it is not used: every file of it has a SHA-256 in its
 ``manifest.json`` (``models.manifest``), written when it is registered (:meth:`register`),
 and checked when it is loaded to serve (``cloud_api.serving.loading``), promoted
-(:meth:`promote`) and read by a retraining job. A version from before manifests is checked
-as far as it can be (finite weights) and sealed on its first verified load or promotion
-(:meth:`verify`); a mismatch is refused in one line and changes nothing.
+(:meth:`promote`) and read by a retraining job; every array in it is finite. A mismatch is
+refused in one line and changes nothing.
+
+A manifest can be deleted or rewritten by whoever can write the folder (issue 42: a version
+"laundered"). So a home with :class:`SealRecords` (the server's database: ``version_seals``,
+``cloud_api.store.seals``) records the SHA-256 of each version's manifest when it seals it,
+outside the folder, and :meth:`verify` refuses a version whose manifest is missing or is not
+the one recorded. A version the records do not know yet (sealed, or even made, before they
+existed) is checked as before (against its manifest, or, without one, for finite arrays and
+then sealed) and recorded on its first verified load (one log line); from then on its
+manifest can no more be deleted or rewritten. A version changed on purpose is resealed by an
+admin (:meth:`reseal`, ``cloud-api models reseal``: it says what it seals).
 """
 
 from __future__ import annotations
@@ -40,12 +49,17 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Protocol
 
 from cloud_api.errors import InvalidRequest, NotFound
 from models.manifest import (
     MANIFEST_FILE,
     IntegrityError,
     Verified,
+    check_finite_arrays,
+    file_sha256,
+    folder_files,
+    manifest_sha256,
     seal,
     verify_folder,
 )
@@ -107,11 +121,22 @@ class SyncReport:
     failed: dict[str, str] = field(default_factory=dict)
 
 
-class ModelHome:
-    """The folder layout above; every method is safe to call from several processes."""
+class SealRecords(Protocol):
+    """The SHA-256 of each version's sealed manifest, kept outside the home's folders (the
+    server's database: ``cloud_api.store.seals.DatabaseSeals``)."""
 
-    def __init__(self, root: str | os.PathLike):
+    def get(self, model_id: str, version: str) -> str | None: ...
+
+    def put(self, model_id: str, version: str, digest: str) -> None: ...
+
+
+class ModelHome:
+    """The folder layout above; every method is safe to call from several processes.
+    ``seals``: where the manifests' digests are recorded (None: nowhere, see above)."""
+
+    def __init__(self, root: str | os.PathLike, seals: SealRecords | None = None):
         self.root = Path(root)
+        self.seals = seals
 
     # -- folders ----------------------------------------------------------------------------
     @property
@@ -229,19 +254,71 @@ class ModelHome:
         return path
 
     def verify(self, model_id: str, version: str, *, seal_missing: bool = True) -> Verified:
-        """Check every file of a version against its manifest (``models.manifest``);
-        InvalidRequest (one line) if one does not match. A version from before manifests
-        is checked for finite weights and, with ``seal_missing``, sealed now (where the
-        home cannot be written, it is served all the same, with a warning)."""
+        """Check every file of a version against its manifest (``models.manifest``), and the
+        manifest against the digest recorded when it was sealed (:class:`SealRecords`);
+        InvalidRequest (one line) if one does not match. Without records, a version from
+        before manifests is checked for finite arrays and, with ``seal_missing``, sealed now
+        (where the home cannot be written, it is served all the same, with a warning)."""
         path = self._complete_version(model_id, version)
+        recorded, known = self._recorded(model_id, version)
         try:
-            verified = verify_folder(path, digest_unsealed=seal_missing)
+            verified = verify_folder(path, digest_unsealed=seal_missing,
+                                     sealed_digest=recorded)
         except IntegrityError as exc:
             raise InvalidRequest(f"version {version} of model {model_id} is not whole: "
                                  f"{exc}") from None
         if not verified.sealed and seal_missing:
             seal_verified(verified, f"version {version} of model {model_id}")
+        if self.seals is not None and known and recorded is None:  # sealed before records
+            digest = manifest_sha256(path)
+            if digest is not None:
+                self.seals.put(model_id, version, digest)
+                log.info("version %s of model %s: its manifest's SHA-256 %s… recorded (a "
+                         "manifest changed from now on is refused)", version, model_id,
+                         digest[:12])
         return verified
+
+    def _recorded(self, model_id: str, version: str) -> tuple[str | None, bool]:
+        """(the recorded digest or None, whether the records could be read): a database out
+        of reach leaves the manifest checked on its own (logged), never the version unserved."""
+        if self.seals is None:
+            return None, False
+        try:
+            return self.seals.get(model_id, version), True
+        except Exception as exc:  # noqa: BLE001 (Unavailable, a driver's error: logged)
+            log.warning("version %s of model %s: its seal record cannot be read (%s); its "
+                        "manifest is checked on its own", version, model_id, exc)
+            return None, False
+
+    def reseal(self, model_id: str, version: str) -> tuple[Verified, str]:
+        """Seal a version on purpose as it is now (an admin's decision, after changing it):
+        every array checked finite, a new manifest of its files, its digest recorded.
+        Returns the sealed digests and the manifest's SHA-256; InvalidRequest (one line) for
+        non-finite arrays."""
+        path = self._complete_version(model_id, version)
+        present = folder_files(path)
+        try:
+            check_finite_arrays(path, present)
+        except IntegrityError as exc:
+            raise InvalidRequest(f"version {version} of model {model_id} cannot be resealed: "
+                                 f"{exc}") from None
+        verified = Verified(path, {n: file_sha256(path / n) for n in present}, sealed=False)
+        seal(verified)
+        digest = manifest_sha256(path)
+        assert digest is not None
+        if self.seals is not None:
+            self.seals.put(model_id, version, digest)
+        log.warning("version %s of model %s resealed on purpose: %d files, manifest %s…",
+                    version, model_id, len(present), digest[:12])
+        return verified, digest
+
+    def record_seal(self, model_id: str, version: str) -> None:
+        """Record the manifest's digest of a version just sealed (register, a job's output)."""
+        if self.seals is None:
+            return
+        digest = manifest_sha256(self.version_dir(model_id, version))
+        if digest is not None:
+            self.seals.put(model_id, version, digest)
 
     def reserve_version(self, model_id: str) -> tuple[str, Path]:
         """A new empty version folder ``v<n+1>`` (mkdir is atomic, so two processes never get
@@ -294,6 +371,7 @@ class ModelHome:
         except BaseException:
             shutil.rmtree(dest, ignore_errors=True)
             raise
+        self.record_seal(model_id, version)
         return version
 
     def materialize(self, model_id: str, version: str) -> Path:

@@ -72,6 +72,9 @@ LOAD_FAILURES = Counter("privbert_model_load_failure", "Model versions that fail
 MODEL_SYNC_AGE = Gauge("privbert_model_store_sync_age_seconds", "Seconds since the "
                        "promotions in the shared model store were last read",
                        multiprocess_mode="livemax")
+FALLBACKS = Counter("privbert_model_fallback", "Times a model served an older version that "
+                    "verifies because its promoted version could not be loaded (not whole, "
+                    "laundered, non-finite) while nothing of it was served", ["model", "version"])
 NONFINITE = Counter("privbert_predictions_nonfinite", "Payloads whose scores came out NaN or "
                     "infinite (never answered: the request gets a 500 non-finite-scores and "
                     "its charge is refunded)", ["model", "version"])

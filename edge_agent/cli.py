@@ -128,7 +128,11 @@ def run_report(args) -> int:
         except ImportError:
             raise CliError("--plot needs matplotlib: pip install 'privbert[plot]'") from None
     texts = read_sample(args.sample) if args.sample else None
-    bundle, _ = resolve_bundle(server_options(args))
+    opts = server_options(args)
+    bundle, _ = resolve_bundle(opts)
+    from shared.trust import trust
+
+    info(trust(bundle.bundle_id, opts.trusted_bundles).note())  # what the report is about
     rng = np.random.default_rng(args.seed)
     rep = build_report(bundle, args.mechanism, eta=args.eta, target=args.target_inversion,
                        texts=texts, tokens=args.tokens, samples=args.samples,

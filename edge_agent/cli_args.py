@@ -63,8 +63,13 @@ def add_bundle_args(p: argparse.ArgumentParser) -> None:
                    help="accept this bundle id for the model although this device pinned "
                         "another one first (a server never changes a bundle silently)")
     g.add_argument("--trusted-bundles", metavar="IDS",
-                   help="comma-separated bundle ids this app trusts; any other bundle is "
-                        "refused (default: $PRIVBERT_TRUSTED_BUNDLES)")
+                   help="comma-separated bundle ids this app trusts as they are, beside the "
+                        "bundles privbert builds from public sources; any other bundle is "
+                        "unverified: checked by the text floor too (default: "
+                        "$PRIVBERT_TRUSTED_BUNDLES)")
+    g.add_argument("--refuse-unverified", action="store_true", default=None,
+                   help="refuse a bundle that is neither known nor trusted (default: "
+                        "$PRIVBERT_REFUSE_UNVERIFIED=1)")
 
 
 def add_ledger_arg(p: argparse.ArgumentParser) -> None:
@@ -75,16 +80,20 @@ def add_ledger_arg(p: argparse.ArgumentParser) -> None:
 
 def server_options(args: argparse.Namespace) -> ServerOptions:
     """The bundle and server flags of ``args``."""
+    from edge_agent.service.known_bundles import refuse_unverified_from_env
     from edge_agent.service.pins import parse_ids, trusted_from_env
 
     trusted = getattr(args, "trusted_bundles", None)
+    refuse = getattr(args, "refuse_unverified", None)
     return ServerOptions(bundle=getattr(args, "bundle", None), server=args.server,
                          model=args.model, api_key=args.api_key, timeout=args.timeout,
                          retries=args.retries,
                          accept_bundle=parse_ids(getattr(args, "accept_bundle", None) or [],
                                                  "--accept-bundle"),
                          trusted_bundles=(parse_ids(trusted, "--trusted-bundles")
-                                          if trusted is not None else trusted_from_env()))
+                                          if trusted is not None else trusted_from_env()),
+                         refuse_unverified=(refuse if refuse is not None
+                                            else refuse_unverified_from_env()))
 
 
 def add_param_flags(group: argparse._ActionsContainer, *, with_defaults: bool,

@@ -78,7 +78,7 @@ def check_same_bundle(bert, bundle: EdgeBundle) -> None:
             raise ValueError(f"the bundle's privatization table ({bundle.table_name}) was not "
                              f"built from this model's word embeddings {tuple(w.shape)} "
                              f"(bundle {bundle.bundle_id[:12]}…): build it from this model "
-                             "(cloud-api make-bundle --model DIR)")
+                             "(cloud-api export-bundle --model-dir DIR --table NAME)")
         return
     if w.shape != bundle.embeddings.shape:
         raise ValueError(f"checkpoint word embeddings {w.shape} do not match the bundle's "

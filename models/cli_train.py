@@ -223,6 +223,7 @@ def _keep_bundle(bundle, model_dir) -> None:
     (``bundle/``): ``cloud-api models register`` and ``evaluate`` find it there."""
     from pathlib import Path
 
+    from models.manifest import folder_files, update_manifest
     from models.privatize import load_bundle
     from models.version_folder import BUNDLE_DIR
     from shared.bundle import EdgeBundle, save_atomically
@@ -231,6 +232,9 @@ def _keep_bundle(bundle, model_dir) -> None:
         load_bundle(bundle_dir=bundle)
     if b is not None and (not b.has_embeddings or b.policy is not None):
         save_atomically(b, Path(model_dir) / BUNDLE_DIR)
+        # the version was sealed when it was made (issue 42): the bundle's files join it
+        update_manifest(model_dir, [f for f in folder_files(model_dir)
+                                    if f.startswith(f"{BUNDLE_DIR}/")])
         print(f"bundle={Path(model_dir) / BUNDLE_DIR} ({b.describe_table()})", file=sys.stderr)
 
 

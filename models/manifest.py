@@ -98,20 +98,53 @@ def read_manifest(path: str | os.PathLike) -> dict[str, str] | None:
     return dict(files)
 
 
-def verify_folder(path: str | os.PathLike, *, digest_unsealed: bool = True) -> Verified:
+def manifest_sha256(path: str | os.PathLike) -> str | None:
+    """The SHA-256 of a folder's ``manifest.json`` (what a home records beside the version
+    when it seals it), or None when it has none."""
+    p = Path(path) / MANIFEST_FILE
+    return file_sha256(p) if p.is_file() else None
+
+
+def check_finite_arrays(root: Path, names: Iterable[str]) -> None:
+    """IntegrityError unless every array file among ``names`` (safetensors weights, .npz
+    and .npy arrays: the classifier, the denoiser, the channel posterior) holds only finite
+    floating-point values (``MASKS`` may hold -inf)."""
+    for name in names:
+        if name.endswith(".safetensors"):
+            check_finite_safetensors(root / name)
+        elif name.endswith((".npz", ".npy")):
+            check_finite_npy(root / name)
+
+
+def verify_folder(path: str | os.PathLike, *, digest_unsealed: bool = True,
+                  sealed_digest: str | None = None) -> Verified:
     """Check a folder against its manifest (every listed file present with its digest, no
-    other file), or, without a manifest, that its safetensors weights are finite (and, with
-    ``digest_unsealed``, the digests :func:`seal` would write). IntegrityError (one line)
-    otherwise."""
+    other file, every array finite), or, without a manifest, that its arrays are finite
+    (and, with ``digest_unsealed``, the digests :func:`seal` would write). IntegrityError
+    (one line) otherwise.
+
+    ``sealed_digest``: the manifest's SHA-256 recorded when the folder was sealed (a home
+    keeps it beside the version, out of the folder): a manifest that is missing, or is not
+    that one (deleted, forged or replaced: the folder was laundered), is refused."""
     root = Path(path)
     if not root.is_dir():
         raise IntegrityError(f"{root}: no such folder")
     listed = read_manifest(root)
     present = folder_files(root)
+    if listed is None and sealed_digest is not None:
+        raise IntegrityError(f"{root}: {MANIFEST_FILE} is missing, but the version was sealed "
+                             f"with a manifest of SHA-256 {sealed_digest[:12]}…: the folder was "
+                             "changed after it was sealed; restore it from a copy, or reseal "
+                             "it on purpose (cloud-api models reseal)")
+    if listed is not None and sealed_digest is not None:
+        got = manifest_sha256(root)
+        if got != sealed_digest:
+            raise IntegrityError(f"{root}: {MANIFEST_FILE} is not the one sealed ({str(got)[:12]}… "
+                                 f"found, {sealed_digest[:12]}… recorded): a forged or replaced "
+                                 "manifest; restore the folder from a copy, or reseal it on "
+                                 "purpose (cloud-api models reseal)")
     if listed is None:
-        for name in present:
-            if name.endswith(".safetensors"):
-                check_finite_safetensors(root / name)
+        check_finite_arrays(root, present)
         digests = {n: file_sha256(root / n) for n in present} if digest_unsealed else {}
         return Verified(root, digests, sealed=False)
     extra = sorted(set(present) - set(listed))
@@ -130,6 +163,7 @@ def verify_folder(path: str | os.PathLike, *, digest_unsealed: bool = True) -> V
                                  f"{MANIFEST_FILE} ({got[:12]}… found, {want[:12]}… "
                                  "sealed): the file changed or is corrupt; restore it from "
                                  "a copy, or promote another version")
+    check_finite_arrays(root, listed)  # a NaN sealed in (issue 42: a NaN posterior.npz)
     return Verified(root, listed, sealed=True)
 
 
@@ -217,3 +251,25 @@ def check_finite_safetensors(path: str | os.PathLike) -> None:
             raise IntegrityError(f"{p}: tensor {name} holds NaN or infinite values (the "
                                  "file is corrupt or the training diverged); restore it "
                                  "from a copy, or promote another version")
+
+
+def check_finite_npy(path: str | os.PathLike) -> None:
+    """IntegrityError unless every floating-point array of a .npz or .npy file is finite
+    (arrays named like ``MASKS`` may hold -inf). Never unpickles."""
+    p = Path(path)
+    try:
+        loaded = np.load(p, allow_pickle=False)
+    except (OSError, ValueError, EOFError) as exc:
+        raise IntegrityError(f"{p}: not a readable numpy file ({type(exc).__name__})") from None
+    arrays = dict(loaded.items()) if isinstance(loaded, np.lib.npyio.NpzFile) else {"": loaded}
+    if isinstance(loaded, np.lib.npyio.NpzFile):
+        loaded.close()
+    for name, a in arrays.items():
+        if a.dtype.kind not in "fc":
+            continue
+        ok = np.isfinite(a) | (name.endswith(MASKS) & np.isneginf(a))
+        if not bool(ok.all()):
+            what = f"array {name}" if name else "its array"
+            raise IntegrityError(f"{p}: {what} holds NaN or infinite values (the file is "
+                                 "corrupt or the training diverged); restore it from a copy, "
+                                 "or promote another version")

@@ -162,8 +162,11 @@ def make_privatizer(bundle: EdgeBundle, mechanism, max_length: int | None = None
         if enc.get("max_length"):
             limit = min(limit, int(enc["max_length"]))
         max_length = min(max_length, limit)
+    # the server's own bundle: trusted as it is (the text floor of issue 42 protects a device
+    # from a server's bundle; here the server privatizes its training text with its own)
     return Privatizer(bundle, mechanism, max_length=max_length, truncate="first",
-                      allow_weak_privacy=allow_weak_privacy)
+                      allow_weak_privacy=allow_weak_privacy,
+                      trusted_bundles=frozenset({bundle.bundle_id}))
 
 
 def privatize_labelled(data: LabelledText, label_names: list[str], privatizer,

@@ -13,8 +13,11 @@ Layout of a version folder::
     data.json          fingerprint of the training (and dev) records, counts, hyperparameters
     classifier.onnx    optional, written by ``export_classifier_onnx``
     manifest.json      every other file's SHA-256 (``models.manifest``): written when the
-                       folder is registered in ``$PRIVBERT_HOME``, kept current by the
-                       writers that add files later (ONNX export, int8), checked on load
+                       version is made (its arrays checked finite), checked when it is
+                       registered in ``$PRIVBERT_HOME`` (which records the manifest's own
+                       digest in its database), kept current by the writers that add files
+                       later (ONNX export, int8: a home version so changed must then be
+                       resealed, ``cloud-api models reseal``), checked on load
 
 Nothing in a version folder holds raw text: payloads are privatized, labels are short
 class names.
@@ -36,7 +39,7 @@ from torch import nn
 
 from models.classifiers import architecture
 from models.data import collate_payloads, kind_of
-from models.manifest import MANIFEST_FILE
+from models.manifest import MANIFEST_FILE, seal, verify_folder
 from models.version_folder import (  # noqa: F401  (the names are used from here too)
     CONFIG_FILE,
     DATA_FILE,
@@ -111,6 +114,7 @@ def save_model_version(out_dir: str | os.PathLike, module: nn.Module, config: di
             os.chmod(f, 0o644)
             with open(f, "rb") as fh:
                 os.fsync(fh.fileno())
+        seal(verify_folder(tmp))  # sealed when made (issue 42): its arrays finite, a manifest
         os.chmod(tmp, 0o755)  # mkdtemp makes it private
         if out.exists():
             shutil.rmtree(out)

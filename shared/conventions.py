@@ -25,7 +25,10 @@ CACHE_SUBDIR = ("privbert", "bundles")
 PINS_FILE = "pins.json"
 """In the cache root: the bundle each (server, model) was first seen with (trust on first use)."""
 TRUSTED_ENV = "PRIVBERT_TRUSTED_BUNDLES"
-"""Comma-separated bundle ids: the only bundles the edge accepts, whatever a server names."""
+"""Comma-separated bundle ids the app trusts as they are, beside the bundles privbert knows
+(``shared.trust``)."""
+REFUSE_UNVERIFIED_ENV = "PRIVBERT_REFUSE_UNVERIFIED"
+"""1: refuse every bundle that is neither known nor trusted (``--refuse-unverified``)."""
 
 # -- ε in messages -----------------------------------------------------------------------------------
 EPS_SIGNIFICANT = 4
@@ -51,6 +54,6 @@ def spec_section() -> dict:
     """These values as the mechanism spec publishes them."""
     return {"ledger": {"day_s": DAY_S, "max_anchors": MAX_ANCHORS},
             "cache": {"env": CACHE_ENV, "subdir": list(CACHE_SUBDIR), "pins_file": PINS_FILE,
-                      "trusted_env": TRUSTED_ENV},
+                      "trusted_env": TRUSTED_ENV, "refuse_env": REFUSE_UNVERIFIED_ENV},
             "eps_format": {"significant": EPS_SIGNIFICANT, "grouped_from": EPS_GROUPED_FROM,
                            "grouped_decimals": EPS_GROUPED_DECIMALS, "scientific_from": EPS_SCIENTIFIC_FROM}}

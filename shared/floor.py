@@ -225,8 +225,10 @@ def table_problem(bundle: EdgeBundle, rng: np.random.Generator | None = None) ->
 
 def identical_groups(t: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """(inverse, counts): the group of bit-identical rows each row of ``t`` belongs to, and
-    each group's size (``np.unique`` over the rows' bytes)."""
+    each group's size (``np.unique`` over the rows' bytes, -0.0 read as 0.0: the same point)."""
     t = np.ascontiguousarray(t)
+    if np.signbit(t[t == 0]).any():
+        t = np.where(t == 0, np.zeros((), t.dtype), t)
     rows = t.view(np.dtype((np.void, t.dtype.itemsize * t.shape[1]))).ravel()
     _, inverse, counts = np.unique(rows, return_inverse=True, return_counts=True)
     return inverse.ravel(), counts
@@ -236,6 +238,9 @@ def _identical_rows(t: np.ndarray) -> str | None:
     """Bit-identical rows of ``t``: how many regular tokens share how many rows."""
     if not np.all(np.isfinite(t)):
         return msg.TABLE_NON_FINITE
+    subnormal = int(np.count_nonzero((t != 0) & (np.abs(t) < np.finfo(np.float32).tiny)))
+    if subnormal:  # distances between such rows round to nothing (a table scaled by 1e-39)
+        return msg.TABLE_SUBNORMAL.format(values=subnormal)
     _, counts = identical_groups(t)
     groups = counts[counts > 1]
     if groups.size:

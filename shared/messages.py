@@ -35,6 +35,9 @@ NONE_REFUSED = "mechanism none sends plain token ids: there is no privatization 
 
 # -- a degenerate privatization table (shared.floor.table_problem) --------------------------
 TABLE_NON_FINITE = "its table has non-finite values"
+TABLE_SUBNORMAL = ("{values:,} of its table's values are subnormal (below float32's smallest "
+                   "normal number, 1.18e-38): the distances between its rows are lost to "
+                   "rounding")
 TABLE_IDENTICAL = ("{tokens:,} of its {rows:,} regular tokens share {groups:,} rows "
                    "(identical rows: the search can never return some of them)")
 TABLE_NEAR_DUPLICATES = ("{close} of {n} regular rows drawn at random lie within {near:g} x the "
@@ -43,6 +46,9 @@ TABLE_NEAR_DUPLICATES = ("{close} of {n} regular rows drawn at random lie within
 # -- parameters the arithmetic cannot carry (shared.mechanisms.computable) ------------------
 DCHI_TOO_SMALL = ("eta={eta:g} is too small to compute: the noise norm (up to {norm:.3g}) "
                   "overflows {where}")
+DCHI_TABLE_NOT_FINITE = ("the bundle's table has a row whose norm is not finite (infinite or "
+                         "NaN values, or values too large to square in float32): nothing can "
+                         "be privatized over it")
 DCHI_INVERSE_OVERFLOW = "eta={eta:g} is too small to compute: 1/eta overflows"
 DCHI_NOISE_OVERFLOW = "eta={eta:g} is too small to compute: the noise overflows float32"
 LAPLACE_TOO_SMALL = ("epsilon={epsilon:g} is too small to compute: the Laplace noise (scale "
@@ -78,7 +84,7 @@ BUDGET_PER_DAY = ("privacy budget: spent {spent} in the last 24 hours, {what} ne
 TABLE_ONLY = ("bundle {bundle_id12}… carries the privatization table {table} ({dim} "
               "dimensions), not the model's word embeddings: it serves dchi-text only "
               "(dchi-embedding needs a bundle with the model's table, e.g. cloud-api "
-              "make-bundle --table none)")
+              "export-bundle --table none)")
 
 BUNDLE_TABLE_NON_FINITE = "{where}/{file}: the table has non-finite values"
 # a bundle's verification ({where}: the directory or tarball; {file}: one of its files)
@@ -121,13 +127,34 @@ POLICY_P_RANGE = "public_p must be in [0, 1], got {public_p}"  # public_p: Pytho
 POLICY_NO_BUNDLE = "no bundle was given"
 
 # -- bundle pins (edge_agent.service.pins; the web edge's pins) -----------------------------
-PIN_NOT_TRUSTED = ("bundle {bundle_id12}… is not one of the {count} bundle id(s) this app "
-                   "trusts (--trusted-bundles / ${env}); refusing it")
+PIN_RENAMED = ("{server} no longer serves model {gone}, which this device pinned to bundle "
+               "{pinned12}…, and now serves {model_id} with bundle {bundle_id12}…; a renamed "
+               "model never gets a new bundle silently (accept it with --accept-bundle "
+               "{bundle_id})")
 PIN_CHANGED = ("model {model_id} at {server} now names bundle {bundle_id12}…, not the bundle "
                "{pinned12}… this device accepted for it first; a bundle decides what "
                "privatization means, so it never changes silently (accept it with "
                "--accept-bundle {bundle_id})")
 
+
+# -- the bundles this edge vouches for, and the text floor (shared.trust, shared.floor_text) --
+BUNDLE_KNOWN = "bundle {bundle_id12}… known: {name}, built by privbert from public sources"
+BUNDLE_TRUSTED = "bundle {bundle_id12}… trusted by this app ({how})"
+BUNDLE_UNVERIFIED = "bundle {bundle_id12}… unverified: checked by the floor only"
+UNVERIFIED_REFUSED = ("bundle {bundle_id12}… is unverified (not one privbert builds from "
+                      "public sources, nor one this app trusts) and {flag} refuses it; "
+                      "trust it with {trust} {bundle_id} once you have checked it")
+TEXT_FLOOR_HEAD = ("bundle {bundle_id12}… is unverified and weaker than the text floor at "
+                   "eta={eta:g}")
+TEXT_FLOOR_PIECES = ("{head}: its tokenizer cuts the public sample into {ppw:.3g} pieces per "
+                     "word, {ratio:.3g} x the public model's {public:.3g} (limit {limit:g} x)"
+                     "{tail}")
+TEXT_FLOOR_UNREAD = ("{head}: its tokenizer reads {tokens:,} of the public sample's {pieces:,} "
+                     "pieces as words ({least:,} are needed to measure it){tail}")
+TEXT_FLOOR_DECODED = ("{head}: a context-free decoder recovers {decoded} of {draws:,} tokens "
+                      "of public text privatized with it ({unchanged} sent unchanged; line "
+                      "{line}){tail}")
+TEXT_FLOOR_TAIL = "; use a bundle privbert knows, or trust this one with {trust} once checked"
 
 def pct(p: float) -> str:
     """A share as the refusals write it: "100%" at 1, else two decimals ("97.31%")."""

@@ -69,6 +69,10 @@ class Worker:
                  *, worker_id: str | None = None, torchrun_nproc: int | None = None):
         self.settings, self.db = settings, db
         self.home = home if isinstance(home, ModelHome) else ModelHome(home)
+        if self.home.seals is None:  # the versions it publishes: their digests recorded
+            from cloud_api.store.seals import DatabaseSeals
+
+            self.home.seals = DatabaseSeals(db)
         self.id = worker_id or default_worker_id()
         self.nproc = settings.torchrun_nproc if torchrun_nproc is None else torchrun_nproc
         self._stop = threading.Event()

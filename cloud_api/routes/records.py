@@ -161,3 +161,6 @@ async def start_store(app, stack) -> None:
     stack.callback(db.dispose)
     await run_in_threadpool(db.prepare)
     app.state.db = db
+    from cloud_api.store.seals import DatabaseSeals
+
+    app.state.home.seals = DatabaseSeals(db)  # the sealed manifests' digests (issue 42)

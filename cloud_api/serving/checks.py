@@ -152,8 +152,9 @@ class PayloadChecker:
         if got != want:  # equal is the common case; else compare with a tolerance
             diffs = [_policy_difference(got.get(k), want.get(k), self.serves)
                      if k == "public_p" else
-                     f"{k} {_fmt(got.get(k))} sent, {self.serves} {k} {_fmt(want.get(k))}"
-                     for k in registry.differing_params(got, want)]
+                     f"{k} {a} sent, {self.serves} {k} {b}"
+                     for k in registry.differing_params(got, want)
+                     for a, b in [registry.param_texts(got.get(k), want.get(k), _fmt)]]
             if diffs:
                 return "; ".join(diffs)
         shape = getattr(p, p.array_field).shape

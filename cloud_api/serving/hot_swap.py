@@ -297,7 +297,9 @@ class ServedModels:
                         continue
                     try:
                         served = await self._load(model_id, version)
-                    except BackendError:
+                    except BackendError as exc:
+                        if model_id not in self._served:  # at start-up: nothing of it served
+                            await self._fall_back(model_id, version, str(exc))
                         continue
                     if self.home.promoted(model_id) != version:  # moved on meanwhile
                         self._retire(served)
@@ -353,9 +355,36 @@ class ServedModels:
             log.error("model %s %s failed to load: %s", model_id, version, reason,
                       exc_info=not expected)
             raise BackendError(reason) from None
+        return self._with_batcher(served)
+
+    async def _fall_back(self, model_id: str, failed: str, why: str) -> None:
+        """The promoted ``failed`` version cannot be loaded and nothing of the model is served
+        (a start-up, a restart): serve the newest older version that verifies and loads, and
+        say so in the log and ``privbert_model_fallback_total``. The pointer still names
+        ``failed`` (an operator restores or promotes); /readyz lists the failure."""
+        n = version_number(failed) or 0
+        older = [v for v in await asyncio.to_thread(self.home.versions, model_id)
+                 if (version_number(v) or 0) < n]
+        for version in reversed(older):
+            try:
+                served = await asyncio.to_thread(load_version, self.settings, self.home,
+                                                 self.bundles, model_id, version)
+            except Exception as exc:  # noqa: BLE001 (each older version in turn; logged)
+                log.warning("model %s: %s cannot be served either (%s)", model_id, version,
+                            getattr(exc, "detail", None) or exc)
+                continue
+            self._install(self._with_batcher(served))
+            metrics.FALLBACKS.labels(model=model_id, version=version).inc()
+            log.error("model %s: the promoted %s cannot be served (%s); serving %s, the last "
+                      "version that verifies, until a whole version is promoted (cloud-api "
+                      "models verify)", model_id, failed, why, version)
+            return
+        log.error("model %s: no version of it verifies; nothing of it is served", model_id)
+
+    def _with_batcher(self, served: Served) -> Served:
         s = self.settings
         served.batcher = Batcher(
-            [b.forward for b in served.backends], model_id=model_id, version=version,
+            [b.forward for b in served.backends], model_id=served.model_id, version=served.version,
             max_batch_size=s.max_batch_size, max_batch_tokens=s.max_batch_tokens,
             max_wait_ms=s.max_wait_ms, max_queue_size=s.max_queue_size,
             queue_timeout_s=s.queue_timeout_s, inline_when_idle=s.inline_when_idle,

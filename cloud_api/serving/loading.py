@@ -16,14 +16,14 @@ import math
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from cloud_api.errors import NotFound, ServiceError
+from cloud_api.errors import InvalidRequest, NotFound, ServiceError
 from cloud_api.home import ModelHome, seal_verified
 from cloud_api.serving.backends import Backend, BackendError, load_backend
 from cloud_api.serving.batcher import Batcher
 from cloud_api.serving.bundles import BundleStore
 from cloud_api.serving.checks import PayloadChecker
 from cloud_api.settings import Settings
-from models.manifest import IntegrityError, verify_folder
+from models.manifest import verify_folder
 from shared.mechanisms import registry as mechanisms
 
 log = logging.getLogger(__name__)
@@ -65,10 +65,12 @@ def load_version(settings: Settings, home: ModelHome, bundles: BundleStore, mode
     from models.version_folder import read_config
 
     path = home.version_dir(model_id, version)
-    try:
+    try:  # against its manifest, and the manifest against the digest recorded at sealing
+        verified = home.verify(model_id, version, seal_missing=False)
+    except InvalidRequest as exc:
+        raise BackendError(exc.detail) from None
+    if not verified.sealed:  # a home without records: the digests to seal it with later
         verified = verify_folder(path)
-    except IntegrityError as exc:
-        raise BackendError(str(exc)) from None
     try:
         config = read_config(path)
     except ValueError as exc:
@@ -91,7 +93,8 @@ def load_version(settings: Settings, home: ModelHome, bundles: BundleStore, mode
         raise
     backend = backends[0]
     if not verified.sealed:  # its first verified load: loaded and warmed with finite scores
-        seal_verified(verified, f"version {version} of model {model_id}")
+        if seal_verified(verified, f"version {version} of model {model_id}"):
+            home.record_seal(model_id, version)
     checker = PayloadChecker(backend.config, bundle, settings.max_tokens_per_payload)
     info = models_entry(model_id, version, backend, checker)
     return Served(model_id, version, backends, checker, info,

@@ -7,7 +7,8 @@ per kind; ``0004_budgets``: the privacy budget ledgers;
 ``0005_key_caps``: a key's ledger counts all its devices, device caps, refunds, a task's
 ``pairs``; ``0006_budget_families``: the ledgers' per-family figures as rows;
 ``0007_shared_models``: model versions, promotions, bundles and bases in the database, and the
-shared rate-limit buckets, for replicas that share no file system). A payload's array is kept as its decoded little-endian bytes
+shared rate-limit buckets, for replicas that share no file system; ``0008_version_seals``: the
+digest of each version's sealed manifest). A payload's array is kept as its decoded little-endian bytes
 (``LargeBinary``) with dtype and shape beside it, never as JSON or base64 text.
 """
 
@@ -219,4 +220,16 @@ rate_buckets = Table(
     Column("tokens", Double, nullable=False),
     Column("at", Double, nullable=False),
     Column("admitted", Boolean, nullable=False),         # whether the last take got a token
+)
+
+
+# The SHA-256 of each model version's manifest.json when it was sealed (cloud_api.store.seals,
+# cloud_api.home.SealRecords): a manifest deleted or rewritten in the version folder is then
+# refused (issue 42). Kept in the database, out of reach of whoever can write the folders.
+version_seals = Table(
+    "version_seals", metadata,
+    Column("model_id", String(64), primary_key=True),
+    Column("version", String(16), primary_key=True),
+    Column("manifest_sha256", String(64), nullable=False),
+    Column("sealed_at", DateTime(timezone=True), nullable=False),
 )

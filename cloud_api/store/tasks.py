@@ -26,6 +26,7 @@ from cloud_api.home import ID_PATTERN, check_id
 from cloud_api.store.db import Database
 from cloud_api.store.tables import as_utc, records, tasks
 from shared import payload as wire
+from shared.bundle import BundleError
 from shared.floor import THRESHOLD
 from shared.mechanisms import registry
 
@@ -64,9 +65,11 @@ def privacy_floor_refusal(mechanism: str, params: dict, bundle, allow_weak: bool
     try:
         mech = registry.create(mechanism, p, bundle, dim=dim)
         mech.check_computable(bundle, dim=dim)
+        reason = mech.weak_privacy_reason(bundle, threshold=THRESHOLD, dim=dim)
     except ValueError as exc:
         raise InvalidRequest(f"params cannot be used: {exc}") from None
-    reason = mech.weak_privacy_reason(bundle, threshold=THRESHOLD, dim=dim)
+    except BundleError as exc:  # e.g. dchi-embedding on a bundle with a designed table only
+        raise InvalidRequest(f"the task's bundle cannot serve {mechanism}: {exc}") from None
     if reason is not None and not allow_weak:
         raise WeakPrivacy(f"{reason}; such payloads are close to the raw text, so the task "
                           "is refused (PRIVBERT_ALLOW_WEAK_PRIVACY=1 accepts it, for "
@@ -87,8 +90,9 @@ def params_difference(sent: dict, accepted: dict, who: str = "task accepts") -> 
     """``"eta 60 sent, task accepts eta 65"``, or None when the parameters are the same
     (``registry.same_param``: the tolerance predictions are checked with, so records and
     predictions give one verdict)."""
-    diffs = [f"{k} {_show(sent.get(k, '(none)'))} sent, {who} {k} {_show(accepted.get(k, '(none)'))}"
-             for k in registry.differing_params(sent, accepted)]
+    diffs = [f"{k} {a} sent, {who} {k} {b}" for k in registry.differing_params(sent, accepted)
+             for a, b in [registry.param_texts(sent.get(k, "(none)"), accepted.get(k, "(none)"),
+                                               _show)]]
     return "; ".join(diffs) or None
 
 

@@ -109,12 +109,14 @@ class Privatizer:
 
     def __init__(self, bundle: EdgeBundle, mechanism: Any, *, max_length: int | None = None,
                  truncate: str = "first", float_dtype: str = "float32", encoder=None,
-                 allow_weak_privacy: bool = False):
+                 allow_weak_privacy: bool = False, trusted_bundles: frozenset[str] | None = None):
         """Parameters the float arithmetic cannot carry raise ValueError, and parameters
         weaker than the privacy floor (``shared.floor``) raise ``WeakPrivacyError`` unless
         ``allow_weak_privacy``; then :attr:`weak_privacy` holds the reason. ``NoPrivacy``
         (or the name "none") is the explicitly named Null-privacy baseline and is not
-        judged."""
+        judged. A bundle that is neither known (``shared.trust``) nor one of
+        ``trusted_bundles`` (default: ``$PRIVBERT_TRUSTED_BUNDLES``) must also pass the text
+        floor (``shared.floor_text``); :attr:`trust` says which it is."""
         mechanism = as_mechanism(mechanism)
         name = mechanism.name
         if truncate not in TRUNCATE_POLICIES:
@@ -152,6 +154,7 @@ class Privatizer:
         mechanism.check_computable(bundle, dim=vec_dim, float_dtype=float_dtype)
         self.weak_privacy: str | None = None if not mechanism.private else \
             require_privacy_floor(mechanism, bundle, allow_weak=allow_weak_privacy, dim=vec_dim)
+        self.trust = self._text_floor(trusted_bundles, allow_weak_privacy)
         if max_length is None:
             max_length = limit
         if not isinstance(max_length, int) or not 4 <= max_length <= limit:
@@ -162,6 +165,20 @@ class Privatizer:
         self.tokenizer = bundle.text_tokenizer()
         # the token policy the mechanism applies (its bundle's public words), or None
         self.policy = getattr(mechanism, "policy", None) if self.tokens else None
+
+    def _text_floor(self, trusted: frozenset[str] | None, allow_weak: bool):
+        """The bundle's trust (issue 42); an unverified bundle's text floor, refused as the
+        privacy floor is (``WeakPrivacyError`` unless ``allow_weak``)."""
+        from edge_agent.service.known_bundles import text_floor
+        from edge_agent.service.pins import trusted_from_env
+        from shared.floor import WeakPrivacyError
+
+        t, reason = text_floor(self.bundle, self.mechanism,
+                               trusted_from_env() if trusted is None else trusted)
+        if reason is not None and not allow_weak:
+            raise WeakPrivacyError(reason)
+        self.weak_privacy = self.weak_privacy or reason
+        return t
 
     # -- tokenization ----------------------------------------------------------------------
     def budget(self, pair: bool) -> int:

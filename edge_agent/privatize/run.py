@@ -59,8 +59,10 @@ def _run(opts: PrivatizeOptions, stream, size, out: Output | None, t0: float) ->
     client = make_client(opts.server, opts.post.batch) if opts.server.server else None
     early = (lambda model: check_model(model, m.name, m.params())) \
         if opts.post.mode == "predict" else None
-    bundle, model = resolve_bundle(opts.server, client, early)
-    mech, priv = make_privatizer(opts, bundle, model)
+    made = []  # the privatizer, made once the bundle is verified and before it is pinned
+    bundle, model = resolve_bundle(opts.server, client, early,
+                                   lambda b, mod: made.append(make_privatizer(opts, b, mod)))
+    mech, priv = made[0]
     model_id = opts.server.model
     if opts.post.mode == "predict":
         if not model_id and model is not None:
@@ -98,6 +100,7 @@ def _run(opts: PrivatizeOptions, stream, size, out: Output | None, t0: float) ->
              f"{n_tokens / max(cpu_streaming, 1e-9):,.0f} tokens per CPU second); "
              f"{n_skipped} empty line(s) skipped; {n_trunc} truncated; "
              f"{summary(g, n_tokens / n_records if n_records else None)}; "
+             f"{priv.trust.note()}; "
              + budget.summary()
              + ("; WEAK PRIVACY (--allow-weak-privacy): the output is close to the raw text"
                 if priv.weak_privacy else ""))

@@ -77,7 +77,8 @@ def make_privatizer(opts: PrivatizeOptions, bundle, model: dict | None):
         priv = Privatizer(bundle, mech, max_length=max_length_for(opts, bundle, model),
                           truncate=opts.input.truncate,
                           float_dtype="float16" if m.float16 else "float32",
-                          allow_weak_privacy=m.allow_weak_privacy)
+                          allow_weak_privacy=m.allow_weak_privacy,
+                          trusted_bundles=opts.server.trusted_bundles)
     except WeakPrivacyError as exc:
         raise UsageError(f"{exc}; --allow-weak-privacy privatizes anyway") from None
     except ValueError as exc:

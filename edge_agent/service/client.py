@@ -142,6 +142,7 @@ class PrivbertClient:
         self.max_backoff = max_backoff
         self.batch_size = batch_size
         self._sleep = sleep
+        self.served_ids: list[str] | None = None  # the model ids of the last GET /v1/models
         self._http = httpx.Client(base_url=self.base_url, headers=headers, transport=transport,
                                   timeout=httpx.Timeout(timeout))
 
@@ -209,6 +210,7 @@ class PrivbertClient:
         """The served model ``model_id``; without an id, the only one served."""
         models = self.models()
         ids = [str(m.get("id")) for m in models]
+        self.served_ids = ids  # what a pin checks a new model against (a rename)
         if model_id is None:
             if len(models) == 1:
                 return models[0]

@@ -8,6 +8,7 @@ from dataclasses import dataclass
 from typing import cast
 
 from edge_agent.errors import CliError, UsageError, info
+from edge_agent.service.known_bundles import check_vouched
 
 
 @dataclass(frozen=True)
@@ -21,7 +22,8 @@ class ServerOptions:
     timeout: float = 30.0
     retries: int = 5
     accept_bundle: frozenset[str] = frozenset()  # ids the user accepts in place of a pin
-    trusted_bundles: frozenset[str] = frozenset()  # if any: the only ids this edge uses
+    trusted_bundles: frozenset[str] = frozenset()  # trusted as they are, beside the known ones
+    refuse_unverified: bool = False  # refuse a bundle neither known nor trusted
 
 
 def make_client(opts: ServerOptions, batch_size: int = 64):
@@ -40,9 +42,11 @@ def make_client(opts: ServerOptions, batch_size: int = 64):
 
 
 def resolve_bundle(opts: ServerOptions, client=None,
-                   check_model: Callable[[dict], None] | None = None):
+                   check_model: Callable[[dict], None] | None = None,
+                   check_bundle: Callable[[object, dict | None], None] | None = None):
     """(bundle, served model description or None); ``check_model(model)`` runs before any
-    bundle is fetched."""
+    bundle is fetched, ``check_bundle(bundle, model)`` (the privacy floors) once it is
+    verified and before it is pinned: a bundle the device refuses is never pinned."""
     from pathlib import Path
 
     from shared.bundle import EdgeBundle
@@ -56,9 +60,13 @@ def resolve_bundle(opts: ServerOptions, client=None,
         if check_model is not None:
             check_model(model)
         if not opts.bundle:
-            _check_pin(opts, model, record=False)  # before a byte of the bundle is fetched
+            if isinstance(model.get("bundle_id"), str):  # before a byte of it is fetched
+                check_vouched(model["bundle_id"], opts.trusted_bundles, opts.refuse_unverified)
+            _check_pin(opts, model, record=False, served=client.served_ids)
             bundle, model, path, fetched = bundle_for_model(client, model=model)
-            _check_pin(opts, model, record=True)  # verified: remembered
+            if check_bundle is not None:
+                check_bundle(bundle, model)
+            _check_pin(opts, model, record=True, served=client.served_ids)  # accepted
             info(f"bundle {bundle.bundle_id[:12]}… of model {model.get('id')} "
                  f"{'fetched and cached in' if fetched else 'from cache'} {path}")
             return bundle, model
@@ -76,17 +84,17 @@ def resolve_bundle(opts: ServerOptions, client=None,
             bundle = EdgeBundle.from_model(path)
     else:
         bundle = EdgeBundle.from_model()
-    from edge_agent.service.pins import check_trusted
-
-    check_trusted(bundle.bundle_id, opts.trusted_bundles)
+    check_vouched(bundle.bundle_id, opts.trusted_bundles, opts.refuse_unverified)
     if model is not None and model.get("bundle_id") not in (None, bundle.bundle_id):
         raise CliError(f"--bundle {opts.bundle} is {bundle.bundle_id[:12]}…, but model "
                        f"{model.get('id')} expects bundle {str(model['bundle_id'])[:12]}…; "
                        "drop --bundle to fetch the right one")
+    if check_bundle is not None:
+        check_bundle(bundle, model)
     return bundle, model
 
 
-def _check_pin(opts: ServerOptions, model: dict, record: bool) -> None:
+def _check_pin(opts: ServerOptions, model: dict, record: bool, served=None) -> None:
     """The served model's bundle id against this device's pin (``edge_agent.service.pins``)."""
     from edge_agent.service.bundle_cache import cache_root
     from edge_agent.service.pins import Pins, check_pin
@@ -96,7 +104,8 @@ def _check_pin(opts: ServerOptions, model: dict, record: bool) -> None:
     if not isinstance(bundle_id, str):
         return  # bundle_for_model refuses it in its own words
     what = check_pin(Pins(cache_root() / PINS_FILE), str(opts.server), model_id, bundle_id,
-                     accept=opts.accept_bundle, trusted=opts.trusted_bundles, record=record)
+                     accept=opts.accept_bundle, trusted=opts.trusted_bundles, record=record,
+                     served=served)
     if not record:
         return
     if what == "pinned":

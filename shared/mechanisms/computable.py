@@ -36,6 +36,8 @@ def check_dchi_eta(eta: float, dim: int, t_max: float, float_dtype: str = "float
     """ValueError if η's noise (norm up to :func:`dchi_noise_limit`) added to embeddings of
     norm up to ``t_max`` is not finite in ``float_dtype``; ``search``: also the float32
     scores ||t||² - 2 y·t of the exact nearest-token search (with room for its bound)."""
+    if not math.isfinite(t_max):  # not "eta too small": no eta helps
+        raise ValueError(msg.DCHI_TABLE_NOT_FINITE)
     r = dchi_noise_limit(eta, dim)
     # a coordinate is at most the norm: float16 payloads hold up to its maximum, float32
     # keeps a factor 4 of room for the arithmetic that follows

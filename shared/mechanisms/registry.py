@@ -398,6 +398,16 @@ def differing_params(sent: Mapping[str, Any], wanted: Mapping[str, Any]) -> list
             if not same_param(sent.get(k, missing), wanted.get(k, missing))]
 
 
+def param_texts(sent: Any, wanted: Any, show: Callable[[Any], str]) -> tuple[str, str]:
+    """Two differing parameter values as a refusal writes them: ``show(value)`` (e.g. %g),
+    or every digit (``repr``) when ``show`` writes them alike ("eta 65.000000065 sent, model
+    serves eta 65.0", never "eta 65 sent, model serves eta 65")."""
+    a, b = show(sent), show(wanted)
+    if a == b and isinstance(sent, int | float) and isinstance(wanted, int | float):
+        return repr(float(sent)), repr(float(wanted))
+    return a, b
+
+
 def need(mechanism: str, params: Mapping[str, Any], key: str) -> Any:
     """``params[key]``; :class:`MissingParameter` when absent or None."""
     value = params.get(key)

@@ -16,6 +16,9 @@ when it differs from what the registry generates) holds, language-neutrally:
   cache's and pins' names, how an ε is written;
 * the token policies (``shared.policy``): the reference of public words an edge accepts in a
   bundle's list, the named lists, the default p, the continuation prefix;
+* the bundles privbert builds from public sources (``shared.trust``) and the text floor's
+  constants with the digest of its public sample (``shared.floor_text``; the sample itself
+  goes to ``web_edge/src/generated/public_text.ts``);
 * the refusal templates both edges word identically (``shared.messages``);
 * ``spec_version``, raised when the meaning of a field changes.
 
@@ -93,7 +96,7 @@ def build() -> dict:
     """The spec of the built-in mechanisms, as the registry, the floor and the ledger say
     today (no plugin: the committed file must not depend on what is installed)."""
     import shared.mechanisms  # noqa: F401 (registers the built-in mechanisms)
-    from shared import conventions, floor, ledger, messages, policy
+    from shared import conventions, floor, floor_text, ledger, messages, policy, trust
     from shared.bundle import (
         EMBEDDINGS_FILE,
         ENCODER_FILE,
@@ -137,6 +140,8 @@ def build() -> dict:
             k: list(v) for k, v in policy.POLICIES.items()}, "none": policy.NO_POLICY,
             "default_p": policy.DEFAULT_P, "continuation_prefix": policy.CONTINUATION_PREFIX,
             "source": policy.SOURCE, "rare_from": policy.RARE_FROM},
+        "known_bundles": trust.spec_section(),
+        "text_floor": floor_text.spec_section(),
         "messages": {
             "format": "Python str.format fields: {name}; {name:g} is %g (6 significant "
                       "digits); {name:.3g}; {name:,} an integer with thousands commas. A share "

@@ -1,6 +1,6 @@
 """``python -m shared.spec [--check]``: write (or, with --check, compare) the generated files:
-``shared/spec/mechanisms.json``, ``web_edge/src/generated/spec.ts`` and
-``web_edge/src/random/ziggurat_tables.ts``. Exit code 1 and the stale files named under --check."""
+``shared/spec/mechanisms.json``, ``web_edge/src/generated/spec.ts``,
+``web_edge/src/generated/public_text.ts`` and ``web_edge/src/random/ziggurat_tables.ts``. Exit code 1 and the stale files named under --check."""
 
 from __future__ import annotations
 
@@ -12,13 +12,18 @@ from shared.spec import SPEC_FILE, build, dumps, typescript, ziggurat
 REPO = Path(__file__).resolve().parents[2]
 SPEC_TS = REPO / "web_edge" / "src" / "generated" / "spec.ts"
 ZIGGURAT_TS = REPO / "web_edge" / "src" / "random" / "ziggurat_tables.ts"
+PUBLIC_TEXT_TS = REPO / "web_edge" / "src" / "generated" / "public_text.ts"
 
 
 def generated() -> dict[Path, str]:
     """Each generated file and the text it must have."""
+    from shared.floor_text import SAMPLE_FILE
+
     spec = build()
     return {SPEC_FILE: dumps(spec), SPEC_TS: typescript.render(spec),
-            ZIGGURAT_TS: ziggurat.generate()}
+            ZIGGURAT_TS: ziggurat.generate(),
+            PUBLIC_TEXT_TS: typescript.render_public_text(
+                SAMPLE_FILE.read_text(encoding="ascii"))}
 
 
 def main(argv: list[str]) -> int:

@@ -42,10 +42,11 @@ DEFAULT_BUDGET = 1e9  # PRIVBERT_DEFAULT_BUDGET of the main test server
 
 def cli_env(extra: dict | None = None) -> dict:
     """The environment of a `cloud-api` / `edge-agent` subprocess: no PRIVBERT_* leaking in
-    from the shell (but the test's own device ledger, tests/conftest.py), one torch thread
+    from the shell (but the test's own device ledger and the tiny bundles the suite trusts,
+    tests/conftest.py), one torch thread
     (2 shared cores), this checkout on the path."""
     env = {k: v for k, v in os.environ.items()
-           if not k.startswith("PRIVBERT_") or k == "PRIVBERT_LEDGER"}
+           if not k.startswith("PRIVBERT_") or k in ("PRIVBERT_LEDGER", "PRIVBERT_TRUSTED_BUNDLES")}
     env.update({"PYTHONPATH": str(REPO), "PRIVBERT_TORCH_THREADS": "1",
                 "OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false"})
     env.update(extra or {})

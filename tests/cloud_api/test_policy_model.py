@@ -109,7 +109,9 @@ def test_served_under_its_policy_and_other_policies_refused(trained, tmp_path):
 
 SESSION = """
 import { EdgeSession, Pcg64Source, summary } from "@privbert/edge";
-const s = await EdgeSession.open({ server: process.env.URL, apiKey: process.env.KEY, model: "pol" });
+// the tiny test model's bundle is trusted by the page, as the suite trusts it in edge-agent
+const s = await EdgeSession.open({ server: process.env.URL, apiKey: process.env.KEY, model: "pol",
+  trustedBundles: process.env.TRUSTED });
 const texts = process.env.TEXTS.split("\\n");
 const sent = await s.privatize(texts, new Pcg64Source(21));
 const r = await s.predict(texts[0]);
@@ -134,7 +136,8 @@ def _session_sends_edge_agents_bytes(server, run, env, inp, tmp_path) -> None:
     texts = inp.read_text().splitlines()
     js = subprocess.run(["node", "--input-type=module", "-e", SESSION], cwd=REPO / "web_edge",
                         env={"PATH": os.environ["PATH"], "URL": server.url,
-                             "KEY": server.app_key, "TEXTS": "\n".join(texts)},
+                             "KEY": server.app_key, "TEXTS": "\n".join(texts),
+                             "TRUSTED": server.model("pol")["bundle_id"]},
                         capture_output=True, text=True, timeout=180)
     assert js.returncode == 0, js.stderr
     got = json.loads(js.stdout)
@@ -168,7 +171,11 @@ def test_the_page_marks_public_words_and_charges_the_rest(trained, tmp_path):
         "PRIVBERT_RATE_LIMIT_PER_KEY": "0"}).start()
     sentence = "the movie is good and the plot is a dull story"
     try:
-        args = {"url": f"{server.url}/demo/?model=pol", "sentence": sentence,
+        # the tiny model's bundle is trusted by the page (?trusted-bundles), as the suite
+        # trusts it in edge-agent: too small a table for the text floor to measure
+        bundle_id = server.model("pol")["bundle_id"]
+        args = {"url": f"{server.url}/demo/?model=pol&trusted-bundles={bundle_id}",
+                "sentence": sentence,
                 "scenarios": ["predict"]}
         r = subprocess.run(["node", "test/drive.mjs", json.dumps(args)], cwd=DEMO,
                            capture_output=True, text=True, timeout=180)

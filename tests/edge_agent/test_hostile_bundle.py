@@ -94,8 +94,8 @@ def test_the_line_lets_the_papers_highest_utility_setting_pass(minilm_bundle):
 
 def test_a_swapped_bundle_is_refused_by_the_pin(fake_server, minilm_bundle, tmp_path):
     """A server that names another bundle for the same model is refused before any of it
-    is fetched; --accept-bundle accepts it explicitly; a list of trusted ids refuses any
-    other."""
+    is fetched; --accept-bundle accepts it explicitly; --refuse-unverified refuses a bundle
+    neither known nor trusted, before any of it is fetched."""
     first = minilm_bundle.with_table("pca16-int8")
     second = minilm_bundle.with_table("pca8-int8")
     env = {"PRIVBERT_CACHE": str(tmp_path / "cache"),
@@ -125,8 +125,9 @@ def test_a_swapped_bundle_is_refused_by_the_pin(fake_server, minilm_bundle, tmp_
     assert sum(r["path"] == f"/v1/bundles/{second.bundle_id}"
                for r in fake_server.requests) == fetched_before
 
-    trusted = privatize("--trusted-bundles", first.bundle_id)
-    assert_one_line_error(trusted, 1, "not one of the 1 bundle id(s) this app trusts")
+    unverified = privatize("--refuse-unverified")  # pca8-int8 is no bundle privbert knows
+    line = assert_one_line_error(unverified, 1, "is unverified")
+    assert "--refuse-unverified refuses it" in line and second.bundle_id in line
 
     accepted = privatize("--accept-bundle", second.bundle_id)
     assert accepted.returncode == 0, accepted.stderr

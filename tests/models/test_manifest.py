@@ -90,8 +90,9 @@ def test_without_a_manifest_only_finite_weights_pass(tmp_path):
 
 def test_writers_that_add_files_keep_a_sealed_version_whole(tmp_path, tiny_bert_dir,
                                                             tiny_bert_bundle):
-    """The ONNX export (and its int8 file) rewrite config.json and add files in a version
-    already sealed in a home: it stays whole; a folder without a manifest stays without."""
+    """A version is sealed when it is made (issue 42); the ONNX export (and its int8 file)
+    rewrite config.json and add files in a version already sealed in a home: it stays whole;
+    a folder without a manifest stays without."""
     from cloud_api.home import ModelHome
     from models.experiment import train_from_records
     from models.export import export_classifier_onnx
@@ -102,12 +103,13 @@ def test_writers_that_add_files_keep_a_sealed_version_whole(tmp_path, tiny_bert_
     recs = token_records(tiny_bert_bundle, "dchi-text", texts, labels, eta=50.0)
     out = train_from_records(recs, tmp_path / "out", bundle=tiny_bert_bundle, base=tiny_bert_dir,
                              cfg=TrainConfig(epochs=1, progress=False, seed=0)).model_dir
-    assert not (out / MANIFEST_FILE).exists()  # sealed when it enters a home
+    assert verify_folder(out).sealed  # sealed when it is made (issue 42)
     home = ModelHome(tmp_path / "home").ensure()
     v = home.version_dir("m", home.register("m", out))
     assert verify_folder(v).sealed
     export_classifier_onnx(v, int8=True)
     whole = verify_folder(v)
     assert {"classifier.onnx", "classifier.int8.onnx", "config.json"} <= set(whole.digests)
+    (out / MANIFEST_FILE).unlink()
     update_manifest(out, ["config.json"])  # no manifest: nothing written
     assert not (out / MANIFEST_FILE).exists()

@@ -9,6 +9,7 @@ import pytest
 from models.data import dataset_from_records
 from models.experiment import train_from_records, train_from_tsv
 from models.finetune import TrainConfig
+from models.manifest import MANIFEST_FILE, verify_folder
 from models.versions import (
     CONFIG_FILE,
     DATA_FILE,
@@ -38,7 +39,8 @@ def trained(tiny_bert_dir, tiny_bert_bundle, tmp_path_factory):
 def test_folder_is_complete_and_loads(trained, tiny_bert_bundle):
     res, recs = trained
     names = {p.name for p in res.model_dir.iterdir()}
-    assert names == {CONFIG_FILE, WEIGHTS_FILE, METRICS_FILE, DATA_FILE}
+    assert names == {CONFIG_FILE, WEIGHTS_FILE, METRICS_FILE, DATA_FILE, MANIFEST_FILE}
+    assert verify_folder(res.model_dir).sealed  # sealed when made (issue 42)
     cfg = read_config(res.model_dir)
     assert cfg["mechanism"] == "dchi-text" and cfg["params"] == {"eta": 50.0}
     assert cfg["bundle_id"] == tiny_bert_bundle.bundle_id

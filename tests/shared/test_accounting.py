@@ -203,3 +203,22 @@ def test_the_diameter_picks_the_row_a_plain_sum_misses():
     assert dchi_diameter_bound(big) == _exact_diameter(big) < math.inf
     assert math.isnan(dchi_diameter_bound(np.array([[1.0, np.nan]], np.float32)))
     assert dchi_diameter_bound(np.zeros((0, 3), np.float32)) == 0.0
+
+
+# two rows found by search (web_edge/test/slips.test.mjs has the same): numpy's float32 row
+# sums rank them the wrong way (b above a), the exact sums put a above b (issue 42)
+_A = [1024237508, 1028595262, 1058048601, 3213958987, 3210399718, 1064778842, 1049529228,
+      3197298018, 3188097535, 1058856995, 1049320456, 3207852429, 3214476027, 1061458621,
+      3214883585, 1073817606, 3214335321, 3206857298, 1065870338, 1068908352, 1027331581,
+      3224116451, 3189117946, 3221719536]
+_B = [x + 1 if i == 6 else x - 1 if i == 19 else x for i, x in enumerate(_A)]
+
+
+def test_the_diameter_is_exact_where_float32_sums_rank_near_ties_the_wrong_way():
+    t = np.array([_A, _B, [0x3F000000] * len(_A)], dtype=np.uint32).view(np.float32)
+    exact = [math.fsum((r.astype(np.float64) ** 2).tolist()) for r in t]
+    assert exact[0] > exact[1]
+    assert exact == [28.72915101331762, 28.72915069045045, 6.0]
+    assert dchi_diameter_bound(t) == 2.0 * math.sqrt(exact[0]) == _exact_diameter(t)
+    assert dchi_diameter_bound(t, np.array([1, 2])) == 2.0 * math.sqrt(exact[1])
+    assert dchi_diameter_bound(t[::-1].copy()) == 2.0 * math.sqrt(exact[0])

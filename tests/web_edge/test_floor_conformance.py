@@ -289,12 +289,12 @@ def test_a_swapped_bundle_is_refused_by_the_pin_in_both_edges(server, minilm_bun
     assert sum(r["path"] == f"/v1/bundles/{second.bundle_id}"
                for r in server.requests) == fetches  # refused before a byte was fetched
 
-    for extra, env in ((("--trusted-bundles", first.bundle_id), None),
-                       ((), {"PRIVBERT_TRUSTED_BUNDLES": first.bundle_id})):
+    for extra, env in ((("--refuse-unverified",), None),
+                       ((), {"PRIVBERT_REFUSE_UNVERIFIED": "1"})):  # pca8-int8: unverified
         js, py = run("js", *extra, env=env), run("py", *extra, env=env)
         assert js.returncode == py.returncode == 1
         assert js.stderr == py.stderr.replace("edge-agent", "privbert-edge")
-        assert "not one of the 1 bundle id(s) this app trusts" in js.stderr
+        assert "is unverified" in js.stderr and "--refuse-unverified refuses it" in js.stderr
     js, py = run("js", "--accept-bundle", "xyz"), run("py", "--accept-bundle", "xyz")
     assert js.returncode == py.returncode == 1
     assert js.stderr == py.stderr.replace("edge-agent", "privbert-edge")

@@ -15,13 +15,21 @@ export {
   type ProgressCallback,
 } from "./service/client.js";
 export {
-  BundleChanged, MemoryPinStore, checkPin, parseIds, pinnedBundle, serverKey, type PinOptions, type PinStore,
+  BundleChanged, MemoryPinStore, checkPin, checkVouched, parseIds, pinnedBundle, serverKey, type PinOptions,
+  type PinStore,
 } from "./service/pins.js";
 export type { FloatDtype } from "./service/payload.js";
 
 export { EdgeSession, type Sent, type SessionOptions } from "./session/session.js";
 export type { EngineInfo } from "./session/engine.js";
-export { CacheApiBundleCache, IndexedDbLedgerStore, IndexedDbPinStore } from "./session/browser_stores.js";
+export {
+  CacheApiBundleCache, IndexedDbLedgerStore, IndexedDbPinStore, IndexedDbTextFloorCache,
+} from "./session/browser_stores.js";
+export { KNOWN, trust, trustNote, vouched, type Trust, type TrustKind } from "./bundle/trust.js";
+export {
+  checkTextFloor, measureText, textFloorReason, type TextFloorOptions, type TextFloorResult, type TextMeasure,
+} from "./floor/text_floor.js";
+export { MemoryTextFloorCache, type TextFloorCache } from "./floor/text_floor_cache.js";
 
 export { DChiEmbedding, DChiText } from "./mechanisms/dchi.js";
 export { Laplace } from "./mechanisms/laplace.js";

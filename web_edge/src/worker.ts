@@ -18,7 +18,7 @@
  * GET /v1/bundles/{id}; never a text.
  */
 
-import { CacheApiBundleCache } from "./session/browser_stores.js";
+import { CacheApiBundleCache, IndexedDbTextFloorCache } from "./session/browser_stores.js";
 import { PrivbertClient, type ClientOptions } from "./service/client.js";
 import { openLocal, type LocalEngine, type PlainPrivatizerOptions } from "./session/engine.js";
 import { configureRuntime, type WasmPaths } from "./runtime/ort.js";
@@ -33,6 +33,8 @@ export interface OpenArgs {
   options: PlainPrivatizerOptions;
   /** keep verified bundles in the Cache API */
   bundleCache: boolean;
+  /** keep an unverified bundle's passed text floor in IndexedDB, signed */
+  textFloorCache?: boolean;
   wasmPaths: WasmPaths | null;
 }
 
@@ -54,6 +56,7 @@ async function handle(req: Request, scope: Scope): Promise<unknown> {
       engine = await openLocal(client, a.bundleId, {
         ...a.options,
         bundleCache: a.bundleCache ? new CacheApiBundleCache() : null,
+        textFloorCache: a.textFloorCache ? new IndexedDbTextFloorCache() : null,
         onProgress: (progress) => scope.postMessage({ id: req.id, progress }),
       });
       return engine.info;

@@ -51,7 +51,7 @@ test("a float32 designed table: dchi-text over it, no model embeddings", async (
   assert.throws(() => b.embeddings, (e) => e instanceof BundleError
     && e.message === `bundle ${files.id.slice(0, 12)}… carries the privatization table pca8 (8 dimensions), not the `
       + "model's word embeddings: it serves dchi-text only (dchi-embedding needs a bundle with the model's table, "
-      + "e.g. cloud-api make-bundle --table none)");
+      + "e.g. cloud-api export-bundle --table none)");
   assert.equal(b.describeTable(), "table pca8: the top 8 principal components of the model's 384-d word embeddings (test), float32");
   // the diameter and the norms are the table's
   let top = 0;

@@ -11,6 +11,7 @@ import { npyHeader } from "../dist/bundle/npy.js";
 import { Pcg64Source } from "../dist/random/pcg64.js";
 import { pyDumps } from "../dist/format/pyjson.js";
 import { standardNormal } from "../dist/random/samplers.js";
+import { PUBLIC_TEXT } from "../dist/generated/public_text.js";
 
 export const SPECIAL = ["[PAD]", "[unused0]", "[unused1]", "[unused2]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"];
 const HASHED_META = ["format", "format_version", "vocab_size", "dim", "max_length", "special_ids",
@@ -122,4 +123,83 @@ export function writeBundleDir(dir, files) {
   mkdirSync(dir, { recursive: true });
   for (const [name, bytes] of Object.entries(files)) if (name !== "id") writeFileSync(join(dir, name), bytes);
   return dir;
+}
+
+/** The pieces of the public sample (../dist/generated/public_text.js) as a BERT tokenizer
+ * splits them (lower case; punctuation on its own), most frequent first: a vocabulary that
+ * reads all of the text floor's sample, as a real model's does. */
+export function samplePieces() {
+  const counts = new Map();
+  for (const p of PUBLIC_TEXT.toLowerCase().match(/[a-z0-9]+|[^\sa-z0-9]/g)) counts.set(p, (counts.get(p) ?? 0) + 1);
+  return [...counts.entries()].sort((a, b) => b[1] - a[1] || (a[0] < b[0] ? -1 : 1)).map(([p]) => p);
+}
+
+/** An English vocabulary of ``size`` tokens: the specials, the sample's pieces, single letters
+ * as word starts and continuations (``##a``), then fillers. */
+export function englishVocabulary(size) {
+  const letters = "abcdefghijklmnopqrstuvwxyz".split("");
+  const words = [...new Set([...samplePieces(), ...letters, ...letters.map((c) => `##${c}`)])];
+  return vocabulary(size, words);
+}
+
+/**
+ * The crafted layouts of issue 42 on an English vocabulary of ``size`` tokens and a Gaussian
+ * table of ``dim`` (the genuine one): a hostile server keeps the vocabulary's id, tokenizer
+ * layout and the genuine largest norm (so the printed guarantee looks normal) and makes the
+ * rows that text uses safe for itself (tests/hostile_bundles.py builds the same from MiniLM):
+ * - frequentIsolated: the ``n`` most frequent pieces placed far apart on the sphere of the
+ *   largest norm, every other row drawn toward the centre;
+ * - charTokenizer: every piece longer than a character renamed out of reach, so words fall back
+ *   to single characters, whose rows are isolated;
+ * - groupsOfFour: each of the ``n`` frequent pieces with three filler rows around one centre.
+ * Returns the files of each, and the genuine bundle's.
+ */
+export function craftedLayouts(size = 1400, dim = 16, n = 300) {
+  if (SPECIAL.length + n + 3 * n + 1 > size) throw new RangeError("the vocabulary is too small for the groups");
+  const vocab = englishVocabulary(size);
+  // a table like a model's: its rows close together, a few far out (the largest norm, an outlier)
+  const genuine = gaussianTable(size, dim, 7, 0.25);
+  for (let k = 0; k < dim; k++) genuine[(size - 1) * dim + k] *= 6;
+  const norm = (v, i) => Math.hypot(...v.subarray(i * dim, (i + 1) * dim));
+  let top = SPECIAL.length;
+  for (let i = SPECIAL.length; i < size; i++) if (norm(genuine, i) > norm(genuine, top)) top = i;
+  const tMax = norm(genuine, top);
+  const rng = new Pcg64Source(11);
+  const direction = () => {
+    const u = Array.from({ length: dim }, () => standardNormal(rng));
+    const r = Math.hypot(...u);
+    return u.map((x) => x / r);
+  };
+  const isolate = (rows) => {
+    const t = Float32Array.from(genuine);
+    const keep = new Set(rows);
+    for (let i = SPECIAL.length; i < size; i++) {
+      if (keep.has(i)) {
+        const u = direction();
+        for (let k = 0; k < dim; k++) t[i * dim + k] = 0.999 * tMax * u[k];
+      } else if (i !== top) {
+        for (let k = 0; k < dim; k++) t[i * dim + k] *= 0.35;
+      }
+    }
+    return t;
+  };
+  const frequent = vocab.slice(SPECIAL.length, SPECIAL.length + n).map((_, j) => SPECIAL.length + j);
+  const chars = vocab.flatMap((p, i) => (i >= SPECIAL.length && p.replace(/^##/, "").length === 1 ? [i] : []));
+  const renamed = vocab.map((p, i) => (i < SPECIAL.length || p.replace(/^##/, "").length === 1 ? p : `\u0000${i}`));
+  const groups = Float32Array.from(genuine);
+  for (let i = SPECIAL.length; i < size; i++) if (i !== top) for (let k = 0; k < dim; k++) groups[i * dim + k] *= 0.35;
+  frequent.forEach((f, g) => {
+    const c = direction();
+    const members = [f, size - 2 - 3 * g, size - 3 - 3 * g, size - 4 - 3 * g]; // fillers (the outlier aside)
+    for (const m of members) {
+      const j = direction();
+      for (let k = 0; k < dim; k++) groups[m * dim + k] = 0.9 * tMax * c[k] + 0.02 * tMax * j[k];
+    }
+  });
+  const files = (values, v = vocab) => bundleFiles({ vocab: v, values, dim });
+  return {
+    genuine: files(genuine), frequentIsolated: files(isolate(frequent)),
+    charTokenizer: bundleFiles({ vocab: renamed, values: isolate(chars), dim, meta: {} }),
+    groupsOfFour: files(groups),
+  };
 }

@@ -13,7 +13,7 @@ import { test } from "node:test";
 import { fileURLToPath } from "node:url";
 
 import { Pcg64Source } from "../dist/random/pcg64.js";
-import { bundleFiles, gaussianTable, vocabulary, writeBundleDir } from "./bundles.mjs";
+import { bundleFiles, craftedLayouts, gaussianTable, vocabulary, writeBundleDir } from "./bundles.mjs";
 
 const CLI = fileURLToPath(new URL("../bin/privbert-edge.js", import.meta.url));
 const WORDS = ["the", "movie", "was", "good", "bad", "plot", "fun", "dull", "a", "story"];
@@ -43,8 +43,11 @@ test("privbert-edge refuses each hostile bundle in one line, exit 2, nothing wri
   const input = join(root, "in.txt");
   writeFileSync(input, "the movie was good\na dull plot\n");
   const env = { PRIVBERT_CACHE: join(root, "cache"), PRIVBERT_EDGE_LEDGER: join(root, "ledger.json") };
-  const genuine = writeBundleDir(join(root, "genuine"), bundleFiles({ vocab, values: gaussianTable(ROWS, DIM, 7), dim: DIM }));
-  const ok = cli(["privatize", input, "--eta", ETA, "--bundle", genuine, "-o", join(root, "ok.jsonl")], env);
+  const files = bundleFiles({ vocab, values: gaussianTable(ROWS, DIM, 7), dim: DIM });
+  const genuine = writeBundleDir(join(root, "genuine"), files);
+  // made-up words, which the text floor cannot read: the app trusts it
+  const ok = cli(["privatize", input, "--eta", ETA, "--bundle", genuine, "-o", join(root, "ok.jsonl"),
+    "--trusted-bundles", files.id], env);
   assert.equal(ok.status, 0, ok.stderr);
   assert.equal(readFileSync(join(root, "ok.jsonl"), "utf-8").split("\n").filter(Boolean).length, 2);
   const spent = JSON.parse(cli(["budget"], env).stdout).spent;
@@ -86,4 +89,77 @@ test("a poisoned floor cache decides nothing: eta 1e6 is refused", () => {
   assert.match(p.stderr, /^privbert-edge: error: dchi-text eta=1e\+06 is weaker than the privacy floor: 100% of 896 tokens drawn at random came back unchanged/);
   assert.ok(!existsSync(out));
   assert.equal(p.stdout, "");
+});
+
+// -- issue 42 ---------------------------------------------------------------------------------
+const X = 12; // the crafted layouts' eta (test/bundles.mjs: the genuine table passes there)
+
+test("privbert-edge refuses the three crafted layouts of issue 42 in one line, nothing written or charged; the genuine table passes, said unverified", () => {
+  const root = mkdtempSync(join(tmpdir(), "privbert-crafted-"));
+  const input = join(root, "in.txt");
+  writeFileSync(input, "the movie was good\na dull plot\n");
+  const env = { PRIVBERT_CACHE: join(root, "cache"), PRIVBERT_EDGE_LEDGER: join(root, "ledger.json") };
+  const layouts = craftedLayouts();
+  const genuine = writeBundleDir(join(root, "genuine"), layouts.genuine);
+  const ok = cli(["privatize", input, "--eta", String(X), "--bundle", genuine, "-o", join(root, "ok.jsonl")], env);
+  assert.equal(ok.status, 0, ok.stderr);
+  assert.match(ok.stderr, new RegExp(`; bundle ${layouts.genuine.id.slice(0, 12)}… unverified: checked by the floor only; ledger:`));
+  const spent = JSON.parse(cli(["budget"], env).stdout).spent;
+  for (const [name, why] of [["frequentIsolated", /a context-free decoder recovers/], ["charTokenizer", /pieces per word/],
+    ["groupsOfFour", /a context-free decoder recovers/]]) {
+    const dir = writeBundleDir(join(root, name), layouts[name]);
+    const out = join(root, `${name}.jsonl`);
+    const p = cli(["privatize", input, "--eta", String(X), "--bundle", dir, "-o", out], env);
+    assert.equal(p.status, 2, `${name}: ${p.stderr}`);
+    assert.equal(p.stdout, "");
+    assert.equal(p.stderr.split("\n").filter(Boolean).length, 1, p.stderr);
+    assert.match(p.stderr, new RegExp(`^privbert-edge: error: bundle ${layouts[name].id.slice(0, 12)}… is unverified and weaker `
+      + `than the text floor at eta=12: .*${why.source}.*trust this one with --trusted-bundles once checked; `
+      + "--allow-weak-privacy privatizes anyway\n$"));
+    assert.ok(!existsSync(out), `${name}: ${out} was written`);
+    assert.equal(JSON.parse(cli(["budget"], env).stdout).spent, spent, `${name}: charged`);
+    const refused = cli(["privatize", input, "--eta", String(X), "--bundle", dir, "-o", out, "--refuse-unverified"], env);
+    assert.equal(refused.status, 1, refused.stderr);
+    assert.match(refused.stderr, /^privbert-edge: error: bundle \S+ is unverified .* --refuse-unverified refuses it; trust it with --trusted-bundles [0-9a-f]{64} once you have checked it\n$/);
+  }
+});
+
+test("an -o in a folder that does not exist is refused before anything is charged", () => {
+  const root = mkdtempSync(join(tmpdir(), "privbert-out-"));
+  const input = join(root, "in.txt");
+  writeFileSync(input, "the movie was good\n");
+  const vocab = vocabulary(ROWS, WORDS);
+  const files = bundleFiles({ vocab, values: gaussianTable(ROWS, DIM, 7), dim: DIM });
+  const dir = writeBundleDir(join(root, "b"), files);
+  const env = { PRIVBERT_EDGE_LEDGER: join(root, "ledger.json"), PRIVBERT_TRUSTED_BUNDLES: files.id };
+  const p = cli(["privatize", input, "--eta", ETA, "--bundle", dir, "-o", join(root, "missing", "dir", "out.jsonl")], env);
+  assert.equal(p.status, 1, p.stderr);
+  assert.equal(p.stderr, `privbert-edge: error: ${join(root, "missing", "dir", "out.jsonl")}: its folder `
+    + `${join(root, "missing", "dir")} does not exist (create it, or choose another -o)\n`);
+  assert.ok(!existsSync(join(root, "ledger.json")), "the ledger was opened (and charged)");
+});
+
+test("tables that break the arithmetic are refused before anything is written: subnormal, -0.0 rows, infinite rows", () => {
+  const root = mkdtempSync(join(tmpdir(), "privbert-broken-"));
+  const input = join(root, "in.txt");
+  writeFileSync(input, "the movie was good\n");
+  const vocab = vocabulary(ROWS, WORDS);
+  for (const [name, edit, why] of [
+    ["subnormal", (t) => t.forEach((x, i) => { t[i] = x * 1e-39; }), /values are subnormal/],
+    ["negative-zero", (t) => { for (let k = 0; k < DIM; k++) t[41 * DIM + k] = t[40 * DIM + k]; t[40 * DIM] = 0; t[41 * DIM] = -0; },
+      /identical rows/],
+    ["infinite", (t) => { for (let k = 0; k < DIM; k++) t[50 * DIM + k] = Infinity; }, /whose norm is not finite/],
+  ]) {
+    const values = gaussianTable(ROWS, DIM, 7);
+    edit(values);
+    const files = bundleFiles({ vocab, values, dim: DIM });
+    const dir = writeBundleDir(join(root, name), files);
+    const out = join(root, `${name}.jsonl`);
+    const p = cli(["privatize", input, "--eta", ETA, "--bundle", dir, "-o", out, "--trusted-bundles", files.id],
+      { PRIVBERT_EDGE_LEDGER: join(root, `${name}.json`) });
+    assert.equal(p.status, 2, `${name}: ${p.stderr}`);
+    assert.equal(p.stderr.split("\n").filter(Boolean).length, 1, p.stderr);
+    assert.match(p.stderr, why, name);
+    assert.ok(!existsSync(out) && !existsSync(join(root, `${name}.json`)), `${name}: written or charged`);
+  }
 });

@@ -20,17 +20,19 @@ const SHIFT = join(HERE, "shift_wall_clock.mjs");
 const DAY_MS = 86_400_000;
 let tmp;
 let bundle;
+let bundleId;
 
 before(async () => {
   tmp = mkdtempSync(join(tmpdir(), "privbert-edge-cli-"));
   bundle = join(tmp, "bundle");
-  await writeTinyBundle(bundle);
+  bundleId = await writeTinyBundle(bundle); // made-up words: the app trusts it (no text floor)
 });
 after(() => rmSync(tmp, { recursive: true, force: true }));
 
 /** `privbert-edge ARGS` with this test's cache; ``shiftMs`` moves the child's Date.now. */
 function cli(args, { shiftMs = 0, input } = {}) {
-  const env = { ...process.env, PRIVBERT_CACHE: join(tmp, "cache"), WALL_CLOCK_SHIFT_MS: String(shiftMs) };
+  const env = { ...process.env, PRIVBERT_CACHE: join(tmp, "cache"), WALL_CLOCK_SHIFT_MS: String(shiftMs),
+    PRIVBERT_TRUSTED_BUNDLES: bundleId };
   delete env.PRIVBERT_EDGE_LEDGER;
   const p = spawnSync(process.execPath, [...(shiftMs ? ["--import", SHIFT] : []), CLI, ...args],
     { env, encoding: "utf8", input, timeout: 120_000 });

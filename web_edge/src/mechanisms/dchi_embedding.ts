@@ -10,7 +10,7 @@ import type { EdgeBundle } from "../bundle/bundle.js";
 import type { BitSource } from "../random/random.js";
 import { floatBytes, type FloatDtype } from "../service/payload.js";
 import { DChiEmbedding, checkDchiEta } from "./dchi.js";
-import { DChiBound, dchiFloor, dchiPolicy, type DChiPolicy } from "./dchi_bound.js";
+import { DChiBound, dchiFloor, dchiPolicy, type DChiFloor, type DChiPolicy } from "./dchi_bound.js";
 import type { BuildOptions, MechanismModule, Params, PrivatizedData } from "./module.js";
 import type { PayloadArray } from "./tokens.js";
 
@@ -19,7 +19,7 @@ const NAME = "dchi-embedding";
 class DChiEmbeddingBound extends DChiBound {
   declare readonly sampler: DChiEmbedding;
 
-  constructor(bundle: EdgeBundle, eta: number, sampler: DChiEmbedding, floor: Promise<string | null>,
+  constructor(bundle: EdgeBundle, eta: number, sampler: DChiEmbedding, floor: Promise<DChiFloor>,
               readonly floatDtype: FloatDtype, policy: DChiPolicy) {
     super(NAME, bundle, eta, sampler, floor, policy);
   }

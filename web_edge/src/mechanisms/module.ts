@@ -9,6 +9,9 @@
 
 import type { EdgeBundle } from "../bundle/bundle.js";
 import type { TokenPolicy } from "../bundle/policy.js";
+import type { TextTokenizer } from "../bundle/tokenizer.js";
+import type { TextFloorCache } from "../floor/text_floor_cache.js";
+import type { TextFloorResult } from "../floor/text_floor.js";
 import type { MechanismName } from "../generated/spec.js";
 import type { AnyGuarantee } from "../ledger/accounting.js";
 import type { Cost } from "../ledger/ledger.js";
@@ -34,6 +37,20 @@ export interface BuildOptions {
   allowWeakPrivacy: boolean;
   /** what a measured floor draws from: OS entropy unless a seeded generator (tests only) */
   floorSource: BitSource | null;
+  /** the bundle is unverified (issue 42, ../bundle/trust.ts): a mechanism that privatizes to
+   * the bundle's tokens (dχ) also measures the text floor (../floor/text_floor.ts) as part of
+   * its privacy floor; null for a known or trusted bundle */
+  textFloor?: TextFloorCheck | null;
+}
+
+/** What an unverified bundle's text floor needs besides the mechanism. */
+export interface TextFloorCheck {
+  /** the bundle's tokenizer (the public sample is tokenized by it) */
+  tokenizer: TextTokenizer;
+  /** passed text floors kept between loads, signed by this device */
+  cache: TextFloorCache | null;
+  /** how the caller trusts a bundle, named by a refusal ("--trusted-bundles", "the trustedBundles option") */
+  trustHow: string;
 }
 
 /** One mechanism of the web edge. */
@@ -61,6 +78,9 @@ export interface BoundMechanism {
   /** the privacy floor's check, started by build: null when the parameters pass it, the
    * reason with ``allowWeakPrivacy``, else a rejection with WeakPrivacyError */
   readonly floor: Promise<string | null>;
+  /** an unverified bundle's text floor, once {@link floor} resolved (absent or null: not
+   * measured: a vouched bundle, or a mechanism that does not privatize to the bundle's tokens) */
+  readonly textFloor?: TextFloorResult | null;
   /** whether it needs each word piece's word (TokenizedText's wordsA/wordsB: word dropout) */
   readonly needsWords: boolean;
   /** the token policy it applies (its bundle's public words), if any: the privatizer then marks

@@ -8,6 +8,10 @@
  * first, the second on a tie), "error" refuses the text. A text without word pieces is refused
  * ({@link TextError} "empty"), or skipped by a caller that allows it (the CLI skips and counts
  * it, as edge-agent does).
+ *
+ * The bundle's trust (issue 42, ../bundle/trust.ts): known, trusted (``trustedBundles``) or
+ * unverified; an unverified bundle's text floor (../floor/text_floor.ts) is measured by the
+ * mechanism's module as part of its privacy floor ({@link Privatizer.floorChecked}).
  */
 
 import type { EdgeBundle } from "../bundle/bundle.js";
@@ -21,6 +25,9 @@ import type { FloatDtype } from "../service/payload.js";
 import type { BitSource } from "../random/random.js";
 import { measure, now } from "../timing.js";
 import { TextTokenizer } from "../bundle/tokenizer.js";
+import { trust, vouched, type Trust } from "../bundle/trust.js";
+import type { TextFloorResult } from "../floor/text_floor.js";
+import type { TextFloorCache } from "../floor/text_floor_cache.js";
 import type { BoundMechanism, Params, PrivatizedData } from "./module.js";
 import { mechanismModule } from "./registry.js";
 import { mechanismSpec, paramSchemas, usesEncoder } from "./specs.js";
@@ -72,6 +79,13 @@ export interface PrivatizerOptions extends NearestOptions {
   /** what the privacy floor's check draws from: OS entropy by default (at every check); a
    * seeded generator only for reproducible tests */
   floorSource?: BitSource | null;
+  /** bundle ids trusted as they are, beside the bundles privbert knows (../bundle/trust.ts);
+   * any other bundle is unverified and must pass the text floor too */
+  trustedBundles?: readonly string[] | null;
+  /** how the caller trusts a bundle, named by a text floor refusal (default "--trusted-bundles") */
+  trustHow?: string;
+  /** passed text floors kept between loads, signed by this device (../floor/text_floor_cache.ts) */
+  textFloorCache?: TextFloorCache | null;
 }
 
 const camel = (name: string): string => name.replace(/_(\w)/g, (_, c: string) => c.toUpperCase());
@@ -91,7 +105,8 @@ function optionParams(mechanism: string, options: PrivatizerOptions): Params {
 
 /** Texts → payloads of one mechanism, parameters and bundle. */
 export class Privatizer {
-  readonly tokenizer: TextTokenizer;
+  /** known, trusted or unverified (../bundle/trust.ts) */
+  readonly trust: Trust;
 
   /** Settles with the privacy floor's check: resolved when the parameters pass it (or with
    * ``allowWeakPrivacy``), rejected with WeakPrivacyError when they do not. */
@@ -100,22 +115,21 @@ export class Privatizer {
   private floorPassed = false;
 
   private constructor(readonly bundle: EdgeBundle, private readonly bound: BoundMechanism,
-                      readonly maxLength: number, readonly truncate: "first" | "error") {
+                      readonly maxLength: number, readonly truncate: "first" | "error",
+                      readonly tokenizer: TextTokenizer, vouch: Trust) {
+    this.trust = vouch;
     this.floorChecked = bound.floor.then((why) => {
       this.floorReason = why;
       this.floorPassed = true;
     });
     this.floorChecked.catch(() => undefined);  // handled: the caller awaits it
-    const t0 = now();
-    this.tokenizer = new TextTokenizer(bundle.tokenizerJson);
-    measure("tokenizer", t0);
   }
 
   /**
    * The privatizer for ``options``, its privacy floor checked: RangeError for invalid
-   * parameters, WeakPrivacyError for parameters weaker than the privacy floor (unless
-   * ``allowWeakPrivacy``), a RangeError naming the Python edge for the mechanisms that stay
-   * there.
+   * parameters, WeakPrivacyError for parameters weaker than the privacy floor, or for an
+   * unverified bundle weaker than the text floor (unless ``allowWeakPrivacy``), a RangeError
+   * naming the Python edge for the mechanisms that stay there.
    */
   static async create(bundle: EdgeBundle, options: PrivatizerOptions): Promise<Privatizer> {
     const p = await Privatizer.open(bundle, options);
@@ -141,11 +155,17 @@ export class Privatizer {
     if (truncate !== "first" && truncate !== "error") throw new RangeError(`truncate must be one of first, error, got ${String(truncate)}`);
     const limit = module.lengthLimit(bundle);
     const maxLength = checkLength(options.maxLength ?? limit, limit);
+    const vouch = trust(bundle.bundleId, new Set(options.trustedBundles ?? []));
+    const t0 = now();
+    const tokenizer = new TextTokenizer(bundle.tokenizerJson);
+    measure("tokenizer", t0);
     const bound = await module.build(bundle, optionParams(module.name, options), {
       search: options, floatDtype: options.floatDtype ?? "float32",
       allowWeakPrivacy: options.allowWeakPrivacy ?? false, floorSource: options.floorSource ?? null,
+      textFloor: vouched(vouch) ? null
+        : { tokenizer, cache: options.textFloorCache ?? null, trustHow: options.trustHow ?? "--trusted-bundles" },
     });
-    return new Privatizer(bundle, bound, maxLength, truncate);
+    return new Privatizer(bundle, bound, maxLength, truncate, tokenizer, vouch);
   }
 
   get name(): MechanismName {
@@ -162,9 +182,16 @@ export class Privatizer {
     return this.bound.sampler;
   }
 
-  /** why the parameters are weaker than the floor (only with allowWeakPrivacy, once checked) */
+  /** why the parameters are weaker than the floor or the text floor (only with
+   * allowWeakPrivacy, once checked) */
   get weakPrivacy(): string | null {
     return this.floorReason;
+  }
+
+  /** an unverified bundle's text floor, once {@link floorChecked} settled (null: known or
+   * trusted, or a mechanism that does not privatize to the bundle's tokens) */
+  get textFloor(): TextFloorResult | null {
+    return this.floorPassed ? this.bound.textFloor ?? null : null;
   }
 
   /** whether the payloads are sentence vectors of the bundle's encoder */

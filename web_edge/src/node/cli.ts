@@ -14,7 +14,8 @@
  * edge-agent's.
  */
 
-import { closeSync, existsSync, openSync, readFileSync, statSync, writeSync } from "node:fs";
+import { accessSync, closeSync, constants, existsSync, openSync, readFileSync, statSync, writeSync } from "node:fs";
+import { dirname, resolve } from "node:path";
 import { parseArgs } from "node:util";
 
 import type { EdgeBundle } from "../bundle/bundle.js";
@@ -31,13 +32,15 @@ import { DEFAULT_MECHANISM, mechanismNames, refusal } from "../mechanisms/regist
 import { modelMaxLength, sameParams } from "../mechanisms/specs.js";
 import { nTokens, type TokenizedText } from "../mechanisms/tokens.js";
 import { TextTokenizer } from "../bundle/tokenizer.js";
-import { checkTrusted, parseIds, pinnedBundle, TRUSTED_ENV } from "../service/pins.js";
-import { DirBundleCache, loadBundleDir } from "./caches.js";
+import { checkVouched, parseIds, pinnedBundle, TRUSTED_ENV } from "../service/pins.js";
+import { trustNote } from "../bundle/trust.js";
+import { DirBundleCache, FileTextFloorCache, loadBundleDir } from "./caches.js";
 import { nodeClock } from "./clock.js";
 import { FileLedgerStore, defaultLedgerPath } from "./file_ledger.js";
 import { batches, InputError, type Batch, type Line } from "./input.js";
 import { FilePinStore } from "./pins.js";
 import { THRESHOLD } from "../floor/floor.js";
+import { DEVICE } from "../generated/spec.js";
 import { mechanismFlags, mechanismParams, neededParams, paramFlags, usageAlternatives, type ParamFlag } from "./mechanism_flags.js";
 
 const PROG = "privbert-edge";
@@ -58,7 +61,7 @@ const USAGE = `usage: ${PROG} privatize FILE (${usageAlternatives(DEFAULT_MECHAN
          [--ledger FILE] [--cap EPS] [--per-day EPS] [--no-memo] [--empty skip|error] [--truncate first|error]
          [--max-length N] [--batch-size N] [--post-batch N] [--float16] [--seed N]
          [--allow-weak-privacy] [--timeout S] [--retries N]
-         [--accept-bundle ID] [--trusted-bundles IDS]
+         [--accept-bundle ID] [--trusted-bundles IDS] [--refuse-unverified]
        ${PROG} budget [--ledger FILE] [--cap EPS|none] [--per-day EPS|none]
        ${PROG} tokenize FILE --bundle DIR   (word-piece ids per line, as JSON; nothing is sent)
 
@@ -79,8 +82,12 @@ privacy budget: every payload is charged to the device ledger (--ledger FILE, de
   parameters, bundle) gets the payload stored the first time, at no cost (--no-memo: fresh draws).
 bundles: the first bundle a server names for a model is pinned (pins.json beside the bundle
   cache, shared with edge-agent); another one later is refused until accepted with
-  --accept-bundle ID. --trusted-bundles IDS (default $${TRUSTED_ENV}): the only
-  bundle ids this app uses, comma-separated.
+  --accept-bundle ID; a model renamed with a new bundle is refused the same way. privbert-edge
+  knows the bundles the project makes from public data; --trusted-bundles IDS (default
+  $${TRUSTED_ENV}, comma-separated) adds ids this app trusts as they are. Any other bundle is
+  unverified: it must also pass the text floor (a public sample privatized with it; what a
+  server decodes, and the tokenizer's pieces per word), and the summary says "unverified";
+  --refuse-unverified (or $${DEVICE.cache.refuse_env}=1) refuses it outright.
 privacy floor: measured on the bundle at every run (tokens drawn with OS entropy, privatized
   at --eta); a degenerate table or an eta that leaves more than ${fmtG(100 * THRESHOLD)}% of tokens unchanged is
   refused (exit 2) unless --allow-weak-privacy.
@@ -125,6 +132,7 @@ const BASE_OPTIONS = {
   "allow-weak-privacy": { type: "boolean" }, timeout: { type: "string" }, retries: { type: "string" },
   format: { type: "string" }, help: { type: "boolean", short: "h" },
   "accept-bundle": { type: "string", multiple: true }, "trusted-bundles": { type: "string" },
+  "refuse-unverified": { type: "boolean" },
 } as const;
 type OptionSpec = { type: "string" | "boolean"; short?: string; multiple?: boolean };
 const OPTIONS: Readonly<Record<string, OptionSpec>> = {
@@ -307,9 +315,20 @@ class Output {
   private fd: number | null = null;
   records = 0;
 
+  /** Checked before anything is charged or sent: a folder that is not there or cannot be
+   * written is refused now, not after the ledger was charged (issue 42). */
   constructor(private readonly path: string | null) {
-    if (path !== null && path !== "-" && existsSync(path) && statSync(path).isDirectory()) {
+    if (path === null || path === "-") return;
+    if (existsSync(path) && statSync(path).isDirectory()) {
       throw new CliError(`${path}: is a directory (-o takes a file)`);
+    }
+    const dir = dirname(resolve(path));
+    if (!existsSync(dir)) throw new CliError(`${path}: its folder ${dir} does not exist (create it, or choose another -o)`);
+    if (!statSync(dir).isDirectory()) throw new CliError(`${path}: ${dir} is not a folder`);
+    try {
+      accessSync(existsSync(path) ? path : dir, constants.W_OK);
+    } catch {
+      throw new CliError(`${path}: cannot be written here (permission denied); choose another -o`);
     }
   }
 
@@ -387,6 +406,7 @@ async function runPrivatize(positionals: string[], v: Values): Promise<number> {
   const accept = parseIds(v["accept-bundle"] ?? [], "--accept-bundle");
   const trusted = v["trusted-bundles"] !== undefined ? parseIds(v["trusted-bundles"], "--trusted-bundles")
     : parseIds(process.env[TRUSTED_ENV], `$${TRUSTED_ENV}`);
+  const refuse = v["refuse-unverified"] ?? ["1", "true", "yes"].includes((process.env[DEVICE.cache.refuse_env] ?? "").trim().toLowerCase());
   if (v.server) {
     try {
       client = new PrivbertClient(v.server, { apiKey: v["api-key"] ?? process.env.PRIVBERT_API_KEY ?? null,
@@ -398,6 +418,24 @@ async function runPrivatize(positionals: string[], v: Values): Promise<number> {
     model = await client.model(v.model ?? null);
     if (o.post === "predict") checkModel(model, o.mechanism, o.params);
   }
+  // the privatizer (and its floors) of a bundle, before the bundle is pinned
+  let priv: Privatizer | null = null;
+  const makePrivatizer = async (b: EdgeBundle): Promise<void> => {
+    // --max-length, else for --post predict the served model's own limit (the predict length policy)
+    let maxLength = o.maxLength;
+    const limit = maxLength === null && model && o.post === "predict" ? modelMaxLength(o.mechanism, model) : null;
+    if (limit !== null) maxLength = Math.min(limit, b.maxLength);
+    try {
+      priv = await Privatizer.create(b, { mechanism: o.mechanism, params: o.params, maxLength, truncate: o.truncate,
+        floatDtype: o.float16 ? "float16" : "float32", allowWeakPrivacy: v["allow-weak-privacy"] ?? false,
+        threads: 1, backend: searchBackend(), trustedBundles: [...trusted], trustHow: "--trusted-bundles",
+        textFloorCache: new FileTextFloorCache() });
+    } catch (exc) {
+      if (exc instanceof WeakPrivacyError) throw new UsageError(`${exc.message}; --allow-weak-privacy privatizes anyway`);
+      if (exc instanceof RangeError) throw new UsageError(exc.message);
+      throw exc;
+    }
+  };
   if (v.bundle) {
     if (!existsSync(v.bundle)) throw new CliError(`${v.bundle}: no such bundle directory`);
     if (!statSync(v.bundle).isDirectory()) throw new CliError(`${v.bundle}: not a directory (--bundle takes a bundle directory)`);
@@ -405,15 +443,18 @@ async function runPrivatize(positionals: string[], v: Values): Promise<number> {
       throw new CliError(`${v.bundle}: not a bundle directory (no bundle.json); make one with cloud-api export-bundle or edge-agent bundle fetch`);
     }
     bundle = await loadBundleDir(v.bundle);
-    checkTrusted(bundle.bundleId, trusted, "cli");
+    checkVouched(bundle.bundleId, trusted, refuse, undefined, undefined, "cli");
     if (model && model.bundle_id !== bundle.bundleId) {
       throw new CliError(`--bundle ${v.bundle} is ${bundle.bundleId.slice(0, 12)}…, but model ${model.id} expects bundle `
         + `${String(model.bundle_id).slice(0, 12)}…; drop --bundle to fetch the right one`);
     }
+    await makePrivatizer(bundle);
   } else {
     const cache = new DirBundleCache();
     // the pin is checked before a byte of the bundle is fetched, recorded once it is verified
-    const got = await pinnedBundle(client!, v.server!, model!, cache, new FilePinStore(), { accept, trusted, audience: "cli" });
+    // and has passed the floors
+    const got = await pinnedBundle(client!, v.server!, model!, cache, new FilePinStore(undefined, warn),
+      { accept, trusted, refuseUnverified: refuse, audience: "cli" }, null, makePrivatizer);
     bundle = got.bundle;
     const id = bundle.bundleId.slice(0, 12);
     if (got.pin === "pinned") {
@@ -424,23 +465,18 @@ async function runPrivatize(positionals: string[], v: Values): Promise<number> {
     }
     info(`bundle ${bundle.bundleId.slice(0, 12)}… of model ${model!.id} ${got.fetched ? "fetched and cached in" : "from cache"} ${cache.path(bundle.bundleId)}`);
   }
-  // --max-length, else for --post predict the served model's own limit (the predict length policy)
-  let maxLength = o.maxLength;
-  const limit = maxLength === null && model && o.post === "predict" ? modelMaxLength(o.mechanism, model) : null;
-  if (limit !== null) maxLength = Math.min(limit, bundle.maxLength);
-  const ledger = openLedger(v.ledger);
-  await setCaps(ledger, v);
-  let priv: Privatizer;
+  if (priv === null) throw new Error("no privatizer was made for the bundle");
+  const p: Privatizer = priv;
+  let ledger: Ledger;
   try {
-    priv = await Privatizer.create(bundle, { mechanism: o.mechanism, params: o.params, maxLength, truncate: o.truncate,
-      floatDtype: o.float16 ? "float16" : "float32", allowWeakPrivacy: v["allow-weak-privacy"] ?? false,
-      threads: 1, backend: searchBackend() });
+    ledger = openLedger(v.ledger);
+    await setCaps(ledger, v);
   } catch (exc) {
-    if (exc instanceof WeakPrivacyError) throw new UsageError(`${exc.message}; --allow-weak-privacy privatizes anyway`);
-    if (exc instanceof RangeError) throw new UsageError(exc.message);
+    await p.release();
     throw exc;
   }
   try {
+    const priv = p;
     if (priv.weakPrivacy) warn(`${priv.weakPrivacy}: the output is close to the raw text (--allow-weak-privacy)`);
     const info_ = { mechanism: priv.name, params: priv.params, bundleId: bundle.bundleId };
     const keys = o.memo ? await ledger.memoKeys({ mechanism: priv.name, params: priv.params, bundle_id: bundle.bundleId }) : null;
@@ -541,13 +577,13 @@ async function runPrivatize(positionals: string[], v: Values): Promise<number> {
     const spent = c === null ? "charged nothing" : `charged worst-case epsilon ${fmtEps(c.epsilon)} for ${c.sends} payload(s)`;
     info(`${nRecords} records, ${nTok} tokens in ${elapsed.toFixed(2)} s (setup ${((tLoop - t0) / 1000).toFixed(2)} s, `
       + `${Math.round(nTok / Math.max(streaming, 1e-9)).toLocaleString("en-US")} tokens/s streaming); `
-      + `${nSkipped} empty line(s) skipped; ${nTrunc} truncated; ${line}; `
+      + `${nSkipped} empty line(s) skipped; ${nTrunc} truncated; ${line}; ${trustNote(priv.trust)}; `
       + `ledger: ${spent}${keys ? `, ${memoized} memoized (free)` : ""}; spent ${fmtEps(after.spent)}, `
       + `${after.cap === null ? "no cap" : `cap ${fmtEps(after.cap)}`}`
       + (priv.weakPrivacy ? "; WEAK PRIVACY (--allow-weak-privacy): the output is close to the raw text" : ""));
     return 0;
   } finally {
-    await priv.release();
+    await p.release();
   }
 }
 

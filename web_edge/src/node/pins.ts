@@ -1,11 +1,13 @@
 /**
  * The Node edge's bundle pins: `pins.json` beside the bundle cache (`$PRIVBERT_CACHE`), the
  * Python edge's file (edge_agent/service/pins.py): `{"version": 1, "pins": {key: bundle_id}}`,
- * written atomically (a temporary file, mode 0600, renamed into place). A file that cannot be
- * read as pins is an error, never a silent fresh start.
+ * written atomically (a temporary file, mode 0600, renamed into place), under the ledger's rules
+ * (issue 42): one others can write is refused, one they can read is warned about, a symlink is
+ * resolved once (its target is read and replaced). A file that cannot be read as pins is an
+ * error, never a silent fresh start.
  */
 
-import { closeSync, mkdirSync, openSync, readFileSync, renameSync, rmSync, writeSync } from "node:fs";
+import { closeSync, mkdirSync, openSync, readFileSync, realpathSync, renameSync, rmSync, statSync, writeSync } from "node:fs";
 import { randomBytes } from "node:crypto";
 import { dirname, join } from "node:path";
 
@@ -25,15 +27,47 @@ function dumps(pins: Record<string, string>): string {
   return `{\n "pins": ${body},\n "version": 1\n}`;
 }
 
+/** ``path`` with its symlinks resolved, when it exists (a missing file is created there). */
+function resolved(path: string): string {
+  try {
+    return realpathSync(path);
+  } catch {
+    return path;
+  }
+}
+
 export class FilePinStore implements PinStore {
   readonly where: string;
+  readonly path: string;
 
-  constructor(readonly path: string = join(cacheRoot(), PINS_FILE)) {
-    this.where = path;
+  constructor(path: string = join(cacheRoot(), PINS_FILE),
+              private readonly warn: (msg: string) => void = () => undefined) {
+    this.path = resolved(path);
+    this.where = this.path;
+  }
+
+  /** Refuse pins others can write (they could pin a bundle of theirs), warn about pins they
+   * can read (which services this device uses): edge_agent/service/pins.py's rules. */
+  private checkPrivate(): void {
+    let mode: number;
+    try {
+      mode = statSync(this.path).mode & 0o777;
+    } catch {
+      return;
+    }
+    if (mode & 0o022) {
+      throw new Error(`${this.path}: the bundle pins are writable by others (mode ${mode.toString(8)}): another user `
+        + `could pin a bundle of theirs; chmod 600 ${this.path}`);
+    }
+    if (mode & 0o044) {
+      this.warn(`${this.path}: the bundle pins are readable by others (mode ${mode.toString(8)}): they can see `
+        + `which services this device uses; chmod 600 ${this.path}`);
+    }
   }
 
   /** Every pin; an Error (one line, the Python edge's words) for a file that is not pins. */
   read(): Record<string, string> {
+    this.checkPrivate();
     let raw: string;
     try {
       raw = readFileSync(this.path, "utf-8");
@@ -59,6 +93,10 @@ export class FilePinStore implements PinStore {
 
   async get(key: string): Promise<string | null> {
     return this.read()[key] ?? null;
+  }
+
+  async all(): Promise<Record<string, string>> {
+    return this.read();
   }
 
   async put(key: string, bundleId: string): Promise<void> {

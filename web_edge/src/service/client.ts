@@ -132,6 +132,8 @@ export class PrivbertClient {
   private readonly maxBackoff: number;
   private readonly fetchFn: typeof fetch;
   private readonly jitter = new CryptoSource();
+  /** the model ids of the last GET /v1/models */
+  servedIds: string[] | null = null;
 
   constructor(baseUrl: string, options: ClientOptions = {}) {
     this.audience = options.audience ?? "page";
@@ -317,6 +319,7 @@ export class PrivbertClient {
   async model(modelId?: string | null): Promise<ModelInfo> {
     const models = await this.models();
     const ids = models.map((m) => String(m.id));
+    this.servedIds = ids; // what a pin checks a new model against (a rename)
     if (modelId == null) {
       if (models.length === 1) return models[0]!;
       const how = this.audience === "cli" ? "--model ID" : "the model option";

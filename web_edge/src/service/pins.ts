@@ -6,9 +6,12 @@
  * and it comes from a server the device need not trust. So the first bundle a device accepts
  * for (server, model) is pinned, and a server that later names another one is refused in one
  * line naming both ids, before any of the new bundle is fetched, until the user accepts the new
- * id explicitly (`--accept-bundle ID`, the `acceptBundle` option). An app can also ship the ids
- * it trusts (`--trusted-bundles`, `$PRIVBERT_TRUSTED_BUNDLES`, the `trustedBundles` option):
- * any other bundle is then refused, pinned or not.
+ * id explicitly (`--accept-bundle ID`, the `acceptBundle` option). A pin is keyed by the server
+ * (scheme, host, port, path) and the model; a server that stops serving a pinned model and serves
+ * one under a new name with a new bundle (a rename, to be pinned afresh) is refused the same way
+ * (issue 42). An app can also ship the ids it trusts (`--trusted-bundles`,
+ * `$PRIVBERT_TRUSTED_BUNDLES`, the `trustedBundles` option), which replace a pin without asking;
+ * `refuseUnverified` (`--refuse-unverified`) refuses every bundle neither known nor trusted.
  *
  * Where pins live is a {@link PinStore}: `pins.json` beside the bundle cache in Node (the Python
  * edge's file: ../node/pins.ts), IndexedDB in a page (../session/browser_stores.ts), memory in tests.
@@ -19,6 +22,7 @@ import type { EdgeBundle } from "../bundle/bundle.js";
 import { BundleError } from "../errors.js";
 import { message } from "../format/messages.js";
 import { DEVICE } from "../generated/spec.js";
+import { trust, vouched, type Trust } from "../bundle/trust.js";
 
 export const TRUSTED_ENV: string = DEVICE.cache.trusted_env;
 const BUNDLE_ID = /^[0-9a-f]{64}$/;
@@ -34,6 +38,8 @@ export interface PinStore {
   readonly where: string;
   get(key: string): Promise<string | null>;
   put(key: string, bundleId: string): Promise<void>;
+  /** every pin (what a rename is checked against; a store without it cannot tell one) */
+  all?(): Promise<Record<string, string>>;
 }
 
 /** Pins in memory (tests; a process that must not remember). */
@@ -47,6 +53,10 @@ export class MemoryPinStore implements PinStore {
 
   async put(key: string, bundleId: string): Promise<void> {
     this.pins.set(key, bundleId);
+  }
+
+  async all(): Promise<Record<string, string>> {
+    return Object.fromEntries(this.pins);
   }
 }
 
@@ -84,12 +94,19 @@ export function serverKey(server: string, modelId: string): string {
   return `${scheme}://${host.toLowerCase()}${p}${path}|${modelId}`;
 }
 
-/** BundleChanged unless ``bundleId`` is one of ``trusted`` (when the app names any). */
-export function checkTrusted(bundleId: string, trusted: ReadonlySet<string>, audience: PinAudience = "page"): void {
-  if (trusted.size && !trusted.has(bundleId)) {
-    throw new BundleChanged(worded(message("PIN_NOT_TRUSTED", { bundle_id12: bundleId.slice(0, 12), count: trusted.size,
-      env: TRUSTED_ENV }), audience));
+/** The bundle's trust (../bundle/trust.ts); BundleChanged (one line) for an unverified bundle
+ * when ``refuse`` (known before a byte of the bundle is fetched). ``flag``/``trustHow``: how this
+ * edge names the refusal and the way to trust a bundle (by default the words of ``audience``). */
+export function checkVouched(bundleId: string, trusted: ReadonlySet<string>, refuse: boolean,
+                             flag?: string, trustHow?: string, audience: PinAudience = "page"): Trust {
+  const t = trust(bundleId, trusted);
+  if (refuse && !vouched(t)) {
+    const page = audience === "page";
+    throw new BundleChanged(message("UNVERIFIED_REFUSED", { bundle_id12: bundleId.slice(0, 12),
+      flag: flag ?? (page ? "the refuseUnverified option" : "--refuse-unverified"),
+      trust: trustHow ?? (page ? "the trustedBundles option" : "--trusted-bundles"), bundle_id: bundleId }));
   }
+  return t;
 }
 
 /** Who reads a refusal: a page's developer (the `acceptBundle` and `trustedBundles` options of
@@ -100,16 +117,20 @@ export type PinAudience = "page" | "cli";
  * the words of ``audience``: a page names its options, not the flags. */
 function worded(text: string, audience: PinAudience): string {
   if (audience === "cli") return text;
-  return text
-    .replace(/accept it with --accept-bundle ([0-9a-f]{64})/, 'accept it with the acceptBundle option: acceptBundle: ["$1"]')
-    .replace(/\(--trusted-bundles \/ \$[A-Z_]+\)/, "(the trustedBundles option)");
+  return text.replace(/accept it with --accept-bundle ([0-9a-f]{64})/, 'accept it with the acceptBundle option: acceptBundle: ["$1"]');
 }
 
 export interface PinOptions {
   /** ids the user accepts in place of a pin */
   accept?: ReadonlySet<string>;
-  /** if any: the only ids this edge uses */
+  /** ids the app trusts as they are (they replace a pin without asking) */
   trusted?: ReadonlySet<string>;
+  /** refuse a bundle neither known nor trusted, and how to say it */
+  refuseUnverified?: boolean;
+  refuseHow?: string;
+  trustHow?: string;
+  /** the model ids the server serves now: a new model while a pinned one is gone is a rename */
+  served?: readonly string[] | null;
   /** false: check only (before the bundle is fetched); the pin is recorded once it is verified */
   record?: boolean;
   /** whose words a refusal is in: "page" (default: the options of `EdgeSession.open`) or "cli" */
@@ -126,31 +147,55 @@ export async function checkPin(store: PinStore, server: string, modelId: string,
   const accept = options.accept ?? new Set<string>();
   const trusted = options.trusted ?? new Set<string>();
   const audience = options.audience ?? "page";
-  checkTrusted(bundleId, trusted, audience);
+  checkVouched(bundleId, trusted, options.refuseUnverified ?? false, options.refuseHow, options.trustHow, audience);
   const key = serverKey(server, modelId);
   const old = await store.get(key);
   if (old === bundleId) return "same";
-  if (old !== null && !accept.has(bundleId) && !trusted.has(bundleId)) {
+  const agreed = accept.has(bundleId) || trusted.has(bundleId);
+  if (old !== null && !agreed) {
     throw new BundleChanged(worded(message("PIN_CHANGED", { model_id: modelId, server, bundle_id12: bundleId.slice(0, 12),
       pinned12: old.slice(0, 12), bundle_id: bundleId }), audience));
+  }
+  if (old === null && !agreed && options.served) {
+    const here = await serverPins(store, key);
+    const served = new Set(options.served);
+    const gone = [...here.keys()].filter((m) => !served.has(m)).sort();
+    if (gone.length && ![...here.values()].includes(bundleId)) {
+      throw new BundleChanged(worded(message("PIN_RENAMED", { server, model_id: modelId, bundle_id12: bundleId.slice(0, 12),
+        gone: gone[0]!, pinned12: here.get(gone[0]!)!.slice(0, 12), bundle_id: bundleId }), audience));
+    }
   }
   if (options.record ?? true) await store.put(key, bundleId);
   return old === null ? "pinned" : "accepted";
 }
 
+/** Model → pinned bundle of every pin at ``key``'s server (a store that cannot list: none). */
+async function serverPins(store: PinStore, key: string): Promise<Map<string, string>> {
+  const server = key.slice(0, key.lastIndexOf("|"));
+  const out = new Map<string, string>();
+  for (const [k, v] of Object.entries(await store.all?.() ?? {})) {
+    if (k.slice(0, k.lastIndexOf("|")) === server) out.set(k.slice(k.lastIndexOf("|") + 1), v);
+  }
+  return out;
+}
+
 /**
  * The served ``model``'s bundle, pinned: the pin checked before a byte of the bundle is
- * fetched, the bundle fetched (or read from ``cache``) and verified, then the pin recorded.
+ * fetched, the bundle fetched (or read from ``cache``) and verified, ``beforePin(bundle)`` (the
+ * floors) passed, then the pin recorded.
  * ``server`` is the URL as the user gave it (the pin's key).
  */
 export async function pinnedBundle(client: PrivbertClient, server: string, model: ModelInfo,
                                    cache: BundleCache | null, pins: PinStore, options: PinOptions = {},
-                                   onProgress: ProgressCallback | null = null
+                                   onProgress: ProgressCallback | null = null,
+                                   beforePin: ((bundle: EdgeBundle) => Promise<void>) | null = null,
 ): Promise<{ bundle: EdgeBundle; fetched: boolean; pin: "pinned" | "same" | "accepted" }> {
   if (typeof model.bundle_id !== "string") throw new BundleError(`model '${model.id}' names no bundle_id`);
   const modelId = String(model.id);
-  await checkPin(pins, server, modelId, model.bundle_id, { ...options, record: false });
+  const o = { served: client.servedIds, ...options };
+  await checkPin(pins, server, modelId, model.bundle_id, { ...o, record: false });
   const got = await client.bundle(model.bundle_id, cache, onProgress);
-  const pin = await checkPin(pins, server, modelId, model.bundle_id, { ...options, record: true });
+  await beforePin?.(got.bundle); // the privacy floors: a bundle the device refuses is never pinned
+  const pin = await checkPin(pins, server, modelId, model.bundle_id, { ...o, record: true });
   return { ...got, pin };
 }

@@ -2,14 +2,17 @@
  * Browser storage behind the library's small interfaces: the device ledger in IndexedDB
  * ({@link IndexedDbLedgerStore}: one readwrite transaction per charge, the memo key a
  * non-extractable CryptoKey), verified bundles in the Cache API ({@link CacheApiBundleCache}),
- * and the bundle pins in IndexedDB ({@link IndexedDbPinStore}: ../service/pins.ts). Nothing of the
- * privacy floor is stored: it is measured at every check.
+ * the bundle pins in IndexedDB ({@link IndexedDbPinStore}: ../service/pins.ts), and an unverified
+ * bundle's passed text floor, signed under a non-extractable key of this device
+ * ({@link IndexedDbTextFloorCache}: ../floor/text_floor_cache.ts). Nothing else of the privacy
+ * floor is stored: it is measured at every check.
  * Web APIs only; exercised by the page's browser test.
  */
 
 import { EdgeBundle } from "../bundle/bundle.js";
 import type { BundleCache } from "../service/client.js";
 import type { PinStore } from "../service/pins.js";
+import { newSigningKey, type TextFloorCache } from "../floor/text_floor_cache.js";
 import { emptyState, newHmacKey, type LedgerState, type LedgerStore } from "../ledger/ledger.js";
 
 const STORE = "kv";
@@ -140,5 +143,53 @@ export class IndexedDbPinStore implements PinStore {
     });
     tx.objectStore(STORE).put(bundleId, key);
     await done;
+  }
+
+  async all(): Promise<Record<string, string>> {
+    const db = await this.open();
+    const store = db.transaction(STORE).objectStore(STORE);
+    const [keys, values] = await Promise.all([request(store.getAllKeys()), request(store.getAll())]);
+    const out: Record<string, string> = {};
+    keys.forEach((k, i) => {
+      if (typeof k === "string" && typeof values[i] === "string") out[k] = values[i];
+    });
+    return out;
+  }
+}
+
+/** Passed text floors in IndexedDB (database ``name``), signed with a non-extractable HMAC key
+ * kept beside them: a script of the page can use the key, never read it out. */
+export class IndexedDbTextFloorCache implements TextFloorCache {
+  readonly where: string;
+  private db: Promise<IDBDatabase> | null = null;
+
+  constructor(private readonly name = "privbert-text-floor") {
+    this.where = `IndexedDB ${name}`;
+  }
+
+  private open(): Promise<IDBDatabase> {
+    this.db ??= openDb(this.name);
+    return this.db;
+  }
+
+  async get(key: string): Promise<string | null> {
+    const db = await this.open();
+    const got = await request(db.transaction(STORE).objectStore(STORE).get(`entry:${key}`)) as unknown;
+    return typeof got === "string" ? got : null;
+  }
+
+  async put(key: string, entry: string): Promise<void> {
+    const db = await this.open();
+    await request(db.transaction(STORE, "readwrite").objectStore(STORE).put(entry, `entry:${key}`));
+  }
+
+  async signingKey(): Promise<CryptoKey> {
+    const db = await this.open();
+    const got = await request(db.transaction(STORE).objectStore(STORE).get("key")) as CryptoKey | undefined;
+    if (got) return got;
+    const key = await newSigningKey();
+    await request(db.transaction(STORE, "readwrite").objectStore(STORE).add(key, "key")).catch(() => undefined);
+    const again = await request(db.transaction(STORE).objectStore(STORE).get("key")) as CryptoKey | undefined;
+    return again ?? key;
   }
 }

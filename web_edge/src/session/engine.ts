@@ -16,6 +16,9 @@ import { usesEncoder } from "../mechanisms/specs.js";
 import type { TokenizedText } from "../mechanisms/tokens.js";
 import type { BitSource } from "../random/random.js";
 import { warmUpQuietly } from "../runtime/warm_up.js";
+import type { TextFloorCache } from "../floor/text_floor_cache.js";
+import type { Trust } from "../bundle/trust.js";
+import type { TextMeasure } from "../floor/text_floor.js";
 
 /** What the session needs to know of the privatizer and its bundle. */
 export interface EngineInfo {
@@ -38,6 +41,10 @@ export interface EngineInfo {
   vectorEpsilon: number | null;
   /** the published and worst-case guarantee (shared.accounting.guarantee) */
   guarantee: AnyGuarantee;
+  /** known, trusted or unverified (issue 42) */
+  trust: Trust;
+  /** an unverified bundle's text floor: what was measured (or kept, signed), else null */
+  textFloor: { measure: TextMeasure; cached: boolean } | null;
 }
 
 /** Texts privatized: per text its tokenized form, payload JSON and cost (not yet charged). */
@@ -56,11 +63,12 @@ export interface Engine {
 }
 
 /** The privatizer options that travel to a Worker (no objects, no functions). */
-export type PlainPrivatizerOptions = Omit<PrivatizerOptions, "floorSource">;
+export type PlainPrivatizerOptions = Omit<PrivatizerOptions, "floorSource" | "textFloorCache">;
 
 /** Open the model's bundle (cache, or download and verify) and a privatizer on it. */
 export async function openLocal(client: PrivbertClient, bundleId: string, options: PlainPrivatizerOptions & {
   bundleCache: BundleCache | null; floorSource?: BitSource | null; onProgress?: ProgressCallback | null;
+  textFloorCache?: TextFloorCache | null;
 }): Promise<LocalEngine> {
   // onnxruntime-web starts while the bundle downloads, where the bundle needs it (an encoder
   // mechanism or a search asked to run on it: at once; a search over a large table: once bundle.json, the tarball's first
@@ -98,7 +106,9 @@ export class LocalEngine implements Engine {
       vocabSize: bundle.vocabSize, maxLength: p.maxLength, truncate: p.truncate,
       diameter: bundle.diameter, fetched,
       vectorEpsilon: p.isVector ? p.cost({ idsA: [], idsB: null, nBefore: 0 }).epsilon : null,
-      guarantee: p.guarantee() };
+      guarantee: p.guarantee(),
+      trust: p.trust,
+      textFloor: p.textFloor === null ? null : { measure: p.textFloor.measure, cached: p.textFloor.cached } };
   }
 
   async privatize(texts: string[], source?: BitSource | null): Promise<EngineOutput> {

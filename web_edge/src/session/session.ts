@@ -13,7 +13,9 @@
  */
 
 import type { AnyGuarantee } from "../ledger/accounting.js";
-import { CacheApiBundleCache, IndexedDbPinStore } from "./browser_stores.js";
+import { CacheApiBundleCache, IndexedDbPinStore, IndexedDbTextFloorCache } from "./browser_stores.js";
+import { trustNote, type Trust } from "../bundle/trust.js";
+import type { TextFloorCache } from "../floor/text_floor_cache.js";
 import {
   PrivbertClient, type BundleCache, type ModelInfo, type Prediction, type ProgressCallback,
 } from "../service/client.js";
@@ -47,8 +49,15 @@ export interface SessionOptions {
   pins?: PinStore | null;
   /** bundle ids the user accepts for the model in place of the one this device pinned */
   acceptBundle?: string | readonly string[] | null;
-  /** if any: the only bundle ids this app uses (any other is refused) */
+  /** bundle ids this app trusts as they are, beside the bundles privbert builds from public
+   * sources (any other bundle is unverified: checked by the text floor too, and said so by
+   * {@link EdgeSession.trust}) */
   trustedBundles?: string | readonly string[] | null;
+  /** refuse a bundle that is neither known nor trusted (a BundleChanged before it is fetched) */
+  refuseUnverified?: boolean;
+  /** an unverified bundle's passed text floor, kept between loads and signed by this device:
+   * true (default where the page has IndexedDB) or your own store; false measures it at every load */
+  textFloorCache?: TextFloorCache | boolean | null;
   /** what the privacy floor's check draws from: OS entropy unless given (tests only; not
    * with ``worker``) */
   floorSource?: BitSource | null;
@@ -113,7 +122,9 @@ export class EdgeSession {
     // the pin is checked before a byte of the bundle is fetched, and recorded once it is verified
     const pins = o.pins ?? (globalThis.indexedDB ? new IndexedDbPinStore() : new MemoryPinStore());
     const modelId = String(model.id);
-    await checkPin(pins, o.server, modelId, model.bundle_id, { accept, trusted, record: false });
+    const pinOptions = { accept, trusted, refuseUnverified: o.refuseUnverified ?? false,
+      refuseHow: "the refuseUnverified option", trustHow: "the trustedBundles option", served: client.servedIds };
+    await checkPin(pins, o.server, modelId, model.bundle_id, { ...pinOptions, record: false });
     const mechanism = o.mechanism ?? model.mechanism;
     // the model's parameters (its η unless the page asks for another)
     const params: Record<string, number | string> = { ...(model.params as Record<string, number | string>) };
@@ -121,17 +132,23 @@ export class EdgeSession {
     const options: PlainPrivatizerOptions = {
       mechanism, params, maxLength: modelMaxLength(mechanism, model), truncate,
       threads: o.threads, backend: o.backend, allowWeakPrivacy: o.allowWeakPrivacy,
+      trustedBundles: [...trusted], trustHow: "the trustedBundles option",
     };
+    const keep = o.textFloorCache ?? Boolean(globalThis.indexedDB);
     let engine: Engine;
     if (o.worker) {
       if (o.bundleCache !== undefined && o.bundleCache !== null && typeof o.bundleCache !== "boolean") {
         throw new RangeError("bundleCache: a session in a Worker keeps the browser's own cache; pass true or false, not an object");
       }
       if (o.floorSource) throw new RangeError("floorSource: a seeded floor is for tests in this thread, not in a Worker");
+      if (typeof keep === "object" && keep !== null) {
+        throw new RangeError("textFloorCache: a session in a Worker keeps the browser's own store; pass true or false, not an object");
+      }
       engine = await RemoteEngine.open(o.worker, {
         server: client.baseUrl, apiKey: o.apiKey ?? null,
         client: { timeout: o.timeout, retries: o.retries }, bundleId: model.bundle_id, options,
         bundleCache: o.bundleCache === true,
+        textFloorCache: keep === true,
         wasmPaths: absolute(o.wasmPaths ?? null),
       }, o.onProgress);
     } else {
@@ -140,16 +157,29 @@ export class EdgeSession {
         bundleCache: o.bundleCache === true ? new CacheApiBundleCache() : o.bundleCache || null,
         floorSource: o.floorSource ?? null,
         onProgress: o.onProgress,
+        textFloorCache: keep === true ? new IndexedDbTextFloorCache() : keep || null,
       });
     }
     if (engine.info.bundleId !== model.bundle_id) throw new Error("the engine opened another bundle than the model's");
-    await checkPin(pins, o.server, modelId, model.bundle_id, { accept, trusted, record: true });
+    await checkPin(pins, o.server, modelId, model.bundle_id, { ...pinOptions, record: true });
     return new EdgeSession(client, model, engine, new Ledger(o.ledger ?? new MemoryLedgerStore()));
   }
 
   /** The mechanism, its parameters, the bundle, the length limit: what payloads are made with. */
   get info(): Engine["info"] {
     return this.engine.info;
+  }
+
+  /** How far this edge vouches for the bundle: known (built by privbert from public sources),
+   * trusted (the trustedBundles option) or unverified (checked by the floors only). */
+  get trust(): Trust {
+    return this.engine.info.trust;
+  }
+
+  /** One line for the page beside the guarantee, e.g. "bundle 6be7… unverified: checked by
+   * the floor only". */
+  get trustNote(): string {
+    return trustNote(this.engine.info.trust, "the trustedBundles option");
   }
 
   /** The task's label names (what predictions' `label` is one of). */
