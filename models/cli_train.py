@@ -271,11 +271,15 @@ def run_train(args) -> int:
             _info(f"note: privatization table {DEFAULT_TABLE}, the default for new dchi-text "
                   f"models (eta {MATCHED_ETA[DEFAULT_TABLE]:g} on it matches eta "
                   f"{MATCHED_ETA['none']:g} on the 384-d table; --table none for that one)")
-        from shared.policy import NO_POLICY, policy_for_new_model
+        from shared.policy import DEFAULT_P, NO_POLICY, policy_for_new_model
 
         settings = mechanism_settings(args)
         policy = policy_for_new_model(args.mechanism, args.policy,
                                       args.bundle is not None or args.base is not None)
+        if args.policy is None and policy != NO_POLICY:
+            _info(f"note: token policy {policy}, the default for new dchi-text models (its "
+                  "public words are sent as typed with probability 1 - public_p, default "
+                  f"{1 - DEFAULT_P:g}; --policy none privatizes every token)")
         if args.table is not None or policy != NO_POLICY:
             from models.privatize import load_bundle
 

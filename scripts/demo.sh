@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # The main job, from a fresh clone with ../shared beside it:
 #   1. set up .venv when missing (scripts/_env.sh);
-#   2. bootstrap a dχ-privacy (nearest-token text over the compact pca32-int8 table, eta 45:
-#      bench/results/frontier.md) SST-2 classifier into $PRIVBERT_HOME (default ./var)
+#   2. bootstrap a dχ-privacy (nearest-token text over the compact pca32-int8 table, eta 40,
+#      under the function-words token policy: bench/results/frontier.md) SST-2 classifier into $PRIVBERT_HOME (default ./var)
 #      unless one is already promoted: trained on
 #      ../shared/data/sst2_sentences/train.tsv with the default recipe (fresh noise each epoch,
 #      channel-posterior inputs), its accuracy measured on whole held-out sentences;
@@ -65,13 +65,15 @@ while time.monotonic() < deadline:
 sys.exit(1)
 PY
 
-# the edge privatizes at the eta the served model was trained for (its bundle comes with it)
-ETA="$(python - "$URL" "$MODEL" <<'PY'
+# the edge privatizes at the eta (and the token policy's public_p) the served model was trained
+# for (its bundle comes with it)
+PARAMS="$(python - "$URL" "$MODEL" <<'PY'
 import os, sys, httpx
 url, model = sys.argv[1:3]
 info = httpx.get(f"{url}/v1/models", timeout=10,
                  headers={"Authorization": f"Bearer {os.environ['PRIVBERT_API_KEYS']}"}).json()
-print(next(m for m in info["models"] if m["id"] == model)["params"]["eta"])
+params = next(m for m in info["models"] if m["id"] == model)["params"]
+print(f"--eta {params['eta']}" + (f" --public-p {params['public_p']}" if "public_p" in params else ""))
 PY
 )" || { echo "demo: the service does not list model $MODEL" >&2; exit 1; }
 
@@ -83,10 +85,10 @@ i wanted my two hours back
 a tender and funny portrait of a family
 TXT
 
-echo "demo: privatizing $(wc -l < "$work/examples.txt") sentences on this device (dchi-text, eta $ETA) and asking the service" >&2
+echo "demo: privatizing $(wc -l < "$work/examples.txt") sentences on this device (dchi-text $PARAMS) and asking the service" >&2
 # the demo's own privacy budget ledger: these example sentences are not the user's texts
 PRIVBERT_API_KEY="$PRIVBERT_API_KEYS" edge-agent privatize "$work/examples.txt" \
-    --mechanism dchi-text --eta "$ETA" --server "$URL" --model "$MODEL" --post predict \
+    --mechanism dchi-text $PARAMS --server "$URL" --model "$MODEL" --post predict \
     --no-progress -o "$work/predictions.jsonl" --ledger "$work/ledger.sqlite3"
 
 python - "$URL" "$MODEL" "$work/examples.txt" "$work/predictions.jsonl" <<'PY'

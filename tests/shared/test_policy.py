@@ -227,3 +227,24 @@ def test_the_floor_judges_the_words_outside_the_public_list(tiny_policy_bundle):
     assert drawn.size == b.regular_ids.size - b.policy.size
     same, n = measure_unchanged(m, b, rng=np.random.default_rng(0))
     assert 0 < n and same <= n
+
+
+def test_a_new_dchi_text_model_gets_the_default_policy_at_its_matched_eta():
+    """The frontier's decision (bench/results/frontier.md): new dchi-text models on the
+    packaged MiniLM get DEFAULT_POLICY on DEFAULT_TABLE at an eta measured at matched privacy,
+    and their bundle is one the edges know (never measured by the text floor)."""
+    from shared.policy import DEFAULT_P, DEFAULT_POLICY, NO_POLICY, POLICIES, policy_for_new_model
+    from shared.table import DEFAULT_TABLE, MATCHED_ETA, candidate_key, matched_eta
+    from shared.trust import KNOWN_BUNDLES, known_name
+
+    assert DEFAULT_POLICY in POLICIES
+    assert policy_for_new_model("dchi-text", None, bundle_given=False) == DEFAULT_POLICY
+    assert policy_for_new_model("dchi-text", None, bundle_given=True) == NO_POLICY
+    assert policy_for_new_model("dchi-text", "none", bundle_given=False) == NO_POLICY
+    assert policy_for_new_model("dchi-embedding", None, bundle_given=False) == NO_POLICY
+    assert candidate_key(DEFAULT_TABLE, DEFAULT_POLICY, DEFAULT_P) == "pca32-int8+function-words@0.3"
+    eta = matched_eta(DEFAULT_TABLE, DEFAULT_POLICY, DEFAULT_P)
+    assert eta is not None and eta < MATCHED_ETA["none"]
+    assert matched_eta(DEFAULT_TABLE, DEFAULT_POLICY, 0.5) is None  # not measured
+    assert matched_eta("none") == 65.0
+    assert known_name(DEFAULT_TABLE, DEFAULT_POLICY) in KNOWN_BUNDLES
