@@ -267,7 +267,7 @@ def _train_and_register(args, home, model_id: str, task: str, bundle, params: di
     from models.experiment import train_from_tsv
     from models.finetune import TrainConfig
     from models.manifest import update_manifest
-    from models.versions import CONFIG_FILE
+    from models.version_folder import CONFIG_FILE
     from shared.accounting import summary
 
     lr = args.lr if args.lr is not None or kind_of(args.mechanism) == "vector" \
@@ -348,7 +348,7 @@ def _fresh_dev(args, model_dir: Path, bundle) -> dict | None:
     from cloud_api.home import write_atomically
     from models.experiment import evaluate_tsv
     from models.manifest import update_manifest
-    from models.versions import METRICS_FILE
+    from models.version_folder import METRICS_FILE
 
     seeds = (np.random.SeedSequence(args.seed).spawn(args.dev_draws)
              if args.seed is not None else [None] * args.dev_draws)

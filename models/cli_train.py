@@ -117,7 +117,7 @@ def records_denoiser(file, base, bundle_dir=None):
     version's ``denoiser.safetensors``, else None."""
     from pathlib import Path
 
-    from models.versions import DENOISER_FILE, is_model_dir
+    from models.version_folder import DENOISER_FILE, is_model_dir
 
     if file is not None:
         return _denoiser_file(file, bundle_dir)
@@ -342,7 +342,7 @@ def records_posterior(table_path, base):
     from pathlib import Path
 
     from models.posterior import POSTERIOR_FILE
-    from models.versions import is_model_dir
+    from models.version_folder import is_model_dir
 
     if table_path is not None:
         return posterior_table(table_path)
@@ -352,7 +352,7 @@ def records_posterior(table_path, base):
 
 
 def _print_trained(res, note: str | None = None) -> None:
-    from models.versions import read_config
+    from models.version_folder import read_config
     from shared.accounting import summary
 
     cfg = read_config(res.model_dir)
@@ -406,7 +406,7 @@ def run_evaluate(args) -> int:
 def run_attack(args) -> int:
     from models import attack
     from models.privatize import load_bundle, mechanism_from_params
-    from models.versions import read_config
+    from models.version_folder import read_config
     from shared.mechanisms import registry
 
     if args.data is None:

@@ -47,12 +47,10 @@ import numpy as np
 from shared import messages as msg
 from shared.accounting import bit_flip_epsilon, laplace_vector_epsilon, sentence_vector_dim
 from shared.mechanisms.binary import FixedPointBits
-from shared.mechanisms.computable import (  # noqa: F401 (part of this module's API)
+from shared.mechanisms.computable import (
     F32_MAX,
     TAIL,
     check_dchi_eta,
-    dchi_noise_limit,
-    gamma_tail,
 )
 from shared.mechanisms.dchi import DChiEmbedding, DChiText
 from shared.mechanisms.laplace import Laplace

@@ -40,9 +40,8 @@ from functools import lru_cache
 from typing import Any, cast
 
 from shared import messages as msg
-from shared.accounting import (  # noqa: F401 (bundle_diameter: the ledger's D, re-exported)
+from shared.accounting import (
     bit_flip_epsilon,
-    bundle_diameter,
     laplace_vector_epsilon,
 )
 from shared.mechanisms import registry

@@ -354,3 +354,54 @@ def test_the_private_import_finder_finds_them(tmp_path):
                    "from models.cli_train import __doc__\n")
     found = private_imports([src])
     assert [f.split(": ")[1] for f in found] == ["shared._hidden", "shared.arrays._secret"]
+
+
+def _imported_names(tree: ast.Module) -> dict[str, str]:
+    """Names a module binds at its top level by ``from a import b`` (not in functions):
+    name -> ``a.b``."""
+    out: dict[str, str] = {}
+    todo: list[ast.stmt] = list(tree.body)
+    while todo:
+        node = todo.pop()
+        if isinstance(node, ast.ImportFrom) and node.module:
+            out.update({a.asname or a.name: f"{node.module}.{a.name}" for a in node.names})
+        elif isinstance(node, (ast.If, ast.Try)):
+            todo.extend([*node.body, *node.orelse])
+    return out
+
+
+def reexported_imports(paths: list[Path]) -> list[str]:
+    """``path: a.b (lives in c.d)`` for each ``from a import b`` where module ``a`` (not a
+    package's ``__init__``) only imports ``b`` from ``c``: one name, one spelling, imported
+    from where it lives (a package's ``__init__`` may gather its public names)."""
+    mods = _product_modules()
+    bound = functools.cache(lambda m: _imported_names(ast.parse(
+        mods[m].read_text(encoding="utf-8"))))
+    out = []
+    for path in paths:
+        for node in _import_nodes(ast.parse(path.read_text(encoding="utf-8")), typing=True):
+            if not (isinstance(node, ast.ImportFrom) and node.level == 0
+                    and node.module in mods and mods[node.module].name != "__init__.py"):
+                continue
+            for a in node.names:
+                home = bound(node.module).get(a.name)
+                if home and f"{node.module}.{a.name}" not in mods:
+                    where = path.relative_to(REPO) if path.is_relative_to(REPO) else path.name
+                    out.append(f"{where}: {node.module}.{a.name} (lives in {home})")
+    return sorted(out)
+
+
+def test_each_name_is_imported_from_where_it_lives():
+    """No re-export shims: a caller imports ``Limits`` from ``shared.arrays``, not through
+    ``shared.payload``, which imports it too."""
+    paths = [p for d in (*PRODUCT, "tests", "bench", "scripts", "deploy") for p in
+             (REPO / d).rglob("*.py")]
+    assert reexported_imports(paths) == []
+
+
+def test_the_reexport_finder_finds_one(tmp_path):
+    src = tmp_path / "probe.py"
+    src.write_text("from shared.payload import make_payload, registry\n"
+                   "from shared.mechanisms import DChiText\nfrom shared import ledger\n")
+    assert [f.split(": ")[1] for f in reexported_imports([src])] == [
+        "shared.payload.registry (lives in shared.mechanisms.registry)"]

@@ -19,8 +19,8 @@ import numpy as np
 
 from cloud_api.errors import PayloadMismatch
 from models.data import kind_of
+from shared.arrays import Limits
 from shared.mechanisms import registry
-from shared.payload import Limits
 
 
 def _fmt(value) -> str:
@@ -122,7 +122,7 @@ class PayloadChecker:
 
     # -- limits for parsing -----------------------------------------------------------------
     def limits(self) -> Limits:
-        """``shared.payload.Limits`` to parse this model's request bodies."""
+        """``shared.arrays.Limits`` to parse this model's request bodies."""
         return self._limits
 
     # -- checks -----------------------------------------------------------------------------
