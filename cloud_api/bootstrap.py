@@ -46,12 +46,8 @@ DEFAULT_LAYERS = 3  # of the packaged MiniLM's 6 (a --base keeps all of its laye
 
 
 def register(subparsers) -> None:
-    from models.cli_args import (
-        add_device_args,
-        add_mechanism_args,
-        add_recipe_args,
-        positive_int,
-    )
+    from edge_agent.cli_args import positive_int
+    from models.cli_args import add_device_args, add_mechanism_args, add_recipe_args
 
     p = subparsers.add_parser(
         "bootstrap", help="export the bundle, train, register and promote a first model",
