@@ -27,6 +27,7 @@ from collections.abc import Iterable, Sequence
 from pathlib import Path
 
 from cloud_api.jobs.files import AttemptFiles, ProgressWriter, write_json_atomically
+from models.manifest import update_manifest
 
 log = logging.getLogger("cloud_api.jobs.retrain")
 
@@ -179,6 +180,7 @@ def run(job: dict, files: AttemptFiles, dist_ctx=None) -> dict | None:
     promote, why = promotion_decision(bool(spec.get("promote")), new_acc, current, cur_acc,
                                       counts["test"], cur_error)
     _note_data(files.output / "data.json", task.name, watermark, counts, job["job_id"])
+    update_manifest(files.output, ["data.json"])  # the version was sealed when it was made
     train_s = float(res.metrics.get("train_seconds") or 0.0)
     result = {
         "model_id": spec["model_id"], "watermark": watermark, "records": counts,

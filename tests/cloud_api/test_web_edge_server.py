@@ -223,11 +223,14 @@ def test_the_readme_example_runs_against_a_real_server(server, tmp_path, tiny_bu
     block = readme_example()
     assert '"https://api.example"' in block and 'model: "sst2"' in block
     assert 's.predict("a sentence typed by the user")' in block  # a string: a batch of one
-    code = block.replace('"https://api.example"', "process.env.URL").replace('model: "sst2"', 'model: "text"')
+    # the tiny test model's bundle trusted (too small a table for the text floor to measure)
+    code = block.replace('"https://api.example"', "process.env.URL").replace(
+        'model: "sst2"', 'model: "text", trustedBundles: [process.env.TRUSTED]')
     # run from web_edge/, where "@privbert/edge" is the package itself
     p = subprocess.run(["node", "--input-type=module", "-e", PLATFORM + code + AFTER],
                        cwd=REPO / "web_edge", env={"PATH": os.environ["PATH"], "URL": server.url,
-                                                   "KEY": server.app_key},
+                                                   "KEY": server.app_key,
+                                                   "TRUSTED": server.model("text")["bundle_id"]},
                        capture_output=True, text=True, timeout=180)
     assert p.returncode == 0, p.stderr
     out = json.loads(p.stdout)
@@ -258,10 +261,12 @@ const [url, key] = [process.env.URL, process.env.KEY];
 const caught = async (f) => { try { await f(); return null; } catch (e) {
   return { name: e.name, message: e.message, reason: e.reason ?? null, status: e.status ?? null }; } };
 const long = Array(200).fill("good movie").join(" ");
-const s = await EdgeSession.open({ server: url, apiKey: key, model: "text" });
+// the tiny test model's bundle trusted (too small a table for the text floor to measure)
+const trustedBundles = [process.env.TRUSTED];
+const s = await EdgeSession.open({ server: url, apiKey: key, model: "text", trustedBundles });
 const refused = await caught(() => s.predict(long));
 const before = await s.status();
-const t = await EdgeSession.open({ server: url, apiKey: key, model: "text", truncate: "first" });
+const t = await EdgeSession.open({ server: url, apiKey: key, model: "text", truncate: "first", trustedBundles });
 const cut = await t.predict(long);
 const one = await s.predict("a good film");
 console.log(JSON.stringify({ refused, sendsBefore: before.sends, cut: cut.sent[0].tokens,
@@ -280,7 +285,8 @@ def test_a_session_takes_a_string_refuses_a_long_text_and_words_errors_for_a_pag
     the model's length is refused unless truncate is "first" (nothing charged); a wrong or
     missing key is said in a web developer's words (no CLI flags)."""
     p = subprocess.run(["node", "--input-type=module", "-e", SESSION], cwd=REPO / "web_edge",
-                       env={"PATH": os.environ["PATH"], "URL": server.url, "KEY": server.app_key},
+                       env={"PATH": os.environ["PATH"], "URL": server.url, "KEY": server.app_key,
+                            "TRUSTED": server.model("text")["bundle_id"]},
                        capture_output=True, text=True, timeout=180)
     assert p.returncode == 0, p.stderr
     out = json.loads(p.stdout)

@@ -10,6 +10,7 @@ import torch
 
 from models.denoiser import Denoiser, candidate_vocabulary, channel_bias, new_denoiser
 from models.denoiser_train import DenoiserConfig, collate, recovery, train_denoiser
+from models.manifest import update_manifest
 from models.posterior import build_posterior
 
 ETA = 4.0  # the tiny table (16-d, N(0, 0.5) rows): about half the tokens change
@@ -185,8 +186,12 @@ def test_a_model_version_carries_its_denoiser(tiny_bert_bundle, tiny_bert_dir, t
     # another η's denoiser in its place
     other = build_posterior(b, "dchi-text", ETA * 2, ["good film"], rng=np.random.default_rng(2))
     new_denoiser(other, b, layers=1, candidates=8, base=tiny_bert_dir).save(out)
+    with pytest.raises(ValueError, match="denoiser.safetensors does not match its SHA-256"):
+        load_model(out)  # the sealed manifest sees the swap first (issue 42)
+    update_manifest(out, ["denoiser.safetensors"])  # resealed: the config's eta still refuses it
     with pytest.raises(ValueError, match="trained for eta=8"):
         load_model(out)
     (out / "denoiser.safetensors").unlink()
+    update_manifest(out, ["denoiser.safetensors"])
     with pytest.raises(ValueError, match="no denoiser.safetensors: it is incomplete"):
         load_model(out)

@@ -45,6 +45,7 @@ async function open() {
       backend: q.get("search") || undefined,
       worker,
       bundleCache: true,
+      trustedBundles: q.getAll("trusted"),
       onProgress: (p) => state.progress.push({ ...p, at: Math.round(performance.now() - t0) }),
     });
     state.openMs = performance.now() - t0;
