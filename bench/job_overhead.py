@@ -52,9 +52,10 @@ def setup(root: Path, n: int, eta: float):
     from cloud_api.store import tasks
     from cloud_api.store.db import Database
     from edge_agent import Privatizer
+    from shared.arrays import Limits
     from shared.bundle import EdgeBundle
     from shared.mechanisms import DChiText
-    from shared.payload import Limits, Record
+    from shared.payload import Record
 
     home = ModelHome(root / "home").ensure()
     settings = Settings(home=home.root, heartbeat_s=1.0, min_records_per_label=8,

@@ -101,7 +101,7 @@ def direct(url: str, bundle, bodies: list[bytes], requests: int
     from cloud_api.store import budgets, tasks
     from cloud_api.store import records as store
     from cloud_api.store.db import Database
-    from shared.payload import Limits
+    from shared.arrays import Limits
 
     db = Database(url)
     db.upgrade()

@@ -87,7 +87,7 @@ def prepare(work: Path, rows: int, model: Path | None = None) -> tuple[Path, Pat
     from cloud_api.home import ModelHome
     from models.experiment import train_from_tsv
     from models.finetune import TrainConfig
-    from models.versions import ONNX_FILE
+    from models.version_folder import ONNX_FILE
 
     if model is not None:
         work = work / f"given-{model.resolve().name}"

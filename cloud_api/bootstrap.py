@@ -46,12 +46,8 @@ DEFAULT_LAYERS = 3  # of the packaged MiniLM's 6 (a --base keeps all of its laye
 
 
 def register(subparsers) -> None:
-    from models.cli_args import (
-        add_device_args,
-        add_mechanism_args,
-        add_recipe_args,
-        positive_int,
-    )
+    from edge_agent.cli_args import positive_int
+    from models.cli_args import add_device_args, add_mechanism_args, add_recipe_args
 
     p = subparsers.add_parser(
         "bootstrap", help="export the bundle, train, register and promote a first model",
@@ -272,7 +268,7 @@ def _train_and_register(args, home, model_id: str, task: str, bundle, params: di
     from models.experiment import train_from_tsv
     from models.finetune import TrainConfig
     from models.manifest import update_manifest
-    from models.versions import CONFIG_FILE
+    from models.version_folder import CONFIG_FILE
     from shared.accounting import summary
 
     lr = args.lr if args.lr is not None or kind_of(args.mechanism) == "vector" \
@@ -353,7 +349,7 @@ def _fresh_dev(args, model_dir: Path, bundle) -> dict | None:
     from cloud_api.home import write_atomically
     from models.experiment import evaluate_tsv
     from models.manifest import update_manifest
-    from models.versions import METRICS_FILE
+    from models.version_folder import METRICS_FILE
 
     seeds = (np.random.SeedSequence(args.seed).spawn(args.dev_draws)
              if args.seed is not None else [None] * args.dev_draws)

@@ -30,6 +30,7 @@ from cloud_api import metrics
 from cloud_api.errors import NotFound, Unavailable
 from cloud_api.store import budgets
 from shared import ledger
+from shared.accounting import bundle_diameter
 from shared.ledger import Cost
 
 _DIAMETERS: dict[str, float] = {}
@@ -38,7 +39,7 @@ _DIAMETERS: dict[str, float] = {}
 def _diameter_sync(bundles, bundle_id: str) -> float | None:
     if bundle_id not in _DIAMETERS:
         try:
-            _DIAMETERS[bundle_id] = ledger.bundle_diameter(bundles.get(bundle_id))
+            _DIAMETERS[bundle_id] = bundle_diameter(bundles.get(bundle_id))
         except NotFound:
             return None
     return _DIAMETERS[bundle_id]
@@ -68,7 +69,7 @@ def records_cost(task, recs: Sequence, bundle) -> Cost:
     d = None
     if ledger.family_of(task.mechanism) == "dchi":
         if task.bundle_id not in _DIAMETERS:
-            _DIAMETERS[task.bundle_id] = ledger.bundle_diameter(bundle)
+            _DIAMETERS[task.bundle_id] = bundle_diameter(bundle)
         d = _DIAMETERS[task.bundle_id]
     return payloads_cost(task.mechanism, task.params, [r.payload for r in recs], d)
 

@@ -330,7 +330,7 @@ def run_models_reseal(args) -> int:
 
 
 def run_models_register(args) -> int:
-    from models.versions import read_config  # checks the folder is a privbert model version
+    from models.version_folder import read_config
 
     home = _home(args)
     cfg = read_config(args.dir)

@@ -13,7 +13,7 @@ import argparse
 import os
 import sys
 
-from edge_agent.cli_args import Parser, add_bundle_args, server_options
+from edge_agent.cli_args import Parser, add_attack_flags, add_bundle_args, server_options
 from edge_agent.errors import PROG, BudgetRefused, CliError, UsageError, info, one_line, warn
 from edge_agent.privatize.options import DEFAULT_MECHANISM
 from edge_agent.service.connect import make_client, resolve_bundle
@@ -55,18 +55,12 @@ def build_parser() -> argparse.ArgumentParser:
                    "%(default)s")
     how = p.add_mutually_exclusive_group(required=True)
     how.add_argument("--eta", type=float, help="privacy parameter eta > 0")
-    how.add_argument("--target-inversion", type=float, metavar="P",
-                     help="find the eta whose inversion accuracy is P (within 0.01), by "
-                          "bisection on a fixed noise draw")
+    add_attack_flags(p, inversion_tokens=5000, target=how)
     p.add_argument("--sample", metavar="FILE",
                    help="text (one per line; TSV: the first column) for inversion accuracy; "
                         "default: tokens drawn from the vocabulary")
     p.add_argument("--tokens", type=int, default=500, metavar="N",
                    help="regular tokens sampled for N_w and S_w (500)")
-    p.add_argument("--samples", type=int, default=1000, metavar="K",
-                   help="perturbations per token (1000, as in the paper)")
-    p.add_argument("--inversion-tokens", type=int, default=5000, metavar="M",
-                   help="tokens for the inversion accuracy (5000)")
     p.add_argument("--etas", metavar="E1,E2,...",
                    help="eta grid of the accuracy table (default: the paper's 50..175 scaled "
                         "by n/768)")
@@ -108,10 +102,8 @@ def run_report(args) -> int:
         raise UsageError(f"--eta must be a finite number > 0, got {args.eta}")
     if args.target_inversion is not None and not 0 <= args.target_inversion <= 1:
         raise UsageError(f"--target-inversion must be in [0, 1], got {args.target_inversion}")
-    for name in ("tokens", "samples", "inversion_tokens"):
-        if getattr(args, name) < 1:
-            raise UsageError(f"--{name.replace('_', '-')} must be an integer >= 1, "
-                             f"got {getattr(args, name)}")
+    if args.tokens < 1:
+        raise UsageError(f"--tokens must be an integer >= 1, got {args.tokens}")
     etas = None
     if args.etas:
         try:

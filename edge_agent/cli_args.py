@@ -1,5 +1,7 @@
 """argparse pieces every subcommand of ``edge-agent`` shares: the parser class (one-line
-errors, exact flags) and the bundle and server flags, parsed into ``ServerOptions``."""
+errors, exact flags) and the bundle and server flags, parsed into ``ServerOptions``; and
+those ``cloud-api``'s training commands share with it: the mechanism's parameter flags,
+the dχ attack's flags, ``positive_int``."""
 
 from __future__ import annotations
 
@@ -119,3 +121,33 @@ def add_param_flags(group: argparse._ActionsContainer, *, with_defaults: bool,
             kwargs["help"] += f" ({suffix[f.param]})"
         group.add_argument(f.flag, **kwargs)
     return flags
+
+
+def positive_int(s: str) -> int:
+    """argparse type: an integer >= 1."""
+    try:
+        v = int(s)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected an integer, got {s!r}") from None
+    if v < 1:
+        raise argparse.ArgumentTypeError(f"expected an integer >= 1, got {v}")
+    return v
+
+
+def add_attack_flags(group: argparse._ActionsContainer, *, inversion_tokens: int,
+                     target: argparse._ActionsContainer | None = None, scope: str = "") -> None:
+    """The dχ attack's flags (Qu et al. §5.3), alike in ``edge-agent report`` and
+    ``cloud-api evaluate --attack``: ``--target-inversion`` (added to ``target``, e.g. a
+    group exclusive with ``--eta``, else to ``group``), ``--samples`` and
+    ``--inversion-tokens``, whose default each command documents (``inversion_tokens``).
+    ``scope``: a prefix of their help (``"dchi: "`` beside other mechanisms' flags)."""
+    (target if target is not None else group).add_argument(
+        "--target-inversion", type=float, metavar="P",
+        help=f"{scope}find the eta whose inversion accuracy is P (within 0.01) instead of "
+             "--eta, by bisection on a fixed noise draw")
+    group.add_argument("--samples", type=positive_int, default=1000, metavar="K",
+                       help=f"{scope}perturbations per token for N_w/S_w (1000, Qu et al. "
+                            "§5.3)")
+    group.add_argument("--inversion-tokens", type=positive_int, default=inversion_tokens,
+                       metavar="M", help=f"{scope}token occurrences for the inversion "
+                                         f"accuracy ({inversion_tokens})")

@@ -133,7 +133,7 @@ def load_denoiser(source, bundle: EdgeBundle, mechanism: str, eta: float,
     """The denoiser of a model version folder, or a denoiser file, checked against the
     mechanism, η and bundle attacked (ValueError, one line)."""
     from models.denoiser import Denoiser
-    from models.versions import DENOISER_FILE, is_model_dir
+    from models.version_folder import DENOISER_FILE, is_model_dir
 
     path = Path(source)
     if is_model_dir(path):

@@ -9,7 +9,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from edge_agent.cli_args import add_param_flags
+from edge_agent.cli_args import add_param_flags, positive_int
 from edge_agent.mechanism_spec import flag_values
 from shared.policy import DEFAULT_P, NO_POLICY, POLICIES, PolicyError, policy_name
 
@@ -33,16 +33,6 @@ def texthide_key(text: str) -> int:
         return key_to_seed(text)
     except ValueError as exc:
         raise argparse.ArgumentTypeError(str(exc)) from None
-
-
-def positive_int(s: str) -> int:
-    try:
-        v = int(s)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected an integer, got {s!r}") from None
-    if v < 1:
-        raise argparse.ArgumentTypeError(f"expected an integer >= 1, got {v}")
-    return v
 
 
 def add_mechanism_args(p: argparse.ArgumentParser) -> None:

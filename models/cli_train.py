@@ -16,6 +16,7 @@ import dataclasses
 import json
 import sys
 
+from edge_agent.cli_args import add_attack_flags, positive_int
 from edge_agent.errors import one_line
 from models.cli_args import (
     PROG,
@@ -26,7 +27,6 @@ from models.cli_args import (
     check_device,
     mechanism_settings,
     policy_arg,
-    positive_int,
     posterior_table,
     seeded_rng,
     table_name,
@@ -117,7 +117,7 @@ def records_denoiser(file, base, bundle_dir=None):
     version's ``denoiser.safetensors``, else None."""
     from pathlib import Path
 
-    from models.versions import DENOISER_FILE, is_model_dir
+    from models.version_folder import DENOISER_FILE, is_model_dir
 
     if file is not None:
         return _denoiser_file(file, bundle_dir)
@@ -178,14 +178,9 @@ def register(subparsers) -> None:
     a = e.add_argument_group("privacy evaluation (--attack)")
     a.add_argument("--attack", action="store_true",
                    help="dchi: token inversion and N_w/S_w; laplace/ome/texthide: attacker MLP")
-    a.add_argument("--target-inversion", type=float, metavar="P",
-                   help="dchi: find the eta whose inversion accuracy is P instead of --eta")
     a.add_argument("--tokens", default=None, metavar="N|all",
                    help="dchi: vocabulary tokens for N_w/S_w (default all on GPU, 500 on CPU)")
-    a.add_argument("--samples", type=positive_int, default=1000, metavar="K",
-                   help="dchi: perturbations per token for N_w/S_w (1000, Qu et al. §5.3)")
-    a.add_argument("--inversion-tokens", type=positive_int, default=20000, metavar="M",
-                   help="dchi: token occurrences of the data for the inversion attack")
+    add_attack_flags(a, inversion_tokens=20000, scope="dchi: ")
     a.add_argument("--denoiser", metavar="VERSION|FILE",
                    help="dchi-text: also the contextual attack, with this model version's "
                         "denoiser (or a denoiser.safetensors) trained on public text")
@@ -346,7 +341,7 @@ def records_posterior(table_path, base):
     from pathlib import Path
 
     from models.posterior import POSTERIOR_FILE
-    from models.versions import is_model_dir
+    from models.version_folder import is_model_dir
 
     if table_path is not None:
         return posterior_table(table_path)
@@ -356,7 +351,7 @@ def records_posterior(table_path, base):
 
 
 def _print_trained(res, note: str | None = None) -> None:
-    from models.versions import read_config
+    from models.version_folder import read_config
     from shared.accounting import summary
 
     cfg = read_config(res.model_dir)
@@ -410,7 +405,7 @@ def run_evaluate(args) -> int:
 def run_attack(args) -> int:
     from models import attack
     from models.privatize import load_bundle, mechanism_from_params
-    from models.versions import read_config
+    from models.version_folder import read_config
     from shared.mechanisms import registry
 
     if args.data is None:

@@ -33,8 +33,9 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
+from shared.arrays import Limits
 from shared.mechanisms import registry
-from shared.payload import Limits, Record, parse_record
+from shared.payload import Record, parse_record
 
 if TYPE_CHECKING:
     import torch

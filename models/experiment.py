@@ -67,7 +67,7 @@ def _as_bundle(bundle: EdgeBundle | str | os.PathLike | None, base=None) -> Edge
         return bundle
     if bundle is not None:
         return load_bundle(bundle_dir=bundle)
-    from models.versions import is_model_dir
+    from models.version_folder import is_model_dir
 
     if base is not None and not Path(base).is_dir():
         raise ValueError(f"{base}: no such BERT folder")
@@ -396,7 +396,7 @@ def evaluate_tsv(model_dir: str | os.PathLike, tsv: str | os.PathLike, *,
     """Privatize a labelled TSV as the model's mechanism does (TextHide: k = 1, with the
     client's ``texthide_key``) and evaluate; labels unknown to the model are an error."""
     from models.data import label_indices
-    from models.versions import read_config
+    from models.version_folder import read_config
 
     cfg = read_config(model_dir)
     data = read_labelled_tsv(tsv, limit)

@@ -33,7 +33,7 @@ from models.backbone import load_bert, resolve_model_dir
 from models.classifiers import POOLINGS, mean_pool
 from models.data import example_payload_arrays
 from models.manifest import update_manifest
-from models.onnx_classifier import OnnxClassifier, onnx_session  # noqa: F401  (re-exported)
+from models.onnx_classifier import onnx_session
 from shared.bundle import EdgeBundle, save_atomically
 
 OPSET = 18
@@ -191,7 +191,8 @@ def export_classifier_onnx(model_dir: str | os.PathLike, seed: int = 0, int8: bo
     ``classifier.int8.onnx`` (``models.quantize.quantize_classifier``). Returns the fp32
     file's path."""
     from models.data import collate
-    from models.versions import CONFIG_FILE, ONNX_FILE, load_model
+    from models.version_folder import CONFIG_FILE, ONNX_FILE
+    from models.versions import load_model
 
     mv = load_model(model_dir)
     module = mv.module.float().eval()

@@ -88,7 +88,7 @@ class _Progress:
 
 
 def check_teacher(teacher, bundle: EdgeBundle, names: list[str]) -> None:
-    from models.versions import read_config
+    from models.version_folder import read_config
 
     cfg = read_config(teacher)
     if registry.get(cfg["mechanism"]).private:

@@ -143,7 +143,7 @@ def _bert_dir_for_bundle(model_dir) -> Path | None:
     p = Path(model_dir)
     if not p.is_dir():
         raise ValueError(f"{p}: no such model folder")
-    from models.versions import is_model_dir
+    from models.version_folder import is_model_dir
 
     if is_model_dir(p):
         raise ValueError(f"{p} is a trained model, not a BERT folder: pass --bundle")

@@ -40,17 +40,14 @@ from torch import nn
 from models.classifiers import architecture
 from models.data import collate_payloads, kind_of
 from models.manifest import MANIFEST_FILE, seal, verify_folder
-from models.version_folder import (  # noqa: F401  (the names are used from here too)
+from models.version_folder import (
     CONFIG_FILE,
     DATA_FILE,
     DENOISER_FILE,
     FORMAT,
     FORMAT_VERSION,
     METRICS_FILE,
-    ONNX_FILE,
     WEIGHTS_FILE,
-    is_model_dir,
-    read_config,
 )
 from models.version_module import load_classifier
 from shared.mechanisms import registry

@@ -259,6 +259,16 @@ class EdgeBundle:
     def max_length(self) -> int:
         return int(self.meta["max_length"])
 
+    def length_for_model(self, model_max_length: object) -> int | None:
+        """The length a model's token payloads are cut at: the model's own ``max_length``
+        (a model trained at 128 refuses longer token payloads) within the bundle's; None
+        when ``model_max_length`` is not a length (an integer >= 4). The one length policy
+        of the edge's ``--post predict`` and of the server's records for a served task."""
+        if isinstance(model_max_length, int) and not isinstance(model_max_length, bool) \
+                and model_max_length >= 4:
+            return min(model_max_length, self.max_length)
+        return None
+
     @property
     def special_ids(self) -> dict[str, int]:
         return dict(self.meta["special_ids"])

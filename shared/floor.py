@@ -34,6 +34,10 @@ when its worst-case ε is not finite (some output then certifies the input).
 
 Parameters the float arithmetic cannot carry are refused by :func:`check_computable`
 with a plain ValueError naming the parameter. Pure numpy, no I/O.
+
+Each mechanism's floor (and computability check) is in its own module
+(``shared/mechanisms/``), registered in the registry's ``FLOOR`` (``COMPUTABLE``) table;
+this module holds the rule, the measurements they share and the dχ measurement.
 """
 
 from __future__ import annotations
@@ -45,20 +49,8 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from shared import messages as msg
-from shared.accounting import bit_flip_epsilon, laplace_vector_epsilon, sentence_vector_dim
-from shared.mechanisms.binary import FixedPointBits
-from shared.mechanisms.computable import (  # noqa: F401 (part of this module's API)
-    F32_MAX,
-    TAIL,
-    check_dchi_eta,
-    dchi_noise_limit,
-    gamma_tail,
-)
-from shared.mechanisms.dchi import DChiEmbedding, DChiText
-from shared.mechanisms.laplace import Laplace
-from shared.mechanisms.plain import NoPrivacy
-from shared.mechanisms.registry import COMPUTABLE, FLOOR, as_mechanism
-from shared.mechanisms.texthide import TextHide
+from shared.accounting import sentence_vector_dim
+from shared.mechanisms.registry import as_mechanism
 from shared.rng import resolve_rng
 
 if TYPE_CHECKING:
@@ -279,21 +271,22 @@ def wilson_interval(k: int, n: int, z: float = MEASURE_Z) -> tuple[float, float]
     return max(0.0, centre - half), min(1.0, centre + half)
 
 
-def measure_unchanged(mech: DChiEmbedding | DChiText, bundle: EdgeBundle, *,
+def measure_unchanged(mech: Any, bundle: EdgeBundle, *,
                       threshold: float = THRESHOLD, rng: np.random.Generator | None = None,
                       first: int = MEASURE_FIRST, batch: int = MEASURE_BATCH,
                       most: int = MEASURE_MAX) -> tuple[int, int]:
     """(unchanged, drawn): regular tokens drawn uniformly from ``rng`` (OS entropy by
     default) and privatized by the mechanism at its η, until the Wilson interval lies on
-    one side of ``threshold`` or ``most`` were drawn. ``dchi-embedding``: whether the
-    nearest regular token of the noisy row is the token (the attacker's guess).
+    one side of ``threshold`` or ``most`` were drawn. ``mech``: a dχ mechanism, measured
+    through its ``floor_text(bundle)`` (``dchi-embedding``: whether the nearest regular
+    token of the noisy row is the token, the attacker's guess).
 
     Steps of ``first``, then as many as were drawn, at most ``batch`` (32, 32, 64, 128,
     128, ...): an η far from the line, as every usable one is, is decided by 32 tokens
     (the Wilson bound at z = 5 for a third unchanged is 0.72), the page's first
     privatization waits for no more."""
     rng = resolve_rng(rng)
-    text = mech if isinstance(mech, DChiText) else DChiText(bundle, mech.eta)
+    text = mech.floor_text(bundle)
     reg = floor_tokens(mech, bundle)
     same = drawn = 0
     while drawn < most:
@@ -310,7 +303,7 @@ def measure_unchanged(mech: DChiEmbedding | DChiText, bundle: EdgeBundle, *,
     return same, drawn
 
 
-def floor_tokens(mech: DChiEmbedding | DChiText, bundle: EdgeBundle) -> np.ndarray:
+def floor_tokens(mech: Any, bundle: EdgeBundle) -> np.ndarray:
     """The tokens the dχ floor draws from: the bundle's regular tokens, less the public words
     of the mechanism's token policy (which carry no guarantee: the floor judges the others)."""
     reg = np.asarray(bundle.regular_ids, dtype=np.int64)
@@ -321,7 +314,9 @@ def floor_tokens(mech: DChiEmbedding | DChiText, bundle: EdgeBundle) -> np.ndarr
 
 
 # -- the floor ----------------------------------------------------------------------------------
-def _vector_dim(mechanism: Any, bundle: EdgeBundle | None, dim: int | None) -> int:
+def vector_dim(mechanism: Any, bundle: EdgeBundle | None, dim: int | None) -> int:
+    """r, the sentence-vector size a vector mechanism's floor is judged at: ``dim``, else
+    the bundle's (ValueError without either)."""
     if dim is None and bundle is not None:
         dim = sentence_vector_dim(bundle)
     if dim is None:
@@ -329,80 +324,7 @@ def _vector_dim(mechanism: Any, bundle: EdgeBundle | None, dim: int | None) -> i
     return int(dim)
 
 
-# -- each mechanism's floor (registered: ``mechanism.weak_privacy_reason(...)`` finds them) ----
-@FLOOR.register(DChiEmbedding, DChiText)
-def _dchi_reason(mech: DChiEmbedding | DChiText, bundle: EdgeBundle | None, *,
-                 threshold: float, dim: int | None,
-                 rng: np.random.Generator | None = None) -> str | None:
-    if bundle is None and isinstance(mech, DChiText):
-        bundle = mech.bundle
-    if bundle is None:
-        raise ValueError("dchi-embedding: pass the bundle to check the privacy floor (the "
-                         "floor is measured on its embedding table)")
-    if isinstance(mech, DChiEmbedding):
-        bundle.embeddings  # noqa: B018 (BundleError: a designed table serves dchi-text only)
-    head = msg.weak_head(msg.DCHI_WHAT.format(mechanism=mech.name, eta=mech.eta))
-    problem = table_problem(bundle, rng)
-    if problem is not None:
-        return msg.DCHI_DEGENERATE.format(head=head, problem=problem)
-    reg = np.asarray(bundle.regular_ids)
-    t_max = float(np.sqrt(np.einsum("ij,ij->i", bundle.table[reg], bundle.table[reg]).max()))
-    if not math.isfinite(mech.eta * 2.0 * t_max):
-        return msg.DCHI_NOT_FINITE.format(head=head)
-    same, drawn = measure_unchanged(mech, bundle, threshold=threshold, rng=rng)
-    if same / drawn <= threshold:
-        return None
-    outcome = msg.DCHI_TEXT_OUTCOME if isinstance(mech, DChiText) else \
-        msg.DCHI_EMBEDDING_OUTCOME
-    start = dchi_floor(bundle, tokens=ESTIMATE_TOKENS, rng=rng).floor_eta(threshold)
-    return msg.DCHI_MEASURED.format(head=head, share=msg.pct(same / drawn), drawn=drawn,
-                                    outcome=outcome, floor=msg.pct(threshold), start=start)
-
-
-@FLOOR.register(Laplace)
-def _laplace_reason(mech: Laplace, bundle: EdgeBundle | None, *, threshold: float,
-                    dim: int | None, **_: Any) -> str | None:
-    dim = _vector_dim(mech, bundle, dim)
-    eps = mech.epsilon
-    head = msg.weak_head(msg.LAPLACE_WHAT.format(epsilon=eps))
-    if not math.isfinite(laplace_vector_epsilon(eps, mech.calibration, dim)):
-        return msg.LAPLACE_NOT_FINITE.format(head=head)
-    b = mech.scale(dim)
-    within = -math.expm1(-LAPLACE_STEP / b) if b > 0 else 1.0  # Pr[|noise| <= 2^-23]
-    p = math.exp(dim * math.log(within)) if within > 0 else 0.0
-    if p <= threshold:
-        return None
-    return msg.LAPLACE_ROUNDING.format(head=head, scale=b, share=msg.pct(p),
-                                       floor=msg.pct(threshold))
-
-
-@FLOOR.register(FixedPointBits)
-def _bits_reason(mech: FixedPointBits, bundle: EdgeBundle | None, *, threshold: float,
-                 dim: int | None, **_: Any) -> str | None:
-    p, q = mech.bit_probabilities()
-    params = msg.BITS_PARAM_JOIN.join(msg.BITS_PARAM.format(name=k, value=v)
-                                      for k, v in mech.params.items() if k in ("epsilon", "lam"))
-    head = msg.weak_head(msg.BITS_WHAT.format(mechanism=mech.name, params=params))
-    if not math.isfinite(bit_flip_epsilon(p, q)):
-        return msg.BITS_NOT_FINITE.format(head=head)
-    det = np.minimum(np.maximum(p, 1.0 - p), max(q, 1.0 - q))
-    prob = math.exp(float(np.log(det).sum()))
-    if prob <= threshold:
-        return None
-    return msg.BITS_FIXED.format(head=head, share=msg.pct(prob), n_bits=mech.n_bits,
-                                 floor=msg.pct(threshold))
-
-
-@FLOOR.register(TextHide)
-def _texthide_reason(mech: TextHide, bundle: EdgeBundle | None, *, threshold: float,
-                     dim: int | None, **_: Any) -> str | None:
-    return None  # no differential-privacy guarantee to fall below (shared.accounting)
-
-
-@FLOOR.register(NoPrivacy)
-def _none_reason(mech: NoPrivacy, bundle: EdgeBundle | None, *, threshold: float,
-                 dim: int | None, **_: Any) -> str | None:
-    return msg.NONE_REFUSED
+# -- the floor of a mechanism (its own module registers it) ----------------------------------
 
 
 def weak_privacy_reason(mechanism: Any, bundle: EdgeBundle | None = None, *,
@@ -441,19 +363,3 @@ def check_computable(mechanism: Any, bundle: EdgeBundle | None = None, *,
     as_mechanism(mechanism).check_computable(bundle, dim=dim, float_dtype=float_dtype)
 
 
-@COMPUTABLE.register(DChiEmbedding)
-def _dchi_embedding_computable(mech: DChiEmbedding, bundle: EdgeBundle | None, *,
-                               dim: int | None, float_dtype: str) -> None:
-    if bundle is None:
-        raise ValueError("dchi-embedding: pass the bundle to check eta against its table")
-    emb = bundle.embeddings
-    t_max = float(np.abs(emb).max()) if emb.size else 0.0
-    check_dchi_eta(mech.eta, bundle.dim, t_max, float_dtype, search=False)
-
-
-@COMPUTABLE.register(Laplace)
-def _laplace_computable(mech: Laplace, bundle: EdgeBundle | None, *, dim: int | None,
-                        float_dtype: str) -> None:
-    b = mech.scale(_vector_dim(mech, bundle, dim))  # inf if r/ε overflows
-    if not math.isfinite(b) or 1.0 + b * TAIL > F32_MAX / 4.0:
-        raise ValueError(msg.LAPLACE_TOO_SMALL.format(epsilon=mech.epsilon, scale=b))

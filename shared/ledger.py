@@ -36,22 +36,11 @@ from __future__ import annotations
 import math
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
-from functools import lru_cache
 from typing import Any, cast
 
 from shared import messages as msg
-from shared.accounting import (  # noqa: F401 (bundle_diameter: the ledger's D, re-exported)
-    bit_flip_epsilon,
-    bundle_diameter,
-    laplace_vector_epsilon,
-)
 from shared.mechanisms import registry
-from shared.mechanisms.binary import OME, FixedPointBits
-from shared.mechanisms.dchi import DChiEmbedding, DChiText
-from shared.mechanisms.laplace import Laplace
-from shared.mechanisms.plain import NoPrivacy
-from shared.mechanisms.registry import COST, as_mechanism
-from shared.mechanisms.texthide import TextHide
+from shared.mechanisms.registry import as_mechanism
 
 
 @dataclass(frozen=True)
@@ -154,10 +143,6 @@ def check_cap(cap: Any) -> float | None:
 
 
 # -- the cost of one privatization -----------------------------------------------------------
-@lru_cache(maxsize=256)
-def _bits_epsilon(epsilon: float, lam: float, dim: int, int_bits: int, frac_bits: int) -> float:
-    p, q = OME(epsilon, lam, dim, int_bits, frac_bits).bit_probabilities()
-    return bit_flip_epsilon(p, q)
 
 
 def family_of(mechanism: str) -> str:
@@ -185,55 +170,13 @@ def cost(mechanism: str, params: Mapping[str, Any], *, tokens: int | None = None
                                            **extra)
 
 
-# -- the cost of each mechanism (registered: ``mechanism.cost(...)`` finds them) --------------
-@COST.register(TextHide, NoPrivacy)
-def _counted(cls: Any, params: Mapping[str, Any], **size: Any) -> Cost:
+# -- the cost of each mechanism: in its own module, registered in the registry's ``COST``
+# table (``mechanism.cost(...)`` finds it) ----------------------------------------------------
+def counted(cls: Any, params: Mapping[str, Any], **size: Any) -> Cost:
+    """The cost of a mechanism without an ε (texthide, none): its sends are counted."""
     return Cost(cls.family, None)
 
 
-@COST.register(DChiText, DChiEmbedding)
-def _dchi_cost(cls: Any, params: Mapping[str, Any], *, tokens: int | None,
-               dim: int | None, diameter: float | None, public: int = 0) -> Cost:
-    eta = check_amount("eta", params["eta"])
-    n = _count("tokens", tokens)
-    k = _count("public tokens", public)
-    if k > n:
-        raise ValueError(f"public tokens ({k}) cannot exceed the tokens ({n})")
-    if k and params.get("public_p") is None:
-        raise ValueError("public tokens are counted only under a token policy (public_p)")
-    if diameter is None:
-        raise ValueError("the dχ cost needs the table's diameter D (bundle_diameter)")
-    d = check_amount("table diameter", diameter)
-    m = n - k
-    return Cost(cls.family, _finite(cls.name, eta * m * d), metric=_finite(cls.name, eta * m),
-                tokens=m, eta=eta, public=k)
-
-
-@COST.register(Laplace)
-def _laplace_cost(cls: Any, params: Mapping[str, Any], *, dim: int | None, **size: Any
-                  ) -> Cost:
-    r = _count("vector size", dim)
-    eps = laplace_vector_epsilon(float(params["epsilon"]), params.get("calibration", "vector"),
-                                 r)
-    return Cost(cls.family, _finite(cls.name, eps))
-
-
-@COST.register(OME)
-def _ome_cost(cls: Any, params: Mapping[str, Any], *, dim: int | None, **size: Any) -> Cost:
-    r = _count("vector size", dim)
-    eps = _bits_epsilon(float(params["epsilon"]), float(params["lam"]), r,
-                        int(params.get("int_bits", 4)), int(params.get("frac_bits", 5)))
-    return Cost(cls.family, _finite(cls.name, eps))
-
-
-@COST.register(FixedPointBits)
-def _bits_cost(cls: Any, params: Mapping[str, Any], *, dim: int | None, **size: Any
-               ) -> Cost:
-    """SUE, OUE: the worst case over their bits (objects only: they have no payload)."""
-    mech = cls(float(params["epsilon"]), _count("vector size", dim),
-               int(params.get("int_bits", 4)), int(params.get("frac_bits", 5)))
-    p, q = mech.bit_probabilities()
-    return Cost(cls.family, _finite(cls.name, bit_flip_epsilon(p, q)))
 
 
 def mechanism_cost(mechanism: Any, *, tokens: int | None = None, dim: int | None = None,
@@ -289,17 +232,20 @@ def batch_cost(payloads: Iterable[Any], mechanism: str, params: Mapping[str, Any
         return Cost(family_of(mechanism), None, sends=n)
     each = [(cost(mechanism, params, **dict(size)), k) for size, k in sizes.items()]
     eps = math.fsum(cast(float, c.epsilon) * k for c, k in each)
-    return Cost(family_of(mechanism), _finite(mechanism, eps), sends=n,
+    return Cost(family_of(mechanism), finite_cost(mechanism, eps), sends=n,
                 tokens=sum(c.tokens * k for c, k in each))
 
 
-def _count(name: str, n: Any) -> int:
+def check_count(name: str, n: Any) -> int:
+    """``n`` if it is an integer >= 0 (a token count, a vector size), else ValueError."""
     if isinstance(n, bool) or not isinstance(n, int) or n < 0:
         raise ValueError(f"{name} must be an integer >= 0, got {n!r}")
     return n
 
 
-def _finite(mechanism: str, value: float) -> float:
+def finite_cost(mechanism: str, value: float) -> float:
+    """A worst-case ε as a float, or the ledger's refusal of one that is not a finite
+    number >= 0 (such a privatization cannot be counted)."""
     if not math.isfinite(value) or value < 0:
         raise ValueError(msg.LEDGER_NOT_FINITE.format(mechanism=mechanism, epsilon=value))
     return float(value)

@@ -25,16 +25,12 @@ from pydantic import (
     model_validator,
 )
 
-from shared.arrays import (  # noqa: F401 (part of this module's API)
+from shared.arrays import (
     DEFAULT_LIMITS,
-    DTYPES,
     FLOAT_DTYPES,
-    MAX_JSON_BYTES,
     STRICT,
     Array,
     Limits,
-    NonNegInt,
-    PosFloat,
     PosInt,
     encode_array,
     encode_rows,
@@ -253,7 +249,6 @@ MECHANISMS = registry.names()
 PAYLOAD_FIELDS = {  # mechanism -> (array field, array dtype; None = float_dtype)
     name: (cls.array_field, cls.array_dtypes[0] if len(cls.array_dtypes) == 1 else None)
     for name, cls in PAYLOAD_CLASSES.items()}
-_KINDS = PAYLOAD_FIELDS  # its former name
 
 
 def make_payload(mechanism: str, params: dict, bundle_id: str, data: np.ndarray,

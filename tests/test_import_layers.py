@@ -125,15 +125,23 @@ def test_the_cycle_finder_finds_one():
     assert cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
 
 
-def test_mechanisms_import_neither_the_floor_nor_the_ledger():
-    """The floor, the ledger and the accounting register each mechanism's functions in the
-    registry (``shared.mechanisms.registry``); the payload union is built from it."""
+def test_the_analysis_imports_no_mechanism_and_no_mechanism_the_payload():
+    """Each mechanism's module holds its cost, floor and guarantee and registers them in
+    the registry (``shared.mechanisms.registry``), as a plugin does; the ledger, the floor
+    and the accounting keep the generic math and import no mechanism module, only the
+    registry and the helpers beside it. The payload union is built from the registry: no
+    mechanism imports it."""
     g = graph()
-    above = {"shared.floor", "shared.accounting", "shared.ledger", "shared.payload"}
-    mechanisms = [mod for mod in g if mod.startswith("shared.mechanisms")]
-    assert "shared.mechanisms.registry" in mechanisms
+    analysis = {"shared.floor", "shared.accounting", "shared.ledger"}
+    mechanisms = {mod for mod in g if mod.startswith("shared.mechanisms.")}
+    samplers = {f"shared.mechanisms.{m}" for m in ("dchi", "laplace", "binary", "texthide",
+                                                   "plain")}
+    assert samplers <= mechanisms
+    for mod in analysis:
+        assert not deps_of(g, mod) & samplers, (mod, deps_of(g, mod) & samplers)
     for mod in mechanisms:
-        assert not deps_of(g, mod) & above, (mod, deps_of(g, mod) & above)
+        assert "shared.payload" not in deps_of(g, mod), mod
+    assert "shared.ledger" in g["shared.mechanisms.laplace"]  # the cost is its module's
 
 
 def deps_of(g: dict[str, set[str]], mod: str) -> set[str]:
@@ -354,3 +362,54 @@ def test_the_private_import_finder_finds_them(tmp_path):
                    "from models.cli_train import __doc__\n")
     found = private_imports([src])
     assert [f.split(": ")[1] for f in found] == ["shared._hidden", "shared.arrays._secret"]
+
+
+def _imported_names(tree: ast.Module) -> dict[str, str]:
+    """Names a module binds at its top level by ``from a import b`` (not in functions):
+    name -> ``a.b``."""
+    out: dict[str, str] = {}
+    todo: list[ast.stmt] = list(tree.body)
+    while todo:
+        node = todo.pop()
+        if isinstance(node, ast.ImportFrom) and node.module:
+            out.update({a.asname or a.name: f"{node.module}.{a.name}" for a in node.names})
+        elif isinstance(node, (ast.If, ast.Try)):
+            todo.extend([*node.body, *node.orelse])
+    return out
+
+
+def reexported_imports(paths: list[Path]) -> list[str]:
+    """``path: a.b (lives in c.d)`` for each ``from a import b`` where module ``a`` (not a
+    package's ``__init__``) only imports ``b`` from ``c``: one name, one spelling, imported
+    from where it lives (a package's ``__init__`` may gather its public names)."""
+    mods = _product_modules()
+    bound = functools.cache(lambda m: _imported_names(ast.parse(
+        mods[m].read_text(encoding="utf-8"))))
+    out = []
+    for path in paths:
+        for node in _import_nodes(ast.parse(path.read_text(encoding="utf-8")), typing=True):
+            if not (isinstance(node, ast.ImportFrom) and node.level == 0
+                    and node.module in mods and mods[node.module].name != "__init__.py"):
+                continue
+            for a in node.names:
+                home = bound(node.module).get(a.name)
+                if home and f"{node.module}.{a.name}" not in mods:
+                    where = path.relative_to(REPO) if path.is_relative_to(REPO) else path.name
+                    out.append(f"{where}: {node.module}.{a.name} (lives in {home})")
+    return sorted(out)
+
+
+def test_each_name_is_imported_from_where_it_lives():
+    """No re-export shims: a caller imports ``Limits`` from ``shared.arrays``, not through
+    ``shared.payload``, which imports it too."""
+    paths = [p for d in (*PRODUCT, "tests", "bench", "scripts", "deploy") for p in
+             (REPO / d).rglob("*.py")]
+    assert reexported_imports(paths) == []
+
+
+def test_the_reexport_finder_finds_one(tmp_path):
+    src = tmp_path / "probe.py"
+    src.write_text("from shared.payload import make_payload, registry\n"
+                   "from shared.mechanisms import DChiText\nfrom shared import ledger\n")
+    assert [f.split(": ")[1] for f in reexported_imports([src])] == [
+        "shared.payload.registry (lives in shared.mechanisms.registry)"]

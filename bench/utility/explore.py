@@ -82,13 +82,13 @@ def run(a: argparse.Namespace) -> dict:
     """Train and evaluate one recipe; the JSON record (also printed and appended)."""
     import torch
 
+    from models.backbone import keep_layers
     from models.data import label_names_from, read_labelled_tsv
     from models.finetune import (
         TrainConfig,
         build_model,
         evaluate_dataset,
         finetune,
-        keep_layers,
         predict_dataset,
     )
     from models.posterior import ChannelPosterior

@@ -247,7 +247,7 @@ def given_pretraining(path: Path, row: Row, eta: float) -> dict:
 def run_row(row: Row, cfg: dict, out: Path, args, data: dict, bundles: dict) -> dict:
     from models.experiment import train_from_tsv
     from models.finetune import TrainConfig
-    from models.versions import read_config
+    from models.version_folder import read_config
     from shared.accounting import summary
 
     key = key_of(cfg)

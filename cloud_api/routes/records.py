@@ -29,7 +29,8 @@ from cloud_api.serving.checks import PayloadChecker
 from cloud_api.store import budgets
 from cloud_api.store import records as store
 from cloud_api.store.tasks import Mechanism, TaskName, get_task
-from shared.payload import Limits, Record
+from shared.arrays import Limits
+from shared.payload import Record
 
 router = APIRouter(prefix="/v1", tags=["records"])
 

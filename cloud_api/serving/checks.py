@@ -19,8 +19,8 @@ import numpy as np
 
 from cloud_api.errors import PayloadMismatch
 from models.data import kind_of
+from shared.arrays import Limits
 from shared.mechanisms import registry
-from shared.payload import Limits
 
 
 def _fmt(value) -> str:
@@ -111,8 +111,10 @@ class PayloadChecker:
         if kind == "vector" and r is not None:
             arch["in_dim"] = int(r) * registry.get(task.mechanism).values_per_dim(task.params)
         max_length, length_of = bundle.max_length, None
-        if served is not None and served[0] < max_length:
-            max_length, length_of = served[0], f"model {served[1]}, which serves the task"
+        if served is not None:
+            max_length = bundle.length_for_model(served[0]) or max_length
+            if max_length < bundle.max_length:
+                length_of = f"model {served[1]}, which serves the task"
         config = {"mechanism": task.mechanism, "params": dict(task.params),
                   "bundle_id": task.bundle_id, "max_length": max_length,
                   "source": {"pairs": bool(task.pairs)}, "architecture": arch,
@@ -122,7 +124,7 @@ class PayloadChecker:
 
     # -- limits for parsing -----------------------------------------------------------------
     def limits(self) -> Limits:
-        """``shared.payload.Limits`` to parse this model's request bodies."""
+        """``shared.arrays.Limits`` to parse this model's request bodies."""
         return self._limits
 
     # -- checks -----------------------------------------------------------------------------

@@ -47,8 +47,8 @@ from cloud_api.serving.loading import Served, load_version
 from cloud_api.serving.payload_queue import Disconnected
 from cloud_api.settings import Settings
 from models.manifest import IntegrityError
+from shared.arrays import Limits
 from shared.mechanisms import registry as mechanisms
-from shared.payload import Limits
 
 log = logging.getLogger(__name__)
 

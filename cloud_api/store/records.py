@@ -58,8 +58,9 @@ from cloud_api.store.tasks import (
     get_task,
     params_difference,
 )
+from shared.arrays import Limits
 from shared.mechanisms import registry
-from shared.payload import Limits, Record
+from shared.payload import Record
 
 try:  # SIMD base64 where installed (a cloud dependency); the standard library otherwise
     from pybase64 import b64decode

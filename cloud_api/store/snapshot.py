@@ -17,7 +17,8 @@ from sqlalchemy import func, select, text
 from cloud_api.store.db import Database
 from cloud_api.store.tables import SOFT_LABEL_DTYPE, records
 from cloud_api.store.tasks import PAYLOAD_CLASSES, Task, get_task
-from shared.payload import PAYLOAD_ADAPTER, Limits, Record
+from shared.arrays import Limits
+from shared.payload import PAYLOAD_ADAPTER, Record
 
 try:  # SIMD base64 where installed (a cloud dependency); the standard library otherwise
     from pybase64 import b64encode

@@ -18,6 +18,7 @@ from edge_agent.budget.ledger import DeviceLedger, Status
 from edge_agent.errors import BudgetRefused
 from edge_agent.privatize.options import PrivatizeOptions
 from shared import ledger
+from shared.accounting import bundle_diameter
 from shared.conventions import fmt_eps as fmt
 from shared.ledger import Cost
 
@@ -48,7 +49,7 @@ class RunBudget:
                 "mechanism": priv.name, "params": priv.params, "bundle_id": bundle.bundle_id,
                 "float_dtype": priv.float_dtype, "max_length": priv.max_length,
                 "truncate": priv.truncate})
-        self.diameter = ledger.bundle_diameter(bundle) if self.family == "dchi" else None
+        self.diameter = bundle_diameter(bundle) if self.family == "dchi" else None
         enc = priv.encoder
         self.vector_dim = None if enc is None else getattr(enc, "output_dim", None)
         self.charged: list[Cost] = []

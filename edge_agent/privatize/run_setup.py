@@ -59,10 +59,7 @@ def max_length_for(opts: PrivatizeOptions, bundle, model: dict | None) -> int | 
     if given is not None or model is None or opts.post.mode != "predict" \
             or not registry.get(opts.mechanism.name).payload_kind.reads_tokens:
         return given
-    limit = model.get("max_length")
-    if isinstance(limit, int) and not isinstance(limit, bool) and 4 <= limit:
-        return min(limit, bundle.max_length)
-    return None
+    return bundle.length_for_model(model.get("max_length"))
 
 
 def make_privatizer(opts: PrivatizeOptions, bundle, model: dict | None):

@@ -4,8 +4,8 @@ Every ``privatize``/``perturb``/``encrypt`` takes ``rng``: a passed
 ``numpy.random.Generator`` is used as is; ``None`` draws fresh OS entropy.
 
 Each mechanism is a class registered by name below (``shared.mechanisms.registry``: the
-``Mechanism`` protocol and the factory ``create``); adding one is its file plus one line
-here.
+``Mechanism`` protocol and the factory ``create``); its module holds its sampler and
+registers its cost, floor and guarantee. Adding one is its file plus one line here.
 """
 
 from shared.mechanisms.binary import OME, OUE, SUE, z_score

@@ -20,22 +20,36 @@ order.
 from __future__ import annotations
 
 import math
-from typing import TYPE_CHECKING, Annotated
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, Annotated, Any
 
 import numpy as np
 from pydantic import BaseModel, Field, model_serializer
 
 from shared import messages as msg
+from shared.accounting import bundle_diameter, dchi_expected_noise_norm
 from shared.arrays import STRICT, PosFloat
+from shared.floor import ESTIMATE_TOKENS, dchi_floor, measure_unchanged, table_problem
+from shared.ledger import Cost, check_amount, check_count, finite_cost
 from shared.mechanisms.checks import finite_array, positive, positive_int
 from shared.mechanisms.computable import check_dchi_eta
-from shared.mechanisms.nearest import ExactNearest
-from shared.mechanisms.registry import BaseMechanism, PayloadKind, need
+from shared.mechanisms.nearest import ExactNearest, kth_neighbour_distances
+from shared.mechanisms.registry import (
+    COMPUTABLE,
+    COST,
+    FLOOR,
+    GUARANTEE,
+    BaseMechanism,
+    PayloadKind,
+    need,
+)
 from shared.policy import TokenPolicy, kept_public
 from shared.rng import resolve_rng
 
 if TYPE_CHECKING:
     from shared.bundle import EdgeBundle
+
+NEIGHBOURS = (1, 10, 100)  # the k-th nearest neighbours the guarantee reads eta at
 
 
 def sample_dchi_noise(
@@ -184,6 +198,12 @@ class DChiEmbedding(_PolicyMixin, BaseMechanism):
         except FloatingPointError:
             raise ValueError(msg.DCHI_NOISE_OVERFLOW.format(eta=self.eta)) from None
 
+    def floor_text(self, bundle: EdgeBundle) -> DChiText:
+        """What the privacy floor measures (``shared.floor.measure_unchanged``): the
+        nearest regular token of a noisy row, as ``dchi-text`` at this η sends it on
+        ``bundle`` (the attacker's guess)."""
+        return DChiText(bundle, self.eta)
+
 
 class DChiText(_PolicyMixin, BaseMechanism):
     """Text-to-text privatization: the exact nearest regular token to x + N (§3.2.4)."""
@@ -218,6 +238,10 @@ class DChiText(_PolicyMixin, BaseMechanism):
         (``shared.mechanisms.computable.check_dchi_eta``; the arguments are the protocol's,
         this object knows its table)."""
         check_dchi_eta(self.eta, self._embeddings.shape[1], self._t_max)
+
+    def floor_text(self, bundle: EdgeBundle) -> DChiText:
+        """What the privacy floor measures: this object's own output."""
+        return self
 
     @classmethod
     def from_params(cls, params, bundle=None, *, dim=None, secret=None) -> DChiText:
@@ -270,3 +294,128 @@ class DChiText(_PolicyMixin, BaseMechanism):
         if priv.size:
             out[priv] = self.index.search(_noise_rows(self._embeddings[a[priv]], self.eta, rng))
         return out
+
+
+# -- its cost, floor and guarantee, registered in the registry's tables: ``shared.ledger``,
+# ``shared.floor`` and ``shared.accounting`` find them there ---------------------------
+@COST.register(DChiText, DChiEmbedding)
+def _cost(cls: Any, params: Mapping[str, Any], *, tokens: int | None,
+          dim: int | None, diameter: float | None, public: int = 0) -> Cost:
+    eta = check_amount("eta", params["eta"])
+    n = check_count("tokens", tokens)
+    k = check_count("public tokens", public)
+    if k > n:
+        raise ValueError(f"public tokens ({k}) cannot exceed the tokens ({n})")
+    if k and params.get("public_p") is None:
+        raise ValueError("public tokens are counted only under a token policy (public_p)")
+    if diameter is None:
+        raise ValueError("the dχ cost needs the table's diameter D (bundle_diameter)")
+    d = check_amount("table diameter", diameter)
+    m = n - k
+    return Cost(cls.family, finite_cost(cls.name, eta * m * d), metric=finite_cost(cls.name, eta * m),
+                tokens=m, eta=eta, public=k)
+
+
+@FLOOR.register(DChiEmbedding, DChiText)
+def _floor(mech: DChiEmbedding | DChiText, bundle: EdgeBundle | None, *,
+           threshold: float, dim: int | None,
+           rng: np.random.Generator | None = None) -> str | None:
+    if bundle is None and isinstance(mech, DChiText):
+        bundle = mech.bundle
+    if bundle is None:
+        raise ValueError("dchi-embedding: pass the bundle to check the privacy floor (the "
+                         "floor is measured on its embedding table)")
+    if isinstance(mech, DChiEmbedding):
+        bundle.embeddings  # noqa: B018 (BundleError: a designed table serves dchi-text only)
+    head = msg.weak_head(msg.DCHI_WHAT.format(mechanism=mech.name, eta=mech.eta))
+    problem = table_problem(bundle, rng)
+    if problem is not None:
+        return msg.DCHI_DEGENERATE.format(head=head, problem=problem)
+    reg = np.asarray(bundle.regular_ids)
+    t_max = float(np.sqrt(np.einsum("ij,ij->i", bundle.table[reg], bundle.table[reg]).max()))
+    if not math.isfinite(mech.eta * 2.0 * t_max):
+        return msg.DCHI_NOT_FINITE.format(head=head)
+    same, drawn = measure_unchanged(mech, bundle, threshold=threshold, rng=rng)
+    if same / drawn <= threshold:
+        return None
+    outcome = msg.DCHI_TEXT_OUTCOME if isinstance(mech, DChiText) else \
+        msg.DCHI_EMBEDDING_OUTCOME
+    start = dchi_floor(bundle, tokens=ESTIMATE_TOKENS, rng=rng).floor_eta(threshold)
+    return msg.DCHI_MEASURED.format(head=head, share=msg.pct(same / drawn), drawn=drawn,
+                                    outcome=outcome, floor=msg.pct(threshold), start=start)
+
+
+@COMPUTABLE.register(DChiEmbedding)
+def _computable(mech: DChiEmbedding, bundle: EdgeBundle | None, *,
+                dim: int | None, float_dtype: str) -> None:
+    if bundle is None:
+        raise ValueError("dchi-embedding: pass the bundle to check eta against its table")
+    emb = bundle.embeddings
+    t_max = float(np.abs(emb).max()) if emb.size else 0.0
+    check_dchi_eta(mech.eta, bundle.dim, t_max, float_dtype, search=False)
+
+
+@GUARANTEE.register(DChiEmbedding, DChiText)
+def _guarantee(mech: DChiEmbedding | DChiText, bundle: EdgeBundle | None, *, dim: int | None,
+               sample: int) -> dict:
+    if bundle is None and isinstance(mech, DChiText):
+        bundle = mech.bundle
+    eta = mech.eta
+    g: dict[str, Any] = {
+        "nominal": {"eta": eta, "epsilon": None,
+                    "statement": msg.DCHI_STATEMENT},
+        "worst_case": {"eta": eta, "epsilon": None},
+        "notes": [
+            f"Two tokens at embedding distance d are eta*d = {eta:g}*d indistinguishable; "
+            "a sentence adds this over its tokens.",
+            "dχ-privacy is not ε-LDP: distant tokens are much easier to tell apart than "
+            "close ones.",
+        ],
+    }
+    if isinstance(mech, DChiText):
+        g["notes"].append("The nearest-token step is post-processing and keeps the guarantee.")
+    policy = getattr(mech, "policy", None)
+    if policy is not None:
+        p = float(mech.public_p or 0.0)
+        g["policy"] = {"name": policy.name, "public_words": policy.size, "p": p,
+                       "sent_unchanged": 1.0 - p, "sha256": policy.digest}
+        g["worst_case"]["epsilon_scope"] = msg.DCHI_POLICY_SCOPE
+        g["notes"].append(
+            f"Token policy {policy.name}: its {policy.size:,} public words (function words "
+            f"and punctuation) are sent as typed with probability {1.0 - p:g} and privatized "
+            f"otherwise (SanText+, Yue et al. 2021). They have no guarantee, among themselves "
+            "or against any other word; every figure here is about the other words.")
+    if bundle is None:
+        g["notes"].append("Pass the bundle to see what eta means on its embedding table.")
+        return g
+    table = bundle.table[bundle.regular_ids]
+    n = table.shape[1]
+    rows = np.random.default_rng(0).choice(table.shape[0], min(sample, table.shape[0]),
+                                           replace=False)
+    ks = tuple(k for k in NEIGHBOURS if k < table.shape[0])
+    dists = kth_neighbour_distances(table, rows, ks)
+    med = {k: float(np.median(v)) for k, v in dists.items()}
+    diameter_bound = bundle_diameter(bundle)
+    noise = dchi_expected_noise_norm(n, eta)
+    wc = g["worst_case"]
+    wc["epsilon"] = eta * diameter_bound
+    wc.setdefault("epsilon_scope", msg.DCHI_EPSILON_SCOPE)
+    wc["epsilon_to_neighbour"] = {str(k): eta * med[k] for k in ks}
+    wc["neighbour_distance_median"] = {str(k): med[k] for k in ks}
+    wc["expected_noise_norm"] = noise
+    wc["dim"] = n
+    g["table"] = bundle.table_name
+    names = "/".join(f"{k}{'st' if k == 1 else 'th'}" for k in ks)
+    g["notes"] += [
+        f"Privatization {bundle.describe_table()}: d is the distance in this table, and "
+        "every figure here is measured on it.",
+        f"On this table (n={n}) the median distance to the {names} nearest token is "
+        + "/".join(f"{med[k]:.3f}" for k in ks) + ", so a token is "
+        + "/".join(f"{eta * med[k]:.1f}" for k in ks) + "-indistinguishable from those "
+        "neighbours.",
+        f"The expected noise norm n/eta = {noise:.2f} is {noise / med[1]:.1f}x the median "
+        "nearest-neighbour distance.",
+        f"Between the two most distant tokens the bound is eta*d <= {wc['epsilon']:.1f} per "
+        "token: read it as an LDP epsilon only with that number.",
+    ]
+    return g

@@ -17,15 +17,33 @@ it lowers a guarantee ε to ε' = ln((1-μ)e^ε + μ) (Theorem 2).
 from __future__ import annotations
 
 import math
-from typing import Annotated, Literal
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, Annotated, Any, Literal
 
 import numpy as np
 from pydantic import BaseModel, Field
 
+from shared import messages as msg
+from shared.accounting import laplace_vector_epsilon, sentence_vector_dim
 from shared.arrays import STRICT, PosFloat
+from shared.floor import LAPLACE_STEP, vector_dim
+from shared.ledger import Cost, check_count, finite_cost
 from shared.mechanisms.checks import finite_array, in_unit_interval, positive
-from shared.mechanisms.registry import BaseMechanism, PayloadKind, encoder_dim, need
+from shared.mechanisms.computable import F32_MAX, TAIL
+from shared.mechanisms.registry import (
+    COMPUTABLE,
+    COST,
+    FLOOR,
+    GUARANTEE,
+    BaseMechanism,
+    PayloadKind,
+    encoder_dim,
+    need,
+)
 from shared.rng import resolve_rng
+
+if TYPE_CHECKING:
+    from shared.bundle import EdgeBundle
 
 CALIBRATIONS = ("vector", "coordinate")
 
@@ -110,3 +128,86 @@ class Laplace(BaseMechanism):
         rng = resolve_rng(rng)
         scaled = min_max_scale(v)
         return scaled + rng.laplace(0.0, self.scale(v.shape[-1]), size=scaled.shape)
+
+
+# -- its cost, floor and guarantee, registered in the registry's tables: ``shared.ledger``,
+# ``shared.floor`` and ``shared.accounting`` find them there ---------------------------
+@COST.register(Laplace)
+def _cost(cls: Any, params: Mapping[str, Any], *, dim: int | None, **size: Any
+          ) -> Cost:
+    r = check_count("vector size", dim)
+    eps = laplace_vector_epsilon(float(params["epsilon"]), params.get("calibration", "vector"),
+                                 r)
+    return Cost(cls.family, finite_cost(cls.name, eps))
+
+
+@FLOOR.register(Laplace)
+def _floor(mech: Laplace, bundle: EdgeBundle | None, *, threshold: float,
+           dim: int | None, **_: Any) -> str | None:
+    dim = vector_dim(mech, bundle, dim)
+    eps = mech.epsilon
+    head = msg.weak_head(msg.LAPLACE_WHAT.format(epsilon=eps))
+    if not math.isfinite(laplace_vector_epsilon(eps, mech.calibration, dim)):
+        return msg.LAPLACE_NOT_FINITE.format(head=head)
+    b = mech.scale(dim)
+    within = -math.expm1(-LAPLACE_STEP / b) if b > 0 else 1.0  # Pr[|noise| <= 2^-23]
+    p = math.exp(dim * math.log(within)) if within > 0 else 0.0
+    if p <= threshold:
+        return None
+    return msg.LAPLACE_ROUNDING.format(head=head, scale=b, share=msg.pct(p),
+                                       floor=msg.pct(threshold))
+
+
+@COMPUTABLE.register(Laplace)
+def _computable(mech: Laplace, bundle: EdgeBundle | None, *, dim: int | None,
+                float_dtype: str) -> None:
+    b = mech.scale(vector_dim(mech, bundle, dim))  # inf if r/ε overflows
+    if not math.isfinite(b) or 1.0 + b * TAIL > F32_MAX / 4.0:
+        raise ValueError(msg.LAPLACE_TOO_SMALL.format(epsilon=mech.epsilon, scale=b))
+
+
+@GUARANTEE.register(Laplace)
+def _guarantee(mech: Laplace, bundle: EdgeBundle | None, *, dim: int | None,
+               sample: int) -> dict:
+    """DPNR (Lyu et al. 2020): ε' of Theorem 2 is what is published with word dropout.
+
+    Dropout amplifies only for inputs that differ in one dropped unit (the edge drops
+    whole words, each with all its word pieces, independently with probability μ); two
+    arbitrary sentences get the whole-vector figure.
+    """
+    if dim is None and bundle is not None:
+        dim = sentence_vector_dim(bundle)
+    eps, mu = mech.epsilon, mech.word_dropout
+    nominal = dropout_epsilon(eps, mu) if mu else eps
+    g: dict[str, Any] = {"nominal": {"epsilon": nominal,
+                     "statement": f"epsilon = {eps:g} per sentence vector (Lyu et al. 2020, "
+                                  "DPNR Theorem 1)"
+                                  + (f", word dropout mu={mu:g} gives ln((1-mu)e^eps+mu) "
+                                     "(Theorem 2)" if mu else "")},
+         "worst_case": {"epsilon": None}, "notes": []}
+    whole = None
+    if mech.calibration == "vector":
+        whole = eps
+        g["notes"].append("Noise scale r/epsilon covers the L1 sensitivity r of a vector in "
+                          "[0,1]^r: the whole vector is epsilon-DP.")
+    elif dim is None:
+        g["notes"].append("Coordinate calibration: the whole vector is r*epsilon-DP; pass the "
+                          "bundle (or dim) to get the number.")
+    else:
+        whole = laplace_vector_epsilon(eps, "coordinate", dim)
+        g["worst_case"]["dim"] = dim
+        g["notes"].append(f"Coordinate calibration (scale 1/epsilon, as published) protects one "
+                          f"coordinate; a vector of r={dim} values in [0,1] has L1 sensitivity "
+                          f"r, so the whole vector is only {whole:g}-DP.")
+    g["worst_case"]["epsilon"] = whole
+    g["worst_case"]["epsilon_scope"] = "any two sentences"
+    if mu:
+        if whole is not None:
+            g["worst_case"]["word_level_epsilon"] = dropout_epsilon(whole, mu)
+        g["notes"].append(
+            f"Word dropout (mu={mu:g}) lowers the figure to ln((1-mu)e^eps+mu)"
+            + (f" = {dropout_epsilon(whole, mu):.4g}" if whole is not None else "")
+            + " only between sentences that differ in one word (the edge drops each word, "
+            "with all its word pieces, with probability mu); any two sentences get the figure "
+            "above.")
+    return g

@@ -174,7 +174,7 @@ class ExactNearest:
             raise ValueError("queries contain NaN or Inf")
         top = float(np.abs(y64).max()) if y64.size else 0.0
         # the cheap bound max|y| sqrt(n) first; the exact norms only near the limit, so that
-        # every query shared.floor.check_dchi_eta lets through is searched
+        # every query shared.mechanisms.computable.check_dchi_eta lets through is searched
         if top > 0 and scores_overflow(top * math.sqrt(self.dim), self._tmax) \
                 and scores_overflow(_max_norm(y64, top), self._tmax):
             raise ValueError("queries are too large for the float32 candidate pass (their "

@@ -6,13 +6,16 @@ them only with ``PRIVBERT_ALLOW_NONE=1``.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+import math
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 from pydantic import BaseModel
 
+from shared import messages as msg
 from shared.arrays import STRICT
-from shared.mechanisms.registry import BaseMechanism, PayloadKind
+from shared.ledger import counted
+from shared.mechanisms.registry import COST, FLOOR, GUARANTEE, BaseMechanism, PayloadKind
 
 if TYPE_CHECKING:
     from shared.bundle import EdgeBundle
@@ -55,3 +58,22 @@ class NoPrivacy(BaseMechanism):
 
     def __repr__(self) -> str:
         return "NoPrivacy()"
+
+
+# -- its cost, floor and guarantee, registered in the registry's tables: ``shared.ledger``,
+# ``shared.floor`` and ``shared.accounting`` find them there ---------------------------
+COST.register(NoPrivacy)(counted)  # no ε: its sends are counted
+
+
+@FLOOR.register(NoPrivacy)
+def _floor(mech: NoPrivacy, bundle: EdgeBundle | None, *, threshold: float,
+           dim: int | None, **_: Any) -> str | None:
+    return msg.NONE_REFUSED
+
+
+@GUARANTEE.register(NoPrivacy)
+def _guarantee(mech: NoPrivacy, bundle: EdgeBundle | None, *, dim: int | None,
+               sample: int) -> dict:
+    return {"nominal": {"epsilon": math.inf}, "worst_case": {"epsilon": math.inf},
+            "notes": ["No privatization: the server can read the text (Null-privacy "
+                      "baseline only)."]}

@@ -15,14 +15,13 @@ with ``from_params(params, bundle)``. Code elsewhere asks these, never the name.
 
 Cost, floor and guarantee: each object answers :meth:`Mechanism.cost`,
 :meth:`Mechanism.weak_privacy_reason`, :meth:`Mechanism.check_computable` and
-:meth:`Mechanism.guarantee`, but the analysis behind them lives above the mechanisms
-(``shared.ledger``, ``shared.floor``, ``shared.accounting``), which import the mechanisms.
-So the dependency points one way: those modules *register* their per-class functions in
-the :class:`Aspect` tables here (``@COST.register(Laplace)``), and the object looks its class
-up in the table. The ``shared`` package imports the three modules when it is imported, so
-the tables are full before any mechanism object exists; no mechanism module imports them
-(``tests/test_import_layers.py``). A mechanism outside the package may register its own
-functions, or override the methods.
+:meth:`Mechanism.guarantee` through the :class:`Aspect` tables here. Each mechanism's module
+registers its own functions in them (``@COST.register(Laplace)``), beside its sampler, as a
+plugin does; the generic math they use (``shared.ledger``'s ``Cost``, ``shared.floor``'s
+measurements, ``shared.accounting``'s formulas) imports no mechanism module, only this
+registry, so the dependency points one way (``tests/test_import_layers.py``). The
+``shared`` package imports the mechanisms when it is imported, so the tables are full
+before any mechanism object exists.
 
 Plugins: an installed distribution may add mechanisms through the entry-point group
 ``privbert.mechanisms`` (each entry point names a mechanism class; loading it registers
@@ -91,10 +90,10 @@ class NoEncoder(ValueError):
         self.mechanism, self.bundle_id = mechanism, bundle_id
 
 
-# -- the per-class functions of the analysis modules --------------------------------------------
+# -- the per-class functions: each mechanism's cost, floor and guarantee ---------------------
 class Aspect:
-    """A function per mechanism class, registered by a module above the mechanisms; looked
-    up along the class's MRO (a subclass inherits its parent's)."""
+    """A function per mechanism class, registered by the mechanism's module (or a
+    plugin's); looked up along the class's MRO (a subclass inherits its parent's)."""
 
     def __init__(self, what: str, default: Callable[..., Any] | None = None):
         self.what = what

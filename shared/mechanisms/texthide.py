@@ -14,15 +14,27 @@ Weights: ``"abs-normal"`` as published (|N(0, I_k)| normalised to sum to 1),
 from __future__ import annotations
 
 import os
-from typing import cast
+from typing import TYPE_CHECKING, Any, cast
 
 import numpy as np
 from pydantic import BaseModel
 
 from shared.arrays import STRICT, PosInt
+from shared.ledger import counted
 from shared.mechanisms.checks import finite_array, positive, positive_int
-from shared.mechanisms.registry import BaseMechanism, PayloadKind, encoder_dim, need
+from shared.mechanisms.registry import (
+    COST,
+    FLOOR,
+    GUARANTEE,
+    BaseMechanism,
+    PayloadKind,
+    encoder_dim,
+    need,
+)
 from shared.rng import resolve_rng
+
+if TYPE_CHECKING:
+    from shared.bundle import EdgeBundle
 
 WEIGHTINGS = ("abs-normal", "dirichlet", "equal")
 POOL_CHUNK = 1 << 20  # mask entries drawn at a time
@@ -169,3 +181,23 @@ class TextHide(BaseMechanism):
         if y.shape[0] != b:
             raise ValueError(f"labels must have one row per representation ({b}), got {y.shape}")
         return hidden, np.einsum("bk,bkc->bc", lam, y[sources])
+
+
+# -- its cost, floor and guarantee, registered in the registry's tables: ``shared.ledger``,
+# ``shared.floor`` and ``shared.accounting`` find them there ---------------------------
+COST.register(TextHide)(counted)  # no ε: its sends are counted
+
+
+@FLOOR.register(TextHide)
+def _floor(mech: TextHide, bundle: EdgeBundle | None, *, threshold: float,
+           dim: int | None, **_: Any) -> str | None:
+    return None  # no differential-privacy guarantee to fall below (shared.accounting)
+
+
+@GUARANTEE.register(TextHide)
+def _guarantee(mech: TextHide, bundle: EdgeBundle | None, *, dim: int | None,
+               sample: int) -> dict:
+    return {"nominal": {"epsilon": None}, "worst_case": {"epsilon": None},
+            "notes": [f"No differential-privacy guarantee. (m, k) = ({mech.m}, {mech.k}): k "
+                      "inputs mixed, masks from a pool of m; security rests on a conjectured "
+                      "computational hardness (Huang et al. 2020)."]}

@@ -29,6 +29,7 @@ import pytest
 from cloud_api.auth import key_id
 from cloud_api.errors import problem_type
 from shared import ledger
+from shared.accounting import bundle_diameter
 from shared.payload import make_payload
 from tests.cloud_api.conftest import ETA, ServerProcess, cli_env, cloud_api, new_keys
 from tests.conftest import REPO
@@ -77,7 +78,7 @@ def text_payloads(bundle, n: int) -> list:
 
 
 def cost_of(payloads, bundle) -> float:
-    d = ledger.bundle_diameter(bundle)
+    d = bundle_diameter(bundle)
     return sum(ledger.payload_cost(p, d, mechanism="dchi-text", params={"eta": ETA}).epsilon
                for p in payloads)
 

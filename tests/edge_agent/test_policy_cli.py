@@ -8,6 +8,7 @@ import json
 import pytest
 
 from shared import ledger
+from shared.accounting import bundle_diameter
 from shared.payload import parse_record
 from tests.edge_agent.conftest import assert_one_line_error, run_cli
 
@@ -47,7 +48,7 @@ def test_privatize_under_a_policy_counts_public_words_apart(policy_dir, tmp_path
     status = json.loads(run_cli("budget", "--json").stdout)
     fam = status["families"]["dchi"]
     assert fam["tokens"] == total - public and fam["public"] == public
-    d = ledger.bundle_diameter(b)
+    d = bundle_diameter(b)
     assert fam["epsilon"] == pytest.approx(6.0 * (total - public) * d, rel=1e-12)
     text = run_cli("budget").stdout
     assert f"{public} public words sent under a token policy (no guarantee, not charged)" in text

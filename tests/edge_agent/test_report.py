@@ -117,7 +117,8 @@ def test_report_cli_text_and_plot(tiny_enc_dir, tmp_path, capfd):
 def test_report_bad_input(tmp_path, tiny_enc_dir):
     for argv, needle in [(["--eta", "0"], "--eta must be"),
                          (["--target-inversion", "1.5"], "--target-inversion must be in"),
-                         (["--eta", "3", "--samples", "0"], "--samples must be"),
+                         (["--eta", "3", "--samples", "0"],
+                          "argument --samples: expected an integer >= 1"),
                          (["--eta", "3", "--etas", "1,x"], "--etas"),
                          (["--eta", "3", "--sample", str(tmp_path / "nope")], "no such file")]:
         proc = run_cli("report", *argv, "--bundle", str(tiny_enc_dir))

@@ -227,10 +227,11 @@ LEDGER_CASES = [
 
 def make_ledger() -> dict:
     from shared import ledger
-    from shared.accounting import bit_flip_epsilon, dchi_diameter_bound, dropout_epsilon
+    from shared.accounting import bit_flip_epsilon, bundle_diameter, dchi_diameter_bound
+    from shared.mechanisms.laplace import dropout_epsilon
 
     bundle = tiny_bundle()
-    d = ledger.bundle_diameter(bundle)
+    d = bundle_diameter(bundle)
     costs = []
     for name, params, size in LEDGER_CASES:
         extra = {"diameter": d} if "tokens" in size and name != "none" else {}
@@ -580,13 +581,13 @@ def _policy_blocks(b) -> list[dict]:
 def make_policy() -> dict:
     from edge_agent.privatize.privatizer import Privatizer
     from shared import floor, ledger
-    from shared.accounting import summary
+    from shared.accounting import bundle_diameter, summary
     from shared.mechanisms import DChiEmbedding, DChiText
     from shared.policy import kept_public
 
     b = tiny_policy_bundle()
     pol = b.policy
-    d = ledger.bundle_diameter(b)
+    d = bundle_diameter(b)
     runs = []
     with tempfile.TemporaryDirectory(prefix="privbert-golden-policy-") as tmp:
         root = Path(tmp)

@@ -58,7 +58,7 @@ def one_error_line(err: str) -> str:
 def test_train_then_evaluate_tsv(capsys, data, tiny_bert_dir, tmp_path):
     """At eta=50 the tiny table's tokens come back unchanged (the floor starts near 12):
     training needs --allow-weak-privacy, says so, records it, and evaluation follows."""
-    from models.versions import read_config
+    from models.version_folder import read_config
 
     out = tmp_path / "m"
     rc, stdout, err = run(capsys, "train", "--data", str(data["train"]), "--dev",
@@ -105,7 +105,7 @@ def test_base_checkpoint_provenance(capsys, tiny_bert_dir, tiny_encoder_bundle, 
     recorded, with a warning when they are not the task's."""
     import json
 
-    from models.versions import read_config
+    from models.version_folder import read_config
 
     texts, _, labels = sentiment_texts(16)
     tsv = write_tsv(tmp_path / "t.tsv", texts, labels)

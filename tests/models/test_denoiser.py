@@ -155,7 +155,8 @@ def test_a_model_version_carries_its_denoiser(tiny_bert_bundle, tiny_bert_dir, t
     it refuses to load."""
     from models.backbone import load_bert
     from models.classifiers import build_classifier
-    from models.versions import WEIGHTS_FILE, load_model, save_model_version
+    from models.version_folder import WEIGHTS_FILE
+    from models.versions import load_model, save_model_version
 
     b = tiny_bert_bundle
     d = new_denoiser(table, b, layers=1, candidates=8, base=tiny_bert_dir)

@@ -67,7 +67,8 @@ def test_train_with_a_denoiser_then_retrain_from_records(capsys, files, tiny_ber
                                                           tiny_bert_bundle, tmp_path):
     """`train --denoiser` trains one on the public text and the version carries it; records
     retrain reading the base version's; the recipe records it."""
-    from models.versions import load_model, read_config
+    from models.version_folder import read_config
+    from models.versions import load_model
 
     out = tmp_path / "v1"
     rc, stdout, err = run(capsys, "train", "--data", str(files["train"]), "--mechanism",

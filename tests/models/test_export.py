@@ -15,14 +15,15 @@ from models.experiment import train_from_records
 from models.export import (
     ENCODER_INPUTS,
     ENCODER_OUTPUT,
-    OnnxClassifier,
     SentenceEncoder,
     encoder_inputs,
     export_bundle,
     export_classifier_onnx,
 )
 from models.finetune import TrainConfig
-from models.versions import ONNX_FILE, load_model, read_config
+from models.onnx_classifier import OnnxClassifier
+from models.version_folder import ONNX_FILE, read_config
+from models.versions import load_model
 from shared.bundle import EdgeBundle
 from tests.models.conftest import sentiment_texts, token_records, vector_records
 

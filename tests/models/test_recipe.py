@@ -76,7 +76,8 @@ def test_originals_line_up_with_the_payload_positions(tiny_bert_bundle):
 
 def test_every_lever_through_the_cli_then_retraining_on_records(capsys, tsv, tiny_bert_dir,
                                                                 tiny_bert_bundle, tmp_path):
-    from models.versions import load_model, read_config
+    from models.version_folder import read_config
+    from models.versions import load_model
 
     out = tmp_path / "m"
     rc, stdout, err = run(capsys, "train", "--data", str(tsv), "--dev", str(tsv),
@@ -164,7 +165,8 @@ def test_layers_keeps_the_first_transformer_layers(capsys, tsv, tiny_bert_dir,
     first N; more layers than the base has, or a vector mechanism, is one line."""
     from safetensors.numpy import load_file
 
-    from models.versions import load_model, read_config
+    from models.version_folder import read_config
+    from models.versions import load_model
 
     out = tmp_path / "m"
     rc, _, err = run(capsys, "train", "--data", str(tsv), "--mechanism", "dchi-text", "--eta",

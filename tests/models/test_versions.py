@@ -10,16 +10,15 @@ from models.data import dataset_from_records
 from models.experiment import train_from_records, train_from_tsv
 from models.finetune import TrainConfig
 from models.manifest import MANIFEST_FILE, verify_folder
-from models.versions import (
+from models.version_folder import (
     CONFIG_FILE,
     DATA_FILE,
     METRICS_FILE,
     WEIGHTS_FILE,
     is_model_dir,
-    load_model,
     read_config,
-    save_model_version,
 )
+from models.versions import load_model, save_model_version
 from shared.payload import make_payload
 from tests.models.conftest import sentiment_texts, token_records, vector_records, write_tsv
 

@@ -151,3 +151,13 @@ def test_import_shared_pulls_no_torch():
             "print(bad); sys.exit(1 if bad else 0)")
     out = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True)
     assert out.returncode == 0, out.stdout + out.stderr
+
+
+def test_the_length_a_model_reads_is_its_own_within_the_bundles(tiny_bundle):
+    """``EdgeBundle.length_for_model``: the one length policy of the edge's ``--post
+    predict`` and the server's records for a served task."""
+    top = tiny_bundle.max_length
+    assert tiny_bundle.length_for_model(16) == 16
+    assert tiny_bundle.length_for_model(top + 100) == top
+    for bad in (None, 3, True, 16.0, "16"):
+        assert tiny_bundle.length_for_model(bad) is None

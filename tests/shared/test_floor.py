@@ -34,6 +34,7 @@ from shared.mechanisms import (
     TextHide,
     sample_dchi_noise,
 )
+from shared.mechanisms.computable import check_dchi_eta
 from shared.mechanisms.nearest import ExactNearest, brute_force_nearest
 
 
@@ -244,14 +245,14 @@ def test_every_eta_the_check_lets_through_is_searched():
     while hi / lo > 1.0 + 1e-9:
         mid = math.sqrt(lo * hi)
         try:
-            floor.check_dchi_eta(mid, 384, t_max)
+            check_dchi_eta(mid, 384, t_max)
             hi = mid
         except ValueError:
             lo = mid
     queries = table.astype(np.float64) + sample_dchi_noise(50, 384, hi, rng)
     assert ExactNearest(table).search(queries).shape == (50,)
     with pytest.raises(ValueError, match="too small to compute"):
-        floor.check_dchi_eta(lo, 384, t_max)
+        check_dchi_eta(lo, 384, t_max)
 
 
 def test_texthide_pool_drawn_in_chunks_is_the_pool_of_one_draw():

@@ -13,7 +13,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from shared import ledger
-from shared.accounting import guarantee, sentence_epsilon
+from shared.accounting import bundle_diameter, guarantee, sentence_epsilon
 from shared.mechanisms import OME, OUE, SUE, DChiEmbedding, DChiText, Laplace, TextHide
 from shared.payload import make_payload
 
@@ -27,7 +27,7 @@ BAD = [math.nan, -1.0, -1e-300, math.inf, -math.inf, True, "1", None]
 @given(eta=st.floats(min_value=0.5, max_value=500), n=st.integers(0, 512))
 @settings(max_examples=40, deadline=None)
 def test_dchi_cost_is_eta_n_d_and_matches_the_printed_guarantee(tiny_bundle, eta, n):
-    d = ledger.bundle_diameter(tiny_bundle)
+    d = bundle_diameter(tiny_bundle)
     for mech in (DChiText(tiny_bundle, eta), DChiEmbedding(eta)):
         c = ledger.mechanism_cost(mech, tokens=n, diameter=d)
         assert c.family == "dchi" and c.tokens == n and c.eta == eta
@@ -38,7 +38,7 @@ def test_dchi_cost_is_eta_n_d_and_matches_the_printed_guarantee(tiny_bundle, eta
 
 def test_bundle_diameter_is_twice_the_largest_regular_norm(tiny_bundle):
     reg = tiny_bundle.embeddings[tiny_bundle.regular_ids].astype(np.float64)
-    assert ledger.bundle_diameter(tiny_bundle) == pytest.approx(
+    assert bundle_diameter(tiny_bundle) == pytest.approx(
         2 * np.linalg.norm(reg, axis=1).max(), rel=1e-6)
 
 
@@ -75,7 +75,7 @@ def test_texthide_and_none_count_sends_without_an_epsilon():
 
 
 def test_payload_cost_reads_the_payload_not_the_caller(tiny_bundle):
-    d = ledger.bundle_diameter(tiny_bundle)
+    d = bundle_diameter(tiny_bundle)
     ids = np.array([9, 10, 11, 12, 13], dtype=np.int32)
     p = make_payload("dchi-text", {"eta": 7.0}, tiny_bundle.bundle_id, ids, segments=[2, 3])
     assert ledger.payload_cost(p, d).tokens == 5
@@ -186,7 +186,7 @@ def test_nan_negative_or_infinite_costs_and_caps_are_refused(bad):
        eta=st.floats(min_value=0.5, max_value=500))
 @settings(max_examples=30, deadline=None)
 def test_batch_cost_is_the_sum_of_the_payload_costs(tiny_bundle, lengths, eta):
-    d = ledger.bundle_diameter(tiny_bundle)
+    d = bundle_diameter(tiny_bundle)
     ps = [make_payload("dchi-text", {"eta": eta}, tiny_bundle.bundle_id,
                        np.full(n, 9, dtype=np.int32)) for n in lengths]
     one_by_one = ledger.total(ledger.payload_cost(p, d) for p in ps)

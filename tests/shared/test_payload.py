@@ -13,19 +13,16 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from pydantic import ValidationError
 
+from shared.arrays import MAX_JSON_BYTES, Array, Limits, encode_array
 from shared.payload import (
-    MAX_JSON_BYTES,
     PAYLOAD_ADAPTER,
-    Array,
     DChiEmbeddingPayload,
     DChiTextPayload,
     LaplacePayload,
-    Limits,
     NonePayload,
     OMEPayload,
     Record,
     TextHidePayload,
-    encode_array,
     make_payload,
     parse_payload,
     parse_record,
@@ -500,7 +497,7 @@ def test_array_model_direct():
     ("float32", 5, np.float64), ("int32", None, np.int64),       # rows that are not
 ])
 def test_encode_rows_equals_encode_array_per_slice(dtype, width, src):
-    from shared.payload import encode_rows
+    from shared.arrays import encode_rows
 
     rng = np.random.default_rng(4)
     lengths = [3, 1, 7, 2]
@@ -520,7 +517,7 @@ def test_encode_rows_equals_encode_array_per_slice(dtype, width, src):
 
 
 def test_encode_rows_checks_like_encode_array():
-    from shared.payload import encode_rows
+    from shared.arrays import encode_rows
 
     x = np.zeros((4, 6))
     with pytest.raises(ValueError, match="sum to 4"):
@@ -537,7 +534,7 @@ def test_encode_rows_checks_like_encode_array():
 def test_mechanism_names_are_the_payload_kinds():
     """The CLIs' --mechanism choices (shared.payload.MECHANISMS) are exactly the kinds a
     payload can carry: a mechanism added to one list and not the other fails here."""
-    from shared.payload import _KINDS, MECHANISMS
+    from shared.payload import MECHANISMS, PAYLOAD_FIELDS
 
     assert len(MECHANISMS) == len(set(MECHANISMS))
-    assert set(MECHANISMS) == set(_KINDS)
+    assert set(MECHANISMS) == set(PAYLOAD_FIELDS)

@@ -13,6 +13,7 @@ import pytest
 from pydantic import BaseModel
 
 from shared import accounting, floor, ledger
+from shared.accounting import bundle_diameter
 from shared.mechanisms import (
     OME,
     BaseMechanism,
@@ -61,7 +62,7 @@ def test_from_params_rebuilds_each_object_and_the_protocol_holds(tiny_bundle):
 
 
 def test_cost_floor_and_guarantee_are_reached_through_the_object(tiny_bundle):
-    d = ledger.bundle_diameter(tiny_bundle)
+    d = bundle_diameter(tiny_bundle)
     for mech in objects(tiny_bundle):
         size = {"tokens": 7, "diameter": d} if mech.payload_kind.reads_tokens else {"dim": DIM}
         assert mech.cost(**size) == ledger.cost(mech.name, mech.params, **size)

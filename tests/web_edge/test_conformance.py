@@ -89,9 +89,11 @@ def test_seeded_payloads_are_byte_identical_to_edge_agent_and_valid(table, searc
     onnxruntime-web, $PRIVBERT_EDGE_SEARCH); shared.payload
     accepts every record; the inversion rate (tokens that come back unchanged) is the same on
     the same sentences; the ledger cost is shared.ledger's with the diameter of that table."""
+    from shared.accounting import bundle_diameter
+    from shared.arrays import Limits
     from shared.bundle import EdgeBundle
-    from shared.ledger import bundle_diameter, payload_cost
-    from shared.payload import Limits, parse_record
+    from shared.ledger import payload_cost
+    from shared.payload import parse_record
 
     bundle_dir = table_dirs[table]
     bundle = EdgeBundle.load(bundle_dir)

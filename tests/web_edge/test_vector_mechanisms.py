@@ -32,9 +32,10 @@ def _values(payload: dict) -> np.ndarray:
     ["--mechanism", "ome", "--epsilon", "500", "--lam", "30"],
 ])
 def test_seeded_vector_payloads_match_edge_agent(tiny_enc_dir, tmp_path, args):
+    from shared.arrays import Limits
     from shared.bundle import EdgeBundle
     from shared.ledger import payload_cost
-    from shared.payload import Limits, parse_record
+    from shared.payload import parse_record
 
     inp = tmp_path / "in.txt"
     inp.write_text("\n".join(LINES) + "\n")

@@ -65,8 +65,9 @@ def add_records(db: Database, bundle, task, texts, labels, seed: int = 0) -> lis
     """Store labelled records of ``texts`` privatized by the edge's Privatizer."""
     from cloud_api.store import records as store
     from edge_agent import Privatizer
+    from shared.arrays import Limits
     from shared.mechanisms import DChiText
-    from shared.payload import Limits, Record
+    from shared.payload import Record
 
     payloads = Privatizer(bundle, DChiText(bundle, ETA)).privatize(
         texts, rng=np.random.default_rng(seed))

@@ -14,8 +14,9 @@ from cloud_api.store import budget_admin, budgets
 from cloud_api.store import records as store
 from cloud_api.store.tables import records as records_table
 from shared import ledger
+from shared.accounting import bundle_diameter
+from shared.arrays import Limits
 from shared.mechanisms import DChiText
-from shared.payload import Limits
 from tests.cloud_api.store.conftest import ETA, privatize, race, raw_records
 
 
@@ -153,7 +154,7 @@ def _records_setup(db, task, tiny_bundle, n=6):
     limits = Limits.for_bundle(tiny_bundle, labels=task.labels)
     payloads = privatize(tiny_bundle, DChiText(tiny_bundle, ETA), n)
     recs = store.validate_records(task, raw_records(payloads), limits)
-    d = ledger.bundle_diameter(tiny_bundle)
+    d = bundle_diameter(tiny_bundle)
     cost = ledger.total(ledger.payload_cost(r.payload, d, mechanism=task.mechanism,
                                             params=task.params) for r in recs)
     return recs, cost

@@ -15,8 +15,8 @@ from cloud_api.store import records as store
 from cloud_api.store import tasks
 from cloud_api.store.db import Database
 from cloud_api.store.tables import records as records_table
+from shared.arrays import Limits
 from shared.mechanisms import DChiText
-from shared.payload import Limits
 from tests.cloud_api.store.conftest import ETA, privatize, race, raw_records
 
 
@@ -437,8 +437,8 @@ def test_a_full_sqlite_database_is_insufficient_storage_not_an_outage(tmp_path, 
     from cloud_api.store import records as store
     from cloud_api.store import tasks
     from cloud_api.store.snapshot import label_counts
+    from shared.arrays import Limits
     from shared.mechanisms import DChiText
-    from shared.payload import Limits
     from tests.cloud_api.store.conftest import ETA, privatize, raw_records
 
     db = Database(f"sqlite:///{tmp_path / 'full.db'}")

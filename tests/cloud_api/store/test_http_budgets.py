@@ -15,6 +15,7 @@ import pytest
 
 from cloud_api.auth import key_id
 from shared import ledger
+from shared.accounting import bundle_diameter
 from tests.cloud_api.conftest import DEFAULT_BUDGET as DEFAULT
 from tests.cloud_api.conftest import ETA, body_of, payloads_for
 from tests.cloud_api.store.test_http_records import (
@@ -37,7 +38,7 @@ def bsrv(server):
 
 
 def cost_of(payloads, bundle, eta=ETA) -> float:
-    d = ledger.bundle_diameter(bundle)
+    d = bundle_diameter(bundle)
     return sum(ledger.payload_cost(p, d, mechanism="dchi-text", params={"eta": eta}).epsilon
                for p in payloads)
 

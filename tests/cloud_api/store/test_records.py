@@ -17,8 +17,9 @@ from cloud_api.store import tasks
 from cloud_api.store.snapshot import label_counts, snapshot
 from cloud_api.store.tables import idempotency
 from cloud_api.store.tables import records as records_table
+from shared.arrays import Limits
 from shared.mechanisms import DChiEmbedding, DChiText
-from shared.payload import Limits, make_payload
+from shared.payload import make_payload
 from tests.cloud_api.store.conftest import ETA, privatize, race, raw_records
 
 

@@ -186,7 +186,7 @@ export class Edge {
     const limit = typeof model.max_length === "number" && model.max_length >= 4
       ? Math.min(model.max_length, bundle.maxLength) : bundle.maxLength;
     const ledger = new Ledger(LEDGER);
-    const edge = new Edge(client, model, bundle, ledger, bundle.diameter, limit); // shared.ledger.bundle_diameter: of the privatization table
+    const edge = new Edge(client, model, bundle, ledger, bundle.diameter, limit); // shared.accounting.bundle_diameter: of the privatization table
     const t2 = performance.now();
     // ready to privatize in the page as soon as the search is built; the privacy floor is
     // measured meanwhile (Privatizer.open), and nothing is sent before it passes

@@ -162,7 +162,7 @@ export class EdgeBundle {
   }
 
   /** The diameter D = 2 max‖φ(x)‖ over the regular tokens of the privatization table, exactly
-   * as shared.ledger.bundle_diameter: what every dχ cost and worst-case guarantee is ηD of. */
+   * as shared.accounting.bundle_diameter: what every dχ cost and worst-case guarantee is ηD of. */
   get diameter(): number {
     if (this.diam === null) this.diam = diameter(this.table, this.tableDim, this.regularIds, this.rowNorms2);
     return this.diam;
