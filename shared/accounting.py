@@ -124,13 +124,15 @@ def sentence_epsilon(g: dict, n_tokens: float) -> float | None:
 
 def summary(g: dict, mean_tokens: float | None = None) -> str:
     """One line for logs and CLI summaries; ``mean_tokens`` adds the worst case of a
-    sentence of that many tokens (dχ)."""
+    sentence of that many privatized tokens (dχ; under a token policy, those outside its
+    public list)."""
     def fmt(part: dict) -> str:
         if part.get("eta") is not None:
             extra = f", worst eps {part['epsilon']:.1f}/token" if part.get("epsilon") else ""
             if part.get("epsilon") and mean_tokens:
                 extra += (f" ({sentence_epsilon(g, mean_tokens):,.0f} for a sentence of "
-                          f"{mean_tokens:.1f} tokens)")
+                          f"{mean_tokens:.1f} tokens"
+                          + (" outside the public list)" if g.get("policy") else ")"))
             return f"eta={part['eta']:g}{extra}"
         eps = part.get("epsilon")
         return "none" if eps is None else f"eps={eps:.4g}"

@@ -594,7 +594,9 @@ def cmd_report(a) -> int:
         target, by_class = class_matches(out, contextual=contextual)
         if not target:
             continue
-        what = "strongest attack" if contextual else "context-free attack only"
+        what = ("strongest attack, rows where the denoiser was trained" if contextual else
+                "every row: the strongest attack measured there, context-free only where no "
+                "denoiser was trained")
         print(f"\nmatched privacy by class ({what}): the reference's " + ", ".join(
             f"{k} {_pct(v)}" for k, v in target.items()))
         for t, r in by_class.items():
@@ -635,6 +637,11 @@ def plot(rows: list[dict], path: Path) -> None:
                          and r.get("sent_mean") is not None)
             if pts:
                 ax.plot([p[0] for p in pts], [p[1] for p in pts], marker="o", label=t)
+        ref = [x for r in rows if r["candidate"] == REFERENCE[0]
+               and abs(r["eta"] - REFERENCE[1]) <= 0.003 * REFERENCE[1] and (x := get(r)) is not None]
+        if ref:  # matched privacy: at or left of this line
+            ax.axvline(ref[0], ls="--", color="gray",
+                       label=f"{REFERENCE[0]} table at eta {REFERENCE[1]:g} (reference)")
         ax.set_xlabel(f"{what} recovered by the strongest attack (share)")
         ax.set_ylabel("accuracy, whole sentences (mean of 3 draws)")
         ax.grid(alpha=0.3)

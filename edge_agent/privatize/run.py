@@ -89,7 +89,7 @@ def _run(opts: PrivatizeOptions, stream, size, out: Output | None, t0: float) ->
         assert out is not None
         counts = _stream(opts, priv, client, budget, model_id, stream, size, out, rng,
                          minimum)
-        n_records, n_tokens, n_trunc, n_skipped, t_first, t_loop, cpu_streaming = counts
+        n_records, n_tokens, n_public, n_trunc, n_skipped, t_first, t_loop, cpu_streaming = counts
         t_end = time.perf_counter()
         elapsed, setup, streaming = t_end - t0, t_loop - t0, t_end - t_loop
         # the one-line summary needs eta and the table's worst case, not neighbour medians
@@ -99,7 +99,9 @@ def _run(opts: PrivatizeOptions, stream, size, out: Output | None, t0: float) ->
              + f"{n_tokens / max(streaming, 1e-9):,.0f} tokens/s streaming, "
              f"{n_tokens / max(cpu_streaming, 1e-9):,.0f} tokens per CPU second); "
              f"{n_skipped} empty line(s) skipped; {n_trunc} truncated; "
-             f"{summary(g, n_tokens / n_records if n_records else None)}; "
+             # a sentence's worst case over the tokens it privatizes (a token policy's
+             # public words are counted apart, as the ledger counts them)
+             f"{summary(g, (n_tokens - n_public) / n_records if n_records else None)}; "
              f"{priv.trust.note()}; "
              + budget.summary()
              + ("; WEAK PRIVACY (--allow-weak-privacy): the output is close to the raw text"
@@ -121,7 +123,7 @@ def _stream(opts, priv, client, budget, model_id, stream, size, out, rng, minimu
 
         bar = tqdm(total=size, unit="B", unit_scale=True, file=sys.stderr, desc="privatize")
     reader = LineReader(stream, tsv=opts.input.tsv, header=opts.input.header)
-    n_records = n_tokens = n_trunc = n_skipped = 0
+    n_records = n_tokens = n_public = n_trunc = n_skipped = 0
     t_first = None
     ok = False
     t_loop, c_loop = time.perf_counter(), time.process_time()
@@ -158,6 +160,7 @@ def _stream(opts, priv, client, budget, model_id, stream, size, out, rng, minimu
                 t_first = time.perf_counter() - t0
             n_records += len(ready.items)
             n_tokens += sum(it.n_tokens for it in ready.items)
+            n_public += sum(priv.public_count(it) for it in ready.items)
             n_trunc += sum(it.truncated for it in ready.items)
             n_skipped += ready.n_skipped
             if bar is not None:
@@ -173,7 +176,7 @@ def _stream(opts, priv, client, budget, model_id, stream, size, out, rng, minimu
         for message in reader.label_warnings():
             warn(message)
     cpu_streaming = time.process_time() - c_loop
-    return n_records, n_tokens, n_trunc, n_skipped, t_first, t_loop, cpu_streaming
+    return n_records, n_tokens, n_public, n_trunc, n_skipped, t_first, t_loop, cpu_streaming
 
 
 def _payloads(opts: PrivatizeOptions, priv, ready: Prepared) -> tuple[list, list | None]:

@@ -385,6 +385,13 @@ def test_payloads_under_a_token_policy_are_byte_identical_to_edge_agent(policy_d
     assert clause in js_line and clause in py_line
     g = re.compile(r"dchi-text: published .*? and have no guarantee")
     assert g.search(js_line).group(0) == g.search(py_line).group(0)
+    # a sentence's worst case is over the words it privatizes, as the ledgers charge them
+    mean = (sum(it.n_tokens for it in items) - public) / len(items)
+    sentence = re.search(r"\(([\d,]+) for a sentence of ([\d.]+) tokens outside the public "
+                         r"list\)", py_line)
+    assert sentence and float(sentence[2]) == pytest.approx(mean, abs=0.05), py_line
+    assert float(sentence[1].replace(",", "")) == pytest.approx(fam["epsilon"] / len(items),
+                                                                abs=1.0)
 
 
 def test_public_p_without_a_policy_is_refused_alike(tiny_dir, tmp_path):

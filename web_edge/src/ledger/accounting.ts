@@ -102,7 +102,7 @@ export function summary(g: AnyGuarantee, meanTokens?: number | null): string {
   let extra = `, worst eps ${wc.epsilon.toFixed(1)}/token`;
   if (meanTokens) {
     const sentence = Math.round(wc.epsilon * meanTokens).toLocaleString("en-US");
-    extra += ` (${sentence} for a sentence of ${meanTokens.toFixed(1)} tokens)`;
+    extra += ` (${sentence} for a sentence of ${meanTokens.toFixed(1)} tokens${g.policy ? " outside the public list" : ""})`;
   }
   const pol = g.policy;
   const policy = pol ? " " + message("DCHI_POLICY_CLAUSE", { size: pol.public_words, policy: pol.name,

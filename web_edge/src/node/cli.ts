@@ -511,7 +511,7 @@ async function runPrivatize(positionals: string[], v: Values): Promise<number> {
     }
 
     const source = o.seed !== null ? new Pcg64Source(o.seed) : null;
-    let nRecords = 0, nTok = 0, nTrunc = 0, nSkipped = 0, memoized = 0;
+    let nRecords = 0, nTok = 0, nPublic = 0, nTrunc = 0, nSkipped = 0, memoized = 0;
     const charged: Cost[] = [];
     const tLoop = performance.now();
     try {
@@ -561,6 +561,7 @@ async function runPrivatize(positionals: string[], v: Values): Promise<number> {
           nRecords += t.items.length;
           for (const it of t.items) {
             nTok += nTokens(it);
+            nPublic += priv.cost(it).public ?? 0;
             if (nTokens(it) < it.nBefore) nTrunc++;
           }
         }
@@ -571,7 +572,9 @@ async function runPrivatize(positionals: string[], v: Values): Promise<number> {
     }
     const elapsed = (performance.now() - t0) / 1000;
     const streaming = (performance.now() - tLoop) / 1000;
-    const line = summary(priv.guarantee(), nRecords ? nTok / nRecords : null);
+    // a sentence's worst case over the tokens it privatizes (a token policy's public words are
+    // counted apart, as the ledger counts them)
+    const line = summary(priv.guarantee(), nRecords ? (nTok - nPublic) / nRecords : null);
     const c = total(charged);
     const after = await ledger.status();
     const spent = c === null ? "charged nothing" : `charged worst-case epsilon ${fmtEps(c.epsilon)} for ${c.sends} payload(s)`;
