@@ -99,7 +99,7 @@ k8s_smoke() {
         || fail "manifests not valid: $LOGS/k8s-validate.log"
     say "$(tail -n1 "$LOGS/k8s-validate.log") ($(grep -c ': ok ' "$LOGS/k8s-validate.log") objects in $(ls -d "$ROOT"/deploy/k8s/overlays/*/ | wc -l) overlays)"
 
-    WORK="$(mktemp -d /var/tmp/privbert-k8s.XXXXXX)"
+    WORK="$(mktemp -d -t privbert-k8s.XXXXXX)"  # under $TMPDIR (default /tmp)
     chmod 755 "$WORK"
     CLEANUP+=("rm -rf '$WORK'")
     smoke_inputs
