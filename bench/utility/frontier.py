@@ -44,6 +44,7 @@ import numpy as np
 from bench.common import DATA, machine
 from bench.utility.cache import log
 from shared.policy import DEFAULT_P, NO_POLICY, RARE_FROM
+from shared.table import candidate_key
 
 DEFAULT_TABLES = ("none", "pca64-int8", "pca32-int8", "pca16-int8")
 REFERENCE = ("none", 65.0)
@@ -65,7 +66,7 @@ class Candidate:
     @property
     def key(self) -> str:
         """"pca32-int8", or "pca32-int8+function-words@0.3" under a policy."""
-        return self.table if self.policy == NO_POLICY else f"{self.table}+{self.policy}@{self.p:g}"
+        return candidate_key(self.table, self.policy, self.p)
 
     @classmethod
     def parse(cls, key: str) -> Candidate:

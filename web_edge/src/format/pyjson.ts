@@ -108,8 +108,10 @@ export function parseRaw(text: string): RawJson {
   return out;
 }
 
-/** A JSON string literal as Python's json.dumps (ensure_ascii) writes it. */
-export function pyString(s: string): string {
+/** A JSON string literal as Python's json.dumps writes it: with ``ascii`` (its default,
+ * ensure_ascii) every character outside printable ASCII escaped, else only the quote, the
+ * backslash and the control characters. */
+export function pyString(s: string, ascii = true): string {
   let out = '"';
   for (let k = 0; k < s.length; k++) {
     const c = s.charCodeAt(k);
@@ -120,32 +122,16 @@ export function pyString(s: string): string {
     else if (c === 0x09) out += "\\t";
     else if (c === 0x08) out += "\\b";
     else if (c === 0x0c) out += "\\f";
-    else if (c < 0x20 || c > 0x7e) out += "\\u" + c.toString(16).padStart(4, "0");
+    else if (c < 0x20 || (ascii && c > 0x7e)) out += "\\u" + c.toString(16).padStart(4, "0");
     else out += s[k];
   }
   return out + '"';
 }
 
 /** A list of strings as Python's json.dumps(ensure_ascii=False, separators=(",", ":")) writes
- * it: only the quote, the backslash and the control characters escaped (shared.policy's digest). */
+ * it (shared.policy's digest). */
 export function jsonDumpsUnicode(items: readonly string[]): string {
-  const one = (s: string): string => {
-    let out = '"';
-    for (let k = 0; k < s.length; k++) {
-      const c = s.charCodeAt(k);
-      if (c === 0x22) out += '\\"';
-      else if (c === 0x5c) out += "\\\\";
-      else if (c === 0x0a) out += "\\n";
-      else if (c === 0x0d) out += "\\r";
-      else if (c === 0x09) out += "\\t";
-      else if (c === 0x08) out += "\\b";
-      else if (c === 0x0c) out += "\\f";
-      else if (c < 0x20) out += "\\u" + c.toString(16).padStart(4, "0");
-      else out += s[k];
-    }
-    return out + '"';
-  };
-  return "[" + items.map(one).join(",") + "]";
+  return "[" + items.map((s) => pyString(s, false)).join(",") + "]";
 }
 
 /** Characters Python's str.isprintable() calls not printable (besides the ASCII space): Unicode
