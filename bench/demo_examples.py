@@ -30,10 +30,10 @@ EXAMPLES = (
 
 def _bundle_of(model: Path, bundle_id: str, given: str | None):
     """The bundle the model version was trained for: --bundle, else its home's copy (a
-    version folder is HOME/models/ID/versions/V), else what ``models.privatize.load_bundle``
+    version folder is HOME/models/ID/versions/V), else what ``models.training.privatize.load_bundle``
     finds for the version (its own bundle/, or the packaged MiniLM's)."""
     from cloud_api.home import ModelHome
-    from models.privatize import load_bundle
+    from models.training.privatize import load_bundle
 
     model = model.resolve()
     if given is None and len(model.parents) > 3:
@@ -54,10 +54,10 @@ def main(argv=None) -> int:
     ap.add_argument("--seed", type=int, default=0)
     a = ap.parse_args(argv)
 
-    from models.data import LabelledText
-    from models.finetune import predict_dataset
-    from models.privatize import PublicText, build_mechanism, make_privatizer
-    from models.versions import load_model
+    from models.training.data import LabelledText
+    from models.training.finetune import predict_dataset
+    from models.training.privatize import PublicText, build_mechanism, make_privatizer
+    from models.versions.model_version import load_model
 
     mv = load_model(a.model)
     cfg = mv.config

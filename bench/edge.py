@@ -13,7 +13,7 @@ against the raw mechanism on the same tokens in the same run; the privacy report
   tokens of the same sentences, in a fresh process (`python -m bench.edge --raw`), alternating
   with the CLI runs (--repeats, best of each) since other processes share the cores.
 * laplace / ome / texthide need `encoder.onnx`: the MiniLM bundle with its encoder is
-  exported here with `models.export.export_bundle` (torch, in this bench process only).
+  exported here with `models.export.writers.export_bundle` (torch, in this bench process only).
 * report: `edge-agent report` with 500 tokens x 1,000 perturbations at one eta (runtime),
   and `--target-inversion` (accuracy reached on the fixed draw).
 * cold start: spawn to the first JSONL line on stdout with the default MiniLM bundle
@@ -388,7 +388,7 @@ def main() -> None:
             e2e(name, [*flags, "--eta", str(eta)], raw_mech)
     export_s = None
     if not args.skip_vector:
-        from models.export import export_bundle
+        from models.export.writers import export_bundle
 
         t = time.perf_counter()
         enc_dir = export_bundle(tmp / "minilm-encoder")
@@ -441,7 +441,7 @@ def main() -> None:
     print(table(["what", "result", "target"], report_rows + [
         ["cold start: spawn -> first JSONL line (median of 3)", f"{cold_spawn:.2f} s", "< 2 s"],
         ["cold start inside the CLI: start of run -> first record", f"{cold_inside:.2f} s", ""],
-    ] + ([["export MiniLM bundle + encoder.onnx (models.export, torch)", f"{export_s:.1f} s",
+    ] + ([["export MiniLM bundle + encoder.onnx (models.export.writers, torch)", f"{export_s:.1f} s",
            ""]] if export_s is not None else [])))
     print()
     print_ledger(ledger, calls, n_rec, n_tok, args, load_before)

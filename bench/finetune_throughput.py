@@ -1,4 +1,4 @@
-"""Fine-tuning throughput of models.finetune against a plain torch loop, same model, same batches.
+"""Fine-tuning throughput of models.training.finetune against a plain torch loop, same model, same batches.
 
     python -m bench.finetune_throughput [--sentences 2000] [--mechanism dchi-text] [--eta 65]
                                         [--rounds 2] [--threads 2]
@@ -6,12 +6,12 @@
 Data: the first ``--sentences`` SST-2 training sentences privatized on the edge path
 (``edge_agent.Privatizer``), as ``cloud-api train`` does. Both variants train one epoch
 over the SAME batches: the length-sorted buckets that ``finetune(seed=0)`` draws
-(``models.data.length_buckets`` with ``default_rng(0)``), collated by
-``models.data.collate_dataset``.
+(``models.training.data.length_buckets`` with ``default_rng(0)``), collated by
+``models.training.data.collate_dataset``.
 
 - plain torch loop (written here, independent of ``models/``): ``BertModel`` with frozen
   word embeddings, mean pooling, dropout, linear head, cross-entropy, backward, AdamW step;
-- ours: ``models.finetune.finetune`` (no dev set): the same plus warm-up/decay schedule,
+- ours: ``models.training.finetune.finetune`` (no dev set): the same plus warm-up/decay schedule,
   gradient clipping, GradScaler/autocast switches, keeping the best state, and the frozen-
   table checks at the end.
 
@@ -35,7 +35,7 @@ from bench.common import DATA, machine, read_tsv, table
 
 def build_data(n: int, mechanism: str, eta: float):
     from edge_agent import Privatizer
-    from models.data import dataset_from_records
+    from models.training.data import dataset_from_records
     from shared.bundle import EdgeBundle
     from shared.mechanisms import DChiEmbedding, DChiText
 
@@ -49,7 +49,7 @@ def build_data(n: int, mechanism: str, eta: float):
 
 def plain_epoch(bert, ds, batches, special, lr: float) -> float:
     """One epoch of the plain loop; returns seconds."""
-    from models.data import collate_dataset
+    from models.training.data import collate_dataset
 
     head = torch.nn.Linear(bert.config.hidden_size, 2)
     drop = torch.nn.Dropout(bert.config.hidden_dropout_prob)
@@ -87,9 +87,9 @@ def main() -> None:
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
 
-    from models.backbone import load_bert
-    from models.data import length_buckets
-    from models.finetune import TrainConfig, build_model, finetune
+    from models.nets.backbone import load_bert
+    from models.training.data import length_buckets
+    from models.training.finetune import TrainConfig, build_model, finetune
 
     bundle, ds = build_data(args.sentences, args.mechanism, args.eta)
     special = bundle.special_ids
@@ -117,7 +117,7 @@ def main() -> None:
     print(table(["variant", "epoch wall", "tokens/s", "speed vs plain", "all rounds"], [
         ["plain torch loop (BertModel, mean pool, AdamW)", f"{bp:.1f} s", f"{tokens / bp:,.0f}",
          "1.000", ", ".join(f"{x:.1f}" for x in t_plain)],
-        ["ours: models.finetune.finetune", f"{bo:.1f} s", f"{tokens / bo:,.0f}",
+        ["ours: models.training.finetune.finetune", f"{bo:.1f} s", f"{tokens / bo:,.0f}",
          f"{bp / bo:.3f}", ", ".join(f"{x:.1f}" for x in t_ours)],
     ]))
     verdict = "within" if bp / bo >= 0.9 else "OUTSIDE"

@@ -2,7 +2,7 @@
 
 A MiniLM-L6 classifier (dchi-text, η = 65) fine-tuned on the first ``--rows`` sentences of
 ``sst2_sentences/train.tsv`` (cached under ``var/bench/int8/``), exported to
-``classifier.onnx``, then quantized by ``models.quantize`` in several schemes. The
+``classifier.onnx``, then quantized by ``models.export.quantize`` in several schemes. The
 1,000 sentences of ``sst2_sentences/dev.tsv`` are privatized ONCE (seeded: one draw) and
 every file classifies the same payloads: accuracy, predictions that differ from fp32's,
 largest logit difference. Speed: one-payload forwards over the same payloads, the files
@@ -40,9 +40,9 @@ def load() -> str:
 
 def prepare(work: Path, rows: int, epochs: int) -> Path:
     """The cached fine-tuned model folder with its fp32 ``classifier.onnx``."""
-    from models.experiment import train_from_tsv
-    from models.finetune import TrainConfig
-    from models.version_folder import ONNX_FILE
+    from models.training.experiment import train_from_tsv
+    from models.training.finetune import TrainConfig
+    from models.versions.version_folder import ONNX_FILE
 
     model = work / f"model-{rows}"
     if not (model / "config.json").is_file():
@@ -53,7 +53,7 @@ def prepare(work: Path, rows: int, epochs: int) -> Path:
                        cfg=TrainConfig(epochs=epochs, batch_size=16, progress=False, seed=0))
         print(f"trained {model} on {rows} rows in {time.perf_counter() - t0:.0f} s", flush=True)
     if not (model / ONNX_FILE).is_file():
-        from models.export import export_classifier_onnx
+        from models.export.writers import export_classifier_onnx
 
         t0 = time.perf_counter()
         export_classifier_onnx(model, int8=False)
@@ -77,8 +77,8 @@ class Calibration:
     train on), batches of 16 collated as the classifier reads them."""
 
     def __init__(self, model: Path, texts: list[str], seed: int, names: list[str]):
-        from models.data import collate_payloads
-        from models.version_folder import read_config
+        from models.training.data import collate_payloads
+        from models.versions.version_folder import read_config
 
         cfg = read_config(model)
         ps = privatized(model, texts, seed)
@@ -99,7 +99,7 @@ class Calibration:
 
 def logits_of(session, cfg: dict, payloads: list, names: list[str]) -> np.ndarray:
     """Logits of every payload, in batches of 32 neighbours in length."""
-    from models.data import collate_payloads
+    from models.training.data import collate_payloads
 
     order = sorted(range(len(payloads)), key=lambda i: payloads[i].n_tokens)
     out = np.empty((len(payloads), len(cfg["labels"])), np.float32)
@@ -124,10 +124,10 @@ def main() -> int:
                     "calibrated on privatized training sentences the model did not see")
     args = ap.parse_args()
 
-    from models.data import collate_payloads
-    from models.onnx_classifier import int8_kernel_check, onnx_session
-    from models.quantize import QuantScheme, quantize_onnx
-    from models.version_folder import ONNX_FILE, read_config
+    from models.export.onnx_classifier import int8_kernel_check, onnx_session
+    from models.export.quantize import QuantScheme, quantize_onnx
+    from models.training.data import collate_payloads
+    from models.versions.version_folder import ONNX_FILE, read_config
 
     t_all = time.perf_counter()
     print(f"machine: {machine()}", flush=True)

@@ -11,7 +11,7 @@ records of a task in a SQLite database in a temporary ``$PRIVBERT_HOME``.
   run by ``cloud_api.jobs.supervisor.Worker.run(once=True)`` in this process, which claims it and
   runs the child ``python -m cloud_api.jobs.run``: snapshot from the database, the split by
   record-id hash, ``train_from_records``, test accuracy, registration of the version.
-- direct: ``models.experiment.train_from_records`` called on the same train/dev records
+- direct: ``models.training.experiment.train_from_records`` called on the same train/dev records
   (the job's split), same ``TrainConfig`` (seed 0: the same batches), in a fresh Python
   process each round (``python -m bench.job_overhead --direct``), as cold as the job's child
   (a warm process reuses oneDNN kernels made for earlier batch shapes and trains faster).
@@ -121,8 +121,8 @@ def direct_main(home: str, out: str, epochs: int) -> None:
     from cloud_api.jobs.retrain import load_snapshot, split_rows
     from cloud_api.serving.bundles import BundleStore
     from cloud_api.settings import Settings
-    from models.experiment import train_from_records
-    from models.finetune import TrainConfig
+    from models.training.experiment import train_from_records
+    from models.training.finetune import TrainConfig
 
     settings = Settings(home=home)
     task, rows, _ = load_snapshot(settings, "sst2", None)  # what the job's child reads

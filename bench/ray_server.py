@@ -42,8 +42,8 @@ def build_app(model_dir: str, int8: bool, threads: int | None, max_batch_size: i
             from pydantic import BaseModel
             from torch import nn  # noqa: F401  (ModelVersion's check imports it)
 
-            from models.onnx_classifier import OnnxClassifier
-            from models.versions import ModelVersion
+            from models.export.onnx_classifier import OnnxClassifier
+            from models.versions.model_version import ModelVersion
             from shared.payload import Payload
 
             class Body(BaseModel):
@@ -59,7 +59,7 @@ def build_app(model_dir: str, int8: bool, threads: int | None, max_batch_size: i
             import numpy as np
 
             from cloud_api.serving.payload_queue import payload_length
-            from models.data import collate_payloads
+            from models.training.data import collate_payloads
 
             order = sorted(range(len(payloads)), key=lambda i: payload_length(payloads[i]))
             z = self.clf.logits(collate_payloads([payloads[i] for i in order],

@@ -85,9 +85,9 @@ def prepare(work: Path, rows: int, model: Path | None = None) -> tuple[Path, Pat
     """The cached model version folder (or ``model``) and a home serving it (built on the
     first run), with its fp32 and int8 ONNX files."""
     from cloud_api.home import ModelHome
-    from models.experiment import train_from_tsv
-    from models.finetune import TrainConfig
-    from models.version_folder import ONNX_FILE
+    from models.training.experiment import train_from_tsv
+    from models.training.finetune import TrainConfig
+    from models.versions.version_folder import ONNX_FILE
 
     if model is not None:
         work = work / f"given-{model.resolve().name}"
@@ -99,13 +99,13 @@ def prepare(work: Path, rows: int, model: Path | None = None) -> tuple[Path, Pat
                        cfg=TrainConfig(epochs=1, batch_size=16, progress=False, seed=0))
         print(f"trained {model} on {rows} rows in {time.perf_counter() - t0:.0f} s", flush=True)
     if not (model / ONNX_FILE).is_file():
-        from models.export import export_classifier_onnx
+        from models.export.writers import export_classifier_onnx
 
         t0 = time.perf_counter()
         export_classifier_onnx(model)
         print(f"exported {ONNX_FILE} and its int8 version in {time.perf_counter() - t0:.0f} s",
               flush=True)
-    from models.quantize import has_current_int8, quantize_classifier
+    from models.export.quantize import has_current_int8, quantize_classifier
 
     if not has_current_int8(model):
         t0 = time.perf_counter()
@@ -125,7 +125,7 @@ def request_bodies(n: int, model: Path) -> list[bytes]:
     """``{"payloads": [one payload]}`` for the first ``n`` SST-2 dev sentences, made with
     the model's bundle and η (the default MiniLM bundle, or its base BERT folder's)."""
     from edge_agent import Privatizer
-    from models.version_folder import read_config
+    from models.versions.version_folder import read_config
     from shared.bundle import EdgeBundle
     from shared.mechanisms import DChiText
 
@@ -149,7 +149,7 @@ def naive_app(model_dir: str, backend: str, mode: str, threads: int | None = Non
     from pydantic import BaseModel
     from starlette.concurrency import run_in_threadpool
 
-    from models.versions import load_model
+    from models.versions.model_version import load_model
     from shared.payload import Payload
 
     class Body(BaseModel):
@@ -157,7 +157,7 @@ def naive_app(model_dir: str, backend: str, mode: str, threads: int | None = Non
 
     mv = load_model(model_dir)
     if backend in ("onnx", "onnx-int8"):
-        from models.onnx_classifier import OnnxClassifier
+        from models.export.onnx_classifier import OnnxClassifier
 
         # the same session options and file as the service's onnx backends
         onnx = OnnxClassifier(model_dir, threads=threads or None, int8=backend == "onnx-int8")

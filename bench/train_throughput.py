@@ -4,12 +4,12 @@
                                      [--objective denoising] [--mechanism dchi-text] [--eta 65] [--hf]
 
 Variants, each over the SAME batches (the first ``--steps`` batches that
-``models.pretrain.pretrain(..., seed=S)`` would train on, from the default corpus):
+``models.pretraining.pretrain.pretrain(..., seed=S)`` would train on, from the default corpus):
 
 - plain torch loop: ``BertModel`` + a hand-written tied MLM head at the masked positions,
   cross-entropy, backward, ``AdamW.step``, ``zero_grad`` (no privatization, no clipping,
   no schedule) — written here, independent of ``models/``;
-- ours, privatization excluded: ``models.pretrain.Trainer.step`` on the pre-built batches
+- ours, privatization excluded: ``models.pretraining.pretrain.Trainer.step`` on the pre-built batches
   (autocast switch, gradient clipping, AdamW, linear schedule);
 - ours, privatization included: the loop body of ``pretrain`` — ``build_batch``
   (dχ privatization of every token, masking, targets) + ``Trainer.step``;
@@ -131,9 +131,9 @@ def main() -> None:
     if args.threads:
         torch.set_num_threads(args.threads)
 
-    from models.backbone import load_bert, resolve_model_dir
-    from models.pretrain import PretrainConfig, Trainer, batch_to_device, build_model
-    from models.pretrain_data import (
+    from models.nets.backbone import load_bert, resolve_model_dir
+    from models.pretraining.pretrain import PretrainConfig, Trainer, batch_to_device, build_model
+    from models.pretraining.pretrain_data import (
         BatchPrivatizer,
         batch_indices,
         build_batch,

@@ -3,11 +3,11 @@
     cloud-api bootstrap --data ../shared/data/sst2/train.tsv --dev ../shared/data/sst2/dev.tsv
 
 1. the edge bundle of the base BERT (default: the packaged MiniLM-L6-H384), with
-   ``encoder.onnx`` (``models.export.export_bundle``) for laplace / ome / texthide, saved into
+   ``encoder.onnx`` (``models.export.writers.export_bundle``) for laplace / ome / texthide, saved into
    the home's ``bundles/`` so that ``GET /v1/bundles/{id}`` serves it;
 2. the privacy floor (``shared.floor``): parameters below it are refused (exit 2) unless
    ``--allow-weak-privacy``;
-3. ``models.experiment.train_from_tsv`` privatizes the first ``--limit`` rows as the edge
+3. ``models.training.experiment.train_from_tsv`` privatizes the first ``--limit`` rows as the edge
    does and fine-tunes a classifier (defaults sized to finish in minutes on 2 CPU cores);
 4. with ``PRIVBERT_BACKEND=onnx``, ``classifier.onnx`` is exported into the version (what the
    onnx backend serves: the serve image);
@@ -46,8 +46,8 @@ DEFAULT_LAYERS = 3  # of the packaged MiniLM's 6 (a --base keeps all of its laye
 
 
 def register(subparsers) -> None:
-    from edge_agent.cli_args import positive_int
-    from models.cli_args import add_device_args, add_mechanism_args, add_recipe_args
+    from edge_agent.param_flags import positive_int
+    from models.cli.flags import add_device_args, add_mechanism_args, add_recipe_args
 
     p = subparsers.add_parser(
         "bootstrap", help="export the bundle, train, register and promote a first model",
@@ -154,8 +154,8 @@ def run(args) -> int:
         print(f"model={model_id} version={v} (already promoted; nothing to do)")
         _declare_task(args, task, home.read_config(model_id, v))  # so records can be uploaded
         return 0
-    from models.cli_args import apply_policy, check_device, mechanism_settings
-    from models.cli_train import recipe_from_args
+    from models.cli.flags import apply_policy, check_device, mechanism_settings
+    from models.cli.train import recipe_from_args
 
     check_device(args)
     recipe = recipe_from_args(args, args.mechanism, raw_text=True)
@@ -185,12 +185,12 @@ def run(args) -> int:
         return fail(weak)
 
     from cloud_api.serving.bundles import BundleStore
-    from models.data import read_labelled_tsv
+    from models.training.data import read_labelled_tsv
 
     data = read_labelled_tsv(args.data)
     rows = len(data)
     if args.label_names:  # checked before minutes of training, against the whole file
-        from models.data import label_names_from
+        from models.training.data import label_names_from
 
         _renamed(label_names_from(data.labels), args.label_names)
     BundleStore(home).add(bundle)
@@ -217,7 +217,7 @@ def _default_table(args) -> bool:
 def _bundle(args):
     """The edge bundle: --bundle DIR, else the base's, exported with encoder.onnx for the
     mechanisms that read a sentence vector."""
-    from models.data import kind_of
+    from models.training.data import kind_of
     from shared.bundle import EdgeBundle
 
     table = getattr(args, "table", None)
@@ -232,7 +232,7 @@ def _bundle(args):
         raise ValueError(f"--table is for dchi-text; {args.mechanism} reads a sentence vector")
     import tempfile
 
-    from models.export import export_bundle
+    from models.export.writers import export_bundle
 
     _say("exporting the sentence encoder (encoder.onnx) into the bundle")
     with tempfile.TemporaryDirectory(prefix="privbert-bundle-") as tmp:
@@ -244,7 +244,7 @@ def _bundle(args):
 def _check_floor(args, bundle, params: dict) -> str | None:
     """None when the parameters are at or above the privacy floor (or it is waived), else
     the floor's one-line refusal."""
-    from models.privatize import build_mechanism
+    from models.training.privatize import build_mechanism
     from shared.floor import WeakPrivacyError, require_privacy_floor
 
     mech = build_mechanism(args.mechanism, bundle, **params)
@@ -261,14 +261,14 @@ def _check_floor(args, bundle, params: dict) -> str | None:
 def _train_and_register(args, home, model_id: str, task: str, bundle, params: dict,
                         rows: int, t0: float, recipe) -> int:
     from cloud_api.home import write_atomically
-    from models.backbone import model_embeddings
-    from models.cli_args import posterior_table, seeded_rng
-    from models.data import kind_of
-    from models.denoiser import Denoiser
-    from models.experiment import train_from_tsv
-    from models.finetune import TrainConfig
-    from models.manifest import update_manifest
-    from models.version_folder import CONFIG_FILE
+    from models.attacks.denoiser import Denoiser
+    from models.cli.flags import posterior_table, seeded_rng
+    from models.nets.backbone import model_embeddings
+    from models.training.data import kind_of
+    from models.training.experiment import train_from_tsv
+    from models.training.finetune import TrainConfig
+    from models.versions.manifest import update_manifest
+    from models.versions.version_folder import CONFIG_FILE
     from shared.accounting import summary
 
     lr = args.lr if args.lr is not None or kind_of(args.mechanism) == "vector" \
@@ -294,7 +294,7 @@ def _train_and_register(args, home, model_id: str, task: str, bundle, params: di
                                        if args.denoiser_file else None))
         fresh = _fresh_dev(args, res.model_dir, bundle)
         if (backend := settings_for(args).backend) in ("onnx", "onnx-int8"):
-            from models.export import export_classifier_onnx
+            from models.export.writers import export_classifier_onnx
 
             _say(f"exporting classifier.onnx and classifier.int8.onnx "
                  f"(PRIVBERT_BACKEND={backend})")
@@ -332,7 +332,7 @@ def _train_and_register(args, home, model_id: str, task: str, bundle, params: di
 def _layers(args) -> int | None:
     """--layers, else the default for the packaged MiniLM's BERT classifiers (a --base and
     the vector MLPs keep what they have)."""
-    from models.data import kind_of
+    from models.training.data import kind_of
 
     if args.layers is not None or args.base is not None or kind_of(args.mechanism) == "vector":
         return args.layers
@@ -347,9 +347,9 @@ def _fresh_dev(args, model_dir: Path, bundle) -> dict | None:
     import numpy as np
 
     from cloud_api.home import write_atomically
-    from models.experiment import evaluate_tsv
-    from models.manifest import update_manifest
-    from models.version_folder import METRICS_FILE
+    from models.training.experiment import evaluate_tsv
+    from models.versions.manifest import update_manifest
+    from models.versions.version_folder import METRICS_FILE
 
     seeds = (np.random.SeedSequence(args.seed).spawn(args.dev_draws)
              if args.seed is not None else [None] * args.dev_draws)

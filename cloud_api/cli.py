@@ -26,8 +26,8 @@ PROG = "cloud-api"
 
 # subcommand modules, each with register(subparsers) -> None
 _COMMANDS = [
-    "models.cli_train",      # train, evaluate, export-bundle
-    "models.cli_pretrain",   # pretrain
+    "models.cli.train",      # train, evaluate, export-bundle
+    "models.cli.pretrain",   # pretrain
     "cloud_api.bootstrap",   # bootstrap
     "cloud_api.cli_db",      # db upgrade | current (the record store's schema)
     "cloud_api.cli_store",   # store import-home | list | sync (the shared model store)
@@ -330,11 +330,11 @@ def run_models_reseal(args) -> int:
 
 
 def run_models_register(args) -> int:
-    from models.version_folder import read_config
+    from models.versions.version_folder import read_config
 
     home = _home(args)
     cfg = read_config(args.dir)
-    from models.version_folder import BUNDLE_DIR
+    from models.versions.version_folder import BUNDLE_DIR
 
     if not args.bundle and (Path(args.dir) / BUNDLE_DIR / "bundle.json").is_file():
         args.bundle = str(Path(args.dir) / BUNDLE_DIR)  # the bundle the version carries
@@ -366,12 +366,12 @@ def run_models_register(args) -> int:
 def _int8_for_register(folder) -> None:
     """Quantize the version's classifier.onnx (onnx-int8 backend) unless its int8 file is
     current; without the quantizer (the serve image has no ``onnx``), say so and go on."""
-    from models.version_folder import INT8_FILE, ONNX_FILE
+    from models.versions.version_folder import INT8_FILE, ONNX_FILE
 
     if not (folder / ONNX_FILE).is_file():
         return
     try:
-        from models.quantize import has_current_int8, quantize_classifier
+        from models.export.quantize import has_current_int8, quantize_classifier
     except ImportError as exc:
         print(f"{PROG}: warning: {INT8_FILE} not built ({exc.name} is not installed: the "
               "train extra has it); PRIVBERT_BACKEND=onnx-int8 will not find it",

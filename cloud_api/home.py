@@ -1,12 +1,12 @@
 """``$PRIVBERT_HOME`` on disk: model versions, promoted pointers, bundles, bases, job folders.
 
     $PRIVBERT_HOME/
-      models/<model_id>/versions/<version>/   a version folder of models/versions.py
+      models/<model_id>/versions/<version>/   a version folder of models/versions/model_version.py
       models/<model_id>/promoted              the promoted version's name, replaced atomically
       bundles/<bundle_id>/                    edge bundles (EdgeBundle.save)
       bases/<name>/                           pretrained bases (cloud-api pretrain output)
       posteriors/<mechanism>-<digest>.npz     channel posteriors built from public text
-                                              (models.posterior; a cache, safe to delete)
+                                              (models.training.posterior; a cache, safe to delete)
       jobs/<job_id>/                          a job's work folder and log
 
 Everything here is plain files so that several processes (server instances, uvicorn
@@ -19,7 +19,7 @@ threads, processes and hosts sharing the folder; nothing slow runs under it. Not
 imports torch.
 
 A version is whole or it is not used: every file of it has a SHA-256 in its
-``manifest.json`` (``models.manifest``), written when it is registered (:meth:`register`),
+``manifest.json`` (``models.versions.manifest``), written when it is registered (:meth:`register`),
 and checked when it is loaded to serve (``cloud_api.serving.loading``), promoted
 (:meth:`promote`) and read by a retraining job; every array in it is finite. A mismatch is
 refused in one line and changes nothing.
@@ -52,7 +52,7 @@ from pathlib import Path
 from typing import Protocol
 
 from cloud_api.errors import InvalidRequest, NotFound
-from models.manifest import (
+from models.versions.manifest import (
     MANIFEST_FILE,
     IntegrityError,
     Verified,
@@ -69,7 +69,7 @@ ID_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$"
 VERSION_PATTERN = r"^v([1-9][0-9]{0,8})$"
 _ID = re.compile(ID_PATTERN)
 _VERSION = re.compile(VERSION_PATTERN)
-CONFIG_FILE = "config.json"  # models/versions.py: its presence means the folder is complete
+CONFIG_FILE = "config.json"  # models/versions/model_version.py: its presence means the folder is complete
 PROMOTE_LOCK = ".promote.lock"
 _THREAD_LOCKS: dict[str, threading.Lock] = {}  # per lock file: flock may be per process
 _THREAD_LOCKS_GUARD = threading.Lock()        # (NFS emulates it with POSIX locks)
@@ -254,7 +254,7 @@ class ModelHome:
         return path
 
     def verify(self, model_id: str, version: str, *, seal_missing: bool = True) -> Verified:
-        """Check every file of a version against its manifest (``models.manifest``), and the
+        """Check every file of a version against its manifest (``models.versions.manifest``), and the
         manifest against the digest recorded when it was sealed (:class:`SealRecords`);
         InvalidRequest (one line) if one does not match. Without records, a version from
         before manifests is checked for finite arrays and, with ``seal_missing``, sealed now
@@ -397,7 +397,7 @@ class ModelHome:
 
 
 def seal_folder(path: str | os.PathLike) -> Verified:
-    """Verify a folder about to enter the home (``models.manifest``: against its manifest,
+    """Verify a folder about to enter the home (``models.versions.manifest``: against its manifest,
     a copy's integrity in transit, or for finite weights) and write its manifest when it
     has none; InvalidRequest (one line) when it is not whole."""
     try:

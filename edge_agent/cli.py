@@ -13,8 +13,9 @@ import argparse
 import os
 import sys
 
-from edge_agent.cli_args import Parser, add_attack_flags, add_bundle_args, server_options
+from edge_agent.cli_args import Parser, add_bundle_args, server_options
 from edge_agent.errors import PROG, BudgetRefused, CliError, UsageError, info, one_line, warn
+from edge_agent.param_flags import add_attack_flags
 from edge_agent.privatize.options import DEFAULT_MECHANISM
 from edge_agent.service.connect import make_client, resolve_bundle
 

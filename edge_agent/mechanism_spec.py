@@ -3,7 +3,7 @@ kinds, and one flag per parameter of a mechanism's typed ``Params`` (``--word-dr
 ``word_dropout``) with its type, choices and help, shared by every mechanism that has the
 parameter. ``edge-agent privatize`` and the training command lines (``cloud-api train``,
 ``evaluate``, ``bootstrap``, ``pretrain``) add the flags with
-``edge_agent.cli_args.add_param_flags``; none lists a mechanism's parameters.
+``edge_agent.param_flags.add_param_flags``; none lists a mechanism's parameters.
 
 The built-in mechanisms come from ``shared/spec/mechanisms.json``, read as JSON without
 importing ``shared`` (which loads numpy), so that building a parser stays light; a plugin's

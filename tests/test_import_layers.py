@@ -156,8 +156,8 @@ def deps_of(g: dict[str, set[str]], mod: str) -> set[str]:
 
 
 def test_nothing_below_the_command_line_imports_it_or_argparse():
-    cli = {"edge_agent.cli", "edge_agent.cli_args", "edge_agent.privatize.cli",
-           "edge_agent.budget.cli", "edge_agent.__main__"}
+    cli = {"edge_agent.cli", "edge_agent.cli_args", "edge_agent.param_flags",
+           "edge_agent.privatize.cli", "edge_agent.budget.cli", "edge_agent.__main__"}
     g = graph()
     for mod, deps in g.items():
         if mod.startswith("edge_agent") and mod not in cli:
@@ -359,7 +359,7 @@ def test_no_module_imports_another_modules_private_names():
 def test_the_private_import_finder_finds_them(tmp_path):
     src = tmp_path / "probe.py"
     src.write_text("from shared.arrays import STRICT, _secret\nimport shared._hidden\n"
-                   "from models.cli_train import __doc__\n")
+                   "from models.cli.train import __doc__\n")
     found = private_imports([src])
     assert [f.split(": ")[1] for f in found] == ["shared._hidden", "shared.arrays._secret"]
 
@@ -413,3 +413,14 @@ def test_the_reexport_finder_finds_one(tmp_path):
                    "from shared.mechanisms import DChiText\nfrom shared import ledger\n")
     assert [f.split(": ")[1] for f in reexported_imports([src])] == [
         "shared.payload.registry (lives in shared.mechanisms.registry)"]
+
+
+def test_the_training_commands_import_no_edge_command_line():
+    """``models`` and ``cloud_api`` share the mechanisms' flags through
+    ``edge_agent.param_flags``, never through the edge's command line (issue 45)."""
+    cli = {"edge_agent.cli", "edge_agent.cli_args", "edge_agent.privatize.cli",
+           "edge_agent.budget.cli", "edge_agent.__main__"}
+    g = graph(PRODUCT)
+    for mod, deps in g.items():
+        if mod.startswith(("models", "cloud_api")):
+            assert not deps & cli, (mod, deps & cli)

@@ -4,7 +4,7 @@ repository root):
     table      Qu et al. 2021 Tables 4–7 in small, every mechanism (``bench.utility.table``)
     levers     the training recipe's levers through ``cloud-api train``'s path
                (``bench.utility.levers``)
-    explore    one lever at a time on a seeded subset, driving ``models.finetune`` directly
+    explore    one lever at a time on a seeded subset, driving ``models.training.finetune`` directly
                (``bench.utility.explore``)
     denoiser   the contextual denoiser: tokens recovered, and as an attack
                (``bench.utility.denoiser``)

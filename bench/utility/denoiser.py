@@ -1,4 +1,4 @@
-"""The contextual denoiser (``models.denoiser``): how many original tokens a server recovers.
+"""The contextual denoiser (``models.attacks.denoiser``): how many original tokens a server recovers.
 
     python -m bench.utility denoiser [--eta 65] [--train 0] [--corpus FILE] [--layers 2]
         [--candidates 4096] [--epochs 1] [--draws 3] [--out out/denoiser]
@@ -8,7 +8,7 @@ On ``sst2_sentences/dev.tsv`` (1,000 held-out sentences) privatized afresh ``--d
 with ``dchi-text`` at ``--eta``, the share of original tokens that
 
 * survive the mechanism unchanged (what the token inversion of the privacy report counts);
-* the context-free posterior's argmax recovers (``models.posterior``, built from the public
+* the context-free posterior's argmax recovers (``models.training.posterior``, built from the public
   training text as ``cloud-api train`` builds it);
 * the context-free posterior holds in its support, and in its top K for K = 8, 64, 512;
 * are among the N most frequent public-text tokens or the output itself (the denoiser's reach);
@@ -72,7 +72,7 @@ def neighbour_ranks(bundle, x: np.ndarray, y: np.ndarray) -> np.ndarray:
 def measure_context_free(bundle, posterior, dev_texts: list[str], draws: int, seed: int
                          ) -> dict:
     """Survival, the context-free argmax, its support and top-K, and the neighbour ranks."""
-    from models.denoiser_train import privatize_sequences, token_sequences
+    from models.attacks.denoiser_train import privatize_sequences, token_sequences
     from shared.mechanisms import DChiText
 
     seqs = token_sequences(bundle, dev_texts, 128)
@@ -82,7 +82,7 @@ def measure_context_free(bundle, posterior, dev_texts: list[str], draws: int, se
     keys = ["survive", "context_free", "support"] + [f"top{k}" for k in TOP_K]
     res: dict[str, list[float]] = {k: [] for k in keys}
     near = []
-    rng = np.random.default_rng([seed, 31])  # the draws models.denoiser_train.recovery makes
+    rng = np.random.default_rng([seed, 31])  # the draws models.attacks.denoiser_train.recovery makes
     for d in range(draws):
         y = np.concatenate(privatize_sequences(mech, seqs, rng))
         ranks = context_free_ranks(posterior, x, y)
@@ -104,8 +104,8 @@ def measure_context_free(bundle, posterior, dev_texts: list[str], draws: int, se
 
 def reach_by_frequency(posterior, bundle, dev_texts: list[str]) -> dict:
     """Share of dev tokens among the N most frequent public-text tokens."""
-    from models.denoiser import candidate_vocabulary
-    from models.denoiser_train import token_sequences
+    from models.attacks.denoiser import candidate_vocabulary
+    from models.attacks.denoiser_train import token_sequences
 
     x = np.concatenate(token_sequences(bundle, dev_texts, 128))
     out = {}
@@ -122,13 +122,13 @@ def latency(out: Path, bundle, posterior, denoiser, dev_texts: list[str], batche
     thread) of MiniLM reading the context-free table and of MiniLM reading ``denoiser``
     inside the graph, on privatized dev sentences: process time, so other jobs on the
     machine weigh less than on wall-clock. The heads are untrained: the cost is the same."""
-    from models.backbone import load_bert
-    from models.classifiers import build_classifier
-    from models.data import collate_payloads
-    from models.export import export_classifier_onnx
-    from models.onnx_classifier import OnnxClassifier
-    from models.privatize import make_privatizer
-    from models.versions import save_model_version
+    from models.export.onnx_classifier import OnnxClassifier
+    from models.export.writers import export_classifier_onnx
+    from models.nets.backbone import load_bert
+    from models.nets.classifiers import build_classifier
+    from models.training.data import collate_payloads
+    from models.training.privatize import make_privatizer
+    from models.versions.model_version import save_model_version
     from shared.mechanisms import DChiText
 
     cfg = {"kind": "tokens", "mechanism": "dchi-text", "params": {"eta": posterior.eta},
@@ -240,11 +240,11 @@ def parse_args(argv):
 
 def main(argv: list[str]) -> int:
     args = parse_args(argv)
-    from models.data import read_labelled_tsv
-    from models.denoiser_train import DenoiserConfig, public_denoiser, read_corpus, recovery
-    from models.levers import public_posterior
-    from models.privatize import SEED_WARNING
-    from models.recipe import Recipe
+    from models.attacks.denoiser_train import DenoiserConfig, public_denoiser, read_corpus, recovery
+    from models.training.data import read_labelled_tsv
+    from models.training.levers import public_posterior
+    from models.training.privatize import SEED_WARNING
+    from models.training.recipe import Recipe
     from shared.bundle import EdgeBundle
 
     print(SEED_WARNING, file=sys.stderr, flush=True)
@@ -286,8 +286,8 @@ def train_for_frontier(bundle, posterior, cache: Path, *, epochs: int = 1,
     (2 layers, 4,096 candidates, the first ``texts_limit`` training sentences (0 = all) +
     ``corpus``) retrained for ``bundle``'s table and ``posterior``'s η, and its recovery on
     the dev tokens."""
-    from models.data import read_labelled_tsv
-    from models.denoiser_train import DenoiserConfig, public_denoiser, read_corpus, recovery
+    from models.attacks.denoiser_train import DenoiserConfig, public_denoiser, read_corpus, recovery
+    from models.training.data import read_labelled_tsv
 
     texts = read_labelled_tsv(TRAIN, texts_limit or None).texts + (
         read_corpus(corpus) if corpus else [])

@@ -8,7 +8,7 @@ levers ``python -m bench.utility levers`` ablates.
         [--out out/exp/results.jsonl]
 
 Lower-level than ``python -m bench.utility levers`` (which goes through ``train_from_tsv``, the path of
-``cloud-api train``): it drives ``models.finetune`` directly, so that one lever at a time can be
+``cloud-api train``): it drives ``models.training.finetune`` directly, so that one lever at a time can be
 varied on a subset quickly. It prints one JSON line (and appends it to ``--out``):
 
 * ``sent_mean`` / ``sent_draws``: ``sst2_sentences/dev.tsv`` (1,000 whole sentences held out
@@ -18,7 +18,7 @@ varied on a subset quickly. It prints one JSON line (and appends it to ``--out``
 
 The subset is ``--n`` rows of ``sst2_sentences/train.tsv`` drawn with seed 11; the epoch is
 chosen on one fixed privatization of the dev set (seed [5, 99]), the reported draws are others.
-``--posterior FILE`` reads a table of ``models.posterior.build_posterior``, built first from the
+``--posterior FILE`` reads a table of ``models.training.posterior.build_posterior``, built first from the
 whole training text (1 pass, 16 draws at least per distinct token, seed 7) when FILE does not
 exist; ``--teacher`` / ``--warm`` take a model fine-tuned on the clean text (``--mech none
 --save DIR``).
@@ -48,7 +48,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     ap.add_argument("--denoise", type=float, default=0.0)
     ap.add_argument("--denoise-rate", type=float, default=0.5)
     ap.add_argument("--posterior", help="channel-posterior table (.npz)")
-    ap.add_argument("--denoiser", help="a trained contextual denoiser (models.denoiser), read "
+    ap.add_argument("--denoiser", help="a trained contextual denoiser (models.attacks.denoiser), read "
                     "in place of the posterior table (python -m bench.utility denoiser)")
     ap.add_argument("--distill", type=float, default=0.0)
     ap.add_argument("--teacher", help="clean-text model for --distill")
@@ -82,18 +82,18 @@ def run(a: argparse.Namespace) -> dict:
     """Train and evaluate one recipe; the JSON record (also printed and appended)."""
     import torch
 
-    from models.backbone import keep_layers
-    from models.data import label_names_from, read_labelled_tsv
-    from models.finetune import (
+    from models.nets.backbone import keep_layers
+    from models.training.data import label_names_from, read_labelled_tsv
+    from models.training.finetune import (
         TrainConfig,
         build_model,
         evaluate_dataset,
         finetune,
         predict_dataset,
     )
-    from models.posterior import ChannelPosterior
-    from models.privatize import PublicText, build_mechanism, make_privatizer
-    from models.versions import load_model, save_model_version
+    from models.training.posterior import ChannelPosterior
+    from models.training.privatize import PublicText, build_mechanism, make_privatizer
+    from models.versions.model_version import load_model, save_model_version
     from shared.bundle import EdgeBundle
 
     if a.threads:
@@ -133,7 +133,7 @@ def run(a: argparse.Namespace) -> dict:
     if a.posterior and Path(a.posterior).exists():
         post = ChannelPosterior.load(a.posterior)
     elif a.posterior:  # built from the whole training text, as `cloud-api train` builds one
-        from models.posterior import build_posterior
+        from models.training.posterior import build_posterior
 
         whole = read_labelled_tsv(DATA / "sst2_sentences" / "train.tsv")
         post = build_posterior(b, a.mech, a.eta, whole.texts, passes=1.0, min_draws=16,
@@ -144,8 +144,8 @@ def run(a: argparse.Namespace) -> dict:
                       ema=a.ema, rtd=a.rtd)
     den = None
     if a.denoiser:
-        from models.backbone import model_embeddings
-        from models.denoiser import Denoiser
+        from models.attacks.denoiser import Denoiser
+        from models.nets.backbone import model_embeddings
 
         den = Denoiser.load(a.denoiser, model_embeddings(b))
     model = build_model(train, b, a.warm, cfg, posterior=post, denoiser=den)

@@ -21,7 +21,7 @@ matched privacy by the strongest attacks we have.
   posterior, lr 1e-4, batch 32) on ``--n`` rows of ``sst2_sentences/train.tsv``; whole
   sentences (``sst2_sentences/dev.tsv``, mean of 3 fresh draws) and phrases (first 2,000 of
   ``sst2/dev.tsv``).
-* ``denoise``: the contextual denoiser (``models.denoiser``) retrained for that table and η
+* ``denoise``: the contextual denoiser (``models.attacks.denoiser``) retrained for that table and η
   on public text (agnews + the training sentences), and its recovery on the dev tokens.
 * ``report``: one row per (table, η) with everything measured, the matched η of each table
   with its accuracy, and a PNG of accuracy against the strongest attack's recovery.
@@ -119,8 +119,8 @@ def tokens_path(out: Path, cand: Candidate, eta: float, what: str) -> Path:
 
 
 def load_or_build_posterior(out: Path, bundle, cand: Candidate, eta: float):
-    from models.data import read_labelled_tsv
-    from models.posterior import ChannelPosterior, build_posterior
+    from models.training.data import read_labelled_tsv
+    from models.training.posterior import ChannelPosterior, build_posterior
 
     p = posterior_path(out, cand, eta)
     if p.exists():
@@ -158,8 +158,8 @@ def dev_tokens(bundle, post):
     """The dev tokens (one array per sentence, as the frontier privatizes them), their
     classes (``shared.recovery``: the same tokens for every candidate) and the semantic
     neighbours of each in MiniLM's 384-d table."""
-    from models.data import read_labelled_tsv
-    from models.denoiser_train import token_sequences
+    from models.attacks.denoiser_train import token_sequences
+    from models.training.data import read_labelled_tsv
     from shared.recovery import neighbour_table, token_classes
 
     if "dev" not in _DEV:
@@ -196,7 +196,7 @@ def sweep_point(out: Path, cand: Candidate, eta: float, draws: int = DRAWS) -> d
     vocabulary left unchanged (uniform over the regular tokens: the floor's quantity,
     ``shared.floor.DChiFloor``). The tokens, outputs and guesses are kept under
     ``OUT/tokens`` for the report."""
-    from models.denoiser_train import privatize_sequences
+    from models.attacks.denoiser_train import privatize_sequences
     from shared.accounting import dchi_diameter_bound
     from shared.floor import DChiFloor
     from shared.mechanisms import DChiText
@@ -210,7 +210,7 @@ def sweep_point(out: Path, cand: Candidate, eta: float, draws: int = DRAWS) -> d
     x = np.concatenate(seqs)
     mech = DChiText(bundle, eta, public_p=cand.params(eta).get("public_p"))
     guesses = top_guesses(post)
-    rng = np.random.default_rng([31, 7])  # the draws models.denoiser_train.recovery makes
+    rng = np.random.default_rng([31, 7])  # the draws models.attacks.denoiser_train.recovery makes
     ys, splits, unchanged = [], [], []
     for _ in range(draws):
         y = np.concatenate(privatize_sequences(mech, seqs, rng))
@@ -394,7 +394,7 @@ def contextual_guesses(denoiser, bundle, seqs, ys: list[np.ndarray], k: int = TO
     privatization of ``seqs``), in order."""
     import torch
 
-    from models.denoiser_train import _batches, collate
+    from models.attacks.denoiser_train import _batches, collate
 
     lengths = np.array([len(q) for q in seqs])
     n = denoiser.candidates.numel()
@@ -412,13 +412,13 @@ def contextual_guesses(denoiser, bundle, seqs, ys: list[np.ndarray], k: int = TO
 
 def cmd_denoise(a) -> int:
     from bench.utility.denoiser import TRAIN
-    from models.data import read_labelled_tsv
-    from models.denoiser_train import (
+    from models.attacks.denoiser_train import (
         DenoiserConfig,
         privatize_sequences,
         public_denoiser,
         read_corpus,
     )
+    from models.training.data import read_labelled_tsv
     from shared.mechanisms import DChiText
     from shared.recovery import unchanged_by_class
 

@@ -4,7 +4,7 @@ reach a useful accuracy at the privacy floor (inversion 0.34) without a GPU.
     python -m bench.utility levers [--train 0] [--epochs 3] [--rows base,fresh,...]
                                    [--lr 1e-4] [--out out/levers] [--table-only]
 
-Every row trains a classifier with ``models.experiment.train_from_tsv`` (the path of
+Every row trains a classifier with ``models.training.experiment.train_from_tsv`` (the path of
 ``cloud-api train`` / ``bootstrap``) on ``../shared/data/sst2_sentences/train.tsv`` (or a seeded
 subset), ``dchi-text`` at the η whose inversion accuracy on the MiniLM table is 0.34 (``--eta``,
 from ``edge-agent report --target-inversion 0.34``), and reports:
@@ -99,9 +99,9 @@ def row_recipe(row: str, args) -> tuple[str, dict, int]:
 
 
 def run_row(row: str, cfg: dict, data: dict, out: Path, args, bundle) -> dict:
-    from models.experiment import train_from_tsv
-    from models.finetune import TrainConfig
-    from models.recipe import Recipe
+    from models.training.experiment import train_from_tsv
+    from models.training.finetune import TrainConfig
+    from models.training.recipe import Recipe
 
     model_dir = out / "models" / f"{row}-{key_of(cfg)}"
     tc = TrainConfig(epochs=cfg["epochs"], lr=cfg["lr"], batch_size=cfg["batch_size"],
@@ -135,11 +135,11 @@ def run_row(row: str, cfg: dict, data: dict, out: Path, args, bundle) -> dict:
 def _records_row(cfg: dict, data: dict, out: Path, args, bundle, tc, model_dir):
     """Retraining as a job does it: records privatized once on the edge, no raw text; the
     posterior table is the best row's (what the promoted version would hand the job)."""
-    from models.data import label_names_from, read_labelled_tsv
-    from models.experiment import train_from_records
-    from models.posterior import POSTERIOR_FILE, ChannelPosterior
-    from models.privatize import PublicText, build_mechanism, make_privatizer
-    from models.recipe import Recipe
+    from models.training.data import label_names_from, read_labelled_tsv
+    from models.training.experiment import train_from_records
+    from models.training.posterior import POSTERIOR_FILE, ChannelPosterior
+    from models.training.privatize import PublicText, build_mechanism, make_privatizer
+    from models.training.recipe import Recipe
 
     best = read_json(out / "rows" / f"best-{key_of(best_config(args, data))}.json")
     if best is None:
@@ -163,7 +163,7 @@ def _records_row(cfg: dict, data: dict, out: Path, args, bundle, tc, model_dir):
 
 def evaluate(model_dir, args, bundle) -> dict:
     """Whole sentences (mean of ``--draws`` fresh privatizations) and phrases (one)."""
-    from models.experiment import evaluate_tsv
+    from models.training.experiment import evaluate_tsv
 
     draws = [evaluate_tsv(model_dir, DEV, bundle=bundle, progress=False,
                           rng=np.random.default_rng([args.seed, FRESH_STREAM, i]))["accuracy"]
@@ -245,9 +245,9 @@ def main(argv: list[str]) -> int:
     for r in rows:
         row_recipe(r, args)  # unknown rows and levers: an error now, not hours later
     out = Path(args.out)
-    import models.experiment  # noqa: F401  (every module a row needs, before the first row)
-    import models.posterior  # noqa: F401
-    from models.privatize import SEED_WARNING
+    import models.training.experiment  # noqa: F401  (every module a row needs, before the first row)
+    import models.training.posterior  # noqa: F401
+    from models.training.privatize import SEED_WARNING
     from shared.bundle import EdgeBundle
 
     if not args.table_only:

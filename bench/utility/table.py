@@ -12,14 +12,14 @@ Rows (ids for ``--only``; shell-style patterns such as ``text-*`` work):
   Table 3 at η = 75, 100, 125, 150 for BERT-base), calibrated first on one fixed noise draw
   (``edge_agent.report.FixedDraw`` / ``target_eta``), the same η for both mechanisms;
 - ``text-P-denoising`` / ``emb-P-denoising``: fine-tuned from a Denoising MLM pretraining with
-  the same mechanism and η (``models.pretrain``, §3.4), ``-vanilla`` / ``-prob`` at 0.3402;
+  the same mechanism and η (``models.pretraining.pretrain``, §3.4), ``-vanilla`` / ``-prob`` at 0.3402;
 - ``laplace``: DPNR (Lyu et al. 2020) ε = 1, per-coordinate calibration as published, word
   dropout μ = 0.1; ``ome``: OME (Lyu et al. 2020) ε = 1, λ = 100; both on the frozen MiniLM
-  mean-pooled sentence encoder (``models.export.export_bundle``), with the worst-case ε of
+  mean-pooled sentence encoder (``models.export.writers.export_bundle``), with the worst-case ε of
   ``shared.accounting`` beside the published one.
 
 Every row privatizes a seeded subset of ``../shared/data/sst2/train.tsv`` and the dev set
-with the edge's ``Privatizer`` (``models.experiment.train_from_tsv``) and fine-tunes; the dev
+with the edge's ``Privatizer`` (``models.training.experiment.train_from_tsv``) and fine-tunes; the dev
 accuracy is that of the best epoch (the library keeps it) and the last epoch's is shown too.
 Both are measured on the one noise draw the epoch was chosen on, which flatters them: the
 kept model is also evaluated on all dev rows privatized afresh, and the targets are judged on
@@ -161,7 +161,7 @@ def pretrain_dir(out: Path, row: Row, eta: float, args, bundle) -> tuple[Path, d
 
 def ensure_pretrained(path: Path, cfg: dict, bundle) -> dict:
     """Run (or resume, or reuse) the pretraining; returns its bookkeeping."""
-    from models.pretrain import INFO_FILE, list_checkpoints, pretrain
+    from models.pretraining.pretrain import INFO_FILE, list_checkpoints, pretrain
 
     book_path = path / "utility.json"
     book = read_json(book_path) or {"config": cfg, "wall_s": 0.0}
@@ -190,7 +190,7 @@ def ensure_pretrained(path: Path, cfg: dict, bundle) -> dict:
 
 def pretrain_summary(path: Path) -> dict:
     """First and last loss and training seconds of a finished pretraining folder."""
-    from models.pretrain import INFO_FILE
+    from models.pretraining.pretrain import INFO_FILE
 
     info = read_json(path / INFO_FILE) or {}
     curve = info.get("loss_curve") or []
@@ -229,7 +229,7 @@ def row_config(row: Row, args, data: dict, calib: dict | None, bundle_id: str) -
 def given_pretraining(path: Path, row: Row, eta: float) -> dict:
     """What identifies a finished ``cloud-api pretrain`` folder given by --pretrained; it
     must have been pretrained for this row (objective, mechanism, η)."""
-    from models.pretrain import INFO_FILE
+    from models.pretraining.pretrain import INFO_FILE
 
     info = read_json(path / INFO_FILE)
     if info is None:
@@ -245,9 +245,9 @@ def given_pretraining(path: Path, row: Row, eta: float) -> dict:
 
 
 def run_row(row: Row, cfg: dict, out: Path, args, data: dict, bundles: dict) -> dict:
-    from models.experiment import train_from_tsv
-    from models.finetune import TrainConfig
-    from models.version_folder import read_config
+    from models.training.experiment import train_from_tsv
+    from models.training.finetune import TrainConfig
+    from models.versions.version_folder import read_config
     from shared.accounting import summary
 
     key = key_of(cfg)
@@ -295,7 +295,7 @@ def fresh_dev(row: Row, model_dir, args, bundles: dict) -> dict:
     """The kept model on every dev row privatized afresh, ``--fresh-draws`` times: noise draws
     the epoch choice never saw (the "dev acc" column is measured on the draw it was chosen
     on). One draw of all 6,735 rows moves accuracy by about ±0.005 (dχ-text at 0.34)."""
-    from models.experiment import evaluate_tsv
+    from models.training.experiment import evaluate_tsv
 
     seeds = [[args.seed, FRESH_STREAM, i] for i in range(args.fresh_draws)]
     t0 = time.perf_counter()
@@ -500,11 +500,11 @@ def main(argv: list[str] | None = None) -> int:
     # module versions when the working tree changes under it.
     import edge_agent.privatize.encoder  # noqa: F401
     import edge_agent.privatize.privatizer  # noqa: F401
-    import models.experiment  # noqa: F401
-    import models.export  # noqa: F401
-    import models.pretrain  # noqa: F401
-    import models.versions  # noqa: F401
-    from models.privatize import SEED_WARNING
+    import models.export.writers  # noqa: F401
+    import models.pretraining.pretrain  # noqa: F401
+    import models.training.experiment  # noqa: F401
+    import models.versions.model_version  # noqa: F401
+    from models.training.privatize import SEED_WARNING
     from shared.bundle import EdgeBundle
 
     if not args.table_only:
@@ -525,7 +525,7 @@ def main(argv: list[str] | None = None) -> int:
 
         def encoder_bundle():
             if "b" not in enc_cache:
-                from models.export import export_bundle
+                from models.export.writers import export_bundle
 
                 path = out / "bundle-minilm-encoder"
                 if (path / "encoder.onnx").is_file():

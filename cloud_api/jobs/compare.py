@@ -36,7 +36,7 @@ def measure(job: dict, version: str) -> dict:
     test = split_rows(rows)["test"]
     if not test:
         raise ValueError(f"no test records up to id {watermark}")
-    from models.experiment import evaluate_records
+    from models.training.experiment import evaluate_records
 
     path = ModelHome(settings.home).version_dir(spec["model_id"], version)
     accuracy = evaluate_records(path, test)["accuracy"]

@@ -1,5 +1,5 @@
 """What a pretraining job does (in the child process): privacy-adaptive pretraining
-(``models.pretrain.pretrain``, Qu et al. §3.4) on a PUBLIC corpus — the configured
+(``models.pretraining.pretrain.pretrain``, Qu et al. §3.4) on a PUBLIC corpus — the configured
 ``PRIVBERT_PRETRAIN_CORPUS`` files, by default AG News from ``../shared/data`` — never on
 user records. The output folder (a BERT folder with ``pretrain.json``) is moved by the
 worker to ``$PRIVBERT_HOME/bases/<name>/``, where retraining requests name it as ``base``.
@@ -18,7 +18,7 @@ def corpus_paths(settings) -> list:
     """The public corpus files of pretraining jobs."""
     if settings.pretrain_corpus is not None:
         return [settings.pretrain_corpus]
-    from models.pretrain_data import DATA
+    from models.pretraining.pretrain_data import DATA
 
     return [DATA / "corpus" / "agnews.txt"]
 
@@ -26,7 +26,7 @@ def corpus_paths(settings) -> list:
 def run(job: dict, files: AttemptFiles, dist_ctx=None) -> dict | None:
     """Pretrain into ``files.output``; returns the result (None off rank 0)."""
     from cloud_api.settings import Settings
-    from models.pretrain import pretrain
+    from models.pretraining.pretrain import pretrain
 
     settings = Settings()
     spec = job["spec"]

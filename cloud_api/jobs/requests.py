@@ -12,7 +12,7 @@ from typing import Annotated, Literal
 from pydantic import BaseModel, ConfigDict, Field
 
 from cloud_api.home import ID_PATTERN
-from models.recipe import DEFAULT_EPOCHS
+from models.training.recipe import DEFAULT_EPOCHS
 from shared.mechanisms.registry import dchi_names
 
 Name = Annotated[str, Field(pattern=ID_PATTERN,
@@ -20,7 +20,7 @@ Name = Annotated[str, Field(pattern=ID_PATTERN,
 
 
 class RecipeRequest(BaseModel):
-    """The training recipe of a retraining job (``models.recipe``). Device records carry no
+    """The training recipe of a retraining job (``models.training.recipe``). Device records carry no
     raw text, so the levers that need it are refused (422); ``posterior`` reads the channel
     posterior table of the promoted version (null: use it when there is one)."""
 

@@ -2,10 +2,10 @@
 
 1. Snapshot the task's records up to the job's watermark (``store.snapshot.snapshot``);
    verify whole every folder it reads (the base, the promoted version's posterior or
-   denoiser: ``models.manifest``).
+   denoiser: ``models.versions.manifest``).
 2. Split them by a hash of the record id: train / dev / test, 80/10/10 (the same record
    always lands in the same part, in every job).
-3. Fine-tune with ``models.experiment.train_from_records`` (from the job's base, else the
+3. Fine-tune with ``models.training.experiment.train_from_records`` (from the job's base, else the
    bundle's own BERT); the trainer keeps the epoch that is best on dev.
 4. With ``PRIVBERT_BACKEND=onnx``, export ``classifier.onnx`` into the version (what the
    onnx backend serves: the serve image runs no torch).
@@ -27,7 +27,7 @@ from collections.abc import Iterable, Sequence
 from pathlib import Path
 
 from cloud_api.jobs.files import AttemptFiles, ProgressWriter, write_json_atomically
-from models.manifest import update_manifest
+from models.versions.manifest import update_manifest
 
 log = logging.getLogger("cloud_api.jobs.retrain")
 
@@ -106,7 +106,7 @@ def run(job: dict, files: AttemptFiles, dist_ctx=None) -> dict | None:
     progress.update(force=True, phase="loading records")
     loaded = load_snapshot(settings, spec["task"], job.get("watermark")) if main else None
     if dist_ctx is not None:
-        from models import distributed
+        from models.training import distributed
 
         loaded = distributed.broadcast_object(loaded, dist_ctx)
     task, rows, watermark = loaded
@@ -119,8 +119,8 @@ def run(job: dict, files: AttemptFiles, dist_ctx=None) -> dict | None:
         raise ValueError(f"task {task.name} has no training records up to id {watermark} "
                          "(erased since the job was submitted?)")
     # torch from here on (a job that fails above never pays for importing it)
-    from models.experiment import evaluate_records, train_from_records
-    from models.finetune import TrainConfig, TrainingCancelled
+    from models.training.experiment import evaluate_records, train_from_records
+    from models.training.finetune import TrainConfig, TrainingCancelled
 
     bundle = _bundle(home, task.bundle_id)
     cfg = TrainConfig(epochs=int(spec["epochs"]), lr=spec.get("lr"),
@@ -138,15 +138,15 @@ def run(job: dict, files: AttemptFiles, dist_ctx=None) -> dict | None:
         progress.update(force=True, epoch=info["epoch"], loss=info["train_loss"],
                         dev_accuracy=info.get("dev_accuracy"))
 
-    from models.posterior import ChannelPosterior
-    from models.recipe import Recipe
+    from models.training.posterior import ChannelPosterior
+    from models.training.recipe import Recipe
 
     table = (ChannelPosterior.load(spec["posterior_path"]) if spec.get("posterior_path")
              else None)
     denoiser = None
     if spec.get("denoiser_path"):
-        from models.backbone import model_embeddings
-        from models.denoiser import Denoiser
+        from models.attacks.denoiser import Denoiser
+        from models.nets.backbone import model_embeddings
 
         denoiser = Denoiser.load(spec["denoiser_path"], model_embeddings(bundle))
     res = train_from_records(parts["train"], files.output, bundle=bundle,
@@ -162,7 +162,7 @@ def run(job: dict, files: AttemptFiles, dist_ctx=None) -> dict | None:
     if files.cancelled():
         raise TrainingCancelled("cancelled after training")
     if settings.backend in ("onnx", "onnx-int8"):  # what the serve image serves
-        from models.export import export_classifier_onnx
+        from models.export.writers import export_classifier_onnx
 
         progress.update(force=True, phase="exporting classifier.onnx and its int8 version")
         export_classifier_onnx(files.output)
@@ -200,9 +200,9 @@ def run(job: dict, files: AttemptFiles, dist_ctx=None) -> dict | None:
 
 def read_whole(spec: dict) -> None:
     """Every folder the job reads (its base, the promoted version whose posterior or
-    denoiser it reads) verified whole before it is read (``models.manifest``), as when it
+    denoiser it reads) verified whole before it is read (``models.versions.manifest``), as when it
     was submitted: a file changed since is refused in one line, never copied forward."""
-    from models.manifest import verify_folder
+    from models.versions.manifest import verify_folder
 
     folders = {Path(p).parent for p in (spec.get("posterior_path"), spec.get("denoiser_path"))
                if p}

@@ -100,7 +100,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         if int(os.environ.get("WORLD_SIZE", "1")) > 1:  # torch only when needed: a job
             from cloud_api.settings import Settings  # that fails early fails in a second
-            from models import distributed
+            from models.training import distributed
 
             ctx = distributed.init_from_env(Settings().device)
         log.info("job %s (%s), attempt %s%s", job["job_id"], job["kind"], job["attempt"],
@@ -130,14 +130,14 @@ def main(argv: list[str] | None = None) -> int:
         return EXIT_CANCELLED if files.cancelled() else EXIT_FAILED
     finally:
         if ctx is not None:
-            from models import distributed
+            from models.training import distributed
 
             distributed.close(ctx, wait_for_peers=finished)
 
 
 def _is_cancel(exc: BaseException) -> bool:
-    """``models.finetune.TrainingCancelled`` (if that module was ever imported)."""
-    finetune = sys.modules.get("models.finetune")
+    """``models.training.finetune.TrainingCancelled`` (if that module was ever imported)."""
+    finetune = sys.modules.get("models.training.finetune")
     return finetune is not None and isinstance(exc, finetune.TrainingCancelled)
 
 

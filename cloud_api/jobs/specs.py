@@ -1,7 +1,7 @@
 """The checks made when a job is submitted (422 at POST, not a failed job later): the task
 exists (404), it has enough records of every label, the model id serves the same payloads as
 the task, the base was made for the task's bundle and mechanism, and what the job will read
-is whole (the promoted version, the base: ``models.manifest``); epochs and learning rate
+is whole (the promoted version, the base: ``models.versions.manifest``); epochs and learning rate
 are in range already (the bodies, ``cloud_api.jobs.requests``).
 
     spec = check_retrain(db, home, bundles, settings, RetrainRequest(task="sst2", ...))
@@ -34,7 +34,7 @@ from cloud_api.store.tasks import (
     get_task,
     privacy_floor_refusal,
 )
-from models.manifest import IntegrityError, verify_folder
+from models.versions.manifest import IntegrityError, verify_folder
 from shared.mechanisms.registry import differing_params, mechanisms
 
 VECTOR_MECHANISMS = tuple(c.name for c in mechanisms() if not c.payload_kind.reads_tokens)
@@ -68,7 +68,7 @@ def _retrain_denoiser(home: ModelHome, task: Task, req: RetrainRequest,
                       current: str | None) -> str | None:
     """The denoiser the job reads (the promoted version's ``denoiser.safetensors``), or None;
     InvalidRequest when one is asked for and none fits (training one needs public text)."""
-    from models.version_folder import DENOISER_FILE, check_denoiser_meta, denoiser_header
+    from models.versions.version_folder import DENOISER_FILE, check_denoiser_meta, denoiser_header
     from shared.mechanisms.registry import substituting_names
 
     asked = (req.recipe or RecipeRequest()).denoiser
@@ -103,8 +103,8 @@ def _retrain_posterior(home: ModelHome, task: Task, req: RetrainRequest,
                        current: str | None) -> str | None:
     """The posterior table the job reads (the promoted version's ``posterior.npz``), or None;
     InvalidRequest for a lever that needs raw text, or a posterior asked for but absent."""
-    from models.posterior import POSTERIOR_FILE  # numpy only
-    from models.recipe import RAW_TEXT_LEVERS
+    from models.training.posterior import POSTERIOR_FILE  # numpy only
+    from models.training.recipe import RAW_TEXT_LEVERS
     from shared.mechanisms.registry import dchi_names
 
     r = req.recipe or RecipeRequest()
@@ -128,7 +128,7 @@ def _retrain_posterior(home: ModelHome, task: Task, req: RetrainRequest,
             raise InvalidRequest(f"recipe.posterior: model {req.model_id} has no promoted "
                                  "version with a posterior table (posterior.npz) to read")
         return None
-    from models.posterior import ChannelPosterior
+    from models.training.posterior import ChannelPosterior
 
     try:
         ChannelPosterior.load(path).check_for(task.mechanism, task.params, task.bundle_id)

@@ -1,15 +1,15 @@
 """Inference backends: a loaded model version that turns a batch of checked payloads into
 class probabilities (N, C) float32, in input order.
 
-* :class:`TorchBackend` — ``models.versions.load_model``; CUDA with bf16/fp16 autocast when
-  a GPU is present (``models.backbone.pick_device`` / ``autocast_dtype``), CPU otherwise;
+* :class:`TorchBackend` — ``models.versions.model_version.load_model``; CUDA with bf16/fp16 autocast when
+  a GPU is present (``models.nets.backbone.pick_device`` / ``autocast_dtype``), CPU otherwise;
   the forward runs under ``torch.inference_mode()``.
-* :class:`OnnxBackend` — ``models.onnx_classifier.OnnxClassifier`` over the version's
+* :class:`OnnxBackend` — ``models.export.onnx_classifier.OnnxClassifier`` over the version's
   ``classifier.onnx`` (CPU). It imports no torch (neither does this module), so that the
   serve image carries none: torch is imported only when the torch backend is chosen.
 * ``auto`` (the default) — per version, the fastest of these that keeps the accuracy:
   torch on a GPU, else ``onnx-int8``, else ``onnx``, else torch on the CPU.
-* ``onnx-int8`` — the same over ``classifier.int8.onnx`` (``models.quantize``), loaded only
+* ``onnx-int8`` — the same over ``classifier.int8.onnx`` (``models.export.quantize``), loaded only
   when it was made from this version's ``classifier.onnx`` and this CPU's integer kernel
   is exact on its weights (``OnnxClassifier``'s checks). A version without such a file is
   served by its ``classifier.onnx`` or refused, as ``PRIVBERT_INT8_FALLBACK`` says; a file
@@ -62,7 +62,7 @@ def _softmax(z: np.ndarray) -> np.ndarray:
 
 
 def _collate(config: dict, payloads: Sequence, as_numpy: bool = False) -> dict:
-    from models.data import collate_payloads
+    from models.training.data import collate_payloads
 
     return collate_payloads(payloads, config, as_numpy=as_numpy)
 
@@ -79,7 +79,7 @@ def warm_up(backend) -> None:
 
 def warmup_payloads(config: dict, n: int = 2) -> list:
     """Small valid payloads for ``config``'s model (random contents; never user data)."""
-    from models.data import example_payload_arrays
+    from models.training.data import example_payload_arrays
     from shared.mechanisms import registry
     from shared.payload import make_payload
 
@@ -105,8 +105,8 @@ class TorchBackend:
     def __init__(self, path: str | os.PathLike, settings: Settings):
         import torch
 
-        from models.backbone import autocast_dtype, pick_device
-        from models.versions import load_model
+        from models.nets.backbone import autocast_dtype, pick_device
+        from models.versions.model_version import load_model
 
         self.threads = settings.torch_threads
         if self.threads:
@@ -158,8 +158,8 @@ class OnnxBackend:
     its ``classifier.int8.onnx``; CPU)."""
 
     def __init__(self, path: str | os.PathLike, settings: Settings, int8: bool = False):
-        from models.onnx_classifier import Int8Refused, OnnxClassifier
-        from models.version_folder import (
+        from models.export.onnx_classifier import Int8Refused, OnnxClassifier
+        from models.versions.version_folder import (
             DENOISER_FILE,
             INT8_FILE,
             METRICS_FILE,
@@ -186,7 +186,7 @@ class OnnxBackend:
                                   f"DIR, or cloud-api models register, builds it)")
         if not file.is_file():
             raise BackendError(f"{self.path}: no {ONNX_FILE} for the onnx backend (export it "
-                               f"with models.export.export_classifier_onnx, or serve with "
+                               f"with models.export.writers.export_classifier_onnx, or serve with "
                                f"PRIVBERT_BACKEND=torch)")
         try:
             # one session, built with the thread count (PRIVBERT_TORCH_THREADS) if set
@@ -238,7 +238,7 @@ def _fastest(path: Path, settings: Settings) -> Backend:
     keeps the accuracy (int8 against fp32: ``bench/int8.py``): torch on a GPU; else the
     version's int8 file where this CPU computes it exactly; else its fp32
     ``classifier.onnx``; else torch on the CPU."""
-    from models.version_folder import INT8_FILE, ONNX_FILE
+    from models.versions.version_folder import INT8_FILE, ONNX_FILE
 
     if settings.wants_gpu() and (path / "model.safetensors").is_file():
         return TorchBackend(path, settings)

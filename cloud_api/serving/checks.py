@@ -6,7 +6,7 @@ bundle ids, shapes and counts.
     limits = checker.limits()      # to parse request bodies for this model
     checker.check(payloads)        # PayloadMismatch: "payloads[0]: eta 60 sent, model serves eta 65"
 
-The same checks as ``models.versions.ModelVersion.check_payload``, plus regular token ids,
+The same checks as ``models.versions.model_version.ModelVersion.check_payload``, plus regular token ids,
 the token budget (``max_length`` less [CLS]/[SEP]), sentence pairs, and float values no
 larger than :data:`MAX_ABS_VALUE` (a sound model's scores stay finite below it).
 """
@@ -18,7 +18,7 @@ from collections.abc import Sequence
 import numpy as np
 
 from cloud_api.errors import PayloadMismatch
-from models.data import kind_of
+from models.training.data import kind_of
 from shared.arrays import Limits
 from shared.mechanisms import registry
 

@@ -13,7 +13,7 @@ Hot swap: the new version is loaded beside the old one in a thread
 requests go to the new version, requests already queued finish on the old one, then the old
 batcher drains and the old version is released. Choosing a version and queueing on it
 happen with no ``await`` in between, so no request can land on a batcher that is draining.
-A version that fails to load (one that is not whole included: ``models.manifest``) is
+A version that fails to load (one that is not whole included: ``models.versions.manifest``) is
 logged, counted (``privbert_model_load_failure``) and shown in :meth:`ready`; the previous
 version keeps serving. A prediction whose scores are not all finite is never answered: a
 500 ``non-finite-scores`` (counted, ``privbert_predictions_nonfinite``), and the route
@@ -46,7 +46,7 @@ from cloud_api.serving.bundles import BundleStore
 from cloud_api.serving.loading import Served, load_version
 from cloud_api.serving.payload_queue import Disconnected
 from cloud_api.settings import Settings
-from models.manifest import IntegrityError
+from models.versions.manifest import IntegrityError
 from shared.arrays import Limits
 from shared.mechanisms import registry as mechanisms
 

@@ -3,7 +3,7 @@ checker of its payloads, its edge bundle and its ``/v1/models`` entry. Runs in a
 (it reads the folder and loads the weights); :mod:`cloud_api.serving.hot_swap` decides
 which version to load and when.
 
-A version is verified whole before anything of it is read (``models.manifest``: every file
+A version is verified whole before anything of it is read (``models.versions.manifest``: every file
 against its SHA-256 in ``manifest.json``); one from before manifests is checked for finite
 weights, loaded, and sealed once its backends have loaded and warmed with finite scores
 (its first verified load). A version that is not whole is a BackendError naming the file.
@@ -23,7 +23,7 @@ from cloud_api.serving.batcher import Batcher
 from cloud_api.serving.bundles import BundleStore
 from cloud_api.serving.checks import PayloadChecker
 from cloud_api.settings import Settings
-from models.manifest import verify_folder
+from models.versions.manifest import verify_folder
 from shared.mechanisms import registry as mechanisms
 
 log = logging.getLogger(__name__)
@@ -62,7 +62,7 @@ def load_version(settings: Settings, home: ModelHome, bundles: BundleStore, mode
                  version: str) -> Served:
     """``version`` of ``model_id`` loaded and warmed, without a batcher yet; BackendError
     when its folder or mechanism cannot be served here."""
-    from models.version_folder import read_config
+    from models.versions.version_folder import read_config
 
     path = home.version_dir(model_id, version)
     try:  # against its manifest, and the manifest against the digest recorded at sealing

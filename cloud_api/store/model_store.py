@@ -12,7 +12,7 @@ database and not an object store).
 A version is whole or absent: its files and the SHA-256 of its manifest are written in one
 transaction, and only a version with that digest is listed, fetched or promoted. A fetch
 writes into a folder the caller then renames, and checks the manifest's digest and every
-file against the manifest (``models.manifest``) before it returns, so a reader never sees a
+file against the manifest (``models.versions.manifest``) before it returns, so a reader never sees a
 half-written or altered version (:class:`StoreIntegrityError` otherwise). Bundles are
 content-addressed and checked against their id (``shared.bundle``) the same way.
 Knows nothing of the web framework; works on PostgreSQL and SQLite alike.
@@ -39,7 +39,7 @@ from cloud_api.store.tables import (
     stored_bundles,
     stored_files,
 )
-from models.manifest import MANIFEST_FILE, IntegrityError, folder_files, verify_folder
+from models.versions.manifest import MANIFEST_FILE, IntegrityError, folder_files, verify_folder
 
 CHUNK = 4 << 20  # bytes per stored_files row
 

@@ -145,7 +145,7 @@ def _issue(i: int, loc: Sequence, msg: str, kind: str) -> dict:
     return {"loc": ["records", i, *loc], "msg": msg, "type": kind}
 
 
-SOFT_LABEL_TOLERANCE = 1e-3  # models.data refuses a soft label whose sum is further from 1
+SOFT_LABEL_TOLERANCE = 1e-3  # models.training.data refuses a soft label whose sum is further from 1
 
 
 def _soft_label_problem(task: Task, label: Any) -> str | None:

@@ -7,7 +7,7 @@
 Every replica (``cloud-api serve``), job worker and CLI of one deployment shares the store
 (:class:`~cloud_api.store.model_store.ModelStore`) and keeps its own ``$PRIVBERT_HOME`` (an
 ``emptyDir`` on Kubernetes) as a cache: a version is fetched once into a temporary folder,
-checked whole (manifest digest, every file: ``models.manifest``), renamed into
+checked whole (manifest digest, every file: ``models.versions.manifest``), renamed into
 ``models/<id>/versions/<v>`` and only then named by the local ``promoted`` pointer, so the
 serving code (``cloud_api.serving``), which reads the local folders as on one machine,
 never sees a half-written version. A version that fails its check is not used: the local
@@ -49,7 +49,7 @@ from cloud_api.home import (
 from cloud_api.settings import Settings
 from cloud_api.store.db import Database
 from cloud_api.store.model_store import ModelStore
-from models.manifest import IntegrityError, Verified
+from models.versions.manifest import IntegrityError, Verified
 
 log = logging.getLogger(__name__)
 _LOCK_BASE = 0x70726F6D  # advisory lock ids of promotions: this plus a hash of the model id

@@ -9,10 +9,10 @@ from edge_agent.cli_args import (
     LazyChoices,
     add_bundle_args,
     add_ledger_arg,
-    add_param_flags,
     server_options,
 )
 from edge_agent.mechanism_spec import flag_values
+from edge_agent.param_flags import add_param_flags
 from edge_agent.privatize.options import (
     DEFAULT_MECHANISM,
     InputOptions,

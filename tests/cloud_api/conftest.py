@@ -114,8 +114,8 @@ def tiny_home(tmp_path_factory) -> TinyHome:
 
 def _train_in_process(home: TinyHome, model_id: str, mechanism: str) -> None:
     from cloud_api.home import ModelHome
-    from models.experiment import train_from_tsv
-    from models.finetune import TrainConfig
+    from models.training.experiment import train_from_tsv
+    from models.training.finetune import TrainConfig
 
     models = ModelHome(home.root).ensure()
     out = home.root.parent / f"trained-{model_id}"

@@ -86,7 +86,7 @@ def test_serve_port_from_the_environment_is_checked(tmp_path):
 
 
 def test_register_with_an_unusable_bundle_is_one_line(tmp_path):
-    from models.version_folder import CONFIG_FILE, FORMAT, FORMAT_VERSION
+    from models.versions.version_folder import CONFIG_FILE, FORMAT, FORMAT_VERSION
 
     model, bundle = tmp_path / "model", tmp_path / "bundle"
     model.mkdir()

@@ -87,8 +87,8 @@ def _body(payloads) -> dict:
 
 
 def test_int8_version_is_served_by_its_int8_file(int8_server, tiny_bundle_of_home):
-    from models.data import collate_payloads
-    from models.onnx_classifier import OnnxClassifier
+    from models.export.onnx_classifier import OnnxClassifier
+    from models.training.data import collate_payloads
 
     srv, home = int8_server
     model = srv.model("text")
@@ -156,7 +156,7 @@ def test_bad_backend_settings_stop_serve_with_one_line(tmp_path, monkeypatch, ca
 def test_register_builds_the_int8_file(tiny_home, tmp_path, capsys):
     from cloud_api.cli import main
     from cloud_api.home import ModelHome
-    from models.quantize import has_current_int8
+    from models.export.quantize import has_current_int8
 
     src = ModelHome(tiny_home.root).version_dir("text", tiny_home.promoted_at_start["text"])
     folder = tmp_path / "trained"

@@ -25,7 +25,13 @@ from cloud_api.errors import InvalidRequest
 from cloud_api.home import ModelHome
 from cloud_api.store.db import Database
 from cloud_api.store.seals import DatabaseSeals
-from models.manifest import MANIFEST_FILE, IntegrityError, manifest_sha256, seal, verify_folder
+from models.versions.manifest import (
+    MANIFEST_FILE,
+    IntegrityError,
+    manifest_sha256,
+    seal,
+    verify_folder,
+)
 from shared.payload import make_payload
 from tests.cloud_api.conftest import ServerProcess, cloud_api, new_keys
 
@@ -47,9 +53,9 @@ def made(tmp_path_factory):
     import torch
 
     from cloud_api.serving.bundles import BundleStore
-    from models.backbone import load_bert
-    from models.classifiers import build_classifier
-    from models.versions import save_model_version
+    from models.nets.backbone import load_bert
+    from models.nets.classifiers import build_classifier
+    from models.versions.model_version import save_model_version
     from shared.bundle import EdgeBundle
     from tests.conftest import make_full_tiny_bert
 
@@ -129,15 +135,15 @@ def test_a_deleted_or_forged_manifest_is_refused(made, tmp_path):
 
 def _forge(v: Path):
     """What a launderer writes: the manifest of the folder as it is now (no check)."""
-    from models.manifest import Verified, file_sha256, folder_files
+    from models.versions.manifest import Verified, file_sha256, folder_files
 
     return Verified(v, {n: file_sha256(v / n) for n in folder_files(v)}, sealed=False)
 
 
 def test_nan_in_any_array_file_is_refused_when_made_and_when_sealed(made, tmp_path):
-    from models.backbone import load_bert
-    from models.classifiers import build_classifier
-    from models.versions import save_model_version
+    from models.nets.backbone import load_bert
+    from models.nets.classifiers import build_classifier
+    from models.versions.model_version import save_model_version
 
     home, _, b, _, src, tmp = made
     cfg = json.loads((src / "config.json").read_text())

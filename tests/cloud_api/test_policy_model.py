@@ -49,8 +49,8 @@ def test_train_under_a_policy_keeps_its_bundle_and_p(trained):
 def test_evaluate_finds_the_models_bundle_in_its_home(tiny_home):
     """A version registered by `cloud-api bootstrap` holds no bundle/ of its own: its bundle
     is in the home's bundles/ folder, where evaluate (and --attack, the benches) find it."""
-    from models.privatize import model_bundle_dir
-    from models.version_folder import read_config
+    from models.training.privatize import model_bundle_dir
+    from models.versions.version_folder import read_config
 
     version = tiny_home.root / "models" / "text" / "versions" / "v1"
     assert not (version / "bundle").exists()

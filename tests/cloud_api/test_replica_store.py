@@ -25,7 +25,7 @@ from cloud_api.store.db import Database
 from cloud_api.store.model_store import ModelStore
 from cloud_api.store.rate_limits import SharedRateLimiter
 from cloud_api.store.tables import stored_files
-from models.manifest import MANIFEST_FILE, seal, verify_folder
+from models.versions.manifest import MANIFEST_FILE, seal, verify_folder
 from tests.cloud_api.conftest import ServerProcess, new_keys
 
 

@@ -32,7 +32,7 @@ BLOCKED = ("torch", "transformers")
 SERVING_MODULES = ("cloud_api.cli", "cloud_api.app", "cloud_api.serving.backends",
                    "cloud_api.serving.checks", "cloud_api.serving.hot_swap",
                    "cloud_api.serving.loading", "cloud_api.serving.payload_queue",
-                   "models.data", "models.onnx_classifier", "models.version_folder")
+                   "models.training.data", "models.export.onnx_classifier", "models.versions.version_folder")
 
 
 @pytest.fixture
@@ -63,8 +63,8 @@ def test_onnx_serving_modules_import_without_torch(no_torch):
 
 
 def test_serve_on_onnx_never_imports_torch(tiny_home, no_torch, tmp_path):
-    from models.data import collate_payloads
-    from models.onnx_classifier import OnnxClassifier
+    from models.export.onnx_classifier import OnnxClassifier
+    from models.training.data import collate_payloads
 
     blocker, marker = no_torch
     home, bundle = onnx_home(tiny_home, tmp_path / "home")

@@ -30,7 +30,7 @@ import pytest
 from cloud_api.auth import key_id
 from cloud_api.errors import InvalidRequest, problem_type
 from cloud_api.home import ModelHome
-from models.manifest import MANIFEST_FILE, IntegrityError, file_sha256
+from models.versions.manifest import MANIFEST_FILE, IntegrityError, file_sha256
 from shared.payload import make_payload
 from tests.cloud_api.conftest import ServerProcess, cloud_api, new_keys
 
@@ -68,11 +68,11 @@ def built(tmp_path_factory):
 
     from cloud_api.serving.backends import warmup_payloads
     from cloud_api.serving.bundles import BundleStore
-    from models.backbone import load_bert
-    from models.classifiers import build_classifier
-    from models.denoiser import new_denoiser
-    from models.posterior import build_posterior
-    from models.versions import save_model_version
+    from models.attacks.denoiser import new_denoiser
+    from models.nets.backbone import load_bert
+    from models.nets.classifiers import build_classifier
+    from models.training.posterior import build_posterior
+    from models.versions.model_version import save_model_version
     from shared.bundle import EdgeBundle
     from tests.conftest import make_full_tiny_bert
     from tests.models.conftest import sentiment_texts

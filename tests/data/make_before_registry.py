@@ -17,9 +17,9 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from models.experiment import train_from_records
-from models.finetune import TrainConfig
-from models.versions import load_model
+from models.training.experiment import train_from_records
+from models.training.finetune import TrainConfig
+from models.versions.model_version import load_model
 from shared.bundle import EdgeBundle
 from shared.mechanisms import OME, DChiEmbedding, DChiText, Laplace, TextHide
 from shared.payload import make_payload

@@ -3,7 +3,7 @@
 The encoder is a small random ``transformers.BertModel`` with mean pooling, exported
 with ``torch.onnx.export`` to the input and output names of ``edge_agent/privatize/encoder.py``
 (ARCHITECTURE.md "The edge bundle"). Tests may import torch; the ``edge_agent`` package
-never does (the real export is ``models/export.py``, ``cloud-api export-bundle``).
+never does (the real export is ``models/export/writers.py``, ``cloud-api export-bundle``).
 """
 
 from __future__ import annotations

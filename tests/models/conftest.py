@@ -93,7 +93,7 @@ def vector_records(bundle_id: str, mechanism: str, n: int, dim: int = 24, seed: 
 @pytest.fixture(scope="session")
 def tiny_encoder_bundle(tiny_bert_dir, tmp_path_factory):
     """The tiny BERT's bundle with encoder.onnx (export_bundle), for laplace/ome/texthide."""
-    from models.export import export_bundle
+    from models.export.writers import export_bundle
 
     return export_bundle(tmp_path_factory.mktemp("tiny-bundle") / "bundle", tiny_bert_dir)
 

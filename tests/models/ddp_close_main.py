@@ -1,5 +1,5 @@
 """Run under ``torchrun --nproc-per-node 2``: leave a DDP wrapper in a reference cycle, then
-``models.distributed.close``.
+``models.training.distributed.close``.
 
     torchrun --standalone --nproc-per-node 2 tests/models/ddp_close_main.py [cycle|one-leaves]
 
@@ -23,7 +23,7 @@ from torch.nn.parallel import DistributedDataParallel
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
-from models import distributed  # noqa: E402
+from models.training import distributed  # noqa: E402
 
 
 def main(mode: str) -> None:

@@ -19,9 +19,9 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
-from models import distributed  # noqa: E402
-from models.data import dataset_from_records  # noqa: E402
-from models.finetune import TrainConfig, finetune  # noqa: E402
+from models.training import distributed  # noqa: E402
+from models.training.data import dataset_from_records  # noqa: E402
+from models.training.finetune import TrainConfig, finetune  # noqa: E402
 from shared.bundle import EdgeBundle  # noqa: E402
 from tests.models.conftest import sentiment_texts, token_records  # noqa: E402
 
@@ -43,7 +43,7 @@ def main(out: Path, bert_dir: Path) -> None:
     for k, v in sorted(res.module.state_dict().items()):
         digest.update(k.encode() + v.detach().cpu().numpy().tobytes())
     # privacy-adaptive pretraining with DDP: 4 steps, rank 0 writes the BERT folder
-    from models.pretrain import pretrain
+    from models.pretraining.pretrain import pretrain
 
     pre_steps: list[int] = []
     pretrain(bert_dir, out / "pre", "denoising", "dchi-text", 10.0, corpus_texts=texts,

@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 import torch
 
-from models.attack import (
+from models.attacks.attack import (
     TorchDChiText,
     content_words,
     format_vector_attack,

@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from models.backbone import autocast_dtype, pick_device
-from models.finetune import linear_warmup_decay
+from models.nets.backbone import autocast_dtype, pick_device
+from models.training.finetune import linear_warmup_decay
 
 
 def test_pick_device():

@@ -10,7 +10,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from models.versions import load_model
+from models.versions.model_version import load_model
 from shared.payload import MECHANISMS, parse_payload
 
 DATA = Path(__file__).resolve().parent.parent / "data" / "before_registry"

@@ -7,16 +7,16 @@ import numpy as np
 import pytest
 import torch
 
-from models.backbone import check_same_bundle, load_bert
-from models.classifiers import (
+from models.nets.backbone import check_same_bundle, load_bert
+from models.nets.classifiers import (
     EmbeddingClassifier,
     TokenClassifier,
     VectorMLP,
     build_classifier,
     classification_loss,
 )
-from models.data import collate_dataset, dataset_from_records
-from models.finetune import TrainConfig, build_model, finetune, predict_dataset
+from models.training.data import collate_dataset, dataset_from_records
+from models.training.finetune import TrainConfig, build_model, finetune, predict_dataset
 from tests.models.conftest import sentiment_texts, token_records, vector_records
 
 KINDS = ["none", "dchi-text", "dchi-embedding", "laplace", "ome", "texthide"]
@@ -107,7 +107,7 @@ def test_sentence_pairs_train_and_predict(tiny_bert_dir, tiny_bert_bundle):
 def test_the_best_epoch_is_the_one_kept(tiny_bert_bundle, monkeypatch):
     """Dev accuracy 0.9 after epoch 1, 0.5 after epoch 2: the returned weights are the
     epoch-1 weights, not the last ones."""
-    import models.finetune as ft
+    import models.training.finetune as ft
 
     ds = _dataset("laplace", tiny_bert_bundle, n=40)
     scores = iter([0.9, 0.5, 0.9])

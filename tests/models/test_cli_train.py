@@ -7,7 +7,7 @@ import re
 
 import pytest
 
-import models.experiment
+import models.training.experiment
 from cloud_api.cli import main
 from tests.conftest import TINY_WORDS
 from tests.models.conftest import (
@@ -35,7 +35,7 @@ def no_training(monkeypatch):
     def boom(*a, **k):
         raise AssertionError("training started")
 
-    monkeypatch.setattr(models.experiment, "finetune", boom)
+    monkeypatch.setattr(models.training.experiment, "finetune", boom)
 
 
 def run(capsys, *argv) -> tuple[int, str, str]:
@@ -58,7 +58,7 @@ def one_error_line(err: str) -> str:
 def test_train_then_evaluate_tsv(capsys, data, tiny_bert_dir, tmp_path):
     """At eta=50 the tiny table's tokens come back unchanged (the floor starts near 12):
     training needs --allow-weak-privacy, says so, records it, and evaluation follows."""
-    from models.version_folder import read_config
+    from models.versions.version_folder import read_config
 
     out = tmp_path / "m"
     rc, stdout, err = run(capsys, "train", "--data", str(data["train"]), "--dev",
@@ -105,7 +105,7 @@ def test_base_checkpoint_provenance(capsys, tiny_bert_dir, tiny_encoder_bundle, 
     recorded, with a warning when they are not the task's."""
     import json
 
-    from models.version_folder import read_config
+    from models.versions.version_folder import read_config
 
     texts, _, labels = sentiment_texts(16)
     tsv = write_tsv(tmp_path / "t.tsv", texts, labels)
@@ -339,7 +339,7 @@ def test_train_refuses_parameters_below_the_floor_before_any_work(
         def __init__(self, *a, **k):
             raise AssertionError("tokenization or privatization started")
 
-    monkeypatch.setattr(models.experiment, "PublicText", NoPublicText)
+    monkeypatch.setattr(models.training.experiment, "PublicText", NoPublicText)
     rc, _, err = run(capsys, "train", "--data", str(data["train"]), *params, "--base",
                      str(tiny_bert_dir), "--out", str(tmp_path / "o"), *FAST)
     line = one_error_line(err)

@@ -1,4 +1,4 @@
-"""models/data.py: TSV reading, records -> dataset, collation (token payloads: [CLS]/[SEP] added), buckets."""
+"""models/training/data.py: TSV reading, records -> dataset, collation (token payloads: [CLS]/[SEP] added), buckets."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import json
 import numpy as np
 import pytest
 
-from models.data import (
+from models.training.data import (
     collate,
     dataset_from_records,
     fit_segments,

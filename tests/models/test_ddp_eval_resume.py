@@ -63,7 +63,7 @@ def test_resumed_two_rank_pretraining_counts_the_tokens_of_an_uninterrupted_run(
         tmp_path, tiny_bert_dir):
     import torch
 
-    from models.pretrain import INFO_FILE, STATE_FILE, list_checkpoints, pretrain
+    from models.pretraining.pretrain import INFO_FILE, STATE_FILE, list_checkpoints, pretrain
     from tests.models.conftest import sentiment_texts
 
     _torchrun("resume", tmp_path, tiny_bert_dir)
@@ -111,8 +111,8 @@ def _count_rows(module, counter: list[int], eval_only: bool = False):
 def _eval_main(ctx, out: Path, bert_dir: Path) -> None:
     import torch
 
-    from models.data import dataset_from_records
-    from models.finetune import TrainConfig, build_model, evaluate_dataset, finetune
+    from models.training.data import dataset_from_records
+    from models.training.finetune import TrainConfig, build_model, evaluate_dataset, finetune
     from shared.bundle import EdgeBundle
     from tests.models.conftest import sentiment_texts, token_records
 
@@ -148,8 +148,8 @@ def _eval_main(ctx, out: Path, bert_dir: Path) -> None:
 
 
 def _resume_main(ctx, out: Path, bert_dir: Path) -> None:
-    from models.finetune import TrainingCancelled
-    from models.pretrain import pretrain
+    from models.pretraining.pretrain import pretrain
+    from models.training.finetune import TrainingCancelled
     from tests.models.conftest import sentiment_texts
 
     texts = sentiment_texts(40, seed=5)[0]
@@ -168,7 +168,7 @@ def _resume_main(ctx, out: Path, bert_dir: Path) -> None:
 def _main(mode: str, out: Path, bert_dir: Path) -> None:
     import torch
 
-    from models import distributed
+    from models.training import distributed
 
     torch.set_num_threads(1)
     ctx = distributed.init_from_env("cpu")

@@ -1,4 +1,4 @@
-"""The contextual denoiser (models.denoiser): untrained it is the smoothed context-free
+"""The contextual denoiser (models.attacks.denoiser): untrained it is the smoothed context-free
 posterior, trained on public text it reads context, it is refused for another mechanism, η
 or bundle, and it travels whole with its model version."""
 
@@ -8,10 +8,10 @@ import numpy as np
 import pytest
 import torch
 
-from models.denoiser import Denoiser, candidate_vocabulary, channel_bias, new_denoiser
-from models.denoiser_train import DenoiserConfig, collate, recovery, train_denoiser
-from models.manifest import update_manifest
-from models.posterior import build_posterior
+from models.attacks.denoiser import Denoiser, candidate_vocabulary, channel_bias, new_denoiser
+from models.attacks.denoiser_train import DenoiserConfig, collate, recovery, train_denoiser
+from models.training.posterior import build_posterior
+from models.versions.manifest import update_manifest
 
 ETA = 4.0  # the tiny table (16-d, N(0, 0.5) rows): about half the tokens change
 WORDS = ["the", "a", "movie", "film", "good", "bad", "great", "awful", "is", "was"]
@@ -154,10 +154,10 @@ def test_a_model_version_carries_its_denoiser(tiny_bert_bundle, tiny_bert_dir, t
     """The classifier's weights hold no denoiser; the version has denoiser.safetensors beside
     them and loads to the same predictions; without that file, or with one for another η,
     it refuses to load."""
-    from models.backbone import load_bert
-    from models.classifiers import build_classifier
-    from models.version_folder import WEIGHTS_FILE
-    from models.versions import load_model, save_model_version
+    from models.nets.backbone import load_bert
+    from models.nets.classifiers import build_classifier
+    from models.versions.model_version import load_model, save_model_version
+    from models.versions.version_folder import WEIGHTS_FILE
 
     b = tiny_bert_bundle
     d = new_denoiser(table, b, layers=1, candidates=8, base=tiny_bert_dir)

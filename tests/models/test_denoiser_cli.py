@@ -8,8 +8,8 @@ import json
 import numpy as np
 import pytest
 
-from models.denoiser import new_denoiser
-from models.posterior import build_posterior
+from models.attacks.denoiser import new_denoiser
+from models.training.posterior import build_posterior
 from tests.models.conftest import sentiment_texts, token_records, write_tsv
 from tests.models.test_cli_train import no_training, one_error_line, run  # noqa: F401
 
@@ -67,8 +67,8 @@ def test_train_with_a_denoiser_then_retrain_from_records(capsys, files, tiny_ber
                                                           tiny_bert_bundle, tmp_path):
     """`train --denoiser` trains one on the public text and the version carries it; records
     retrain reading the base version's; the recipe records it."""
-    from models.version_folder import read_config
-    from models.versions import load_model
+    from models.versions.model_version import load_model
+    from models.versions.version_folder import read_config
 
     out = tmp_path / "v1"
     rc, stdout, err = run(capsys, "train", "--data", str(files["train"]), "--mechanism",

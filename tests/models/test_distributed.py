@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from models.distributed import DistContext, shard
+from models.training.distributed import DistContext, shard
 
 HERE = Path(__file__).resolve().parent
 

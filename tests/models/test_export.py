@@ -10,9 +10,8 @@ import onnx
 import pytest
 import torch
 
-from models.backbone import load_bert
-from models.experiment import train_from_records
-from models.export import (
+from models.export.onnx_classifier import OnnxClassifier
+from models.export.writers import (
     ENCODER_INPUTS,
     ENCODER_OUTPUT,
     SentenceEncoder,
@@ -20,10 +19,11 @@ from models.export import (
     export_bundle,
     export_classifier_onnx,
 )
-from models.finetune import TrainConfig
-from models.onnx_classifier import OnnxClassifier
-from models.version_folder import ONNX_FILE, read_config
-from models.versions import load_model
+from models.nets.backbone import load_bert
+from models.training.experiment import train_from_records
+from models.training.finetune import TrainConfig
+from models.versions.model_version import load_model
+from models.versions.version_folder import ONNX_FILE, read_config
 from shared.bundle import EdgeBundle
 from tests.models.conftest import sentiment_texts, token_records, vector_records
 

@@ -1,4 +1,4 @@
-"""models.manifest: a folder is whole only when every file matches its manifest, nothing is
+"""models.versions.manifest: a folder is whole only when every file matches its manifest, nothing is
 missing or added; a folder without one passes only with finite weights (every float
 dtype safetensors stores), and is then sealed; writers that add files keep it whole."""
 
@@ -10,7 +10,7 @@ import shutil
 import numpy as np
 import pytest
 
-from models.manifest import (
+from models.versions.manifest import (
     MANIFEST_FILE,
     IntegrityError,
     check_finite_safetensors,
@@ -94,9 +94,9 @@ def test_writers_that_add_files_keep_a_sealed_version_whole(tmp_path, tiny_bert_
     rewrite config.json and add files in a version already sealed in a home: it stays whole;
     a folder without a manifest stays without."""
     from cloud_api.home import ModelHome
-    from models.experiment import train_from_records
-    from models.export import export_classifier_onnx
-    from models.finetune import TrainConfig
+    from models.export.writers import export_classifier_onnx
+    from models.training.experiment import train_from_records
+    from models.training.finetune import TrainConfig
     from tests.models.conftest import sentiment_texts, token_records
 
     texts, _, labels = sentiment_texts(16)

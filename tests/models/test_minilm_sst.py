@@ -33,8 +33,8 @@ def all_threads():
 ])
 def test_minilm_sst2_slice_beats_chance(mechanism, params, floor, tmp_path, one_torch_thread,
                                         all_threads):
-    from models.experiment import evaluate_tsv, train_from_tsv
-    from models.finetune import TrainConfig
+    from models.training.experiment import evaluate_tsv, train_from_tsv
+    from models.training.finetune import TrainConfig
 
     cfg = TrainConfig(epochs=1, lr=5e-5, batch_size=32, progress=False, seed=0)
     res = train_from_tsv(SST / "train.tsv", tmp_path / "m", mechanism, params,

@@ -1,4 +1,4 @@
-"""The channel posterior (models.posterior): Bayes' rule over the exact mechanism, the
+"""The channel posterior (models.training.posterior): Bayes' rule over the exact mechanism, the
 tables it yields, and the checks that keep a table to its own mechanism, η and bundle."""
 
 from __future__ import annotations
@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 import torch
 
-from models.posterior import ChannelPosterior, build_posterior, draws_per_token
+from models.training.posterior import ChannelPosterior, build_posterior, draws_per_token
 from shared.mechanisms import DChiText
 
 ETA = 4.0  # on the tiny table (16-d, N(0, 0.5) rows): about half the tokens change
@@ -118,8 +118,8 @@ def test_a_table_is_refused_for_another_mechanism_eta_or_bundle(tiny_bert_bundle
 def test_embedding_posterior_is_the_exact_bayes_mean(tiny_bert_dir, tiny_bert_bundle):
     """EmbeddingClassifier's E[φ(x) | z] equals a float64 numpy evaluation of
     Σ_x softmax(log P(x) − η‖z − φ(x)‖) φ(x) over the regular tokens."""
-    from models.backbone import load_bert
-    from models.classifiers import build_classifier
+    from models.nets.backbone import load_bert
+    from models.nets.classifiers import build_classifier
 
     b = tiny_bert_bundle
     words, ids, counts = _skewed(b)

@@ -1,5 +1,5 @@
-"""Privacy-adaptive pretraining (models/mlm.py, models/pretrain_data.py, models/pretrain.py,
-models/cli_pretrain.py) on a tiny randomly initialised BERT built here (seconds)."""
+"""Privacy-adaptive pretraining (models/pretraining/mlm.py, models/pretraining/pretrain_data.py, models/pretraining/pretrain.py,
+models/cli/pretrain.py) on a tiny randomly initialised BERT built here (seconds)."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 import torch
 
-from models.mlm import (
+from models.pretraining.mlm import (
     REPLACE_KEEP,
     REPLACE_MASK,
     REPLACE_RANDOM,
@@ -20,7 +20,7 @@ from models.mlm import (
     mlm_loss,
     predictions_per_sequence,
 )
-from models.pretrain import (
+from models.pretraining.pretrain import (
     INFO_FILE,
     PretrainConfig,
     Trainer,
@@ -30,7 +30,12 @@ from models.pretrain import (
     list_checkpoints,
     pretrain,
 )
-from models.pretrain_data import BatchPrivatizer, build_batch, read_corpus, tokenize_corpus
+from models.pretraining.pretrain_data import (
+    BatchPrivatizer,
+    build_batch,
+    read_corpus,
+    tokenize_corpus,
+)
 from shared.bundle import EdgeBundle
 from shared.mechanisms import DChiEmbedding, DChiText
 from tests.conftest import TINY_WORDS
@@ -87,7 +92,7 @@ def special_set(bundle) -> set[int]:
 
 # -- the head and the frozen table ----------------------------------------------------------
 def test_decoder_is_the_frozen_word_embedding_parameter(base):
-    from models.backbone import load_bert
+    from models.nets.backbone import load_bert
 
     model = build_model(load_bert(base))
     emb = model.bert.embeddings.word_embeddings.weight
@@ -204,7 +209,7 @@ def test_torch_search_privatizes_exactly_like_shared(bundle, seqs, eta):
 
 
 def test_torch_search_hands_ties_to_the_shared_index():
-    from models.torch_nearest import TorchExactNearest
+    from models.nets.torch_nearest import TorchExactNearest
     from shared.mechanisms.nearest import ExactNearest, brute_force_nearest
 
     rng = np.random.default_rng(0)
@@ -241,7 +246,7 @@ def test_on_the_fly_dchi_embedding_equals_shared_privatize(bundle, seqs):
 
 
 def test_compose_inputs_embeds_uses_frozen_rows_for_special_and_mask(bundle, seqs, base):
-    from models.backbone import load_bert
+    from models.nets.backbone import load_bert
 
     bert = load_bert(base)
     priv = BatchPrivatizer(bundle, "dchi-embedding", 15.0)
@@ -304,7 +309,7 @@ def test_prob_loss_equals_the_soft_cross_entropy_of_eq6():
 @pytest.mark.parametrize("mechanism", MECHS)
 @pytest.mark.parametrize("objective", OBJECTIVES)
 def test_each_objective_lowers_its_loss_on_a_fixed_batch(base, bundle, seqs, objective, mechanism):
-    from models.backbone import load_bert
+    from models.nets.backbone import load_bert
 
     torch.manual_seed(0)
     model = build_model(load_bert(base))
@@ -328,7 +333,7 @@ def test_each_objective_lowers_its_loss_on_a_fixed_batch(base, bundle, seqs, obj
 
 
 def test_head_warmup_trains_only_the_head_first(base, bundle, seqs):
-    from models.backbone import load_bert
+    from models.nets.backbone import load_bert
 
     model = build_model(load_bert(base))
     encoder0 = {k: v.clone() for k, v in model.bert.state_dict().items()}
@@ -357,7 +362,7 @@ def run_pretrain(base, out, steps=6, **kw):
 
 @pytest.mark.parametrize("mechanism", MECHS)
 def test_pretrain_keeps_the_word_embeddings_bit_identical(base, bundle, tmp_path, mechanism):
-    from models.backbone import check_same_bundle, load_bert
+    from models.nets.backbone import check_same_bundle, load_bert
 
     out = run_pretrain(base, tmp_path / "out", mechanism=mechanism, objective="prob")
     bert = load_bert(out)
@@ -384,7 +389,7 @@ def _weights(folder: Path) -> dict[str, torch.Tensor]:
 @pytest.mark.parametrize("objective", ["vanilla", "prob"])
 def test_resume_gives_the_same_parameters_as_an_uninterrupted_run(base, tmp_path, monkeypatch,
                                                                    objective):
-    import models.pretrain as mp
+    import models.pretraining.pretrain as mp
 
     full = run_pretrain(base, tmp_path / "full", steps=6, save_every=3, objective=objective)
 
@@ -442,7 +447,7 @@ def corpus_file(tmp_path) -> Path:
 
 
 def test_cli_pretrains_and_writes_a_base_folder(base, bundle, corpus_file, tmp_path, capsys):
-    from models.backbone import load_bert
+    from models.nets.backbone import load_bert
 
     out = tmp_path / "cli-out"
     rc = cli(["--objective", "vanilla", "--mechanism", "dchi-embedding", "--eta", "8",
@@ -530,8 +535,8 @@ def test_a_base_with_its_own_mlm_head_starts_from_it(base, bundle, tmp_path):
     carries mlm_head.safetensors: continued pretraining starts from that head, not a new one."""
     from transformers import BertForMaskedLM
 
-    from models.backbone import load_bert
-    from models.pretrain import load_base_head
+    from models.nets.backbone import load_bert
+    from models.pretraining.pretrain import load_base_head
 
     hf = BertForMaskedLM.from_pretrained(str(base))  # head missing in `base`: random
     with torch.no_grad():

@@ -1,4 +1,4 @@
-"""The training recipe (models.recipe): each lever runs end to end through `cloud-api train`,
+"""The training recipe (models.training.recipe): each lever runs end to end through `cloud-api train`,
 is recorded in the model version, and is refused in one line where it makes no sense."""
 
 from __future__ import annotations
@@ -9,8 +9,8 @@ import numpy as np
 import pytest
 import torch
 
-from models.data import collate_dataset, collate_originals, dataset_from_records
-from models.recipe import Recipe, default_recipe
+from models.training.data import collate_dataset, collate_originals, dataset_from_records
+from models.training.recipe import Recipe, default_recipe
 from tests.models.conftest import sentiment_texts, token_records, write_tsv
 from tests.models.test_cli_train import FAST, one_error_line, run
 
@@ -76,8 +76,8 @@ def test_originals_line_up_with_the_payload_positions(tiny_bert_bundle):
 
 def test_every_lever_through_the_cli_then_retraining_on_records(capsys, tsv, tiny_bert_dir,
                                                                 tiny_bert_bundle, tmp_path):
-    from models.version_folder import read_config
-    from models.versions import load_model
+    from models.versions.model_version import load_model
+    from models.versions.version_folder import read_config
 
     out = tmp_path / "m"
     rc, stdout, err = run(capsys, "train", "--data", str(tsv), "--dev", str(tsv),
@@ -127,7 +127,7 @@ def test_every_lever_through_the_cli_then_retraining_on_records(capsys, tsv, tin
 def test_recipe_bad_input_is_one_line_before_training(case, capsys, tsv, tiny_bert_dir,
                                                       tiny_bert_bundle, tiny_encoder_bundle,
                                                       tmp_path):
-    from models.posterior import build_posterior
+    from models.training.posterior import build_posterior
 
     bdir = tmp_path / "bundle"
     tiny_encoder_bundle.save(bdir)
@@ -165,8 +165,8 @@ def test_layers_keeps_the_first_transformer_layers(capsys, tsv, tiny_bert_dir,
     first N; more layers than the base has, or a vector mechanism, is one line."""
     from safetensors.numpy import load_file
 
-    from models.version_folder import read_config
-    from models.versions import load_model
+    from models.versions.model_version import load_model
+    from models.versions.version_folder import read_config
 
     out = tmp_path / "m"
     rc, _, err = run(capsys, "train", "--data", str(tsv), "--mechanism", "dchi-text", "--eta",
@@ -199,9 +199,9 @@ def test_replaced_token_detection_targets_the_positions_the_mechanism_changed(ti
     """ELECTRA-style loss: with a constant head (logit b) it is the binary cross-entropy of
     σ(b) against the share of payload positions whose id differs from the original; positions
     without an original (−100) do not count."""
-    from models.backbone import load_bert
-    from models.classifiers import TokenClassifier
-    from models.objectives import Objective
+    from models.nets.backbone import load_bert
+    from models.nets.classifiers import TokenClassifier
+    from models.training.objectives import Objective
 
     clf = TokenClassifier(load_bert(tiny_bert_dir), 2)
     obj = Objective(clf, rtd=1.0)

@@ -6,11 +6,12 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from models.data import dataset_from_records
-from models.experiment import train_from_records, train_from_tsv
-from models.finetune import TrainConfig
-from models.manifest import MANIFEST_FILE, verify_folder
-from models.version_folder import (
+from models.training.data import dataset_from_records
+from models.training.experiment import train_from_records, train_from_tsv
+from models.training.finetune import TrainConfig
+from models.versions.manifest import MANIFEST_FILE, verify_folder
+from models.versions.model_version import load_model, save_model_version
+from models.versions.version_folder import (
     CONFIG_FILE,
     DATA_FILE,
     METRICS_FILE,
@@ -18,7 +19,6 @@ from models.version_folder import (
     is_model_dir,
     read_config,
 )
-from models.versions import load_model, save_model_version
 from shared.payload import make_payload
 from tests.models.conftest import sentiment_texts, token_records, vector_records, write_tsv
 

@@ -169,7 +169,7 @@ def test_the_later_of_two_jobs_is_compared_again_with_the_version_the_first_prom
     from cloud_api.jobs.publisher import Publisher
     from cloud_api.jobs.retrain import promotion_decision
     from cloud_api.jobs.supervisor import Worker
-    from models.experiment import evaluate_records
+    from models.training.experiment import evaluate_records
     from tests.cloud_api.jobs.test_worker import submit
 
     db, home = job_env.database(), ModelHome(job_env.home)

@@ -160,7 +160,7 @@ def test_torchrun_two_process_gloo_job_on_postgresql_produces_a_version(pg_job_e
     assert job.result["metrics"]["world_size"] == 2 and job.result["version"] == "v1"
     assert job.watermark == job.result["watermark"] and sum(job.result["records"].values()) == 96
     assert "DDP 2 processes (gloo)" in job.log_tail
-    from models.versions import load_model
+    from models.versions.model_version import load_model
 
     assert load_model(home.version_dir("m", "v1")).labels == ["neg", "pos"]
 

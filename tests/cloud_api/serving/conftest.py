@@ -14,7 +14,7 @@ import pytest
 
 from cloud_api.home import ModelHome
 from cloud_api.settings import Settings
-from models.finetune import TrainConfig
+from models.training.finetune import TrainConfig
 from tests.models.conftest import sentiment_texts, token_records
 
 FAST = TrainConfig(epochs=1, lr=1e-3, batch_size=8, progress=False, seed=0)
@@ -62,7 +62,7 @@ def trained(tmp_path_factory, bert_dir, bundle, records) -> dict[str, Path]:
     """Two dchi-text versions with different weights (seeds 0 and 1)."""
     from dataclasses import replace
 
-    from models.experiment import train_from_records
+    from models.training.experiment import train_from_records
 
     root = tmp_path_factory.mktemp("serving-trained")
     out = {}

@@ -17,7 +17,7 @@ TOLERANCE = 1e-4  # max |p_onnx - p_torch|; the export itself is checked to 1e-4
 
 @pytest.fixture(scope="module")
 def onnx_version(trained, tmp_path_factory):
-    from models.export import export_classifier_onnx
+    from models.export.writers import export_classifier_onnx
 
     path = tmp_path_factory.mktemp("onnx") / "v"
     shutil.copytree(trained["a"], path)
@@ -103,8 +103,8 @@ def test_int8_file_with_8_bit_weights_loads_only_where_the_kernel_is_exact(onnx_
                                                                             tmp_path):
     """Which integer kernel runs is probed, not assumed: 8-bit s8 weights saturate MLAS's
     u8 x s8 kernel on x86 without VNNI, and such a file is then not served."""
-    from models.onnx_classifier import int8_kernel_check
-    from models.quantize import QuantScheme, quantize_classifier
+    from models.export.onnx_classifier import int8_kernel_check
+    from models.export.quantize import QuantScheme, quantize_classifier
 
     home = ModelHome(tmp_path)
     folder = tmp_path / "v8"
@@ -137,16 +137,16 @@ def test_auto_serves_the_fastest_file_a_version_has(onnx_version, trained, tmp_p
 
 @pytest.fixture(scope="module")
 def contextual_version(tmp_path_factory):
-    """A tiny dchi-text version reading a contextual denoiser (models.denoiser), exported to
+    """A tiny dchi-text version reading a contextual denoiser (models.attacks.denoiser), exported to
     ONNX (the denoiser inside the graph), and records for it."""
     import torch
 
-    from models.backbone import load_bert
-    from models.classifiers import build_classifier
-    from models.denoiser import new_denoiser
-    from models.export import export_classifier_onnx
-    from models.posterior import build_posterior
-    from models.versions import save_model_version
+    from models.attacks.denoiser import new_denoiser
+    from models.export.writers import export_classifier_onnx
+    from models.nets.backbone import load_bert
+    from models.nets.classifiers import build_classifier
+    from models.training.posterior import build_posterior
+    from models.versions.model_version import save_model_version
     from shared.bundle import EdgeBundle
     from tests.conftest import make_full_tiny_bert
     from tests.models.conftest import sentiment_texts, token_records

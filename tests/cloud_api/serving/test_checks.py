@@ -28,7 +28,7 @@ def text_checker(trained, bundle) -> PayloadChecker:
 
 @pytest.fixture(scope="module")
 def embedding_checker(tmp_path_factory, bert_dir, bundle) -> PayloadChecker:
-    from models.experiment import train_from_records
+    from models.training.experiment import train_from_records
 
     texts, _, labels = sentiment_texts(8)
     recs = token_records(bundle, "dchi-embedding", texts, labels, eta=ETA)
@@ -39,7 +39,7 @@ def embedding_checker(tmp_path_factory, bert_dir, bundle) -> PayloadChecker:
 
 @pytest.fixture(scope="module")
 def vector_checker(tmp_path_factory, bundle) -> PayloadChecker:
-    from models.experiment import train_from_records
+    from models.training.experiment import train_from_records
 
     recs = vector_records(bundle.bundle_id, "laplace", 8, dim=24)
     res = train_from_records(recs, tmp_path_factory.mktemp("vec") / "m", bundle=bundle,

@@ -14,7 +14,7 @@ from prometheus_client import REGISTRY
 
 from cloud_api.errors import InvalidRequest, NotFound, Unavailable
 from cloud_api.serving import BundleStore, ServedModels
-from models.versions import load_model
+from models.versions.model_version import load_model
 from tests.cloud_api.serving.conftest import (
     add_broken_version,
     add_version,
@@ -247,7 +247,7 @@ def test_broken_version_at_start_with_nothing_else_is_not_ready(home, trained, r
 
 
 def test_mechanism_none_is_served_only_when_allowed(home, tmp_path, bert_dir, bundle):
-    from models.experiment import train_from_records
+    from models.training.experiment import train_from_records
     from tests.cloud_api.serving.conftest import FAST
     from tests.models.conftest import sentiment_texts, token_records
 

@@ -22,7 +22,7 @@ from cloud_api.store.db import Database
 from cloud_api.store.model_store import CHUNK, ModelStore, StoreIntegrityError
 from cloud_api.store.stored_home import StoredHome
 from cloud_api.store.tables import model_versions, stored_files
-from models.manifest import seal, verify_folder
+from models.versions.manifest import seal, verify_folder
 from tests.cloud_api.conftest import REPO, cli_env
 
 

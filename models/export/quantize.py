@@ -1,6 +1,6 @@
 """Int8 classifiers for ONNX Runtime: ``classifier.int8.onnx`` quantized from a version's
 ``classifier.onnx`` with ``onnxruntime.quantization`` (needs the ``onnx`` package: the
-train extra; serving the result needs only onnxruntime, :mod:`models.onnx_classifier`).
+train extra; serving the result needs only onnxruntime, :mod:`models.export.onnx_classifier`).
 
 Scheme (``DEFAULT_SCHEME``, chosen by ``python -m bench.int8``, bench/results/serving.md):
 dynamic quantization of every MatMul and Gather (weights int8 with one scale per output
@@ -13,7 +13,7 @@ CPUs without VNNI (AVX2, AVX-512 without VNNI), which adds the products of two a
 coordinates in int16 with saturation: 255 x 127 x 2 = 64,770 > 32,767 gives wrong
 results, 255 x 64 x 2 = 32,640 cannot. VNNI kernels (``vpdpbusd``) accumulate in int32
 and are exact either way. A 7-bit file is therefore right on every CPU;
-:func:`models.onnx_classifier.int8_kernel_check` verifies it on the serving CPU anyway,
+:func:`models.export.onnx_classifier.int8_kernel_check` verifies it on the serving CPU anyway,
 and refuses a file whose weights the CPU's kernel would saturate.
 
 The file carries, in its metadata, the SHA-256 of the ``classifier.onnx`` it was made
@@ -37,9 +37,9 @@ from pathlib import Path
 import numpy as np
 import onnx  # the quantizer needs it (train extra); ImportError here = cannot quantize
 
-from models.manifest import file_sha256, update_manifest
-from models.onnx_classifier import META_BUNDLE, META_SCHEME, META_SOURCE
-from models.version_folder import CONFIG_FILE, INT8_FILE, ONNX_FILE, read_config
+from models.export.onnx_classifier import META_BUNDLE, META_SCHEME, META_SOURCE
+from models.versions.manifest import file_sha256, update_manifest
+from models.versions.version_folder import CONFIG_FILE, INT8_FILE, ONNX_FILE, read_config
 
 
 @dataclass(frozen=True)
@@ -142,8 +142,8 @@ def quantize_onnx(src: str | os.PathLike, dst: str | os.PathLike,
 def max_logit_difference(model_dir: str | os.PathLike, int8_path: str | os.PathLike,
                          seed: int = 0) -> float:
     """Largest |int8 - fp32| logit on random payload-shaped batches (1, 3 and 7)."""
-    from models.data import collate_arrays, example_payload_arrays
-    from models.onnx_classifier import onnx_session
+    from models.export.onnx_classifier import onnx_session
+    from models.training.data import collate_arrays, example_payload_arrays
 
     cfg = read_config(model_dir)
     fp32 = onnx_session(str(Path(model_dir) / ONNX_FILE), threads=1)

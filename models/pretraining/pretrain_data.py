@@ -7,9 +7,9 @@ Each batch is built from the original token ids of a few corpus sequences:
    ``shared.mechanisms`` code the edge runs, over the whole batch at once;
 2. BERT's masking picks the predicted positions among content tokens and
    replaces them (80% [MASK], 10% kept, 10% a random regular token);
-3. the target of each masked position depends on the objective (``models.mlm``).
+3. the target of each masked position depends on the objective (``models.pretraining.mlm``).
 
-The batch is numpy; ``models.pretrain`` moves it to the device.
+The batch is numpy; ``models.pretraining.pretrain`` moves it to the device.
 """
 
 from __future__ import annotations
@@ -22,7 +22,7 @@ from pathlib import Path
 
 import numpy as np
 
-from models.mlm import (
+from models.pretraining.mlm import (
     REPLACE_MASK,
     REPLACE_RANDOM,
     choose_masked_positions,
@@ -101,7 +101,7 @@ class BatchPrivatizer:
 
     ``search="numpy"`` is ``DChiText.privatize_ids`` itself; ``search="torch"`` draws the
     same noise with the same ``shared`` code and finds the same exact nearest token with
-    the candidate GEMM in torch (``models.torch_nearest``; on ``device``).
+    the candidate GEMM in torch (``models.nets.torch_nearest``; on ``device``).
     """
 
     def __init__(self, bundle: EdgeBundle, mechanism: str, eta: float, search: str = "numpy",
@@ -118,7 +118,7 @@ class BatchPrivatizer:
         self.eta = self.text.eta
         self._search = self.text.index.search
         if search == "torch":
-            from models.torch_nearest import TorchExactNearest
+            from models.nets.torch_nearest import TorchExactNearest
 
             self._search = TorchExactNearest(self.text.index, device or "cpu").search
 

@@ -9,8 +9,8 @@ export is run with onnxruntime and compared with torch on real sentences (max ab
 difference <= 1e-4), each sentence alone in torch and padded in a batch in ONNX.
 
 Classifier: the ``forward`` of the trained module, inputs named as the keys of
-:func:`models.data.collate`, output ``logits`` [batch, C], written as ``classifier.onnx``
-into the model folder, and its int8 version ``classifier.int8.onnx`` (``models.quantize``);
+:func:`models.training.data.collate`, output ``logits`` [batch, C], written as ``classifier.onnx``
+into the model folder, and its int8 version ``classifier.int8.onnx`` (``models.export.quantize``);
 :class:`OnnxClassifier` serves either on CPU.
 """
 
@@ -29,11 +29,11 @@ import numpy as np
 import torch
 from torch import nn
 
-from models.backbone import load_bert, resolve_model_dir
-from models.classifiers import POOLINGS, mean_pool
-from models.data import example_payload_arrays
-from models.manifest import update_manifest
-from models.onnx_classifier import onnx_session
+from models.export.onnx_classifier import onnx_session
+from models.nets.backbone import load_bert, resolve_model_dir
+from models.nets.classifiers import POOLINGS, mean_pool
+from models.training.data import example_payload_arrays
+from models.versions.manifest import update_manifest
 from shared.bundle import EdgeBundle, save_atomically
 
 OPSET = 18
@@ -84,7 +84,7 @@ def encoder_inputs(bundle: EdgeBundle, texts: Sequence[str], pairs: Sequence[str
             a = a[: max_length - 2]
             ids, tt = [sp["cls"], *a, sp["sep"]], [0] * (len(a) + 2)
         else:
-            from models.data import fit_segments
+            from models.training.data import fit_segments
 
             la, lb = fit_segments(len(a), len(b), max_length - 3)
             a, b = a[:la], b[:lb]
@@ -188,11 +188,11 @@ def export_classifier_onnx(model_dir: str | os.PathLike, seed: int = 0, int8: bo
                            ) -> Path:
     """Write ``classifier.onnx`` into a trained model folder; checked against torch on random
     payload-shaped batches (max |logit difference| <= 1e-4); with ``int8`` also
-    ``classifier.int8.onnx`` (``models.quantize.quantize_classifier``). Returns the fp32
+    ``classifier.int8.onnx`` (``models.export.quantize.quantize_classifier``). Returns the fp32
     file's path."""
-    from models.data import collate
-    from models.version_folder import CONFIG_FILE, ONNX_FILE
-    from models.versions import load_model
+    from models.training.data import collate
+    from models.versions.model_version import load_model
+    from models.versions.version_folder import CONFIG_FILE, ONNX_FILE
 
     mv = load_model(model_dir)
     module = mv.module.float().eval()
@@ -228,7 +228,7 @@ def export_classifier_onnx(model_dir: str | os.PathLike, seed: int = 0, int8: bo
     os.replace(tmp_cfg, cfg_path)
     update_manifest(model_dir, [ONNX_FILE, CONFIG_FILE])  # a sealed version stays whole
     if int8:
-        from models.quantize import quantize_classifier
+        from models.export.quantize import quantize_classifier
 
         quantize_classifier(model_dir)
     return path

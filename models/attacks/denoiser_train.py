@@ -1,4 +1,4 @@
-"""Training and measuring the contextual denoiser (``models.denoiser``) on public text.
+"""Training and measuring the contextual denoiser (``models.attacks.denoiser``) on public text.
 
 Every epoch privatizes the whole public text afresh with the exact mechanism
 (``shared.mechanisms.DChiText``, its batched search), the next epoch's in a thread while
@@ -23,7 +23,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from models.denoiser import Denoiser, new_denoiser
+from models.attacks.denoiser import Denoiser, new_denoiser
 from shared.mechanisms import DChiText
 from shared.policy import public_masks
 from shared.recovery import neighbour_table, recovery_by_class, token_classes, unchanged_by_class
@@ -121,7 +121,7 @@ def collate(ys: Sequence[np.ndarray], xs: Sequence[np.ndarray] | None, special: 
 
 
 def _batches(lengths: np.ndarray, size: int, rng: np.random.Generator | None):
-    from models.data import length_buckets
+    from models.training.data import length_buckets
 
     return list(length_buckets(lengths, size, rng))
 
@@ -131,7 +131,7 @@ def train_denoiser(bundle, posterior, texts: Sequence[str], cfg: DenoiserConfig 
                    should_stop: Callable[[], bool] | None = None,
                    log: Callable[[str], None] | None = None) -> Denoiser:
     """A denoiser for ``posterior``'s mechanism and η, trained on the public ``texts``."""
-    from models.finetune import linear_warmup_decay
+    from models.training.finetune import linear_warmup_decay
 
     cfg = cfg or DenoiserConfig()
     cfg.validate()
@@ -169,7 +169,7 @@ def train_denoiser(bundle, posterior, texts: Sequence[str], cfg: DenoiserConfig 
             tot, hit, n = 0.0, 0, 0
             for step, idx in enumerate(_batches(lengths, cfg.batch_size, order_rng)):
                 if should_stop is not None and should_stop():
-                    from models.finetune import TrainingCancelled
+                    from models.training.finetune import TrainingCancelled
 
                     raise TrainingCancelled("training cancelled")
                 b = collate([ys[i] for i in idx], [seqs[i] for i in idx], special)
@@ -320,7 +320,7 @@ def public_denoiser(bundle, posterior, texts: Sequence[str], cfg: DenoiserConfig
     path = Path(cache) / f"denoiser-{posterior.mechanism}-{key}.safetensors" if cache else None
     if path is not None and path.is_file():
         try:
-            from models.backbone import model_embeddings
+            from models.nets.backbone import model_embeddings
 
             d = Denoiser.load(path, model_embeddings(bundle))
             d.check_for(posterior.mechanism, posterior.params, bundle.bundle_id)

@@ -12,7 +12,7 @@ language-model prior over the mechanism's candidates:
 
     logit_i(x) = log P̃(x | y_i)  +  ⟨u_i, φ(x)⟩ + b(x)
 
-* log P̃(x | y) is the context-free posterior of ``models.posterior`` (Monte Carlo counts
+* log P̃(x | y) is the context-free posterior of ``models.training.posterior`` (Monte Carlo counts
   of the exact mechanism, prior = public-text frequencies), smoothed so that every pair has
   mass: P̃(y | x) = (n_xy + β_x q(y)) / (D_x + β_x), β_x = the number of outputs seen once
   from x (Good–Turing's unseen mass), q the outputs' marginal. It splits into a dense part
@@ -37,9 +37,9 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from models.version_folder import DENOISER_FILE, check_denoiser_meta, denoiser_header
-from models.version_folder import DENOISER_FORMAT as FORMAT
-from models.version_folder import DENOISER_FORMAT_VERSION as FORMAT_VERSION
+from models.versions.version_folder import DENOISER_FILE, check_denoiser_meta, denoiser_header
+from models.versions.version_folder import DENOISER_FORMAT as FORMAT
+from models.versions.version_folder import DENOISER_FORMAT_VERSION as FORMAT_VERSION
 from shared.mechanisms.registry import substituting_names
 
 MAX_SUPPORT = 64  # observed context-free pairs kept per output y (the MC table has ≤ 60 at η 65)
@@ -112,7 +112,7 @@ class Denoiser(nn.Module):
 
     def __init__(self, bert, candidates, bias: dict, meta: dict):
         super().__init__()
-        from models.backbone import freeze_word_embeddings
+        from models.nets.backbone import freeze_word_embeddings
 
         self.bert = bert
         self.bert.pooler = None
@@ -305,8 +305,8 @@ def new_denoiser(posterior, bundle, *, layers: int = 2, candidates: int = 4096, 
                  meta: dict | None = None) -> Denoiser:
     """An untrained denoiser (= the context-free posterior of ``posterior``) whose encoder
     is the first ``layers`` layers of ``base`` (None: MiniLM), checked against ``bundle``."""
-    from models.backbone import check_same_bundle, keep_layers
-    from models.version_module import load_backbone
+    from models.nets.backbone import check_same_bundle, keep_layers
+    from models.versions.version_module import load_backbone
 
     if posterior.bundle_id != bundle.bundle_id:
         raise ValueError("the posterior table was built for another bundle")

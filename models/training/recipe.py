@@ -7,17 +7,17 @@ Levers (each measured alone and combined by ``python -m bench.utility explore`` 
 * ``fresh_noise``: privatize every public training sentence afresh in each epoch (data
   augmentation with the exact mechanism). Needs the raw public text.
 * ``denoise`` (λ): auxiliary loss predicting each original token from the privatized
-  sequence (``models.objectives``; Qu et al. §3.4's Denoising MLM inside fine-tuning).
+  sequence (``models.training.objectives``; Qu et al. §3.4's Denoising MLM inside fine-tuning).
   Needs the original tokens: raw public text.
 * ``distill`` (α): soft targets of a teacher that read the original text. Needs the raw
   public text and a teacher.
 * ``warm_start``: start from that teacher's weights (fine-tuned on the clean text first),
   then fine-tune on the privatized text: a two-stage curriculum. Needs the raw public text.
-* ``posterior``: channel-posterior inputs E[φ(x) | y] (``models.posterior``). Post-processing
+* ``posterior``: channel-posterior inputs E[φ(x) | y] (``models.training.posterior``). Post-processing
   of the payload: works on device records and at prediction time as well, ``dchi-text`` and
   ``dchi-embedding`` only.
 * ``denoiser``: contextual channel-posterior inputs E[φ(x) | y, context] of a small denoiser
-  trained on public text (``models.denoiser``), read in place of the posterior table.
+  trained on public text (``models.attacks.denoiser``), read in place of the posterior table.
   Post-processing too, ``dchi-text`` only: training one needs public text, reading one
   (device records, prediction) does not.
 
@@ -140,7 +140,7 @@ class Recipe:
         return cls(**{k: v for k, v in (d or {}).items() if k in names})
 
 
-# The training defaults by payload kind (models.finetune): MiniLM reading token ids learns
+# The training defaults by payload kind (models.training.finetune): MiniLM reading token ids learns
 # the privatized text best at 1e-4 over 2 epochs of fresh noise (bench results, "Utility
 # levers"); reading embeddings keeps BERT's 2e-5; the vector MLP 1e-3.
 DEFAULT_LR = {"tokens": 1e-4, "embeddings": 2e-5, "vector": 1e-3}

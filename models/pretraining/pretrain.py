@@ -4,12 +4,12 @@ Continue BERT's masked-LM pretraining on a public corpus that is privatized on
 the fly with the task's own mechanism and η, with NO gradient into the
 word-embedding table (the edge's, user side: §3.4 stops the gradient there so
 the privacy protection stays what it was). Objectives: Vanilla, Prob and
-Denoising MLM (``models.mlm``). Next-sentence prediction, which Qu et al. keep
+Denoising MLM (``models.pretraining.mlm``). Next-sentence prediction, which Qu et al. keep
 beside MLM, is left out: the corpus is single sentences and documents (AG News,
 SST-2), and RoBERTa showed MLM alone pretrains as well; pair tasks fine-tune the
 same BERT with its segment embeddings.
 
-    from models.pretrain import pretrain
+    from models.pretraining.pretrain import pretrain
     out = pretrain(None, "out/denoise-65", "denoising", "dchi-text", 65.0, steps=1000)
 
 The output folder is a Hugging Face BERT folder (``config.json``,
@@ -36,8 +36,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from models import distributed
-from models.backbone import (
+from models.nets.backbone import (
     autocast_dtype,
     check_same_bundle,
     freeze_word_embeddings,
@@ -45,8 +44,8 @@ from models.backbone import (
     pick_device,
     resolve_model_dir,
 )
-from models.mlm import OBJECTIVES, MLMHead, mlm_loss
-from models.pretrain_data import (
+from models.pretraining.mlm import OBJECTIVES, MLMHead, mlm_loss
+from models.pretraining.pretrain_data import (
     BatchPrivatizer,
     MLMBatch,
     batch_indices,
@@ -56,6 +55,7 @@ from models.pretrain_data import (
     step_rng,
     tokenize_corpus,
 )
+from models.training import distributed
 from shared.accounting import guarantee
 from shared.bundle import EdgeBundle
 from shared.mechanisms import registry
@@ -144,7 +144,7 @@ def compose_inputs_embeds(word_embeddings: nn.Embedding, input_ids: torch.Tensor
                           embeds: torch.Tensor, embed_pos: torch.Tensor) -> torch.Tensor:
     """dchi-embedding input (B, L, n): the frozen rows E[id] for [CLS]/[SEP]/[PAD]/[MASK],
     the perturbed rows at ``embed_pos`` (flat positions); BERT adds position and segment
-    embeddings and LayerNorm on top (the layout of ``models.data``)."""
+    embeddings and LayerNorm on top (the layout of ``models.training.data``)."""
     x = word_embeddings(input_ids)
     x.view(-1, x.shape[-1])[embed_pos] = embeds.to(x.dtype)
     return x
@@ -349,9 +349,9 @@ def pretrain(base_dir: str | os.PathLike | None, out_dir: str | os.PathLike, obj
     ``search``: the exact nearest-token search, "numpy" (``shared``, the default on CPU) or
     "torch" (same noise, same answer, GEMM on the training device; the default on CUDA).
     ``prefetch``: build the next batch in a thread while the device trains (default on CUDA).
-    ``should_stop()`` is polled every step (raises ``models.finetune.TrainingCancelled``);
+    ``should_stop()`` is polled every step (raises ``models.training.finetune.TrainingCancelled``);
     ``on_progress(fraction, {"step", "total", "loss"})`` is called whenever the loss is
-    logged (about 200 times a run). ``dist_ctx`` (``models.distributed``, under torchrun):
+    logged (about 200 times a run). ``dist_ctx`` (``models.training.distributed``, under torchrun):
     DDP, a step is one batch per rank (rank r takes the batches the single-process run
     takes at steps ``step * world + r``); rank 0 writes the checkpoints and the output.
     ``tokens_seen`` and ``predictions_seen`` (checkpoints and ``pretrain.json``) count every
@@ -550,7 +550,7 @@ def _loop(model, trainer: Trainer, make, start: int, total: int, run: dict, log_
           on_progress=None, dist_ctx: distributed.DistContext | None = None) -> None:
     from tqdm import tqdm
 
-    from models.finetune import TrainingCancelled
+    from models.training.finetune import TrainingCancelled
 
     bar = tqdm(total=total, initial=start, unit="step", file=sys.stderr, disable=not progress,
                dynamic_ncols=True, desc="pretrain")

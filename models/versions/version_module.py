@@ -1,10 +1,10 @@
 """A model version's classifier with its weights, and the BERT a model starts from.
 
-:func:`load_classifier` is the part of ``models.versions.load_model`` that needs only the
+:func:`load_classifier` is the part of ``models.versions.model_version.load_model`` that needs only the
 folder's config and weights (``load_model`` then attaches a contextual denoiser and wraps
 the result); :func:`load_backbone` takes the BERT of a BERT folder, a pretraining checkpoint
-or a model version. Neither imports ``models.denoiser``, which builds a new denoiser on such
-a BERT: so ``models.denoiser`` and ``models.versions`` never import each other in a circle.
+or a model version. Neither imports ``models.attacks.denoiser``, which builds a new denoiser on such
+a BERT: so ``models.attacks.denoiser`` and ``models.versions.model_version`` never import each other in a circle.
 """
 
 from __future__ import annotations
@@ -14,15 +14,15 @@ from pathlib import Path
 
 from torch import nn
 
-from models.backbone import load_bert
-from models.classifiers import classifier_from_architecture
-from models.manifest import verify_folder
-from models.version_folder import WEIGHTS_FILE, is_model_dir, read_config
+from models.nets.backbone import load_bert
+from models.nets.classifiers import classifier_from_architecture
+from models.versions.manifest import verify_folder
+from models.versions.version_folder import WEIGHTS_FILE, is_model_dir, read_config
 
 
 def load_classifier(path: str | os.PathLike, verify: bool = True) -> tuple[dict, nn.Module]:
     """(config, classifier module with the folder's weights) of a model version folder; with
-    ``verify``, first checked whole (``models.manifest.verify_folder``: IntegrityError, a
+    ``verify``, first checked whole (``models.versions.manifest.verify_folder``: IntegrityError, a
     ValueError). ValueError when the weights do not fit the architecture."""
     from safetensors.torch import load_file
 

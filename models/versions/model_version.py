@@ -6,13 +6,13 @@ Layout of a version folder::
                        max_length, base model, architecture, privacy guarantee
     model.safetensors  the classifier's weights (frozen word embeddings included)
     metrics.json       dev metrics per epoch and of the kept (best) epoch
-    posterior.npz      optional: the channel posterior the model reads (``models.posterior``),
+    posterior.npz      optional: the channel posterior the model reads (``models.training.posterior``),
                        for retraining from device records
     denoiser.safetensors  the contextual denoiser the model reads, when its architecture names
-                       one (``models.denoiser``): without it the version refuses to load
+                       one (``models.attacks.denoiser``): without it the version refuses to load
     data.json          fingerprint of the training (and dev) records, counts, hyperparameters
     classifier.onnx    optional, written by ``export_classifier_onnx``
-    manifest.json      every other file's SHA-256 (``models.manifest``): written when the
+    manifest.json      every other file's SHA-256 (``models.versions.manifest``): written when the
                        version is made (its arrays checked finite), checked when it is
                        registered in ``$PRIVBERT_HOME`` (which records the manifest's own
                        digest in its database), kept current by the writers that add files
@@ -37,10 +37,10 @@ import numpy as np
 import torch
 from torch import nn
 
-from models.classifiers import architecture
-from models.data import collate_payloads, kind_of
-from models.manifest import MANIFEST_FILE, seal, verify_folder
-from models.version_folder import (
+from models.nets.classifiers import architecture
+from models.training.data import collate_payloads, kind_of
+from models.versions.manifest import MANIFEST_FILE, seal, verify_folder
+from models.versions.version_folder import (
     CONFIG_FILE,
     DATA_FILE,
     DENOISER_FILE,
@@ -49,7 +49,7 @@ from models.version_folder import (
     METRICS_FILE,
     WEIGHTS_FILE,
 )
-from models.version_module import load_classifier
+from models.versions.version_module import load_classifier
 from shared.mechanisms import registry
 
 
@@ -213,7 +213,7 @@ class ModelVersion:
 def attach_version_denoiser(module: nn.Module, path: Path, cfg: dict) -> None:
     """Attach the version's ``denoiser.safetensors`` to ``module``; ValueError (one line) if
     it is missing, unreadable or made for another mechanism, η or bundle."""
-    from models.denoiser import Denoiser
+    from models.attacks.denoiser import Denoiser
 
     f = path / DENOISER_FILE
     if not f.is_file():
@@ -227,7 +227,7 @@ def attach_version_denoiser(module: nn.Module, path: Path, cfg: dict) -> None:
 def load_model(path: str | os.PathLike, device: torch.device | str = "cpu",
                verify: bool = True) -> ModelVersion:
     """Load a model version folder written by :func:`save_model_version`; with ``verify``,
-    first checked whole (``models.manifest.verify_folder``: IntegrityError, a ValueError)."""
+    first checked whole (``models.versions.manifest.verify_folder``: IntegrityError, a ValueError)."""
     p = Path(path)
     cfg, module = load_classifier(p, verify)
     if getattr(module, "contextual", False):

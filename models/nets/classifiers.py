@@ -8,7 +8,7 @@
   bits as 0/1 floats (``ome``); hidden sizes (768, 768, 768) as in TextHide §4.
 
 The word-embedding table is the edge's: frozen (no gradient) in both BERT classifiers.
-Every module's ``forward`` takes the keys of :func:`models.data.collate` by name
+Every module's ``forward`` takes the keys of :func:`models.training.data.collate` by name
 (``input_names``) and returns logits (B, C).
 """
 
@@ -20,8 +20,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from models.backbone import freeze_word_embeddings
-from models.data import kind_of
+from models.nets.backbone import freeze_word_embeddings
+from models.training.data import kind_of
 
 POOLINGS = ("mean", "cls")
 
@@ -74,13 +74,13 @@ class _BertClassifier(nn.Module):
 class TokenClassifier(_BertClassifier):
     """BERT over token ids ``[CLS] ids [SEP] (ids [SEP])``.
 
-    With a channel posterior (``models.posterior``, ``dchi-text``): each id y is read as
+    With a channel posterior (``models.training.posterior``, ``dchi-text``): each id y is read as
     φ(y) + a ⊙ (E[φ(x) | y] − φ(y)), the posterior-mean embedding mixed in by a learned gate
     a = sigmoid(g) per dimension (g starts at ``gate_init``). The table is a frozen buffer
     saved with the weights.
 
     ``contextual``: the same gate over E[φ(x) | y, context] of a frozen
-    ``models.denoiser.Denoiser`` (:meth:`attach_denoiser`), which shares the word table and
+    ``models.attacks.denoiser.Denoiser`` (:meth:`attach_denoiser`), which shares the word table and
     is saved beside the weights (``denoiser.safetensors``), not in them.
     """
 
@@ -158,7 +158,7 @@ class TokenClassifier(_BertClassifier):
 class EmbeddingClassifier(_BertClassifier):
     """BERT over perturbed token embeddings; special rows from the frozen table.
 
-    With a channel prior (``models.posterior``, ``dchi-embedding``): each payload row z is
+    With a channel prior (``models.training.posterior``, ``dchi-embedding``): each payload row z is
     read as z + a ⊙ (E[φ(x) | z] − z), with the exact posterior
     P(x | z) ∝ P(x)·exp(−η‖z − φ(x)‖) over the regular tokens (Qu et al. §3.2.3's density)
     and a = sigmoid(g) a learned gate per dimension.
@@ -258,9 +258,9 @@ def build_classifier(mechanism: str, num_labels: int, *, bert=None, feature_dim:
                      denoiser=None) -> nn.Module:
     """The classifier for payloads of ``mechanism``: pass ``bert`` (a transformers BertModel)
     for token kinds, ``feature_dim`` for vector kinds. ``posterior``: a
-    ``models.posterior.ChannelPosterior`` of the same mechanism (dχ only), read as input;
+    ``models.training.posterior.ChannelPosterior`` of the same mechanism (dχ only), read as input;
     ``dchi-embedding`` then needs the bundle's ``regular_ids`` (the posterior's support).
-    ``denoiser``: a ``models.denoiser.Denoiser`` read instead of the posterior table."""
+    ``denoiser``: a ``models.attacks.denoiser.Denoiser`` read instead of the posterior table."""
     kind = kind_of(mechanism)
     if kind == "vector":
         if not feature_dim:

@@ -9,8 +9,8 @@ from __future__ import annotations
 import argparse
 import sys
 
-from edge_agent.cli_args import add_param_flags, positive_int
 from edge_agent.mechanism_spec import flag_values
+from edge_agent.param_flags import add_param_flags, positive_int
 from shared.policy import DEFAULT_P, NO_POLICY, POLICIES, PolicyError, policy_name
 
 PROG = "cloud-api"
@@ -85,9 +85,9 @@ def apply_policy(bundle, policy: str | None, params: dict):
 
 
 def add_recipe_args(p: argparse.ArgumentParser) -> None:
-    """The training recipe's levers (models.recipe); unset = the default for the mechanism."""
+    """The training recipe's levers (models.training.recipe); unset = the default for the mechanism."""
     g = p.add_argument_group(
-        "recipe (models.recipe; default: the best measured recipe for the mechanism, "
+        "recipe (models.training.recipe; default: the best measured recipe for the mechanism, "
         "bench/results/utility_levers.md)")
     g.add_argument("--fresh-noise", action=argparse.BooleanOptionalAction, default=None,
                    help="privatize the public training text afresh in every epoch")
@@ -134,7 +134,7 @@ def add_recipe_args(p: argparse.ArgumentParser) -> None:
 def mechanism_settings(args) -> dict:
     """The mechanism's settings from the command line: every parameter flag (None: not
     given, or the default its mechanisms share) and the TextHide key, as
-    ``models.privatize.build_mechanism`` takes them."""
+    ``models.training.privatize.build_mechanism`` takes them."""
     return {**flag_values(vars(args)), "texthide_key": args.texthide_key}
 
 
@@ -143,7 +143,7 @@ def seeded_rng(args):
 
     if args.seed is None:
         return None
-    from models.privatize import SEED_WARNING
+    from models.training.privatize import SEED_WARNING
 
     print(f"{PROG}: {SEED_WARNING}", file=sys.stderr)
     return np.random.default_rng(args.seed)
@@ -157,12 +157,12 @@ def add_device_args(p: argparse.ArgumentParser) -> None:
 
 
 def check_device(args) -> None:
-    from models.backbone import autocast_dtype, pick_device
+    from models.nets.backbone import autocast_dtype, pick_device
 
     autocast_dtype(pick_device(args.device), args.precision)
 
 
 def posterior_table(path):
-    from models.posterior import ChannelPosterior
+    from models.training.posterior import ChannelPosterior
 
     return ChannelPosterior.load(path)

@@ -4,7 +4,7 @@
   tokens of a data set and the plausible-deniability statistics N_w / S_w, computed by
   the edge's report code (``edge_agent.report``) with the mechanism of
   ``shared.mechanisms.DChiText``. On a GPU only the candidate pass of the exact
-  nearest-token search moves to torch (``models.torch_nearest.TorchExactNearest``), so
+  nearest-token search moves to torch (``models.nets.torch_nearest.TorchExactNearest``), so
   the whole vocabulary × 1,000 perturbations is practical; the noise is still
   ``shared.mechanisms.sample_dchi_noise``.
 * Sentence-vector mechanisms (``laplace``, ``ome``, ``texthide``): an attacker MLP trained
@@ -29,9 +29,9 @@ import numpy as np
 import torch
 from torch import nn
 
-from models.backbone import model_embeddings, pick_device
-from models.classifiers import VectorMLP
-from models.torch_nearest import TorchExactNearest
+from models.nets.backbone import model_embeddings, pick_device
+from models.nets.classifiers import VectorMLP
+from models.nets.torch_nearest import TorchExactNearest
 from shared.bundle import EdgeBundle
 from shared.mechanisms import DChiText
 
@@ -127,13 +127,13 @@ def format_token_report(rep, contextual: dict | None = None) -> str:
     return text + f"\n(device {rep.timings.get('device', 'cpu')})"
 
 
-# -- contextual attack (models.denoiser) -----------------------------------------------------
+# -- contextual attack (models.attacks.denoiser) -----------------------------------------------------
 def load_denoiser(source, bundle: EdgeBundle, mechanism: str, eta: float,
                   public_p: float | None = None):
     """The denoiser of a model version folder, or a denoiser file, checked against the
     mechanism, η and bundle attacked (ValueError, one line)."""
-    from models.denoiser import Denoiser
-    from models.version_folder import DENOISER_FILE, is_model_dir
+    from models.attacks.denoiser import Denoiser
+    from models.versions.version_folder import DENOISER_FILE, is_model_dir
 
     path = Path(source)
     if is_model_dir(path):
@@ -149,8 +149,8 @@ def load_denoiser(source, bundle: EdgeBundle, mechanism: str, eta: float,
 def contextual_attack(denoiser, bundle: EdgeBundle, texts: list[str], *, draws: int = 3,
                       rng: np.random.Generator | None = None, source: str = "") -> dict:
     """Shares of the tokens of ``texts`` a server recovers from fresh privatizations
-    (``models.denoiser_train.recovery``): unchanged, context-free, contextual."""
-    from models.denoiser_train import recovery
+    (``models.attacks.denoiser_train.recovery``): unchanged, context-free, contextual."""
+    from models.attacks.denoiser_train import recovery
 
     t0 = time.perf_counter()
     rec = recovery(denoiser, None, bundle, texts, draws=draws, rng=rng, by_class=True)
@@ -341,7 +341,7 @@ def vector_attack(bundle: EdgeBundle, mechanism, texts: list[str], *, n_words: i
     """Attacker MLP recovering the presence of the ``n_words`` most frequent content words
     from payloads of ``mechanism`` (a sentence-vector one: laplace, ome, texthide), on
     held-out sentences."""
-    from models.privatize import chunk_indices, make_privatizer
+    from models.training.privatize import chunk_indices, make_privatizer
     from shared.mechanisms import registry
 
     name = getattr(mechanism, "name", str(mechanism))

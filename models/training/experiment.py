@@ -3,7 +3,7 @@
 These are what ``cloud-api train`` / ``evaluate``, the retraining worker and the
 benchmarks call::
 
-    from models.experiment import train_from_tsv, evaluate_tsv
+    from models.training.experiment import train_from_tsv, evaluate_tsv
     res = train_from_tsv("train.tsv", "var/m1", "dchi-text", params={"eta": 65},
                          dev_tsv="dev.tsv", limit=20000)
     print(evaluate_tsv(res.model_dir, "dev.tsv")["accuracy"])
@@ -24,13 +24,13 @@ from pathlib import Path
 
 import numpy as np
 
-from models.data import (
+from models.training.data import (
     PayloadDataset,
     dataset_from_records,
     label_names_from,
     read_labelled_tsv,
 )
-from models.finetune import (
+from models.training.finetune import (
     TrainConfig,
     build_model,
     check_compatible,
@@ -38,17 +38,17 @@ from models.finetune import (
     evaluate_dataset,
     finetune,
 )
-from models.levers import check_teacher, get_teacher, public_posterior
-from models.posterior import POSTERIOR_FILE, ChannelPosterior
-from models.privatize import (
+from models.training.levers import check_teacher, get_teacher, public_posterior
+from models.training.posterior import POSTERIOR_FILE, ChannelPosterior
+from models.training.privatize import (
     PublicText,
     build_mechanism,
     load_bundle,
     make_privatizer,
     mechanism_from_params,
 )
-from models.recipe import Recipe
-from models.versions import check_out_dir, load_model, save_model_version
+from models.training.recipe import Recipe
+from models.versions.model_version import check_out_dir, load_model, save_model_version
 from shared.bundle import EdgeBundle
 from shared.payload import Record
 
@@ -67,7 +67,7 @@ def _as_bundle(bundle: EdgeBundle | str | os.PathLike | None, base=None) -> Edge
         return bundle
     if bundle is not None:
         return load_bundle(bundle_dir=bundle)
-    from models.version_folder import is_model_dir
+    from models.versions.version_folder import is_model_dir
 
     if base is not None and not Path(base).is_dir():
         raise ValueError(f"{base}: no such BERT folder")
@@ -105,12 +105,12 @@ def train_from_records(records: Sequence[Record | tuple], out_dir: str | os.Path
                        posterior: ChannelPosterior | None = None,
                        denoiser=None) -> TrainResult:
     """Fine-tune on privatized records (edge JSONL or the record store) and write a model
-    version folder ``out_dir``. ``dist_ctx`` (``models.distributed``, under torchrun):
+    version folder ``out_dir``. ``dist_ctx`` (``models.training.distributed``, under torchrun):
     DDP; only rank 0 writes the folder.
 
     ``recipe``: device records have no raw text, so only its ``posterior`` and ``denoiser``
     apply (the others are refused); the table is ``posterior`` (e.g. the base version's
-    ``posterior.npz``), the denoiser ``denoiser`` (``models.denoiser.Denoiser``, e.g. the
+    ``posterior.npz``), the denoiser ``denoiser`` (``models.attacks.denoiser.Denoiser``, e.g. the
     base version's, trained on public text), both checked against the records' mechanism,
     η and bundle.
     """
@@ -146,7 +146,7 @@ def base_pretraining(base, mechanism: str, params: dict) -> dict | None:
     task's privatization); None for a base that is not such a checkpoint."""
     import json
 
-    from models.pretrain import INFO_FILE
+    from models.pretraining.pretrain import INFO_FILE
 
     if base is None or not (Path(base) / INFO_FILE).is_file():
         return None
@@ -182,7 +182,7 @@ def _train(train: PayloadDataset, dev: PayloadDataset | None, out_dir, bundle: E
     # checks the base against the bundle, and the posterior against the payloads
     model = build_model(train, bundle, base, cfg, posterior=posterior, denoiser=denoiser)
     if recipe.warm_start:
-        from models.levers import warm_start
+        from models.training.levers import warm_start
 
         warm_start(model, teacher_module)
     cfg = dataclasses.replace(cfg, denoise=recipe.denoise, denoise_rate=recipe.denoise_rate,
@@ -250,18 +250,18 @@ def train_from_tsv(train_tsv: str | os.PathLike, out_dir: str | os.PathLike,
                    denoiser=None) -> TrainResult:
     """Privatize a labelled TSV with the edge's Privatizer and fine-tune on it.
 
-    ``params``: the mechanism's arguments as for :func:`models.privatize.build_mechanism`
+    ``params``: the mechanism's arguments as for :func:`models.training.privatize.build_mechanism`
     (``eta``; ``epsilon``, ``calibration``, ``word_dropout``; ``lam``; ``m``, ``k``,
     ``texthide_key``). ``rng`` None = fresh OS entropy for the privatization.
     Parameters weaker than the privacy floor (``shared.floor``) raise WeakPrivacyError
     before any work unless ``allow_weak_privacy``; the model's config then records why.
-    ``recipe`` (``models.recipe``; None: none of its levers): the text is public, so every
+    ``recipe`` (``models.training.recipe``; None: none of its levers): the text is public, so every
     lever applies. ``teacher``: a model version that reads plain ids (mechanism ``none``)
     for ``recipe.distill`` / ``warm_start``; None trains one on the same text first (one
     epoch).
     ``posterior``: a prebuilt table for ``recipe.posterior``, else built from the training
     text (kept in ``posterior_cache`` by its inputs' digest when given).
-    ``denoiser``: a trained ``models.denoiser.Denoiser`` for ``recipe.denoiser``, else one is
+    ``denoiser``: a trained ``models.attacks.denoiser.Denoiser`` for ``recipe.denoiser``, else one is
     trained on the training text (and ``recipe.denoiser_corpus``), cached the same way.
     """
     cfg = cfg or TrainConfig()
@@ -280,7 +280,7 @@ def train_from_tsv(train_tsv: str | os.PathLike, out_dir: str | os.PathLike,
     if len(names) < 2:
         raise ValueError(f"{train_tsv}: a classifier needs at least 2 labels, found {names}")
     if dev_data is not None:
-        from models.data import label_indices
+        from models.training.data import label_indices
 
         label_indices(dev_data.labels, names)  # unknown dev labels: error now
         if (dev_data.pairs is None) != (data.pairs is None):
@@ -302,7 +302,7 @@ def train_from_tsv(train_tsv: str | os.PathLike, out_dir: str | os.PathLike,
         denoiser.check_for(mechanism, mech.params, bundle.bundle_id)
     corpus = []
     if recipe.denoiser and denoiser is None and recipe.denoiser_corpus:
-        from models.denoiser_train import read_corpus
+        from models.attacks.denoiser_train import read_corpus
 
         corpus = read_corpus(recipe.denoiser_corpus)
     public = PublicText(data, names, privatizer)
@@ -321,7 +321,7 @@ def train_from_tsv(train_tsv: str | os.PathLike, out_dir: str | os.PathLike,
         posterior = public_posterior(bundle, mechanism, mech.params, data.texts, recipe, rng,
                                      posterior_cache, progress)
     if recipe.denoiser and denoiser is None:
-        from models.levers import public_denoiser
+        from models.training.levers import public_denoiser
 
         denoiser = public_denoiser(bundle, posterior, data.texts + corpus, recipe, base, rng,
                                    posterior_cache, progress)
@@ -351,7 +351,7 @@ def train_from_tsv(train_tsv: str | os.PathLike, out_dir: str | os.PathLike,
 
 
 def _check_base(mechanism: str, bundle: EdgeBundle, base, cfg: TrainConfig) -> None:
-    from models.data import kind_of
+    from models.training.data import kind_of
 
     if kind_of(mechanism) == "vector":
         for flag, value in (("--base", base), ("--layers", cfg.layers)):
@@ -359,8 +359,8 @@ def _check_base(mechanism: str, bundle: EdgeBundle, base, cfg: TrainConfig) -> N
                 raise ValueError(f"{flag} does not apply to {mechanism}: its classifier is an "
                                  "MLP over the sentence vector, not a BERT")
         return
-    from models.backbone import check_same_bundle, keep_layers
-    from models.version_module import load_backbone
+    from models.nets.backbone import check_same_bundle, keep_layers
+    from models.versions.version_module import load_backbone
 
     bert = load_backbone(base)
     check_same_bundle(bert, bundle)
@@ -373,7 +373,7 @@ def evaluate_records(model_dir: str | os.PathLike, records: Sequence[Record | tu
                      device: str = "auto", precision: str = "auto",
                      batch_size: int = 128) -> dict:
     """Accuracy and per-class figures of a model version on privatized labelled records."""
-    from models.backbone import autocast_dtype, pick_device
+    from models.nets.backbone import autocast_dtype, pick_device
 
     mv = load_model(model_dir)
     ds = dataset_from_records(records, mv.labels, where="evaluation records")
@@ -395,8 +395,8 @@ def evaluate_tsv(model_dir: str | os.PathLike, tsv: str | os.PathLike, *,
                  precision: str = "auto", progress: bool = True) -> dict:
     """Privatize a labelled TSV as the model's mechanism does (TextHide: k = 1, with the
     client's ``texthide_key``) and evaluate; labels unknown to the model are an error."""
-    from models.data import label_indices
-    from models.version_folder import read_config
+    from models.training.data import label_indices
+    from models.versions.version_folder import read_config
 
     cfg = read_config(model_dir)
     data = read_labelled_tsv(tsv, limit)

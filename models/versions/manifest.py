@@ -33,7 +33,7 @@ FORMAT_VERSION = 1
 _FLOATS = {"F16": np.float16, "F32": np.float32, "F64": np.float64}
 _BF16_EXPONENT = 0x7F80  # bfloat16: all exponent bits set = inf or NaN
 # tensors that are log-probabilities with -inf on the tokens that can never occur (the
-# dchi-embedding posterior's prior, models/classifiers.py): -inf is their value, not damage
+# dchi-embedding posterior's prior, models/nets/classifiers.py): -inf is their value, not damage
 MASKS = ("log_prior",)
 
 

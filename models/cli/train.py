@@ -16,9 +16,9 @@ import dataclasses
 import json
 import sys
 
-from edge_agent.cli_args import add_attack_flags, positive_int
 from edge_agent.errors import one_line
-from models.cli_args import (
+from edge_agent.param_flags import add_attack_flags, positive_int
+from models.cli.flags import (
     PROG,
     add_device_args,
     add_mechanism_args,
@@ -31,7 +31,7 @@ from models.cli_args import (
     seeded_rng,
     table_name,
 )
-from models.recipe import DEFAULT_EPOCHS
+from models.training.recipe import DEFAULT_EPOCHS
 
 
 def _error(message: str) -> None:
@@ -64,7 +64,7 @@ def recipe_from_args(args, mechanism: str, raw_text: bool):
     that makes no sense here is refused (ValueError, one line)."""
     import dataclasses
 
-    from models.recipe import default_recipe
+    from models.training.recipe import default_recipe
 
     r = default_recipe(mechanism, raw_text)
     changes = {k: v for k, v in (("fresh_noise", args.fresh_noise),
@@ -91,7 +91,7 @@ def recipe_from_args(args, mechanism: str, raw_text: bool):
     if den or args.denoiser_file is not None:
         changes["denoiser"] = True
     if "denoiser_corpus" in den:
-        from models.denoiser_train import read_corpus
+        from models.attacks.denoiser_train import read_corpus
 
         read_corpus(den["denoiser_corpus"])  # a missing or empty file: an error now
         den["denoiser_corpus"] = str(den["denoiser_corpus"])
@@ -105,9 +105,9 @@ def recipe_from_args(args, mechanism: str, raw_text: bool):
 
 def _denoiser_file(path, bundle_dir=None):
     """A trained denoiser file, its word table from ``bundle_dir`` (None: MiniLM's)."""
-    from models.backbone import model_embeddings
-    from models.denoiser import Denoiser
-    from models.privatize import load_bundle
+    from models.attacks.denoiser import Denoiser
+    from models.nets.backbone import model_embeddings
+    from models.training.privatize import load_bundle
 
     return Denoiser.load(path, model_embeddings(load_bundle(bundle_dir=bundle_dir)))
 
@@ -117,7 +117,7 @@ def records_denoiser(file, base, bundle_dir=None):
     version's ``denoiser.safetensors``, else None."""
     from pathlib import Path
 
-    from models.version_folder import DENOISER_FILE, is_model_dir
+    from models.versions.version_folder import DENOISER_FILE, is_model_dir
 
     if file is not None:
         return _denoiser_file(file, bundle_dir)
@@ -218,9 +218,9 @@ def _keep_bundle(bundle, model_dir) -> None:
     (``bundle/``): ``cloud-api models register`` and ``evaluate`` find it there."""
     from pathlib import Path
 
-    from models.manifest import folder_files, update_manifest
-    from models.privatize import load_bundle
-    from models.version_folder import BUNDLE_DIR
+    from models.training.privatize import load_bundle
+    from models.versions.manifest import folder_files, update_manifest
+    from models.versions.version_folder import BUNDLE_DIR
     from shared.bundle import EdgeBundle, save_atomically
 
     b = bundle if isinstance(bundle, EdgeBundle) or bundle is None else \
@@ -234,8 +234,8 @@ def _keep_bundle(bundle, model_dir) -> None:
 
 
 def run_train(args) -> int:
-    from models.experiment import train_from_records, train_from_tsv
-    from models.finetune import TrainConfig
+    from models.training.experiment import train_from_records, train_from_tsv
+    from models.training.finetune import TrainConfig
 
     check_device(args)
     rng = seeded_rng(args)
@@ -276,7 +276,7 @@ def run_train(args) -> int:
                   "public words are sent as typed with probability 1 - public_p, default "
                   f"{1 - DEFAULT_P:g}; --policy none privatizes every token)")
         if args.table is not None or policy != NO_POLICY:
-            from models.privatize import load_bundle
+            from models.training.privatize import load_bundle
 
             bundle = apply_policy(load_bundle(bundle_dir=args.bundle, model_dir=args.base,
                                               table=args.table),
@@ -291,7 +291,7 @@ def run_train(args) -> int:
             raise WeakPrivacyError(f"{exc}; --allow-weak-privacy trains on it anyway") from None
         _keep_bundle(bundle, res.model_dir)
     else:
-        from models.data import read_records_jsonl
+        from models.training.data import read_records_jsonl
         from shared.mechanisms import NoPrivacy
 
         if args.dev is not None:
@@ -340,8 +340,8 @@ def records_posterior(table_path, base):
     model version's ``posterior.npz``, else None."""
     from pathlib import Path
 
-    from models.posterior import POSTERIOR_FILE
-    from models.version_folder import is_model_dir
+    from models.training.posterior import POSTERIOR_FILE
+    from models.versions.version_folder import is_model_dir
 
     if table_path is not None:
         return posterior_table(table_path)
@@ -351,7 +351,7 @@ def records_posterior(table_path, base):
 
 
 def _print_trained(res, note: str | None = None) -> None:
-    from models.version_folder import read_config
+    from models.versions.version_folder import read_config
     from shared.accounting import summary
 
     cfg = read_config(res.model_dir)
@@ -375,7 +375,7 @@ def _print_trained(res, note: str | None = None) -> None:
 def run_evaluate(args) -> int:
     if args.attack:
         return run_attack(args)
-    from models.experiment import evaluate_records, evaluate_tsv
+    from models.training.experiment import evaluate_records, evaluate_tsv
 
     if args.model is None:
         raise ValueError("evaluate needs --model DIR (or --attack)")
@@ -387,7 +387,7 @@ def run_evaluate(args) -> int:
                            precision=args.precision,
                            progress=not args.no_progress)
     else:
-        from models.data import read_records_jsonl
+        from models.training.data import read_records_jsonl
 
         rep = evaluate_records(args.model, read_records_jsonl(args.records, limit=args.limit),
                                device=args.device, precision=args.precision)
@@ -403,9 +403,9 @@ def run_evaluate(args) -> int:
 
 
 def run_attack(args) -> int:
-    from models import attack
-    from models.privatize import load_bundle, mechanism_from_params
-    from models.version_folder import read_config
+    from models.attacks import attack
+    from models.training.privatize import load_bundle, mechanism_from_params
+    from models.versions.version_folder import read_config
     from shared.mechanisms import registry
 
     if args.data is None:
@@ -456,7 +456,7 @@ def run_attack(args) -> int:
     if params is not None:
         mech = mechanism_from_params(name, params, bundle, args.texthide_key)
     else:
-        from models.privatize import build_mechanism
+        from models.training.privatize import build_mechanism
 
         mech = build_mechanism(name, bundle, **mechanism_settings(args))
     rep = attack.vector_attack(bundle, mech, texts, n_words=args.words, rng=rng,
@@ -468,8 +468,8 @@ def run_attack(args) -> int:
 
 # -- export ----------------------------------------------------------------------------------
 def run_export(args) -> int:
-    from models.export import export_bundle, export_classifier_onnx
-    from models.version_folder import INT8_FILE
+    from models.export.writers import export_bundle, export_classifier_onnx
+    from models.versions.version_folder import INT8_FILE
 
     if args.onnx:
         if args.model is None:

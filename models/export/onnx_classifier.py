@@ -1,17 +1,17 @@
 """A model version served by onnxruntime on CPU (its ``classifier.onnx``, or the int8
 ``classifier.int8.onnx``), without torch.
 
-``models.export.export_classifier_onnx`` writes the fp32 file (with torch) and
-``models.quantize`` the int8 one (with the ``onnx`` package); this module only reads
+``models.export.writers.export_classifier_onnx`` writes the fp32 file (with torch) and
+``models.export.quantize`` the int8 one (with the ``onnx`` package); this module only reads
 them, so that the onnx serving backends run in an image without either. Only
 :meth:`OnnxClassifier.predict_proba` (a convenience for checks and benchmarks) checks
-payloads with :class:`models.versions.ModelVersion` and so imports torch.
+payloads with :class:`models.versions.model_version.ModelVersion` and so imports torch.
 
 An int8 file is loaded only after two checks (:class:`Int8Refused` says which failed):
 it was made from this version's ``classifier.onnx`` (its metadata names that file's
 SHA-256), and the integer kernel this CPU runs is exact for the file's weight range
 (:func:`int8_kernel_check`: MLAS's u8 x s8 kernel without VNNI saturates int16 pair
-sums; see ``models.quantize``).
+sums; see ``models.export.quantize``).
 """
 
 from __future__ import annotations
@@ -22,12 +22,12 @@ from pathlib import Path
 
 import numpy as np
 
-from models.data import collate_payloads
-from models.manifest import file_sha256
-from models.version_folder import INT8_FILE, ONNX_FILE, read_config
+from models.training.data import collate_payloads
+from models.versions.manifest import file_sha256
+from models.versions.version_folder import INT8_FILE, ONNX_FILE, read_config
 from shared.mechanisms.int8_pass import VNNI_FLAGS, cpu_flags
 
-META_SOURCE = "privbert.source_sha256"  # the int8 file's metadata (models.quantize)
+META_SOURCE = "privbert.source_sha256"  # the int8 file's metadata (models.export.quantize)
 META_SCHEME = "privbert.int8_scheme"
 META_BUNDLE = "privbert.bundle_id"
 
@@ -155,7 +155,7 @@ class OnnxClassifier:
                 f"{where}: this CPU's integer kernel saturates on its weights ({weights}, "
                 f"up to {wmax}; CPU {'with' if kernel['vnni'] else 'without'} VNNI, error "
                 f"{kernel['max_abs_error']:.3g} on the probe): quantize with reduce_range "
-                "(models.quantize's default)")
+                "(models.export.quantize's default)")
         return {**kernel, "scheme": scheme}
 
     def logits(self, batch: dict) -> np.ndarray:
@@ -167,7 +167,7 @@ class OnnxClassifier:
         """Class probabilities (N, C) for payloads (checked like the torch model's)."""
         from torch import nn
 
-        from models.versions import ModelVersion
+        from models.versions.model_version import ModelVersion
 
         shell = ModelVersion(self.path, self.config, {}, nn.Identity())
         for p in payloads:

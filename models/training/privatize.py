@@ -14,7 +14,7 @@ from pathlib import Path
 
 import numpy as np
 
-from models.data import LabelledText, label_indices
+from models.training.data import LabelledText, label_indices
 from shared.bundle import EdgeBundle
 from shared.payload import Record
 
@@ -51,7 +51,7 @@ def encoder_dim(bundle: EdgeBundle) -> int:
 def build_mechanism(name: str, bundle: EdgeBundle, *, texthide_key: int | None = None,
                     **settings):
     """The ``shared.mechanisms`` object for ``name`` from the command line's settings: one
-    per parameter of the mechanism's ``Params`` (``models.cli_args.mechanism_settings``;
+    per parameter of the mechanism's ``Params`` (``models.cli.flags.mechanism_settings``;
     others are ignored), a setting that is None or absent taking the parameter's default;
     ValueError names a missing or invalid parameter."""
     from shared.mechanisms import registry
@@ -123,7 +123,7 @@ def model_bundle_dir(version_dir: str | os.PathLike, bundle_id: str | None) -> P
     writes one for a designed table or a token policy), else ``bundles/<bundle_id>`` of the
     ``$PRIVBERT_HOME`` that holds the version (``models/<id>/versions/<v>``: what
     ``cloud-api bootstrap`` and the job worker register); None if neither has it."""
-    from models.version_folder import BUNDLE_DIR
+    from models.versions.version_folder import BUNDLE_DIR
 
     v = Path(version_dir)
     if (v / BUNDLE_DIR / "bundle.json").is_file():
@@ -143,7 +143,7 @@ def _bert_dir_for_bundle(model_dir) -> Path | None:
     p = Path(model_dir)
     if not p.is_dir():
         raise ValueError(f"{p}: no such model folder")
-    from models.version_folder import is_model_dir
+    from models.versions.version_folder import is_model_dir
 
     if is_model_dir(p):
         raise ValueError(f"{p} is a trained model, not a BERT folder: pass --bundle")
@@ -237,9 +237,9 @@ class PublicText:
 
     def dataset(self, rng: np.random.Generator | None = None, *, originals: bool = False,
                 progress: bool = True, desc: str = "privatize", where: str = "public text"):
-        """A ``models.data.PayloadDataset`` of a fresh privatization; ``originals``: with
+        """A ``models.training.data.PayloadDataset`` of a fresh privatization; ``originals``: with
         the original ids in ``extra["originals"]`` (token mechanisms only)."""
-        from models.data import dataset_from_records
+        from models.training.data import dataset_from_records
 
         ds = dataset_from_records(self.records(rng, progress=progress, desc=desc),
                                   self.label_names, where=where)

@@ -1,8 +1,8 @@
 """A model version folder's file names and its ``config.json``, without torch.
 
-The layout is described in :mod:`models.versions` (which writes and loads the weights with
+The layout is described in :mod:`models.versions.model_version` (which writes and loads the weights with
 torch); this module is what a torch-free reader needs: the onnx serving backend
-(:mod:`models.onnx_classifier`) and ``cloud_api.serving``.
+(:mod:`models.export.onnx_classifier`) and ``cloud_api.serving``.
 """
 
 from __future__ import annotations
@@ -16,8 +16,8 @@ FORMAT_VERSION = 1
 CONFIG_FILE, WEIGHTS_FILE, METRICS_FILE, DATA_FILE = (
     "config.json", "model.safetensors", "metrics.json", "data.json")
 ONNX_FILE = "classifier.onnx"
-DENOISER_FILE = "denoiser.safetensors"  # models.denoiser (the contextual posterior)
-INT8_FILE = "classifier.int8.onnx"  # models.quantize
+DENOISER_FILE = "denoiser.safetensors"  # models.attacks.denoiser (the contextual posterior)
+INT8_FILE = "classifier.int8.onnx"  # models.export.quantize
 BUNDLE_DIR = "bundle"  # the edge bundle a version was trained with, when it is not the
 # default one (a designed privatization table: ``cloud-api train --table``)
 
@@ -70,7 +70,7 @@ def safetensors_metadata(data: bytes) -> dict:
 
 
 def denoiser_header(data: bytes, where: str = "denoiser") -> dict:
-    """The privbert header of a denoiser file (``models.denoiser``): format, ``meta``
+    """The privbert header of a denoiser file (``models.attacks.denoiser``): format, ``meta``
     (mechanism, eta, bundle_id, training) and ``bert_config``; ValueError if it is none."""
     try:
         header = json.loads(safetensors_metadata(data).get("privbert", "{}"))

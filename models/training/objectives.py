@@ -21,7 +21,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from models.classifiers import classification_loss
+from models.nets.classifiers import classification_loss
 
 
 class DenoiseHead(nn.Module):

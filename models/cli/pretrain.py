@@ -13,8 +13,8 @@ from __future__ import annotations
 import argparse
 import sys
 
-from edge_agent.cli_args import add_param_flags
 from edge_agent.mechanism_spec import entries
+from edge_agent.param_flags import add_param_flags
 from shared.mechanisms import registry
 
 _PROG = "cloud-api"
@@ -78,7 +78,7 @@ def run(args: argparse.Namespace) -> int:
               "anyone who knows the seed can undo it. Acceptable for a public pretraining corpus, "
               "never for user data.", file=sys.stderr)
     try:
-        from models.pretrain import pretrain
+        from models.pretraining.pretrain import pretrain
 
         bundle = None
         if args.bundle is not None:

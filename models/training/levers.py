@@ -1,4 +1,4 @@
-"""The levers of the training recipe that need more than the payloads (``models.recipe``):
+"""The levers of the training recipe that need more than the payloads (``models.training.recipe``):
 the channel posterior built from public text, and the teacher that reads that text.
 
 Both run on the server, on public text an operator trains on (``cloud-api bootstrap`` /
@@ -15,9 +15,9 @@ from pathlib import Path
 
 import numpy as np
 
-from models.posterior import ChannelPosterior, build_posterior
-from models.privatize import PublicText, make_privatizer
-from models.recipe import Recipe
+from models.training.posterior import ChannelPosterior, build_posterior
+from models.training.privatize import PublicText, make_privatizer
+from models.training.recipe import Recipe
 from shared.bundle import EdgeBundle
 from shared.mechanisms import NoPrivacy, registry
 
@@ -26,7 +26,7 @@ def public_posterior(bundle: EdgeBundle, mechanism: str, params: dict, texts: li
                      recipe: Recipe, rng: np.random.Generator | None = None,
                      cache: str | os.PathLike | None = None,
                      progress: bool = False) -> ChannelPosterior:
-    """The channel posterior of the mechanism from public ``texts`` (``models.posterior``),
+    """The channel posterior of the mechanism from public ``texts`` (``models.training.posterior``),
     read from / written to ``cache`` (a folder) under a digest of everything it depends on."""
     key = hashlib.sha256(json.dumps(
         {"bundle": bundle.bundle_id, "mechanism": mechanism, "eta": params.get("eta"),
@@ -58,11 +58,11 @@ def public_posterior(bundle: EdgeBundle, mechanism: str, params: dict, texts: li
 def public_denoiser(bundle: EdgeBundle, posterior: ChannelPosterior, texts: list[str],
                     recipe: Recipe, base=None, rng: np.random.Generator | None = None,
                     cache: str | os.PathLike | None = None, progress: bool = False):
-    """The contextual denoiser of ``recipe`` (``models.denoiser``) trained on the public
+    """The contextual denoiser of ``recipe`` (``models.attacks.denoiser``) trained on the public
     ``texts`` over ``posterior``'s bias, read from / written to ``cache`` by its inputs'
     digest."""
-    from models.denoiser_train import DenoiserConfig
-    from models.denoiser_train import public_denoiser as cached
+    from models.attacks.denoiser_train import DenoiserConfig
+    from models.attacks.denoiser_train import public_denoiser as cached
 
     cfg = DenoiserConfig(layers=recipe.denoiser_layers, candidates=recipe.denoiser_candidates,
                          epochs=recipe.denoiser_epochs, progress=progress)
@@ -88,7 +88,7 @@ class _Progress:
 
 
 def check_teacher(teacher, bundle: EdgeBundle, names: list[str]) -> None:
-    from models.version_folder import read_config
+    from models.versions.version_folder import read_config
 
     cfg = read_config(teacher)
     if registry.get(cfg["mechanism"]).private:
@@ -116,8 +116,8 @@ def get_teacher(public: PublicText, bundle: EdgeBundle, teacher, base, cfg):
     texts from ``base`` (Hinton et al. 2015's teacher reads what the student cannot)."""
     import dataclasses
 
-    from models.finetune import finetune, predict_dataset
-    from models.versions import load_model
+    from models.training.finetune import finetune, predict_dataset
+    from models.versions.model_version import load_model
 
     ds = plain_dataset(public, bundle, cfg.max_length)
     if teacher is not None:

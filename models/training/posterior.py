@@ -8,7 +8,7 @@ costs no privacy (Dwork & Roth 2014, Prop. 2.1); numpy only.
   frequency of that text. P(x | y) ∝ P(x)·P̂(y | x).
 * ``dchi-embedding`` (§3.2.3): z = φ(x) + N has density ∝ exp(−η‖z − φ(x)‖), so
   P(x | z) ∝ P(x)·exp(−η‖z − φ(x)‖) exactly; only the prior P(x) is stored
-  (``models.classifiers`` computes the posterior inside the model).
+  (``models.nets.classifiers`` computes the posterior inside the model).
 
 The classifier reads the posterior-mean embedding E[φ(x) | y] (mixed with φ(y) by a learned
 gate) instead of φ(y). A table is valid for one mechanism, η and bundle only:

@@ -21,19 +21,19 @@ import numpy as np
 import torch
 from torch import nn
 
-from models import distributed
-from models.backbone import (
+from models.nets.backbone import (
     autocast_dtype,
     check_same_bundle,
     keep_layers,
     pick_device,
 )
-from models.classifiers import build_classifier, classification_loss
-from models.data import PayloadDataset, collate_dataset, collate_originals, length_buckets
-from models.distributed import DistContext
-from models.objectives import Objective, teacher_targets
-from models.recipe import DEFAULT_EPOCHS, DEFAULT_LR
-from models.version_module import load_backbone
+from models.nets.classifiers import build_classifier, classification_loss
+from models.training import distributed
+from models.training.data import PayloadDataset, collate_dataset, collate_originals, length_buckets
+from models.training.distributed import DistContext
+from models.training.objectives import Objective, teacher_targets
+from models.training.recipe import DEFAULT_EPOCHS, DEFAULT_LR
+from models.versions.version_module import load_backbone
 from shared.bundle import EdgeBundle
 from shared.mechanisms import registry
 
@@ -61,7 +61,7 @@ class TrainConfig:
     precision: str = "auto"
     eval_batch_size: int = 128
     progress: bool = True
-    # levers that need the public text (models.objectives): weights 0 = off
+    # levers that need the public text (models.training.objectives): weights 0 = off
     denoise: float = 0.0          # λ of the auxiliary denoising loss
     denoise_rate: float = 0.5     # share of payload positions it scores
     distill: float = 0.0          # α of distillation from a teacher that read the text
@@ -134,8 +134,8 @@ def report_from_confusion(conf: np.ndarray, names: list[str]) -> dict:
 def build_model(train: PayloadDataset, bundle: EdgeBundle, base=None,
                 cfg: TrainConfig | None = None, posterior=None, denoiser=None) -> nn.Module:
     """The classifier for ``train``'s mechanism, its backbone checked against ``bundle``;
-    ``posterior`` (``models.posterior.ChannelPosterior``): channel-posterior inputs,
-    ``denoiser`` (``models.denoiser.Denoiser``): contextual ones in their place; both
+    ``posterior`` (``models.training.posterior.ChannelPosterior``): channel-posterior inputs,
+    ``denoiser`` (``models.attacks.denoiser.Denoiser``): contextual ones in their place; both
     checked against the payloads' mechanism, η and bundle."""
     cfg = cfg or TrainConfig()
     if cfg.seed is not None:  # the new head's (or MLP's) initial weights
@@ -323,14 +323,14 @@ def finetune(train: PayloadDataset, dev: PayloadDataset | None, bundle: EdgeBund
 
     ``should_stop`` is polled every step (raise :class:`TrainingCancelled`);
     ``on_progress(fraction, info)`` is called after every epoch.
-    ``dist_ctx`` (``models.distributed.init_from_env()`` under torchrun): DDP, each rank
+    ``dist_ctx`` (``models.training.distributed.init_from_env()`` under torchrun): DDP, each rank
     trains on its share of the length buckets; every rank returns the same weights.
     The dev set is sharded too (:func:`evaluate_dataset`): each rank evaluates its share
     of the batches and every rank gets the single-process figures.
     ``refresh(epoch)``: the training set of epochs 2, 3, ... (the same examples in the same
     order, privatized afresh: public text only), built in a thread during the epoch before.
     ``cfg.denoise`` reads ``train.extra["originals"]`` (the original ids of each example),
-    ``cfg.distill`` ``train.extra["teacher_probs"]`` (N, C): see ``models.objectives``.
+    ``cfg.distill`` ``train.extra["teacher_probs"]`` (N, C): see ``models.training.objectives``.
     """
     cfg = cfg or TrainConfig()
     cfg.validate()

@@ -1,0 +1,3 @@
+"""Privacy-adaptive pretraining: masked language modelling on privatized public text
+(``pretrain``, ``mlm``, ``pretrain_data``).
+"""
