@@ -25,8 +25,9 @@ from contextlib import AsyncExitStack, asynccontextmanager
 from fastapi import APIRouter, FastAPI
 from fastapi.openapi.utils import get_openapi
 
-from cloud_api import metrics, problems
+from cloud_api import logs, metrics, problems
 from cloud_api.auth import KeyRing
+from cloud_api.errors import ServiceError
 from cloud_api.home import ModelHome
 from cloud_api.limits import RateLimiter
 from cloud_api.routes import (
@@ -42,7 +43,13 @@ from cloud_api.routes import (
 )
 from cloud_api.routes.compression import CompressedTarballs
 from cloud_api.routes.middleware import ServiceMiddleware
+from cloud_api.serving.bundles import BundleStore
+from cloud_api.serving.hot_swap import ServedModels
+from cloud_api.serving.model_sync import ModelSync
 from cloud_api.settings import Settings
+from cloud_api.store.model_store import ModelStore
+from cloud_api.store.rate_limits import SharedRateLimiter
+from cloud_api.store.stored_home import StoredHome
 
 log = logging.getLogger("cloud_api")
 
@@ -76,8 +83,6 @@ async def start_basics(app: FastAPI, stack: AsyncExitStack) -> None:
 
 async def start_serving(app: FastAPI, stack: AsyncExitStack) -> None:
     """Bundles and the served models (loads every promoted version, starts batchers)."""
-    from cloud_api.serving.bundles import BundleStore
-    from cloud_api.serving.hot_swap import ServedModels
 
     app.state.bundles = BundleStore(app.state.home)
     served_models = ServedModels(app.state.settings, app.state.home, app.state.bundles)
@@ -94,11 +99,6 @@ async def start_shared_state(app: FastAPI, stack: AsyncExitStack) -> None:
     this host's cache, read once now so that serving starts with what is promoted; with
     ``PRIVBERT_RATE_LIMIT_STORE=database`` one token bucket per key for every replica."""
     import asyncio
-
-    from cloud_api.errors import ServiceError
-    from cloud_api.store.model_store import ModelStore
-    from cloud_api.store.rate_limits import SharedRateLimiter
-    from cloud_api.store.stored_home import StoredHome
 
     s: Settings = app.state.settings
     db = app.state.db
@@ -119,8 +119,6 @@ def _database_ready(db, timeout_s: float) -> Callable[[], Awaitable[tuple[bool, 
     """A readiness check: the database answers ``SELECT 1`` within ``timeout_s``."""
     import asyncio
 
-    from cloud_api.errors import ServiceError
-
     async def check() -> tuple[bool, dict]:
         try:
             await asyncio.wait_for(asyncio.to_thread(db.ping), timeout_s)
@@ -133,8 +131,6 @@ def _database_ready(db, timeout_s: float) -> Callable[[], Awaitable[tuple[bool, 
 async def start_model_sync(app: FastAPI, stack: AsyncExitStack) -> None:
     """With ``PRIVBERT_MODEL_STORE=database``: follow the store's promotions
     (``cloud_api.serving.model_sync``); ready only once they were read."""
-    from cloud_api.serving.model_sync import ModelSync
-
     s: Settings = app.state.settings
     if s.model_store != "database":
         return
@@ -195,8 +191,6 @@ def create_app(settings: Settings | None = None) -> FastAPI:
 
 def create_app_from_env() -> FastAPI:
     """uvicorn factory (``cloud_api.app:create_app_from_env``) for ``--workers N``."""
-    from cloud_api import logs
-
     settings = Settings()
     logs.configure(settings.log_level, settings.log_json)
     return create_app(settings)

@@ -29,6 +29,31 @@ import uuid
 from pathlib import Path
 
 from cloud_api.cli import PROG, fail, guarded, home_arg, settings_for
+from cloud_api.errors import ServiceError
+from cloud_api.home import check_id, is_id, write_atomically
+from cloud_api.serving.bundles import BundleStore
+from cloud_api.store.db import Database
+from cloud_api.store.stored_home import open_home
+from cloud_api.store.tasks import ensure_task
+from edge_agent.param_flags import positive_int
+from models.cli.flags import (
+    add_device_args,
+    add_mechanism_args,
+    add_recipe_args,
+    apply_policy,
+    check_device,
+    mechanism_settings,
+    posterior_table,
+    seeded_rng,
+)
+from models.cli.train import recipe_from_args
+from models.training.data import kind_of, label_names_from, read_labelled_tsv
+from models.training.privatize import build_mechanism
+from models.versions.manifest import update_manifest
+from models.versions.version_folder import CONFIG_FILE, METRICS_FILE
+from shared.accounting import summary
+from shared.bundle import EdgeBundle
+from shared.floor import WeakPrivacyError, require_privacy_floor
 from shared.mechanisms import DChiText, registry
 from shared.policy import DEFAULT_P, NO_POLICY, policy_for_new_model
 from shared.table import DEFAULT_TABLE, MATCHED_ETA, matched_eta, table_for_new_model
@@ -46,9 +71,6 @@ DEFAULT_LAYERS = 3  # of the packaged MiniLM's 6 (a --base keeps all of its laye
 
 
 def register(subparsers) -> None:
-    from edge_agent.param_flags import positive_int
-    from models.cli.flags import add_device_args, add_mechanism_args, add_recipe_args
-
     p = subparsers.add_parser(
         "bootstrap", help="export the bundle, train, register and promote a first model",
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -129,8 +151,6 @@ def _say(message: str) -> None:
 
 
 def _model_id(args) -> str:
-    from cloud_api.home import check_id, is_id
-
     if args.model_id:
         return check_id("model id", args.model_id)
     parent = Path(args.data).resolve().parent.name
@@ -138,8 +158,6 @@ def _model_id(args) -> str:
 
 
 def run(args) -> int:
-    from cloud_api.store.stored_home import open_home
-
     t0 = time.perf_counter()
     if args.limit < 0 or args.dev_limit < 0 or args.dev_draws < 0:
         return fail("--limit, --dev-limit and --dev-draws must be >= 0 (--limit 0 = the "
@@ -154,8 +172,6 @@ def run(args) -> int:
         print(f"model={model_id} version={v} (already promoted; nothing to do)")
         _declare_task(args, task, home.read_config(model_id, v))  # so records can be uploaded
         return 0
-    from models.cli.flags import apply_policy, check_device, mechanism_settings
-    from models.cli.train import recipe_from_args
 
     check_device(args)
     recipe = recipe_from_args(args, args.mechanism, raw_text=True)
@@ -184,13 +200,9 @@ def run(args) -> int:
     if weak is not None:
         return fail(weak)
 
-    from cloud_api.serving.bundles import BundleStore
-    from models.training.data import read_labelled_tsv
-
     data = read_labelled_tsv(args.data)
     rows = len(data)
     if args.label_names:  # checked before minutes of training, against the whole file
-        from models.training.data import label_names_from
 
         _renamed(label_names_from(data.labels), args.label_names)
     BundleStore(home).add(bundle)
@@ -217,8 +229,6 @@ def _default_table(args) -> bool:
 def _bundle(args):
     """The edge bundle: --bundle DIR, else the base's, exported with encoder.onnx for the
     mechanisms that read a sentence vector."""
-    from models.training.data import kind_of
-    from shared.bundle import EdgeBundle
 
     table = getattr(args, "table", None)
     if args.bundle:
@@ -232,6 +242,7 @@ def _bundle(args):
         raise ValueError(f"--table is for dchi-text; {args.mechanism} reads a sentence vector")
     import tempfile
 
+    # lazy: torch, only when bootstrap trains (the serve image has none)
     from models.export.writers import export_bundle
 
     _say("exporting the sentence encoder (encoder.onnx) into the bundle")
@@ -244,8 +255,6 @@ def _bundle(args):
 def _check_floor(args, bundle, params: dict) -> str | None:
     """None when the parameters are at or above the privacy floor (or it is waived), else
     the floor's one-line refusal."""
-    from models.training.privatize import build_mechanism
-    from shared.floor import WeakPrivacyError, require_privacy_floor
 
     mech = build_mechanism(args.mechanism, bundle, **params)
     try:
@@ -260,16 +269,11 @@ def _check_floor(args, bundle, params: dict) -> str | None:
 
 def _train_and_register(args, home, model_id: str, task: str, bundle, params: dict,
                         rows: int, t0: float, recipe) -> int:
-    from cloud_api.home import write_atomically
+    # lazy: torch, only when bootstrap trains (the serve image has none)
     from models.attacks.denoiser import Denoiser
-    from models.cli.flags import posterior_table, seeded_rng
     from models.nets.backbone import model_embeddings
-    from models.training.data import kind_of
     from models.training.experiment import train_from_tsv
     from models.training.finetune import TrainConfig
-    from models.versions.manifest import update_manifest
-    from models.versions.version_folder import CONFIG_FILE
-    from shared.accounting import summary
 
     lr = args.lr if args.lr is not None or kind_of(args.mechanism) == "vector" \
         else DEFAULT_BERT_LR
@@ -294,6 +298,7 @@ def _train_and_register(args, home, model_id: str, task: str, bundle, params: di
                                        if args.denoiser_file else None))
         fresh = _fresh_dev(args, res.model_dir, bundle)
         if (backend := settings_for(args).backend) in ("onnx", "onnx-int8"):
+            # lazy: torch, only when bootstrap trains (the serve image has none)
             from models.export.writers import export_classifier_onnx
 
             _say(f"exporting classifier.onnx and classifier.int8.onnx "
@@ -332,8 +337,6 @@ def _train_and_register(args, home, model_id: str, task: str, bundle, params: di
 def _layers(args) -> int | None:
     """--layers, else the default for the packaged MiniLM's BERT classifiers (a --base and
     the vector MLPs keep what they have)."""
-    from models.training.data import kind_of
-
     if args.layers is not None or args.base is not None or kind_of(args.mechanism) == "vector":
         return args.layers
     return DEFAULT_LAYERS
@@ -346,10 +349,8 @@ def _fresh_dev(args, model_dir: Path, bundle) -> dict | None:
         return None
     import numpy as np
 
-    from cloud_api.home import write_atomically
+    # lazy: torch, only when bootstrap trains (the serve image has none)
     from models.training.experiment import evaluate_tsv
-    from models.versions.manifest import update_manifest
-    from models.versions.version_folder import METRICS_FILE
 
     seeds = (np.random.SeedSequence(args.seed).spawn(args.dev_draws)
              if args.seed is not None else [None] * args.dev_draws)
@@ -373,9 +374,6 @@ def _fresh_dev(args, model_dir: Path, bundle) -> dict | None:
 def _declare_task(args, task: str, config: dict) -> None:
     """Declare the model's task in the record store (labels, mechanism, params, bundle), so
     that the edge can send records for it at once; a warning, not a failure, if it cannot."""
-    from cloud_api.errors import ServiceError
-    from cloud_api.store.db import Database
-    from cloud_api.store.tasks import ensure_task
 
     task = config.get("task") or task
     db = Database.from_settings(settings_for(args))

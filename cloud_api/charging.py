@@ -27,7 +27,8 @@ import asyncio
 from collections.abc import Sequence
 
 from cloud_api import metrics
-from cloud_api.errors import NotFound, Unavailable
+from cloud_api.errors import NonFiniteScores, NotFound, Overloaded, Unavailable
+from cloud_api.serving.payload_queue import ClientGone
 from cloud_api.store import budgets
 from shared import ledger
 from shared.accounting import bundle_diameter
@@ -107,9 +108,6 @@ async def price_prediction(state, key_id: str, device_id: str | None, model_id: 
 
 
 def _reason(exc: BaseException) -> str:
-    from cloud_api.errors import NonFiniteScores, Overloaded
-    from cloud_api.serving.payload_queue import ClientGone
-
     if isinstance(exc, asyncio.CancelledError):
         return "cancelled"
     if isinstance(exc, ClientGone):

@@ -22,6 +22,17 @@ import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 
+from cloud_api import logs
+from cloud_api.errors import InvalidRequest, ServiceError
+from cloud_api.home import ModelHome
+from cloud_api.serving.bundles import BundleStore
+from cloud_api.settings import Settings, settings_error
+from cloud_api.store.db import Database
+from cloud_api.store.seals import DatabaseSeals
+from cloud_api.store.stored_home import open_home
+from models.versions.version_folder import BUNDLE_DIR, INT8_FILE, ONNX_FILE, read_config
+from shared.bundle import BundleError, EdgeBundle
+
 PROG = "cloud-api"
 
 # subcommand modules, each with register(subparsers) -> None
@@ -56,9 +67,6 @@ def guarded(fn):
     as one line, exit 2."""
 
     def run(args) -> int:
-        from cloud_api.errors import ServiceError
-        from shared.bundle import BundleError
-
         try:
             return fn(args)
         except ServiceError as exc:
@@ -79,7 +87,6 @@ def settings_for(args):
     worker processes see it)."""
     if getattr(args, "home", None):
         os.environ["PRIVBERT_HOME"] = str(args.home)
-    from cloud_api.settings import Settings, settings_error
 
     try:
         return Settings()
@@ -138,11 +145,12 @@ def run_serve(args) -> int:
     if not 0 <= args.port <= 65535:
         return fail(f"--port must be in [0, 65535], got {args.port}")
     settings = settings_for(args)
-    from cloud_api import logs
+    # lazy: fastapi, only for serve (`cloud-api worker` loads no web framework)
+    from cloud_api.app import create_app
     from cloud_api.auth import KeyRing
+    from cloud_api.routes.web import check_demo
 
     KeyRing.from_settings(settings)  # refuse to start without keys: ValueError, one line
-    from cloud_api.routes.web import check_demo
 
     check_demo(settings)  # PRIVBERT_DEMO=1 without a built page: ValueError, one line
     import uvicorn
@@ -152,7 +160,6 @@ def run_serve(args) -> int:
                   timeout_graceful_shutdown=args.graceful_timeout, lifespan="on")
     with multiprocess_metrics(args.workers):
         if args.workers == 1:
-            from cloud_api.app import create_app
 
             logs.configure(settings.log_level, settings.log_json)
             uvicorn.run(create_app(settings), **common)
@@ -228,10 +235,6 @@ def _home(args):
     versions carry their manifests' digests), or on disk with the database's seal records
     when the database can be opened (the digests of sealed manifests, issue 42); else
     without them, said in one line."""
-    from cloud_api.home import ModelHome
-    from cloud_api.store.db import Database
-    from cloud_api.store.seals import DatabaseSeals
-    from cloud_api.store.stored_home import open_home
 
     s = settings_for(args)
     if s.model_store == "database":
@@ -299,8 +302,6 @@ def run_models_promote(args) -> int:
 def run_models_verify(args) -> int:
     """One line per version: ``ok``, ``sealed`` (no manifest before: verified and written)
     or ``NOT WHOLE: why``; exit 1 when a version is not whole."""
-    from cloud_api.errors import InvalidRequest
-
     home = _home(args)
     models = [args.model_id] if args.model_id else home.model_ids()
     bad = 0
@@ -330,17 +331,12 @@ def run_models_reseal(args) -> int:
 
 
 def run_models_register(args) -> int:
-    from models.versions.version_folder import read_config
-
     home = _home(args)
     cfg = read_config(args.dir)
-    from models.versions.version_folder import BUNDLE_DIR
 
     if not args.bundle and (Path(args.dir) / BUNDLE_DIR / "bundle.json").is_file():
         args.bundle = str(Path(args.dir) / BUNDLE_DIR)  # the bundle the version carries
     if args.bundle:
-        from cloud_api.serving.bundles import BundleStore
-        from shared.bundle import EdgeBundle
 
         bundle = EdgeBundle.load(args.bundle)
         if bundle.bundle_id != cfg["bundle_id"]:
@@ -354,7 +350,6 @@ def run_models_register(args) -> int:
         home.promote(args.model_id, version)
         print(f"promoted {args.model_id} {version}")
     if not args.bundle:
-        from cloud_api.serving.bundles import BundleStore
 
         if not BundleStore(home).has(cfg["bundle_id"]):
             print(f"{PROG}: warning: bundle {cfg['bundle_id'][:12]}… is not in the home: add "
@@ -366,11 +361,10 @@ def run_models_register(args) -> int:
 def _int8_for_register(folder) -> None:
     """Quantize the version's classifier.onnx (onnx-int8 backend) unless its int8 file is
     current; without the quantizer (the serve image has no ``onnx``), say so and go on."""
-    from models.versions.version_folder import INT8_FILE, ONNX_FILE
-
     if not (folder / ONNX_FILE).is_file():
         return
     try:
+        # lazy: onnx, only to build int8 (the serve image has none)
         from models.export.quantize import has_current_int8, quantize_classifier
     except ImportError as exc:
         print(f"{PROG}: warning: {INT8_FILE} not built ({exc.name} is not installed: the "

@@ -14,6 +14,7 @@ from __future__ import annotations
 import argparse
 
 from cloud_api.cli import fail, guarded, home_arg, settings_for
+from cloud_api.store.db import Database
 
 
 def register(sub) -> None:
@@ -33,8 +34,6 @@ def register(sub) -> None:
 
 
 def _database(args):
-    from cloud_api.store.db import Database
-
     settings = settings_for(args)
     if args.database_url:
         settings = settings.model_copy(update={"database_url": args.database_url})

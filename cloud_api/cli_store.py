@@ -18,6 +18,10 @@ import argparse
 import json
 
 from cloud_api.cli import fail, guarded, home_arg, settings_for
+from cloud_api.home import ModelHome
+from cloud_api.store.db import Database
+from cloud_api.store.model_store import ModelStore
+from cloud_api.store.stored_home import StoredHome, import_home
 
 
 def register(sub) -> None:
@@ -39,9 +43,6 @@ def register(sub) -> None:
 
 
 def _store(args):
-    from cloud_api.store.db import Database
-    from cloud_api.store.model_store import ModelStore
-
     settings = settings_for(args)
     if args.database_url:
         settings = settings.model_copy(update={"database_url": args.database_url})
@@ -55,9 +56,6 @@ def _store(args):
 
 
 def run_import(args) -> int:
-    from cloud_api.home import ModelHome
-    from cloud_api.store.stored_home import import_home
-
     try:
         settings, store = _store(args)
     except RuntimeError as exc:
@@ -100,8 +98,6 @@ def run_list(args) -> int:
 
 
 def run_sync(args) -> int:
-    from cloud_api.store.stored_home import StoredHome
-
     try:
         settings, store = _store(args)
     except RuntimeError as exc:

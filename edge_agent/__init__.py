@@ -11,6 +11,7 @@ __all__ = ["Privatizer"]
 
 def __getattr__(name: str):
     if name == "Privatizer":
+        # lazy: numpy: `import edge_agent` and the CLI's parser stay light
         from edge_agent.privatize.privatizer import Privatizer
 
         return Privatizer

@@ -13,11 +13,18 @@ import argparse
 import os
 import sys
 
-from edge_agent.cli_args import Parser, add_bundle_args, server_options
+from edge_agent.budget import cli as cli_budget
+from edge_agent.cli_args import LazyChoices, Parser, add_bundle_args, server_options
 from edge_agent.errors import PROG, BudgetRefused, CliError, UsageError, info, one_line, warn
 from edge_agent.param_flags import add_attack_flags
+from edge_agent.privatize import cli as cli_privatize
 from edge_agent.privatize.options import DEFAULT_MECHANISM
+from edge_agent.report import build_report, format_report, plot_report
+from edge_agent.service.bundle_cache import bundle_for_model, fetch_bundle
 from edge_agent.service.connect import make_client, resolve_bundle
+from shared.bundle import BundleError, EdgeBundle
+from shared.mechanisms.registry import dchi_names
+from shared.trust import trust
 
 
 # -- parser -----------------------------------------------------------------------------------
@@ -30,8 +37,6 @@ def _usage(parser: argparse.ArgumentParser):
 
 
 def _report_mechanisms() -> tuple[str, ...]:
-    from shared.mechanisms.registry import dchi_names
-
     return dchi_names()
 
 
@@ -39,10 +44,6 @@ def build_parser() -> argparse.ArgumentParser:
     parser = Parser(prog=PROG, description="privbert on the device: privatize text, post only "
                      "privatized payloads, choose eta with a privacy report")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=Parser)
-
-    from edge_agent.budget import cli as cli_budget
-    from edge_agent.cli_args import LazyChoices
-    from edge_agent.privatize import cli as cli_privatize
 
     cli_privatize.register(sub)
     cli_budget.register(sub)
@@ -97,8 +98,6 @@ def run_report(args) -> int:
 
     import numpy as np
 
-    from edge_agent.report import build_report, format_report
-
     if args.eta is not None and not (math.isfinite(args.eta) and args.eta > 0):
         raise UsageError(f"--eta must be a finite number > 0, got {args.eta}")
     if args.target_inversion is not None and not 0 <= args.target_inversion <= 1:
@@ -123,7 +122,6 @@ def run_report(args) -> int:
     texts = read_sample(args.sample) if args.sample else None
     opts = server_options(args)
     bundle, _ = resolve_bundle(opts)
-    from shared.trust import trust
 
     info(trust(bundle.bundle_id, opts.trusted_bundles).note())  # what the report is about
     rng = np.random.default_rng(args.seed)
@@ -140,7 +138,6 @@ def run_report(args) -> int:
         warn(f"no eta reaches inversion accuracy {rep.target:g} within 0.01 on this sample "
              f"(closest: {rep.inversion_accuracy:.4f} at eta={rep.eta:.4g})")
     if args.plot:
-        from edge_agent.report import plot_report
 
         plot_report(rep, args.plot)
         info(f"figures written to {args.plot}")
@@ -188,8 +185,6 @@ def read_sample(path: str) -> list[str]:
 
 
 def run_bundle_fetch(args) -> int:
-    from edge_agent.service.bundle_cache import bundle_for_model, fetch_bundle
-
     with make_client(server_options(args)) as client:
         if args.id:
             if args.model:
@@ -206,8 +201,6 @@ def run_bundle_fetch(args) -> int:
 def run_bundle_info(args) -> int:
     import json
     from pathlib import Path
-
-    from shared.bundle import EdgeBundle
 
     p = Path(args.dir)
     if not p.exists():
@@ -260,8 +253,6 @@ def main(argv: list[str] | None = None) -> int:
 def describe(exc: Exception) -> str:
     """One line for a run-time failure. Never the input's text: decoding errors and
     validation errors (which carry the offending value) are described, not printed."""
-    from shared.bundle import BundleError
-
     if isinstance(exc, (CliError, BundleError)):
         return one_line(exc)
     if isinstance(exc, UnicodeError):

@@ -10,6 +10,8 @@ from collections.abc import Callable, Iterator, Sequence
 
 from edge_agent.errors import PROG
 from edge_agent.service.connect import ServerOptions
+from edge_agent.service.known_bundles import refuse_unverified_from_env
+from edge_agent.service.pins import parse_ids, trusted_from_env
 
 
 class Parser(argparse.ArgumentParser):
@@ -79,8 +81,6 @@ def add_ledger_arg(p: argparse.ArgumentParser) -> None:
 
 def server_options(args: argparse.Namespace) -> ServerOptions:
     """The bundle and server flags of ``args``."""
-    from edge_agent.service.known_bundles import refuse_unverified_from_env
-    from edge_agent.service.pins import parse_ids, trusted_from_env
 
     trusted = getattr(args, "trusted_bundles", None)
     refuse = getattr(args, "refuse_unverified", None)

@@ -49,6 +49,7 @@ def entries() -> tuple[dict, ...]:
     """Each mechanism's spec: the built-in ones, then those of installed plugins."""
     own = list(spec()["mechanisms"])
     if _has_plugins():
+        # lazy: numpy, only when a plugin is installed (the parser stays light)
         from shared.mechanisms import registry
         from shared.spec import mechanism_entry
 

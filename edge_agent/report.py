@@ -27,9 +27,11 @@ from typing import cast
 
 import numpy as np
 
+from shared.accounting import summary
 from shared.bundle import EdgeBundle
 from shared.floor import THRESHOLD, dchi_floor
 from shared.mechanisms import DChiText, registry, sample_dchi_noise
+from shared.mechanisms.nearest import kth_neighbour_distances
 from shared.recovery import TokenClasses, token_classes
 
 PAPER_ETAS = (50, 75, 100, 125, 150, 175)  # Qu et al. Table 3, BERT-base (n = 768)
@@ -301,8 +303,6 @@ def build_report(bundle: EdgeBundle, mechanism: str, *, eta: float | None = None
 def embedding_geometry(bundle: EdgeBundle, rng: np.random.Generator, etas: list[float],
                        rows: int = 500) -> dict:
     """Qu et al. Fig. 3: mean distance to the k-th nearest token, and n/η for each η."""
-    from shared.mechanisms.nearest import kth_neighbour_distances
-
     table = bundle.table[bundle.regular_ids]
     ks = tuple(k for k in GEOMETRY_KS if k < table.shape[0])
     sample = rng.choice(table.shape[0], size=min(rows, table.shape[0]), replace=False)
@@ -321,8 +321,6 @@ CONTEXTUAL_NOTE = (
 
 def format_report(r: PrivacyReport) -> str:
     """The report as plain text."""
-    from shared.accounting import summary
-
     st = r.summary_stats()
     lines = [
         f"privacy report: {r.mechanism}, eta={r.eta:.4g} (bundle {r.bundle_id[:12]}…, "

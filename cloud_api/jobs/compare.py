@@ -17,8 +17,11 @@ import sys
 import threading
 import time
 
+from cloud_api.home import ModelHome
 from cloud_api.jobs.files import EXIT_CANCELLED, AttemptFiles, ProgressWriter, write_json_atomically
+from cloud_api.jobs.retrain import load_snapshot, split_rows
 from cloud_api.jobs.run import EXIT_FAILED, describe, start_child
+from cloud_api.settings import Settings
 
 log = logging.getLogger("cloud_api.jobs.compare")
 
@@ -26,9 +29,6 @@ log = logging.getLogger("cloud_api.jobs.compare")
 def measure(job: dict, version: str) -> dict:
     """VERSION's accuracy on the job's test rows (the database and ``$PRIVBERT_HOME`` of
     the environment, as for ``jobs.run``)."""
-    from cloud_api.home import ModelHome
-    from cloud_api.jobs.retrain import load_snapshot, split_rows
-    from cloud_api.settings import Settings
 
     settings = Settings()
     spec = job["spec"]
@@ -36,6 +36,7 @@ def measure(job: dict, version: str) -> dict:
     test = split_rows(rows)["test"]
     if not test:
         raise ValueError(f"no test records up to id {watermark}")
+    # lazy: torch, in the job's child process only (the worker has none)
     from models.training.experiment import evaluate_records
 
     path = ModelHome(settings.home).version_dir(spec["model_id"], version)

@@ -10,6 +10,7 @@ from __future__ import annotations
 import logging
 
 from cloud_api.jobs.files import AttemptFiles, ProgressWriter
+from cloud_api.settings import Settings
 
 log = logging.getLogger("cloud_api.jobs.pretrain")
 
@@ -18,6 +19,7 @@ def corpus_paths(settings) -> list:
     """The public corpus files of pretraining jobs."""
     if settings.pretrain_corpus is not None:
         return [settings.pretrain_corpus]
+    # lazy: torch, in the job's child process only (the worker has none)
     from models.pretraining.pretrain_data import DATA
 
     return [DATA / "corpus" / "agnews.txt"]
@@ -25,7 +27,7 @@ def corpus_paths(settings) -> list:
 
 def run(job: dict, files: AttemptFiles, dist_ctx=None) -> dict | None:
     """Pretrain into ``files.output``; returns the result (None off rank 0)."""
-    from cloud_api.settings import Settings
+    # lazy: torch, in the job's child process only (the worker has none)
     from models.pretraining.pretrain import pretrain
 
     settings = Settings()

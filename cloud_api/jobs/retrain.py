@@ -26,8 +26,16 @@ import math
 from collections.abc import Iterable, Sequence
 from pathlib import Path
 
+from cloud_api.home import ModelHome
 from cloud_api.jobs.files import AttemptFiles, ProgressWriter, write_json_atomically
-from models.versions.manifest import update_manifest
+from cloud_api.serving.bundles import BundleStore
+from cloud_api.settings import Settings
+from cloud_api.store.db import Database
+from cloud_api.store.snapshot import snapshot
+from cloud_api.store.tasks import get_task
+from models.training.posterior import ChannelPosterior
+from models.training.recipe import Recipe
+from models.versions.manifest import update_manifest, verify_folder
 
 log = logging.getLogger("cloud_api.jobs.retrain")
 
@@ -80,9 +88,6 @@ def promotion_decision(requested: bool, new_acc: float | None, current_version: 
 def load_snapshot(settings, task_name: str, watermark: int | None):
     """(task, [(id, record)], watermark) from the database (rank 0 only; also the worker's
     comparison child, ``jobs/compare.py``)."""
-    from cloud_api.store.db import Database
-    from cloud_api.store.snapshot import snapshot
-    from cloud_api.store.tasks import get_task
 
     db = Database.from_settings(settings)
     try:
@@ -95,8 +100,6 @@ def load_snapshot(settings, task_name: str, watermark: int | None):
 
 def run(job: dict, files: AttemptFiles, dist_ctx=None) -> dict | None:
     """Train the new version into ``files.output``; returns the result (None off rank 0)."""
-    from cloud_api.home import ModelHome
-    from cloud_api.settings import Settings
 
     settings = Settings()
     home = ModelHome(settings.home)
@@ -106,6 +109,7 @@ def run(job: dict, files: AttemptFiles, dist_ctx=None) -> dict | None:
     progress.update(force=True, phase="loading records")
     loaded = load_snapshot(settings, spec["task"], job.get("watermark")) if main else None
     if dist_ctx is not None:
+        # lazy: torch, in the job's child process only (the worker has none)
         from models.training import distributed
 
         loaded = distributed.broadcast_object(loaded, dist_ctx)
@@ -119,6 +123,7 @@ def run(job: dict, files: AttemptFiles, dist_ctx=None) -> dict | None:
         raise ValueError(f"task {task.name} has no training records up to id {watermark} "
                          "(erased since the job was submitted?)")
     # torch from here on (a job that fails above never pays for importing it)
+    # lazy: torch, in the job's child process only (the worker has none)
     from models.training.experiment import evaluate_records, train_from_records
     from models.training.finetune import TrainConfig, TrainingCancelled
 
@@ -138,13 +143,11 @@ def run(job: dict, files: AttemptFiles, dist_ctx=None) -> dict | None:
         progress.update(force=True, epoch=info["epoch"], loss=info["train_loss"],
                         dev_accuracy=info.get("dev_accuracy"))
 
-    from models.training.posterior import ChannelPosterior
-    from models.training.recipe import Recipe
-
     table = (ChannelPosterior.load(spec["posterior_path"]) if spec.get("posterior_path")
              else None)
     denoiser = None
     if spec.get("denoiser_path"):
+        # lazy: torch, in the job's child process only (the worker has none)
         from models.attacks.denoiser import Denoiser
         from models.nets.backbone import model_embeddings
 
@@ -162,6 +165,7 @@ def run(job: dict, files: AttemptFiles, dist_ctx=None) -> dict | None:
     if files.cancelled():
         raise TrainingCancelled("cancelled after training")
     if settings.backend in ("onnx", "onnx-int8"):  # what the serve image serves
+        # lazy: torch, in the job's child process only (the worker has none)
         from models.export.writers import export_classifier_onnx
 
         progress.update(force=True, phase="exporting classifier.onnx and its int8 version")
@@ -202,8 +206,6 @@ def read_whole(spec: dict) -> None:
     """Every folder the job reads (its base, the promoted version whose posterior or
     denoiser it reads) verified whole before it is read (``models.versions.manifest``), as when it
     was submitted: a file changed since is refused in one line, never copied forward."""
-    from models.versions.manifest import verify_folder
-
     folders = {Path(p).parent for p in (spec.get("posterior_path"), spec.get("denoiser_path"))
                if p}
     if spec.get("base_path"):
@@ -213,8 +215,6 @@ def read_whole(spec: dict) -> None:
 
 
 def _bundle(home, bundle_id: str):
-    from cloud_api.serving.bundles import BundleStore
-
     return BundleStore(home).get(bundle_id)
 
 

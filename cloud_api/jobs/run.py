@@ -23,18 +23,20 @@ import time
 import traceback
 from pathlib import Path
 
+from cloud_api.errors import ServiceError
+from cloud_api.jobs import pretrain, retrain
 from cloud_api.jobs.files import EXIT_CANCELLED, AttemptFiles
+from cloud_api.settings import Settings
 
 EXIT_FAILED, EXIT_ORPHANED = 1, 4
 PARENT_ENV = "PRIVBERT_JOB_PARENT_PID"
+TASKS = {"retrain": retrain, "pretrain": pretrain}  # a job's kind -> the module that runs it
 log = logging.getLogger("cloud_api.jobs.run")
 
 
 def describe(exc: BaseException) -> str:
     """One line about an error, never with input values (pydantic errors without input)."""
     from pydantic import ValidationError
-
-    from cloud_api.errors import ServiceError
 
     if isinstance(exc, ValidationError):
         errs = exc.errors(include_input=False, include_url=False)
@@ -98,18 +100,15 @@ def main(argv: list[str] | None = None) -> int:
     ctx = None
     finished = False  # every rank reached the end: they may meet at one last barrier
     try:
-        if int(os.environ.get("WORLD_SIZE", "1")) > 1:  # torch only when needed: a job
-            from cloud_api.settings import Settings  # that fails early fails in a second
+        if int(os.environ.get("WORLD_SIZE", "1")) > 1:  # torch only when distributed
+            # lazy: torch, only for a distributed job
             from models.training import distributed
 
             ctx = distributed.init_from_env(Settings().device)
         log.info("job %s (%s), attempt %s%s", job["job_id"], job["kind"], job["attempt"],
                  f", DDP {ctx.world_size} processes ({ctx.backend})" if ctx else "")
-        if job["kind"] == "retrain":
-            from cloud_api.jobs import retrain as task
-        elif job["kind"] == "pretrain":
-            from cloud_api.jobs import pretrain as task
-        else:
+        task = TASKS.get(job["kind"])
+        if task is None:
             raise ValueError(f"unknown job kind {job['kind']!r}")
         result = task.run(job, files, ctx)
         if result is not None:
@@ -130,6 +129,7 @@ def main(argv: list[str] | None = None) -> int:
         return EXIT_CANCELLED if files.cancelled() else EXIT_FAILED
     finally:
         if ctx is not None:
+            # lazy: torch, only for a distributed job
             from models.training import distributed
 
             distributed.close(ctx, wait_for_peers=finished)

@@ -21,6 +21,7 @@ from sqlalchemy import func, select
 from cloud_api.errors import Conflict, InvalidRequest, NotFound, Unavailable
 from cloud_api.home import ModelHome, is_id
 from cloud_api.jobs import queue
+from cloud_api.jobs.pretrain import corpus_paths
 from cloud_api.jobs.requests import PretrainRequest, RecipeRequest, RetrainRequest
 from cloud_api.jobs.states import JobKind
 from cloud_api.settings import Settings
@@ -34,8 +35,15 @@ from cloud_api.store.tasks import (
     get_task,
     privacy_floor_refusal,
 )
+from models.training.posterior import (
+    POSTERIOR_FILE,  # numpy only
+    ChannelPosterior,
+)
+from models.training.recipe import RAW_TEXT_LEVERS
 from models.versions.manifest import IntegrityError, verify_folder
-from shared.mechanisms.registry import differing_params, mechanisms
+from models.versions.version_folder import DENOISER_FILE, check_denoiser_meta, denoiser_header
+from shared.bundle import EdgeBundle
+from shared.mechanisms.registry import dchi_names, differing_params, mechanisms, substituting_names
 
 VECTOR_MECHANISMS = tuple(c.name for c in mechanisms() if not c.payload_kind.reads_tokens)
 
@@ -68,8 +76,6 @@ def _retrain_denoiser(home: ModelHome, task: Task, req: RetrainRequest,
                       current: str | None) -> str | None:
     """The denoiser the job reads (the promoted version's ``denoiser.safetensors``), or None;
     InvalidRequest when one is asked for and none fits (training one needs public text)."""
-    from models.versions.version_folder import DENOISER_FILE, check_denoiser_meta, denoiser_header
-    from shared.mechanisms.registry import substituting_names
 
     asked = (req.recipe or RecipeRequest()).denoiser
     if asked is False:
@@ -103,9 +109,6 @@ def _retrain_posterior(home: ModelHome, task: Task, req: RetrainRequest,
                        current: str | None) -> str | None:
     """The posterior table the job reads (the promoted version's ``posterior.npz``), or None;
     InvalidRequest for a lever that needs raw text, or a posterior asked for but absent."""
-    from models.training.posterior import POSTERIOR_FILE  # numpy only
-    from models.training.recipe import RAW_TEXT_LEVERS
-    from shared.mechanisms.registry import dchi_names
 
     r = req.recipe or RecipeRequest()
     asked = [name for name in RAW_TEXT_LEVERS if getattr(r, name)]
@@ -128,7 +131,6 @@ def _retrain_posterior(home: ModelHome, task: Task, req: RetrainRequest,
             raise InvalidRequest(f"recipe.posterior: model {req.model_id} has no promoted "
                                  "version with a posterior table (posterior.npz) to read")
         return None
-    from models.training.posterior import ChannelPosterior
 
     try:
         ChannelPosterior.load(path).check_for(task.mechanism, task.params, task.bundle_id)
@@ -244,7 +246,6 @@ def base_info(path: Path) -> dict:
     key = (str(path), (path / "config.json").stat().st_mtime)
     with _BASE_LOCK:
         if key not in _BASE_IDS:
-            from shared.bundle import EdgeBundle
 
             try:
                 _BASE_IDS[key] = EdgeBundle.from_model(path).bundle_id
@@ -267,13 +268,11 @@ def check_pretrain(db: Database, home: ModelHome, settings: Settings,
         raise Conflict(f"job {holder.id} ({holder.state}) already pretrains a base named "
                        f"{req.name!r}")
     base_path = str(_existing_base(home, req.base)) if req.base else None
-    from shared.bundle import EdgeBundle
 
     # the same floor as a task declaration's: a base adapted to an η no task may use
     # serves nothing (422 weak-privacy unless PRIVBERT_ALLOW_WEAK_PRIVACY)
     privacy_floor_refusal(req.mechanism, params, EdgeBundle.from_model(base_path),
                           settings.allow_weak_privacy)
-    from cloud_api.jobs.pretrain import corpus_paths
 
     missing = [str(p) for p in corpus_paths(settings) if not Path(p).is_file()]
     if missing:

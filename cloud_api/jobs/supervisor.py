@@ -54,6 +54,7 @@ from cloud_api.jobs.states import AttemptEnd, JobState
 from cloud_api.jobs.table import Job
 from cloud_api.settings import Settings
 from cloud_api.store.db import Database
+from cloud_api.store.seals import DatabaseSeals
 
 log = logging.getLogger("cloud_api.worker")
 
@@ -70,7 +71,6 @@ class Worker:
         self.settings, self.db = settings, db
         self.home = home if isinstance(home, ModelHome) else ModelHome(home)
         if self.home.seals is None:  # the versions it publishes: their digests recorded
-            from cloud_api.store.seals import DatabaseSeals
 
             self.home.seals = DatabaseSeals(db)
         self.id = worker_id or default_worker_id()

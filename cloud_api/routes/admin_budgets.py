@@ -21,6 +21,7 @@ from cloud_api.auth import AdminCaller
 from cloud_api.problems import responses
 from cloud_api.routes.common import database, json_response
 from cloud_api.store import budget_admin, budgets
+from cloud_api.store.charge_writer import ChargeWriter
 
 router = APIRouter(prefix="/admin", tags=["admin"])
 KeyIdPath = Annotated[str, Path(description="the key's short id (as stored with its records)",
@@ -96,7 +97,5 @@ async def reset(key_id: KeyIdPath, request: Request, caller: AdminCaller) -> Res
 
 async def start_charges(app, stack) -> None:
     """Lifespan step (after the store): the group-commit writer of prediction charges."""
-    from cloud_api.store.charge_writer import ChargeWriter
-
     app.state.charges = ChargeWriter(app.state.db)
     stack.callback(app.state.charges.close)

@@ -21,6 +21,7 @@ from cloud_api.jobs import queue
 from cloud_api.jobs.requests import PretrainRequest, RetrainRequest
 from cloud_api.jobs.specs import check_retrain, submit_pretrain
 from cloud_api.jobs.states import JobKind
+from cloud_api.jobs.supervisor import Worker
 from cloud_api.problems import responses
 from cloud_api.routes.common import database, json_response
 
@@ -148,7 +149,6 @@ async def start_worker(app, stack) -> None:
     app.state.worker = None
     if not s.worker_in_serve or getattr(app.state, "db", None) is None:
         return
-    from cloud_api.jobs.supervisor import Worker
 
     worker = Worker(s, app.state.db, app.state.home)
     worker.start()

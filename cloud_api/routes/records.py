@@ -28,6 +28,8 @@ from cloud_api.routes.common import database, json_response
 from cloud_api.serving.checks import PayloadChecker
 from cloud_api.store import budgets
 from cloud_api.store import records as store
+from cloud_api.store.db import Database
+from cloud_api.store.seals import DatabaseSeals
 from cloud_api.store.tasks import Mechanism, TaskName, get_task
 from shared.arrays import Limits
 from shared.payload import Record
@@ -156,12 +158,9 @@ async def start_store(app, stack) -> None:
     the server refuses to start if it is behind); its connections closed at shutdown. A
     database that cannot be reached at start is logged; record routes answer 503 until it
     can, and so do predictions (each one is charged to its key's privacy budget ledger)."""
-    from cloud_api.store.db import Database
-
     db = Database.from_settings(app.state.settings)
     stack.callback(db.dispose)
     await run_in_threadpool(db.prepare)
     app.state.db = db
-    from cloud_api.store.seals import DatabaseSeals
 
     app.state.home.seals = DatabaseSeals(db)  # the sealed manifests' digests (issue 42)

@@ -32,6 +32,17 @@ from typing import Protocol
 import numpy as np
 
 from cloud_api.settings import Settings
+from models.export.onnx_classifier import Int8Refused, OnnxClassifier
+from models.training.data import collate_payloads, example_payload_arrays
+from models.versions.version_folder import (
+    DENOISER_FILE,
+    INT8_FILE,
+    METRICS_FILE,
+    ONNX_FILE,
+    read_config,
+)
+from shared.mechanisms import registry
+from shared.payload import make_payload
 
 log = logging.getLogger(__name__)
 
@@ -62,8 +73,6 @@ def _softmax(z: np.ndarray) -> np.ndarray:
 
 
 def _collate(config: dict, payloads: Sequence, as_numpy: bool = False) -> dict:
-    from models.training.data import collate_payloads
-
     return collate_payloads(payloads, config, as_numpy=as_numpy)
 
 
@@ -79,9 +88,6 @@ def warm_up(backend) -> None:
 
 def warmup_payloads(config: dict, n: int = 2) -> list:
     """Small valid payloads for ``config``'s model (random contents; never user data)."""
-    from models.training.data import example_payload_arrays
-    from shared.mechanisms import registry
-    from shared.payload import make_payload
 
     rng = np.random.default_rng(0)
     arrays, segments = example_payload_arrays(config, rng, n)
@@ -103,6 +109,7 @@ class TorchBackend:
     overhead_tokens = 32.0  # MiniLM, one thread (python -m bench.serve --padding)
 
     def __init__(self, path: str | os.PathLike, settings: Settings):
+        # lazy: torch, only for the torch backend (the serve image has none)
         import torch
 
         from models.nets.backbone import autocast_dtype, pick_device
@@ -158,15 +165,6 @@ class OnnxBackend:
     its ``classifier.int8.onnx``; CPU)."""
 
     def __init__(self, path: str | os.PathLike, settings: Settings, int8: bool = False):
-        from models.export.onnx_classifier import Int8Refused, OnnxClassifier
-        from models.versions.version_folder import (
-            DENOISER_FILE,
-            INT8_FILE,
-            METRICS_FILE,
-            ONNX_FILE,
-            read_config,
-        )
-
         self.path = Path(path)
         self.name = "onnx-int8" if int8 else "onnx"
         self.overhead_tokens = 6.0 if int8 else 8.0  # MiniLM, one thread (--padding)
@@ -238,8 +236,6 @@ def _fastest(path: Path, settings: Settings) -> Backend:
     keeps the accuracy (int8 against fp32: ``bench/int8.py``): torch on a GPU; else the
     version's int8 file where this CPU computes it exactly; else its fp32
     ``classifier.onnx``; else torch on the CPU."""
-    from models.versions.version_folder import INT8_FILE, ONNX_FILE
-
     if settings.wants_gpu() and (path / "model.safetensors").is_file():
         return TorchBackend(path, settings)
     if (path / INT8_FILE).is_file():

@@ -24,6 +24,8 @@ from cloud_api.serving.bundles import BundleStore
 from cloud_api.serving.checks import PayloadChecker
 from cloud_api.settings import Settings
 from models.versions.manifest import verify_folder
+from models.versions.version_folder import read_config
+from shared.bundle import BundleError, EdgeBundle
 from shared.mechanisms import registry as mechanisms
 
 log = logging.getLogger(__name__)
@@ -62,8 +64,6 @@ def load_version(settings: Settings, home: ModelHome, bundles: BundleStore, mode
                  version: str) -> Served:
     """``version`` of ``model_id`` loaded and warmed, without a batcher yet; BackendError
     when its folder or mechanism cannot be served here."""
-    from models.versions.version_folder import read_config
-
     path = home.version_dir(model_id, version)
     try:  # against its manifest, and the manifest against the digest recorded at sealing
         verified = home.verify(model_id, version, seal_missing=False)
@@ -114,7 +114,6 @@ def bundle_for(bundles: BundleStore, config: dict):
         return None
     base = config.get("base_model")
     if base and base != "default MiniLM-L6-H384":
-        from shared.bundle import BundleError, EdgeBundle
 
         try:
             if Path(base).is_dir():

@@ -40,6 +40,7 @@ from cloud_api.store.tables import (
     stored_files,
 )
 from models.versions.manifest import MANIFEST_FILE, IntegrityError, folder_files, verify_folder
+from shared.bundle import EdgeBundle
 
 CHUNK = 4 << 20  # bytes per stored_files row
 
@@ -242,8 +243,6 @@ class ModelStore:
     def put_bundle(self, bundle_id: str, folder: str | os.PathLike) -> bool:
         """Store a bundle folder (checked against its id first: ``shared.bundle``); False
         when the store has it already."""
-        from shared.bundle import EdgeBundle
-
         root = Path(folder)
         EdgeBundle.load(root, expected_id=bundle_id)  # ValueError-like if it is not whole
         names = list(folder_files(root))
@@ -264,8 +263,6 @@ class ModelStore:
     def fetch_bundle(self, bundle_id: str, dest: str | os.PathLike) -> None:
         """Write a stored bundle into the empty folder ``dest``, checked against its id
         (StoreIntegrityError otherwise); NotFound when the store has none."""
-        from shared.bundle import EdgeBundle
-
         if not self.has_bundle(bundle_id):
             raise NotFound(f"no bundle {bundle_id[:12]}… in the store")
         self._get_files(bundle_folder(bundle_id), Path(dest))

@@ -6,8 +6,10 @@ import argparse
 import json
 import math
 
+from edge_agent.budget.ledger import DeviceLedger
 from edge_agent.cli_args import add_ledger_arg
 from edge_agent.errors import UsageError
+from shared.conventions import fmt_eps as fmt
 
 PER_DAY_NOTE = ("a daily cap is not a lifetime bound: over d days the device may spend up to "
                 "d times it; only --cap bounds everything it ever sends")
@@ -49,8 +51,6 @@ def parse_cap(flag: str, text: str | None) -> float | None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from edge_agent.budget.ledger import DeviceLedger
-
     changes = [(name, parse_cap(flag, text)) for name, flag, text in
                (("cap", "--cap", args.cap), ("per_day", "--per-day", args.per_day))
                if text is not None]
@@ -67,8 +67,6 @@ def run(args: argparse.Namespace) -> int:
 
 
 def format_status(st) -> str:
-    from shared.conventions import fmt_eps as fmt
-
     lines = [f"ledger: {st.path}", f"{'family':<22}{'worst-case eps':>16}{'sends':>9}  detail"]
     for name, f in sorted(st.spend.families.items()):
         detail = ""

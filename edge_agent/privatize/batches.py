@@ -6,7 +6,9 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+from edge_agent.privatize.lines import InputError
 from edge_agent.privatize.options import PrivatizeOptions
+from edge_agent.privatize.privatizer import TextError
 
 
 @dataclass
@@ -27,8 +29,6 @@ class Prepared:
 
 def tokenized(opts: PrivatizeOptions, priv, reader, batch) -> Prepared:
     """Check a batch's lines and tokenize them (the input policies of ``opts.input``)."""
-    from edge_agent.privatize.lines import InputError
-    from edge_agent.privatize.privatizer import TextError
 
     m, policy = opts.mechanism, opts.input
     num_labels = m.num_labels or 2

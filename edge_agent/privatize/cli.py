@@ -23,6 +23,7 @@ from edge_agent.privatize.options import (
     mechanisms,
     options_of,
 )
+from edge_agent.privatize.run import run as run_privatize
 from edge_agent.privatize.texthide_key import KEY_ENV, MAKE_ONE
 
 EPILOG = """\
@@ -119,6 +120,4 @@ def options(args: argparse.Namespace) -> PrivatizeOptions:
 
 
 def run(args: argparse.Namespace) -> int:
-    from edge_agent.privatize.run import run as run_privatize
-
     return run_privatize(options(args))

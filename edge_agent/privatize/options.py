@@ -16,6 +16,7 @@ from edge_agent import mechanism_spec as mspec
 from edge_agent.errors import UsageError, warn
 from edge_agent.privatize.texthide_key import resolve_key
 from edge_agent.service.connect import ServerOptions
+from shared.mechanisms import registry
 
 DEFAULT_MECHANISM = "dchi-text"
 
@@ -111,8 +112,6 @@ class MechanismOptions:
     @property
     def mixes(self) -> bool:
         """TextHide with k > 1: records mix k inputs and their labels."""
-        from shared.mechanisms import registry
-
         return registry.get(self.name).mixes_inputs(self.params())
 
     @property

@@ -23,6 +23,11 @@ from typing import TYPE_CHECKING, Any, cast
 
 import numpy as np
 
+from edge_agent.privatize.encoder import SentenceEncoder
+from edge_agent.privatize.record_lines import token_rows
+from edge_agent.service.known_bundles import text_floor
+from edge_agent.service.pins import trusted_from_env
+from shared.floor import WeakPrivacyError, require_privacy_floor
 from shared.mechanisms.registry import as_mechanism
 from shared.payload import Record, make_payload, make_payloads
 from shared.policy import public_masks
@@ -138,7 +143,6 @@ class Privatizer:
         limit = bundle.max_length
         if not self.tokens:
             if encoder is None:
-                from edge_agent.privatize.encoder import SentenceEncoder
 
                 encoder = SentenceEncoder.from_bundle(bundle)
             self.encoder = encoder
@@ -148,7 +152,6 @@ class Privatizer:
             if dim is not None and out_dim is not None and dim != out_dim:
                 raise ValueError(f"{name} was built for dim={dim} but the encoder returns "
                                  f"{out_dim} values")
-        from shared.floor import require_privacy_floor
 
         vec_dim = getattr(self.encoder, "output_dim", None) if self.encoder is not None else None
         mechanism.check_computable(bundle, dim=vec_dim, float_dtype=float_dtype)
@@ -169,9 +172,6 @@ class Privatizer:
     def _text_floor(self, trusted: frozenset[str] | None, allow_weak: bool):
         """The bundle's trust (issue 42); an unverified bundle's text floor, refused as the
         privacy floor is (``WeakPrivacyError`` unless ``allow_weak``)."""
-        from edge_agent.service.known_bundles import text_floor
-        from edge_agent.service.pins import trusted_from_env
-        from shared.floor import WeakPrivacyError
 
         t, reason = text_floor(self.bundle, self.mechanism,
                                trusted_from_env() if trusted is None else trusted)
@@ -314,8 +314,6 @@ class Privatizer:
     def token_rows(self, items: list[TokenizedText], data: np.ndarray, labels: list | None):
         """``edge_agent.privatize.record_lines.TokenRows`` (payload JSONs and labels) around
         :meth:`privatize_data`'s output for a token mechanism."""
-        from edge_agent.privatize.record_lines import token_rows
-
         return token_rows(self.name, self.params, self.bundle.bundle_id, data,
                           [it.n_tokens for it in items], [it.segments for it in items],
                           labels, float_dtype=self.float_dtype)

@@ -19,9 +19,13 @@ from edge_agent.errors import BudgetRefused, CliError, UsageError, info, warn
 from edge_agent.privatize.batches import Prepared, privatized, tokenized
 from edge_agent.privatize.charging import RunBudget
 from edge_agent.privatize.files import Output, open_input, refuse_output_on_input
+from edge_agent.privatize.lines import LineReader
 from edge_agent.privatize.options import PrivatizeOptions
+from edge_agent.privatize.pipeline import ahead
 from edge_agent.privatize.run_setup import check_model, make_privatizer
 from edge_agent.service.connect import make_client, resolve_bundle
+from shared.accounting import summary
+from shared.payload import parse_payload
 
 
 def run(opts: PrivatizeOptions) -> int:
@@ -51,9 +55,6 @@ def _second_pass(opts: PrivatizeOptions, stream, size: int | None):
 
 def _run(opts: PrivatizeOptions, stream, size, out: Output | None, t0: float) -> int:
     import numpy as np
-
-    from edge_agent.privatize.lines import LineReader
-    from shared.accounting import summary
 
     m = opts.mechanism
     client = make_client(opts.server, opts.post.batch) if opts.server.server else None
@@ -113,8 +114,6 @@ def _run(opts: PrivatizeOptions, stream, size, out: Output | None, t0: float) ->
 
 def _stream(opts, priv, client, budget, model_id, stream, size, out, rng, minimum):
     """Read, privatize, charge and write (or post) every batch; the counts for the summary."""
-    from edge_agent.privatize.lines import LineReader
-    from edge_agent.privatize.pipeline import ahead
 
     t0 = time.perf_counter()
     bar = None
@@ -223,6 +222,7 @@ def _emit(opts, priv, client, budget: RunBudget, model_id, ready: Prepared) -> l
     labels = labels if labels is not None else [None] * len(sent)
     lines = ready.lines
     if opts.post.mode:
+        # lazy: httpx, only when posting
         from edge_agent.service.client import ApiError
 
         def out(answers: list, key: str | None) -> list[bytes]:
@@ -239,7 +239,6 @@ def _emit(opts, priv, client, budget: RunBudget, model_id, ready: Prepared) -> l
             raise _PostFailed(exc, out(exc.partial, key)) from None
         return out(answers, key)
     if opts.format == "text":
-        from shared.payload import parse_payload
 
         return [_as_text(priv, p if j is f else parse_payload(j), ln).encode("utf-8")
                 for p, f, j, ln in zip(payloads, fresh, sent, lines, strict=True)]

@@ -7,14 +7,15 @@ import json
 
 from edge_agent.errors import CliError, UsageError, warn
 from edge_agent.privatize.options import MechanismOptions, PrivatizeOptions
+from edge_agent.privatize.privatizer import Privatizer
+from shared.floor import WeakPrivacyError
+from shared.mechanisms import registry
 
 
 def mechanism_for(m: MechanismOptions, bundle):
     """The shared.mechanisms object for the options, from the one factory
     (``shared.mechanisms.create``); ValueError names a bad parameter, UsageError a bundle
     without the encoder a vector mechanism needs."""
-    from shared.mechanisms import registry
-
     cls = registry.get(m.name)
     secret = m.texthide_seed_value() if "texthide_key" in cls.edge_options else None
     try:
@@ -27,8 +28,6 @@ def mechanism_for(m: MechanismOptions, bundle):
 
 def check_model(model: dict, name: str, mine: dict) -> None:
     """Refuse, before sending, a mechanism or parameters the served model does not read."""
-    from shared.mechanisms import registry
-
     want, params = model.get("mechanism"), model.get("params")
     mismatch = want is not None and want != name
     if not mismatch and isinstance(params, dict):
@@ -54,7 +53,6 @@ def max_length_for(opts: PrivatizeOptions, bundle, model: dict | None) -> int | 
     at 128 refuses longer token payloads; the bundle allows up to 512), else the bundle's.
     Vector payloads have one size whatever the text's length: the encoder's limit applies."""
     given = opts.input.max_length
-    from shared.mechanisms import registry
 
     if given is not None or model is None or opts.post.mode != "predict" \
             or not registry.get(opts.mechanism.name).payload_kind.reads_tokens:
@@ -65,8 +63,6 @@ def max_length_for(opts: PrivatizeOptions, bundle, model: dict | None) -> int | 
 def make_privatizer(opts: PrivatizeOptions, bundle, model: dict | None):
     """(mechanism object, Privatizer) for the options; UsageError for parameters that are
     invalid or weaker than the privacy floor (without --allow-weak-privacy)."""
-    from edge_agent.privatize.privatizer import Privatizer
-    from shared.floor import WeakPrivacyError
 
     m = opts.mechanism
     try:

@@ -22,6 +22,8 @@ from typing import Any
 
 import httpx
 
+from shared.conventions import fmt_eps as fmt
+
 API_KEY_ENV = "PRIVBERT_API_KEY"
 RETRY_STATUS = (429, 503)
 _BUNDLE_ID = re.compile(r"^[0-9a-f]{64}$")
@@ -104,7 +106,6 @@ def problem_error(resp: httpx.Response, discovery: str | None = None) -> ApiErro
     elif status == 403 and ptype == BUDGET_EXHAUSTED:
         left = problem.get("remaining", resp.headers.get("X-Privacy-Budget-Remaining"))
         try:
-            from shared.conventions import fmt_eps as fmt
 
             left = fmt(float(left))
         except (TypeError, ValueError):

@@ -8,7 +8,11 @@ from dataclasses import dataclass
 from typing import cast
 
 from edge_agent.errors import CliError, UsageError, info
+from edge_agent.service.bundle_cache import bundle_for_model, cache_root
 from edge_agent.service.known_bundles import check_vouched
+from edge_agent.service.pins import Pins, check_pin
+from shared.bundle import EdgeBundle
+from shared.conventions import PINS_FILE
 
 
 @dataclass(frozen=True)
@@ -28,6 +32,7 @@ class ServerOptions:
 
 def make_client(opts: ServerOptions, batch_size: int = 64):
     """A ``PrivbertClient`` for ``opts.server``; UsageError for bad timeouts or URL."""
+    # lazy: httpx, only when posting
     from edge_agent.service.client import PrivbertClient
 
     if opts.timeout <= 0:
@@ -49,11 +54,8 @@ def resolve_bundle(opts: ServerOptions, client=None,
     verified and before it is pinned: a bundle the device refuses is never pinned."""
     from pathlib import Path
 
-    from shared.bundle import EdgeBundle
-
     model = None
     if opts.server:
-        from edge_agent.service.bundle_cache import bundle_for_model
 
         client = client or make_client(opts)
         model = client.model(opts.model)
@@ -96,9 +98,6 @@ def resolve_bundle(opts: ServerOptions, client=None,
 
 def _check_pin(opts: ServerOptions, model: dict, record: bool, served=None) -> None:
     """The served model's bundle id against this device's pin (``edge_agent.service.pins``)."""
-    from edge_agent.service.bundle_cache import cache_root
-    from edge_agent.service.pins import Pins, check_pin
-    from shared.conventions import PINS_FILE
 
     bundle_id, model_id = model.get("bundle_id"), str(model.get("id"))
     if not isinstance(bundle_id, str):

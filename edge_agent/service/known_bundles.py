@@ -14,6 +14,8 @@ from typing import TYPE_CHECKING, Any
 
 from edge_agent.errors import CliError
 from shared.conventions import REFUSE_UNVERIFIED_ENV
+from shared.floor_text import text_floor_reason
+from shared.mechanisms.dchi import DChiEmbedding, DChiText
 from shared.messages import UNVERIFIED_REFUSED
 from shared.trust import Trust, trust
 
@@ -50,8 +52,6 @@ def text_floor(bundle: EdgeBundle, mechanism: Any, trusted: frozenset[str], *,
     """(the bundle's trust, why dχ on it is weaker than the text floor or None). Known and
     trusted bundles, and the mechanisms without a token table, are not measured; under a
     token policy the words outside its public list are (``shared.floor_text``)."""
-    from shared.floor_text import text_floor_reason
-    from shared.mechanisms.dchi import DChiEmbedding, DChiText
 
     t = trust(bundle.bundle_id, trusted)
     if t.vouched or not isinstance(mechanism, DChiText | DChiEmbedding):

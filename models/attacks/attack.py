@@ -29,11 +29,17 @@ import numpy as np
 import torch
 from torch import nn
 
+from edge_agent.report import CONTEXTUAL_NOTE, build_report, format_report
+from models.attacks.denoiser import Denoiser
+from models.attacks.denoiser_train import recovery
 from models.nets.backbone import model_embeddings, pick_device
 from models.nets.classifiers import VectorMLP
 from models.nets.torch_nearest import TorchExactNearest
+from models.training.privatize import chunk_indices, make_privatizer
+from models.versions.version_folder import DENOISER_FILE, is_model_dir
+from shared.accounting import guarantee, summary
 from shared.bundle import EdgeBundle
-from shared.mechanisms import DChiText
+from shared.mechanisms import DChiText, registry
 
 
 # -- input -----------------------------------------------------------------------------------
@@ -94,8 +100,6 @@ def token_privacy(bundle: EdgeBundle, mechanism: str, *, eta: float | None = Non
     """Inversion accuracy on the tokens of ``texts`` and N_w/S_w over ``tokens`` regular
     tokens ("all" = the whole vocabulary; default all on a GPU, 500 on CPU), each perturbed
     ``samples`` times. Returns ``edge_agent.report.PrivacyReport``."""
-    from edge_agent.report import build_report
-
     if eta is not None and not (eta > 0 and math.isfinite(eta)):
         raise ValueError(f"eta must be a finite number > 0, got {eta!r}")
     dev = pick_device(device)
@@ -118,8 +122,6 @@ def token_report_json(rep) -> dict:
 
 
 def format_token_report(rep, contextual: dict | None = None) -> str:
-    from edge_agent.report import CONTEXTUAL_NOTE, format_report
-
     text = format_report(rep)
     if contextual is not None:  # the measured figure in place of the pointer to it
         text = text.replace(CONTEXTUAL_NOTE.format(eta=f"{rep.eta:.4g}"),
@@ -132,8 +134,6 @@ def load_denoiser(source, bundle: EdgeBundle, mechanism: str, eta: float,
                   public_p: float | None = None):
     """The denoiser of a model version folder, or a denoiser file, checked against the
     mechanism, η and bundle attacked (ValueError, one line)."""
-    from models.attacks.denoiser import Denoiser
-    from models.versions.version_folder import DENOISER_FILE, is_model_dir
 
     path = Path(source)
     if is_model_dir(path):
@@ -150,8 +150,6 @@ def contextual_attack(denoiser, bundle: EdgeBundle, texts: list[str], *, draws: 
                       rng: np.random.Generator | None = None, source: str = "") -> dict:
     """Shares of the tokens of ``texts`` a server recovers from fresh privatizations
     (``models.attacks.denoiser_train.recovery``): unchanged, context-free, contextual."""
-    from models.attacks.denoiser_train import recovery
-
     t0 = time.perf_counter()
     rec = recovery(denoiser, None, bundle, texts, draws=draws, rng=rng, by_class=True)
     rec.pop("context_free", None)
@@ -341,8 +339,6 @@ def vector_attack(bundle: EdgeBundle, mechanism, texts: list[str], *, n_words: i
     """Attacker MLP recovering the presence of the ``n_words`` most frequent content words
     from payloads of ``mechanism`` (a sentence-vector one: laplace, ome, texthide), on
     held-out sentences."""
-    from models.training.privatize import chunk_indices, make_privatizer
-    from shared.mechanisms import registry
 
     name = getattr(mechanism, "name", str(mechanism))
     vectors = [c.name for c in registry.mechanisms() if not c.payload_kind.reads_tokens]
@@ -386,7 +382,6 @@ def vector_attack(bundle: EdgeBundle, mechanism, texts: list[str], *, n_words: i
         out["reference_unprivatized"] = train_attacker(clean[tr], y[tr], clean[te], y[te],
                                                        device=device, seed=seed,
                                                        epochs=epochs)
-    from shared.accounting import guarantee
 
     out["guarantee"] = guarantee(mechanism, bundle)
     out["weak_privacy"] = priv.weak_privacy  # None, or why it is below the floor
@@ -396,8 +391,6 @@ def vector_attack(bundle: EdgeBundle, mechanism, texts: list[str], *, n_words: i
 
 def format_vector_attack(rep: dict) -> str:
     """The attack result as plain text."""
-    from shared.accounting import summary
-
     a = rep["attacker"]["mean"]
     lines = [f"attacker MLP on {rep['mechanism']} payloads (DPNR §4.5 style): presence of the "
              f"{len(rep['words'])} most frequent content words, {rep['train']} training / "

@@ -37,9 +37,11 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from models.nets.backbone import check_same_bundle, freeze_word_embeddings, keep_layers
 from models.versions.version_folder import DENOISER_FILE, check_denoiser_meta, denoiser_header
 from models.versions.version_folder import DENOISER_FORMAT as FORMAT
 from models.versions.version_folder import DENOISER_FORMAT_VERSION as FORMAT_VERSION
+from models.versions.version_module import load_backbone
 from shared.mechanisms.registry import substituting_names
 
 MAX_SUPPORT = 64  # observed context-free pairs kept per output y (the MC table has ≤ 60 at η 65)
@@ -112,7 +114,6 @@ class Denoiser(nn.Module):
 
     def __init__(self, bert, candidates, bias: dict, meta: dict):
         super().__init__()
-        from models.nets.backbone import freeze_word_embeddings
 
         self.bert = bert
         self.bert.pooler = None
@@ -305,8 +306,6 @@ def new_denoiser(posterior, bundle, *, layers: int = 2, candidates: int = 4096, 
                  meta: dict | None = None) -> Denoiser:
     """An untrained denoiser (= the context-free posterior of ``posterior``) whose encoder
     is the first ``layers`` layers of ``base`` (None: MiniLM), checked against ``bundle``."""
-    from models.nets.backbone import check_same_bundle, keep_layers
-    from models.versions.version_module import load_backbone
 
     if posterior.bundle_id != bundle.bundle_id:
         raise ValueError("the posterior table was built for another bundle")

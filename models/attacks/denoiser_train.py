@@ -24,7 +24,11 @@ import torch
 import torch.nn.functional as F
 
 from models.attacks.denoiser import Denoiser, new_denoiser
+from models.nets.backbone import model_embeddings
+from models.training.data import length_buckets
+from models.training.finetune import TrainingCancelled, linear_warmup_decay
 from shared.mechanisms import DChiText
+from shared.mechanisms.int8_pass import cpu_flags
 from shared.policy import public_masks
 from shared.recovery import neighbour_table, recovery_by_class, token_classes, unchanged_by_class
 
@@ -61,7 +65,6 @@ class DenoiserConfig:
             return None
         if self.precision == "bf16":
             return torch.bfloat16
-        from shared.mechanisms.int8_pass import cpu_flags
 
         return torch.bfloat16 if cpu_flags() & {"avx512_bf16", "amx_bf16"} else None
 
@@ -121,8 +124,6 @@ def collate(ys: Sequence[np.ndarray], xs: Sequence[np.ndarray] | None, special: 
 
 
 def _batches(lengths: np.ndarray, size: int, rng: np.random.Generator | None):
-    from models.training.data import length_buckets
-
     return list(length_buckets(lengths, size, rng))
 
 
@@ -131,8 +132,6 @@ def train_denoiser(bundle, posterior, texts: Sequence[str], cfg: DenoiserConfig 
                    should_stop: Callable[[], bool] | None = None,
                    log: Callable[[str], None] | None = None) -> Denoiser:
     """A denoiser for ``posterior``'s mechanism and η, trained on the public ``texts``."""
-    from models.training.finetune import linear_warmup_decay
-
     cfg = cfg or DenoiserConfig()
     cfg.validate()
     seqs = token_sequences(bundle, texts, cfg.max_length)
@@ -169,7 +168,6 @@ def train_denoiser(bundle, posterior, texts: Sequence[str], cfg: DenoiserConfig 
             tot, hit, n = 0.0, 0, 0
             for step, idx in enumerate(_batches(lengths, cfg.batch_size, order_rng)):
                 if should_stop is not None and should_stop():
-                    from models.training.finetune import TrainingCancelled
 
                     raise TrainingCancelled("training cancelled")
                 b = collate([ys[i] for i in idx], [seqs[i] for i in idx], special)
@@ -320,7 +318,6 @@ def public_denoiser(bundle, posterior, texts: Sequence[str], cfg: DenoiserConfig
     path = Path(cache) / f"denoiser-{posterior.mechanism}-{key}.safetensors" if cache else None
     if path is not None and path.is_file():
         try:
-            from models.nets.backbone import model_embeddings
 
             d = Denoiser.load(path, model_embeddings(bundle))
             d.check_for(posterior.mechanism, posterior.params, bundle.bundle_id)

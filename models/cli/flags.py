@@ -9,16 +9,18 @@ from __future__ import annotations
 import argparse
 import sys
 
-from edge_agent.mechanism_spec import flag_values
+from edge_agent.mechanism_spec import flag_values, names
 from edge_agent.param_flags import add_param_flags, positive_int
+from edge_agent.privatize.texthide_key import key_to_seed
+from models.training.posterior import ChannelPosterior
+from models.training.privatize import SEED_WARNING
 from shared.policy import DEFAULT_P, NO_POLICY, POLICIES, PolicyError, policy_name
+from shared.table import TableError, TableSpec
 
 PROG = "cloud-api"
 
 
 def table_name(text: str) -> str:
-    from shared.table import TableError, TableSpec
-
     try:
         return TableSpec.parse(text).name
     except TableError as exc:
@@ -27,8 +29,6 @@ def table_name(text: str) -> str:
 
 def texthide_key(text: str) -> int:
     """The mask-pool seed of a hex key, checked as the edge agent checks it."""
-    from edge_agent.privatize.texthide_key import key_to_seed
-
     try:
         return key_to_seed(text)
     except ValueError as exc:
@@ -39,8 +39,6 @@ def add_mechanism_args(p: argparse.ArgumentParser) -> None:
     """--mechanism and one flag per parameter of the mechanisms' ``Params`` (from the
     mechanism spec: ``edge_agent.mechanism_spec``), a flag not given taking the default its
     mechanisms share; the TextHide key, the bundle, its table and the seed."""
-    from edge_agent.mechanism_spec import names
-
     g = p.add_argument_group("privatization (as on the edge)")
     g.add_argument("--mechanism", choices=names(),
                    help="payload mechanism (none = Null-privacy baseline)")
@@ -143,7 +141,6 @@ def seeded_rng(args):
 
     if args.seed is None:
         return None
-    from models.training.privatize import SEED_WARNING
 
     print(f"{PROG}: {SEED_WARNING}", file=sys.stderr)
     return np.random.default_rng(args.seed)
@@ -157,12 +154,11 @@ def add_device_args(p: argparse.ArgumentParser) -> None:
 
 
 def check_device(args) -> None:
+    # lazy: torch, only when a command runs (its parser and --help load none)
     from models.nets.backbone import autocast_dtype, pick_device
 
     autocast_dtype(pick_device(args.device), args.precision)
 
 
 def posterior_table(path):
-    from models.training.posterior import ChannelPosterior
-
     return ChannelPosterior.load(path)

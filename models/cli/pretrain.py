@@ -15,6 +15,9 @@ import sys
 
 from edge_agent.mechanism_spec import entries
 from edge_agent.param_flags import add_param_flags
+from shared.accounting import summary
+from shared.bundle import BundleError, EdgeBundle
+from shared.floor import WeakPrivacyError
 from shared.mechanisms import registry
 
 _PROG = "cloud-api"
@@ -70,19 +73,16 @@ def register(subparsers) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from shared.bundle import BundleError
-    from shared.floor import WeakPrivacyError
-
     if args.seed is not None:
         print(f"{_PROG}: warning: --seed {args.seed} makes the privatization noise reproducible; "
               "anyone who knows the seed can undo it. Acceptable for a public pretraining corpus, "
               "never for user data.", file=sys.stderr)
     try:
+        # lazy: torch, only when the command runs (its parser and --help load none)
         from models.pretraining.pretrain import pretrain
 
         bundle = None
         if args.bundle is not None:
-            from shared.bundle import EdgeBundle
 
             bundle = EdgeBundle.load(args.bundle)
         out = pretrain(args.base, args.out, args.objective, args.mechanism, args.eta,
@@ -100,8 +100,6 @@ def run(args: argparse.Namespace) -> int:
     except (ValueError, BundleError, OSError) as exc:
         _error(str(exc))
     import json
-
-    from shared.accounting import summary
 
     info = json.loads((out / "pretrain.json").read_text())
     print(f"privacy of the inputs it was adapted to: {summary(info['guarantee'])}", file=sys.stderr)

@@ -31,7 +31,24 @@ from models.cli.flags import (
     seeded_rng,
     table_name,
 )
-from models.training.recipe import DEFAULT_EPOCHS
+from models.training.data import read_records_jsonl
+from models.training.posterior import POSTERIOR_FILE
+from models.training.privatize import build_mechanism, load_bundle, mechanism_from_params
+from models.training.recipe import DEFAULT_EPOCHS, default_recipe
+from models.versions.manifest import folder_files, update_manifest
+from models.versions.version_folder import (
+    BUNDLE_DIR,
+    DENOISER_FILE,
+    INT8_FILE,
+    is_model_dir,
+    read_config,
+)
+from shared.accounting import dchi_diameter_bound, summary
+from shared.bundle import BundleError, EdgeBundle, save_atomically
+from shared.floor import WeakPrivacyError
+from shared.mechanisms import NoPrivacy, registry
+from shared.policy import DEFAULT_P, NO_POLICY, policy_for_new_model
+from shared.table import DEFAULT_TABLE, MATCHED_ETA, table_for_new_model
 
 
 def _error(message: str) -> None:
@@ -43,8 +60,6 @@ def _guarded(fn):
     """Run ``fn(args)``; expected failures become one line and exit code 2."""
 
     def run(args) -> int:
-        from shared.bundle import BundleError
-
         try:
             return fn(args)
         except (ValueError, FileNotFoundError, NotADirectoryError, PermissionError,
@@ -63,8 +78,6 @@ def recipe_from_args(args, mechanism: str, raw_text: bool):
     """The default recipe for ``mechanism`` with the flags given applied on top; a lever
     that makes no sense here is refused (ValueError, one line)."""
     import dataclasses
-
-    from models.training.recipe import default_recipe
 
     r = default_recipe(mechanism, raw_text)
     changes = {k: v for k, v in (("fresh_noise", args.fresh_noise),
@@ -91,6 +104,7 @@ def recipe_from_args(args, mechanism: str, raw_text: bool):
     if den or args.denoiser_file is not None:
         changes["denoiser"] = True
     if "denoiser_corpus" in den:
+        # lazy: torch, only when the command runs (its parser and --help load none)
         from models.attacks.denoiser_train import read_corpus
 
         read_corpus(den["denoiser_corpus"])  # a missing or empty file: an error now
@@ -105,9 +119,9 @@ def recipe_from_args(args, mechanism: str, raw_text: bool):
 
 def _denoiser_file(path, bundle_dir=None):
     """A trained denoiser file, its word table from ``bundle_dir`` (None: MiniLM's)."""
+    # lazy: torch, only when the command runs (its parser and --help load none)
     from models.attacks.denoiser import Denoiser
     from models.nets.backbone import model_embeddings
-    from models.training.privatize import load_bundle
 
     return Denoiser.load(path, model_embeddings(load_bundle(bundle_dir=bundle_dir)))
 
@@ -116,8 +130,6 @@ def records_denoiser(file, base, bundle_dir=None):
     """The denoiser for device records: ``--denoiser-file``, else the ``--base`` model
     version's ``denoiser.safetensors``, else None."""
     from pathlib import Path
-
-    from models.versions.version_folder import DENOISER_FILE, is_model_dir
 
     if file is not None:
         return _denoiser_file(file, bundle_dir)
@@ -218,11 +230,6 @@ def _keep_bundle(bundle, model_dir) -> None:
     (``bundle/``): ``cloud-api models register`` and ``evaluate`` find it there."""
     from pathlib import Path
 
-    from models.training.privatize import load_bundle
-    from models.versions.manifest import folder_files, update_manifest
-    from models.versions.version_folder import BUNDLE_DIR
-    from shared.bundle import EdgeBundle, save_atomically
-
     b = bundle if isinstance(bundle, EdgeBundle) or bundle is None else \
         load_bundle(bundle_dir=bundle)
     if b is not None and (not b.has_embeddings or b.policy is not None):
@@ -234,6 +241,7 @@ def _keep_bundle(bundle, model_dir) -> None:
 
 
 def run_train(args) -> int:
+    # lazy: torch, only when the command runs (its parser and --help load none)
     from models.training.experiment import train_from_records, train_from_tsv
     from models.training.finetune import TrainConfig
 
@@ -250,14 +258,12 @@ def run_train(args) -> int:
         if args.dev_records is not None:
             raise ValueError("--data takes --dev TSV (privatized the same way), not "
                              "--dev-records")
-        from shared.floor import WeakPrivacyError
 
         recipe = recipe_from_args(args, args.mechanism, raw_text=True)
         table = posterior_table(args.posterior_table) if args.posterior_table else None
         den = (_denoiser_file(args.denoiser_file, args.bundle) if args.denoiser_file
                else None)
         bundle = args.bundle
-        from shared.table import DEFAULT_TABLE, MATCHED_ETA, table_for_new_model
 
         asked = args.table
         args.table = table_for_new_model(args.mechanism, asked,
@@ -266,7 +272,6 @@ def run_train(args) -> int:
             _info(f"note: privatization table {DEFAULT_TABLE}, the default for new dchi-text "
                   f"models (eta {MATCHED_ETA[DEFAULT_TABLE]:g} on it matches eta "
                   f"{MATCHED_ETA['none']:g} on the 384-d table; --table none for that one)")
-        from shared.policy import DEFAULT_P, NO_POLICY, policy_for_new_model
 
         settings = mechanism_settings(args)
         policy = policy_for_new_model(args.mechanism, args.policy,
@@ -276,7 +281,6 @@ def run_train(args) -> int:
                   "public words are sent as typed with probability 1 - public_p, default "
                   f"{1 - DEFAULT_P:g}; --policy none privatizes every token)")
         if args.table is not None or policy != NO_POLICY:
-            from models.training.privatize import load_bundle
 
             bundle = apply_policy(load_bundle(bundle_dir=args.bundle, model_dir=args.base,
                                               table=args.table),
@@ -291,8 +295,6 @@ def run_train(args) -> int:
             raise WeakPrivacyError(f"{exc}; --allow-weak-privacy trains on it anyway") from None
         _keep_bundle(bundle, res.model_dir)
     else:
-        from models.training.data import read_records_jsonl
-        from shared.mechanisms import NoPrivacy
 
         if args.dev is not None:
             raise ValueError("--records takes --dev-records (JSONL), not --dev")
@@ -340,9 +342,6 @@ def records_posterior(table_path, base):
     model version's ``posterior.npz``, else None."""
     from pathlib import Path
 
-    from models.training.posterior import POSTERIOR_FILE
-    from models.versions.version_folder import is_model_dir
-
     if table_path is not None:
         return posterior_table(table_path)
     if base is not None and is_model_dir(base) and (Path(base) / POSTERIOR_FILE).is_file():
@@ -351,9 +350,6 @@ def records_posterior(table_path, base):
 
 
 def _print_trained(res, note: str | None = None) -> None:
-    from models.versions.version_folder import read_config
-    from shared.accounting import summary
-
     cfg = read_config(res.model_dir)
     print(f"model={res.model_dir}")
     print(f"mechanism={cfg['mechanism']} params={json.dumps(cfg['params'], sort_keys=True)}")
@@ -375,6 +371,7 @@ def _print_trained(res, note: str | None = None) -> None:
 def run_evaluate(args) -> int:
     if args.attack:
         return run_attack(args)
+    # lazy: torch, only when the command runs (its parser and --help load none)
     from models.training.experiment import evaluate_records, evaluate_tsv
 
     if args.model is None:
@@ -387,7 +384,6 @@ def run_evaluate(args) -> int:
                            precision=args.precision,
                            progress=not args.no_progress)
     else:
-        from models.training.data import read_records_jsonl
 
         rep = evaluate_records(args.model, read_records_jsonl(args.records, limit=args.limit),
                                device=args.device, precision=args.precision)
@@ -403,10 +399,8 @@ def run_evaluate(args) -> int:
 
 
 def run_attack(args) -> int:
+    # lazy: torch, only when the command runs (its parser and --help load none)
     from models.attacks import attack
-    from models.training.privatize import load_bundle, mechanism_from_params
-    from models.versions.version_folder import read_config
-    from shared.mechanisms import registry
 
     if args.data is None:
         raise ValueError("--attack needs --data (a TSV or text file of sentences)")
@@ -456,7 +450,6 @@ def run_attack(args) -> int:
     if params is not None:
         mech = mechanism_from_params(name, params, bundle, args.texthide_key)
     else:
-        from models.training.privatize import build_mechanism
 
         mech = build_mechanism(name, bundle, **mechanism_settings(args))
     rep = attack.vector_attack(bundle, mech, texts, n_words=args.words, rng=rng,
@@ -468,8 +461,8 @@ def run_attack(args) -> int:
 
 # -- export ----------------------------------------------------------------------------------
 def run_export(args) -> int:
+    # lazy: torch, only when the command runs (its parser and --help load none)
     from models.export.writers import export_bundle, export_classifier_onnx
-    from models.versions.version_folder import INT8_FILE
 
     if args.onnx:
         if args.model is None:
@@ -495,9 +488,6 @@ def _export_table_bundle(args) -> int:
     """``export-bundle --table``: a bundle whose privatization table is designed
     (``shared.table``), saved atomically; what it holds and what it costs on the wire."""
     from pathlib import Path
-
-    from shared.accounting import dchi_diameter_bound
-    from shared.bundle import EdgeBundle, save_atomically
 
     bundle = EdgeBundle.from_model(args.model_dir, table=args.table, policy=args.policy)
     out = save_atomically(bundle, args.out)

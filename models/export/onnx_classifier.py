@@ -26,6 +26,7 @@ from models.training.data import collate_payloads
 from models.versions.manifest import file_sha256
 from models.versions.version_folder import INT8_FILE, ONNX_FILE, read_config
 from shared.mechanisms.int8_pass import VNNI_FLAGS, cpu_flags
+from shared.mechanisms.onnx_graph import one_node_model, value_info
 
 META_SOURCE = "privbert.source_sha256"  # the int8 file's metadata (models.export.quantize)
 META_SCHEME = "privbert.int8_scheme"
@@ -52,8 +53,6 @@ def onnx_session(data: bytes | str, threads: int | None = None):
 def _probe_model(weights: str, weight: int, dim: int, cols: int) -> bytes:
     """DynamicQuantizeMatMul (the op ONNX Runtime fuses a dynamically quantized MatMul
     into) with every weight ``weight`` (s8 or u8, zero point 0) and scale 1/weight."""
-    from shared.mechanisms.onnx_graph import one_node_model, value_info
-
     wtype = np.int8 if weights == "s8" else np.uint8
     return one_node_model(
         "DynamicQuantizeMatMul", "com.microsoft", ["A", "B", "b_scale", "b_zp"], ["O"],
@@ -165,6 +164,7 @@ class OnnxClassifier:
 
     def predict_proba(self, payloads: Sequence) -> np.ndarray:
         """Class probabilities (N, C) for payloads (checked like the torch model's)."""
+        # lazy: torch, only for a torch-checked prediction (the onnx backend has none)
         from torch import nn
 
         from models.versions.model_version import ModelVersion

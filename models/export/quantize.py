@@ -37,7 +37,8 @@ from pathlib import Path
 import numpy as np
 import onnx  # the quantizer needs it (train extra); ImportError here = cannot quantize
 
-from models.export.onnx_classifier import META_BUNDLE, META_SCHEME, META_SOURCE
+from models.export.onnx_classifier import META_BUNDLE, META_SCHEME, META_SOURCE, onnx_session
+from models.training.data import collate_arrays, example_payload_arrays
 from models.versions.manifest import file_sha256, update_manifest
 from models.versions.version_folder import CONFIG_FILE, INT8_FILE, ONNX_FILE, read_config
 
@@ -142,8 +143,6 @@ def quantize_onnx(src: str | os.PathLike, dst: str | os.PathLike,
 def max_logit_difference(model_dir: str | os.PathLike, int8_path: str | os.PathLike,
                          seed: int = 0) -> float:
     """Largest |int8 - fp32| logit on random payload-shaped batches (1, 3 and 7)."""
-    from models.export.onnx_classifier import onnx_session
-    from models.training.data import collate_arrays, example_payload_arrays
 
     cfg = read_config(model_dir)
     fp32 = onnx_session(str(Path(model_dir) / ONNX_FILE), threads=1)

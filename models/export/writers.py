@@ -32,8 +32,10 @@ from torch import nn
 from models.export.onnx_classifier import onnx_session
 from models.nets.backbone import load_bert, resolve_model_dir
 from models.nets.classifiers import POOLINGS, mean_pool
-from models.training.data import example_payload_arrays
+from models.training.data import collate, example_payload_arrays, fit_segments
 from models.versions.manifest import update_manifest
+from models.versions.model_version import load_model
+from models.versions.version_folder import CONFIG_FILE, ONNX_FILE
 from shared.bundle import EdgeBundle, save_atomically
 
 OPSET = 18
@@ -84,7 +86,6 @@ def encoder_inputs(bundle: EdgeBundle, texts: Sequence[str], pairs: Sequence[str
             a = a[: max_length - 2]
             ids, tt = [sp["cls"], *a, sp["sep"]], [0] * (len(a) + 2)
         else:
-            from models.training.data import fit_segments
 
             la, lb = fit_segments(len(a), len(b), max_length - 3)
             a, b = a[:la], b[:lb]
@@ -190,9 +191,6 @@ def export_classifier_onnx(model_dir: str | os.PathLike, seed: int = 0, int8: bo
     payload-shaped batches (max |logit difference| <= 1e-4); with ``int8`` also
     ``classifier.int8.onnx`` (``models.export.quantize.quantize_classifier``). Returns the fp32
     file's path."""
-    from models.training.data import collate
-    from models.versions.model_version import load_model
-    from models.versions.version_folder import CONFIG_FILE, ONNX_FILE
 
     mv = load_model(model_dir)
     module = mv.module.float().eval()
@@ -228,6 +226,7 @@ def export_classifier_onnx(model_dir: str | os.PathLike, seed: int = 0, int8: bo
     os.replace(tmp_cfg, cfg_path)
     update_manifest(model_dir, [ONNX_FILE, CONFIG_FILE])  # a sealed version stays whole
     if int8:
+        # lazy: onnx, only with int8
         from models.export.quantize import quantize_classifier
 
         quantize_classifier(model_dir)

@@ -56,8 +56,10 @@ from models.pretraining.pretrain_data import (
     tokenize_corpus,
 )
 from models.training import distributed
+from models.training.finetune import TrainingCancelled
 from shared.accounting import guarantee
 from shared.bundle import EdgeBundle
+from shared.floor import check_computable, require_privacy_floor
 from shared.mechanisms import registry
 
 TOKENIZER_FILES = ("tokenizer.json", "vocab.txt", "tokenizer_config.json", "special_tokens_map.json")
@@ -494,8 +496,6 @@ def privacy_floor(mech, bundle: EdgeBundle, allow_weak: bool) -> str | None:
     """The floor's reason for ``mech`` (DChiText or DChiEmbedding) when ``allow_weak`` (None
     above the floor); WeakPrivacyError (a ValueError) below it otherwise; ValueError for an
     η the noise cannot be computed at."""
-    from shared.floor import check_computable, require_privacy_floor
-
     check_computable(mech, bundle)
     return require_privacy_floor(mech, bundle, allow_weak=allow_weak)
 
@@ -549,8 +549,6 @@ def _loop(model, trainer: Trainer, make, start: int, total: int, run: dict, log_
           prefetch: bool, progress: bool, save, save_every: int, should_stop=None,
           on_progress=None, dist_ctx: distributed.DistContext | None = None) -> None:
     from tqdm import tqdm
-
-    from models.training.finetune import TrainingCancelled
 
     bar = tqdm(total=total, initial=start, unit="step", file=sys.stderr, disable=not progress,
                dynamic_ncols=True, desc="pretrain")

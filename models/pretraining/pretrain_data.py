@@ -22,6 +22,7 @@ from pathlib import Path
 
 import numpy as np
 
+from models.nets.torch_nearest import TorchExactNearest
 from models.pretraining.mlm import (
     REPLACE_MASK,
     REPLACE_RANDOM,
@@ -118,7 +119,6 @@ class BatchPrivatizer:
         self.eta = self.text.eta
         self._search = self.text.index.search
         if search == "torch":
-            from models.nets.torch_nearest import TorchExactNearest
 
             self._search = TorchExactNearest(self.text.index, device or "cpu").search
 

@@ -33,6 +33,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
+from edge_agent.privatize.privatizer import trim_pair
 from shared.arrays import Limits
 from shared.mechanisms import registry
 from shared.payload import Record, parse_record
@@ -312,8 +313,6 @@ def fit_segments(len_a: int, len_b: int, budget: int) -> tuple[int, int]:
     """Trim a pair to ``budget`` tokens: the edge's policy "first" (the longer segment
     first, the second on a tie: ``edge_agent.privatize.privatizer.trim_pair``), so server
     and edge truncate alike."""
-    from edge_agent.privatize.privatizer import trim_pair
-
     return trim_pair(len_a, len_b, budget)
 
 

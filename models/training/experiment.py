@@ -24,9 +24,14 @@ from pathlib import Path
 
 import numpy as np
 
+from models.attacks.denoiser_train import read_corpus
+from models.nets.backbone import autocast_dtype, check_same_bundle, keep_layers, pick_device
+from models.pretraining.pretrain import INFO_FILE
 from models.training.data import (
     PayloadDataset,
     dataset_from_records,
+    kind_of,
+    label_indices,
     label_names_from,
     read_labelled_tsv,
 )
@@ -38,7 +43,13 @@ from models.training.finetune import (
     evaluate_dataset,
     finetune,
 )
-from models.training.levers import check_teacher, get_teacher, public_posterior
+from models.training.levers import (
+    check_teacher,
+    get_teacher,
+    public_denoiser,
+    public_posterior,
+    warm_start,
+)
 from models.training.posterior import POSTERIOR_FILE, ChannelPosterior
 from models.training.privatize import (
     PublicText,
@@ -49,7 +60,10 @@ from models.training.privatize import (
 )
 from models.training.recipe import Recipe
 from models.versions.model_version import check_out_dir, load_model, save_model_version
+from models.versions.version_folder import is_model_dir, read_config
+from models.versions.version_module import load_backbone
 from shared.bundle import EdgeBundle
+from shared.mechanisms import registry
 from shared.payload import Record
 
 
@@ -67,7 +81,6 @@ def _as_bundle(bundle: EdgeBundle | str | os.PathLike | None, base=None) -> Edge
         return bundle
     if bundle is not None:
         return load_bundle(bundle_dir=bundle)
-    from models.versions.version_folder import is_model_dir
 
     if base is not None and not Path(base).is_dir():
         raise ValueError(f"{base}: no such BERT folder")
@@ -84,8 +97,6 @@ def _guarantee(name: str, params: dict, bundle: EdgeBundle, feature_dim: int) ->
     """The published and worst-case guarantee of the training payloads (shared.accounting).
     Vector kinds take their dimension from the payloads (no encoder or secret needed: the
     accounting of TextHide reads (m, k) only, any mask pool will do)."""
-    from shared.mechanisms import registry
-
     cls = registry.get(name)
     if cls.payload_kind.reads_tokens:
         return mechanism_from_params(name, params, bundle).guarantee(bundle)
@@ -146,8 +157,6 @@ def base_pretraining(base, mechanism: str, params: dict) -> dict | None:
     task's privatization); None for a base that is not such a checkpoint."""
     import json
 
-    from models.pretraining.pretrain import INFO_FILE
-
     if base is None or not (Path(base) / INFO_FILE).is_file():
         return None
     try:
@@ -182,7 +191,6 @@ def _train(train: PayloadDataset, dev: PayloadDataset | None, out_dir, bundle: E
     # checks the base against the bundle, and the posterior against the payloads
     model = build_model(train, bundle, base, cfg, posterior=posterior, denoiser=denoiser)
     if recipe.warm_start:
-        from models.training.levers import warm_start
 
         warm_start(model, teacher_module)
     cfg = dataclasses.replace(cfg, denoise=recipe.denoise, denoise_rate=recipe.denoise_rate,
@@ -280,7 +288,6 @@ def train_from_tsv(train_tsv: str | os.PathLike, out_dir: str | os.PathLike,
     if len(names) < 2:
         raise ValueError(f"{train_tsv}: a classifier needs at least 2 labels, found {names}")
     if dev_data is not None:
-        from models.training.data import label_indices
 
         label_indices(dev_data.labels, names)  # unknown dev labels: error now
         if (dev_data.pairs is None) != (data.pairs is None):
@@ -302,7 +309,6 @@ def train_from_tsv(train_tsv: str | os.PathLike, out_dir: str | os.PathLike,
         denoiser.check_for(mechanism, mech.params, bundle.bundle_id)
     corpus = []
     if recipe.denoiser and denoiser is None and recipe.denoiser_corpus:
-        from models.attacks.denoiser_train import read_corpus
 
         corpus = read_corpus(recipe.denoiser_corpus)
     public = PublicText(data, names, privatizer)
@@ -321,7 +327,6 @@ def train_from_tsv(train_tsv: str | os.PathLike, out_dir: str | os.PathLike,
         posterior = public_posterior(bundle, mechanism, mech.params, data.texts, recipe, rng,
                                      posterior_cache, progress)
     if recipe.denoiser and denoiser is None:
-        from models.training.levers import public_denoiser
 
         denoiser = public_denoiser(bundle, posterior, data.texts + corpus, recipe, base, rng,
                                    posterior_cache, progress)
@@ -351,16 +356,12 @@ def train_from_tsv(train_tsv: str | os.PathLike, out_dir: str | os.PathLike,
 
 
 def _check_base(mechanism: str, bundle: EdgeBundle, base, cfg: TrainConfig) -> None:
-    from models.training.data import kind_of
-
     if kind_of(mechanism) == "vector":
         for flag, value in (("--base", base), ("--layers", cfg.layers)):
             if value is not None:
                 raise ValueError(f"{flag} does not apply to {mechanism}: its classifier is an "
                                  "MLP over the sentence vector, not a BERT")
         return
-    from models.nets.backbone import check_same_bundle, keep_layers
-    from models.versions.version_module import load_backbone
 
     bert = load_backbone(base)
     check_same_bundle(bert, bundle)
@@ -373,8 +374,6 @@ def evaluate_records(model_dir: str | os.PathLike, records: Sequence[Record | tu
                      device: str = "auto", precision: str = "auto",
                      batch_size: int = 128) -> dict:
     """Accuracy and per-class figures of a model version on privatized labelled records."""
-    from models.nets.backbone import autocast_dtype, pick_device
-
     mv = load_model(model_dir)
     ds = dataset_from_records(records, mv.labels, where="evaluation records")
     if ds.bundle_id != mv.bundle_id or ds.mechanism != mv.mechanism:
@@ -395,8 +394,6 @@ def evaluate_tsv(model_dir: str | os.PathLike, tsv: str | os.PathLike, *,
                  precision: str = "auto", progress: bool = True) -> dict:
     """Privatize a labelled TSV as the model's mechanism does (TextHide: k = 1, with the
     client's ``texthide_key``) and evaluate; labels unknown to the model are an error."""
-    from models.training.data import label_indices
-    from models.versions.version_folder import read_config
 
     cfg = read_config(model_dir)
     data = read_labelled_tsv(tsv, limit)

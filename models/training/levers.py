@@ -15,9 +15,14 @@ from pathlib import Path
 
 import numpy as np
 
+from models.attacks.denoiser_train import DenoiserConfig
+from models.attacks.denoiser_train import public_denoiser as cached
+from models.training.finetune import finetune, predict_dataset
 from models.training.posterior import ChannelPosterior, build_posterior
 from models.training.privatize import PublicText, make_privatizer
 from models.training.recipe import Recipe
+from models.versions.model_version import load_model
+from models.versions.version_folder import read_config
 from shared.bundle import EdgeBundle
 from shared.mechanisms import NoPrivacy, registry
 
@@ -61,8 +66,6 @@ def public_denoiser(bundle: EdgeBundle, posterior: ChannelPosterior, texts: list
     """The contextual denoiser of ``recipe`` (``models.attacks.denoiser``) trained on the public
     ``texts`` over ``posterior``'s bias, read from / written to ``cache`` by its inputs'
     digest."""
-    from models.attacks.denoiser_train import DenoiserConfig
-    from models.attacks.denoiser_train import public_denoiser as cached
 
     cfg = DenoiserConfig(layers=recipe.denoiser_layers, candidates=recipe.denoiser_candidates,
                          epochs=recipe.denoiser_epochs, progress=progress)
@@ -88,8 +91,6 @@ class _Progress:
 
 
 def check_teacher(teacher, bundle: EdgeBundle, names: list[str]) -> None:
-    from models.versions.version_folder import read_config
-
     cfg = read_config(teacher)
     if registry.get(cfg["mechanism"]).private:
         raise ValueError(f"{teacher}: a teacher must read the original text (mechanism none),"
@@ -116,8 +117,6 @@ def get_teacher(public: PublicText, bundle: EdgeBundle, teacher, base, cfg):
     texts from ``base`` (Hinton et al. 2015's teacher reads what the student cannot)."""
     import dataclasses
 
-    from models.training.finetune import finetune, predict_dataset
-    from models.versions.model_version import load_model
 
     ds = plain_dataset(public, bundle, cfg.max_length)
     if teacher is not None:

@@ -27,7 +27,7 @@ from pathlib import Path
 
 import numpy as np
 
-from shared.mechanisms import registry
+from shared.mechanisms import DChiText, registry
 from shared.policy import public_masks
 
 POSTERIOR_FILE = "posterior.npz"
@@ -271,7 +271,6 @@ def build_posterior(bundle, mechanism: str, eta: float, texts: Sequence[str], *,
     if not _sends_ids(mechanism):  # noisy embeddings: the prior only
         return ChannelPosterior(mechanism, float(eta), bundle.bundle_id, bundle.vocab_size,
                                 counts, source=src, public_p=public_p)
-    from shared.mechanisms import DChiText
 
     mech = DChiText(bundle, eta, public_p=public_p)
     draws = draws_per_token(counts, passes, min_draws)

@@ -14,8 +14,11 @@ from pathlib import Path
 
 import numpy as np
 
-from models.training.data import LabelledText, label_indices
+from edge_agent import Privatizer
+from models.training.data import LabelledText, dataset_from_records, label_indices
+from models.versions.version_folder import BUNDLE_DIR, is_model_dir
 from shared.bundle import EdgeBundle
+from shared.mechanisms import registry
 from shared.payload import Record
 
 SEED_WARNING = ("warning: --seed makes the privatization noise predictable; anyone who knows "
@@ -32,8 +35,6 @@ class MechanismSpec:
 
 
 def _needing_an_encoder() -> str:
-    from shared.mechanisms import registry
-
     names = [c.name for c in registry.mechanisms() if not c.payload_kind.reads_tokens]
     return ", ".join(names[:-1]) + " and " + names[-1] if len(names) > 1 else names[0]
 
@@ -54,8 +55,6 @@ def build_mechanism(name: str, bundle: EdgeBundle, *, texthide_key: int | None =
     per parameter of the mechanism's ``Params`` (``models.cli.flags.mechanism_settings``;
     others are ignored), a setting that is None or absent taking the parameter's default;
     ValueError names a missing or invalid parameter."""
-    from shared.mechanisms import registry
-
     cls = registry.get(name)
     fields = cls.Params.model_fields
     params = {}
@@ -73,8 +72,6 @@ def mechanism_from_params(name: str, params: dict, bundle: EdgeBundle,
     """Rebuild the mechanism a model was trained with (from its config.json), with the one
     factory (``shared.mechanisms.create``); ``texthide_k`` overrides TextHide's k (k = 1 to
     evaluate)."""
-    from shared.mechanisms import registry
-
     cls = registry.get(name)
     p = dict(params)
     if texthide_k and "k" in p:
@@ -123,8 +120,6 @@ def model_bundle_dir(version_dir: str | os.PathLike, bundle_id: str | None) -> P
     writes one for a designed table or a token policy), else ``bundles/<bundle_id>`` of the
     ``$PRIVBERT_HOME`` that holds the version (``models/<id>/versions/<v>``: what
     ``cloud-api bootstrap`` and the job worker register); None if neither has it."""
-    from models.versions.version_folder import BUNDLE_DIR
-
     v = Path(version_dir)
     if (v / BUNDLE_DIR / "bundle.json").is_file():
         return v / BUNDLE_DIR
@@ -143,7 +138,6 @@ def _bert_dir_for_bundle(model_dir) -> Path | None:
     p = Path(model_dir)
     if not p.is_dir():
         raise ValueError(f"{p}: no such model folder")
-    from models.versions.version_folder import is_model_dir
 
     if is_model_dir(p):
         raise ValueError(f"{p} is a trained model, not a BERT folder: pass --bundle")
@@ -154,8 +148,6 @@ def make_privatizer(bundle: EdgeBundle, mechanism, max_length: int | None = None
                     allow_weak_privacy: bool = False):
     """The edge's Privatizer, with ``max_length`` capped by the bundle/encoder limit (and the
     privacy floor's opt-out passed on)."""
-    from edge_agent import Privatizer
-
     if max_length is not None:
         limit = bundle.max_length
         enc = bundle.meta.get("encoder") or {}
@@ -239,8 +231,6 @@ class PublicText:
                 progress: bool = True, desc: str = "privatize", where: str = "public text"):
         """A ``models.training.data.PayloadDataset`` of a fresh privatization; ``originals``: with
         the original ids in ``extra["originals"]`` (token mechanisms only)."""
-        from models.training.data import dataset_from_records
-
         ds = dataset_from_records(self.records(rng, progress=progress, desc=desc),
                                   self.label_names, where=where)
         if originals:

@@ -37,6 +37,7 @@ import numpy as np
 import torch
 from torch import nn
 
+from models.attacks.denoiser import Denoiser
 from models.nets.classifiers import architecture
 from models.training.data import collate_payloads, kind_of
 from models.versions.manifest import MANIFEST_FILE, seal, verify_folder
@@ -213,8 +214,6 @@ class ModelVersion:
 def attach_version_denoiser(module: nn.Module, path: Path, cfg: dict) -> None:
     """Attach the version's ``denoiser.safetensors`` to ``module``; ValueError (one line) if
     it is missing, unreadable or made for another mechanism, η or bundle."""
-    from models.attacks.denoiser import Denoiser
-
     f = path / DENOISER_FILE
     if not f.is_file():
         raise ValueError(f"{path}: the model reads a contextual denoiser but the version has "

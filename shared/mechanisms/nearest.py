@@ -42,6 +42,8 @@ from typing import TYPE_CHECKING, cast
 
 import numpy as np
 
+from shared.mechanisms import int8_pass
+
 if TYPE_CHECKING:
     from shared.mechanisms.int8_pass import Int8CandidatePass
 
@@ -126,8 +128,6 @@ class ExactNearest:
         u8·s8 operands (MLAS's faster kernels; the table is quantized so that the
         int16 pair sums of its non-VNNI kernel cannot saturate), else u8·u8; each is
         checked by a probe on this machine, not assumed from the CPU flags."""
-        from shared.mechanisms import int8_pass
-
         info = self.kernel_info
         if self.dim > int8_pass.MAX_DIM:
             info["int8"] = f"dim {self.dim} > {int8_pass.MAX_DIM}"

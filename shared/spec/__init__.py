@@ -34,6 +34,25 @@ import json
 from pathlib import Path
 from typing import Any
 
+import shared.mechanisms  # noqa: F401 (registers the built-in mechanisms)
+from shared import conventions, floor, floor_text, ledger, messages, policy, trust
+from shared.bundle import (
+    EMBEDDINGS_FILE,
+    ENCODER_FILE,
+    FORMAT,
+    FORMAT_VERSION,
+    HASHED_IF_PRESENT,
+    HASHED_META,
+    META_FILE,
+    NPY_DTYPES,
+    TABLE_FILE,
+    TABLE_SCALE_FILE,
+    TOKENIZER_FILE,
+)
+from shared.ledger import budget_family
+from shared.mechanisms import computable, int8_pass, registry
+from shared.payload import PAYLOAD_CLASSES
+
 SPEC_VERSION = 1
 SPEC_FILE = Path(__file__).resolve().with_name("mechanisms.json")
 GENERATOR = "python -m shared.spec"
@@ -61,9 +80,6 @@ def _flag(cls: Any, name: str, schema: dict, required: bool) -> dict:
 
 def mechanism_entry(cls: Any) -> dict:
     """What the spec says about one mechanism class (a plugin's too)."""
-    from shared.ledger import budget_family
-    from shared.mechanisms import registry
-    from shared.payload import PAYLOAD_CLASSES
 
     schema = cls.Params.model_json_schema()
     names = list(cls.param_names())
@@ -95,22 +111,6 @@ def mechanism_entry(cls: Any) -> dict:
 def build() -> dict:
     """The spec of the built-in mechanisms, as the registry, the floor and the ledger say
     today (no plugin: the committed file must not depend on what is installed)."""
-    import shared.mechanisms  # noqa: F401 (registers the built-in mechanisms)
-    from shared import conventions, floor, floor_text, ledger, messages, policy, trust
-    from shared.bundle import (
-        EMBEDDINGS_FILE,
-        ENCODER_FILE,
-        FORMAT,
-        FORMAT_VERSION,
-        HASHED_IF_PRESENT,
-        HASHED_META,
-        META_FILE,
-        NPY_DTYPES,
-        TABLE_FILE,
-        TABLE_SCALE_FILE,
-        TOKENIZER_FILE,
-    )
-    from shared.mechanisms import computable, int8_pass, registry
 
     built_in = [c for c in registry.mechanisms()
                 if c.__module__.startswith("shared.mechanisms.")]

@@ -7,6 +7,7 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
+from shared.floor_text import SAMPLE_FILE
 from shared.spec import SPEC_FILE, build, dumps, typescript, ziggurat
 
 REPO = Path(__file__).resolve().parents[2]
@@ -17,8 +18,6 @@ PUBLIC_TEXT_TS = REPO / "web_edge" / "src" / "generated" / "public_text.ts"
 
 def generated() -> dict[Path, str]:
     """Each generated file and the text it must have."""
-    from shared.floor_text import SAMPLE_FILE
-
     spec = build()
     return {SPEC_FILE: dumps(spec), SPEC_TS: typescript.render(spec),
             ZIGGURAT_TS: ziggurat.generate(),
