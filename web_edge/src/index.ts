@@ -38,6 +38,7 @@ export { SentenceEncoder } from "./mechanisms/encoder.js";
 export { Privatizer, type Mechanism, type PrivatizerOptions } from "./mechanisms/privatizer.js";
 export { nTokens, type TokenizedText } from "./mechanisms/tokens.js";
 export { DEFAULT_MECHANISM, mechanismModule, mechanismNames } from "./mechanisms/registry.js";
+export { predictMaxLength } from "./mechanisms/specs.js";
 export type { BoundMechanism, BuildOptions, MechanismModule, Params, PrivatizedData } from "./mechanisms/module.js";
 
 export {

@@ -13,7 +13,7 @@ import {
   ApiError, BudgetRefused, BundleChanged, BundleError, CacheApiBundleCache, CryptoSource, DChiText,
   IndexedDbLedgerStore, IndexedDbPinStore, IndexedDbTextFloorCache, Ledger, PrivbertClient, Privatizer, TextError,
   WeakPrivacyError, trust, trustNote,
-  parseIds, pinnedBundle, UPGRADE_WORK, warmUp, type BundleCache, type EdgeBundle, type Guarantee, type ModelInfo, type PinStore,
+  parseIds, pinnedBundle, predictMaxLength, UPGRADE_WORK, warmUp, type BundleCache, type EdgeBundle, type Guarantee, type ModelInfo, type PinStore,
   type ProgressCallback, type Status, type TokenizedText,
 } from "@privbert/edge";
 
@@ -183,8 +183,8 @@ export class Edge {
       { accept: ACCEPT }, progress);
     onProgress?.({ phase: "prepare", loaded: 0, total: null });
     const t1 = performance.now();
-    const limit = typeof model.max_length === "number" && model.max_length >= 4
-      ? Math.min(model.max_length, bundle.maxLength) : bundle.maxLength;
+    // the predict length policy (the library's one): the model's limit within the bundle's
+    const limit = predictMaxLength(model.mechanism, null, bundle.maxLength, model) ?? bundle.maxLength;
     const ledger = new Ledger(LEDGER);
     const edge = new Edge(client, model, bundle, ledger, bundle.diameter, limit); // shared.accounting.bundle_diameter: of the privatization table
     const t2 = performance.now();

@@ -90,16 +90,24 @@ export function isMetric(name: string): boolean {
 }
 
 /**
- * The predict length policy (edge_agent.privatize.run_setup.max_length_for): a payload that
- * carries word pieces is made within the served model's own limit (a model trained at 128
- * refuses longer ones, where the bundle allows up to 512); a vector payload has one size
- * whatever the text's length (the encoder's limit applies). Null: no limit from the model
- * (the bundle's, or the encoder's, applies).
+ * The predict length policy, the one place the web edge writes it
+ * (edge_agent.privatize.run_setup.max_length_for with shared.bundle.EdgeBundle.length_for_model):
+ * the length a run's texts are cut at, [CLS]/[SEP] included (the privatizer keeps
+ * ``max_length − 2`` word pieces of a text, ``− 3`` of a pair). ``given`` (--max-length) when
+ * set; else, for a run whose payloads go to a served model (``served``: its description; null
+ * for any other run), a payload that carries word pieces is made within that model's own limit
+ * (a model trained at 128 refuses longer ones, where the bundle allows up to 512), itself
+ * within the bundle's ``bundleMaxLength``; a vector payload has one size whatever the text's
+ * length (the encoder's limit applies). Null: no limit from the model (the bundle's, or the
+ * encoder's, applies: the privatizer's default); a ``max_length`` that is not a length (an
+ * integer >= 4) is none.
  */
-export function modelMaxLength(name: string, model: { max_length?: unknown }): number | null {
-  const limit = model.max_length;
-  if (!readsTokens(name) || typeof limit !== "number" || !Number.isInteger(limit) || limit < 4) return null;
-  return limit;
+export function predictMaxLength(name: string, given: number | null, bundleMaxLength: number,
+                                 served: { max_length?: unknown } | null): number | null {
+  if (given !== null || served === null || !readsTokens(name)) return given;
+  const limit = served.max_length;
+  if (typeof limit !== "number" || !Number.isInteger(limit) || limit < 4) return null;
+  return Math.min(limit, bundleMaxLength);
 }
 
 /** Whether two values of a parameter agree (shared.mechanisms.registry.same_param: numbers

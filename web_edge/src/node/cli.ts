@@ -29,7 +29,7 @@ import { recordLine } from "../service/payload.js";
 import { Pcg64Source } from "../random/pcg64.js";
 import { Privatizer, type Mechanism } from "../mechanisms/privatizer.js";
 import { DEFAULT_MECHANISM, mechanismNames, refusal } from "../mechanisms/registry.js";
-import { modelMaxLength, sameParams } from "../mechanisms/specs.js";
+import { predictMaxLength, sameParams } from "../mechanisms/specs.js";
 import { nTokens, type TokenizedText } from "../mechanisms/tokens.js";
 import { TextTokenizer } from "../bundle/tokenizer.js";
 import { checkVouched, parseIds, pinnedBundle, TRUSTED_ENV } from "../service/pins.js";
@@ -422,9 +422,7 @@ async function runPrivatize(positionals: string[], v: Values): Promise<number> {
   let priv: Privatizer | null = null;
   const makePrivatizer = async (b: EdgeBundle): Promise<void> => {
     // --max-length, else for --post predict the served model's own limit (the predict length policy)
-    let maxLength = o.maxLength;
-    const limit = maxLength === null && model && o.post === "predict" ? modelMaxLength(o.mechanism, model) : null;
-    if (limit !== null) maxLength = Math.min(limit, b.maxLength);
+    const maxLength = predictMaxLength(o.mechanism, o.maxLength, b.maxLength, o.post === "predict" ? model : null);
     try {
       priv = await Privatizer.create(b, { mechanism: o.mechanism, params: o.params, maxLength, truncate: o.truncate,
         floatDtype: o.float16 ? "float16" : "float32", allowWeakPrivacy: v["allow-weak-privacy"] ?? false,

@@ -7,12 +7,12 @@
  */
 
 import type { EdgeBundle } from "../bundle/bundle.js";
-import type { BundleCache, PrivbertClient, ProgressCallback } from "../service/client.js";
+import type { BundleCache, ModelInfo, PrivbertClient, ProgressCallback } from "../service/client.js";
 import type { Cost } from "../ledger/ledger.js";
 import { loadOrt } from "../runtime/ort.js";
 import type { AnyGuarantee } from "../ledger/accounting.js";
 import { Privatizer, type PrivatizerOptions } from "../mechanisms/privatizer.js";
-import { usesEncoder } from "../mechanisms/specs.js";
+import { predictMaxLength, usesEncoder } from "../mechanisms/specs.js";
 import type { TokenizedText } from "../mechanisms/tokens.js";
 import type { BitSource } from "../random/random.js";
 import { warmUpQuietly } from "../runtime/warm_up.js";
@@ -62,8 +62,12 @@ export interface Engine {
   close(): Promise<void>;
 }
 
-/** The privatizer options that travel to a Worker (no objects, no functions). */
-export type PlainPrivatizerOptions = Omit<PrivatizerOptions, "floorSource" | "textFloorCache">;
+/** The privatizer options that travel to a Worker (no objects, no functions), with the served
+ * model's description its payloads are for (its ``max_length``: the predict length policy,
+ * applied once the bundle is known: {@link predictMaxLength}). */
+export type PlainPrivatizerOptions = Omit<PrivatizerOptions, "floorSource" | "textFloorCache"> & {
+  served?: Pick<ModelInfo, "max_length"> | null;
+};
 
 /** Open the model's bundle (cache, or download and verify) and a privatizer on it. */
 export async function openLocal(client: PrivbertClient, bundleId: string, options: PlainPrivatizerOptions & {
@@ -88,9 +92,8 @@ export async function openLocal(client: PrivbertClient, bundleId: string, option
     early,
   ]);
   options.onProgress?.({ phase: "prepare", loaded: 0, total: null });
-  const { bundleCache: _b, onProgress: _p, ...rest } = options;
-  // the model's limit, within the bundle's (null: the bundle's, or the encoder's)
-  const maxLength = rest.maxLength == null ? null : Math.min(rest.maxLength, bundle.maxLength);
+  const { bundleCache: _b, onProgress: _p, served, ...rest } = options;
+  const maxLength = predictMaxLength(rest.mechanism, rest.maxLength ?? null, bundle.maxLength, served ?? null);
   const privatizer = await Privatizer.create(bundle, { ...rest, maxLength });
   return new LocalEngine(bundle, privatizer, fetched);
 }

@@ -23,7 +23,7 @@ import { openLocal, type Engine, type PlainPrivatizerOptions } from "./engine.js
 import { TextError } from "../errors.js";
 import { Ledger, MemoryLedgerStore, type Cost, type LedgerStore, type Status } from "../ledger/ledger.js";
 import { configureRuntime, type WasmPaths } from "../runtime/ort.js";
-import { mechanismSpec, modelMaxLength, substitutesTokens } from "../mechanisms/specs.js";
+import { mechanismSpec, substitutesTokens } from "../mechanisms/specs.js";
 import { nTokens } from "../mechanisms/tokens.js";
 import { MemoryPinStore, checkPin, parseIds, type PinStore } from "../service/pins.js";
 import type { BitSource } from "../random/random.js";
@@ -130,7 +130,7 @@ export class EdgeSession {
     const params: Record<string, number | string> = { ...(model.params as Record<string, number | string>) };
     if (o.eta !== undefined) params.eta = o.eta;
     const options: PlainPrivatizerOptions = {
-      mechanism, params, maxLength: modelMaxLength(mechanism, model), truncate,
+      mechanism, params, served: { max_length: model.max_length }, truncate,
       threads: o.threads, backend: o.backend, allowWeakPrivacy: o.allowWeakPrivacy,
       trustedBundles: [...trusted], trustHow: "the trustedBundles option",
     };
