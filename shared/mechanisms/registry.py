@@ -135,11 +135,14 @@ class Mechanism(Protocol):
     """What every mechanism object offers (:class:`BaseMechanism` implements the plumbing)."""
 
     name: ClassVar[str]
-    Params: ClassVar[type[BaseModel]]
     payload_kind: ClassVar[PayloadKind]
     family: ClassVar[str]
     private: ClassVar[bool]
     has_epsilon: ClassVar[bool]
+
+    @property
+    def Params(self) -> type[BaseModel]:  # read-only: a class narrows it to its own model
+        ...
 
     @property
     def params(self) -> dict[str, Any]: ...
