@@ -33,7 +33,7 @@ from shared.floor import ESTIMATE_TOKENS, dchi_floor, measure_unchanged, table_p
 from shared.ledger import Cost, check_amount, check_count, finite_cost
 from shared.mechanisms.checks import finite_array, positive, positive_int
 from shared.mechanisms.computable import check_dchi_eta
-from shared.mechanisms.nearest import ExactNearest, kth_neighbour_distances
+from shared.mechanisms.nearest import ExactNearest, NearestIndex, kth_neighbour_distances
 from shared.mechanisms.registry import (
     COMPUTABLE,
     COST,
@@ -235,9 +235,10 @@ class DChiText(_PolicyMixin, BaseMechanism):
         self._t_max = float(np.sqrt(np.einsum("ij,ij->i", self._embeddings,
                                               self._embeddings).max()))
         self.check_computable()
-        self.index = ExactNearest(
+        self.exact = ExactNearest(  # the search on the CPU, which a torch twin wraps
             self._embeddings[bundle.regular_ids], ids=bundle.regular_ids, chunk=chunk
         )
+        self.index: NearestIndex = self.exact  # the search privatize_ids runs
 
     def check_computable(self, bundle: EdgeBundle | None = None, *, dim: int | None = None,
                          float_dtype: str = "float32") -> None:

@@ -38,7 +38,7 @@ import os
 import queue
 import time
 from concurrent.futures import ThreadPoolExecutor
-from typing import TYPE_CHECKING, Any, cast
+from typing import TYPE_CHECKING, Any, Protocol, cast
 
 import numpy as np
 
@@ -69,6 +69,15 @@ MAX_WORKERS = 8  # each int8 worker holds a (chunk, rows) float32 score buffer
 AUTO_MIN_QUERIES_CHUNKS = 8  # a search this many chunks long builds the int8 pass: short
 # runs (a CLI on a few lines) never pay for building it
 BACKENDS = ("auto", "int8", "fp32")
+
+
+class NearestIndex(Protocol):
+    """What a mechanism asks of its nearest-row search: :class:`ExactNearest`, or a twin
+    with the same answers on another device (``models.nets.torch_nearest``)."""
+
+    def search(self, queries: np.ndarray) -> np.ndarray:
+        """Ids of the exact nearest rows, one per query row."""
+        ...
 
 
 class ExactNearest:
