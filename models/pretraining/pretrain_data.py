@@ -17,7 +17,7 @@ from __future__ import annotations
 import csv
 import os
 import sys
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -41,7 +41,7 @@ def default_corpus_paths() -> list[Path]:
     return [DATA / "corpus" / "agnews.txt", DATA / "sst2" / "train.tsv"]
 
 
-def read_corpus(paths: list[str | os.PathLike]) -> list[str]:
+def read_corpus(paths: Sequence[str | os.PathLike[str]]) -> list[str]:
     """Texts, one per non-empty line. A ``.tsv`` file contributes its first column
     (the header row ``sentence...`` is skipped); any other file, whole lines."""
     texts: list[str] = []
