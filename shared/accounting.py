@@ -15,12 +15,12 @@ registry's ``GUARANTEE`` table, and reads them.
 from __future__ import annotations
 
 import math
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from shared import messages as msg
-from shared.mechanisms.registry import as_mechanism
+from shared.mechanisms.registry import Mechanism, as_mechanism
 
 if TYPE_CHECKING:
     from shared.bundle import EdgeBundle
@@ -105,28 +105,28 @@ def dchi_expected_noise_norm(dim: int, eta: float) -> float:
 # -- the guarantee of a mechanism (its own module registers it) ------------------------------
 
 
-def guarantee(mechanism, bundle: EdgeBundle | None = None, *, dim: int | None = None,
-              sample: int = 2000) -> dict:
+def guarantee(mechanism: Mechanism | str, bundle: EdgeBundle | None = None, *,
+              dim: int | None = None, sample: int = 2000) -> dict[str, Any]:
     """Published and worst-case guarantee of ``mechanism`` (a ``shared.mechanisms`` object,
     or the name "none"): ``mechanism.guarantee(...)``."""
     return as_mechanism(mechanism).guarantee(bundle, dim=dim, sample=sample)
 
 
-def sentence_epsilon(g: dict, n_tokens: float) -> float | None:
+def sentence_epsilon(g: dict[str, Any], n_tokens: float) -> float | None:
     """Worst-case ε of a whole sentence of ``n_tokens`` tokens: dχ composes over the tokens
     (Qu et al. §3.2: the sum of the per-token bounds); the vector mechanisms' ε is already
     per sentence. None where there is no ε."""
-    eps = g["worst_case"].get("epsilon")
+    eps: float | None = g["worst_case"].get("epsilon")
     if eps is None:
         return None
     return eps * n_tokens if g["worst_case"].get("eta") is not None else eps
 
 
-def summary(g: dict, mean_tokens: float | None = None) -> str:
+def summary(g: dict[str, Any], mean_tokens: float | None = None) -> str:
     """One line for logs and CLI summaries; ``mean_tokens`` adds the worst case of a
     sentence of that many privatized tokens (dχ; under a token policy, those outside its
     public list)."""
-    def fmt(part: dict) -> str:
+    def fmt(part: dict[str, Any]) -> str:
         if part.get("eta") is not None:
             extra = f", worst eps {part['epsilon']:.1f}/token" if part.get("epsilon") else ""
             if part.get("epsilon") and mean_tokens:

@@ -11,8 +11,9 @@ from __future__ import annotations
 
 import binascii
 import math
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
-from typing import Annotated, Literal
+from typing import TYPE_CHECKING, Annotated, Literal
 
 import numpy as np
 from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, ValidationInfo, model_validator
@@ -21,6 +22,11 @@ try:  # SIMD base64 (10x the standard library's speed); same bytes, same errors
     from pybase64 import b64decode, b64encode
 except ImportError:  # pragma: no cover - the edge and cloud extras install it
     from base64 import b64decode, b64encode  # type: ignore[assignment]
+
+if TYPE_CHECKING:
+    import numpy.typing as npt
+
+    from shared.bundle import EdgeBundle
 
 MAX_JSON_BYTES = 8 * 1024 * 1024
 DTYPES = {"float16": "<f2", "float32": "<f4", "int32": "<i4", "bits": "u1"}
@@ -50,7 +56,8 @@ class Limits:
     labels: tuple[str, ...] | None = None
 
     @classmethod
-    def for_bundle(cls, bundle, labels=None, **sizes) -> Limits:
+    def for_bundle(cls, bundle: EdgeBundle, labels: Iterable[object] | None = None,
+                   **sizes: int) -> Limits:
         """Limits of payloads made with ``bundle`` (an EdgeBundle), optionally for a task
         whose class names are ``labels``."""
         enc = bundle.meta.get("encoder") or {}
@@ -145,7 +152,7 @@ class Array(BaseModel):
         return self._values.copy()
 
 
-def _checked(arr, dtype: str) -> np.ndarray:
+def _checked(arr: npt.ArrayLike, dtype: str) -> np.ndarray:
     """``arr`` as a private C-ordered array of the wire dtype (bits: uint8 0/1), checked:
     finite floats after the cast, integers in int32 range, bits 0 or 1."""
     a = np.asarray(arr)
@@ -201,7 +208,7 @@ def encode_array(arr: np.ndarray, dtype: str, limits: Limits | None = None) -> A
     return wrap_array(dtype, values, b64encode(raw).decode("ascii"))
 
 
-def encode_rows(arr: np.ndarray, lengths, dtype: str,
+def encode_rows(arr: np.ndarray, lengths: Sequence[int] | np.ndarray, dtype: str,
                 limits: Limits | None = None) -> list[Array]:
     """``encode_array`` of consecutive slices of ``arr`` along its first axis, of the
     given ``lengths`` (summing to ``len(arr)``): one cast, one check and, when a row is a
@@ -211,7 +218,8 @@ def encode_rows(arr: np.ndarray, lengths, dtype: str,
     return [wrap_array(dtype, values[a:b], d) for a, b, d in zip(starts, ends, datas, strict=True)]
 
 
-def encoded_rows(arr: np.ndarray, lengths, dtype: str, limits: Limits | None = None
+def encoded_rows(arr: np.ndarray, lengths: Sequence[int] | np.ndarray, dtype: str,
+                 limits: Limits | None = None
                  ) -> tuple[np.ndarray, list[int], list[int], list[str]]:
     """What :func:`encode_rows` wraps: (checked values, row starts, row ends, base64 of
     each slice), without building an Array per slice."""

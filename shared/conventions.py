@@ -10,6 +10,8 @@ the Python edge imports them from here.
 
 from __future__ import annotations
 
+from typing import Any
+
 # -- the device ledger ----------------------------------------------------------------------------
 DAY_S = 86_400.0
 """The per-day cap's window: the charges of the last 24 hours (rolling, not a calendar day)."""
@@ -50,7 +52,7 @@ def fmt_eps(eps: float | None) -> str:
     return f"{eps:.{EPS_SIGNIFICANT}g}"
 
 
-def spec_section() -> dict:
+def spec_section() -> dict[str, Any]:
     """These values as the mechanism spec publishes them."""
     return {"ledger": {"day_s": DAY_S, "max_anchors": MAX_ANCHORS},
             "cache": {"env": CACHE_ENV, "subdir": list(CACHE_SUBDIR), "pins_file": PINS_FILE,

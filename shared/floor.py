@@ -100,7 +100,8 @@ class DChiFloor:
     def __init__(self, table: np.ndarray, tokens: int = FLOOR_TOKENS,
                  rng: np.random.Generator | int | None = None, chunk: int = 256):
         t = np.ascontiguousarray(table, dtype=np.float32)
-        v, self.dim = t.shape
+        v, dim = t.shape
+        self.dim: int = dim
         rng = np.random.default_rng(rng) if isinstance(rng, int) else resolve_rng(rng)
         rows = (np.resize(rng.permutation(v), tokens) if tokens >= v
                 else rng.choice(v, size=tokens, replace=False))
@@ -195,7 +196,7 @@ def dchi_floor_eta(bundle: EdgeBundle, threshold: float = THRESHOLD,
 
 
 # -- dχ: the table itself ------------------------------------------------------------------------
-_IDENTICAL: dict[tuple, str | None] = {}
+_IDENTICAL: dict[tuple[str | None, str | None, str], str | None] = {}  # table key -> answer
 
 
 def table_problem(bundle: EdgeBundle, rng: np.random.Generator | None = None) -> str | None:

@@ -46,7 +46,7 @@ import hashlib
 from dataclasses import dataclass
 from functools import cache
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -219,7 +219,7 @@ def text_floor_reason(mech: DChiText, rng: np.random.Generator | None = None,
     return None
 
 
-def spec_section() -> dict:
+def spec_section() -> dict[str, Any]:
     """The text floor's constants as the mechanism spec publishes them."""
     return {"DECODE_LINE": DECODE_LINE, "PIECES_RATIO": PIECES_RATIO, "ROUNDS": ROUNDS,
             "TEXT_FIRST": TEXT_FIRST, "MIN_TOKENS": MIN_TOKENS, "PUBLIC_PIECES_PER_WORD": PUBLIC_PIECES_PER_WORD,

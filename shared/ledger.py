@@ -166,8 +166,9 @@ def cost(mechanism: str, params: Mapping[str, Any], *, tokens: int | None = None
     counted)."""
     family_of(mechanism)
     extra = {"public": public} if public else {}  # a plugin's cost function may not take it
-    return registry.get(mechanism).cost_of(params, tokens=tokens, dim=dim, diameter=diameter,
-                                           **extra)
+    # the registry's COST functions return a Cost (the registry cannot name the class here)
+    return cast(Cost, registry.get(mechanism).cost_of(params, tokens=tokens, dim=dim,
+                                                      diameter=diameter, **extra))
 
 
 # -- the cost of each mechanism: in its own module, registered in the registry's ``COST``
@@ -183,7 +184,7 @@ def mechanism_cost(mechanism: Any, *, tokens: int | None = None, dim: int | None
                    diameter: float | None = None) -> Cost:
     """:func:`cost` of a ``shared.mechanisms`` object (or the name "none"), SUE and OUE
     too: ``mechanism.cost(...)``."""
-    return as_mechanism(mechanism).cost(tokens=tokens, dim=dim, diameter=diameter)
+    return cast(Cost, as_mechanism(mechanism).cost(tokens=tokens, dim=dim, diameter=diameter))
 
 
 def payload_size(payload: Any) -> dict[str, int]:
@@ -211,7 +212,7 @@ def batch_cost(payloads: Iterable[Any], mechanism: str, params: Mapping[str, Any
     :func:`total` of their :func:`payload_cost` (up to float rounding), in one call per
     distinct payload size: dχ costs add up linearly in the tokens (η·D·Σn), the others
     depend only on the payload's size (r for the vector mechanisms)."""
-    sizes: dict[tuple, int] = {}
+    sizes: dict[tuple[tuple[str, int], ...], int] = {}
     n = 0
     if family_of(mechanism) == "dchi":
         # each payload's n_tokens, read without the property (the property dominated the

@@ -13,7 +13,8 @@ Size limits come from a :class:`Limits` in pydantic's validation context::
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Annotated, Any, ClassVar, Literal, TypeAlias, Union
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Annotated, Any, ClassVar, Literal, TypeAlias, TypeVar, Union
 
 import numpy as np
 from pydantic import (
@@ -68,7 +69,8 @@ class _Base(BaseModel):
 
     def data_array(self) -> np.ndarray:
         """The payload's array as numpy (see :meth:`Array.to_numpy`)."""
-        return getattr(self, self.array_field).to_numpy()
+        arr: Array = getattr(self, self.array_field)
+        return arr.to_numpy()
 
     @model_validator(mode="after")
     def _check_array(self, info: ValidationInfo) -> _Base:
@@ -93,7 +95,8 @@ class _TokenBase(_Base):
     @property
     def n_tokens(self) -> int:
         """L, the number of tokens."""
-        return getattr(self, self.array_field).shape[0]
+        arr: Array = getattr(self, self.array_field)
+        return arr.shape[0]
 
     def _check_shape(self, arr: Array, lim: Limits) -> None:
         _in_range("number of tokens L", self.n_tokens, lim.max_tokens)
@@ -191,9 +194,9 @@ def _plugin_payload(mech: Any) -> type[_Base]:
     else:
         raise ValueError(f"mechanism {mech.name}: a plugin's payload carries tokens or a "
                          f"vector, not {kind}")
-    cls = create_model(f"{mech.__name__}Payload", __base__=base,  # type: ignore[call-overload]
-                       __module__=__name__, mechanism=(Literal[mech.name], ...),
-                       params=(mech.Params, ...), **{field: (Array, ...)})
+    cls: type[_Base] = create_model(  # type: ignore[call-overload]
+        f"{mech.__name__}Payload", __base__=base, __module__=__name__,
+        mechanism=(Literal[mech.name], ...), params=(mech.Params, ...), **{field: (Array, ...)})
     cls.array_field = field
     return cls
 
@@ -251,7 +254,7 @@ PAYLOAD_FIELDS = {  # mechanism -> (array field, array dtype; None = float_dtype
     for name, cls in PAYLOAD_CLASSES.items()}
 
 
-def make_payload(mechanism: str, params: dict, bundle_id: str, data: np.ndarray,
+def make_payload(mechanism: str, params: dict[str, Any], bundle_id: str, data: np.ndarray,
                  segments: list[int] | None = None, float_dtype: str = "float32",
                  limits: Limits | None = None) -> Payload:
     """Build and validate the payload of ``mechanism`` around ``data``."""
@@ -267,8 +270,9 @@ def make_payload(mechanism: str, params: dict, bundle_id: str, data: np.ndarray,
     return PAYLOAD_ADAPTER.validate_python(obj, context={"limits": limits or DEFAULT_LIMITS})
 
 
-def make_payloads(mechanism: str, params: dict, bundle_id: str, data: np.ndarray,
-                  lengths, segments: list[list[int] | None] | None = None,
+def make_payloads(mechanism: str, params: dict[str, Any], bundle_id: str, data: np.ndarray,
+                  lengths: Sequence[int] | np.ndarray,
+                  segments: list[list[int] | None] | None = None,
                   float_dtype: str = "float32", limits: Limits | None = None) -> list[Payload]:
     """Payloads of a token mechanism around consecutive rows of ``data`` (``lengths[i]``
     rows each): :func:`make_payload` with one cast, check and base64 pass for the batch
@@ -291,7 +295,11 @@ def make_payloads(mechanism: str, params: dict, bundle_id: str, data: np.ndarray
     return out
 
 
-def _parse(validator, obj: dict | str | bytes, limits: Limits | None):
+_T = TypeVar("_T")
+
+
+def _parse(validator: TypeAdapter[_T], obj: dict[str, Any] | str | bytes,
+           limits: Limits | None) -> _T:
     lim = limits or DEFAULT_LIMITS
     ctx = {"limits": lim}
     if isinstance(obj, str | bytes | bytearray):
@@ -305,11 +313,11 @@ def _parse(validator, obj: dict | str | bytes, limits: Limits | None):
 _RECORD_ADAPTER = TypeAdapter(Record)
 
 
-def parse_payload(obj: dict | str | bytes, limits: Limits | None = None) -> Payload:
+def parse_payload(obj: dict[str, Any] | str | bytes, limits: Limits | None = None) -> Payload:
     """Validate a payload given as a dict or JSON text."""
     return _parse(PAYLOAD_ADAPTER, obj, limits)
 
 
-def parse_record(obj: dict | str | bytes, limits: Limits | None = None) -> Record:
+def parse_record(obj: dict[str, Any] | str | bytes, limits: Limits | None = None) -> Record:
     """Validate a record (payload + optional label) given as a dict or JSON text."""
     return _parse(_RECORD_ADAPTER, obj, limits)

@@ -28,6 +28,7 @@ import hashlib
 import json
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 
@@ -133,7 +134,7 @@ def tokens_digest(tokens: Sequence[str]) -> str:
                                      separators=(",", ":")).encode()).hexdigest()
 
 
-def policy_block(name: str, vocab: Mapping[str, int], regular: np.ndarray) -> dict:
+def policy_block(name: str, vocab: Mapping[str, int], regular: np.ndarray) -> dict[str, Any]:
     """``bundle.json``'s ``policy`` block for the named list on a tokenizer's ``vocab``: the
     listed words that are regular tokens of this vocabulary (whole words of one piece)."""
     if name not in POLICIES:
@@ -209,7 +210,7 @@ class TokenPolicy:
             pub[-1] = False
         return pub
 
-    def describe(self) -> dict:
+    def describe(self) -> dict[str, Any]:
         return {"name": self.name, "size": self.size, "sha256": self.digest}
 
 

@@ -91,7 +91,7 @@ def neighbour_table(table: np.ndarray, ids: np.ndarray, regular: np.ndarray,
 def semantic_hits(x: np.ndarray, guess: np.ndarray, neighbours: dict[int, np.ndarray]
                   ) -> np.ndarray:
     """Whether each guess is x or one of x's neighbours (:func:`neighbour_table`)."""
-    hit = guess == x
+    hit: np.ndarray = guess == x
     for i in np.flatnonzero(~hit):
         near = neighbours.get(int(x[i]))
         if near is not None and int(guess[i]) in near:
@@ -100,7 +100,8 @@ def semantic_hits(x: np.ndarray, guess: np.ndarray, neighbours: dict[int, np.nda
 
 
 def recovery_by_class(x: np.ndarray, guesses: np.ndarray, classes: TokenClasses,
-                      neighbours: dict[int, np.ndarray] | None = None) -> dict[str, dict]:
+                      neighbours: dict[int, np.ndarray] | None = None
+                      ) -> dict[str, dict[str, float | None]]:
     """{class: {measure: share}} for ranked ``guesses`` (n, k >= 1) of originals ``x``;
     ``top5`` needs k >= 5, ``semantic`` the neighbours."""
     g = np.asarray(guesses)
@@ -112,7 +113,7 @@ def recovery_by_class(x: np.ndarray, guesses: np.ndarray, classes: TokenClasses,
         hits["top5"] = (g[:, :5] == x[:, None]).any(axis=1)
     if neighbours is not None:
         hits["semantic"] = semantic_hits(x, first, neighbours)
-    out: dict[str, dict] = {}
+    out: dict[str, dict[str, float | None]] = {}
     for c, mask in classes.masks.items():
         n = int(mask.sum())
         out[c] = {m: (float(h[mask].mean()) if n else None) for m, h in hits.items()}

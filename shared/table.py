@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import hashlib
 from dataclasses import dataclass, field
-from typing import cast
+from typing import Any, cast
 
 import numpy as np
 
@@ -113,7 +113,7 @@ class Table:
     values: np.ndarray                 # (V, k) float32: what the mechanism uses
     stored: np.ndarray                 # (V, k) float32 or int8: what the bundle stores
     scale: np.ndarray | None           # (k,) float32 for int8, else None
-    description: dict = field(default_factory=dict)  # bundle.json's "table" block
+    description: dict[str, Any] = field(default_factory=dict)  # bundle.json's "table" block
 
     @property
     def dim(self) -> int:
@@ -170,7 +170,7 @@ def table_digest(values: np.ndarray) -> str:
 
 
 def build_table(embeddings: np.ndarray, regular_ids: np.ndarray, spec: TableSpec,
-                source: dict | None = None) -> Table:
+                source: dict[str, Any] | None = None) -> Table:
     """The privatization table of ``spec`` over the model's word ``embeddings`` (V, n).
 
     The projection is fitted on the regular rows of ``embeddings`` only: the table itself,

@@ -26,6 +26,7 @@ another id: it is then unverified and checked by the text floor, never trusted b
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 from shared import messages as msg
 
@@ -106,6 +107,6 @@ def trust(bundle_id: str, trusted: frozenset[str] | set[str] = frozenset()) -> T
     return Trust(bundle_id, UNVERIFIED)
 
 
-def spec_section() -> dict:
+def spec_section() -> dict[str, Any]:
     """The known bundles as the mechanism spec publishes them."""
     return {"source": KNOWN_SOURCE, "bundles": dict(KNOWN_BUNDLES), "tokenizer": KNOWN_TOKENIZER}

@@ -81,7 +81,7 @@ class TorchDChiText(DChiText):
 
     def __init__(self, bundle: EdgeBundle, eta: float, device: torch.device | str):
         super().__init__(bundle, eta, chunk=1024)
-        self.index = TorchExactNearest(self.index, device)
+        self.index = TorchExactNearest(self.exact, device)
 
 
 def dchi_text_on(bundle: EdgeBundle, eta: float, device: torch.device) -> DChiText:

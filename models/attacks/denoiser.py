@@ -112,6 +112,14 @@ def channel_bias(posterior, candidates: np.ndarray, regular_ids: np.ndarray,
 class Denoiser(nn.Module):
     """Privatized ids (B, T) -> scores over (candidates ∪ {y_i}) at every position."""
 
+    # buffers: the candidate ids and each id's slot among them, and the channel bias
+    candidates: torch.Tensor
+    slot_of: torch.Tensor
+    base: torch.Tensor
+    copy: torch.Tensor
+    sparse_val: torch.Tensor
+    sparse_slot: torch.Tensor
+
     def __init__(self, bert, candidates, bias: dict, meta: dict):
         super().__init__()
 

@@ -234,15 +234,17 @@ def recovery(denoiser: Denoiser | None, posterior, bundle, texts: Sequence[str],
     seqs = token_sequences(bundle, texts, max_length)
     if not seqs:
         raise ValueError("no tokens to measure recovery on")
-    eta = posterior.eta if posterior is not None else float(denoiser.meta["eta"])
-    public_p = posterior.public_p if posterior is not None else denoiser.meta.get("public_p")
+    if posterior is not None:
+        eta, public_p = posterior.eta, posterior.public_p
+    else:
+        assert denoiser is not None  # one of the two, checked above
+        eta, public_p = float(denoiser.meta["eta"]), denoiser.meta.get("public_p")
     mech = DChiText(bundle, eta, public_p=public_p)
     map_ids = posterior.map_ids() if posterior is not None else None
     x = np.concatenate(seqs)
-    in_cand = None
+    in_cand = np.zeros(bundle.vocab_size, dtype=bool)  # the denoiser's candidates
     if denoiser is not None:
         denoiser.eval()
-        in_cand = np.zeros(bundle.vocab_size, dtype=bool)
         in_cand[denoiser.candidates.numpy()] = True
     res: dict[str, list[float]] = {"survive": [], "context_free": [], "contextual": [],
                                    "context_free_smoothed": [], "reachable": []}
@@ -269,16 +271,17 @@ def recovery(denoiser: Denoiser | None, posterior, bundle, texts: Sequence[str],
                 splits.append(recovery_by_class(x, map_ids[y], classes, near))
             continue
         res["reachable"].append(float(((y == x) | in_cand[x]).mean()))
-        pred, free = [None] * len(seqs), [None] * len(seqs)
+        pred: dict[int, np.ndarray] = {}  # sequence -> its guesses
+        free: dict[int, np.ndarray] = {}
         for idx in _batches(lengths, batch_size, None):
             b = collate([ys[i] for i in idx], None, bundle.special_ids)
             p = _top_ids(denoiser, b["input_ids"], b["attention_mask"], 5).numpy()
             f = denoiser.context_free_ids(b["input_ids"]).numpy()
             for j, i in enumerate(idx):
                 pred[i], free[i] = p[j, 1:len(ys[i]) + 1], f[j, 1:len(ys[i]) + 1]
-        guesses = np.concatenate(pred)
+        guesses = np.concatenate([pred[i] for i in range(len(seqs))])
         res["contextual"].append(float((guesses[:, 0] == x).mean()))
-        res["context_free_smoothed"].append(float((np.concatenate(free) == x).mean()))
+        res["context_free_smoothed"].append(float((np.concatenate([free[i] for i in range(len(seqs))]) == x).mean()))
         if classes is not None:
             splits.append(recovery_by_class(x, guesses, classes, near))
     out = {"tokens": int(len(x)), "texts": len(seqs), "draws": draws,

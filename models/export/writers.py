@@ -31,7 +31,13 @@ from torch import nn
 
 from models.export.onnx_classifier import onnx_session
 from models.nets.backbone import load_bert, resolve_model_dir
-from models.nets.classifiers import POOLINGS, mean_pool
+from models.nets.classifiers import (
+    POOLINGS,
+    EmbeddingClassifier,
+    TokenClassifier,
+    VectorMLP,
+    mean_pool,
+)
 from models.training.data import collate, example_payload_arrays, fit_segments
 from models.versions.manifest import update_manifest
 from models.versions.model_version import load_model
@@ -126,6 +132,8 @@ def onnx_bytes(module: nn.Module, example: dict[str, torch.Tensor], output: str,
                 external_data=False, dynamic_shapes=tuple(shapes[n] for n in names))
     finally:
         log.setLevel(level)
+    if prog is None:  # dynamo=True always returns the program
+        raise RuntimeError("torch.onnx.export returned no ONNX program")
     return prog.model_proto.SerializeToString()
 
 
@@ -194,6 +202,8 @@ def export_classifier_onnx(model_dir: str | os.PathLike, seed: int = 0, int8: bo
 
     mv = load_model(model_dir)
     module = mv.module.float().eval()
+    if not isinstance(module, TokenClassifier | EmbeddingClassifier | VectorMLP):
+        raise TypeError(f"not a privbert classifier: {type(module).__name__}")
     rng = np.random.default_rng(seed)
     arrays, segs = example_payload_arrays(mv.config, rng)
     example = collate(arrays, segs, mv.mechanism, mv.special_ids, mv.max_length)

@@ -15,6 +15,7 @@ Every module's ``forward`` takes the keys of :func:`models.training.data.collate
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any, Protocol
 
 import torch
 import torch.nn.functional as F
@@ -23,7 +24,22 @@ from torch import nn
 from models.nets.backbone import freeze_word_embeddings
 from models.training.data import kind_of
 
+if TYPE_CHECKING:
+    from transformers import BertModel
+
 POOLINGS = ("mean", "cls")
+
+
+class ContextDenoiser(Protocol):
+    """What a classifier reads of ``models.attacks.denoiser.Denoiser`` (named here by what
+    it offers: that module imports this room)."""
+
+    def describe(self) -> dict[str, Any]: ...
+
+    def is_text(self, input_ids: torch.Tensor) -> torch.Tensor: ...
+
+    def soft_embedding(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None,
+                       token_type_ids: torch.Tensor | None = None) -> torch.Tensor: ...
 
 
 def mean_pool(hidden: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
@@ -45,6 +61,7 @@ class _BertClassifier(nn.Module):
     """BERT encoder, pooling, dropout, linear head."""
 
     input_names: tuple[str, ...] = ()
+    bert: BertModel
 
     def __init__(self, bert, num_labels: int, pooling: str = "mean"):
         super().__init__()
@@ -85,6 +102,8 @@ class TokenClassifier(_BertClassifier):
     """
 
     input_names = ("input_ids", "attention_mask", "token_type_ids")
+    posterior_table: torch.Tensor  # a buffer, with a posterior
+    denoiser: ContextDenoiser | None
 
     def __init__(self, bert, num_labels: int, pooling: str = "mean",
                  posterior_table=None, gate_init: float = 0.0, contextual: bool = False):
@@ -165,6 +184,7 @@ class EmbeddingClassifier(_BertClassifier):
     """
 
     input_names = ("input_ids", "token_rows", "row_mask", "attention_mask", "token_type_ids")
+    log_prior: torch.Tensor  # a buffer, with a posterior
 
     def __init__(self, bert, num_labels: int, pooling: str = "mean", log_prior=None,
                  eta: float | None = None, gate_init: float = 0.0):
@@ -214,6 +234,8 @@ class VectorMLP(nn.Module):
     """MLP over a payload vector, inputs standardised by statistics of the training payloads."""
 
     input_names = ("features",)
+    shift: torch.Tensor  # buffers: the training payloads' mean and deviation
+    scale: torch.Tensor
     MIN_STD = 1e-3  # below this a training coordinate counts as constant (scale 1)
 
     def __init__(self, in_dim: int, num_labels: int, hidden: Sequence[int] = (768, 768, 768),
@@ -289,17 +311,17 @@ def build_classifier(mechanism: str, num_labels: int, *, bert=None, feature_dim:
                                posterior.eta)
 
 
-def architecture(module: nn.Module) -> dict:
+def architecture(module: nn.Module) -> dict[str, Any]:
     """What :func:`classifier_from_architecture` needs to rebuild ``module`` (no weights)."""
     if isinstance(module, VectorMLP):
         return {"class": "VectorMLP", "in_dim": module.in_dim, "num_labels": module.num_labels,
                 "hidden": module.hidden, "dropout": module.net[2].p if module.hidden else 0.0}
     if isinstance(module, _BertClassifier):
-        arch = {"class": type(module).__name__, "num_labels": module.num_labels,
+        arch: dict[str, Any] = {"class": type(module).__name__, "num_labels": module.num_labels,
                 "pooling": module.pooling, "bert_config": module.bert.config.to_dict()}
         if getattr(module, "has_posterior", False):
             arch["posterior"] = {"eta": getattr(module, "eta", None)}
-        if getattr(module, "contextual", False):
+        if isinstance(module, TokenClassifier) and module.contextual:
             d = module.denoiser
             arch["denoiser"] = None if d is None else {
                 k: d.describe()[k] for k in ("file", "mechanism", "eta", "bundle_id", "layers",
@@ -308,7 +330,7 @@ def architecture(module: nn.Module) -> dict:
     raise TypeError(f"not a privbert classifier: {type(module).__name__}")
 
 
-def classifier_from_architecture(arch: dict) -> nn.Module:
+def classifier_from_architecture(arch: dict[str, Any]) -> nn.Module:
     """An untrained module of the architecture ``arch`` (weights are loaded afterwards)."""
     name = arch.get("class")
     if name == "VectorMLP":

@@ -200,7 +200,8 @@ def load_base_head(head: MLMHead, base: Path) -> str | None:
 
 def make_optimizer(model: nn.Module, lr: float, weight_decay: float) -> torch.optim.AdamW:
     """AdamW as BERT: no decay on biases and LayerNorm; frozen parameters excluded."""
-    decay, no_decay = [], []
+    decay: list[nn.Parameter] = []
+    no_decay: list[nn.Parameter] = []
     for name, p in model.named_parameters():
         if p.requires_grad:
             (no_decay if p.ndim == 1 or "LayerNorm" in name or "layer_norm" in name else decay).append(p)
@@ -400,7 +401,11 @@ def pretrain(base_dir: str | os.PathLike | None, out_dir: str | os.PathLike, obj
     if not seqs:
         raise ValueError("the corpus is empty (no line with a token)")
     per_epoch = -(-len(seqs) // cfg.batch_size)
-    total = cfg.steps if cfg.steps is not None else -(-cfg.epochs * per_epoch // world)
+    if cfg.steps is not None:
+        total = cfg.steps
+    else:
+        assert cfg.epochs is not None  # PretrainConfig: steps or epochs
+        total = -(-cfg.epochs * per_epoch // world)
 
     bert = load_bert(checkpoints[-1] if resume else base)
     check_same_bundle(bert, bundle)
@@ -561,6 +566,7 @@ def _loop(model, trainer: Trainer, make, start: int, total: int, run: dict, log_
             if should_stop is not None and distributed.any_rank(should_stop(), dist_ctx):
                 raise TrainingCancelled("pretraining cancelled")
             if pool:
+                assert pending is not None  # submitted for every step below total
                 batch = pending.result()
                 pending = pool.submit(make, step + 1) if step + 1 < total else None
             else:

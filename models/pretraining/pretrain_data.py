@@ -17,6 +17,7 @@ from __future__ import annotations
 import csv
 import os
 import sys
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -40,7 +41,7 @@ def default_corpus_paths() -> list[Path]:
     return [DATA / "corpus" / "agnews.txt", DATA / "sst2" / "train.tsv"]
 
 
-def read_corpus(paths: list[str | os.PathLike]) -> list[str]:
+def read_corpus(paths: Sequence[str | os.PathLike[str]]) -> list[str]:
     """Texts, one per non-empty line. A ``.tsv`` file contributes its first column
     (the header row ``sentence...`` is skipped); any other file, whole lines."""
     texts: list[str] = []
@@ -51,10 +52,11 @@ def read_corpus(paths: list[str | os.PathLike]) -> list[str]:
             if p.suffix == ".tsv":
                 csv.field_size_limit(sys.maxsize)
                 with open(p, newline="", encoding="utf-8") as f:
-                    rows = csv.reader(f, delimiter="\t", quoting=csv.QUOTE_NONE)
-                    header = next(rows, None)
+                    reader = csv.reader(f, delimiter="\t", quoting=csv.QUOTE_NONE)
+                    header = next(reader, None)
+                    rows: Iterable[list[str]] = reader
                     if header and header[0].strip().lower() not in ("sentence", "sentence_a", "text"):
-                        rows = [header, *rows]
+                        rows = [header, *reader]
                     texts += [r[0].strip() for r in rows if r and r[0].strip()]
             else:
                 with open(p, encoding="utf-8") as f:
@@ -120,7 +122,7 @@ class BatchPrivatizer:
         self._search = self.text.index.search
         if search == "torch":
 
-            self._search = TorchExactNearest(self.text.index, device or "cpu").search
+            self._search = TorchExactNearest(self.text.exact, device or "cpu").search
 
     @property
     def mechanism_object(self) -> DChiText | DChiEmbedding:

@@ -29,7 +29,7 @@ import sys
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Literal, overload
 
 import numpy as np
 
@@ -107,7 +107,7 @@ def read_labelled_tsv(path: str | os.PathLike, limit: int | None = None) -> Labe
                     continue
                 out.texts.append(a)
                 out.labels.append(label)
-                if out.pairs is not None:
+                if out.pairs is not None and b is not None:  # pairs: b is there (checked)
                     out.pairs.append(b)
                 if limit is not None and len(out.texts) >= limit:
                     break
@@ -248,7 +248,8 @@ def dataset_from_records(records: Iterable[Record | tuple], label_names: Sequenc
     if label_names is None:
         label_names = _infer_label_names([r.label for r in recs], where)
     names = list(label_names)
-    arrays, segments, targets, digests = [], [], [], []
+    arrays, segments, digests = [], [], []
+    targets: list[int | list[float]] = []  # class indices, or soft labels
     # the parameters records must share (TextHide: the pool m, not k)
     compared = registry.get(mech).compared_params
     base = compared(params)
@@ -371,10 +372,11 @@ def collate_kind(arrays: Sequence[np.ndarray], segments: Sequence[tuple[int, ...
         if kind == "tokens":
             ids[i, pos] = a[keep]
         else:
+            assert emb is not None  # kind "embeddings"
             emb[i, pos] = a[keep]
             rows_pos[i, pos] = True
-    out = {"input_ids": ids, "attention_mask": att, "token_type_ids": tt}
-    if kind == "embeddings":
+    out: dict[str, np.ndarray] = {"input_ids": ids, "attention_mask": att, "token_type_ids": tt}
+    if emb is not None:  # kind "embeddings"
         out["token_rows"] = emb
         out["row_mask"] = rows_pos
     return out
@@ -390,6 +392,15 @@ def collate(arrays: Sequence[np.ndarray], segments: Sequence[tuple[int, ...] | N
         arrays, segments, mechanism, special_ids, max_length).items()}
 
 
+@overload
+def collate_payloads(payloads: Sequence, config: dict, as_numpy: Literal[False] = False
+                     ) -> dict[str, torch.Tensor]: ...
+@overload
+def collate_payloads(payloads: Sequence, config: dict, as_numpy: Literal[True]
+                     ) -> dict[str, np.ndarray]: ...
+@overload
+def collate_payloads(payloads: Sequence, config: dict, as_numpy: bool
+                     ) -> dict[str, torch.Tensor] | dict[str, np.ndarray]: ...
 def collate_payloads(payloads: Sequence, config: dict, as_numpy: bool = False
                      ) -> dict[str, torch.Tensor] | dict[str, np.ndarray]:
     """One padded batch for checked ``shared.payload`` payloads, laid out for the model whose
@@ -425,14 +436,14 @@ def example_payload_arrays(cfg: dict, rng: np.random.Generator, n: int = 5):
     return kind_arrays, segments
 
 
-def collate_dataset(ds: PayloadDataset, idx: Sequence[int], special_ids: dict[str, int],
+def collate_dataset(ds: PayloadDataset, idx: Sequence[int] | np.ndarray, special_ids: dict[str, int],
                     max_length: int) -> dict[str, torch.Tensor]:
     """Collate examples ``idx`` of ``ds``."""
     return collate([ds.arrays[i] for i in idx], [ds.segments[i] for i in idx], ds.mechanism,
                    special_ids, max_length)
 
 
-def collate_originals(ds: PayloadDataset, idx: Sequence[int], special_ids: dict[str, int],
+def collate_originals(ds: PayloadDataset, idx: Sequence[int] | np.ndarray, special_ids: dict[str, int],
                       max_length: int) -> torch.Tensor:
     """(B, T) int64: the original id at each payload position of the batch ``idx`` (laid out
     as :func:`collate_dataset` lays out the payloads), −100 at [CLS]/[SEP]/padding.

@@ -328,6 +328,7 @@ def train_from_tsv(train_tsv: str | os.PathLike, out_dir: str | os.PathLike,
                                      posterior_cache, progress)
     if recipe.denoiser and denoiser is None:
 
+        assert posterior is not None  # built just above for the denoiser's bias
         denoiser = public_denoiser(bundle, posterior, data.texts + corpus, recipe, base, rng,
                                    posterior_cache, progress)
     if not recipe.posterior:

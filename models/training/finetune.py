@@ -16,6 +16,7 @@ import os
 import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
+from typing import cast
 
 import numpy as np
 import torch
@@ -27,7 +28,7 @@ from models.nets.backbone import (
     keep_layers,
     pick_device,
 )
-from models.nets.classifiers import build_classifier, classification_loss
+from models.nets.classifiers import VectorMLP, build_classifier, classification_loss
 from models.training import distributed
 from models.training.data import PayloadDataset, collate_dataset, collate_originals, length_buckets
 from models.training.distributed import DistContext
@@ -148,6 +149,7 @@ def build_model(train: PayloadDataset, bundle: EdgeBundle, base=None,
         model = build_classifier(train.mechanism, n_labels, feature_dim=train.feature_dim(),
                                  hidden=cfg.hidden)
         x = torch.from_numpy(np.stack([np.asarray(a, np.float32) for a in train.arrays]))
+        assert isinstance(model, VectorMLP)  # the classifier of every vector kind
         model.fit_input_scaling(x)
         return model
     bert = load_backbone(base)
@@ -362,7 +364,8 @@ def finetune(train: PayloadDataset, dev: PayloadDataset | None, bundle: EdgeBund
     scaler = torch.amp.GradScaler(device.type, enabled=amp == torch.float16)
     seed = cfg.seed
     if dist_ctx is not None and seed is None:  # one batch order, shared by every rank
-        seed = distributed.broadcast_object(int(np.random.SeedSequence().entropy % 2**63),
+        entropy = cast(int, np.random.SeedSequence().entropy)  # drawn from the OS: an int
+        seed = distributed.broadcast_object(int(entropy % 2**63),
                                             dist_ctx)
     rng = np.random.default_rng(seed)
     special = bundle.special_ids
@@ -390,7 +393,7 @@ def finetune(train: PayloadDataset, dev: PayloadDataset | None, bundle: EdgeBund
                 train = upcoming.result()
                 check_compatible(train, None, bundle)
             upcoming = (pool.submit(refresh, epoch + 1) if pool is not None
-                        and epoch < cfg.epochs else None)
+                        and refresh is not None and epoch < cfg.epochs else None)
             net.train()
             run_loss, run_n, seen = torch.zeros((), device=device), 0, 0
             parts_sum: dict[str, torch.Tensor] = {}
@@ -493,9 +496,10 @@ def _frozen_table(module: nn.Module) -> torch.Tensor | None:
 
 
 def _check_frozen(module: nn.Module, before: torch.Tensor | None) -> None:
-    if before is None:
+    bert = getattr(module, "bert", None)  # before: its table, read by _frozen_table
+    if before is None or bert is None:
         return
-    after = module.bert.embeddings.word_embeddings.weight.detach().cpu()
+    after = bert.embeddings.word_embeddings.weight.detach().cpu()
     if not torch.equal(before, after):
         raise RuntimeError("the frozen word-embedding table changed during training")
 

@@ -21,7 +21,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from models.nets.classifiers import classification_loss
+from models.nets.classifiers import EmbeddingClassifier, TokenClassifier, classification_loss
 
 
 class DenoiseHead(nn.Module):
@@ -44,6 +44,9 @@ class Objective(nn.Module):
     """Training-time wrapper: ``forward(batch, targets, originals, teacher)`` -> (loss, logits,
     parts) where ``parts`` holds each term's value for logging."""
 
+    rtd_head: nn.Linear  # with a replaced-token detection weight
+    denoise_head: DenoiseHead  # with a denoising weight
+
     def __init__(self, classifier: nn.Module, *, denoise: float = 0.0, denoise_rate: float = 0.5,
                  distill: float = 0.0, temperature: float = 2.0, rtd: float = 0.0):
         super().__init__()
@@ -59,7 +62,9 @@ class Objective(nn.Module):
         self.rtd = float(rtd)
         self.denoise, self.denoise_rate = float(denoise), float(denoise_rate)
         self.distill, self.temperature = float(distill), float(temperature)
-        if (self.denoise or self.rtd) and not hasattr(classifier, "encode"):
+        if not (self.denoise or self.rtd):
+            return
+        if not isinstance(classifier, TokenClassifier | EmbeddingClassifier):
             raise ValueError("the denoising and replaced-token losses need a BERT classifier")
         if self.rtd:
             self.rtd_head = nn.Linear(classifier.bert.config.hidden_size, 1)
@@ -74,6 +79,7 @@ class Objective(nn.Module):
         clf = self.classifier
         parts: dict[str, torch.Tensor] = {}
         if (self.denoise or self.rtd) and originals is not None:
+            assert isinstance(clf, TokenClassifier | EmbeddingClassifier)  # as __init__ checked
             out = clf.encode(**batch)
             logits = clf._logits(out, batch["attention_mask"])
             if self.denoise:

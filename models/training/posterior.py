@@ -83,12 +83,19 @@ class ChannelPosterior:
                                  max(self.pair_x.max(), self.pair_y.max()) >= self.vocab_size):
             raise ValueError("channel pairs hold ids outside the vocabulary")
 
+    @property
+    def _draws(self) -> np.ndarray:
+        """``draws`` once built (``__post_init__`` turns None into zeros)."""
+        if self.draws is None:
+            raise RuntimeError("the channel posterior was not built")
+        return self.draws
+
     # -- identity ------------------------------------------------------------------------------
     def describe(self) -> dict:
         """What the table is for and what it was built from (recorded in a model's config)."""
         return {"mechanism": self.mechanism, "eta": self.eta, "bundle_id": self.bundle_id,
                 **({"public_p": self.public_p} if self.public_p is not None else {}),
-                "draws": int(self.draws.sum()), "prior_tokens": int(self.prior_counts.sum()),
+                "draws": int(self._draws.sum()), "prior_tokens": int(self.prior_counts.sum()),
                 "distinct_tokens": int((self.prior_counts > 0).sum()), **self.source}
 
     @property
@@ -117,7 +124,7 @@ class ChannelPosterior:
         if not _sends_ids(self.mechanism) or not len(self.pair_x):
             raise ValueError("no channel counts: the table is not a dchi-text one")
         x, y = self.pair_x.astype(np.int64), self.pair_y.astype(np.int64)
-        joint = self.prior_counts[x] * self.pair_n / self.draws[x]  # ∝ P(x) P̂(y | x)
+        joint = self.prior_counts[x] * self.pair_n / self._draws[x]  # ∝ P(x) P̂(y | x)
         total = np.zeros(self.vocab_size)
         np.add.at(total, y, joint)
         return x, y, joint / total[y]
@@ -168,7 +175,7 @@ class ChannelPosterior:
         buf = io.BytesIO()
         np.savez_compressed(buf, meta=np.frombuffer(json.dumps(meta).encode(), np.uint8),
                             prior_counts=self.prior_counts,
-                            draws=self.draws.astype(np.int32), pair_x=self.pair_x.astype(np.int32),
+                            draws=self._draws.astype(np.int32), pair_x=self.pair_x.astype(np.int32),
                             pair_y=self.pair_y.astype(np.int32),
                             pair_n=self.pair_n.astype(np.int32))
         return buf.getvalue()

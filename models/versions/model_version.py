@@ -38,7 +38,7 @@ import torch
 from torch import nn
 
 from models.attacks.denoiser import Denoiser
-from models.nets.classifiers import architecture
+from models.nets.classifiers import TokenClassifier, architecture
 from models.training.data import collate_payloads, kind_of
 from models.versions.manifest import MANIFEST_FILE, seal, verify_folder
 from models.versions.version_folder import (
@@ -211,7 +211,7 @@ class ModelVersion:
         return out
 
 
-def attach_version_denoiser(module: nn.Module, path: Path, cfg: dict) -> None:
+def attach_version_denoiser(module: TokenClassifier, path: Path, cfg: dict) -> None:
     """Attach the version's ``denoiser.safetensors`` to ``module``; ValueError (one line) if
     it is missing, unreadable or made for another mechanism, η or bundle."""
     f = path / DENOISER_FILE
@@ -229,7 +229,7 @@ def load_model(path: str | os.PathLike, device: torch.device | str = "cpu",
     first checked whole (``models.versions.manifest.verify_folder``: IntegrityError, a ValueError)."""
     p = Path(path)
     cfg, module = load_classifier(p, verify)
-    if getattr(module, "contextual", False):
+    if isinstance(module, TokenClassifier) and module.contextual:
         attach_version_denoiser(module, p, cfg)
     module.to(device).eval()
     metrics_path = p / METRICS_FILE

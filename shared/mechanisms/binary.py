@@ -134,7 +134,7 @@ class FixedPointBits(BaseMechanism):
         b = np.asarray(bits, dtype=np.int64)
         b = b.reshape(*b.shape[:-1], self.dim, self.bits_per_value)
         weights = 2.0 ** np.arange(self.int_bits - 1, -self.frac_bits - 1, -1)
-        mag = (b[..., 1:] * weights).sum(axis=-1)
+        mag: np.ndarray = (b[..., 1:] * weights).sum(axis=-1)
         return np.where(b[..., 0] == 1, -mag, mag)
 
     def bit_probabilities(self) -> tuple[np.ndarray, float]:
@@ -156,7 +156,8 @@ class FixedPointBits(BaseMechanism):
         """encode then perturb."""
         return self.perturb(self.encode(vec), rng)
 
-    def privatize_vectors(self, vectors, onehot, rng) -> tuple[np.ndarray, None]:
+    def privatize_vectors(self, vectors: np.ndarray, onehot: np.ndarray | None,
+                          rng: np.random.Generator | None) -> tuple[np.ndarray, None]:
         return self.privatize(vectors, rng), None
 
 
@@ -174,18 +175,19 @@ class OME(FixedPointBits):
         self.lam = positive("lam", lam)
 
     @classmethod
-    def from_params(cls, params, bundle=None, *, dim=None, secret=None) -> OME:
+    def from_params(cls, params: Mapping[str, Any], bundle: EdgeBundle | None = None, *,
+                    dim: int | None = None, secret: int | None = None) -> OME:
         return cls(need(cls.name, params, "epsilon"), need(cls.name, params, "lam"),
                    encoder_dim(cls.name, bundle, dim), params.get("int_bits", 4),
                    params.get("frac_bits", 5))
 
     @classmethod
-    def values_per_dim(cls, params) -> int:
+    def values_per_dim(cls, params: Mapping[str, Any]) -> int:
         """l = 1 + int_bits + frac_bits bits per coordinate."""
         return 1 + int(params.get("int_bits", 4)) + int(params.get("frac_bits", 5))
 
     @property
-    def params(self) -> dict:
+    def params(self) -> dict[str, Any]:
         return {
             "epsilon": self.epsilon,
             "lam": self.lam,
@@ -220,7 +222,7 @@ class SUE(FixedPointBits):
         self.epsilon = positive("epsilon", epsilon)
 
     @property
-    def params(self) -> dict:
+    def params(self) -> dict[str, Any]:
         return {"epsilon": self.epsilon, "int_bits": self.int_bits, "frac_bits": self.frac_bits}
 
     def bit_probabilities(self) -> tuple[np.ndarray, float]:
@@ -282,7 +284,7 @@ def _floor(mech: FixedPointBits, bundle: EdgeBundle | None, *, threshold: float,
 
 @GUARANTEE.register(FixedPointBits)
 def _guarantee(mech: FixedPointBits, bundle: EdgeBundle | None, *, dim: int | None,
-               sample: int) -> dict:
+               sample: int) -> dict[str, Any]:
     p, q = mech.bit_probabilities()
     worst = bit_flip_epsilon(p, q)
     g: dict[str, Any] = {"nominal": {"epsilon": mech.epsilon},

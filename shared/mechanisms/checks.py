@@ -3,8 +3,12 @@
 from __future__ import annotations
 
 import math
+from typing import TYPE_CHECKING
 
 import numpy as np
+
+if TYPE_CHECKING:
+    import numpy.typing as npt
 
 
 def positive(name: str, value: float) -> float:
@@ -36,7 +40,7 @@ def positive_int(name: str, value: int, minimum: int = 1) -> int:
     return int(value)
 
 
-def finite_array(name: str, arr, ndim: int, dim: int | None = None) -> np.ndarray:
+def finite_array(name: str, arr: npt.ArrayLike, ndim: int, dim: int | None = None) -> np.ndarray:
     """``arr`` as a float array of ``ndim`` dimensions with only finite values."""
     a = np.asarray(arr)
     if a.dtype.kind not in "fiu":

@@ -24,7 +24,7 @@ from collections.abc import Mapping
 from typing import TYPE_CHECKING, Annotated, Any
 
 import numpy as np
-from pydantic import BaseModel, Field, model_serializer
+from pydantic import BaseModel, Field, SerializerFunctionWrapHandler, model_serializer
 
 from shared import messages as msg
 from shared.accounting import bundle_diameter, dchi_expected_noise_norm
@@ -33,7 +33,7 @@ from shared.floor import ESTIMATE_TOKENS, dchi_floor, measure_unchanged, table_p
 from shared.ledger import Cost, check_amount, check_count, finite_cost
 from shared.mechanisms.checks import finite_array, positive, positive_int
 from shared.mechanisms.computable import check_dchi_eta
-from shared.mechanisms.nearest import ExactNearest, kth_neighbour_distances
+from shared.mechanisms.nearest import ExactNearest, NearestIndex, kth_neighbour_distances
 from shared.mechanisms.registry import (
     COMPUTABLE,
     COST,
@@ -47,6 +47,8 @@ from shared.policy import TokenPolicy, kept_public
 from shared.rng import resolve_rng
 
 if TYPE_CHECKING:
+    import numpy.typing as npt
+
     from shared.bundle import EdgeBundle
 
 NEIGHBOURS = (1, 10, 100)  # the k-th nearest neighbours the guarantee reads eta at
@@ -54,7 +56,7 @@ NEIGHBOURS = (1, 10, 100)  # the k-th nearest neighbours the guarantee reads eta
 
 def sample_dchi_noise(
     count: int, dim: int, eta: float, rng: np.random.Generator | None = None
-) -> np.ndarray:
+) -> npt.NDArray[np.float64]:
     """``count`` noise vectors in R^dim: radius ~ Gamma(dim, 1/eta), direction uniform.
 
     Returns float64 of shape (count, dim).
@@ -83,8 +85,11 @@ class DChiParams(BaseModel):
     eta: PosFloat
     public_p: Annotated[float, Field(strict=True, ge=0, le=1)] | None = None
 
+    # no return annotation: pydantic would take it for the serialization schema (the OpenAPI
+    # document's), which must stay this model's own
     @model_serializer(mode="wrap")
-    def _without_absent(self, handler):  # no policy: the params of every earlier payload
+    def _without_absent(self, handler: SerializerFunctionWrapHandler):  # type: ignore[no-untyped-def]
+        # no policy: the params of every earlier payload
         return {k: v for k, v in handler(self).items() if v is not None}
 
 
@@ -122,8 +127,8 @@ class _PolicyMixin:
     policy: TokenPolicy | None
 
     @property
-    def params(self) -> dict:
-        out: dict = {"eta": self.eta}
+    def params(self) -> dict[str, Any]:
+        out: dict[str, Any] = {"eta": self.eta}
         if self.public_p is not None:
             out["public_p"] = self.public_p
         return out
@@ -162,11 +167,13 @@ class DChiEmbedding(_PolicyMixin, BaseMechanism):
         self._policy_bundle = bundle.bundle_id if self.policy is not None and bundle else None
 
     @classmethod
-    def from_params(cls, params, bundle=None, *, dim=None, secret=None) -> DChiEmbedding:
+    def from_params(cls, params: Mapping[str, Any], bundle: EdgeBundle | None = None, *,
+                    dim: int | None = None, secret: int | None = None) -> DChiEmbedding:
         return cls(need(cls.name, params, "eta"), public_p=params.get("public_p"),
                    bundle=bundle)
 
-    def privatize_tokens(self, ids, bundle: EdgeBundle, rng, *,
+    def privatize_tokens(self, ids: np.ndarray, bundle: EdgeBundle,
+                         rng: np.random.Generator | None, *,
                          public: np.ndarray | None = None) -> np.ndarray:
         """The noisy embeddings of the ids' rows of the bundle's table (the model's own word
         embeddings: ``bundle.embeddings`` refuses a bundle that carries a designed table);
@@ -228,9 +235,10 @@ class DChiText(_PolicyMixin, BaseMechanism):
         self._t_max = float(np.sqrt(np.einsum("ij,ij->i", self._embeddings,
                                               self._embeddings).max()))
         self.check_computable()
-        self.index = ExactNearest(
+        self.exact = ExactNearest(  # the search on the CPU, which a torch twin wraps
             self._embeddings[bundle.regular_ids], ids=bundle.regular_ids, chunk=chunk
         )
+        self.index: NearestIndex = self.exact  # the search privatize_ids runs
 
     def check_computable(self, bundle: EdgeBundle | None = None, *, dim: int | None = None,
                          float_dtype: str = "float32") -> None:
@@ -244,12 +252,14 @@ class DChiText(_PolicyMixin, BaseMechanism):
         return self
 
     @classmethod
-    def from_params(cls, params, bundle=None, *, dim=None, secret=None) -> DChiText:
+    def from_params(cls, params: Mapping[str, Any], bundle: EdgeBundle | None = None, *,
+                    dim: int | None = None, secret: int | None = None) -> DChiText:
         if bundle is None:
             raise ValueError(f"{cls.name} needs the bundle (its embedding table)")
         return cls(bundle, need(cls.name, params, "eta"), public_p=params.get("public_p"))
 
-    def privatize_tokens(self, ids, bundle: EdgeBundle, rng, *,
+    def privatize_tokens(self, ids: np.ndarray, bundle: EdgeBundle,
+                         rng: np.random.Generator | None, *,
                          public: np.ndarray | None = None) -> np.ndarray:
         """One exact nearest-token search for the whole batch; ``bundle`` must be the one
         this object was built on; ``public``: the token policy's mask of the batch."""
@@ -257,7 +267,7 @@ class DChiText(_PolicyMixin, BaseMechanism):
             raise ValueError("the DChiText mechanism was built for another bundle")
         return self.privatize_ids(ids, rng, public=public)
 
-    def check_ids(self, ids) -> np.ndarray:
+    def check_ids(self, ids: npt.ArrayLike) -> npt.NDArray[np.int64]:
         """``ids`` as a 1-D int64 array inside the vocabulary, or ValueError."""
         a = np.asarray(ids)
         if a.ndim != 1:
@@ -270,13 +280,14 @@ class DChiText(_PolicyMixin, BaseMechanism):
             raise ValueError(f"token id {bad} is outside the vocabulary [0, {self._vocab_size})")
         return a
 
-    def noisy_embeddings(self, ids, rng: np.random.Generator | None = None) -> np.ndarray:
+    def noisy_embeddings(self, ids: npt.ArrayLike, rng: np.random.Generator | None = None
+                         ) -> npt.NDArray[np.float64]:
         """phi(x) + N in float64 for each id: the input of the nearest-neighbour step."""
         a = self.check_ids(ids)
         x = self._embeddings[a].astype(np.float64)
         return x + sample_dchi_noise(a.size, x.shape[1], self.eta, rng)
 
-    def privatize_ids(self, ids, rng: np.random.Generator | None = None, *,
+    def privatize_ids(self, ids: npt.ArrayLike, rng: np.random.Generator | None = None, *,
                       public: np.ndarray | None = None) -> np.ndarray:
         """Privatized ids (L,), each one of ``bundle.regular_ids`` -- or, under a token
         policy, a public word sent as it is (``public``: the policy's mask of the batch,
@@ -357,7 +368,7 @@ def _computable(mech: DChiEmbedding, bundle: EdgeBundle | None, *,
 
 @GUARANTEE.register(DChiEmbedding, DChiText)
 def _guarantee(mech: DChiEmbedding | DChiText, bundle: EdgeBundle | None, *, dim: int | None,
-               sample: int) -> dict:
+               sample: int) -> dict[str, Any]:
     if bundle is None and isinstance(mech, DChiText):
         bundle = mech.bundle
     eta = mech.eta

@@ -63,9 +63,14 @@ since ||y - t_j||² = ||y||² + s_j.
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import numpy as np
 
 from shared.mechanisms.onnx_graph import one_node_model, value_info
+
+if TYPE_CHECKING:
+    import onnxruntime as ort  # no type information: its names read as Any
 
 MAX_DIM = 1040  # 127^2 * 1040 < 2^24: the integer scores are exact in int32 and float32
 U = 2.0**-24
@@ -120,7 +125,7 @@ def quantize_table(t: np.ndarray, signed: bool) -> tuple[np.ndarray, np.ndarray]
     return b, q
 
 
-def _session(model: bytes, threads: int):
+def _session(model: bytes, threads: int) -> ort.InferenceSession:
     import onnxruntime as ort
 
     so = ort.SessionOptions()
@@ -232,8 +237,10 @@ class Int8CandidatePass:
     def pair_bound(self, en: np.ndarray, yn: np.ndarray, rows: np.ndarray,
                    beta32: np.ndarray) -> np.ndarray:
         """r_j(y) of step 4 for query norms (||e||, ||ŷ||) and table rows ``rows``."""
-        return (en * self._two_tn[rows] + yn * (self._two_fn[rows] + self._g_that[rows])
-                + GAMMA4 * np.abs(beta32[rows].astype(np.float64)))
+        bound: np.ndarray = (en * self._two_tn[rows]
+                             + yn * (self._two_fn[rows] + self._g_that[rows])
+                             + GAMMA4 * np.abs(beta32[rows].astype(np.float64)))
+        return bound
 
     def buffers(self, chunk: int) -> tuple[np.ndarray, np.ndarray]:
         """Work space of :meth:`search_chunk` for up to ``chunk`` queries (one per thread)."""

@@ -95,7 +95,7 @@ class Laplace(BaseMechanism):
         self.word_dropout = in_unit_interval("word_dropout", word_dropout)
 
     @property
-    def params(self) -> dict:
+    def params(self) -> dict[str, Any]:
         return {
             "epsilon": self.epsilon,
             "calibration": self.calibration,
@@ -103,13 +103,15 @@ class Laplace(BaseMechanism):
         }
 
     @classmethod
-    def from_params(cls, params, bundle=None, *, dim=None, secret=None) -> Laplace:
+    def from_params(cls, params: Mapping[str, Any], bundle: EdgeBundle | None = None, *,
+                    dim: int | None = None, secret: int | None = None) -> Laplace:
         """Needs the bundle's encoder (or ``dim``): the vectors come from it."""
         encoder_dim(cls.name, bundle, dim)
         return cls(need(cls.name, params, "epsilon"),
                    params.get("calibration") or "vector", params.get("word_dropout") or 0.0)
 
-    def privatize_vectors(self, vectors, onehot, rng) -> tuple[np.ndarray, None]:
+    def privatize_vectors(self, vectors: np.ndarray, onehot: np.ndarray | None,
+                          rng: np.random.Generator | None) -> tuple[np.ndarray, None]:
         return self.privatize(vectors, rng), None
 
     def scale(self, dim: int) -> float:
@@ -168,7 +170,7 @@ def _computable(mech: Laplace, bundle: EdgeBundle | None, *, dim: int | None,
 
 @GUARANTEE.register(Laplace)
 def _guarantee(mech: Laplace, bundle: EdgeBundle | None, *, dim: int | None,
-               sample: int) -> dict:
+               sample: int) -> dict[str, Any]:
     """DPNR (Lyu et al. 2020): ε' of Theorem 2 is what is published with word dropout.
 
     Dropout amplifies only for inputs that differ in one dropped unit (the edge drops

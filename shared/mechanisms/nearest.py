@@ -38,7 +38,7 @@ import os
 import queue
 import time
 from concurrent.futures import ThreadPoolExecutor
-from typing import TYPE_CHECKING, cast
+from typing import TYPE_CHECKING, Any, Protocol, cast
 
 import numpy as np
 
@@ -69,6 +69,15 @@ MAX_WORKERS = 8  # each int8 worker holds a (chunk, rows) float32 score buffer
 AUTO_MIN_QUERIES_CHUNKS = 8  # a search this many chunks long builds the int8 pass: short
 # runs (a CLI on a few lines) never pay for building it
 BACKENDS = ("auto", "int8", "fp32")
+
+
+class NearestIndex(Protocol):
+    """What a mechanism asks of its nearest-row search: :class:`ExactNearest`, or a twin
+    with the same answers on another device (``models.nets.torch_nearest``)."""
+
+    def search(self, queries: np.ndarray) -> np.ndarray:
+        """Ids of the exact nearest rows, one per query row."""
+        ...
 
 
 class ExactNearest:
@@ -109,14 +118,14 @@ class ExactNearest:
         self.last_fallback_count = 0  # queries the int8 pass handed to the float32 pass
         if backend not in BACKENDS:
             raise ValueError(f"backend must be one of {BACKENDS}, got {backend!r}")
-        self.kernel_info: dict = {"requested": backend}
+        self.kernel_info: dict[str, Any] = {"requested": backend}
         self._int8: Int8CandidatePass | None = None
         self._timings: dict[str, list[float]] = {"int8": [], "fp32": []}
         self.backend = "fp32"  # the pass in use; "probing" while auto times the two
         cores = (len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity")
                  else os.cpu_count() or 1)
         self._workers = max(1, min(cores, MAX_WORKERS))  # int8 chunks run on this many threads
-        self._buffers: queue.SimpleQueue = queue.SimpleQueue()
+        self._buffers: queue.SimpleQueue[tuple[np.ndarray, np.ndarray]] = queue.SimpleQueue()
         if backend == "int8":
             if not self._build_int8():
                 raise RuntimeError(f"the int8 candidate pass cannot run here: {self.kernel_info}")
@@ -163,7 +172,8 @@ class ExactNearest:
         each covered by gamma_{w+4} (2||y|| t_max + t_max^2); the sum is doubled again.
         """
         t = self._tmax
-        return 4.0 * self._gamma * (2.0 * query_norms * t + t * t)
+        bound: np.ndarray = 4.0 * self._gamma * (2.0 * query_norms * t + t * t)
+        return bound
 
     def search(self, queries: np.ndarray) -> np.ndarray:
         """Ids of the exact nearest rows, one per query row."""
@@ -185,7 +195,8 @@ class ExactNearest:
             self.backend = "probing" if self._build_int8() else "fp32"
         self.last_rerank_count = self.last_fallback_count = 0
         if self.backend == "fp32":
-            return self.ids[self._fp32_block(y64)]
+            ids: np.ndarray = self.ids[self._fp32_block(y64)]
+            return ids
         # similar query scales share a chunk: the int8 step is set by the chunk's max |y|
         order = np.argsort(np.abs(y64).max(axis=1), kind="stable")
         out = np.empty(m, dtype=np.int64)

@@ -10,7 +10,12 @@ bytes with ``onnx.checker`` and ``onnx.load_from_string``.
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import numpy as np
+
+if TYPE_CHECKING:
+    import numpy.typing as npt
 
 # TensorProto.DataType codes (onnx.proto3)
 ELEM_TYPE = {np.dtype(np.float32): 1, np.dtype(np.uint8): 2, np.dtype(np.int8): 3,
@@ -55,7 +60,7 @@ def tensor(name: str, array: np.ndarray) -> Parts:
     return out + _int(2, ELEM_TYPE[np.dtype(a.dtype.type)]) + _len(8, name) + _len(9, a.tobytes())
 
 
-def value_info(name: str, dtype, shape: tuple[int | str, ...] | None) -> Parts:
+def value_info(name: str, dtype: npt.DTypeLike, shape: tuple[int | str, ...] | None) -> Parts:
     """ValueInfoProto with a tensor type; a str dimension is symbolic, None a free shape."""
     tt = _int(1, ELEM_TYPE[np.dtype(dtype)])
     if shape is not None:

@@ -7,6 +7,7 @@ them only with ``PRIVBERT_ALLOW_NONE=1``.
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -40,14 +41,16 @@ class NoPrivacy(BaseMechanism):
     edge_options = frozenset({"allow_none"})
 
     @property
-    def params(self) -> dict:
+    def params(self) -> dict[str, Any]:
         return {}
 
     @classmethod
-    def from_params(cls, params, bundle=None, *, dim=None, secret=None) -> NoPrivacy:
+    def from_params(cls, params: Mapping[str, Any], bundle: EdgeBundle | None = None, *,
+                    dim: int | None = None, secret: int | None = None) -> NoPrivacy:
         return cls()
 
-    def privatize_tokens(self, ids, bundle: EdgeBundle, rng) -> np.ndarray:
+    def privatize_tokens(self, ids: np.ndarray, bundle: EdgeBundle,
+                         rng: np.random.Generator | None) -> np.ndarray:
         return ids
 
     def __eq__(self, other: object) -> bool:
@@ -73,7 +76,7 @@ def _floor(mech: NoPrivacy, bundle: EdgeBundle | None, *, threshold: float,
 
 @GUARANTEE.register(NoPrivacy)
 def _guarantee(mech: NoPrivacy, bundle: EdgeBundle | None, *, dim: int | None,
-               sample: int) -> dict:
+               sample: int) -> dict[str, Any]:
     return {"nominal": {"epsilon": math.inf}, "worst_case": {"epsilon": math.inf},
             "notes": ["No privatization: the server can read the text (Null-privacy "
                       "baseline only)."]}

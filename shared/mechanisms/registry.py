@@ -38,14 +38,18 @@ from __future__ import annotations
 import math
 from collections.abc import Callable, Mapping
 from enum import StrEnum
-from typing import TYPE_CHECKING, Any, ClassVar, Protocol, runtime_checkable
+from typing import TYPE_CHECKING, Any, ClassVar, Generic, Protocol, TypeVar, runtime_checkable
 
 from pydantic import BaseModel
 
 if TYPE_CHECKING:
+    import numpy as np
+
     from shared.bundle import EdgeBundle
 
 PLUGIN_GROUP = "privbert.mechanisms"
+R = TypeVar("R")  # what an Aspect's functions return
+F = TypeVar("F", bound=Callable[..., Any])
 
 
 class PayloadKind(StrEnum):
@@ -91,23 +95,24 @@ class NoEncoder(ValueError):
 
 
 # -- the per-class functions: each mechanism's cost, floor and guarantee ---------------------
-class Aspect:
+class Aspect(Generic[R]):
     """A function per mechanism class, registered by the mechanism's module (or a
-    plugin's); looked up along the class's MRO (a subclass inherits its parent's)."""
+    plugin's); looked up along the class's MRO (a subclass inherits its parent's). ``R``:
+    what each function returns."""
 
-    def __init__(self, what: str, default: Callable[..., Any] | None = None):
+    def __init__(self, what: str, default: Callable[..., R] | None = None):
         self.what = what
         self.default = default  # for a class nothing registered for; None: TypeError
-        self._impl: dict[type, Callable[..., Any]] = {}
+        self._impl: dict[type, Callable[..., R]] = {}
 
-    def register(self, *classes: type) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
-        def deco(fn: Callable[..., Any]) -> Callable[..., Any]:
+    def register(self, *classes: type) -> Callable[[F], F]:
+        def deco(fn: F) -> F:
             for cls in classes:
                 self._impl[cls] = fn
             return fn
         return deco
 
-    def of(self, cls: type) -> Callable[..., Any]:
+    def of(self, cls: type) -> Callable[..., R]:
         for c in cls.__mro__:
             if c in self._impl:
                 return self._impl[c]
@@ -116,11 +121,12 @@ class Aspect:
         raise TypeError(f"no {self.what} for {cls.__name__}")
 
 
-COST = Aspect("budget cost")  # (cls, params, *, tokens, dim, diameter[, public]) -> Cost
-FLOOR = Aspect("privacy floor")  # (mech, bundle, *, threshold, dim, rng) -> str | None
-COMPUTABLE = Aspect("computability check",  # (mech, bundle, *, dim, float_dtype) -> None
-                    default=lambda *args, **kwargs: None)  # nothing that can overflow
-GUARANTEE = Aspect("accounting")  # (mech, bundle, *, dim, sample) -> dict
+# COST's functions return shared.ledger's Cost, which imports this module: Any here
+COST: Aspect[Any] = Aspect("budget cost")  # (cls, params, *, tokens, dim, diameter[, public])
+FLOOR: Aspect[str | None] = Aspect("privacy floor")  # (mech, bundle, *, threshold, dim, rng)
+COMPUTABLE: Aspect[None] = Aspect("computability check",  # (mech, bundle, *, dim, float_dtype)
+                                  default=lambda *args, **kwargs: None)  # nothing can overflow
+GUARANTEE: Aspect[dict[str, Any]] = Aspect("accounting")  # (mech, bundle, *, dim, sample)
 
 
 # -- the protocol ---------------------------------------------------------------------------------
@@ -129,14 +135,17 @@ class Mechanism(Protocol):
     """What every mechanism object offers (:class:`BaseMechanism` implements the plumbing)."""
 
     name: ClassVar[str]
-    Params: ClassVar[type[BaseModel]]
     payload_kind: ClassVar[PayloadKind]
     family: ClassVar[str]
     private: ClassVar[bool]
     has_epsilon: ClassVar[bool]
 
     @property
-    def params(self) -> dict: ...
+    def Params(self) -> type[BaseModel]:  # read-only: a class narrows it to its own model
+        ...
+
+    @property
+    def params(self) -> dict[str, Any]: ...
 
     def cost(self, *, tokens: int | None = None, dim: int | None = None,
              diameter: float | None = None) -> Any: ...
@@ -148,7 +157,7 @@ class Mechanism(Protocol):
                          float_dtype: str = "float32") -> None: ...
 
     def guarantee(self, bundle: EdgeBundle | None = None, *, dim: int | None = None,
-                  sample: int = 2000) -> dict: ...
+                  sample: int = 2000) -> dict[str, Any]: ...
 
 
 class BaseMechanism:
@@ -179,7 +188,7 @@ class BaseMechanism:
     param_metavar: ClassVar[Mapping[str, str]] = {}
 
     @property
-    def params(self) -> dict:
+    def params(self) -> dict[str, Any]:
         raise NotImplementedError
 
     # -- building ---------------------------------------------------------------------------
@@ -202,18 +211,18 @@ class BaseMechanism:
         return tuple(n for n, f in cls.Params.model_fields.items() if f.is_required())
 
     @classmethod
-    def canonical_params(cls, params: Mapping[str, Any]) -> dict:
+    def canonical_params(cls, params: Mapping[str, Any]) -> dict[str, Any]:
         """``params`` validated by :attr:`Params`, defaults filled in (pydantic's
         ValidationError for bad ones)."""
         return cls.Params.model_validate(dict(params)).model_dump()
 
     @classmethod
-    def compared_params(cls, params: Mapping[str, Any]) -> dict:
+    def compared_params(cls, params: Mapping[str, Any]) -> dict[str, Any]:
         """The parameters a payload must share with the model or task it is sent to."""
         return dict(params)
 
     @classmethod
-    def prediction_params(cls, params: Mapping[str, Any]) -> dict:
+    def prediction_params(cls, params: Mapping[str, Any]) -> dict[str, Any]:
         """The parameters predictions are made with, for a model trained with ``params``."""
         return dict(params)
 
@@ -264,17 +273,20 @@ class BaseMechanism:
         COMPUTABLE.of(type(self))(self, bundle, dim=dim, float_dtype=float_dtype)
 
     def guarantee(self, bundle: EdgeBundle | None = None, *, dim: int | None = None,
-                  sample: int = 2000) -> dict:
+                  sample: int = 2000) -> dict[str, Any]:
         """``shared.accounting``: the published and the worst-case guarantee."""
         g = GUARANTEE.of(type(self))(self, bundle, dim=dim, sample=sample)
         return {"mechanism": self.name, "params": dict(self.params), **g}
 
     # -- privatizing (the edge's ``Privatizer`` calls one of these by payload kind) ----------
-    def privatize_tokens(self, ids, bundle: EdgeBundle, rng) -> Any:
+    def privatize_tokens(self, ids: np.ndarray, bundle: EdgeBundle,
+                         rng: np.random.Generator | None) -> np.ndarray:
         """Token kinds: the payload array for the word-piece ids of a batch."""
         raise TypeError(f"{self.name} does not privatize token ids")
 
-    def privatize_vectors(self, vectors, onehot, rng) -> tuple[Any, Any]:
+    def privatize_vectors(self, vectors: np.ndarray, onehot: np.ndarray | None,
+                          rng: np.random.Generator | None
+                          ) -> tuple[np.ndarray, np.ndarray | None]:
         """Vector kinds: (payload arrays, mixed labels or None) for (b, r) sentence
         vectors; ``onehot`` are the labels when :attr:`mixes`."""
         raise TypeError(f"{self.name} does not privatize sentence vectors")
@@ -384,7 +396,7 @@ def same_param(a: Any, b: Any) -> bool:
     if isinstance(a, numbers) and isinstance(b, numbers) and not isinstance(a, bool) \
             and not isinstance(b, bool):
         return math.isclose(float(a), float(b), rel_tol=PARAM_RTOL, abs_tol=0.0)
-    return a == b
+    return bool(a == b)
 
 
 def differing_params(sent: Mapping[str, Any], wanted: Mapping[str, Any]) -> list[str]:

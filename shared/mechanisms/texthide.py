@@ -14,6 +14,7 @@ Weights: ``"abs-normal"`` as published (|N(0, I_k)| normalised to sum to 1),
 from __future__ import annotations
 
 import os
+from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any, cast
 
 import numpy as np
@@ -112,31 +113,34 @@ class TextHide(BaseMechanism):
             self.pool[s : s + block.shape[0]] = np.where(block < 0.5, -1, 1)
 
     @property
-    def params(self) -> dict:
+    def params(self) -> dict[str, Any]:
         return {"m": self.m, "k": self.k}
 
     @classmethod
-    def from_params(cls, params, bundle=None, *, dim=None, secret=None) -> TextHide:
+    def from_params(cls, params: Mapping[str, Any], bundle: EdgeBundle | None = None, *,
+                    dim: int | None = None, secret: int | None = None) -> TextHide:
         """``secret``: the mask-pool seed (None: a fresh pool from OS entropy)."""
         return cls(need(cls.name, params, "m"), need(cls.name, params, "k"),
                    encoder_dim(cls.name, bundle, dim), seed=secret)
 
     @classmethod
-    def compared_params(cls, params) -> dict:
+    def compared_params(cls, params: Mapping[str, Any]) -> dict[str, Any]:
         """Only the mask pool m: k is how many inputs a payload mixes (predictions use
         k = 1, whatever k trained the model)."""
         return {"m": params.get("m")}
 
     @classmethod
-    def prediction_params(cls, params) -> dict:
+    def prediction_params(cls, params: Mapping[str, Any]) -> dict[str, Any]:
         """k = 1: a prediction hides one input, whatever k trained the model."""
         return {**params, "k": 1}
 
     @classmethod
-    def mixes_inputs(cls, params) -> bool:
+    def mixes_inputs(cls, params: Mapping[str, Any]) -> bool:
         return int(params.get("k") or 1) > 1
 
-    def privatize_vectors(self, vectors, onehot, rng):
+    def privatize_vectors(self, vectors: np.ndarray, onehot: np.ndarray | None,
+                          rng: np.random.Generator | None
+                          ) -> tuple[np.ndarray, np.ndarray | None]:
         if self.k > 1 and onehot is None:
             raise ValueError("TextHide with k > 1 mixes the inputs and their labels: use "
                              "privatize_records(...) for training records; predictions use k=1")
@@ -150,7 +154,8 @@ class TextHide(BaseMechanism):
             return rng.dirichlet(np.full(self.k, self.alpha), size=b)
         w = np.abs(rng.standard_normal((b, self.k)))
         w = np.where(w.sum(axis=1, keepdims=True) > 0, w, 1.0)
-        return w / w.sum(axis=1, keepdims=True)
+        weights: np.ndarray = w / w.sum(axis=1, keepdims=True)
+        return weights
 
     def encrypt(
         self,
@@ -196,7 +201,7 @@ def _floor(mech: TextHide, bundle: EdgeBundle | None, *, threshold: float,
 
 @GUARANTEE.register(TextHide)
 def _guarantee(mech: TextHide, bundle: EdgeBundle | None, *, dim: int | None,
-               sample: int) -> dict:
+               sample: int) -> dict[str, Any]:
     return {"nominal": {"epsilon": None}, "worst_case": {"epsilon": None},
             "notes": [f"No differential-privacy guarantee. (m, k) = ({mech.m}, {mech.k}): k "
                       "inputs mixed, masks from a pool of m; security rests on a conjectured "

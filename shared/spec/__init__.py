@@ -58,7 +58,7 @@ SPEC_FILE = Path(__file__).resolve().with_name("mechanisms.json")
 GENERATOR = "python -m shared.spec"
 
 
-def _flag(cls: Any, name: str, schema: dict, required: bool) -> dict:
+def _flag(cls: Any, name: str, schema: dict[str, Any], required: bool) -> dict[str, Any]:
     """The command-line flag of parameter ``name`` of mechanism class ``cls``."""
     prop = schema.get("properties", {}).get(name, {})
     if "type" not in prop and "anyOf" in prop:  # an optional parameter: X | None
@@ -78,7 +78,7 @@ def _flag(cls: Any, name: str, schema: dict, required: bool) -> dict:
     return out
 
 
-def mechanism_entry(cls: Any) -> dict:
+def mechanism_entry(cls: Any) -> dict[str, Any]:
     """What the spec says about one mechanism class (a plugin's too)."""
 
     schema = cls.Params.model_json_schema()
@@ -108,7 +108,7 @@ def mechanism_entry(cls: Any) -> dict:
     }
 
 
-def build() -> dict:
+def build() -> dict[str, Any]:
     """The spec of the built-in mechanisms, as the registry, the floor and the ledger say
     today (no plugin: the committed file must not depend on what is installed)."""
 
@@ -150,11 +150,12 @@ def build() -> dict:
     }
 
 
-def dumps(spec: dict) -> str:
+def dumps(spec: dict[str, Any]) -> str:
     """The committed file's text for ``spec``: sorted keys, two-space indents."""
     return json.dumps(spec, indent=2, sort_keys=True, ensure_ascii=False) + "\n"
 
 
-def load() -> dict:
+def load() -> dict[str, Any]:
     """The committed spec (``shared/spec/mechanisms.json``)."""
-    return json.loads(SPEC_FILE.read_text(encoding="utf-8"))
+    spec: dict[str, Any] = json.loads(SPEC_FILE.read_text(encoding="utf-8"))
+    return spec

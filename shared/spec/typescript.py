@@ -9,6 +9,7 @@ views of it.
 from __future__ import annotations
 
 import json
+from typing import Any
 
 HEADER = """\
 // The mechanism spec (shared/spec/mechanisms.json), generated from the Python registry by
@@ -17,7 +18,7 @@ HEADER = """\
 """
 
 
-def render(spec: dict) -> str:
+def render(spec: dict[str, Any]) -> str:
     body = json.dumps(spec, indent=2, sort_keys=True, ensure_ascii=False)
     return (HEADER + "\n"
             f"export const SPEC = {body} as const;\n\n"

@@ -16,6 +16,7 @@ the TypeScript keeps those digits (``%.20e``, ``%.18e``) and the integers in dec
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
@@ -39,7 +40,8 @@ HEADER = """\
 RTOL = 1e-9
 
 
-def _strips(r: float, f, f_inv, tail_area: float, mantissa: float
+def _strips(r: float, f: Callable[[float], float], f_inv: Callable[[float], float],
+            tail_area: float, mantissa: float
             ) -> tuple[list[float], list[float], list[float]]:
     """(k, w, f) of a 256-strip ziggurat with tail at ``r`` for the density ``f``; the
     strips' common area v = r f(r) + the tail's area (Marsaglia & Tsang §2)."""
