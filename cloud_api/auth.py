@@ -28,7 +28,7 @@ from typing import Annotated, Literal
 from fastapi import Depends, Request
 
 from cloud_api.errors import RateLimited, ServiceError
-from cloud_api.settings import Settings, check_key, normalize_key
+from cloud_api.settings import KeyList, Settings, check_key, normalize_key
 
 Role = Literal["app", "admin"]
 _COMMENT = re.compile(r"(?:^|\s)#")
@@ -68,7 +68,8 @@ class KeyRing:
     @classmethod
     def from_settings(cls, s: Settings) -> KeyRing:
         entries: list[tuple[bytes, Role, str]] = []
-        for role, keys in (("app", s.api_keys), ("admin", s.admin_keys)):
+        by_role: dict[Role, KeyList] = {"app": s.api_keys, "admin": s.admin_keys}
+        for role, keys in by_role.items():
             for k in keys:
                 raw = check_key(k.get_secret_value(), f"PRIVBERT_{role.upper()}_KEYS")
                 entries.append((key_hash(raw), role, key_id(raw)))
@@ -149,6 +150,7 @@ async def authenticate(app_state, authorization: str | None, need: Role, state: 
     Unauthorized, Forbidden or RateLimited otherwise. The one check of every route: the
     FastAPI dependencies below and the predict route call it."""
     ring: KeyRing = app_state.keys
+    caller: Caller | None
     if ring.disabled:
         caller = Caller("admin", "anonymous")
     else:

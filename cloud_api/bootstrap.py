@@ -26,29 +26,35 @@ import shutil
 import sys
 import time
 import uuid
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from cloud_api.cli import PROG, fail, guarded, home_arg, settings_for
 from cloud_api.errors import ServiceError
-from cloud_api.home import check_id, is_id, write_atomically
+from cloud_api.home import ModelHome, check_id, is_id, write_atomically
 from cloud_api.serving.bundles import BundleStore
+from cloud_api.settings import Settings
 from cloud_api.store.db import Database
 from cloud_api.store.stored_home import open_home
 from cloud_api.store.tasks import ensure_task
 from edge_agent.param_flags import positive_int
 from models.cli.flags import (
+    DeviceFlags,
+    MechanismFlags,
+    RecipeFlags,
     add_device_args,
     add_mechanism_args,
     add_recipe_args,
     apply_policy,
-    check_device,
-    mechanism_settings,
     posterior_table,
     seeded_rng,
 )
-from models.cli.train import recipe_from_args
+from models.cli.options import options_of
+from models.cli.train import recipe_from_flags
 from models.training.data import kind_of, label_names_from, read_labelled_tsv
 from models.training.privatize import build_mechanism
+from models.training.recipe import Recipe
 from models.versions.manifest import update_manifest
 from models.versions.version_folder import CONFIG_FILE, METRICS_FILE
 from shared.accounting import summary
@@ -70,7 +76,39 @@ DEFAULT_BERT_LR = 2e-4  # a few short epochs: 2e-5 (models' default) leaves the 
 DEFAULT_LAYERS = 3  # of the packaged MiniLM's 6 (a --base keeps all of its layers)
 
 
-def register(subparsers) -> None:
+@dataclass(frozen=True)
+class BootstrapOptions:
+    """``cloud-api bootstrap``: what its flags say, parsed once."""
+
+    data: str
+    dev: str | None
+    mechanism: str
+    mech: MechanismFlags
+    limit: int
+    dev_limit: int
+    dev_draws: int
+    epochs: int
+    lr: float | None
+    batch_size: int
+    max_length: int
+    layers: int | None
+    model_id: str | None
+    task: str | None
+    label_names: dict[str, str] | None
+    base: str | None
+    home: str | None
+    if_missing: bool
+    allow_weak_privacy: bool
+    recipe: RecipeFlags
+    compute: DeviceFlags
+
+    @classmethod
+    def parse(cls, args: argparse.Namespace) -> BootstrapOptions:
+        return options_of(cls, args, mech=MechanismFlags.parse(args),
+                          recipe=RecipeFlags.parse(args), compute=DeviceFlags.parse(args))
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:
     p = subparsers.add_parser(
         "bootstrap", help="export the bundle, train, register and promote a first model",
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -112,7 +150,7 @@ def register(subparsers) -> None:
                    help="train even below the privacy floor (experiments only)")
     add_recipe_args(p)
     add_device_args(p)
-    p.set_defaults(func=guarded(run))
+    p.set_defaults(func=guarded(run, BootstrapOptions.parse))
 
 
 LABEL_NAME = re.compile(r"^[A-Za-z0-9_.:-]{1,64}$")  # a task's label name (store/tasks.py)
@@ -150,96 +188,93 @@ def _say(message: str) -> None:
     print(f"{PROG} bootstrap: {message}", file=sys.stderr, flush=True)
 
 
-def _model_id(args) -> str:
-    if args.model_id:
-        return check_id("model id", args.model_id)
-    parent = Path(args.data).resolve().parent.name
+def _model_id(model_id: str | None, data: str) -> str:
+    if model_id:
+        return check_id("model id", model_id)
+    parent = Path(data).resolve().parent.name
     return parent if is_id(parent) else "default"
 
 
-def run(args) -> int:
+def run(o: BootstrapOptions) -> int:
     t0 = time.perf_counter()
-    if args.limit < 0 or args.dev_limit < 0 or args.dev_draws < 0:
+    if o.limit < 0 or o.dev_limit < 0 or o.dev_draws < 0:
         return fail("--limit, --dev-limit and --dev-draws must be >= 0 (--limit 0 = the "
                     "whole file)")
-    for path in (args.data, args.dev):
+    for path in (o.data, o.dev):
         if path is not None and not Path(path).is_file():
             return fail(f"{path}: no such file")
-    home = open_home(settings_for(args)).ensure()
-    model_id = _model_id(args)
-    task = args.task or model_id
-    if args.if_missing and (v := home.promoted(model_id)):
+    settings = settings_for(o.home)
+    home = open_home(settings).ensure()
+    model_id = _model_id(o.model_id, o.data)
+    task = o.task or model_id
+    if o.if_missing and (v := home.promoted(model_id)):
         print(f"model={model_id} version={v} (already promoted; nothing to do)")
-        _declare_task(args, task, home.read_config(model_id, v))  # so records can be uploaded
+        _declare_task(settings, task, home.read_config(model_id, v))  # so records can be uploaded
         return 0
 
-    check_device(args)
-    recipe = recipe_from_args(args, args.mechanism, raw_text=True)
-    params = mechanism_settings(args)
-    if _default_table(args):
+    m = o.mech
+    o.compute.check()
+    recipe = recipe_from_flags(o.recipe, o.mechanism, raw_text=True)
+    params = m.settings()
+    # the table a new model is trained over (shared.table.table_for_new_model)
+    table = table_for_new_model(o.mechanism, m.table, m.bundle is not None or o.base is not None)
+    if m.table is None and table is not None:
         _say(f"privatization table {DEFAULT_TABLE} (the default for new models: "
              "bench/results/frontier.md; --table none for the model's 384-d table)")
-    bundle = _bundle(args)
-    policy = policy_for_new_model(args.mechanism, args.policy,
-                                  args.bundle is not None or args.base is not None)
-    if "eta" in registry.get(args.mechanism).param_names() and params["eta"] is None:
+    bundle = _bundle(o.mechanism, m.bundle, o.base, table)
+    policy = policy_for_new_model(o.mechanism, m.policy,
+                                  m.bundle is not None or o.base is not None)
+    if "eta" in registry.get(o.mechanism).param_names() and params["eta"] is None:
         # the dχ mechanisms: the η of this table (under this policy) matched to the 384-d
         # table at η 65; a policy not measured there: the table's own (its words outside the
         # public list get the same noise)
-        table = args.table or "none"
+        name = table or "none"
         p = params.get("public_p")
-        params["eta"] = (matched_eta(table, policy, DEFAULT_P if p is None else p)
-                         or MATCHED_ETA.get(table, DEFAULT_ETA))
-    if policy != NO_POLICY or args.policy is not None:
+        params["eta"] = (matched_eta(name, policy, DEFAULT_P if p is None else p)
+                         or MATCHED_ETA.get(name, DEFAULT_ETA))
+    if policy != NO_POLICY or m.policy is not None:
         bundle = apply_policy(bundle, policy, params)
         if policy != NO_POLICY:
+            assert bundle.policy is not None  # apply_policy gave the bundle this policy
             _say(f"token policy {policy}: {bundle.policy.size} public words sent as typed "
                  f"with probability {1 - params['public_p']:g} (--policy none: every token "
                  "privatized)")
-    weak = _check_floor(args, bundle, params)
+    weak = _check_floor(o.mechanism, bundle, params, o.allow_weak_privacy)
     if weak is not None:
         return fail(weak)
 
-    data = read_labelled_tsv(args.data)
+    data = read_labelled_tsv(o.data)
     rows = len(data)
-    if args.label_names:  # checked before minutes of training, against the whole file
+    if o.label_names:  # checked before minutes of training, against the whole file
 
-        _renamed(label_names_from(data.labels), args.label_names)
+        _renamed(label_names_from(data.labels), o.label_names)
     BundleStore(home).add(bundle)
-    limit = args.limit or None
+    limit = o.limit or None
     if limit is not None and limit < rows:
-        _say(f"training on the first {limit:,} of {rows:,} rows of {args.data} (a subset, so "
+        _say(f"training on the first {limit:,} of {rows:,} rows of {o.data} (a subset, so "
              f"that the defaults finish in minutes on a CPU; --limit 0 for all of them)")
     else:
-        _say(f"training on all {rows:,} rows of {args.data}")
-    if args.dev is None:
+        _say(f"training on all {rows:,} rows of {o.data}")
+    if o.dev is None:
         _say("no --dev: no dev accuracy will be measured")
-    return _train_and_register(args, home, model_id, task, bundle, params, rows, t0, recipe)
+    return _train_and_register(o, settings, home, model_id, task, bundle, params, rows, t0,
+                               recipe)
 
 
-def _default_table(args) -> bool:
-    """Sets ``args.table`` to the table a new model is trained over
-    (``shared.table.table_for_new_model``); True when that is the default table."""
-    asked = getattr(args, "table", None)
-    args.table = table_for_new_model(args.mechanism, asked,
-                                     args.bundle is not None or args.base is not None)
-    return asked is None and args.table is not None
+def _bundle(mechanism: str, bundle_dir: str | None, base: str | None,
+            table: str | None) -> EdgeBundle:
+    """The edge bundle: --bundle DIR, else the base's (over ``table``), exported with
+    encoder.onnx for the mechanisms that read a sentence vector."""
 
-
-def _bundle(args):
-    """The edge bundle: --bundle DIR, else the base's, exported with encoder.onnx for the
-    mechanisms that read a sentence vector."""
-
-    table = getattr(args, "table", None)
-    if args.bundle:
+    if bundle_dir:
         if table is not None:
             raise ValueError("--table builds the bundle and --bundle reads one: pass one of "
                              "them")
-        return EdgeBundle.load(args.bundle)
-    if kind_of(args.mechanism) != "vector":
-        return EdgeBundle.from_model(args.base, table=table)
+        return EdgeBundle.load(bundle_dir)
+    if kind_of(mechanism) != "vector":
+        return EdgeBundle.from_model(base, table=table)
     if table not in (None, "none"):
-        raise ValueError(f"--table is for dchi-text; {args.mechanism} reads a sentence vector")
+        raise ValueError(f"--table is for dchi-text; {mechanism} reads a sentence vector")
     import tempfile
 
     # lazy: torch, only when bootstrap trains (the serve image has none)
@@ -248,17 +283,18 @@ def _bundle(args):
     _say("exporting the sentence encoder (encoder.onnx) into the bundle")
     with tempfile.TemporaryDirectory(prefix="privbert-bundle-") as tmp:
         out = Path(tmp) / "bundle"
-        export_bundle(out, args.base)
+        export_bundle(out, base)
         return EdgeBundle.load(out)
 
 
-def _check_floor(args, bundle, params: dict) -> str | None:
+def _check_floor(mechanism: str, bundle: EdgeBundle, params: dict[str, Any],
+                 allow_weak: bool) -> str | None:
     """None when the parameters are at or above the privacy floor (or it is waived), else
     the floor's one-line refusal."""
 
-    mech = build_mechanism(args.mechanism, bundle, **params)
+    mech = build_mechanism(mechanism, bundle, **params)
     try:
-        reason = require_privacy_floor(mech, bundle, allow_weak=args.allow_weak_privacy)
+        reason = require_privacy_floor(mech, bundle, allow_weak=allow_weak)
     except WeakPrivacyError as exc:
         return f"{exc} (--allow-weak-privacy to train anyway, for experiments only)"
     if reason is not None:
@@ -267,37 +303,38 @@ def _check_floor(args, bundle, params: dict) -> str | None:
     return None
 
 
-def _train_and_register(args, home, model_id: str, task: str, bundle, params: dict,
-                        rows: int, t0: float, recipe) -> int:
+def _train_and_register(o: BootstrapOptions, settings: Settings, home: ModelHome,
+                        model_id: str, task: str, bundle: EdgeBundle, params: dict[str, Any],
+                        rows: int, t0: float, recipe: Recipe) -> int:
     # lazy: torch, only when bootstrap trains (the serve image has none)
     from models.attacks.denoiser import Denoiser
     from models.nets.backbone import model_embeddings
     from models.training.experiment import train_from_tsv
     from models.training.finetune import TrainConfig
 
-    lr = args.lr if args.lr is not None or kind_of(args.mechanism) == "vector" \
+    lr = o.lr if o.lr is not None or kind_of(o.mechanism) == "vector" \
         else DEFAULT_BERT_LR
-    cfg = TrainConfig(epochs=args.epochs, lr=lr, batch_size=args.batch_size,
-                      max_length=args.max_length, pooling="mean", seed=args.seed,
-                      layers=_layers(args),
-                      device=args.device, precision=args.precision,
-                      progress=sys.stderr.isatty() and not args.no_progress)
+    cfg = TrainConfig(epochs=o.epochs, lr=lr, batch_size=o.batch_size,
+                      max_length=o.max_length, pooling="mean", seed=o.mech.seed,
+                      layers=_layers(o.layers, o.base, o.mechanism),
+                      device=o.compute.device, precision=o.compute.precision,
+                      progress=sys.stderr.isatty() and o.compute.progress)
     work = home.model_dir(model_id) / f".bootstrap-{uuid.uuid4().hex[:12]}"
     work.parent.mkdir(parents=True, exist_ok=True)
     try:
-        res = train_from_tsv(args.data, work, args.mechanism, params, dev_tsv=args.dev,
-                             bundle=bundle, base=args.base, cfg=cfg, limit=args.limit or None,
-                             dev_limit=args.dev_limit or None, rng=seeded_rng(args),
-                             allow_weak_privacy=args.allow_weak_privacy, recipe=recipe,
-                             teacher=args.teacher,
-                             posterior=(posterior_table(args.posterior_table)
-                                        if args.posterior_table else None),
+        res = train_from_tsv(o.data, work, o.mechanism, params, dev_tsv=o.dev,
+                             bundle=bundle, base=o.base, cfg=cfg, limit=o.limit or None,
+                             dev_limit=o.dev_limit or None, rng=seeded_rng(o.mech.seed),
+                             allow_weak_privacy=o.allow_weak_privacy, recipe=recipe,
+                             teacher=o.recipe.teacher,
+                             posterior=(posterior_table(o.recipe.posterior_table)
+                                        if o.recipe.posterior_table else None),
                              posterior_cache=home.posteriors_dir,
-                             denoiser=(Denoiser.load(args.denoiser_file,
+                             denoiser=(Denoiser.load(o.recipe.denoiser_file,
                                                      model_embeddings(bundle))
-                                       if args.denoiser_file else None))
-        fresh = _fresh_dev(args, res.model_dir, bundle)
-        if (backend := settings_for(args).backend) in ("onnx", "onnx-int8"):
+                                       if o.recipe.denoiser_file else None))
+        fresh = _fresh_dev(o, res.model_dir, bundle)
+        if (backend := settings.backend) in ("onnx", "onnx-int8"):
             # lazy: torch, only when bootstrap trains (the serve image has none)
             from models.export.writers import export_classifier_onnx
 
@@ -307,7 +344,7 @@ def _train_and_register(args, home, model_id: str, task: str, bundle, params: di
         config_path = res.model_dir / CONFIG_FILE
         config = json.loads(config_path.read_text())
         config["task"] = task
-        config["labels"] = _renamed(list(config["labels"]), args.label_names)
+        config["labels"] = _renamed(list(config["labels"]), o.label_names)
         write_atomically(config_path, json.dumps(config, indent=2, sort_keys=True) + "\n",
                          durable=False)  # the folder is not served before register's rename
         update_manifest(res.model_dir, [CONFIG_FILE])  # sealed when made: its digest now
@@ -317,7 +354,7 @@ def _train_and_register(args, home, model_id: str, task: str, bundle, params: di
     home.promote(model_id, version)
     dev = (res.metrics or {}).get("dev") or {}
     print(f"model={model_id} version={version} promoted task={task}")
-    _declare_task(args, task, config)  # so records can be uploaded
+    _declare_task(settings, task, config)  # so records can be uploaded
     print(f"home={home.root.resolve()}")
     print(f"mechanism={config['mechanism']} params={json.dumps(config['params'], sort_keys=True)}"
           f" bundle_id={config['bundle_id']}")
@@ -334,31 +371,34 @@ def _train_and_register(args, home, model_id: str, task: str, bundle, params: di
     return 0
 
 
-def _layers(args) -> int | None:
+def _layers(layers: int | None, base: str | None, mechanism: str) -> int | None:
     """--layers, else the default for the packaged MiniLM's BERT classifiers (a --base and
     the vector MLPs keep what they have)."""
-    if args.layers is not None or args.base is not None or kind_of(args.mechanism) == "vector":
-        return args.layers
+    if layers is not None or base is not None or kind_of(mechanism) == "vector":
+        return layers
     return DEFAULT_LAYERS
 
 
-def _fresh_dev(args, model_dir: Path, bundle) -> dict | None:
+def _fresh_dev(o: BootstrapOptions, model_dir: Path, bundle: EdgeBundle
+               ) -> dict[str, Any] | None:
     """The kept model on the dev set privatized ``--dev-draws`` times afresh, recorded in the
     version's metrics.json (``dev.fresh_accuracy``, served by GET /v1/models)."""
-    if args.dev is None or not args.dev_draws:
+    if o.dev is None or not o.dev_draws:
         return None
     import numpy as np
 
     # lazy: torch, only when bootstrap trains (the serve image has none)
     from models.training.experiment import evaluate_tsv
 
-    seeds = (np.random.SeedSequence(args.seed).spawn(args.dev_draws)
-             if args.seed is not None else [None] * args.dev_draws)
-    _say(f"measuring the kept model on {args.dev_draws} fresh privatization(s) of the dev set")
-    progress = sys.stderr.isatty() and not args.no_progress
-    accs = [evaluate_tsv(model_dir, args.dev, bundle=bundle, limit=args.dev_limit or None,
+    seed = o.mech.seed
+    seeds: list[np.random.SeedSequence] | list[None] = (
+        np.random.SeedSequence(seed).spawn(o.dev_draws) if seed is not None
+        else [None] * o.dev_draws)
+    _say(f"measuring the kept model on {o.dev_draws} fresh privatization(s) of the dev set")
+    progress = sys.stderr.isatty() and o.compute.progress
+    accs = [evaluate_tsv(model_dir, o.dev, bundle=bundle, limit=o.dev_limit or None,
                          rng=np.random.default_rng(s) if s is not None else None,
-                         device=args.device, precision=args.precision,
+                         device=o.compute.device, precision=o.compute.precision,
                          progress=progress)["accuracy"] for s in seeds]
     out = {"fresh_accuracy": float(np.mean(accs)), "fresh_draws": accs}
     path = model_dir / METRICS_FILE
@@ -371,12 +411,12 @@ def _fresh_dev(args, model_dir: Path, bundle) -> dict | None:
 
 
 # -- the task in the record store -----------------------------------------------------
-def _declare_task(args, task: str, config: dict) -> None:
+def _declare_task(settings: Settings, task: str, config: dict[str, Any]) -> None:
     """Declare the model's task in the record store (labels, mechanism, params, bundle), so
     that the edge can send records for it at once; a warning, not a failure, if it cannot."""
 
     task = config.get("task") or task
-    db = Database.from_settings(settings_for(args))
+    db = Database.from_settings(settings)
     try:
         if db.auto_upgrade:
             db.upgrade()

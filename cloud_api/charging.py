@@ -62,7 +62,9 @@ def payloads_cost(mechanism: str, params: dict, payloads: Sequence,
     if ledger.family_of(mechanism) == "dchi" and diameter is None:
         raise Unavailable(f"the payloads of this {mechanism} model cannot be accounted for: "
                           "its bundle is not on this server", retry_after=60)
-    return ledger.batch_cost(payloads, mechanism, params, diameter)
+    cost = ledger.batch_cost(payloads, mechanism, params, diameter)
+    assert cost is not None, "no payloads to price"  # a request holds at least one
+    return cost
 
 
 def records_cost(task, recs: Sequence, bundle) -> Cost:

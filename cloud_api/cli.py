@@ -1,6 +1,8 @@
 """`cloud-api` command line. Each subcommand lives next to the code it drives and
 registers itself here with ``register(subparsers)``; heavy imports happen only when
-a subcommand runs.
+a subcommand runs. Each command parses its flags once, at its entry (``guarded``), into a
+frozen dataclass of typed options (``models.cli.options``); the code below takes that or
+plain values, never the namespace.
 
     cloud-api serve [--host 127.0.0.1] [--port 8000] [--workers 1] [--home DIR]
     cloud-api models list | promote MODEL VERSION | verify [MODEL [VERSION]]
@@ -19,8 +21,10 @@ import os
 import shutil
 import sys
 import tempfile
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Any, TypeVar
 
 from cloud_api import logs
 from cloud_api.errors import InvalidRequest, ServiceError
@@ -30,6 +34,7 @@ from cloud_api.settings import Settings, settings_error
 from cloud_api.store.db import Database
 from cloud_api.store.seals import DatabaseSeals
 from cloud_api.store.stored_home import open_home
+from models.cli.options import parsed
 from models.versions.version_folder import BUNDLE_DIR, INT8_FILE, ONNX_FILE, read_config
 from shared.bundle import BundleError, EdgeBundle
 
@@ -56,19 +61,24 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+OptionsT = TypeVar("OptionsT")
+
+
 def fail(message: str) -> int:
     """One line ``cloud-api: error: ...`` on stderr; exit code 2."""
     print(f"{PROG}: error: {' '.join(str(message).split())}", file=sys.stderr)
     return 2
 
 
-def guarded(fn):
-    """Expected failures (bad flags, a missing folder, an unusable bundle, a refused change)
-    as one line, exit 2."""
+def guarded(fn: Callable[[OptionsT], int], parse: Callable[[argparse.Namespace], OptionsT]
+            ) -> Callable[[argparse.Namespace], int]:
+    """A command's entry: its flags parsed once into options (``parse``), then
+    ``fn(options)``; expected failures (bad flags, a missing folder, an unusable bundle, a
+    refused change) as one line, exit 2."""
 
-    def run(args) -> int:
+    def run(args: argparse.Namespace) -> int:
         try:
-            return fn(args)
+            return fn(parse(args))
         except ServiceError as exc:
             return fail(exc.detail)
         except (ValueError, OSError, BundleError, KeyError) as exc:
@@ -82,11 +92,11 @@ def home_arg(p: argparse.ArgumentParser) -> None:
                    "jobs (default $PRIVBERT_HOME, else ./var)")
 
 
-def settings_for(args):
+def settings_for(home: str | None) -> Settings:
     """Settings from the environment with ``--home`` applied (also exported, so that uvicorn
     worker processes see it)."""
-    if getattr(args, "home", None):
-        os.environ["PRIVBERT_HOME"] = str(args.home)
+    if home:
+        os.environ["PRIVBERT_HOME"] = str(home)
 
     try:
         return Settings()
@@ -116,7 +126,18 @@ a private directory made at start and removed at exit). Several server instances
 load balancer: docs/serving.md, "Several uvicorn processes and server instances"."""
 
 
-def register_serve(sub) -> None:
+@dataclass(frozen=True)
+class ServeOptions:
+    """``cloud-api serve``: what its flags say (None: from the environment)."""
+
+    host: str | None
+    port: int | None
+    workers: int
+    graceful_timeout: int
+    home: str | None
+
+
+def register_serve(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("serve", help="run the HTTP service (uvicorn)", description=SERVE_HELP,
                        formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--host", help="address to bind (default $PRIVBERT_HOST, else 127.0.0.1; "
@@ -128,23 +149,23 @@ def register_serve(sub) -> None:
     p.add_argument("--graceful-timeout", type=int, default=30, metavar="S",
                    help="seconds to finish requests in flight at shutdown (30)")
     home_arg(p)
-    p.set_defaults(func=guarded(run_serve))
+    p.set_defaults(func=guarded(run_serve, parsed(ServeOptions)))
 
 
-def run_serve(args) -> int:
-    if args.workers < 1:
-        return fail(f"--workers must be >= 1, got {args.workers}")
-    if args.host is None:
-        args.host = os.environ.get("PRIVBERT_HOST") or "127.0.0.1"
-    if args.port is None:
+def run_serve(o: ServeOptions) -> int:
+    if o.workers < 1:
+        return fail(f"--workers must be >= 1, got {o.workers}")
+    host = o.host if o.host is not None else os.environ.get("PRIVBERT_HOST") or "127.0.0.1"
+    port = o.port
+    if port is None:
         env = os.environ.get("PRIVBERT_PORT") or "8000"
         try:
-            args.port = int(env)
+            port = int(env)
         except ValueError:
             return fail(f"PRIVBERT_PORT must be a port number, got {env!r}")
-    if not 0 <= args.port <= 65535:
-        return fail(f"--port must be in [0, 65535], got {args.port}")
-    settings = settings_for(args)
+    if not 0 <= port <= 65535:
+        return fail(f"--port must be in [0, 65535], got {port}")
+    settings = settings_for(o.home)
     # lazy: fastapi, only for serve (`cloud-api worker` loads no web framework)
     from cloud_api.app import create_app
     from cloud_api.auth import KeyRing
@@ -155,17 +176,18 @@ def run_serve(args) -> int:
     check_demo(settings)  # PRIVBERT_DEMO=1 without a built page: ValueError, one line
     import uvicorn
 
-    common = dict(host=args.host, port=args.port, access_log=False, server_header=False,
-                  log_config=logs.logging_config(settings.log_level, settings.log_json),
-                  timeout_graceful_shutdown=args.graceful_timeout, lifespan="on")
-    with multiprocess_metrics(args.workers):
-        if args.workers == 1:
+    common: dict[str, Any] = dict(
+        host=host, port=port, access_log=False, server_header=False,
+        log_config=logs.logging_config(settings.log_level, settings.log_json),
+        timeout_graceful_shutdown=o.graceful_timeout, lifespan="on")
+    with multiprocess_metrics(o.workers):
+        if o.workers == 1:
 
             logs.configure(settings.log_level, settings.log_json)
             uvicorn.run(create_app(settings), **common)
         else:
             uvicorn.run("cloud_api.app:create_app_from_env", factory=True,
-                        workers=args.workers, **common)
+                        workers=o.workers, **common)
     return 0
 
 
@@ -192,7 +214,44 @@ def multiprocess_metrics(workers: int) -> Iterator[str | None]:
 
 
 # -- models ----------------------------------------------------------------------------------
-def register_models(sub) -> None:
+@dataclass(frozen=True)
+class ListOptions:
+    """``cloud-api models list``."""
+
+    home: str | None
+    json: bool
+
+
+@dataclass(frozen=True)
+class VersionOptions:
+    """``cloud-api models promote | reseal MODEL VERSION``."""
+
+    home: str | None
+    model_id: str
+    version: str
+
+
+@dataclass(frozen=True)
+class VerifyOptions:
+    """``cloud-api models verify [MODEL [VERSION]]`` (None: every one)."""
+
+    home: str | None
+    model_id: str | None
+    version: str | None
+
+
+@dataclass(frozen=True)
+class RegisterOptions:
+    """``cloud-api models register DIR``."""
+
+    home: str | None
+    dir: str
+    model_id: str
+    promote: bool
+    bundle: str | None
+
+
+def register_models(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("models", help="list, promote or register model versions in the home",
                        description="Operate the model versions in $PRIVBERT_HOME. A running "
                        "server picks up a promotion within PRIVBERT_RELOAD_INTERVAL_S.")
@@ -200,25 +259,25 @@ def register_models(sub) -> None:
     ls = msub.add_parser("list", help="models, versions, the promoted one, dev accuracy")
     ls.add_argument("--json", action="store_true", help="one JSON document")
     home_arg(ls)
-    ls.set_defaults(func=guarded(run_models_list))
+    ls.set_defaults(func=guarded(run_models_list, parsed(ListOptions)))
     pr = msub.add_parser("promote", help="serve VERSION of MODEL (atomic pointer switch)")
     pr.add_argument("model_id", metavar="MODEL")
     pr.add_argument("version", metavar="VERSION", help="e.g. v2")
     home_arg(pr)
-    pr.set_defaults(func=guarded(run_models_promote))
+    pr.set_defaults(func=guarded(run_models_promote, parsed(VersionOptions)))
     vf = msub.add_parser("verify", help="check versions whole against their manifest.json; "
                          "seal those from before manifests (exit 1 if one is not whole)")
     vf.add_argument("model_id", metavar="MODEL", nargs="?", help="default: every model")
     vf.add_argument("version", metavar="VERSION", nargs="?", help="default: every version")
     home_arg(vf)
-    vf.set_defaults(func=guarded(run_models_verify))
+    vf.set_defaults(func=guarded(run_models_verify, parsed(VerifyOptions)))
     rs = msub.add_parser("reseal", help="seal VERSION of MODEL as it is now, on purpose (after "
                          "an intended change): every array checked finite, a new manifest.json, "
                          "its digest recorded; prints what it sealed")
     rs.add_argument("model_id", metavar="MODEL")
     rs.add_argument("version", metavar="VERSION", help="e.g. v2")
     home_arg(rs)
-    rs.set_defaults(func=guarded(run_models_reseal))
+    rs.set_defaults(func=guarded(run_models_reseal, parsed(VersionOptions)))
     rg = msub.add_parser("register", help="copy a version folder made by `cloud-api train` "
                          "into the home as the next version")
     rg.add_argument("dir", metavar="DIR", help="model version folder (cloud-api train --out)")
@@ -227,16 +286,16 @@ def register_models(sub) -> None:
     rg.add_argument("--bundle", metavar="DIR", help="also add the edge bundle it was trained "
                     "with (needed unless it is the default MiniLM bundle or already there)")
     home_arg(rg)
-    rg.set_defaults(func=guarded(run_models_register))
+    rg.set_defaults(func=guarded(run_models_register, parsed(RegisterOptions)))
 
 
-def _home(args):
+def _home(home_dir: str | None) -> ModelHome:
     """The home of the settings: the shared store (PRIVBERT_MODEL_STORE=database, whose
     versions carry their manifests' digests), or on disk with the database's seal records
     when the database can be opened (the digests of sealed manifests, issue 42); else
     without them, said in one line."""
 
-    s = settings_for(args)
+    s = settings_for(home_dir)
     if s.model_store == "database":
         return open_home(s)
     home = ModelHome(s.home)
@@ -251,12 +310,12 @@ def _home(args):
     return home
 
 
-def run_models_list(args) -> int:
-    home = _home(args)
-    out = []
+def run_models_list(o: ListOptions) -> int:
+    home = _home(o.home)
+    out: list[dict[str, Any]] = []
     for model_id in home.model_ids():
         promoted = home.promoted(model_id)
-        versions = []
+        versions: list[dict[str, Any]] = []
         for v in home.versions(model_id):
             try:
                 cfg = home.read_config(model_id, v)
@@ -268,7 +327,7 @@ def run_models_list(args) -> int:
                              "bundle_id": cfg.get("bundle_id"), "labels": cfg.get("labels"),
                              "dev_accuracy": (metrics.get("dev") or {}).get("accuracy")})
         out.append({"id": model_id, "promoted": promoted, "versions": versions})
-    if args.json:
+    if o.json:
         print(json.dumps({"home": str(home.root), "models": out}, indent=2))
         return 0
     if not out:
@@ -284,29 +343,29 @@ def run_models_list(args) -> int:
     return 0
 
 
-def _read_json(path) -> dict:
+def _read_json(path: Path) -> dict[str, Any]:
     try:
         return json.loads(path.read_text())
     except (OSError, ValueError):
         return {}
 
 
-def run_models_promote(args) -> int:
-    home = _home(args)
-    before = home.promoted(args.model_id)
-    home.promote(args.model_id, args.version)
-    print(f"promoted {args.model_id} {args.version} (was {before or 'none'})")
+def run_models_promote(o: VersionOptions) -> int:
+    home = _home(o.home)
+    before = home.promoted(o.model_id)
+    home.promote(o.model_id, o.version)
+    print(f"promoted {o.model_id} {o.version} (was {before or 'none'})")
     return 0
 
 
-def run_models_verify(args) -> int:
+def run_models_verify(o: VerifyOptions) -> int:
     """One line per version: ``ok``, ``sealed`` (no manifest before: verified and written)
     or ``NOT WHOLE: why``; exit 1 when a version is not whole."""
-    home = _home(args)
-    models = [args.model_id] if args.model_id else home.model_ids()
+    home = _home(o.home)
+    models = [o.model_id] if o.model_id else home.model_ids()
     bad = 0
     for model_id in models:
-        versions = [args.version] if args.version else home.versions(model_id)
+        versions = [o.version] if o.version else home.versions(model_id)
         for v in versions:
             try:
                 verified = home.verify(model_id, v)
@@ -318,38 +377,39 @@ def run_models_verify(args) -> int:
     return 1 if bad else 0
 
 
-def run_models_reseal(args) -> int:
+def run_models_reseal(o: VersionOptions) -> int:
     """Seal a version on purpose; one line per file sealed, then the manifest's digest."""
-    home = _home(args)
-    verified, digest = home.reseal(args.model_id, args.version)
+    home = _home(o.home)
+    verified, digest = home.reseal(o.model_id, o.version)
     for name, sha in sorted(verified.digests.items()):
         print(f"  {sha}  {name}")
     where = "recorded in the database" if home.seals is not None else "NOT recorded (no database)"
-    print(f"resealed {args.model_id} {args.version}: {len(verified.digests)} files as they are "
+    print(f"resealed {o.model_id} {o.version}: {len(verified.digests)} files as they are "
           f"now; manifest.json {digest}, {where}")
     return 0
 
 
-def run_models_register(args) -> int:
-    home = _home(args)
-    cfg = read_config(args.dir)
+def run_models_register(o: RegisterOptions) -> int:
+    home = _home(o.home)
+    cfg = read_config(o.dir)
 
-    if not args.bundle and (Path(args.dir) / BUNDLE_DIR / "bundle.json").is_file():
-        args.bundle = str(Path(args.dir) / BUNDLE_DIR)  # the bundle the version carries
-    if args.bundle:
+    bundle_dir = o.bundle
+    if not bundle_dir and (Path(o.dir) / BUNDLE_DIR / "bundle.json").is_file():
+        bundle_dir = str(Path(o.dir) / BUNDLE_DIR)  # the bundle the version carries
+    if bundle_dir:
 
-        bundle = EdgeBundle.load(args.bundle)
+        bundle = EdgeBundle.load(bundle_dir)
         if bundle.bundle_id != cfg["bundle_id"]:
             return fail(f"--bundle is {bundle.bundle_id[:12]}…, the model was trained with "
                         f"{cfg['bundle_id'][:12]}…")
         BundleStore(home).add(bundle)
-    version = home.register(args.model_id, args.dir, prepare=_int8_for_register)
-    print(f"registered {args.model_id} {version} ({cfg['mechanism']} "
+    version = home.register(o.model_id, o.dir, prepare=_int8_for_register)
+    print(f"registered {o.model_id} {version} ({cfg['mechanism']} "
           f"{json.dumps(cfg['params'], sort_keys=True)})")
-    if args.promote:
-        home.promote(args.model_id, version)
-        print(f"promoted {args.model_id} {version}")
-    if not args.bundle:
+    if o.promote:
+        home.promote(o.model_id, version)
+        print(f"promoted {o.model_id} {version}")
+    if not bundle_dir:
 
         if not BundleStore(home).has(cfg["bundle_id"]):
             print(f"{PROG}: warning: bundle {cfg['bundle_id'][:12]}… is not in the home: add "
@@ -358,7 +418,7 @@ def run_models_register(args) -> int:
     return 0
 
 
-def _int8_for_register(folder) -> None:
+def _int8_for_register(folder: Path) -> None:
     """Quantize the version's classifier.onnx (onnx-int8 backend) unless its int8 file is
     current; without the quantizer (the serve image has no ``onnx``), say so and go on."""
     if not (folder / ONNX_FILE).is_file():

@@ -12,39 +12,59 @@ The database is ``--database-url``, else ``$PRIVBERT_DATABASE_URL``, else the SQ
 from __future__ import annotations
 
 import argparse
+from dataclasses import dataclass
 
 from cloud_api.cli import fail, guarded, home_arg, settings_for
 from cloud_api.store.db import Database
+from models.cli.options import parsed
 
 
-def register(sub) -> None:
+@dataclass(frozen=True)
+class UpgradeOptions:
+    """``cloud-api db upgrade``."""
+
+    database_url: str | None
+    home: str | None
+    revision: str
+
+
+@dataclass(frozen=True)
+class CurrentOptions:
+    """``cloud-api db current``."""
+
+    database_url: str | None
+    home: str | None
+    check: bool
+
+
+def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("db", help="database schema: upgrade | current",
                        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     dsub = p.add_subparsers(dest="db_command", metavar="ACTION", required=True)
     up = dsub.add_parser("upgrade", help="apply the migrations up to head (or --revision)")
     up.add_argument("--revision", default="head", help="target revision (head)")
-    up.set_defaults(func=guarded(run_upgrade))
+    up.set_defaults(func=guarded(run_upgrade, parsed(UpgradeOptions)))
     cur = dsub.add_parser("current", help="the revision the database is at, and the head")
     cur.add_argument("--check", action="store_true", help="exit 1 unless at head")
-    cur.set_defaults(func=guarded(run_current))
+    cur.set_defaults(func=guarded(run_current, parsed(CurrentOptions)))
     for q in (up, cur):
         q.add_argument("--database-url", metavar="URL", help="SQLAlchemy URL (default "
                        "$PRIVBERT_DATABASE_URL, else sqlite:///$PRIVBERT_HOME/privbert.db)")
         home_arg(q)
 
 
-def _database(args):
-    settings = settings_for(args)
-    if args.database_url:
-        settings = settings.model_copy(update={"database_url": args.database_url})
+def _database(database_url: str | None, home: str | None) -> Database:
+    settings = settings_for(home)
+    if database_url:
+        settings = settings.model_copy(update={"database_url": database_url})
     return Database.from_settings(settings)
 
 
-def run_upgrade(args) -> int:
-    db = _database(args)
+def run_upgrade(o: UpgradeOptions) -> int:
+    db = _database(o.database_url, o.home)
     try:
         before = db.current()
-        after = db.upgrade(args.revision)
+        after = db.upgrade(o.revision)
     finally:
         db.dispose()
     what = "already at" if before == after else f"upgraded from {before or 'empty'} to"
@@ -52,8 +72,8 @@ def run_upgrade(args) -> int:
     return 0
 
 
-def run_current(args) -> int:
-    db = _database(args)
+def run_current(o: CurrentOptions) -> int:
+    db = _database(o.database_url, o.home)
     try:
         current, head = db.current(), db.head()
     finally:
@@ -61,7 +81,7 @@ def run_current(args) -> int:
     state = "up to date" if current == head else "behind: run `cloud-api db upgrade`"
     print(f"{db.url.render_as_string(hide_password=True)}: revision {current or 'none (empty)'}"
           f", head {head} ({state})")
-    if args.check and current != head:
+    if o.check and current != head:
         fail("database is not at the code's head revision")
         return 1
     return 0

@@ -16,36 +16,55 @@ from __future__ import annotations
 
 import argparse
 import json
+from dataclasses import dataclass
+from typing import Any
 
 from cloud_api.cli import fail, guarded, home_arg, settings_for
 from cloud_api.home import ModelHome
+from cloud_api.settings import Settings
 from cloud_api.store.db import Database
 from cloud_api.store.model_store import ModelStore
 from cloud_api.store.stored_home import StoredHome, import_home
+from models.cli.options import parsed
 
 
-def register(sub) -> None:
+@dataclass(frozen=True)
+class StoreOptions:
+    """``cloud-api store import-home | sync``: the database and the home."""
+
+    database_url: str | None
+    home: str | None
+
+
+@dataclass(frozen=True)
+class StoreListOptions(StoreOptions):
+    """``cloud-api store list``."""
+
+    json: bool
+
+
+def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("store", help="the shared model store: import-home | list | sync",
                        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ssub = p.add_subparsers(dest="store_command", metavar="ACTION", required=True)
     imp = ssub.add_parser("import-home", help="copy $PRIVBERT_HOME's versions, bundles and "
                           "promotions into the store (idempotent)")
-    imp.set_defaults(func=guarded(run_import))
+    imp.set_defaults(func=guarded(run_import, parsed(StoreOptions)))
     ls = ssub.add_parser("list", help="stored versions and promotions")
     ls.add_argument("--json", action="store_true")
-    ls.set_defaults(func=guarded(run_list))
+    ls.set_defaults(func=guarded(run_list, parsed(StoreListOptions)))
     sy = ssub.add_parser("sync", help="fetch and check what the store promotes into the home")
-    sy.set_defaults(func=guarded(run_sync))
+    sy.set_defaults(func=guarded(run_sync, parsed(StoreOptions)))
     for q in (imp, ls, sy):
         q.add_argument("--database-url", metavar="URL", help="SQLAlchemy URL (default "
                        "$PRIVBERT_DATABASE_URL)")
         home_arg(q)
 
 
-def _store(args):
-    settings = settings_for(args)
-    if args.database_url:
-        settings = settings.model_copy(update={"database_url": args.database_url})
+def _store(o: StoreOptions) -> tuple[Settings, ModelStore]:
+    settings = settings_for(o.home)
+    if o.database_url:
+        settings = settings.model_copy(update={"database_url": o.database_url})
     db = Database.from_settings(settings)
     current, head = db.current(), db.head()
     if current != head:
@@ -55,9 +74,9 @@ def _store(args):
     return settings, ModelStore(db)
 
 
-def run_import(args) -> int:
+def run_import(o: StoreOptions) -> int:
     try:
-        settings, store = _store(args)
+        settings, store = _store(o)
     except RuntimeError as exc:
         return fail(str(exc))
     try:
@@ -67,22 +86,23 @@ def run_import(args) -> int:
     return 1 if bad else 0
 
 
-def run_list(args) -> int:
+def run_list(o: StoreListOptions) -> int:
     try:
-        _, store = _store(args)
+        _, store = _store(o)
     except RuntimeError as exc:
         return fail(str(exc))
     try:
         promos = store.promotions()
-        out = [{"id": m, "promoted": promos[m].version if m in promos else None,
-                "serial": promos[m].serial if m in promos else None,
-                "versions": [{"version": v.version, "files": v.files, "bytes": v.bytes,
-                              "manifest_sha256": v.manifest_sha256, "bundle_id": v.bundle_id}
-                             for v in store.versions(m)]}
-               for m in store.model_ids()]
+        out: list[dict[str, Any]] = [
+            {"id": m, "promoted": promos[m].version if m in promos else None,
+             "serial": promos[m].serial if m in promos else None,
+             "versions": [{"version": v.version, "files": v.files, "bytes": v.bytes,
+                           "manifest_sha256": v.manifest_sha256, "bundle_id": v.bundle_id}
+                          for v in store.versions(m)]}
+            for m in store.model_ids()]
     finally:
         store.db.dispose()
-    if args.json:
+    if o.json:
         print(json.dumps({"models": out}, indent=2))
         return 0
     if not out:
@@ -97,9 +117,9 @@ def run_list(args) -> int:
     return 0
 
 
-def run_sync(args) -> int:
+def run_sync(o: StoreOptions) -> int:
     try:
-        settings, store = _store(args)
+        settings, store = _store(o)
     except RuntimeError as exc:
         return fail(str(exc))
     try:

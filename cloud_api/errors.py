@@ -7,6 +7,9 @@ is the stable URI of its ``kind``. A ``detail`` never repeats payload data or ke
 
 from __future__ import annotations
 
+from collections.abc import Mapping, Sequence
+from typing import Any
+
 PROBLEM_BASE = "urn:privbert:problem:"
 
 
@@ -23,8 +26,8 @@ class ServiceError(Exception):
     title = "Internal error"
 
     def __init__(self, detail: str, *, retry_after: float | None = None,
-                 errors: list[dict] | None = None, headers: dict[str, str] | None = None,
-                 extra: dict | None = None):
+                 errors: Sequence[Mapping[str, Any]] | None = None,
+                 headers: dict[str, str] | None = None, extra: dict | None = None):
         super().__init__(detail)
         self.detail = detail
         self.retry_after = retry_after

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import logging
 import math
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from typing import Any
 
 import orjson
@@ -111,9 +112,9 @@ def internal_error(request_id: str | None, state: dict | None = None) -> Respons
                             "reporting it", state=state)
 
 
-def clean_errors(errors: list[dict]) -> list[dict]:
+def clean_errors(errors: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
     """Pydantic errors as JSON-safe issues: location, message, type; no input, no context."""
-    out = []
+    out: list[dict[str, Any]] = []
     for e in errors:
         loc = [x if isinstance(x, int) else _cut(str(x)) for x in e.get("loc", ())]
         out.append({"loc": loc, "msg": str(e.get("msg", "")), "type": str(e.get("type", ""))})
@@ -124,12 +125,13 @@ def _cut(text: str) -> str:
     return text if len(text) <= _MAX_LOC_TEXT else text[: _MAX_LOC_TEXT - 1] + "…"
 
 
-def validation_problem(request: Request, errors: list[dict], where: str = "body") -> Response:
+def validation_problem(request: Request, errors: Sequence[Mapping[str, Any]],
+                       where: str = "body") -> Response:
     return validation_response(_rid(request), _state(request), errors, where)
 
 
-def validation_response(request_id: str | None, state: dict, errors: list[dict],
-                        where: str = "body") -> Response:
+def validation_response(request_id: str | None, state: dict,
+                        errors: Sequence[Mapping[str, Any]], where: str = "body") -> Response:
     """422 ``validation`` listing pydantic ``errors`` (without their input values)."""
     issues = clean_errors(errors)
     first = issues[0] if issues else {"loc": [], "msg": "invalid"}
@@ -194,11 +196,14 @@ async def _validation_error(request: Request, exc: ValidationError) -> Response:
 
 
 def install(app: FastAPI) -> None:
-    """Register the handlers on ``app``."""
-    app.add_exception_handler(ServiceError, _service_error)
-    app.add_exception_handler(HTTPException, _http_error)
-    app.add_exception_handler(RequestValidationError, _request_validation_error)
-    app.add_exception_handler(ValidationError, _validation_error)
+    """Register the handlers on ``app``: each takes its own exception class (Starlette types
+    a handler as taking any exception)."""
+    handlers: list[tuple[type[Exception], Callable[[Request, Any], Awaitable[Response]]]] = [
+        (ServiceError, _service_error), (HTTPException, _http_error),
+        (RequestValidationError, _request_validation_error),
+        (ValidationError, _validation_error)]
+    for cls, handler in handlers:
+        app.add_exception_handler(cls, handler)
 
 
 # -- OpenAPI ---------------------------------------------------------------------------------

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The tests, from a fresh clone: set up .venv, PostgreSQL, Chromium, the web edge's
 # node_modules and the privacy explorer page (web_edge/demo) when missing, then run the
-# checks (ruff on the repository, mypy on shared/ (strict), edge_agent/ and models/, the generated files of
+# checks (ruff on the repository, mypy on every package (strict on shared/), the generated files of
 # the mechanism spec, tsc (strict, noUncheckedIndexedAccess) on the web edge and its demo
 # page, ESLint on the web edge's TypeScript and JavaScript), README's test command and the
 # web edge's JS tests (all must pass).
@@ -19,7 +19,7 @@ cd "$ROOT"
 set +e
 checks_rc=0
 ruff check . || { echo "tests: ruff found problems (ruff check .)" >&2; checks_rc=1; }
-mypy || { echo "tests: the type check failed (mypy: shared/ strict, edge_agent/, models/)" >&2; checks_rc=1; }
+mypy || { echo "tests: the type check failed (mypy: every package, shared/ strict)" >&2; checks_rc=1; }
 python -m shared.spec --check || checks_rc=1
 (cd web_edge && npm run --silent typecheck) \
     || { echo "tests: tsc found type errors in the web edge (cd web_edge && npm run typecheck)" >&2; checks_rc=1; }

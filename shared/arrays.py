@@ -13,7 +13,7 @@ import binascii
 import math
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Annotated, Literal
+from typing import TYPE_CHECKING, Annotated, Literal, cast
 
 import numpy as np
 from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, ValidationInfo, model_validator
@@ -30,6 +30,7 @@ if TYPE_CHECKING:
 
 MAX_JSON_BYTES = 8 * 1024 * 1024
 DTYPES = {"float16": "<f2", "float32": "<f4", "int32": "<i4", "bits": "u1"}
+DType = Literal["float16", "float32", "int32", "bits"]  # the keys of DTYPES
 FLOAT_DTYPES = ("float16", "float32")
 _B64 = r"^[A-Za-z0-9+/]*={0,2}$"
 
@@ -89,7 +90,7 @@ class Array(BaseModel):
     """An n-d array: dtype, shape and base64 (standard, padded) little-endian bytes."""
 
     model_config = STRICT
-    dtype: Literal["float16", "float32", "int32", "bits"]
+    dtype: DType
     shape: Annotated[tuple[NonNegInt, ...], Field(max_length=8)]
     data: Annotated[str, Field(pattern=_B64)]
     _values: np.ndarray = PrivateAttr()
@@ -181,7 +182,8 @@ def _checked(arr: npt.ArrayLike, dtype: str) -> np.ndarray:
 
 def wrap_array(dtype: str, values: np.ndarray, data: str) -> Array:
     """An Array of checked ``values`` (read-only, native order) and their base64 ``data``."""
-    out = Array.model_construct(dtype=dtype, shape=tuple(int(x) for x in values.shape),
+    # dtype: one of DTYPES, checked by the caller (_checked or the payload's schema)
+    out = Array.model_construct(dtype=cast(DType, dtype), shape=tuple(int(x) for x in values.shape),
                                 data=data)
     values = values.astype(values.dtype.newbyteorder("="), copy=False)
     values.flags.writeable = False

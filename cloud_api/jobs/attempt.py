@@ -84,7 +84,7 @@ class Attempt:
         return self.conclude(rc, outcome)
 
     def run_child(self, cmd: list[str], limit_s: float | None = None
-                  ) -> tuple[int | None, ChildExit]:
+                  ) -> tuple[int, ChildExit]:
         """Run ``cmd`` in its own process group in the attempt's folder, its output appended
         to the attempt's log, supervised (heartbeats, cancel, :meth:`_supervise`); returns
         (exit code, how it ended)."""
@@ -100,7 +100,7 @@ class Attempt:
             if child.poll() is None:
                 children.kill(child)
             children.signal_group(child.pid, signal.SIGKILL)  # stray torchrun ranks, if any
-        return child.returncode, outcome
+        return child.wait(), outcome  # it has exited: its code at once
 
     def interruption(self) -> ChildExit | None:
         """``LOST`` or ``CANCELLED`` when the output must not be registered now, else None
@@ -157,7 +157,7 @@ class Attempt:
             elif term_at is not None and now - term_at > children.KILL_GRACE_S:
                 children.signal_group(child.pid, signal.SIGKILL)
 
-    def conclude(self, rc: int | None, outcome: ChildExit) -> AttemptEnd:
+    def conclude(self, rc: int, outcome: ChildExit) -> AttemptEnd:
         """End the attempt after its child: publish its result, retry it, or fail it."""
         job, files, w = self.job, self.files, self.worker
         if outcome in (ChildExit.STOPPED, ChildExit.LOST):

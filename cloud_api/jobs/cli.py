@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 import signal
+from dataclasses import dataclass
 
 from cloud_api import logs
 from cloud_api.cli import fail, guarded, home_arg, settings_for
@@ -21,9 +22,20 @@ from cloud_api.jobs.states import AttemptEnd
 from cloud_api.jobs.supervisor import Worker
 from cloud_api.store.db import Database
 from cloud_api.store.stored_home import open_home
+from models.cli.options import parsed
 
 
-def register(sub) -> None:
+@dataclass(frozen=True)
+class WorkerOptions:
+    """``cloud-api worker``."""
+
+    torchrun: int | None
+    once: bool
+    worker_id: str | None
+    home: str | None
+
+
+def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("worker", help="run queued retraining and pretraining jobs",
                        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--torchrun", type=int, metavar="N", default=None,
@@ -34,13 +46,13 @@ def register(sub) -> None:
     p.add_argument("--worker-id", metavar="ID", help="name in the job table (default "
                    "host:pid:random)")
     home_arg(p)
-    p.set_defaults(func=guarded(run_worker))
+    p.set_defaults(func=guarded(run_worker, parsed(WorkerOptions)))
 
 
-def run_worker(args) -> int:
-    if args.torchrun is not None and args.torchrun < 0:
-        return fail(f"--torchrun must be >= 0, got {args.torchrun}")
-    settings = settings_for(args)
+def run_worker(o: WorkerOptions) -> int:
+    if o.torchrun is not None and o.torchrun < 0:
+        return fail(f"--torchrun must be >= 0, got {o.torchrun}")
+    settings = settings_for(o.home)
 
     logs.configure(settings.log_level, settings.log_json)
     db = Database.from_settings(settings)
@@ -49,13 +61,13 @@ def run_worker(args) -> int:
             db.prepare()  # migrations (SQLite) or a check that the schema is current
         except RuntimeError as exc:  # behind the code's head: run `cloud-api db upgrade`
             return fail(str(exc))
-        worker = Worker(settings, db, open_home(settings, db), worker_id=args.worker_id,
-                        torchrun_nproc=args.torchrun)
+        worker = Worker(settings, db, open_home(settings, db), worker_id=o.worker_id,
+                        torchrun_nproc=o.torchrun)
         for sig in (signal.SIGTERM, signal.SIGINT):
             signal.signal(sig, lambda *_: worker.request_stop())
-        state = worker.run(once=args.once)
+        state = worker.run(once=o.once)
     finally:
         db.dispose()
-    if args.once:
+    if o.once:
         return 0 if state in (None, AttemptEnd.SUCCEEDED) else 1
     return 0

@@ -14,11 +14,15 @@ from __future__ import annotations
 
 import sys
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from cloud_api.jobs.files import AttemptFiles
 
+if TYPE_CHECKING:  # torch: imported when torchrun runs, not before
+    from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
 
-def rank_failures(exc: BaseException) -> list[dict]:
+
+def rank_failures(exc: ChildFailedError) -> list[dict]:
     """``[{"rank", "local_rank", "exitcode", "signal"}]`` of a ``ChildFailedError``,
     by rank; ``signal`` is None for a rank that exited with a code."""
     out = []

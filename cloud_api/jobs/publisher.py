@@ -60,7 +60,7 @@ class Supervised(Protocol):
     files: AttemptFiles
 
     def run_child(self, cmd: list[str], limit_s: float | None = None
-                  ) -> tuple[int | None, ChildExit]:
+                  ) -> tuple[int, ChildExit]:
         """Run ``cmd`` supervised like the training child (heartbeats, cancel)."""
 
     def interruption(self) -> ChildExit | None:

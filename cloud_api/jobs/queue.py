@@ -79,7 +79,9 @@ def enqueue(db: Database, kind: JobKind | str, spec: dict, *, max_attempts: int 
                 kind=kind, spec=spec, state=JobState.QUEUED, attempts=0, max_attempts=max_attempts,
                 created_by=created_by, created_at=_now(conn), cancel_requested=False,
                 reserved=reserve))
-            return int(res.inserted_primary_key[0])
+            key = res.inserted_primary_key
+            assert key is not None  # a single-row insert returns its key
+            return int(key[0])
     except IntegrityError:
         if reserve is None:
             raise
@@ -230,6 +232,7 @@ def reap(db: Database, timeout_s: float) -> list[tuple[int, JobState]]:
         for row in conn.execute(q).all():
             lost = (f"worker {row.worker_id} sent no heartbeat for {timeout_s:g} s during "
                     f"attempt {row.attempts} of {row.max_attempts}")
+            values: dict[str, str | None]
             if row.cancel_requested:
                 state, values = JobState.CANCELLED, {"error": f"{lost}; it was being cancelled"}
             elif row.attempts < row.max_attempts:

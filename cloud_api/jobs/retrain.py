@@ -113,6 +113,7 @@ def run(job: dict, files: AttemptFiles, dist_ctx=None) -> dict | None:
         from models.training import distributed
 
         loaded = distributed.broadcast_object(loaded, dist_ctx)
+    assert loaded is not None  # read on the main rank, broadcast to the others
     task, rows, watermark = loaded
     read_whole(spec)
     parts = split_rows(rows)

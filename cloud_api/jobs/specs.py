@@ -58,7 +58,7 @@ def check_retrain(db: Database, home: ModelHome, bundles, settings: Settings,
         home.verify(req.model_id, current, seal_missing=False)
     _check_counts(db, task, settings.min_records_per_label)
     cfg = home.read_config(req.model_id, current) if current is not None else None
-    if cfg is not None:
+    if current is not None and cfg is not None:
         _check_model_fits(task, req.model_id, current, cfg)
     try:
         bundles.get(task.bundle_id)
@@ -170,6 +170,7 @@ def _check_model_fits(task: Task, model_id: str, version: str, cfg: dict) -> Non
         raise InvalidRequest(f"{where} uses bundle {str(cfg.get('bundle_id'))[:12]}…, task "
                              f"{task.name} bundle {task.bundle_id[:12]}…")
     want = compared_params(task.mechanism, task.params)
+    got: object
     try:
         got = compared_params(task.mechanism,
                               canonical_params(task.mechanism, cfg.get("params") or {}))
@@ -210,12 +211,12 @@ def _retrain_base(home: ModelHome, bundles, task: Task, req: RetrainRequest,
         return None
     if current_cfg is not None:  # the BERT the promoted version was trained from
         base = current_cfg.get("base_model")
-        path = Path(base) if base else None
-        if path is not None and not path.is_dir() and path.parent.name == "bases" and \
-                is_id(path.name):  # trained on another host: the base of that name here
-            path = home.base_dir(path.name)  # (a shared model store fetches it)
-        if path is not None and path.is_dir() and (path / "config.json").is_file():
-            return str(path)
+        trained = Path(base) if base else None
+        if trained is not None and not trained.is_dir() and trained.parent.name == "bases" and \
+                is_id(trained.name):  # trained on another host: the base of that name here
+            trained = home.base_dir(trained.name)  # (a shared model store fetches it)
+        if trained is not None and trained.is_dir() and (trained / "config.json").is_file():
+            return str(trained)
     raise InvalidRequest(f"task {task.name} uses bundle {task.bundle_id[:12]}…, not the "
                          "default MiniLM one: name a base of that bundle (a BERT folder in "
                          "$PRIVBERT_HOME/bases/, or POST /admin/pretrain)")

@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Sequence
+from enum import Enum
 from typing import Any
 
 import orjson
@@ -58,7 +59,7 @@ from cloud_api.routes.common import ModelId, header
 from shared.payload import Payload
 
 PATH = "/v1/models/{model_id}/predict"
-TAGS = ["inference"]
+TAGS: list[str | Enum] = ["inference"]
 _MODEL_ID = TypeAdapter(ModelId)
 
 

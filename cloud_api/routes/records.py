@@ -141,8 +141,10 @@ async def post_records(
     if stored.replayed:
         return json_response({"ids": stored.ids}, 201, {"Idempotent-Replayed": "true"})
     RECORDS.labels(task=env.task).inc(len(stored.ids))
-    charging.counted(stored.charged.cost, "records")
-    return json_response({"ids": stored.ids}, 201, stored.charged.headers())
+    charged = stored.charged
+    assert charged is not None  # a stored request was charged (a replay is not)
+    charging.counted(charged.cost, "records")
+    return json_response({"ids": stored.ids}, 201, charged.headers())
 
 
 @router.get("/tasks/{task}", response_model=TaskInfo, summary="What a task accepts",

@@ -27,7 +27,7 @@ import logging
 import os
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
 
 import numpy as np
 
@@ -43,6 +43,9 @@ from models.versions.version_folder import (
 )
 from shared.mechanisms import registry
 from shared.payload import make_payload
+
+if TYPE_CHECKING:  # torch: only for the torch backend (the serve image has none)
+    from models.versions.model_version import ModelVersion
 
 log = logging.getLogger(__name__)
 
@@ -107,6 +110,7 @@ class TorchBackend:
 
     name = "torch"
     overhead_tokens = 32.0  # MiniLM, one thread (python -m bench.serve --padding)
+    version: ModelVersion | None  # None once closed
 
     def __init__(self, path: str | os.PathLike, settings: Settings):
         # lazy: torch, only for the torch backend (the serve image has none)
@@ -137,6 +141,8 @@ class TorchBackend:
         torch = self._torch
         if self.threads and torch.get_num_threads() != self.threads:
             torch.set_num_threads(self.threads)  # OpenMP keeps the count per thread
+        if self.version is None:
+            raise BackendError(f"{self.path}: closed")
         batch = _collate(self.config, payloads)
         module = self.version.module
         with torch.inference_mode():
@@ -163,6 +169,8 @@ class Int8Unavailable(BackendError):
 class OnnxBackend:
     """A version folder served by onnxruntime (its ``classifier.onnx``, or with ``int8``
     its ``classifier.int8.onnx``; CPU)."""
+
+    classifier: OnnxClassifier | None  # None once closed
 
     def __init__(self, path: str | os.PathLike, settings: Settings, int8: bool = False):
         self.path = Path(path)
@@ -206,6 +214,8 @@ class OnnxBackend:
         warm_up(self)
 
     def forward(self, payloads: Sequence) -> np.ndarray:
+        if self.classifier is None:
+            raise BackendError(f"{self.path}: closed")
         return _softmax(self.classifier.logits(_collate(self.config, payloads, as_numpy=True)))
 
     def close(self) -> None:

@@ -77,8 +77,7 @@ class Batcher:
                  queue_timeout_s: float = 30.0, executor: ThreadPoolExecutor | None = None,
                  inline_when_idle: bool = False,
                  overhead_tokens: float = FORWARD_OVERHEAD_TOKENS):
-        self._forwards: list[Forward] = list(forward) if isinstance(forward, list | tuple) \
-            else [forward]
+        self._forwards: list[Forward] = [forward] if callable(forward) else list(forward)
         self.model_id, self.version = model_id, version
         self.max_batch_size = max(1, int(max_batch_size))
         self.max_batch_tokens = max(1, int(max_batch_tokens))

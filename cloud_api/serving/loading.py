@@ -15,6 +15,7 @@ import logging
 import math
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from cloud_api.errors import InvalidRequest, NotFound, ServiceError
 from cloud_api.home import ModelHome, seal_verified
@@ -75,8 +76,9 @@ def load_version(settings: Settings, home: ModelHome, bundles: BundleStore, mode
         config = read_config(path)
     except ValueError as exc:
         raise BackendError(str(exc)) from None
+    name: Any = config.get("mechanism")  # as the file has it: get() refuses what it lacks
     try:
-        mech = mechanisms.get(config.get("mechanism"))
+        mech = mechanisms.get(name)
     except mechanisms.UnknownMechanism as exc:
         raise BackendError(str(exc)) from None
     if not mech.private and not settings.allow_none:

@@ -6,6 +6,7 @@ request is checked and charged, and what the caps mean, is :mod:`cloud_api.store
 from __future__ import annotations
 
 from datetime import UTC, datetime
+from typing import Any
 
 from sqlalchemy import Connection, delete, select, update
 
@@ -52,7 +53,7 @@ def _key_view(key_id: str, rows: list, default_cap: float | None) -> dict:
     (its own spend; ``cap``: its own cap, null when only the key's bounds it;
     ``remaining``: what the device may still spend, the least of both)."""
     own = next((r for r in rows if r["device_id"] == ""), None)
-    view = {"key_id": key_id, "units": "worst-case epsilon"}
+    view: dict[str, Any] = {"key_id": key_id, "units": "worst-case epsilon"}
     view.update(_ledger(own) if own is not None else _ledger(
         {**new_row(key_id, "", default_cap, datetime.now(UTC)), "families": {}}))
     key_left = view["remaining"]

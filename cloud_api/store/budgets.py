@@ -99,7 +99,7 @@ class Charged:
 
     spent: float
     cap: float | None
-    cost: Cost | None = None  # what was charged
+    cost: Cost  # what was charged
     device_spent: float | None = None
     device_cap: float | None = None
 
@@ -259,9 +259,9 @@ def _refusal(conn: Connection, ch: Charge) -> BudgetExhausted | None:
     if ch.device_id:
         dev = have[ch.device_id]
         left = least(left, ledger.remaining(dev.spent, dev.cap))
-        if not ledger.fits(dev.spent, eps, dev.cap):
+        if dev.cap is not None and not ledger.fits(dev.spent, eps, dev.cap):
             return BudgetExhausted(eps, dev.spent, dev.cap, ch.key_id, ch.device_id, left)
-    if not ledger.fits(key.spent, eps, key.cap):
+    if key.cap is not None and not ledger.fits(key.spent, eps, key.cap):
         return BudgetExhausted(eps, key.spent, key.cap, ch.key_id, "", left)
     return None
 

@@ -21,11 +21,15 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from datetime import datetime
+from typing import TYPE_CHECKING, Any, cast
 
 import orjson
 from sqlalchemy import Connection, text
 
 from cloud_api.store.tables import records
+
+if TYPE_CHECKING:
+    import psycopg
 
 COLUMNS = ("id", "task_id", "label", "soft_label", "mechanism", "params", "bundle_id",
            "dtype", "shape", "segments", "payload", "key_id", "created_at")
@@ -71,7 +75,8 @@ def write_rows(conn: Connection, rows: Sequence[tuple]) -> None:
     if conn.dialect.name == "sqlite":
         conn.exec_driver_sql(_SQLITE_INSERT, list(rows))  # executemany
         return
-    dbapi = conn.connection.dbapi_connection  # psycopg 3, in this transaction
+    # psycopg 3, in this transaction
+    dbapi = cast("psycopg.Connection[Any]", conn.connection.dbapi_connection)
     with dbapi.cursor() as cur, cur.copy(_PG_COPY) as copy:
         for row in rows:
             copy.write_row(row)

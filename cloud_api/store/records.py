@@ -65,7 +65,7 @@ from shared.payload import Record
 try:  # SIMD base64 where installed (a cloud dependency); the standard library otherwise
     from pybase64 import b64decode
 except ImportError:  # pragma: no cover
-    from base64 import b64decode
+    from base64 import b64decode  # type: ignore[assignment]
 
 _RECORDS = TypeAdapter(list[Record])
 _HEX64 = re.compile(r"[0-9a-f]{64}")
@@ -141,7 +141,7 @@ def _mismatch(task: Task, raw: Any) -> str | None:
     return None
 
 
-def _issue(i: int, loc: Sequence, msg: str, kind: str) -> dict:
+def _issue(i: int | str, loc: Sequence, msg: str, kind: str) -> dict:
     return {"loc": ["records", i, *loc], "msg": msg, "type": kind}
 
 
@@ -248,7 +248,7 @@ def _forget_erased(conn, key_ids) -> int:
     return len(stale)
 
 
-def _replay(prior, digest: str) -> Stored:
+def _replay(prior, digest: str | None) -> Stored:
     if prior.body_sha256 != digest:
         raise IdempotencyKeyReused("this Idempotency-Key was already used with a different "
                                    "body; use a new key for a new request")

@@ -23,7 +23,7 @@ from shared.payload import PAYLOAD_ADAPTER, Record
 try:  # SIMD base64 where installed (a cloud dependency); the standard library otherwise
     from pybase64 import b64encode
 except ImportError:  # pragma: no cover
-    from base64 import b64encode
+    from base64 import b64encode  # type: ignore[assignment]
 
 # re-reading stored rows: they were checked against their task when they came in
 _STORED_LIMITS = Limits(max_tokens=1 << 20, max_dim=1 << 20, max_array_bytes=1 << 31,
@@ -34,7 +34,7 @@ def label_counts(db: Database, task: str | Task) -> dict[str, int]:
     """Records of ``task`` per class name (soft labels are not counted)."""
     t = task if isinstance(task, Task) else get_task(db, task)
     with db.begin() as conn:
-        got = dict(conn.execute(select(records.c.label, func.count())
+        got: dict[str, int] = dict(conn.execute(select(records.c.label, func.count())
                                 .where(records.c.task_id == t.id, records.c.label.is_not(None))
                                 .group_by(records.c.label)).all())
     return {name: int(got.get(name, 0)) for name in t.labels}

@@ -36,7 +36,7 @@ TaskName = Annotated[str, Field(pattern=ID_PATTERN,
                                 description="1-64 letters, digits, '_', '.', '-'")]
 
 # mechanism -> its payload class (params model, array field)
-PAYLOAD_CLASSES: dict[str, type] = wire.PAYLOAD_CLASSES
+PAYLOAD_CLASSES = wire.PAYLOAD_CLASSES
 
 
 def canonical_params(mechanism: str, params: dict) -> dict:

@@ -1,21 +1,33 @@
 """The command-line pieces the training commands share (``cloud-api train``, ``evaluate``,
 ``bootstrap``): the mechanism flags (derived from the mechanism spec, one per parameter of a
 mechanism's ``Params``), the recipe's levers, the device, argument types, and what a parsed
-command line gives (the mechanism's settings, a seeded generator, a posterior table).
+command line gives, typed (``MechanismFlags``, ``RecipeFlags``, ``DeviceFlags``: parsed once
+by each command, ``models.cli.options``), and what they give (the mechanism's settings, a
+seeded generator, a posterior table).
 """
 
 from __future__ import annotations
 
 import argparse
+import os
 import sys
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
 
 from edge_agent.mechanism_spec import flag_values, names
 from edge_agent.param_flags import add_param_flags, positive_int
 from edge_agent.privatize.texthide_key import key_to_seed
+from models.cli.options import options_of
 from models.training.posterior import ChannelPosterior
 from models.training.privatize import SEED_WARNING
 from shared.policy import DEFAULT_P, NO_POLICY, POLICIES, PolicyError, policy_name
 from shared.table import TableError, TableSpec
+
+if TYPE_CHECKING:
+    from shared.bundle import EdgeBundle
 
 PROG = "cloud-api"
 
@@ -68,7 +80,31 @@ def policy_arg(s: str) -> str:
         raise argparse.ArgumentTypeError(str(exc)) from None
 
 
-def apply_policy(bundle, policy: str | None, params: dict):
+@dataclass(frozen=True)
+class MechanismFlags:
+    """What ``add_mechanism_args`` parses, but ``--mechanism`` (each command's own: required
+    by one, defaulted by another): every parameter flag by parameter name (None: not given,
+    or the default its mechanisms share), the TextHide key's seed, the bundle, its table,
+    the token policy and the seed."""
+
+    values: Mapping[str, Any]
+    texthide_key: int | None = None
+    bundle: str | None = None
+    table: str | None = None
+    policy: str | None = None
+    seed: int | None = None
+
+    @classmethod
+    def parse(cls, args: argparse.Namespace) -> MechanismFlags:
+        return options_of(cls, args, values=flag_values(vars(args)))
+
+    def settings(self) -> dict[str, Any]:
+        """The mechanism's settings (a new dict): every parameter flag and the TextHide key,
+        as ``models.training.privatize.build_mechanism`` takes them."""
+        return {**self.values, "texthide_key": self.texthide_key}
+
+
+def apply_policy(bundle: EdgeBundle, policy: str | None, params: dict[str, Any]) -> EdgeBundle:
     """The bundle under token ``policy`` (None: as it is) and ``params`` with its p: a
     policy asked for without ``public_p`` takes :data:`shared.policy.DEFAULT_P`."""
     if policy is None:
@@ -129,21 +165,39 @@ def add_recipe_args(p: argparse.ArgumentParser) -> None:
                    help="passes over the public text, privatized afresh each (default 1)")
 
 
-def mechanism_settings(args) -> dict:
-    """The mechanism's settings from the command line: every parameter flag (None: not
-    given, or the default its mechanisms share) and the TextHide key, as
-    ``models.training.privatize.build_mechanism`` takes them."""
-    return {**flag_values(vars(args)), "texthide_key": args.texthide_key}
+@dataclass(frozen=True)
+class RecipeFlags:
+    """What ``add_recipe_args`` parses (None: not given, the recipe's default)."""
+
+    fresh_noise: bool | None = None
+    posterior: bool | None = None
+    posterior_table: str | None = None
+    denoise: float | None = None
+    distill: float | None = None
+    rtd: float | None = None
+    ema: float | None = None
+    warm_start: bool | None = None
+    teacher: str | None = None
+    denoiser: bool | None = None
+    denoiser_file: str | None = None
+    denoiser_corpus: str | None = None
+    denoiser_layers: int | None = None
+    denoiser_candidates: int | None = None
+    denoiser_epochs: int | None = None
+
+    @classmethod
+    def parse(cls, args: argparse.Namespace) -> RecipeFlags:
+        return options_of(cls, args)
 
 
-def seeded_rng(args):
-    import numpy as np
-
-    if args.seed is None:
+def seeded_rng(seed: int | None) -> np.random.Generator | None:
+    """A generator of ``seed`` (with the warning that seeded noise protects nothing), else
+    None: fresh OS entropy."""
+    if seed is None:
         return None
 
     print(f"{PROG}: {SEED_WARNING}", file=sys.stderr)
-    return np.random.default_rng(args.seed)
+    return np.random.default_rng(seed)
 
 
 def add_device_args(p: argparse.ArgumentParser) -> None:
@@ -153,12 +207,25 @@ def add_device_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--no-progress", action="store_true", help="no progress bars")
 
 
-def check_device(args) -> None:
-    # lazy: torch, only when a command runs (its parser and --help load none)
-    from models.nets.backbone import autocast_dtype, pick_device
+@dataclass(frozen=True)
+class DeviceFlags:
+    """What ``add_device_args`` parses."""
 
-    autocast_dtype(pick_device(args.device), args.precision)
+    device: str = "auto"
+    precision: str = "auto"
+    progress: bool = True
+
+    @classmethod
+    def parse(cls, args: argparse.Namespace) -> DeviceFlags:
+        return options_of(cls, args, progress=not args.no_progress)
+
+    def check(self) -> None:
+        """A device and precision this machine has (ValueError, one line), before any work."""
+        # lazy: torch, only when a command runs (its parser and --help load none)
+        from models.nets.backbone import autocast_dtype, pick_device
+
+        autocast_dtype(pick_device(self.device), self.precision)
 
 
-def posterior_table(path):
+def posterior_table(path: str | os.PathLike[str]) -> ChannelPosterior:
     return ChannelPosterior.load(path)

@@ -11,10 +11,15 @@ before any training starts.
 from __future__ import annotations
 
 import argparse
+import json
+import os
 import sys
+from dataclasses import dataclass
+from typing import NoReturn
 
 from edge_agent.mechanism_spec import entries
 from edge_agent.param_flags import add_param_flags
+from models.cli.options import options_of
 from shared.accounting import summary
 from shared.bundle import BundleError, EdgeBundle
 from shared.floor import WeakPrivacyError
@@ -23,12 +28,47 @@ from shared.mechanisms import registry
 _PROG = "cloud-api"
 
 
-def _error(message: str) -> None:
+def _error(message: str) -> NoReturn:
     print(f"{_PROG}: error: {message}", file=sys.stderr)
     sys.exit(2)
 
 
-def register(subparsers) -> None:
+@dataclass(frozen=True)
+class PretrainOptions:
+    """``cloud-api pretrain``: what its flags say, parsed once."""
+
+    objective: str
+    mechanism: str
+    eta: float
+    base: str | None
+    bundle: str | None
+    corpus: list[str | os.PathLike[str]] | None
+    out: str
+    steps: int | None
+    epochs: int | None
+    batch_size: int
+    max_length: int
+    lr: float
+    warmup_ratio: float
+    prob_k: int
+    mask_rate: float
+    max_predictions: int
+    head_warmup_steps: int
+    save_every: int
+    keep_checkpoints: int
+    resume: bool
+    seed: int | None
+    device: str
+    precision: str
+    progress: bool
+    allow_weak_privacy: bool
+
+    @classmethod
+    def parse(cls, args: argparse.Namespace) -> PretrainOptions:
+        return options_of(cls, args, progress=not args.no_progress)
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:
     p = subparsers.add_parser(
         "pretrain", help="privacy-adaptive MLM pretraining on a public corpus (Qu et al. §3.4)",
         description="Continue BERT pretraining on a public corpus privatized on the fly with the "
@@ -73,8 +113,13 @@ def register(subparsers) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    if args.seed is not None:
-        print(f"{_PROG}: warning: --seed {args.seed} makes the privatization noise reproducible; "
+    """The command's entry: its flags parsed once, then :func:`pretrain_command`."""
+    return pretrain_command(PretrainOptions.parse(args))
+
+
+def pretrain_command(o: PretrainOptions) -> int:
+    if o.seed is not None:
+        print(f"{_PROG}: warning: --seed {o.seed} makes the privatization noise reproducible; "
               "anyone who knows the seed can undo it. Acceptable for a public pretraining corpus, "
               "never for user data.", file=sys.stderr)
     try:
@@ -82,25 +127,24 @@ def run(args: argparse.Namespace) -> int:
         from models.pretraining.pretrain import pretrain
 
         bundle = None
-        if args.bundle is not None:
+        if o.bundle is not None:
 
-            bundle = EdgeBundle.load(args.bundle)
-        out = pretrain(args.base, args.out, args.objective, args.mechanism, args.eta,
-                       steps=args.steps, epochs=args.epochs, batch_size=args.batch_size,
-                       corpus_paths=args.corpus, bundle=bundle, device=args.device,
-                       precision=args.precision, resume=args.resume,
-                       progress=not args.no_progress, max_length=args.max_length, lr=args.lr,
-                       warmup_ratio=args.warmup_ratio, prob_k=args.prob_k,
-                       mask_rate=args.mask_rate, max_predictions=args.max_predictions,
-                       save_every=args.save_every, keep_checkpoints=args.keep_checkpoints,
-                       head_warmup_steps=args.head_warmup_steps,
-                       seed=args.seed, allow_weak_privacy=args.allow_weak_privacy)
+            bundle = EdgeBundle.load(o.bundle)
+        out = pretrain(o.base, o.out, o.objective, o.mechanism, o.eta,
+                       steps=o.steps, epochs=o.epochs, batch_size=o.batch_size,
+                       corpus_paths=o.corpus,
+                       bundle=bundle, device=o.device,
+                       precision=o.precision, resume=o.resume,
+                       progress=o.progress, max_length=o.max_length, lr=o.lr,
+                       warmup_ratio=o.warmup_ratio, prob_k=o.prob_k,
+                       mask_rate=o.mask_rate, max_predictions=o.max_predictions,
+                       save_every=o.save_every, keep_checkpoints=o.keep_checkpoints,
+                       head_warmup_steps=o.head_warmup_steps,
+                       seed=o.seed, allow_weak_privacy=o.allow_weak_privacy)
     except WeakPrivacyError as exc:
         _error(f"{exc}; --allow-weak-privacy pretrains for it anyway")
     except (ValueError, BundleError, OSError) as exc:
         _error(str(exc))
-    import json
-
     info = json.loads((out / "pretrain.json").read_text())
     print(f"privacy of the inputs it was adapted to: {summary(info['guarantee'])}", file=sys.stderr)
     if info.get("weak_privacy"):

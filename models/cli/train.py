@@ -12,29 +12,37 @@ Bad input prints one line ``cloud-api: error: ...`` and exits 2 before any train
 
 from __future__ import annotations
 
+import argparse
 import dataclasses
 import json
+import os
 import sys
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from edge_agent.errors import one_line
 from edge_agent.param_flags import add_attack_flags, positive_int
 from models.cli.flags import (
     PROG,
+    DeviceFlags,
+    MechanismFlags,
+    RecipeFlags,
     add_device_args,
     add_mechanism_args,
     add_recipe_args,
     apply_policy,
-    check_device,
-    mechanism_settings,
     policy_arg,
     posterior_table,
     seeded_rng,
     table_name,
 )
+from models.cli.options import options_of
 from models.training.data import read_records_jsonl
-from models.training.posterior import POSTERIOR_FILE
+from models.training.posterior import POSTERIOR_FILE, ChannelPosterior
 from models.training.privatize import build_mechanism, load_bundle, mechanism_from_params
-from models.training.recipe import DEFAULT_EPOCHS, default_recipe
+from models.training.recipe import DEFAULT_EPOCHS, Recipe, default_recipe
 from models.versions.manifest import folder_files, update_manifest
 from models.versions.version_folder import (
     BUNDLE_DIR,
@@ -50,18 +58,27 @@ from shared.mechanisms import NoPrivacy, registry
 from shared.policy import DEFAULT_P, NO_POLICY, policy_for_new_model
 from shared.table import DEFAULT_TABLE, MATCHED_ETA, table_for_new_model
 
+if TYPE_CHECKING:  # torch: the command's parser and --help load none
+    from models.attacks.denoiser import Denoiser
+    from models.training.experiment import TrainResult
+
 
 def _error(message: str) -> None:
     print(f"{PROG}: error: {message}", file=sys.stderr)
     sys.exit(2)
 
 
-def _guarded(fn):
-    """Run ``fn(args)``; expected failures become one line and exit code 2."""
+OptionsT = TypeVar("OptionsT")
 
-    def run(args) -> int:
+
+def _guarded(fn: Callable[[OptionsT], int], parse: Callable[[argparse.Namespace], OptionsT]
+             ) -> Callable[[argparse.Namespace], int]:
+    """The command's entry: its flags parsed once into options, then ``fn(options)``;
+    expected failures become one line and exit code 2."""
+
+    def run(args: argparse.Namespace) -> int:
         try:
-            return fn(args)
+            return fn(parse(args))
         except (ValueError, FileNotFoundError, NotADirectoryError, PermissionError,
                 BundleError, KeyError) as exc:
             print(f"{PROG}: error: {one_line(exc)}", file=sys.stderr)
@@ -74,34 +91,34 @@ def _info(message: str) -> None:
     print(f"{PROG}: {message}", file=sys.stderr)
 
 
-def recipe_from_args(args, mechanism: str, raw_text: bool):
+def recipe_from_flags(flags: RecipeFlags, mechanism: str, raw_text: bool) -> Recipe:
     """The default recipe for ``mechanism`` with the flags given applied on top; a lever
     that makes no sense here is refused (ValueError, one line)."""
-    import dataclasses
-
     r = default_recipe(mechanism, raw_text)
-    changes = {k: v for k, v in (("fresh_noise", args.fresh_noise),
-                                 ("posterior", args.posterior), ("denoise", args.denoise),
-                                 ("distill", args.distill), ("ema", args.ema), ("rtd", args.rtd),
-                                 ("warm_start", args.warm_start)) if v is not None}
-    if args.teacher is not None and not (changes.get("distill", r.distill)
-                                         or changes.get("warm_start", r.warm_start)):
+    changes: dict[str, Any] = {k: v for k, v in (("fresh_noise", flags.fresh_noise),
+                                 ("posterior", flags.posterior), ("denoise", flags.denoise),
+                                 ("distill", flags.distill), ("ema", flags.ema),
+                                 ("rtd", flags.rtd), ("warm_start", flags.warm_start))
+               if v is not None}
+    if flags.teacher is not None and not (changes.get("distill", r.distill)
+                                          or changes.get("warm_start", r.warm_start)):
         raise ValueError("--teacher needs --distill ALPHA > 0 or --warm-start")
-    if args.posterior_table is not None and changes.get("posterior") is False:
+    if flags.posterior_table is not None and changes.get("posterior") is False:
         raise ValueError("--posterior-table contradicts --no-posterior")
-    if args.posterior_table is not None:
+    if flags.posterior_table is not None:
         changes["posterior"] = True
-    den = {f"denoiser_{k}": getattr(args, f"denoiser_{k}") for k in
-           ("layers", "candidates", "epochs", "corpus")
-           if getattr(args, f"denoiser_{k}", None) is not None}
-    if args.denoiser is False and (den or args.denoiser_file is not None):
+    den: dict[str, Any] = {k: v for k, v in (("denoiser_layers", flags.denoiser_layers),
+                             ("denoiser_candidates", flags.denoiser_candidates),
+                             ("denoiser_epochs", flags.denoiser_epochs),
+                             ("denoiser_corpus", flags.denoiser_corpus)) if v is not None}
+    if flags.denoiser is False and (den or flags.denoiser_file is not None):
         raise ValueError("--denoiser-* options contradict --no-denoiser")
-    if args.denoiser_file is not None and den:
+    if flags.denoiser_file is not None and den:
         raise ValueError("--denoiser-file is trained already: --denoiser-layers, -candidates, "
                          "-epochs and -corpus do not apply to it")
-    if args.denoiser is not None:
-        changes["denoiser"] = args.denoiser
-    if den or args.denoiser_file is not None:
+    if flags.denoiser is not None:
+        changes["denoiser"] = flags.denoiser
+    if den or flags.denoiser_file is not None:
         changes["denoiser"] = True
     if "denoiser_corpus" in den:
         # lazy: torch, only when the command runs (its parser and --help load none)
@@ -117,7 +134,7 @@ def recipe_from_args(args, mechanism: str, raw_text: bool):
     return r
 
 
-def _denoiser_file(path, bundle_dir=None):
+def _denoiser_file(path: str | os.PathLike[str], bundle_dir: str | None = None) -> Denoiser:
     """A trained denoiser file, its word table from ``bundle_dir`` (None: MiniLM's)."""
     # lazy: torch, only when the command runs (its parser and --help load none)
     from models.attacks.denoiser import Denoiser
@@ -126,11 +143,10 @@ def _denoiser_file(path, bundle_dir=None):
     return Denoiser.load(path, model_embeddings(load_bundle(bundle_dir=bundle_dir)))
 
 
-def records_denoiser(file, base, bundle_dir=None):
+def records_denoiser(file: str | None, base: str | None,
+                     bundle_dir: str | None = None) -> Denoiser | None:
     """The denoiser for device records: ``--denoiser-file``, else the ``--base`` model
     version's ``denoiser.safetensors``, else None."""
-    from pathlib import Path
-
     if file is not None:
         return _denoiser_file(file, bundle_dir)
     if base is not None and is_model_dir(base) and (Path(base) / DENOISER_FILE).is_file():
@@ -138,7 +154,82 @@ def records_denoiser(file, base, bundle_dir=None):
     return None
 
 
-def register(subparsers) -> None:
+@dataclass(frozen=True)
+class TrainOptions:
+    """``cloud-api train``: what its flags say, parsed once."""
+
+    data: str | None
+    records: str | None
+    dev: str | None
+    dev_records: str | None
+    mechanism: str | None
+    mech: MechanismFlags
+    allow_weak_privacy: bool
+    base: str | None
+    out: str
+    epochs: int
+    lr: float | None
+    batch_size: int
+    max_length: int
+    pooling: str
+    layers: int | None
+    limit: int | None
+    dev_limit: int | None
+    recipe: RecipeFlags
+    compute: DeviceFlags
+
+    @classmethod
+    def parse(cls, args: argparse.Namespace) -> TrainOptions:
+        return options_of(cls, args, mech=MechanismFlags.parse(args),
+                          recipe=RecipeFlags.parse(args), compute=DeviceFlags.parse(args))
+
+
+@dataclass(frozen=True)
+class EvaluateOptions:
+    """``cloud-api evaluate`` (and ``--attack``): what its flags say, parsed once."""
+
+    model: str | None
+    data: str | None
+    records: str | None
+    limit: int | None
+    json: bool
+    mechanism: str | None
+    mech: MechanismFlags
+    attack: bool
+    tokens: str | None
+    target_inversion: float | None
+    samples: int
+    inversion_tokens: int
+    denoiser: str | None
+    draws: int
+    words: int
+    max_length: int
+    compute: DeviceFlags
+
+    @classmethod
+    def parse(cls, args: argparse.Namespace) -> EvaluateOptions:
+        return options_of(cls, args, mech=MechanismFlags.parse(args),
+                          compute=DeviceFlags.parse(args))
+
+
+@dataclass(frozen=True)
+class ExportOptions:
+    """``cloud-api export-bundle``: what its flags say, parsed once."""
+
+    out: str | None
+    model_dir: str | None
+    pooling: str
+    table: str | None
+    policy: str | None
+    onnx: bool
+    model: str | None
+
+    @classmethod
+    def parse(cls, args: argparse.Namespace) -> ExportOptions:
+        return options_of(cls, args)
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:
     t = subparsers.add_parser("train", help="privatize a labelled TSV (or read edge records) "
                               "and fine-tune a classifier",
                               description="Privacy-constrained fine-tuning (Qu et al. §3.3).",
@@ -174,7 +265,7 @@ def register(subparsers) -> None:
     t.add_argument("--dev-limit", type=positive_int, help="first N dev rows only")
     add_recipe_args(t)
     add_device_args(t)
-    t.set_defaults(func=_guarded(run_train))
+    t.set_defaults(func=_guarded(run_train, TrainOptions.parse))
 
     e = subparsers.add_parser("evaluate", help="accuracy of a model on a privatized test set, "
                               "or (--attack) the privacy evaluation of a mechanism",
@@ -202,7 +293,7 @@ def register(subparsers) -> None:
                    help="vector kinds: most frequent content words to recover (30)")
     a.add_argument("--max-length", type=positive_int, default=128)
     add_device_args(e)
-    e.set_defaults(func=_guarded(run_evaluate))
+    e.set_defaults(func=_guarded(run_evaluate, EvaluateOptions.parse))
 
     x = subparsers.add_parser("export-bundle", help="write the edge bundle with encoder.onnx, "
                               "or (--onnx) classifier.onnx into a model folder",
@@ -221,15 +312,13 @@ def register(subparsers) -> None:
                         "shared.policy; no encoder.onnx)")
     x.add_argument("--onnx", action="store_true", help="export a trained model's classifier")
     x.add_argument("--model", metavar="DIR", help="model version folder (with --onnx)")
-    x.set_defaults(func=_guarded(run_export))
+    x.set_defaults(func=_guarded(run_export, ExportOptions.parse))
 
 
 # -- train -----------------------------------------------------------------------------------
-def _keep_bundle(bundle, model_dir) -> None:
+def _keep_bundle(bundle: EdgeBundle | str | None, model_dir: str | os.PathLike[str]) -> None:
     """A bundle with a designed privatization table goes into the version folder
     (``bundle/``): ``cloud-api models register`` and ``evaluate`` find it there."""
-    from pathlib import Path
-
     b = bundle if isinstance(bundle, EdgeBundle) or bundle is None else \
         load_bundle(bundle_dir=bundle)
     if b is not None and (not b.has_embeddings or b.policy is not None):
@@ -240,108 +329,108 @@ def _keep_bundle(bundle, model_dir) -> None:
         print(f"bundle={Path(model_dir) / BUNDLE_DIR} ({b.describe_table()})", file=sys.stderr)
 
 
-def run_train(args) -> int:
+def run_train(o: TrainOptions) -> int:
     # lazy: torch, only when the command runs (its parser and --help load none)
     from models.training.experiment import train_from_records, train_from_tsv
     from models.training.finetune import TrainConfig
 
-    check_device(args)
-    rng = seeded_rng(args)
-    cfg = TrainConfig(epochs=args.epochs, lr=args.lr, batch_size=args.batch_size,
-                      max_length=args.max_length, pooling=args.pooling, seed=args.seed,
-                      device=args.device, precision=args.precision,
-                      progress=not args.no_progress, layers=args.layers)
+    m, compute = o.mech, o.compute
+    compute.check()
+    rng = seeded_rng(m.seed)
+    cfg = TrainConfig(epochs=o.epochs, lr=o.lr, batch_size=o.batch_size,
+                      max_length=o.max_length, pooling=o.pooling, seed=m.seed,
+                      device=compute.device, precision=compute.precision,
+                      progress=compute.progress, layers=o.layers)
     cfg.validate()
-    if args.data is not None:
-        if args.mechanism is None:
+    if o.data is not None:
+        if o.mechanism is None:
             raise ValueError("--mechanism is required with --data")
-        if args.dev_records is not None:
+        if o.dev_records is not None:
             raise ValueError("--data takes --dev TSV (privatized the same way), not "
                              "--dev-records")
 
-        recipe = recipe_from_args(args, args.mechanism, raw_text=True)
-        table = posterior_table(args.posterior_table) if args.posterior_table else None
-        den = (_denoiser_file(args.denoiser_file, args.bundle) if args.denoiser_file
+        recipe = recipe_from_flags(o.recipe, o.mechanism, raw_text=True)
+        posterior = (posterior_table(o.recipe.posterior_table) if o.recipe.posterior_table
+                     else None)
+        den = (_denoiser_file(o.recipe.denoiser_file, m.bundle) if o.recipe.denoiser_file
                else None)
-        bundle = args.bundle
+        bundle: EdgeBundle | str | None = m.bundle
 
-        asked = args.table
-        args.table = table_for_new_model(args.mechanism, asked,
-                                         args.bundle is not None or args.base is not None)
-        if asked is None and args.table is not None:
+        table = table_for_new_model(o.mechanism, m.table,
+                                    m.bundle is not None or o.base is not None)
+        if m.table is None and table is not None:
             _info(f"note: privatization table {DEFAULT_TABLE}, the default for new dchi-text "
                   f"models (eta {MATCHED_ETA[DEFAULT_TABLE]:g} on it matches eta "
                   f"{MATCHED_ETA['none']:g} on the 384-d table; --table none for that one)")
 
-        settings = mechanism_settings(args)
-        policy = policy_for_new_model(args.mechanism, args.policy,
-                                      args.bundle is not None or args.base is not None)
-        if args.policy is None and policy != NO_POLICY:
+        settings = m.settings()
+        policy = policy_for_new_model(o.mechanism, m.policy,
+                                      m.bundle is not None or o.base is not None)
+        if m.policy is None and policy != NO_POLICY:
             _info(f"note: token policy {policy}, the default for new dchi-text models (its "
                   "public words are sent as typed with probability 1 - public_p, default "
                   f"{1 - DEFAULT_P:g}; --policy none privatizes every token)")
-        if args.table is not None or policy != NO_POLICY:
+        if table is not None or policy != NO_POLICY:
 
-            bundle = apply_policy(load_bundle(bundle_dir=args.bundle, model_dir=args.base,
-                                              table=args.table),
-                                  policy if policy != NO_POLICY else args.policy, settings)
+            bundle = apply_policy(load_bundle(bundle_dir=m.bundle, model_dir=o.base,
+                                              table=table),
+                                  policy if policy != NO_POLICY else m.policy, settings)
         try:
-            res = train_from_tsv(args.data, args.out, args.mechanism, settings,
-                                 dev_tsv=args.dev, bundle=bundle, base=args.base,
-                                 cfg=cfg, limit=args.limit, dev_limit=args.dev_limit, rng=rng,
-                                 allow_weak_privacy=args.allow_weak_privacy, recipe=recipe,
-                                 teacher=args.teacher, posterior=table, denoiser=den)
+            res = train_from_tsv(o.data, o.out, o.mechanism, settings,
+                                 dev_tsv=o.dev, bundle=bundle, base=o.base,
+                                 cfg=cfg, limit=o.limit, dev_limit=o.dev_limit, rng=rng,
+                                 allow_weak_privacy=o.allow_weak_privacy, recipe=recipe,
+                                 teacher=o.recipe.teacher, posterior=posterior, denoiser=den)
         except WeakPrivacyError as exc:
             raise WeakPrivacyError(f"{exc}; --allow-weak-privacy trains on it anyway") from None
         _keep_bundle(bundle, res.model_dir)
     else:
+        assert o.records is not None  # --data and --records: one is required
 
-        if args.dev is not None:
+        if o.dev is not None:
             raise ValueError("--records takes --dev-records (JSONL), not --dev")
-        if args.table is not None or args.policy is not None:
+        if m.table is not None or m.policy is not None:
             raise ValueError("--records were privatized with their bundle already: pass it "
                              "with --bundle DIR, not --table or --policy")
-        if args.mechanism is not None:
+        if o.mechanism is not None:
             _info("note: --records carry their mechanism; the mechanism flags are ignored")
-        records = read_records_jsonl(args.records, limit=args.limit)
-        dev = (read_records_jsonl(args.dev_records, limit=args.dev_limit)
-               if args.dev_records else None)
+        records = read_records_jsonl(o.records, limit=o.limit)
+        dev = (read_records_jsonl(o.dev_records, limit=o.dev_limit)
+               if o.dev_records else None)
         mechanism = records[0].payload.mechanism if records else NoPrivacy.name
         note = None
-        explicit = args.posterior is True or args.posterior_table is not None
-        recipe = recipe_from_args(args, mechanism, raw_text=False)
-        table = None
+        explicit = o.recipe.posterior is True or o.recipe.posterior_table is not None
+        recipe = recipe_from_flags(o.recipe, mechanism, raw_text=False)
+        posterior = None
         if recipe.posterior:
-            table = records_posterior(args.posterior_table, args.base)
-            if table is None and explicit:
+            posterior = records_posterior(o.recipe.posterior_table, o.base)
+            if posterior is None and explicit:
                 raise ValueError("--posterior with --records needs --posterior-table FILE or "
                                  "a --base model version that has a posterior.npz")
-            if table is None:  # said in the summary, after the checks of the records
+            if posterior is None:  # said in the summary, after the checks of the records
                 note = ("no posterior table for these records (--posterior-table FILE or a "
                         "--base version with one)")
                 recipe = dataclasses.replace(recipe, posterior=False)
         den = None
         if recipe.denoiser:
-            den = records_denoiser(args.denoiser_file, args.base, args.bundle)
+            den = records_denoiser(o.recipe.denoiser_file, o.base, m.bundle)
             if den is None:
                 raise ValueError("--denoiser with --records needs --denoiser-file FILE or a "
                                  "--base model version that has a denoiser.safetensors "
                                  "(records cannot train one: it comes from public text)")
-        res = train_from_records(records, args.out, bundle=args.bundle, dev_records=dev,
-                                 base=args.base, cfg=cfg, recipe=recipe, posterior=table,
+        res = train_from_records(records, o.out, bundle=m.bundle, dev_records=dev,
+                                 base=o.base, cfg=cfg, recipe=recipe, posterior=posterior,
                                  denoiser=den)
-        _keep_bundle(args.bundle, res.model_dir)
+        _keep_bundle(m.bundle, res.model_dir)
         _print_trained(res, note)
         return 0
     _print_trained(res)
     return 0
 
 
-def records_posterior(table_path, base):
+def records_posterior(table_path: str | None, base: str | None) -> ChannelPosterior | None:
     """The posterior table for device records: ``--posterior-table``, else the ``--base``
     model version's ``posterior.npz``, else None."""
-    from pathlib import Path
-
     if table_path is not None:
         return posterior_table(table_path)
     if base is not None and is_model_dir(base) and (Path(base) / POSTERIOR_FILE).is_file():
@@ -349,7 +438,7 @@ def records_posterior(table_path, base):
     return None
 
 
-def _print_trained(res, note: str | None = None) -> None:
+def _print_trained(res: TrainResult, note: str | None = None) -> None:
     cfg = read_config(res.model_dir)
     print(f"model={res.model_dir}")
     print(f"mechanism={cfg['mechanism']} params={json.dumps(cfg['params'], sort_keys=True)}")
@@ -368,26 +457,28 @@ def _print_trained(res, note: str | None = None) -> None:
 
 
 # -- evaluate --------------------------------------------------------------------------------
-def run_evaluate(args) -> int:
-    if args.attack:
-        return run_attack(args)
+def run_evaluate(o: EvaluateOptions) -> int:
+    if o.attack:
+        return run_attack(o)
     # lazy: torch, only when the command runs (its parser and --help load none)
     from models.training.experiment import evaluate_records, evaluate_tsv
 
-    if args.model is None:
+    if o.model is None:
         raise ValueError("evaluate needs --model DIR (or --attack)")
-    check_device(args)
-    if args.data is not None:
-        rng = seeded_rng(args)
-        rep = evaluate_tsv(args.model, args.data, bundle=args.bundle, rng=rng, limit=args.limit,
-                           texthide_key=args.texthide_key, device=args.device,
-                           precision=args.precision,
-                           progress=not args.no_progress)
+    compute = o.compute
+    compute.check()
+    if o.data is not None:
+        rng = seeded_rng(o.mech.seed)
+        rep = evaluate_tsv(o.model, o.data, bundle=o.mech.bundle, rng=rng, limit=o.limit,
+                           texthide_key=o.mech.texthide_key, device=compute.device,
+                           precision=compute.precision,
+                           progress=compute.progress)
     else:
+        assert o.records is not None  # --data and --records: one is required
 
-        rep = evaluate_records(args.model, read_records_jsonl(args.records, limit=args.limit),
-                               device=args.device, precision=args.precision)
-    if args.json:
+        rep = evaluate_records(o.model, read_records_jsonl(o.records, limit=o.limit),
+                               device=compute.device, precision=compute.precision)
+    if o.json:
         print(json.dumps(rep, indent=2, sort_keys=True))
         return 0
     print(f"accuracy={rep['accuracy']:.4f}")
@@ -398,48 +489,50 @@ def run_evaluate(args) -> int:
     return 0
 
 
-def run_attack(args) -> int:
+def run_attack(o: EvaluateOptions) -> int:
     # lazy: torch, only when the command runs (its parser and --help load none)
     from models.attacks import attack
 
-    if args.data is None:
+    if o.data is None:
         raise ValueError("--attack needs --data (a TSV or text file of sentences)")
-    rng = seeded_rng(args)
-    if args.model is not None:
-        cfg = read_config(args.model)
+    m, compute = o.mech, o.compute
+    rng = seeded_rng(m.seed)
+    if o.model is not None:
+        cfg = read_config(o.model)
         name, params = cfg["mechanism"], dict(cfg["params"])
-        bundle = load_bundle(bundle_dir=args.bundle, expected_id=cfg["bundle_id"]) \
-            if args.bundle else load_bundle(expected_id=cfg["bundle_id"],
-                                            version_dir=args.model)
+        bundle = load_bundle(bundle_dir=m.bundle, expected_id=cfg["bundle_id"]) \
+            if m.bundle else load_bundle(expected_id=cfg["bundle_id"],
+                                         version_dir=o.model)
     else:
-        if args.mechanism is None:
+        if o.mechanism is None:
             raise ValueError("--attack needs --mechanism (and its parameters) or --model")
-        name, params = args.mechanism, None
-        bundle = load_bundle(bundle_dir=args.bundle, table=args.table)
-    if args.denoiser is not None and name not in registry.substituting_names():
+        name, params = o.mechanism, None
+        bundle = load_bundle(bundle_dir=m.bundle, table=m.table)
+    if o.denoiser is not None and name not in registry.substituting_names():
         raise ValueError(f"--denoiser makes no sense for {name}: a contextual denoiser "
                          f"exists for {' and '.join(registry.substituting_names())} only")
-    texts = attack.read_sentences(args.data, args.limit)
+    texts = attack.read_sentences(o.data, o.limit)
     cls = registry.get(name)
     if cls.family == "dchi":  # token by token: the dχ report
-        eta = params["eta"] if params else args.eta
-        if (eta is None) == (args.target_inversion is None):
+        eta = params["eta"] if params else m.values.get("eta")
+        if (eta is None) == (o.target_inversion is None):
             raise ValueError("give either --eta or --target-inversion")
-        if args.denoiser is not None and eta is None:
+        if o.denoiser is not None and eta is None:
             raise ValueError("--denoiser attacks at the eta it was trained for: give --eta, "
                              "not --target-inversion")
-        denoiser = (attack.load_denoiser(args.denoiser, bundle, name, eta)
-                    if args.denoiser is not None else None)  # refused before any work
-        tokens = None if args.tokens is None else (
-            "all" if args.tokens == "all" else positive_int(args.tokens))
-        rep = attack.token_privacy(bundle, name, eta=eta, target=args.target_inversion,
-                                   texts=texts, tokens=tokens, samples=args.samples,
-                                   inversion_tokens=args.inversion_tokens, rng=rng,
-                                   device=args.device)
-        ctx = (attack.contextual_attack(denoiser, bundle, texts, draws=args.draws, rng=rng,
-                                        source=args.denoiser)
-               if denoiser is not None else None)
-        if args.json:
+        source = o.denoiser
+        denoiser = (attack.load_denoiser(source, bundle, name, eta)
+                    if source is not None and eta is not None else None)  # refused before any work
+        tokens = None if o.tokens is None else (
+            "all" if o.tokens == "all" else positive_int(o.tokens))
+        rep = attack.token_privacy(bundle, name, eta=eta, target=o.target_inversion,
+                                   texts=texts, tokens=tokens, samples=o.samples,
+                                   inversion_tokens=o.inversion_tokens, rng=rng,
+                                   device=compute.device)
+        ctx = (attack.contextual_attack(denoiser, bundle, texts, draws=o.draws, rng=rng,
+                                        source=source)
+               if denoiser is not None and source is not None else None)
+        if o.json:
             print(json.dumps({**attack.token_report_json(rep), "contextual_attack": ctx},
                              indent=2))
         else:
@@ -448,53 +541,52 @@ def run_attack(args) -> int:
     if not cls.private:
         raise ValueError(f"mechanism {name} sends the text's ids: there is nothing to attack")
     if params is not None:
-        mech = mechanism_from_params(name, params, bundle, args.texthide_key)
+        mech = mechanism_from_params(name, params, bundle, m.texthide_key)
     else:
 
-        mech = build_mechanism(name, bundle, **mechanism_settings(args))
-    rep = attack.vector_attack(bundle, mech, texts, n_words=args.words, rng=rng,
-                               device=args.device, max_length=args.max_length,
-                               progress=not args.no_progress)
-    print(json.dumps(rep, indent=2) if args.json else attack.format_vector_attack(rep))
+        mech = build_mechanism(name, bundle, **m.settings())
+    rep = attack.vector_attack(bundle, mech, texts, n_words=o.words, rng=rng,
+                               device=compute.device, max_length=o.max_length,
+                               progress=compute.progress)
+    print(json.dumps(rep, indent=2) if o.json else attack.format_vector_attack(rep))
     return 0
 
 
 # -- export ----------------------------------------------------------------------------------
-def run_export(args) -> int:
+def run_export(o: ExportOptions) -> int:
     # lazy: torch, only when the command runs (its parser and --help load none)
     from models.export.writers import export_bundle, export_classifier_onnx
 
-    if args.onnx:
-        if args.model is None:
+    if o.onnx:
+        if o.model is None:
             raise ValueError("--onnx needs --model DIR (a trained model version)")
-        path = export_classifier_onnx(args.model)
+        path = export_classifier_onnx(o.model)
         print(f"classifier={path}")
         print(f"classifier_int8={path.with_name(INT8_FILE)}")
         return 0
-    if args.out is None:
+    if o.out is None:
         raise ValueError("export-bundle needs --out DIR (or --onnx --model DIR)")
-    if (args.table is not None and args.table != "none") or args.policy not in (None, "none"):
-        return _export_table_bundle(args)
-    bundle = export_bundle(args.out, args.model_dir, args.pooling)
+    if (o.table is not None and o.table != "none") or o.policy not in (None, "none"):
+        return _export_table_bundle(o.out, o.model_dir, o.table, o.policy)
+    bundle = export_bundle(o.out, o.model_dir, o.pooling)
     enc = bundle.meta["encoder"]
-    print(f"bundle={args.out}")
+    print(f"bundle={o.out}")
     print(f"bundle_id={bundle.bundle_id}")
     print(f"encoder pooling={enc['pooling']} output_dim={enc['output_dim']} "
           f"max_abs_diff_vs_torch={enc['checked_max_abs_diff']:.2e}")
     return 0
 
 
-def _export_table_bundle(args) -> int:
+def _export_table_bundle(out_dir: str, model_dir: str | None, table: str | None,
+                         policy: str | None) -> int:
     """``export-bundle --table``: a bundle whose privatization table is designed
     (``shared.table``), saved atomically; what it holds and what it costs on the wire."""
-    from pathlib import Path
-
-    bundle = EdgeBundle.from_model(args.model_dir, table=args.table, policy=args.policy)
-    out = save_atomically(bundle, args.out)
+    bundle = EdgeBundle.from_model(model_dir, table=table, policy=policy)
+    out = save_atomically(bundle, out_dir)
     loaded = EdgeBundle.load(out, expected_id=bundle.bundle_id)  # it reads back whole
     size = sum(p.stat().st_size for p in Path(out).iterdir() if p.is_file())
     info = loaded.table_info
-    print(f"bundle={args.out}")
+    print(f"bundle={out_dir}")
     print(f"bundle_id={loaded.bundle_id}")
     print(f"{loaded.describe_table()}; projection {json.dumps(info['projection'])}")
     print(f"size={size} bytes ({size / 1e6:.2f} MB); tarball {len(loaded.to_tar_bytes())} bytes")

@@ -105,18 +105,13 @@ def test_register_with_an_unusable_bundle_is_one_line(tmp_path):
 def test_bootstrap_keeps_three_layers_of_the_packaged_minilm_only():
     """The quick start's default: 3 of the packaged MiniLM's 6 layers; a --base keeps all of
     its layers, the vector MLPs have none, and --layers always wins."""
-    from argparse import Namespace
-
     from cloud_api.bootstrap import DEFAULT_LAYERS, _layers
 
-    def args(**kw):
-        return Namespace(**{"layers": None, "base": None, "mechanism": "dchi-text", **kw})
-
     assert DEFAULT_LAYERS == 3
-    assert _layers(args()) == 3 and _layers(args(mechanism="dchi-embedding")) == 3
-    assert _layers(args(base="var/pre/denoise-65")) is None
-    assert _layers(args(mechanism="laplace")) is None
-    assert _layers(args(layers=6)) == 6 and _layers(args(layers=2, base="b")) == 2
+    assert _layers(None, None, "dchi-text") == 3 and _layers(None, None, "dchi-embedding") == 3
+    assert _layers(None, "var/pre/denoise-65", "dchi-text") is None
+    assert _layers(None, None, "laplace") is None
+    assert _layers(6, None, "dchi-text") == 6 and _layers(2, "b", "dchi-text") == 2
 
 
 def test_bootstrap_names_the_labels_or_refuses_names_that_miss_one(tiny_home, tmp_path):

@@ -75,9 +75,9 @@ def downgrade() -> None:
             batch.add_column(sa.Column(c, kind, nullable=False, server_default="0"))
     sets = []
     for family, cols in COLUMNS.items():
-        for c, what in zip(cols, ("epsilon", "metric", "tokens", "sends"), strict=True):
-            if c:
-                sets.append(f"{c} = coalesce((SELECT f.{what} FROM budget_families f WHERE "
+        for col, what in zip(cols, ("epsilon", "metric", "tokens", "sends"), strict=True):
+            if col:
+                sets.append(f"{col} = coalesce((SELECT f.{what} FROM budget_families f WHERE "
                             "f.key_id = budgets.key_id AND f.device_id = budgets.device_id "
                             f"AND f.family = '{family}'), 0)")
     op.execute(f"UPDATE budgets SET {', '.join(sets)}")
