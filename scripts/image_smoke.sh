@@ -155,12 +155,14 @@ wait_for() {  # wait_for SECONDS WHAT COMMAND...: until COMMAND succeeds
 
 ready() { [ "$(http GET /readyz | cut -d' ' -f1)" = 200 ]; }
 
-edge() {  # edge ARGS...: edge-agent on this machine against the serve container
+edge() {  # edge ARGS...: edge-agent on this machine against the serve container; it trusts
+    # the smoke's tiny bundle (a test table the text floor would refuse, as it should)
     PRIVBERT_API_KEY="$SMOKE_APP" PRIVBERT_CACHE="$WORK/edge-cache" PYTHONPATH="$ROOT" \
-        "$SPY" -m edge_agent.cli "$@"
+        PRIVBERT_TRUSTED_BUNDLES="$(served_bundle)" "$SPY" -m edge_agent.cli "$@"
 }
 
 served_version() { http GET /v1/models | json_field '[m["version"] for m in d["models"] if m["id"] == "smoke"][0]'; }
+served_bundle() { http GET /v1/models | json_field '[m["bundle_id"] for m in d["models"] if m["id"] == "smoke"][0]'; }
 
 smoke_down() {  # the containers' logs into $LOGS (to read after a failure), then remove all
     local svc name
