@@ -173,8 +173,12 @@ k8s_smoke() {
     say "2 serve pods ready on 127.0.0.1:$s0 and :$s1, each with its own home volume holding smoke v1 fetched from the database; worker up; all run as 10001:10001 ($(since))"
 
     STEP="k8s (traffic through both pods)"
-    local edge_out="$WORK/edge"
+    local edge_out="$WORK/edge" trusted
     mkdir -p "$edge_out"
+    # the edge trusts the smoke's tiny bundle (a test table the text floor refuses, as it should)
+    trusted="$(k8s_admin GET "$u0/v1/models" | json_field '[m["bundle_id"] for m in d["models"] if m["id"] == "smoke"][0]')"
+    [ -n "$trusted" ] || fail "GET /v1/models names no bundle for smoke"
+    export PRIVBERT_TRUSTED_BUNDLES="$trusted"
     PRIVBERT_API_KEY="$SMOKE_APP" PRIVBERT_CACHE="$WORK/edge-cache" PYTHONPATH="$ROOT" \
         "$SPY" -m edge_agent.cli privatize "$WORK/in/records.tsv" --tsv --mechanism dchi-text \
         --eta 5 --server "$u0" --model smoke --no-progress >"$edge_out/records.jsonl" \
