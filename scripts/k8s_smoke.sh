@@ -137,12 +137,12 @@ k8s_smoke() {
     # shellcheck disable=SC2016
     podman run --rm --network host -v "$WORK/in:/in:ro" \
         -e PRIVBERT_DATABASE_URL="$db_url" -e PRIVBERT_MODEL_STORE=database \
-        -e PRIVBERT_HOME=/tmp/home -e PRIVBERT_MIN_RECORDS_PER_LABEL=8 \
+        -e PRIVBERT_MIN_RECORDS_PER_LABEL=8 \
         "$TRAIN_IMAGE" sh -c 'set -e
             cloud-api db upgrade
-            mkdir -p /tmp/home/bases && cp -r /in/tiny-bert /tmp/home/bases/tiny
+            mkdir -p "$PRIVBERT_HOME/bases" && cp -r /in/tiny-bert "$PRIVBERT_HOME/bases/tiny"
             cloud-api bootstrap --data /in/train.tsv --dev /in/dev.tsv --mechanism dchi-text \
-                --eta 5 --base /tmp/home/bases/tiny --model-id smoke --limit 0 --epochs 1 \
+                --eta 5 --base "$PRIVBERT_HOME/bases/tiny" --model-id smoke --limit 0 --epochs 1 \
                 --device cpu --no-progress
             cloud-api store import-home
             cloud-api store import-home
