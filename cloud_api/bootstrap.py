@@ -105,7 +105,7 @@ class BootstrapOptions:
     @classmethod
     def parse(cls, args: argparse.Namespace) -> BootstrapOptions:
         return options_of(cls, args, mech=MechanismFlags.parse(args),
-                          recipe=RecipeFlags.parse(args), compute=DeviceFlags.parse(args))
+                          recipe=options_of(RecipeFlags, args), compute=DeviceFlags.parse(args))
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:

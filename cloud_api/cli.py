@@ -34,7 +34,7 @@ from cloud_api.settings import Settings, settings_error
 from cloud_api.store.db import Database
 from cloud_api.store.seals import DatabaseSeals
 from cloud_api.store.stored_home import open_home
-from models.cli.options import parsed
+from models.cli.options import entry, parsed
 from models.versions.version_folder import BUNDLE_DIR, INT8_FILE, ONNX_FILE, read_config
 from shared.bundle import BundleError, EdgeBundle
 
@@ -70,21 +70,15 @@ def fail(message: str) -> int:
     return 2
 
 
+def _failed(exc: BaseException) -> int:
+    return fail(exc.detail if isinstance(exc, ServiceError) else str(exc) or type(exc).__name__)
+
+
 def guarded(fn: Callable[[OptionsT], int], parse: Callable[[argparse.Namespace], OptionsT]
             ) -> Callable[[argparse.Namespace], int]:
-    """A command's entry: its flags parsed once into options (``parse``), then
-    ``fn(options)``; expected failures (bad flags, a missing folder, an unusable bundle, a
-    refused change) as one line, exit 2."""
-
-    def run(args: argparse.Namespace) -> int:
-        try:
-            return fn(parse(args))
-        except ServiceError as exc:
-            return fail(exc.detail)
-        except (ValueError, OSError, BundleError, KeyError) as exc:
-            return fail(str(exc) or type(exc).__name__)
-
-    return run
+    """A command's entry (``models.cli.options.entry``): expected failures (bad flags, a
+    missing folder, an unusable bundle, a refused change) as one line, exit 2."""
+    return entry(fn, parse, (ServiceError, ValueError, OSError, BundleError, KeyError), _failed)
 
 
 def home_arg(p: argparse.ArgumentParser) -> None:

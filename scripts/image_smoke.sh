@@ -156,9 +156,9 @@ wait_for() {  # wait_for SECONDS WHAT COMMAND...: until COMMAND succeeds
 ready() { [ "$(http GET /readyz | cut -d' ' -f1)" = 200 ]; }
 
 edge() {  # edge ARGS...: edge-agent on this machine against the serve container; it trusts
-    # the smoke's tiny bundle (a test table the text floor would refuse, as it should)
+    # the smoke's tiny bundle, $SMOKE_BUNDLE (a test table the text floor refuses, as it should)
     PRIVBERT_API_KEY="$SMOKE_APP" PRIVBERT_CACHE="$WORK/edge-cache" PYTHONPATH="$ROOT" \
-        PRIVBERT_TRUSTED_BUNDLES="$(served_bundle)" "$SPY" -m edge_agent.cli "$@"
+        PRIVBERT_TRUSTED_BUNDLES="$SMOKE_BUNDLE" "$SPY" -m edge_agent.cli "$@"
 }
 
 served_version() { http GET /v1/models | json_field '[m["version"] for m in d["models"] if m["id"] == "smoke"][0]'; }
@@ -249,6 +249,8 @@ smoke() {
     ctr exec "$(container_of serve)" python3 -c 'import importlib.util as u, sys; sys.exit(u.find_spec("torch") is not None)' \
         || fail "the serve image has torch"
     say "serve ready on 127.0.0.1:$PRIVBERT_PORT (HEALTHCHECK passed; serve and worker run as 10001:10001; no torch in serve; $(since))"
+    SMOKE_BUNDLE="$(served_bundle)"  # the same after retraining: one base, one bundle
+    [ -n "$SMOKE_BUNDLE" ] || fail "GET /v1/models names no bundle for smoke"
 
     STEP="smoke (edge-agent --post predict)"
     edge privatize "$WORK/in/predict.txt" --mechanism dchi-text --eta 5 \

@@ -428,7 +428,8 @@ def test_the_training_commands_import_no_edge_command_line():
 
 def lazy_imports(path: Path) -> tuple[int, list[tuple[int, bool]]]:
     """(project imports of ``path``, [(line, has a reason)] for those inside a function). A
-    reason is a ``# lazy: …`` comment on the line above the import's block or on its line."""
+    reason is a ``# lazy: …`` comment on the import's line or on the line above its block
+    (the imports and blank lines right before it)."""
     src = path.read_text(encoding="utf-8")
     lines = src.splitlines()
     tree = ast.parse(src)
@@ -436,27 +437,20 @@ def lazy_imports(path: Path) -> tuple[int, list[tuple[int, bool]]]:
     for fn in ast.walk(tree):
         if isinstance(fn, (ast.FunctionDef, ast.AsyncFunctionDef)):
             inner.update(id(n) for n in ast.walk(fn))
+    nodes = [n for n in ast.walk(tree) if isinstance(n, (ast.Import, ast.ImportFrom))]
+    in_import = {i for n in nodes for i in range(n.lineno - 1, n.end_lineno or n.lineno)}
     total, out = 0, []
-    for node in ast.walk(tree):
-        if isinstance(node, ast.ImportFrom):
-            mods = [node.module or ""] if node.level == 0 else []
-        elif isinstance(node, ast.Import):
-            mods = [a.name for a in node.names]
-        else:
-            continue
+    for node in nodes:
+        mods = ([a.name for a in node.names] if isinstance(node, ast.Import)
+                else [node.module or ""] if node.level == 0 else [])
         project = [m for m in mods if m.split(".")[0] in PRODUCT]
-        if not project:
-            continue
         total += len(project)
-        if id(node) in inner:
-            i = node.lineno - 1
-            while i > 0 and (lines[i - 1].lstrip().startswith(("from ", "import ", ")"))
-                             or not lines[i - 1].strip() or lines[i - 1].startswith("    " * 2)
-                             and not lines[i - 1].lstrip().startswith("#")
-                             and lines[i - 1].rstrip().endswith(",")):
-                i -= 1
+        if project and id(node) in inner:
+            above = node.lineno - 2
+            while above >= 0 and (above in in_import or not lines[above].strip()):
+                above -= 1
             reason = "# lazy:" in lines[node.lineno - 1] or \
-                lines[i - 1].lstrip().startswith("# lazy:")
+                (above >= 0 and lines[above].lstrip().startswith("# lazy:"))
             out.extend((node.lineno, reason) for _ in project)
     return total, out
 

@@ -185,10 +185,6 @@ class RecipeFlags:
     denoiser_candidates: int | None = None
     denoiser_epochs: int | None = None
 
-    @classmethod
-    def parse(cls, args: argparse.Namespace) -> RecipeFlags:
-        return options_of(cls, args)
-
 
 def seeded_rng(seed: int | None) -> np.random.Generator | None:
     """A generator of ``seed`` (with the warning that seeded noise protects nothing), else

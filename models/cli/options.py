@@ -15,6 +15,7 @@ if TYPE_CHECKING:
     from _typeshed import DataclassInstance
 
 OptionsT = TypeVar("OptionsT", bound="DataclassInstance")
+T = TypeVar("T")
 
 
 def options_of(cls: type[OptionsT], args: argparse.Namespace, **given: Any) -> OptionsT:
@@ -29,3 +30,19 @@ def options_of(cls: type[OptionsT], args: argparse.Namespace, **given: Any) -> O
 def parsed(cls: type[OptionsT]) -> Callable[[argparse.Namespace], OptionsT]:
     """``options_of(cls, ·)``: the parser of a command whose flags are its options' fields."""
     return lambda args: options_of(cls, args)
+
+
+def entry(fn: Callable[[T], int], parse: Callable[[argparse.Namespace], T],
+          expected: tuple[type[BaseException], ...], fail: Callable[[BaseException], int]
+          ) -> Callable[[argparse.Namespace], int]:
+    """A command's entry: its flags parsed once into options (``parse``), then
+    ``fn(options)``; an ``expected`` failure (bad flags, a missing folder, an unusable
+    bundle) goes to ``fail``, which says it in one line and returns the exit code."""
+
+    def run(args: argparse.Namespace) -> int:
+        try:
+            return fn(parse(args))
+        except expected as exc:
+            return fail(exc)
+
+    return run

@@ -17,10 +17,9 @@ import dataclasses
 import json
 import os
 import sys
-from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import TYPE_CHECKING, Any
 
 from edge_agent.errors import one_line
 from edge_agent.param_flags import add_attack_flags, positive_int
@@ -38,7 +37,7 @@ from models.cli.flags import (
     seeded_rng,
     table_name,
 )
-from models.cli.options import options_of
+from models.cli.options import entry, options_of, parsed
 from models.training.data import read_records_jsonl
 from models.training.posterior import POSTERIOR_FILE, ChannelPosterior
 from models.training.privatize import build_mechanism, load_bundle, mechanism_from_params
@@ -68,23 +67,13 @@ def _error(message: str) -> None:
     sys.exit(2)
 
 
-OptionsT = TypeVar("OptionsT")
+_EXPECTED = (ValueError, FileNotFoundError, NotADirectoryError, PermissionError, BundleError,
+             KeyError)
 
 
-def _guarded(fn: Callable[[OptionsT], int], parse: Callable[[argparse.Namespace], OptionsT]
-             ) -> Callable[[argparse.Namespace], int]:
-    """The command's entry: its flags parsed once into options, then ``fn(options)``;
-    expected failures become one line and exit code 2."""
-
-    def run(args: argparse.Namespace) -> int:
-        try:
-            return fn(parse(args))
-        except (ValueError, FileNotFoundError, NotADirectoryError, PermissionError,
-                BundleError, KeyError) as exc:
-            print(f"{PROG}: error: {one_line(exc)}", file=sys.stderr)
-            return 2
-
-    return run
+def _failed(exc: BaseException) -> int:
+    print(f"{PROG}: error: {one_line(exc)}", file=sys.stderr)
+    return 2
 
 
 def _info(message: str) -> None:
@@ -181,7 +170,7 @@ class TrainOptions:
     @classmethod
     def parse(cls, args: argparse.Namespace) -> TrainOptions:
         return options_of(cls, args, mech=MechanismFlags.parse(args),
-                          recipe=RecipeFlags.parse(args), compute=DeviceFlags.parse(args))
+                          recipe=options_of(RecipeFlags, args), compute=DeviceFlags.parse(args))
 
 
 @dataclass(frozen=True)
@@ -224,10 +213,6 @@ class ExportOptions:
     onnx: bool
     model: str | None
 
-    @classmethod
-    def parse(cls, args: argparse.Namespace) -> ExportOptions:
-        return options_of(cls, args)
-
 
 def register(subparsers: argparse._SubParsersAction) -> None:
     t = subparsers.add_parser("train", help="privatize a labelled TSV (or read edge records) "
@@ -265,7 +250,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     t.add_argument("--dev-limit", type=positive_int, help="first N dev rows only")
     add_recipe_args(t)
     add_device_args(t)
-    t.set_defaults(func=_guarded(run_train, TrainOptions.parse))
+    t.set_defaults(func=entry(run_train, TrainOptions.parse, _EXPECTED, _failed))
 
     e = subparsers.add_parser("evaluate", help="accuracy of a model on a privatized test set, "
                               "or (--attack) the privacy evaluation of a mechanism",
@@ -293,7 +278,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                    help="vector kinds: most frequent content words to recover (30)")
     a.add_argument("--max-length", type=positive_int, default=128)
     add_device_args(e)
-    e.set_defaults(func=_guarded(run_evaluate, EvaluateOptions.parse))
+    e.set_defaults(func=entry(run_evaluate, EvaluateOptions.parse, _EXPECTED, _failed))
 
     x = subparsers.add_parser("export-bundle", help="write the edge bundle with encoder.onnx, "
                               "or (--onnx) classifier.onnx into a model folder",
@@ -312,7 +297,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                         "shared.policy; no encoder.onnx)")
     x.add_argument("--onnx", action="store_true", help="export a trained model's classifier")
     x.add_argument("--model", metavar="DIR", help="model version folder (with --onnx)")
-    x.set_defaults(func=_guarded(run_export, ExportOptions.parse))
+    x.set_defaults(func=entry(run_export, parsed(ExportOptions), _EXPECTED, _failed))
 
 
 # -- train -----------------------------------------------------------------------------------
